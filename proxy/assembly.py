@@ -1,0 +1,54 @@
+"""The order of the whole system: which stages each kind of request goes through.
+
+Chat and legacy completions::
+
+    identify → credits (reserve … settle) → cache_control → canonicalize → L1 exact → L2 semantic → L3 cold
+    → coalesce → shape → route → forward
+
+Each stage wraps the ones after it: the way back (store in the tiers, settle credits) runs in reverse order.
+Embeddings: identify → credits → cache_control → per-item exact cache → forward.
+Qdrant searches: identify → retrieval cache → forward; Qdrant writes: identify → invalidate → forward;
+anything else: identify → forward.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from proxy.pipeline import Pipeline, Stage
+from proxy.runtime import Runtime
+from proxy.stages.forward import ForwardToLLM, ForwardToQdrant
+
+
+@dataclass(frozen=True)
+class Pipelines:
+    """One pipeline per kind of data-plane request."""
+
+    chat: Pipeline
+    completions: Pipeline
+    embeddings: Pipeline
+    llm_passthrough: Pipeline
+    qdrant_search: Pipeline
+    qdrant_write: Pipeline
+    qdrant_passthrough: Pipeline
+
+
+def build_pipelines(rt: Runtime) -> Pipelines:
+    """Assemble every pipeline from the runtime's components."""
+    trust = rt.settings.server.trust_forwarded
+    to_llm = ForwardToLLM(rt.client, rt.backends, trust_forwarded=trust)
+    qdrant = rt.settings.upstreams.qdrant
+    to_qdrant = ForwardToQdrant(
+        rt.client, qdrant.url, qdrant.api_key.get_secret_value() if qdrant.api_key else None, trust_forwarded=trust
+    )
+    identify: list[Stage] = []
+    generation: list[Stage] = [*identify]
+    return Pipelines(
+        chat=Pipeline(generation, to_llm),
+        completions=Pipeline(generation, to_llm),
+        embeddings=Pipeline(identify, to_llm),
+        llm_passthrough=Pipeline(identify, to_llm),
+        qdrant_search=Pipeline(identify, to_qdrant),
+        qdrant_write=Pipeline(identify, to_qdrant),
+        qdrant_passthrough=Pipeline(identify, to_qdrant),
+    )

@@ -1,0 +1,232 @@
+"""The one typed configuration object, and how it is built.
+
+Sources, lowest precedence first: built-in defaults (embedded mode: no Redis, no Qdrant needed), a YAML file
+(``--config``), ``RAGPROXY_*`` environment variables, command-line flags. A nested key ``a.b.c`` is written
+``RAGPROXY_A__B__C`` in the environment and ``--set a.b.c=VALUE`` on the command line; values from the environment
+and ``--set`` are parsed as YAML scalars/flow collections, so ``8080``, ``true``, ``[a, b]`` and JSON all work.
+
+An invalid value raises :class:`ConfigError` naming the key, the value and what is allowed; the CLI turns it into a
+one-line message and exit code 2.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
+
+ENV_PREFIX = "RAGPROXY_"
+
+
+class ConfigError(ValueError):
+    """A configuration value that cannot be used."""
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+def _http_url(value: str) -> str:
+    if not re.match(r"^https?://[^\s/]+", value):
+        raise ValueError("must be an http:// or https:// URL")
+    return value.rstrip("/")
+
+
+class LLMBackend(_Section):
+    """One OpenAI-compatible inference replica."""
+
+    url: str = Field(description="Base URL without /v1, e.g. http://vllm:8000")
+    name: str | None = Field(default=None, description="Label in metrics and admin; defaults to the URL")
+    kind: Literal["openai", "vllm", "sglang", "llamacpp"] = Field(
+        default="openai", description="Which prefix-cache hints the backend understands"
+    )
+    api_key: SecretStr | None = Field(default=None, description="Key the proxy sends upstream (never the client's)")
+    max_concurrency: int = Field(default=64, ge=1, description="Requests in flight to this replica at once")
+
+    @field_validator("url")
+    @classmethod
+    def _url(cls, value: str) -> str:
+        url = _http_url(value)
+        return url[: -len("/v1")] if url.endswith("/v1") else url
+
+    @property
+    def label(self) -> str:
+        return self.name or self.url
+
+
+class QdrantUpstream(_Section):
+    """The Qdrant server behind the proxy (REST)."""
+
+    url: str | None = Field(default=None, description="e.g. http://qdrant:6333; unset = Qdrant routes answer 502")
+    api_key: SecretStr | None = Field(default=None, description="Sent upstream as the api-key header")
+
+    @field_validator("url")
+    @classmethod
+    def _url(cls, value: str | None) -> str | None:
+        return None if value is None else _http_url(value)
+
+
+class Upstreams(_Section):
+    llm: list[LLMBackend] = Field(
+        default_factory=lambda: [LLMBackend(url="http://127.0.0.1:8000")],
+        min_length=1,
+        description="LLM replicas; the first healthy one is used until routing is configured",
+    )
+    qdrant: QdrantUpstream = Field(default_factory=QdrantUpstream)
+    connect_timeout_s: float = Field(default=5.0, gt=0, description="TCP connect timeout to any upstream")
+    read_timeout_s: float = Field(default=300.0, gt=0, description="Longest silence from an upstream")
+    health_interval_s: float = Field(default=5.0, gt=0, description="Background health-check period")
+    pool_size: int = Field(default=256, ge=1, description="Keep-alive connections per upstream host")
+
+
+class Server(_Section):
+    host: str = Field(default="127.0.0.1", description="Data-plane bind address")
+    port: int = Field(default=8080, ge=1, le=65535, description="Data-plane port")
+    max_body_bytes: int = Field(default=16 * 1024 * 1024, ge=1024, description="Largest request body accepted")
+    shutdown_grace_s: float = Field(default=30.0, ge=0, description="Drain time for in-flight requests on SIGTERM")
+    trust_forwarded: bool = Field(default=False, description="Keep incoming X-Forwarded-* chains")
+
+
+class L1Settings(_Section):
+    enabled: bool = True
+    max_bytes: int = Field(default=256 * 1024 * 1024, ge=0, description="Bytes of cached responses in memory")
+    max_entries: int = Field(default=200_000, ge=1)
+    ttl_s: float = Field(default=3600.0, gt=0, description="Default entry lifetime")
+    policy: str = Field(default="lru", description="Eviction policy name (see tiers.policies)")
+
+
+class CacheSettings(_Section):
+    enabled: bool = True
+    l1: L1Settings = Field(default_factory=L1Settings)
+    cache_sampled: bool = Field(
+        default=True, description="Cache answers to requests with temperature > 0 (see normalizer docs)"
+    )
+    unknown_fields: Literal["bypass", "ignore"] = Field(
+        default="bypass", description="Requests with fields the key cannot judge are not cached"
+    )
+    shared_namespaces: list[str] = Field(default_factory=list, description="Namespaces shared by all tenants")
+    coalesce_wait_s: float = Field(default=30.0, gt=0, description="Longest a duplicate miss waits for the leader")
+    expose_key: bool = Field(default=False, description="Send X-Cache-Key on responses (a probing oracle)")
+
+
+class AuthSettings(_Section):
+    mode: Literal["open", "keys"] = Field(default="open", description="open: one anonymous tenant")
+
+
+class AdminSettings(_Section):
+    enabled: bool = True
+    host: str = "127.0.0.1"
+    port: int = Field(default=8081, ge=1, le=65535)
+    token: SecretStr | None = Field(default=None, description="Bearer token; required unless bound to loopback")
+
+
+class LoggingSettings(_Section):
+    level: Literal["debug", "info", "warning", "error"] = "info"
+    format: Literal["json", "text"] = Field(default="json", description="Log line format")
+    access_log: bool = False
+
+
+class Settings(_Section):
+    """Everything ragproxy can be told."""
+
+    server: Server = Field(default_factory=Server)
+    upstreams: Upstreams = Field(default_factory=Upstreams)
+    cache: CacheSettings = Field(default_factory=CacheSettings)
+    auth: AuthSettings = Field(default_factory=AuthSettings)
+    admin: AdminSettings = Field(default_factory=AdminSettings)
+    logging: LoggingSettings = Field(default_factory=LoggingSettings)
+    data_dir: Path = Field(default=Path("./ragproxy-data"), description="Where embedded stores keep their files")
+
+
+def load_settings(
+    config_file: str | Path | None = None,
+    env: Mapping[str, str] | None = None,
+    overrides: Mapping[str, Any] | None = None,
+) -> Settings:
+    """Merge file < environment < overrides and validate."""
+    merged: dict[str, Any] = {}
+    if config_file is not None:
+        _deep_merge(merged, _read_yaml(Path(config_file)))
+    env = os.environ if env is None else env
+    for name, raw in env.items():
+        if name.startswith(ENV_PREFIX) and name != ENV_PREFIX + "CONFIG":
+            path = name[len(ENV_PREFIX):].lower().split("__")
+            _set_path(merged, path, _parse_scalar(raw, ".".join(path)))
+    for dotted, value in (overrides or {}).items():
+        _set_path(merged, dotted.split("."), value)
+    try:
+        return Settings.model_validate(merged)
+    except ValidationError as exc:
+        raise ConfigError(_describe(exc, merged)) from None
+
+
+def parse_assignment(text: str) -> tuple[str, Any]:
+    """``a.b=VALUE`` → (``a.b``, parsed VALUE)."""
+    key, sep, raw = text.partition("=")
+    if not sep or not key:
+        raise ConfigError(f"--set {text!r}: expected KEY=VALUE, e.g. server.port=9000")
+    return key.strip(), _parse_scalar(raw, key.strip())
+
+
+def redacted(settings: Settings) -> dict[str, Any]:
+    """The effective configuration as plain data, secrets masked."""
+    return settings.model_dump(mode="json", by_alias=True)
+
+
+def _read_yaml(path: Path) -> dict[str, Any]:
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ConfigError(f"config file {str(path)!r}: {exc.strerror or exc}") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"config file {str(path)!r}: not valid YAML ({exc.__class__.__name__})") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {str(path)!r}: the top level must be a mapping of sections")
+    return data
+
+
+def _parse_scalar(raw: str, key: str) -> Any:
+    try:
+        return yaml.safe_load(raw) if raw.strip() else raw
+    except yaml.YAMLError:
+        raise ConfigError(f"{key} = {raw!r}: not a valid value") from None
+
+
+def _deep_merge(into: dict[str, Any], other: Mapping[str, Any]) -> None:
+    for key, value in other.items():
+        if isinstance(value, Mapping) and isinstance(into.get(key), dict):
+            _deep_merge(into[key], value)
+        elif isinstance(value, Mapping):
+            into[key] = {}
+            _deep_merge(into[key], value)
+        else:
+            into[key] = value
+
+
+def _set_path(into: dict[str, Any], path: list[str], value: Any) -> None:
+    node = into
+    for part in path[:-1]:
+        child = node.get(part)
+        if not isinstance(child, dict):
+            child = node[part] = {}
+        node = child
+    node[path[-1]] = value
+
+
+def _describe(exc: ValidationError, merged: Mapping[str, Any]) -> str:
+    error = exc.errors()[0]
+    key = ".".join(str(part) for part in error["loc"])
+    if error["type"] == "extra_forbidden":
+        return f"{key}: unknown setting (check the spelling; see `ragproxy check-config` for all keys)"
+    allowed = error["msg"]
+    ctx = error.get("ctx") or {}
+    if "expected" in ctx:
+        allowed = f"allowed: {ctx['expected']}"
+    return f"{key} = {error.get('input')!r}: {allowed}"

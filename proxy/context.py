@@ -1,0 +1,82 @@
+"""What travels through the pipeline: the per-request context and the reply the stages hand back.
+
+A :class:`Reply` is either complete (``body``) or streamed (``chunks``). Stages that need the whole body once the
+client has it (store in a tier, settle credits) register a callback with :meth:`Reply.on_finish`; the route calls
+:meth:`Reply.finish` after the last byte was written, with ``ok=False`` when the stream was aborted (client gone,
+upstream reset), so nothing half-received is ever stored or billed as complete.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+from aiohttp import web
+from multidict import CIMultiDict
+
+FinishCallback = Callable[["Reply", bool, bytes], Awaitable[None]]
+
+
+@dataclass(slots=True)
+class Reply:
+    """A response on its way to the client."""
+
+    status: int
+    headers: CIMultiDict[str] = field(default_factory=CIMultiDict)
+    body: bytes | None = None
+    chunks: AsyncIterator[bytes] | None = None
+    _callbacks: list[FinishCallback] = field(default_factory=list)
+
+    @property
+    def streamed(self) -> bool:
+        return self.chunks is not None
+
+    @property
+    def wants_body(self) -> bool:
+        """Whether someone needs the full body at the end (so a stream must be collected while it passes)."""
+        return bool(self._callbacks)
+
+    def on_finish(self, callback: FinishCallback) -> None:
+        """Call ``callback(reply, ok, body)`` once the client has received everything (or the transfer failed)."""
+        self._callbacks.append(callback)
+
+    async def finish(self, ok: bool, body: bytes) -> None:
+        """Run the finish callbacks, innermost stage first."""
+        for callback in reversed(self._callbacks):
+            await callback(self, ok, body)
+
+
+@dataclass(slots=True)
+class RequestContext:
+    """Everything the stages know about one data-plane request."""
+
+    request: web.Request
+    route: str
+    request_id: str
+    raw_body: bytes = b""
+    body: dict[str, Any] | None = None
+    tenant: str = "anonymous"
+    user: str = "anonymous"
+    api_key_id: str | None = None
+    namespace: str = "default"
+    upstream_path: str = ""
+    method: str = "POST"
+    body_changed: bool = False
+    stream: bool = False
+    state: dict[str, Any] = field(default_factory=dict)
+    response_headers: dict[str, str] = field(default_factory=dict)
+    cache_status: str | None = None
+    cache_tier: str | None = None
+
+    def replace_body(self, body: dict[str, Any]) -> None:
+        """Send ``body`` upstream instead of the client's bytes."""
+        self.body = body
+        self.body_changed = True
+
+    def outgoing_body(self) -> bytes:
+        """The bytes to forward: the client's own unless a stage reshaped the body."""
+        if self.body_changed and self.body is not None:
+            return orjson.dumps(self.body)
+        return self.raw_body

@@ -1,0 +1,90 @@
+"""Turning an HTTP request into a :class:`RequestContext`, running a pipeline, and answering."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import orjson
+from aiohttp import web
+
+from proxy.context import RequestContext
+from proxy.errors import Dialect, ProxyError
+from proxy.headers import request_id
+from proxy.pipeline import Pipeline
+from proxy.routes.respond import respond
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+async def read_body(request: web.Request, limit: int) -> bytes:
+    """The request body, or a 413 once it passes ``limit`` bytes (checked before and while reading)."""
+    if request.content_length is not None and request.content_length > limit:
+        raise ProxyError(413, f"request body of {request.content_length} bytes exceeds the limit of {limit} bytes",
+                         code="body_too_large")
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.content.iter_chunked(64 * 1024):
+        size += len(chunk)
+        if size > limit:
+            raise ProxyError(413, f"request body exceeds the limit of {limit} bytes", code="body_too_large")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def parse_object(raw: bytes) -> dict[str, Any]:
+    """A JSON object from the body, or a 400 saying what is wrong."""
+    if not raw:
+        raise ProxyError(400, "the request body is empty; a JSON object is expected", code="invalid_json")
+    try:
+        value = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise ProxyError(400, f"the request body is not valid JSON: {exc}", code="invalid_json") from None
+    if not isinstance(value, dict):
+        raise ProxyError(400, "the request body must be a JSON object", code="invalid_json")
+    return value
+
+
+def _is_json(request: web.Request) -> bool:
+    return request.content_type in ("application/json", "") or request.content_type.endswith("+json")
+
+
+def make_handler(
+    pipeline: Pipeline,
+    route: str,
+    dialect: Dialect,
+    *,
+    max_body: int,
+    json_body: bool,
+    path: Callable[[web.Request], str] | None = None,
+) -> Handler:
+    """An aiohttp handler that runs ``pipeline`` for ``route``.
+
+    ``json_body``: the body must be a JSON object (chat, embeddings, Qdrant searches); otherwise a JSON body is only
+    checked for being well-formed when it claims to be JSON, and forwarded byte for byte.
+    """
+
+    async def handle(request: web.Request) -> web.StreamResponse:
+        rid = request_id(request.headers.get("X-Request-ID"))
+        try:
+            upstream_path = path(request) if path is not None else request.raw_path
+            raw = await read_body(request, max_body) if request.can_read_body else b""
+            body: dict[str, Any] | None = None
+            if json_body:
+                body = parse_object(raw)
+            elif raw and _is_json(request):
+                try:
+                    orjson.loads(raw)
+                except orjson.JSONDecodeError as exc:
+                    raise ProxyError(400, f"the request body is not valid JSON: {exc}", code="invalid_json") from None
+            ctx = RequestContext(
+                request=request, route=route, request_id=rid, raw_body=raw, body=body,
+                upstream_path=upstream_path, method=request.method,
+                stream=bool(body.get("stream")) if body is not None else False,
+            )
+            reply = await pipeline(ctx)
+        except ProxyError as exc:
+            return exc.response(dialect, rid)
+        return await respond(request, ctx, reply, dialect)
+
+    return handle

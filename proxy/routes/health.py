@@ -1,0 +1,34 @@
+"""``/healthz`` (the process is alive) and ``/readyz`` (it can serve: not draining, an LLM replica and Qdrant up)."""
+
+from __future__ import annotations
+
+import aiohttp
+from aiohttp import web
+
+from proxy.runtime import Runtime
+
+
+def health_routes(rt: Runtime) -> list[web.RouteDef]:
+    async def healthz(_: web.Request) -> web.Response:
+        return web.json_response({"status": "ok"})
+
+    async def readyz(_: web.Request) -> web.Response:
+        checks: dict[str, str] = {}
+        if rt.draining:
+            checks["server"] = "draining"
+        healthy = [b.label for b in rt.backends.backends if b.healthy]
+        checks["llm"] = "ok" if healthy else "no healthy replica"
+        qdrant_url = rt.settings.upstreams.qdrant.url
+        if qdrant_url is not None:
+            try:
+                async with rt.client.session.get(
+                    qdrant_url + "/readyz", timeout=aiohttp.ClientTimeout(total=1.0)
+                ) as response:
+                    checks["qdrant"] = "ok" if response.status < 500 else f"status {response.status}"
+            except (aiohttp.ClientError, TimeoutError) as exc:
+                checks["qdrant"] = f"unreachable ({exc.__class__.__name__})"
+        ready = all(value == "ok" for value in checks.values())
+        return web.json_response({"status": "ready" if ready else "not ready", "checks": checks},
+                                 status=200 if ready else 503)
+
+    return [web.get("/healthz", healthz), web.get("/readyz", readyz)]

@@ -1,0 +1,73 @@
+"""Writing a :class:`Reply` to the client: complete bodies in one go, streams chunk by chunk with no buffering.
+
+After the last byte (or a failure) the reply's finish callbacks run: with ``ok=True`` only when the client received a
+complete, normally ended response — an aborted stream is never stored or settled as complete.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import orjson
+from aiohttp import web
+
+from proxy.context import Reply, RequestContext
+from proxy.errors import Dialect
+from proxy.upstream.client import UpstreamStreamError
+
+log = logging.getLogger("ragproxy.respond")
+
+
+def _error_event(message: str) -> bytes:
+    """An SSE event that the OpenAI SDKs raise as an API error, so a broken stream never looks complete."""
+    payload = {"error": {"message": message, "type": "upstream_error", "param": None, "code": "upstream_reset"}}
+    return b"data: " + orjson.dumps(payload) + b"\n\n"
+
+
+async def _finish(reply: Reply, ok: bool, body: bytes) -> None:
+    try:
+        await reply.finish(ok, body)
+    except Exception:  # a failing store or ledger write must not break the response already sent
+        log.exception("finish callback failed")
+
+
+async def respond(request: web.Request, ctx: RequestContext, reply: Reply, dialect: Dialect) -> web.StreamResponse:
+    """Send ``reply`` with the context's extra headers."""
+    headers = reply.headers
+    headers.update(ctx.response_headers)
+    headers["X-Request-ID"] = ctx.request_id
+    if reply.chunks is None:
+        body = reply.body or b""
+        response = web.Response(status=reply.status, body=body, headers=headers)
+        await response.prepare(request)
+        await response.write_eof()
+        await _finish(reply, 200 <= reply.status < 300, body)
+        return response
+
+    response = web.StreamResponse(status=reply.status, headers=headers)
+    collected: list[bytes] | None = [] if reply.wants_body else None
+    ok = False
+    try:
+        await response.prepare(request)
+        async for chunk in reply.chunks:
+            await response.write(chunk)
+            if collected is not None:
+                collected.append(chunk)
+        ok = True
+    except UpstreamStreamError as exc:
+        log.warning("stream from upstream broke off: %s", exc)
+        if dialect is Dialect.OPENAI:
+            try:
+                await response.write(_error_event(str(exc)))
+            except ConnectionError:
+                pass
+    except ConnectionError:
+        log.info("client went away mid-stream (request %s)", ctx.request_id)
+    finally:
+        aclose = getattr(reply.chunks, "aclose", None)
+        if aclose is not None:
+            await aclose()
+        await _finish(reply, ok and 200 <= reply.status < 300, b"".join(collected or ()))
+    if ok:
+        await response.write_eof()
+    return response

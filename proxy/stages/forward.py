@@ -1,0 +1,93 @@
+"""The terminal stages: send the request to its upstream and hand back the reply."""
+
+from __future__ import annotations
+
+from multidict import CIMultiDict
+
+from proxy.context import FinishCallback, Reply, RequestContext
+from proxy.errors import ProxyError
+from proxy.headers import upstream_request_headers
+from proxy.upstream.backends import Backend, BackendPool
+from proxy.upstream.client import UpstreamClient, UpstreamError
+
+
+def _headers_for(ctx: RequestContext, auth: dict[str, str], trust_forwarded: bool) -> CIMultiDict[str]:
+    request = ctx.request
+    peer = request.transport.get_extra_info("peername") if request.transport else None
+    return upstream_request_headers(
+        request.headers,
+        client_ip=peer[0] if isinstance(peer, tuple) else None,
+        scheme=request.scheme,
+        host=request.host,
+        request_id=ctx.request_id,
+        auth=auth,
+        trust_forwarded=trust_forwarded,
+    )
+
+
+class ForwardToLLM:
+    """Send to the replica chosen by routing (or the first healthy one); retry only a refused connection."""
+
+    name = "forward"
+
+    def __init__(self, client: UpstreamClient, pool: BackendPool, *, trust_forwarded: bool = False) -> None:
+        self.client = client
+        self.pool = pool
+        self.trust_forwarded = trust_forwarded
+
+    async def __call__(self, ctx: RequestContext) -> Reply:
+        chosen = ctx.state.get("backend")
+        backend: Backend = chosen if isinstance(chosen, Backend) else self.pool.first_healthy()
+        body = ctx.outgoing_body() if ctx.method not in ("GET", "HEAD") else None
+        tried: set[int] = set()
+        while True:
+            headers = _headers_for(ctx, backend.auth_headers(), self.trust_forwarded)
+            backend.in_flight += 1
+            try:
+                reply = await self.client.send(
+                    ctx.method, backend.url + ctx.upstream_path, headers, body,
+                    label=f"LLM backend {backend.label}",
+                )
+            except UpstreamError as exc:
+                backend.in_flight -= 1
+                if not exc.retryable:
+                    raise
+                self.pool.mark_down(backend, exc.message)
+                tried.add(backend.index)
+                following = self.pool.healthy_after(tried)
+                if following is None:
+                    raise
+                backend = following
+                continue
+            ctx.state["backend"] = backend
+            reply.on_finish(_release(backend))
+            return reply
+
+
+def _release(backend: Backend) -> FinishCallback:
+    async def done(reply: Reply, ok: bool, body: bytes) -> None:
+        backend.in_flight -= 1
+
+    return done
+
+
+class ForwardToQdrant:
+    """Send to the configured Qdrant server."""
+
+    name = "forward"
+
+    def __init__(self, client: UpstreamClient, url: str | None, api_key: str | None, *,
+                 trust_forwarded: bool = False) -> None:
+        self.client = client
+        self.url = url
+        self.auth = {"api-key": api_key} if api_key else {}
+        self.trust_forwarded = trust_forwarded
+
+    async def __call__(self, ctx: RequestContext) -> Reply:
+        if self.url is None:
+            raise ProxyError(502, "no Qdrant upstream is configured (upstreams.qdrant.url)", code="no_upstream")
+        headers = _headers_for(ctx, self.auth, self.trust_forwarded)
+        body = ctx.outgoing_body() if ctx.method not in ("GET", "HEAD") else None
+        return await self.client.send(
+            ctx.method, self.url + ctx.upstream_path, headers, body, label="Qdrant"
+        )

@@ -1,0 +1,102 @@
+"""The LLM replicas and what the proxy knows of their health.
+
+Health is learnt two ways: passively (a connection refused marks a replica down at once) and actively (a background
+probe of each replica's ``/v1/models`` every ``interval`` seconds brings it back). ``first_healthy`` is the default
+choice until the KV-aware router picks replicas.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from dataclasses import dataclass, field
+
+import aiohttp
+
+from proxy.config import LLMBackend
+
+log = logging.getLogger("ragproxy.backends")
+
+
+@dataclass
+class Backend:
+    """One replica and its live state."""
+
+    index: int
+    config: LLMBackend
+    healthy: bool = True
+    in_flight: int = 0
+    last_error: str | None = None
+    checked_at: float = field(default=0.0)
+
+    @property
+    def url(self) -> str:
+        return self.config.url
+
+    @property
+    def label(self) -> str:
+        return self.config.label
+
+    def auth_headers(self) -> dict[str, str]:
+        key = self.config.api_key
+        return {"Authorization": f"Bearer {key.get_secret_value()}"} if key is not None else {}
+
+
+class BackendPool:
+    """All configured replicas."""
+
+    def __init__(self, configs: list[LLMBackend]) -> None:
+        self.backends = [Backend(index=i, config=c) for i, c in enumerate(configs)]
+        self._probe_task: asyncio.Task[None] | None = None
+
+    def first_healthy(self) -> Backend:
+        return next((b for b in self.backends if b.healthy), self.backends[0])
+
+    def healthy_after(self, tried: set[int]) -> Backend | None:
+        """The next healthy replica not tried yet (for the one safe retry: connection refused)."""
+        return next((b for b in self.backends if b.healthy and b.index not in tried), None)
+
+    def mark_down(self, backend: Backend, reason: str) -> None:
+        if backend.healthy:
+            log.warning("backend %s marked down: %s", backend.label, reason)
+        backend.healthy = False
+        backend.last_error = reason
+
+    async def probe(self, session: aiohttp.ClientSession, timeout: float = 2.0) -> None:
+        """Check every replica once."""
+        await asyncio.gather(*(self._probe_one(session, b, timeout) for b in self.backends))
+
+    async def _probe_one(self, session: aiohttp.ClientSession, backend: Backend, timeout: float) -> None:
+        try:
+            async with session.get(
+                f"{backend.url}/v1/models", headers=backend.auth_headers(),
+                timeout=aiohttp.ClientTimeout(total=timeout),
+            ) as response:
+                ok = response.status < 500
+                reason = f"status {response.status}"
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            ok, reason = False, exc.__class__.__name__
+        backend.checked_at = time.monotonic()
+        if ok and not backend.healthy:
+            log.info("backend %s is back", backend.label)
+        if ok:
+            backend.healthy, backend.last_error = True, None
+        else:
+            self.mark_down(backend, reason)
+
+    def start(self, session: aiohttp.ClientSession, interval: float) -> None:
+        async def loop() -> None:
+            while True:
+                await self.probe(session)
+                await asyncio.sleep(interval)
+
+        self._probe_task = asyncio.create_task(loop(), name="backend-probe")
+
+    async def stop(self) -> None:
+        if self._probe_task is not None:
+            self._probe_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._probe_task
+            self._probe_task = None

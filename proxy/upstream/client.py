@@ -1,0 +1,109 @@
+"""The one HTTP client the proxy uses to reach upstreams (LLM replicas, Qdrant).
+
+A single aiohttp session with pooled keep-alive connections and bounded waits: connect timeout, and a read timeout
+that bounds every silence (time to headers and each gap between streamed chunks). Failures become
+:class:`UpstreamError` with the status the client should see: 502 unreachable/reset, 504 timeout. ``retryable`` is
+true only when nothing reached the upstream (connection refused), the one case where resending a POST is safe.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import aiohttp
+from multidict import CIMultiDict
+
+from proxy.context import Reply
+from proxy.errors import ProxyError
+from proxy.headers import client_response_headers
+
+
+class UpstreamError(ProxyError):
+    """An upstream that could not be reached, reset the connection or timed out."""
+
+    def __init__(self, status: int, message: str, *, code: str, retryable: bool = False) -> None:
+        super().__init__(status, message, code=code)
+        self.retryable = retryable
+
+
+class UpstreamClient:
+    """Pooled HTTP client for every upstream."""
+
+    def __init__(self, *, connect_timeout: float, read_timeout: float, pool_size: int) -> None:
+        self.connect_timeout = connect_timeout
+        self.read_timeout = read_timeout
+        self.pool_size = pool_size
+        self._session: aiohttp.ClientSession | None = None
+
+    @property
+    def session(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            connector = aiohttp.TCPConnector(limit=0, limit_per_host=self.pool_size, keepalive_timeout=30)
+            timeout = aiohttp.ClientTimeout(
+                total=None, connect=self.connect_timeout, sock_read=self.read_timeout
+            )
+            self._session = aiohttp.ClientSession(
+                connector=connector, timeout=timeout, skip_auto_headers=("User-Agent",), auto_decompress=True
+            )
+        return self._session
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    async def send(
+        self, method: str, url: str, headers: CIMultiDict[str], body: bytes | None, *, label: str = "upstream"
+    ) -> Reply:
+        """Send one request; a text/event-stream answer comes back streamed, anything else complete."""
+        try:
+            response = await self.session.request(method, url, headers=headers, data=body, allow_redirects=False)
+        except aiohttp.ClientConnectorError as exc:
+            raise UpstreamError(
+                502, f"{label} is unreachable: {exc.strerror or exc.__class__.__name__}",
+                code="upstream_unreachable", retryable=True,
+            ) from None
+        except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError, aiohttp.ClientPayloadError) as exc:
+            raise UpstreamError(502, f"{label} closed the connection ({exc.__class__.__name__})",
+                                code="upstream_reset") from None
+        except TimeoutError:
+            raise UpstreamError(504, f"{label} did not answer within {self.read_timeout:g}s",
+                                code="upstream_timeout") from None
+        headers_out = client_response_headers(response.headers)
+        if response.content_type == "text/event-stream":
+            return Reply(status=response.status, headers=headers_out, chunks=_relay(response, label))
+        try:
+            body = await response.read()
+        except (aiohttp.ClientPayloadError, aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
+            raise UpstreamError(502, f"{label} reset the connection mid-body ({exc.__class__.__name__})",
+                                code="upstream_reset") from None
+        except TimeoutError:
+            raise UpstreamError(504, f"{label} stalled mid-body for {self.read_timeout:g}s",
+                                code="upstream_timeout") from None
+        finally:
+            response.release()
+        return Reply(status=response.status, headers=headers_out, body=body)
+
+
+class UpstreamStreamError(Exception):
+    """A streamed upstream response broke off after it had started."""
+
+
+async def _relay(response: aiohttp.ClientResponse, label: str) -> AsyncIterator[bytes]:
+    """Yield chunks as they arrive; closing early (client gone) drops the upstream connection."""
+    finished = False
+    try:
+        async for chunk in response.content.iter_any():
+            yield chunk
+        finished = True
+    except (aiohttp.ClientPayloadError, aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
+        raise UpstreamStreamError(f"{label} reset the stream ({exc.__class__.__name__})") from None
+    except TimeoutError:
+        raise UpstreamStreamError(f"{label} stalled mid-stream") from None
+    finally:
+        if finished:
+            response.release()
+        else:
+            response.close()
+            await asyncio.sleep(0)

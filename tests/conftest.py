@@ -1,0 +1,29 @@
+"""Session-wide fixtures shared by every test package."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from tests.support.processes import RedisServer
+
+
+@pytest.fixture(scope="session")
+def redis_server() -> Iterator[RedisServer]:
+    """A real redis-server on a free port, for the whole session."""
+    server = RedisServer.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def redis_url(redis_server: RedisServer) -> Iterator[str]:
+    """A fresh, empty database on the session's Redis (flushed after each test; never the machine's 6379)."""
+    import redis
+
+    client = redis.Redis(port=redis_server.port)
+    client.flushall()
+    yield redis_server.url
+    client.flushall()
+    client.close()
