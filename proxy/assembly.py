@@ -15,9 +15,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from normalizer.bypass import BypassSettings
+from normalizer.cache_control import CacheDefaults
+from normalizer.canonical import RequestKind
 from proxy.pipeline import Pipeline, Stage
 from proxy.runtime import Runtime
+from proxy.stages.cache_policy import ApplyCacheControl, Canonicalize
+from proxy.stages.coalesce import Coalesce
 from proxy.stages.forward import ForwardToLLM, ForwardToQdrant
+from proxy.stages.tiers import ExactLookup, StoreResponse
 
 
 @dataclass(frozen=True)
@@ -42,13 +48,30 @@ def build_pipelines(rt: Runtime) -> Pipelines:
         rt.client, qdrant.url, qdrant.api_key.get_secret_value() if qdrant.api_key else None, trust_forwarded=trust
     )
     identify: list[Stage] = []
-    generation: list[Stage] = [*identify]
     return Pipelines(
-        chat=Pipeline(generation, to_llm),
-        completions=Pipeline(generation, to_llm),
+        chat=Pipeline([*identify, *_caching(rt, "chat")], to_llm),
+        completions=Pipeline([*identify, *_caching(rt, "completion")], to_llm),
         embeddings=Pipeline(identify, to_llm),
         llm_passthrough=Pipeline(identify, to_llm),
         qdrant_search=Pipeline(identify, to_qdrant),
         qdrant_write=Pipeline(identify, to_qdrant),
         qdrant_passthrough=Pipeline(identify, to_qdrant),
     )
+
+
+def _caching(rt: Runtime, kind: RequestKind) -> list[Stage]:
+    """cache_control → canonicalize → store (on the way back) → L1 → coalesce, when caching is on."""
+    cache = rt.settings.cache
+    if not cache.enabled:
+        return []
+    defaults = CacheDefaults(enabled=True, ttl=cache.l1.ttl_s)
+    bypass = BypassSettings(unknown_fields=cache.unknown_fields, cache_sampled=cache.cache_sampled)
+    stages: list[Stage] = [
+        ApplyCacheControl(defaults),
+        Canonicalize(kind, bypass, rt.versions, frozenset(cache.shared_namespaces)),
+        StoreResponse(rt.l1, kind=kind, expose_key=cache.expose_key),
+    ]
+    if cache.l1.enabled:
+        stages.append(ExactLookup(rt.l1))
+    stages.append(Coalesce(kind=kind, wait_s=cache.coalesce_wait_s))
+    return stages

@@ -43,8 +43,8 @@ class Reply:
         self._callbacks.append(callback)
 
     async def finish(self, ok: bool, body: bytes) -> None:
-        """Run the finish callbacks, innermost stage first."""
-        for callback in reversed(self._callbacks):
+        """Run the finish callbacks, innermost stage first (the order they were registered in)."""
+        for callback in self._callbacks:
             await callback(self, ok, body)
 
 

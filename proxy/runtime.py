@@ -7,6 +7,10 @@ from dataclasses import dataclass, field
 from proxy.config import Settings
 from proxy.upstream.backends import BackendPool
 from proxy.upstream.client import UpstreamClient
+from tiers.memory import MemoryStore
+from tiers.policies import make_policy
+from tiers.response_tier import ResponseTier
+from tiers.versions import KnowledgeVersions
 
 
 @dataclass
@@ -16,6 +20,8 @@ class Runtime:
     settings: Settings
     client: UpstreamClient = field(init=False)
     backends: BackendPool = field(init=False)
+    l1: ResponseTier = field(init=False)
+    versions: KnowledgeVersions = field(init=False)
     draining: bool = False
 
     def __post_init__(self) -> None:
@@ -26,6 +32,9 @@ class Runtime:
             pool_size=upstreams.pool_size,
         )
         self.backends = BackendPool(list(upstreams.llm))
+        l1 = self.settings.cache.l1
+        self.l1 = ResponseTier("l1", MemoryStore(make_policy(l1.policy, l1.max_bytes), max_entries=l1.max_entries))
+        self.versions = KnowledgeVersions()
 
     async def start(self) -> None:
         self.backends.start(self.client.session, self.settings.upstreams.health_interval_s)

@@ -8,6 +8,8 @@ import pytest
 
 from tests.support.processes import RedisServer
 
+pytest_plugins = ["tests.fakes.fixtures"]
+
 
 @pytest.fixture(scope="session")
 def redis_server() -> Iterator[RedisServer]:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 from multidict import CIMultiDict
 
 from proxy.context import FinishCallback, Reply, RequestContext
@@ -40,6 +42,7 @@ class ForwardToLLM:
         backend: Backend = chosen if isinstance(chosen, Backend) else self.pool.first_healthy()
         body = ctx.outgoing_body() if ctx.method not in ("GET", "HEAD") else None
         tried: set[int] = set()
+        started = time.perf_counter()
         while True:
             headers = _headers_for(ctx, backend.auth_headers(), self.trust_forwarded)
             backend.in_flight += 1
@@ -60,13 +63,14 @@ class ForwardToLLM:
                 backend = following
                 continue
             ctx.state["backend"] = backend
-            reply.on_finish(_release(backend))
+            reply.on_finish(_release(ctx, backend, started))
             return reply
 
 
-def _release(backend: Backend) -> FinishCallback:
+def _release(ctx: RequestContext, backend: Backend, started: float) -> FinishCallback:
     async def done(reply: Reply, ok: bool, body: bytes) -> None:
         backend.in_flight -= 1
+        ctx.state["upstream_seconds"] = time.perf_counter() - started
 
     return done
 

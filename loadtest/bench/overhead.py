@@ -1,0 +1,87 @@
+"""``python -m loadtest.bench overhead [--quick] [--json]``: what the proxy adds to a request.
+
+A trivial upstream and the proxy (caches off: pure pass-through) run as separate processes; the same client measures,
+in one run and interleaved, direct vs through-proxy latency (p50/p99) at concurrency 1, throughput at 16 and 64, and
+the time to the first streamed chunk.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import time
+
+import aiohttp
+
+from loadtest.harness import child, closed_loop, free_port, percentiles, proxy_process
+
+BODY = b'{"model":"bench","messages":[{"role":"user","content":"What does a proxy do?"}]}'
+STREAM_BODY = b'{"model":"bench","stream":true,"messages":[{"role":"user","content":"What does a proxy do?"}]}'
+
+
+async def _measure(direct: str, proxied: str, quick: bool) -> dict[str, float]:
+    results: dict[str, float] = {}
+    connector = aiohttp.TCPConnector(limit=0)
+    async with aiohttp.ClientSession(connector=connector) as session:
+        def caller(base: str, body: bytes) -> object:
+            async def call() -> None:
+                async with session.post(base + "/v1/chat/completions", data=body,
+                                        headers={"Content-Type": "application/json"}) as response:
+                    await response.read()
+                    assert response.status == 200
+            return call
+
+        for base in (direct, proxied):  # warm both paths
+            await closed_loop(caller(base, BODY), 4, 200)  # type: ignore[arg-type]
+        rounds = 3 if quick else 5
+        single = 300 if quick else 1000
+        lat: dict[str, list[float]] = {"direct": [], "proxy": []}
+        for _ in range(rounds):
+            for name, base in (("direct", direct), ("proxy", proxied)):
+                _, samples = await closed_loop(caller(base, BODY), 1, single // rounds)  # type: ignore[arg-type]
+                lat[name].extend(samples)
+        d, p = percentiles(lat["direct"]), percentiles(lat["proxy"])
+        results.update({"direct_p50_ms_c1": d["p50_ms"], "direct_p99_ms_c1": d["p99_ms"],
+                        "proxy_p50_ms_c1": p["p50_ms"], "proxy_p99_ms_c1": p["p99_ms"],
+                        "added_p50_ms_c1": p["p50_ms"] - d["p50_ms"], "added_p99_ms_c1": p["p99_ms"] - d["p99_ms"]})
+        for concurrency in (16, 64):
+            total = (1500 if quick else 6000)
+            rps = {}
+            for name, base in (("direct", direct), ("proxy", proxied)):
+                rps[name], _ = await closed_loop(caller(base, BODY), concurrency, total)  # type: ignore[arg-type]
+            results[f"direct_rps_c{concurrency}"] = rps["direct"]
+            results[f"proxy_rps_c{concurrency}"] = rps["proxy"]
+            results[f"throughput_ratio_c{concurrency}"] = rps["proxy"] / rps["direct"]
+        ttfb: dict[str, list[float]] = {"direct": [], "proxy": []}
+        for _ in range(20 if quick else 60):
+            for name, base in (("direct", direct), ("proxy", proxied)):
+                started = time.perf_counter()
+                async with session.post(base + "/v1/chat/completions", data=STREAM_BODY,
+                                        headers={"Content-Type": "application/json"}) as response:
+                    await response.content.readany()
+                    ttfb[name].append(time.perf_counter() - started)
+                    await response.read()
+        results["stream_ttfb_direct_ms"] = percentiles(ttfb["direct"])["p50_ms"]
+        results["stream_ttfb_proxy_ms"] = percentiles(ttfb["proxy"])["p50_ms"]
+        results["stream_ttfb_added_ms"] = results["stream_ttfb_proxy_ms"] - results["stream_ttfb_direct_ms"]
+    return results
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m loadtest.bench overhead")
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args(argv)
+    port = free_port()
+    with child(["-m", "loadtest.trivial_upstream", "--port", str(port)], port):
+        upstream = f"http://127.0.0.1:{port}"
+        env = {"RAGPROXY_UPSTREAMS__LLM": json.dumps([{"url": upstream}]), "RAGPROXY_CACHE__ENABLED": "false",
+               "RAGPROXY_ADMIN__ENABLED": "false"}
+        with proxy_process(env) as proxied:
+            results = asyncio.run(_measure(upstream, proxied, args.quick))
+    for key, value in results.items():
+        print(f"{key:28s} {value:10.3f}")
+    if args.json:
+        print(json.dumps({k: round(v, 4) for k, v in results.items()}))
+    return 0

@@ -1,0 +1,81 @@
+"""Benchmark plumbing: child processes on loopback ports, latency percentiles, closed-loop load."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
+
+import numpy as np
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def wait_for_port(port: int, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+                return
+        except OSError:
+            time.sleep(0.05)
+    raise TimeoutError(f"port {port} did not open")
+
+
+@contextmanager
+def child(args: list[str], port: int, env: dict[str, str] | None = None) -> Iterator[subprocess.Popen[bytes]]:
+    """A Python child process that listens on ``port``; stopped on exit."""
+    process = subprocess.Popen([sys.executable, *args], env={**os.environ, **(env or {})},
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_for_port(port)
+        yield process
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+
+
+@contextmanager
+def proxy_process(env: dict[str, str]) -> Iterator[str]:
+    """``ragproxy serve`` configured by ``RAGPROXY_*`` variables; yields its base URL."""
+    port = free_port()
+    full = {"RAGPROXY_SERVER__PORT": str(port), "RAGPROXY_ADMIN__PORT": str(free_port()),
+            "RAGPROXY_LOGGING__LEVEL": "warning", **env}
+    with child(["-m", "proxy.cli", "serve"], port, full):
+        yield f"http://127.0.0.1:{port}"
+
+
+def percentiles(samples_s: list[float]) -> dict[str, float]:
+    """p50/p99 in milliseconds."""
+    array = np.asarray(samples_s) * 1000.0
+    return {"p50_ms": float(np.percentile(array, 50)), "p99_ms": float(np.percentile(array, 99))}
+
+
+async def closed_loop(call: Callable[[], Awaitable[None]], concurrency: int, total: int) -> tuple[float, list[float]]:
+    """Run ``total`` calls with ``concurrency`` workers; (requests per second, latencies in seconds)."""
+    latencies: list[float] = []
+    remaining = total
+
+    async def worker() -> None:
+        nonlocal remaining
+        while remaining > 0:
+            remaining -= 1
+            started = time.perf_counter()
+            await call()
+            latencies.append(time.perf_counter() - started)
+
+    started = time.perf_counter()
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    return total / (time.perf_counter() - started), latencies

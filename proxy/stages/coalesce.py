@@ -1,0 +1,166 @@
+"""Request coalescing: identical concurrent misses (same exact key) make one upstream call.
+
+The first miss leads: its reply is teed into a :class:`Flight`. Followers with the same key wait — at most
+``wait_s`` — and then:
+
+- a streaming follower of a streaming leader receives the leader's chunks as they are produced (from the first);
+- any other follower receives the leader's complete answer once it has finished (replayed as SSE if it asked
+  for a stream), exactly like a cache hit;
+- if the leader fails (exception, non-200 status, aborted stream) followers go upstream on their own: an error
+  is never fanned out as an answer;
+- past the bound a follower goes upstream on its own and its result is not stored (the leader's will be).
+
+Keys carry the tenant, so coalescing never crosses tenants. The table of flights is bounded (``max_flights``);
+beyond it requests simply go upstream uncoalesced.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+from multidict import CIMultiDict
+
+from proxy.context import Reply, RequestContext
+from proxy.pipeline import Next
+from proxy.stages.tiers import complete_body, hit_reply
+from proxy.upstream.client import UpstreamStreamError
+from tiers.entry import CachedResponse
+
+
+@dataclass
+class Flight:
+    """One upstream call that several requests wait on."""
+
+    ready: asyncio.Event = field(default_factory=asyncio.Event)
+    done: asyncio.Event = field(default_factory=asyncio.Event)
+    changed: asyncio.Event = field(default_factory=asyncio.Event)
+    headers: CIMultiDict[str] = field(default_factory=CIMultiDict)
+    streamed: bool = False
+    failed: bool = False
+    chunks: list[bytes] = field(default_factory=list)
+    body: bytes | None = None
+    followers: int = 0
+
+    def fail(self) -> None:
+        self.failed = True
+        self.ready.set()
+        self.done.set()
+        self.changed.set()
+
+
+class Coalesce:
+    """Share one upstream call among identical in-flight misses."""
+
+    name = "coalesce"
+
+    def __init__(self, *, kind: str, wait_s: float, max_flights: int = 10_000) -> None:
+        self.kind = kind
+        self.wait_s = wait_s
+        self.max_flights = max_flights
+        self.flights: dict[str, Flight] = {}
+        self.coalesced = 0
+        self.timeouts = 0
+
+    async def __call__(self, ctx: RequestContext, call_next: Next) -> Reply:
+        key: str | None = ctx.state.get("key")
+        if key is None or ctx.state.get("no_store"):
+            return await call_next(ctx)
+        flight = self.flights.get(key)
+        if flight is not None:
+            reply = await self._follow(ctx, flight)
+            if reply is not None:
+                return reply
+            return await call_next(ctx)
+        if len(self.flights) >= self.max_flights:
+            return await call_next(ctx)
+        return await self._lead(ctx, key, call_next)
+
+    async def _lead(self, ctx: RequestContext, key: str, call_next: Next) -> Reply:
+        flight = Flight()
+        self.flights[key] = flight
+        try:
+            reply = await call_next(ctx)
+        except BaseException:
+            self._land(key, flight)
+            flight.fail()
+            raise
+        if reply.status != 200:
+            self._land(key, flight)
+            flight.fail()
+            return reply
+        flight.headers = CIMultiDict(reply.headers)
+        if reply.chunks is not None:
+            flight.streamed = True
+            reply.chunks = self._tee(reply.chunks, flight)
+
+        async def finished(done_reply: Reply, ok: bool, body: bytes) -> None:
+            self._land(key, flight)
+            flight.body = complete_body(done_reply, body) if ok else None
+            if flight.body is None:
+                flight.fail()
+            else:
+                flight.done.set()
+                flight.changed.set()
+
+        reply.on_finish(finished)
+        flight.ready.set()
+        return reply
+
+    def _land(self, key: str, flight: Flight) -> None:
+        if self.flights.get(key) is flight:
+            del self.flights[key]
+
+    @staticmethod
+    async def _tee(source: AsyncIterator[bytes], flight: Flight) -> AsyncIterator[bytes]:
+        async for chunk in source:
+            flight.chunks.append(chunk)
+            flight.changed.set()
+            yield chunk
+
+    async def _follow(self, ctx: RequestContext, flight: Flight) -> Reply | None:
+        """The follower's reply, or ``None`` to go upstream on its own."""
+        ctx.state["no_store"] = True
+        flight.followers += 1
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.wait_s
+        try:
+            await asyncio.wait_for(flight.ready.wait(), self.wait_s)
+            if flight.streamed and ctx.stream and not flight.failed:
+                self.coalesced += 1
+                ctx.cache_status, ctx.cache_tier = "MISS", "coalesced"
+                headers = CIMultiDict(flight.headers)
+                headers["X-Cache-Coalesced"] = "true"
+                return Reply(status=200, headers=headers, chunks=self._replay(flight, self.wait_s))
+            await asyncio.wait_for(flight.done.wait(), max(0.0, deadline - loop.time()))
+        except TimeoutError:
+            self.timeouts += 1
+            return None
+        if flight.failed or flight.body is None:
+            ctx.state.pop("no_store", None)
+            return None
+        self.coalesced += 1
+        entry = CachedResponse(body=flight.body, kind=self.kind)
+        reply = hit_reply(ctx, entry, status="MISS", tier="coalesced", extra={"X-Cache-Coalesced": "true"})
+        ctx.cache_status = "MISS"
+        return reply
+
+    @staticmethod
+    async def _replay(flight: Flight, gap_s: float) -> AsyncIterator[bytes]:
+        sent = 0
+        while True:
+            while sent < len(flight.chunks):
+                yield flight.chunks[sent]
+                sent += 1
+            if flight.failed:
+                raise UpstreamStreamError("the shared upstream stream broke off")
+            if flight.done.is_set():
+                return
+            flight.changed.clear()
+            if sent < len(flight.chunks):
+                continue
+            try:
+                await asyncio.wait_for(flight.changed.wait(), gap_s)
+            except TimeoutError:
+                raise UpstreamStreamError("the shared upstream stream stalled") from None

@@ -1,0 +1,160 @@
+"""Serving from and storing into the response tiers.
+
+``StoreResponse`` sits outside the lookups: when the answer came from upstream and ended normally, it stores the
+complete response (a streamed one assembled first) in L1 and hands a copy to the cold tier's write-behind queue.
+``ExactLookup`` answers an exact-key hit from one tier — as JSON, or replayed as SSE when the client asked for a
+stream — and promotes hits from slower tiers into the faster ones.
+
+Response headers: ``X-Cache-Status`` (HIT, SEMANTIC_HIT, MISS, BYPASS, REFRESH), ``X-Cache-Tier`` on hits, ``Age``
+(whole seconds since the entry was produced), ``X-Cache-Key`` only when ``cache.expose_key`` is on.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import AsyncIterator, Callable, Sequence
+from typing import Any
+
+import orjson
+from multidict import CIMultiDict
+
+from normalizer.bypass import unstorable_reason
+from normalizer.cache_control import CachePolicy
+from proxy.context import Reply, RequestContext
+from proxy.pipeline import Next
+from proxy.sse import assemble, replay
+from tiers.entry import CachedResponse
+from tiers.response_tier import ResponseTier
+
+log = logging.getLogger("ragproxy.cache")
+
+JSON = "application/json"
+SSE = "text/event-stream"
+
+
+def entry_tags(ctx: RequestContext, model: str | None) -> list[str]:
+    """Tags every stored entry carries, so invalidation can find it without its key."""
+    scope = ctx.state.get("scope")
+    tenant = scope.tenant if scope is not None else ctx.tenant
+    tags = [f"tenant:{tenant}", f"ns:{tenant}/{ctx.namespace}", f"route:{ctx.route}"]
+    if model:
+        tags.append(f"model:{model}")
+    tags.extend(f"doc:{doc}" for doc in ctx.state.get("document_ids") or ())
+    return tags
+
+
+def hit_reply(ctx: RequestContext, entry: CachedResponse, *, status: str, tier: str,
+              extra: dict[str, str] | None = None) -> Reply:
+    """A reply built from a cached entry, in the form the client asked for."""
+    ctx.cache_status, ctx.cache_tier = status, tier
+    headers: CIMultiDict[str] = CIMultiDict()
+    headers["X-Cache-Status"] = status
+    headers["X-Cache-Tier"] = tier
+    headers["Age"] = str(math.floor(entry.age()))
+    if extra:
+        headers.update(extra)
+    if ctx.stream and entry.kind in ("chat", "completion"):
+        headers["Content-Type"] = SSE
+        headers["Cache-Control"] = "no-cache"
+        include_usage = bool(((ctx.body or {}).get("stream_options") or {}).get("include_usage"))
+        events = replay(orjson.loads(entry.body), include_usage=include_usage)
+        return Reply(status=200, headers=headers, chunks=_iterate(events))
+    headers["Content-Type"] = JSON
+    return Reply(status=200, headers=headers, body=entry.body)
+
+
+async def _iterate(events: list[bytes]) -> AsyncIterator[bytes]:
+    for event in events:
+        yield event
+
+
+def complete_body(reply: Reply, body: bytes) -> bytes | None:
+    """The JSON body to store: as received, or assembled from a finished stream; ``None`` if unusable."""
+    if reply.streamed:
+        assembled = assemble(body)
+        return None if assembled is None else orjson.dumps(assembled)
+    try:
+        parsed = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return None
+    return None if not isinstance(parsed, dict) or "error" in parsed else body
+
+
+class StoreResponse:
+    """On the way back: store complete upstream answers in L1 (and queue them for L3)."""
+
+    name = "store"
+
+    def __init__(self, l1: ResponseTier, *, kind: str,
+                 write_behind: Callable[[str, CachedResponse, float | None, list[str]], None] | None = None,
+                 expose_key: bool = False) -> None:
+        self.l1 = l1
+        self.kind = kind
+        self.write_behind = write_behind
+        self.expose_key = expose_key
+
+    async def __call__(self, ctx: RequestContext, call_next: Next) -> Reply:
+        key: str | None = ctx.state.get("key")
+        reply = await call_next(ctx)
+        if key is None or ctx.cache_status in ("HIT", "SEMANTIC_HIT"):
+            if key is None and ctx.cache_status is None:
+                ctx.cache_status = "BYPASS"
+            self._headers(ctx, reply, key)
+            return reply
+        policy: CachePolicy = ctx.state["cache_policy"]
+        if ctx.cache_status is None:
+            ctx.cache_status = "REFRESH" if policy.force_refresh else "MISS"
+        self._headers(ctx, reply, key)
+        if policy.may_store and policy.ttl != 0 and not ctx.state.get("no_store"):
+            reply.on_finish(self._store(ctx, key, policy))
+        return reply
+
+    def _headers(self, ctx: RequestContext, reply: Reply, key: str | None) -> None:
+        reply.headers["X-Cache-Status"] = ctx.cache_status or "BYPASS"
+        if self.expose_key and key is not None:
+            reply.headers["X-Cache-Key"] = key
+
+    def _store(self, ctx: RequestContext, key: str, policy: CachePolicy) -> Any:
+        async def store(reply: Reply, ok: bool, body: bytes) -> None:
+            if unstorable_reason(reply.status, complete=ok) is not None:
+                return
+            stored_body = complete_body(reply, body)
+            if stored_body is None:
+                return
+            model = (ctx.body or {}).get("model")
+            entry = CachedResponse(
+                body=stored_body, kind=self.kind, model=model if isinstance(model, str) else None,
+                cost=float(ctx.state.get("upstream_seconds", 1.0)),
+                meta={"tenant": ctx.tenant, "namespace": ctx.namespace, "route": ctx.route,
+                      **({"question": ctx.state["question"]} if "question" in ctx.state else {}),
+                      **({"documents": ctx.state["document_ids"]} if ctx.state.get("document_ids") else {})},
+            )
+            tags = entry_tags(ctx, entry.model)
+            stored = await self.l1.put(key, entry, ttl=policy.ttl, tags=tags)
+            ctx.state["stored"] = stored
+            if self.write_behind is not None:
+                self.write_behind(key, entry, policy.ttl, tags)
+
+        return store
+
+
+class ExactLookup:
+    """Answer exact-key hits from one tier; promote them into ``promote_into`` (faster tiers)."""
+
+    def __init__(self, tier: ResponseTier, *, promote_into: Sequence[ResponseTier] = ()) -> None:
+        self.tier = tier
+        self.name = tier.name
+        self.promote_into = tuple(promote_into)
+
+    async def __call__(self, ctx: RequestContext, call_next: Next) -> Reply:
+        key: str | None = ctx.state.get("key")
+        policy: CachePolicy | None = ctx.state.get("cache_policy")
+        if key is None or policy is None or not policy.may_read:
+            return await call_next(ctx)
+        entry = await self.tier.get(key)
+        if entry is None or (policy.max_age is not None and entry.age() > policy.max_age):
+            return await call_next(ctx)
+        for faster in self.promote_into:
+            await faster.put(key, entry, ttl=policy.ttl, tags=entry_tags(ctx, entry.model))
+        return hit_reply(ctx, entry, status="HIT", tier=self.tier.name)

@@ -1,0 +1,129 @@
+"""The proxy under test, run the ways tests need it: on a background thread (sync SDK clients and async tests
+alike), or as a separate ``ragproxy serve`` process (signals, kills, several replicas)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Self
+
+from aiohttp import web
+
+from proxy.app import RUNTIME, create_app
+from proxy.config import Settings, load_settings
+from proxy.runtime import Runtime
+from tests.support.processes import free_port, wait_for_port
+
+
+def proxy_settings(llm_url: str | list[str] | None = None, qdrant_url: str | None = None,
+                   **overrides: Any) -> Settings:
+    """Settings for a test proxy: free ports, the given upstreams, dotted-key overrides."""
+    values: dict[str, Any] = {"server.port": free_port(), "admin.port": free_port(), "logging.format": "text",
+                              "upstreams.health_interval_s": 0.5}
+    if llm_url is not None:
+        urls = [llm_url] if isinstance(llm_url, str) else llm_url
+        values["upstreams.llm"] = [{"url": url} for url in urls]
+    if qdrant_url is not None:
+        values["upstreams.qdrant.url"] = qdrant_url
+    values.update({key.replace("__", "."): value for key, value in overrides.items()})
+    return load_settings(env={}, overrides=values)
+
+
+class ProxyServer:
+    """The data-plane app on a loopback port, served from its own thread and event loop."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self._loop = asyncio.new_event_loop()
+        self._runner: web.AppRunner | None = None
+        self._thread: threading.Thread | None = None
+        self.app: web.Application | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.settings.server.port}"
+
+    @property
+    def runtime(self) -> Runtime:
+        assert self.app is not None
+        return self.app[RUNTIME]
+
+    def call(self, coro: Any) -> Any:
+        """Run a coroutine on the proxy's loop from a test (e.g. inspect a tier)."""
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout=30)
+
+    async def _start(self) -> None:
+        self.app = create_app(self.settings)
+        self._runner = web.AppRunner(self.app, access_log=None, handler_cancellation=True, shutdown_timeout=2.0)
+        await self._runner.setup()
+        await web.TCPSite(self._runner, "127.0.0.1", self.settings.server.port).start()
+
+    def __enter__(self) -> Self:
+        self._thread = threading.Thread(target=self._loop.run_forever, name="proxy-under-test", daemon=True)
+        self._thread.start()
+        self.call(self._start())
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        if self._runner is not None:
+            self.call(self._runner.cleanup())
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+        self._loop.close()
+
+
+class ProxyProcess:
+    """``ragproxy serve`` as a child process, configured through the environment."""
+
+    def __init__(self, settings_env: dict[str, str], port: int | None = None, cwd: Path | None = None) -> None:
+        self.port = port or free_port()
+        self.env = {**os.environ, **settings_env, "RAGPROXY_SERVER__PORT": str(self.port),
+                    "RAGPROXY_LOGGING__FORMAT": "text"}
+        self.env.setdefault("RAGPROXY_ADMIN__PORT", str(free_port()))
+        self.cwd = cwd
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> Self:
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "proxy.cli", "serve"], env=self.env, cwd=self.cwd,
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        )
+        wait_for_port(self.port, timeout=30)
+        return self
+
+    def signal(self, sig: signal.Signals) -> None:
+        assert self.process is not None
+        self.process.send_signal(sig)
+
+    def stop(self) -> int:
+        assert self.process is not None
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        return int(self.process.returncode)
+
+    def output(self) -> str:
+        assert self.process is not None and self.process.stdout is not None
+        return self.process.stdout.read().decode(errors="replace")
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
