@@ -22,6 +22,7 @@ from proxy.pipeline import Pipeline, Stage
 from proxy.runtime import Runtime
 from proxy.stages.cache_policy import ApplyCacheControl, Canonicalize
 from proxy.stages.coalesce import Coalesce
+from proxy.stages.embeddings import EmbeddingItemsCache
 from proxy.stages.forward import ForwardToLLM, ForwardToQdrant
 from proxy.stages.tiers import ExactLookup, StoreResponse
 
@@ -51,7 +52,7 @@ def build_pipelines(rt: Runtime) -> Pipelines:
     return Pipelines(
         chat=Pipeline([*identify, *_caching(rt, "chat")], to_llm),
         completions=Pipeline([*identify, *_caching(rt, "completion")], to_llm),
-        embeddings=Pipeline(identify, to_llm),
+        embeddings=Pipeline([*identify, *_embedding_caching(rt)], to_llm),
         llm_passthrough=Pipeline(identify, to_llm),
         qdrant_search=Pipeline(identify, to_qdrant),
         qdrant_write=Pipeline(identify, to_qdrant),
@@ -59,13 +60,28 @@ def build_pipelines(rt: Runtime) -> Pipelines:
     )
 
 
+def _rules(rt: Runtime) -> tuple[CacheDefaults, BypassSettings]:
+    cache = rt.settings.cache
+    return (CacheDefaults(enabled=True, ttl=cache.l1.ttl_s),
+            BypassSettings(unknown_fields=cache.unknown_fields, cache_sampled=cache.cache_sampled))
+
+
+def _embedding_caching(rt: Runtime) -> list[Stage]:
+    """cache_control → per-item exact cache, when caching is on."""
+    cache = rt.settings.cache
+    if not cache.enabled or not cache.l1.enabled:
+        return []
+    defaults, bypass = _rules(rt)
+    scope = Canonicalize("embedding", bypass, rt.versions, frozenset(cache.shared_namespaces))
+    return [ApplyCacheControl(defaults), EmbeddingItemsCache(rt.l1, scope, bypass)]
+
+
 def _caching(rt: Runtime, kind: RequestKind) -> list[Stage]:
     """cache_control → canonicalize → store (on the way back) → L1 → coalesce, when caching is on."""
     cache = rt.settings.cache
     if not cache.enabled:
         return []
-    defaults = CacheDefaults(enabled=True, ttl=cache.l1.ttl_s)
-    bypass = BypassSettings(unknown_fields=cache.unknown_fields, cache_sampled=cache.cache_sampled)
+    defaults, bypass = _rules(rt)
     stages: list[Stage] = [
         ApplyCacheControl(defaults),
         Canonicalize(kind, bypass, rt.versions, frozenset(cache.shared_namespaces)),

@@ -1,0 +1,117 @@
+"""Per-item caching of ``/v1/embeddings``: a batch with some cached inputs forwards only the missing ones.
+
+Each input item has its own exact key (model, dimensions, the item; the encoding format is not part of it because
+the vector is stored raw, as little-endian float32, and rendered as the client asked: a float list or base64). The
+answer is assembled in the original order with the original indices.
+
+Usage: an item's stored token count is its share of the upstream batch's ``prompt_tokens`` (split by input length;
+exact when it was forwarded alone). A partly cached batch reports the upstream usage plus the stored counts of the
+cached items, so ``usage`` stays the cost of the whole batch.
+"""
+
+from __future__ import annotations
+
+import base64
+from typing import Any
+
+import numpy as np
+import orjson
+from multidict import CIMultiDict
+
+from normalizer.bypass import BypassSettings, bypass_reason
+from normalizer.cache_control import CachePolicy
+from normalizer.canonical import cache_key, canonical_embedding_items, embedding_inputs
+from normalizer.canonical_json import CanonicalizationError
+from proxy.context import Reply, RequestContext
+from proxy.pipeline import Next
+from proxy.stages.cache_policy import Canonicalize
+from proxy.stages.tiers import entry_tags
+from tiers.entry import CachedResponse
+from tiers.response_tier import ResponseTier
+
+
+def _vector(item: dict[str, Any]) -> bytes:
+    embedding = item["embedding"]
+    if isinstance(embedding, str):
+        return base64.b64decode(embedding)
+    return np.asarray(embedding, dtype="<f4").tobytes()
+
+
+def _render(vector: bytes, encoding: str) -> Any:
+    if encoding == "base64":
+        return base64.b64encode(vector).decode()
+    return np.frombuffer(vector, dtype="<f4").tolist()
+
+
+class EmbeddingItemsCache:
+    """Serve cached items, forward the missing ones in one upstream call, store them, assemble in order."""
+
+    name = "embedding_items"
+
+    def __init__(self, tier: ResponseTier, scope: Canonicalize, bypass: BypassSettings) -> None:
+        self.tier = tier
+        self.scope = scope
+        self.bypass = bypass
+
+    async def __call__(self, ctx: RequestContext, call_next: Next) -> Reply:
+        body = ctx.body or {}
+        policy: CachePolicy | None = ctx.state.get("cache_policy")
+        if policy is None or bypass_reason(body, self.bypass, kind="embedding", namespace=ctx.namespace):
+            ctx.cache_status = "BYPASS"
+            return await call_next(ctx)
+        try:
+            inputs = embedding_inputs(body)
+            items = canonical_embedding_items({**body, "encoding_format": "float"})
+        except CanonicalizationError:
+            ctx.cache_status = "BYPASS"
+            return await call_next(ctx)
+        scope = self.scope.scope(ctx)
+        ctx.state["scope"] = scope
+        keys = [cache_key("embedding", item, scope) for item in items]
+        found: list[CachedResponse | None] = [None] * len(keys)
+        if policy.may_read:
+            for i, key in enumerate(keys):
+                found[i] = await self.tier.get(key)
+        missing = [i for i, entry in enumerate(found) if entry is None]
+        encoding = body.get("encoding_format") or "float"
+        model = body.get("model")
+        upstream_usage = 0
+        if missing:
+            ctx.replace_body({**body, "input": [inputs[i] for i in missing], "encoding_format": "base64"})
+            reply = await call_next(ctx)
+            if reply.status != 200 or reply.body is None:
+                return reply
+            answer = orjson.loads(reply.body)
+            data = sorted(answer.get("data") or [], key=lambda item: item.get("index", 0))
+            if len(data) != len(missing):
+                return reply
+            model = answer.get("model", model)
+            upstream_usage = int((answer.get("usage") or {}).get("prompt_tokens") or 0)
+            lengths = [max(1, len(str(inputs[i]))) for i in missing]
+            for position, i in enumerate(missing):
+                tokens = round(upstream_usage * lengths[position] / sum(lengths))
+                entry = CachedResponse(body=_vector(data[position]), kind="embedding",
+                                       model=model if isinstance(model, str) else None,
+                                       cost=float(ctx.state.get("upstream_seconds", 1.0)) / len(missing),
+                                       meta={"tokens": tokens})
+                found[i] = entry
+                if policy.may_store and policy.ttl != 0:
+                    await self.tier.put(keys[i], entry, ttl=policy.ttl, tags=entry_tags(ctx, entry.model))
+        cached_tokens = sum(int(found[i].meta.get("tokens", 0)) for i in range(len(keys))  # type: ignore[union-attr]
+                            if i not in set(missing))
+        result = {
+            "object": "list",
+            "data": [{"object": "embedding", "index": i, "embedding": _render(entry.body, encoding)}
+                     for i, entry in enumerate(found) if entry is not None],
+            "model": model,
+            "usage": {"prompt_tokens": upstream_usage + cached_tokens,
+                      "total_tokens": upstream_usage + cached_tokens},
+        }
+        hits = len(keys) - len(missing)
+        ctx.cache_status = "HIT" if not missing else "MISS"
+        if hits:
+            ctx.cache_tier = self.tier.name
+        headers: CIMultiDict[str] = CIMultiDict({"Content-Type": "application/json",
+                                                 "X-Cache-Status": ctx.cache_status,
+                                                 "X-Cache-Hits": f"{hits}/{len(keys)}"})
+        return Reply(status=200, headers=headers, body=orjson.dumps(result))

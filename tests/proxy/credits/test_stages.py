@@ -1,0 +1,334 @@
+"""Identify and Credits in a real pipeline behind a small aiohttp app, called with the openai SDK.
+
+The terminal of the pipeline is ``UpstreamDouble``, a test double of an LLM backend (non-streamed and streamed
+chat completions with usage, cache hits, error statuses, broken streams); everything else is the project's code:
+``Pipeline``, the stages, ``respond``, the stores.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+import openai
+import orjson
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestServer
+from multidict import CIMultiDict
+
+from proxy.context import Reply, RequestContext
+from proxy.credits.keys import KeyStore
+from proxy.credits.pricing import ModelPrice, PriceBook, format_credits
+from proxy.credits.redis_store import RedisCreditStore
+from proxy.credits.sqlite_keys import SqliteKeyStore
+from proxy.credits.sqlite_store import SqliteCreditStore
+from proxy.credits.stages import Credits, Identify
+from proxy.credits.store import CreditStore, LedgerFilter, ledger_entries
+from proxy.credits.streaming import ask_upstream_for_usage
+from proxy.credits.usage import Usage
+from proxy.errors import Dialect, ProxyError
+from proxy.pipeline import Pipeline, Stage
+from proxy.routes.respond import respond
+from proxy.upstream.client import UpstreamStreamError
+from tests.support.processes import free_port
+
+CREDIT = 1_000_000
+PRICES = PriceBook(
+    models={"m": ModelPrice(Decimal("1"), Decimal("2"), Decimal("0.5"))},
+    hit_multipliers={"l1": Decimal("0.1"), "l2": Decimal("0.25")},
+)
+USAGE = {"prompt_tokens": 1000, "completion_tokens": 500, "prompt_tokens_details": {"cached_tokens": 400}}
+FULL_COST = PRICES.actual_cost("m", Usage(1000, 500, 400))  # 0.6 + 0.2 + 1.0 = 1.8 credits
+
+
+@dataclass
+class UpstreamDouble:
+    """A test double of an LLM backend, as the pipeline's terminal (the forward stage's place)."""
+
+    mode: str = "ok"
+    cache_tier: str | None = None
+    sent: list[dict[str, Any]] = field(default_factory=list)
+
+    async def __call__(self, ctx: RequestContext) -> Reply:
+        ask_upstream_for_usage(ctx)  # what the forward stage does before sending
+        body = orjson.loads(ctx.outgoing_body())
+        self.sent.append(body)
+        ctx.cache_tier = self.cache_tier
+        if self.mode == "error":
+            error = {"error": {"message": "backend exploded", "type": "server_error"}}
+            return Reply(500, CIMultiDict({"Content-Type": "application/json"}), body=orjson.dumps(error))
+        if not body.get("stream"):
+            reply = {
+                "id": "c1",
+                "object": "chat.completion",
+                "created": 1,
+                "model": "m",
+                "usage": USAGE,
+                "choices": [
+                    {
+                        "index": 0,
+                        "finish_reason": "stop",
+                        "message": {"role": "assistant", "content": "hello"},
+                    }
+                ],
+            }
+            return Reply(200, CIMultiDict({"Content-Type": "application/json"}), body=orjson.dumps(reply))
+        include_usage = (body.get("stream_options") or {}).get("include_usage") is True
+        return Reply(
+            200, CIMultiDict({"Content-Type": "text/event-stream"}), chunks=self._events(include_usage)
+        )
+
+    async def _events(self, include_usage: bool) -> AsyncIterator[bytes]:
+        base = {"id": "c1", "object": "chat.completion.chunk", "created": 1, "model": "m"}
+        for word in ("hel", "lo"):
+            chunk = {**base, "choices": [{"index": 0, "delta": {"content": word}, "finish_reason": None}]}
+            yield b"data: " + orjson.dumps(chunk) + b"\n\n"
+        if self.mode == "broken":
+            raise UpstreamStreamError("LLM backend reset the stream (test)")
+        yield b"data: " + orjson.dumps(
+            {**base, "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}
+        )
+        yield b"\n\n"
+        if include_usage:
+            yield b"data: " + orjson.dumps({**base, "choices": [], "usage": USAGE}) + b"\n\n"
+        yield b"data: [DONE]\n\n"
+
+
+def app_for(stages: list[Stage], terminal: Callable[[RequestContext], Awaitable[Reply]]) -> web.Application:
+    pipeline = Pipeline(stages, terminal)
+
+    async def chat(request: web.Request) -> web.StreamResponse:
+        raw = await request.read()
+        ctx = RequestContext(
+            request=request,
+            route="chat",
+            request_id=uuid.uuid4().hex,
+            raw_body=raw,
+            body=orjson.loads(raw),
+            upstream_path="/v1/chat/completions",
+        )
+        try:
+            reply = await pipeline(ctx)
+        except ProxyError as exc:
+            return exc.response(Dialect.OPENAI, ctx.request_id)
+        return await respond(request, ctx, reply, Dialect.OPENAI)
+
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", chat)
+    return app
+
+
+@dataclass
+class Proxy:
+    url: str
+    store: CreditStore
+    keys: KeyStore
+    upstream: UpstreamDouble
+    credits: Credits
+
+    def client(self, key: str) -> openai.AsyncOpenAI:
+        return openai.AsyncOpenAI(base_url=self.url + "/v1", api_key=key, max_retries=0)
+
+
+@pytest.fixture
+async def make_proxy(tmp_path: Path) -> AsyncIterator[Callable[..., Awaitable[Proxy]]]:
+    servers: list[TestServer] = []
+    closers: list[Callable[[], Awaitable[None]]] = []
+
+    async def make(
+        *,
+        store: CreditStore | None = None,
+        open_mode: bool = False,
+        fail_open: bool = False,
+        keys: KeyStore | None = None,
+    ) -> Proxy:
+        store = store or SqliteCreditStore(tmp_path / "credits.sqlite3")
+        keys = keys or SqliteKeyStore(tmp_path / "credits.sqlite3")
+        upstream = UpstreamDouble()
+        credits = Credits(store, PRICES, fail_open=fail_open)
+        server = TestServer(app_for([Identify(keys, open_mode=open_mode), credits], upstream))
+        await server.start_server()
+        servers.append(server)
+        closers.extend([store.close, keys.close])
+        return Proxy(str(server.make_url("")).rstrip("/"), store, keys, upstream, credits)
+
+    yield make
+    for server in servers:
+        await server.close()
+    for close in closers:
+        await close()
+
+
+MESSAGES: list[Any] = [{"role": "user", "content": "hello there"}]
+
+
+async def charges(store: CreditStore, user: str) -> list[Any]:
+    return [e async for e in ledger_entries(store, LedgerFilter(user=user, kind="charge"))]
+
+
+async def test_a_missing_or_wrong_key_is_401(make_proxy: Callable[..., Awaitable[Proxy]]) -> None:
+    proxy = await make_proxy()
+    with pytest.raises(openai.AuthenticationError) as caught:
+        await proxy.client("rpk_wrong").chat.completions.create(model="m", messages=MESSAGES)
+    assert caught.value.code == "invalid_api_key"
+    assert proxy.upstream.sent == []
+
+
+async def test_a_revoked_key_is_401(make_proxy: Callable[..., Awaitable[Proxy]]) -> None:
+    proxy = await make_proxy()
+    created = await proxy.keys.create("ann")
+    await proxy.keys.revoke(created.record.key_id)
+    with pytest.raises(openai.AuthenticationError):
+        await proxy.client(created.plaintext).chat.completions.create(model="m", messages=MESSAGES)
+
+
+async def test_open_mode_bills_the_anonymous_user(make_proxy: Callable[..., Awaitable[Proxy]]) -> None:
+    proxy = await make_proxy(open_mode=True)
+    await proxy.store.top_up("anonymous", 100 * CREDIT)
+    await proxy.client("sk-anything").chat.completions.create(model="m", messages=MESSAGES, max_tokens=600)
+    assert [e.cost for e in await charges(proxy.store, "anonymous")] == [FULL_COST]
+
+
+async def test_insufficient_credit_is_402_naming_balance_and_estimate(
+    make_proxy: Callable[..., Awaitable[Proxy]],
+) -> None:
+    proxy = await make_proxy()
+    created = await proxy.keys.create("ann", "acme")
+    await proxy.store.top_up("ann", CREDIT)
+    with pytest.raises(openai.APIStatusError) as caught:
+        await proxy.client(created.plaintext).chat.completions.create(
+            model="m", messages=MESSAGES, max_tokens=10_000
+        )
+    error = caught.value
+    assert error.status_code == 402
+    assert error.code == "insufficient_quota" and error.type == "insufficient_quota"
+    estimate = PRICES.worst_case({"messages": MESSAGES, "model": "m", "max_tokens": 10_000}, raw_size=0)
+    assert "your balance is 1 credits" in error.message
+    assert (
+        "may cost up to" in error.message
+        and float(error.message.split("up to ")[1].split()[0]) * CREDIT >= estimate
+    )
+    assert proxy.upstream.sent == []
+    assert (await proxy.store.balance("ann")).available == CREDIT
+
+
+async def test_a_reply_is_charged_its_usage_with_headers(make_proxy: Callable[..., Awaitable[Proxy]]) -> None:
+    proxy = await make_proxy()
+    created = await proxy.keys.create("ann", "acme")
+    await proxy.store.top_up("ann", 100 * CREDIT)
+    raw = await proxy.client(created.plaintext).chat.completions.with_raw_response.create(
+        model="m", messages=MESSAGES, max_tokens=600
+    )
+    assert raw.parse().choices[0].message.content == "hello"
+    assert raw.headers["X-Credits-Charged"] == format_credits(FULL_COST) == "1.8"
+    assert raw.headers["X-Credits-Remaining"] == "98.2"
+    account = await proxy.store.balance("ann")
+    assert (account.available, account.held) == (100 * CREDIT - FULL_COST, 0)
+    [entry] = await charges(proxy.store, "ann")
+    assert (
+        entry.tenant,
+        entry.model,
+        entry.tier,
+        entry.prompt_tokens,
+        entry.completion_tokens,
+        entry.cached_tokens,
+    ) == ("acme", "m", "upstream", 1000, 500, 400)
+    assert entry.request_id == raw.headers["X-Request-ID"]
+
+
+@pytest.mark.parametrize(("tier", "multiplier"), [("l1", Decimal("0.1")), ("l2", Decimal("0.25"))])
+async def test_a_cache_hit_costs_its_tier_s_fraction(
+    make_proxy: Callable[..., Awaitable[Proxy]], tier: str, multiplier: Decimal
+) -> None:
+    proxy = await make_proxy()
+    proxy.upstream.cache_tier = tier
+    created = await proxy.keys.create("ann")
+    await proxy.store.top_up("ann", 100 * CREDIT)
+    raw = await proxy.client(created.plaintext).chat.completions.with_raw_response.create(
+        model="m", messages=MESSAGES, max_tokens=600
+    )
+    assert raw.headers["X-Credits-Charged"] == format_credits(int(FULL_COST * multiplier))
+    [entry] = await charges(proxy.store, "ann")
+    assert entry.tier == tier and entry.cost == int(FULL_COST * multiplier)
+
+
+async def test_a_stream_is_settled_from_a_usage_chunk_the_client_did_not_ask_for(
+    make_proxy: Callable[..., Awaitable[Proxy]],
+) -> None:
+    proxy = await make_proxy()
+    created = await proxy.keys.create("ann")
+    await proxy.store.top_up("ann", 100 * CREDIT)
+    stream = await proxy.client(created.plaintext).chat.completions.create(
+        model="m", messages=MESSAGES, max_tokens=600, stream=True
+    )
+    chunks = [chunk async for chunk in stream]
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == "hello"
+    assert all(chunk.usage is None and chunk.choices for chunk in chunks)
+    assert proxy.upstream.sent[0]["stream_options"] == {"include_usage": True}
+    assert [e.cost for e in await charges(proxy.store, "ann")] == [FULL_COST]
+    assert (await proxy.store.balance("ann")).held == 0
+
+
+async def test_a_stream_keeps_the_usage_chunk_when_the_client_asked(
+    make_proxy: Callable[..., Awaitable[Proxy]],
+) -> None:
+    proxy = await make_proxy()
+    created = await proxy.keys.create("ann")
+    await proxy.store.top_up("ann", 100 * CREDIT)
+    response = await proxy.client(created.plaintext).chat.completions.with_raw_response.create(
+        model="m", messages=MESSAGES, max_tokens=600, stream=True, stream_options={"include_usage": True}
+    )
+    assert response.headers["X-Credits-Remaining"] == format_credits(
+        100 * CREDIT
+        - PRICES.worst_case({"model": "m", "max_tokens": 600}, raw_size=len(response.http_request.content))
+    )
+    chunks = [chunk async for chunk in response.parse()]
+    assert chunks[-1].usage is not None and chunks[-1].usage.prompt_tokens == 1000
+    assert [e.cost for e in await charges(proxy.store, "ann")] == [FULL_COST]
+
+
+@pytest.mark.parametrize("mode", ["error", "broken"])
+async def test_an_upstream_failure_refunds_the_whole_reservation(
+    make_proxy: Callable[..., Awaitable[Proxy]], mode: str
+) -> None:
+    proxy = await make_proxy()
+    proxy.upstream.mode = mode
+    created = await proxy.keys.create("ann")
+    await proxy.store.top_up("ann", 100 * CREDIT)
+    with pytest.raises(openai.APIError):
+        stream = await proxy.client(created.plaintext).chat.completions.create(
+            model="m", messages=MESSAGES, max_tokens=600, stream=mode == "broken"
+        )
+        if mode == "broken":
+            async for _ in stream:  # type: ignore[union-attr]
+                pass
+    account = await proxy.store.balance("ann")
+    assert (account.available, account.held) == (100 * CREDIT, 0)
+    assert await charges(proxy.store, "ann") == []
+
+
+async def test_an_unreachable_store_is_503_with_retry_after(
+    make_proxy: Callable[..., Awaitable[Proxy]],
+) -> None:
+    dead = RedisCreditStore.from_url(f"redis://127.0.0.1:{free_port()}/0")
+    proxy = await make_proxy(store=dead)
+    created = await proxy.keys.create("ann")
+    with pytest.raises(openai.InternalServerError) as caught:
+        await proxy.client(created.plaintext).chat.completions.create(model="m", messages=MESSAGES)
+    assert caught.value.status_code == 503
+    assert caught.value.response.headers["Retry-After"] == "5"
+    assert proxy.upstream.sent == []
+
+
+async def test_fail_open_serves_unbilled_and_counts(make_proxy: Callable[..., Awaitable[Proxy]]) -> None:
+    dead = RedisCreditStore.from_url(f"redis://127.0.0.1:{free_port()}/0")
+    proxy = await make_proxy(store=dead, fail_open=True)
+    created = await proxy.keys.create("ann")
+    reply = await proxy.client(created.plaintext).chat.completions.create(model="m", messages=MESSAGES)
+    assert reply.choices[0].message.content == "hello"
+    assert proxy.credits.unbilled_requests == 1

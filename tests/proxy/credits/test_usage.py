@@ -1,0 +1,106 @@
+"""Reading usage from replies and streams (OpenAI and llama.cpp shapes); the usage-chunk filter."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from itertools import pairwise
+
+import orjson
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from proxy.credits.streaming import UsageChunkFilter, client_asked_for_usage
+from proxy.credits.usage import Usage, usage_from_body, usage_from_json, usage_from_stream
+
+
+def test_openai_usage_with_cached_tokens() -> None:
+    reply = {
+        "usage": {
+            "prompt_tokens": 100,
+            "completion_tokens": 20,
+            "total_tokens": 120,
+            "prompt_tokens_details": {"cached_tokens": 64},
+        }
+    }
+    assert usage_from_json(reply) == Usage(100, 20, 64)
+
+
+def test_llama_cpp_timings_fill_what_usage_leaves_out() -> None:
+    reply = {
+        "usage": {"prompt_tokens": 100, "completion_tokens": 20},
+        "timings": {"prompt_n": 36, "cache_n": 64, "predicted_n": 20},
+    }
+    assert usage_from_json(reply) == Usage(100, 20, 64)
+    only_timings = {"timings": {"prompt_n": 36, "cache_n": 64, "predicted_n": 7}}
+    assert usage_from_json(only_timings) == Usage(100, 7, 64)
+
+
+def test_no_usage_and_nonsense() -> None:
+    assert usage_from_json({"choices": []}) is None
+    assert usage_from_json({"usage": None}) is None
+    assert usage_from_json({"usage": {"prompt_tokens": -3, "completion_tokens": "x"}}) is None
+    assert usage_from_body(b"not json") is None
+    assert usage_from_body(b"[1, 2]") is None
+    assert usage_from_json(
+        {"usage": {"prompt_tokens": 5, "prompt_tokens_details": {"cached_tokens": 9}}}
+    ) == Usage(5, 0, 5)
+
+
+def sse(*payloads: object) -> bytes:
+    return b"".join(b"data: " + (p if isinstance(p, bytes) else orjson.dumps(p)) + b"\n\n" for p in payloads)
+
+
+CHUNK = {"id": "c1", "object": "chat.completion.chunk", "choices": [{"index": 0, "delta": {"content": "hi"}}]}
+USAGE_CHUNK = {
+    "id": "c1",
+    "object": "chat.completion.chunk",
+    "choices": [],
+    "usage": {"prompt_tokens": 9, "completion_tokens": 2, "prompt_tokens_details": {"cached_tokens": 4}},
+}
+STREAM = sse(CHUNK, CHUNK, USAGE_CHUNK, b"[DONE]")
+
+
+def test_usage_from_a_finished_stream() -> None:
+    assert usage_from_stream(STREAM) == Usage(9, 2, 4)
+    assert usage_from_stream(sse(CHUNK, b"[DONE]")) is None
+
+
+def test_client_asked_for_usage() -> None:
+    assert client_asked_for_usage({"stream_options": {"include_usage": True}})
+    assert not client_asked_for_usage({"stream_options": {"include_usage": False}})
+    assert not client_asked_for_usage({"stream": True})
+    assert not client_asked_for_usage(None)
+
+
+async def replay(pieces: list[bytes]) -> AsyncIterator[bytes]:
+    for piece in pieces:
+        yield piece
+
+
+def split(data: bytes, cuts: list[int]) -> list[bytes]:
+    points = sorted({0, len(data), *(c % (len(data) + 1) for c in cuts)})
+    return [data[a:b] for a, b in pairwise(points)]
+
+
+@settings(max_examples=60)
+@given(st.lists(st.integers(0, 10_000), max_size=12), st.booleans())
+async def test_the_filter_reads_usage_and_strips_it_only_when_asked_to(cuts: list[int], strip: bool) -> None:
+    meter = UsageChunkFilter(strip=strip)
+    seen = b"".join([piece async for piece in meter.filter(replay(split(STREAM, cuts)))])
+    assert meter.usage == Usage(9, 2, 4)
+    assert seen == (sse(CHUNK, CHUNK, b"[DONE]") if strip else STREAM)
+
+
+async def test_the_filter_passes_a_stream_without_usage_untouched_and_flushes_a_partial_tail() -> None:
+    meter = UsageChunkFilter(strip=True)
+    data = sse(CHUNK) + b'data: {"partial'
+    assert b"".join([p async for p in meter.filter(replay([data]))]) == data
+    assert meter.usage is None
+
+
+async def test_a_final_chunk_with_choices_and_usage_is_kept() -> None:
+    final = {**CHUNK, "usage": USAGE_CHUNK["usage"]}
+    meter = UsageChunkFilter(strip=True)
+    data = sse(CHUNK, final, b"[DONE]")
+    assert b"".join([p async for p in meter.filter(replay([data]))]) == data
+    assert meter.usage == Usage(9, 2, 4)

@@ -1,0 +1,68 @@
+"""Hints per backend kind, slot choice, and reading back what the backend reused."""
+
+from __future__ import annotations
+
+import itertools
+
+import orjson
+
+from proxy.kv.hints import (
+    BackendKind,
+    SlotTable,
+    build_hints,
+    capacity_from_slots,
+    path_hash,
+    reported_cached_tokens,
+    reported_prefill,
+)
+from proxy.kv.tree import Segment
+
+PATH = [Segment("p:s", 10), Segment("d1", 100), Segment("d2", 100)]
+
+
+def test_llamacpp_gets_cache_prompt_and_slot() -> None:
+    hints = build_hints(BackendKind.LLAMACPP, PATH, document_keys=["d1", "d2"], slot=2)
+    assert hints.body == {"cache_prompt": True, "id_slot": 2}
+    assert hints.headers == {"X-Prefix-Hash": path_hash(["p:s", "d1", "d2"]), "X-Prefix-Docs": "d1,d2"}
+
+
+def test_vllm_and_sglang_get_a_per_tenant_salt() -> None:
+    a = build_hints(BackendKind.VLLM, PATH, tenant="a").body["cache_salt"]
+    b = build_hints(BackendKind.SGLANG, PATH, tenant="b").body["cache_salt"]
+    assert a != b and a == build_hints(BackendKind.SGLANG, PATH, tenant="a").body["cache_salt"]
+
+
+def test_openai_gets_a_prompt_cache_key_from_the_path() -> None:
+    key = build_hints(BackendKind.OPENAI, PATH).body["prompt_cache_key"]
+    assert key == path_hash(["p:s", "d1", "d2"])
+    assert key != build_hints(BackendKind.OPENAI, [PATH[0], PATH[2], PATH[1]]).body["prompt_cache_key"]
+
+
+def test_slot_table_picks_longest_prefix_then_least_recently_used_idle_slot() -> None:
+    table = SlotTable(3, clock=itertools.count().__next__)
+    slot, matched = table.best(PATH)
+    assert (slot, matched) == (0, 0)
+    table.assign(0, PATH)
+    table.release(0)
+    assert table.best([PATH[0], PATH[1], Segment("d9", 5)]) == (0, 110)
+    assert table.best([Segment("other", 5)])[0] == 1  # misses go to the least recently used slot
+    table.assign(0, PATH)  # busy now
+    assert table.best(PATH)[0] != 0
+
+
+def test_reads_cached_tokens_from_openai_usage_llamacpp_timings_and_streams() -> None:
+    assert reported_cached_tokens({"usage": {"prompt_tokens_details": {"cached_tokens": 42}}}) == 42
+    assert reported_cached_tokens({"timings": {"cache_n": 7, "prompt_n": 3, "prompt_ms": 1.5}}) == 7
+    assert reported_cached_tokens({"usage": {"prompt_tokens": 3}}) is None
+    stream = (
+        b'data: {"choices":[{"delta":{"content":"hi"}}]}\n\n'
+        b'data: {"choices":[],"timings":{"cache_n":9,"prompt_n":4,"prompt_ms":12.0}}\n\n'
+        b"data: [DONE]\n\n"
+    )
+    assert reported_cached_tokens(stream) == 9
+    assert reported_prefill(stream) == (4, 9, 12.0)
+    assert reported_cached_tokens(orjson.dumps({"timings": {"cache_n": 1}})) == 1
+
+
+def test_capacity_from_llamacpp_slots() -> None:
+    assert capacity_from_slots([{"id": 0, "n_ctx": 4096}, {"id": 1, "n_ctx": 4096}]) == (2, 8192)

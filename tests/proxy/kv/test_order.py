@@ -1,0 +1,69 @@
+"""Order policies: preserve keeps retrieval order; reuse follows the cached path with the top document at an edge."""
+
+from __future__ import annotations
+
+import itertools
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from proxy.kv.order import OrderPolicy, order_documents
+from proxy.kv.tree import KnowledgeTree, Segment
+
+SYS = Segment("p:s", 50)
+
+
+def segs(*names: str) -> list[Segment]:
+    return [Segment(n, 300) for n in names]
+
+
+def keys(order: list[Segment]) -> list[str]:
+    return [s.key for s in order]
+
+
+def tree_with(*paths: list[Segment]) -> KnowledgeTree:
+    tree = KnowledgeTree(100_000, clock=itertools.count().__next__)
+    for path in paths:
+        tree.insert([SYS, *path])
+    return tree
+
+
+def test_preserve_never_reorders() -> None:
+    tree = tree_with(segs("c", "b", "a"))
+    assert keys(order_documents(OrderPolicy.PRESERVE, SYS, segs("a", "b", "c"), tree)) == ["a", "b", "c"]
+
+
+def test_reuse_follows_the_cached_path_and_puts_the_top_document_last() -> None:
+    tree = tree_with(segs("c", "b"))
+    assert keys(order_documents(OrderPolicy.REUSE, SYS, segs("a", "b", "c", "d"), tree)) == ["c", "b", "d", "a"]
+
+
+def test_reuse_keeps_the_top_document_first_when_the_cached_path_starts_with_it() -> None:
+    tree = tree_with(segs("a", "c", "b"))
+    assert keys(order_documents(OrderPolicy.REUSE, SYS, segs("a", "b", "c"), tree)) == ["a", "c", "b"]
+
+
+def test_reuse_cuts_the_path_before_the_top_document_in_its_middle() -> None:
+    tree = tree_with(segs("c", "a", "b"))
+    assert keys(order_documents(OrderPolicy.REUSE, SYS, segs("a", "b", "c"), tree)) == ["c", "b", "a"]
+
+
+def test_reuse_without_anything_cached_is_retrieval_order() -> None:
+    tree = tree_with(segs("x", "y"))
+    assert keys(order_documents(OrderPolicy.REUSE, SYS, segs("a", "b", "c"), tree)) == ["a", "b", "c"]
+
+
+@given(
+    st.lists(st.permutations(["a", "b", "c", "d", "e"]), min_size=0, max_size=6),
+    st.permutations(["a", "b", "c", "d", "e"]),
+    st.integers(1, 5),
+)
+def test_reuse_is_a_permutation_with_top_at_an_edge_and_never_caches_less(
+    cached_paths: list[list[str]], ranked_all: list[str], k: int
+) -> None:
+    tree = tree_with(*(segs(*p[:3]) for p in cached_paths))
+    ranked = segs(*ranked_all[:k])
+    reuse = order_documents(OrderPolicy.REUSE, SYS, ranked, tree)
+    assert sorted(keys(reuse)) == sorted(keys(ranked))
+    assert ranked[0] in (reuse[0], reuse[-1])
+    assert tree.match([SYS, *reuse]).tokens >= tree.match([SYS, *ranked]).tokens

@@ -1,0 +1,67 @@
+"""Router: lowest estimated TTFT, load-balance guard, SLO refusal, load bookkeeping."""
+
+from __future__ import annotations
+
+import pytest
+
+from proxy.kv.prefill import PrefillCoefficients, PrefillModel
+from proxy.kv.router import Candidate, Reject, RouteDecision, Router
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def models(n: int) -> list[PrefillModel]:
+    return [PrefillModel(PrefillCoefficients(0.0, 0.001, 0.0)) for _ in range(n)]  # 1 ms per token
+
+
+def test_chooses_the_replica_with_most_cached_when_idle() -> None:
+    router = Router(models(3), ttft_slo_s=None, clock=Clock())
+    decision = router.choose([Candidate(0, 0, 2000), Candidate(1, 1500, 2000), Candidate(2, 500, 2000)])
+    assert isinstance(decision, RouteDecision)
+    assert decision.replica == 1 and decision.uncached_tokens == 500
+    assert decision.estimated_ttft_s == pytest.approx(0.5)
+
+
+def test_queue_wait_moves_requests_to_a_colder_idle_replica() -> None:
+    clock = Clock()
+    router = Router(models(2), ttft_slo_s=None, clock=clock)
+    busy = router.choose([Candidate(0, 0, 3000), Candidate(1, 0, 3000)])
+    assert isinstance(busy, RouteDecision) and busy.replica == 0
+    router.admitted("r1", busy)
+    router.started("r1", 0)
+    clock.t = 0.5  # 2.5 s of r1's prefill left on replica 0
+    decision = router.choose([Candidate(0, 1000, 2000), Candidate(1, 0, 2000)])
+    assert isinstance(decision, RouteDecision) and decision.replica == 1
+    assert router.estimate(Candidate(0, 1000, 2000))[0] == pytest.approx(2.5 + 1.0)
+    router.first_token("r1", 0)
+    decision = router.choose([Candidate(0, 1000, 2000), Candidate(1, 0, 2000)])
+    assert isinstance(decision, RouteDecision) and decision.replica == 0
+
+
+def test_rejects_with_retry_after_when_no_replica_meets_the_slo() -> None:
+    router = Router(models(2), ttft_slo_s=1.0, clock=Clock())
+    decision = router.choose([Candidate(0, 0, 3500), Candidate(1, 1000, 4200)])
+    assert isinstance(decision, Reject)
+    assert decision.retry_after_s == 3  # best is 3.2 s, 2.2 s over
+    assert decision.best_estimate_s == pytest.approx(3.2)
+
+
+def test_balance_guard_sends_to_the_least_loaded_replica_when_imbalanced() -> None:
+    router = Router(models(2), ttft_slo_s=None, balance_abs_threshold=3, balance_rel_threshold=1.5, clock=Clock())
+    for i in range(4):
+        d = router.choose([Candidate(0, 2000, 2000), Candidate(1, 0, 2000)])
+        assert isinstance(d, RouteDecision) and d.replica == 0 and d.reason == "ttft"
+        router.admitted(f"r{i}", d)
+        router.first_token(f"r{i}", 0)  # prefill done, still decoding: active but no queued work
+    assert router.imbalanced()
+    d = router.choose([Candidate(0, 2000, 2000), Candidate(1, 0, 2000)])
+    assert isinstance(d, RouteDecision) and d.replica == 1 and d.reason == "balance"
+    for i in range(4):
+        router.finished(f"r{i}", 0)
+    assert not router.imbalanced()

@@ -1,0 +1,144 @@
+"""Shape + Route stages run as a pipeline in front of a test double of a llama.cpp backend."""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+import orjson
+import pytest
+from aiohttp.test_utils import make_mocked_request
+
+from normalizer.documents import DocumentRegistry
+from proxy.context import Reply, RequestContext
+from proxy.errors import ProxyError
+from proxy.kv.admission_queue import AdmissionQueue
+from proxy.kv.hints import BackendKind, SlotTable
+from proxy.kv.order import OrderPolicy
+from proxy.kv.prefill import PrefillCoefficients, PrefillModel
+from proxy.kv.router import Router
+from proxy.kv.stages import Replica, Route, Shape
+from proxy.kv.tree import KnowledgeTree
+from proxy.pipeline import Pipeline
+
+DOCS = {name: " ".join(f"{name}{i}" for i in range(200)) for name in "abcd"}
+
+
+def replicas(n: int, slo: float | None = None) -> tuple[list[Replica], Router]:
+    clock = itertools.count().__next__
+    models = [PrefillModel(PrefillCoefficients(0.0, 0.0001, 0.0)) for _ in range(n)]
+    reps = [
+        Replica(i, BackendKind.LLAMACPP, KnowledgeTree(100_000, prefill=m, clock=clock), m, AdmissionQueue(2),
+                SlotTable(2, clock=clock))
+        for i, m in enumerate(models)
+    ]
+    return reps, Router(models, ttft_slo_s=slo)
+
+
+class LlamaDouble:
+    """Test double of llama-server: records bodies, reports ``cache_n`` as the given value."""
+
+    def __init__(self, cache_n: int = 0) -> None:
+        self.bodies: list[dict[str, Any]] = []
+        self.cache_n = cache_n
+
+    async def __call__(self, ctx: RequestContext) -> Reply:
+        self.bodies.append(orjson.loads(ctx.outgoing_body()))
+        timings = {"cache_n": self.cache_n, "prompt_n": 100, "prompt_ms": 50.0}
+        return Reply(200, body=orjson.dumps({"choices": [], "timings": timings}))
+
+
+def ctx_for(body: dict[str, Any], n: int) -> RequestContext:
+    request = make_mocked_request("POST", "/v1/chat/completions")
+    return RequestContext(request=request, route="chat", request_id=f"r{n}", raw_body=orjson.dumps(body), body=body)
+
+
+def structured(*names: str) -> dict[str, Any]:
+    return {
+        "model": "m",
+        "messages": [{"role": "system", "content": "Use the documents."}, {"role": "user", "content": "q?"}],
+        "ragproxy": {"documents": [{"id": n, "text": DOCS[n]} for n in names]},
+    }
+
+
+def doc_order(body: dict[str, Any]) -> list[str]:
+    system = body["messages"][0]["content"]
+    return sorted("abcd", key=lambda n: system.find(f'id="{n}"') if f'id="{n}"' in system else 1 << 30)[
+        : system.count("<document ")
+    ]
+
+
+async def test_same_documents_in_another_order_go_to_the_warm_replica_in_its_order() -> None:
+    reps, router = replicas(2)
+    backend = LlamaDouble()
+    pipeline = Pipeline([Shape(reps, default_policy=OrderPolicy.REUSE), Route(reps, router)], backend)
+    first = ctx_for(structured("a", "b", "c"), 1)
+    await pipeline(first)
+    warm = first.state["backend"]
+    second = ctx_for(structured("c", "a", "b"), 2)  # top-ranked is c
+    await pipeline(second)
+    assert second.state["backend"] == warm
+    assert doc_order(backend.bodies[1]) == ["a", "b", "c"]  # cached path a, b; top c at the end
+    assert "ragproxy" not in backend.bodies[1]
+    assert backend.bodies[1]["cache_prompt"] is True and "id_slot" in backend.bodies[1]
+    assert second.state["upstream_headers"]["X-Prefix-Docs"] == "a,b,c"
+    assert int(second.response_headers["X-RagProxy-Cached-Tokens-Estimate"]) > 0
+    assert router.loads[warm].active == 0 and reps[warm].queue.active == 0
+
+
+async def test_preserve_keeps_the_client_order() -> None:
+    reps, router = replicas(1)
+    backend = LlamaDouble()
+    pipeline = Pipeline([Shape(reps), Route(reps, router)], backend)
+    await pipeline(ctx_for(structured("a", "b", "c"), 1))
+    await pipeline(ctx_for(structured("c", "a", "b"), 2))
+    assert doc_order(backend.bodies[1]) == ["c", "a", "b"]
+
+
+async def test_detected_documents_are_reordered_in_place() -> None:
+    reps, router = replicas(1)
+    registry = DocumentRegistry()
+    for text in DOCS.values():
+        registry.add(text)
+    backend = LlamaDouble()
+    pipeline = Pipeline(
+        [Shape(reps, registry=registry, default_policy=OrderPolicy.REUSE), Route(reps, router)], backend
+    )
+
+    def body(*names: str) -> dict[str, Any]:
+        context = "\n".join(f"[{i + 1}] {DOCS[n]}" for i, n in enumerate(names))
+        return {"model": "m", "messages": [{"role": "user", "content": f"Context:\n{context}\nQuestion: why?"}]}
+
+    await pipeline(ctx_for(body("a", "b", "c"), 1))
+    await pipeline(ctx_for(body("b", "c", "a"), 2))  # top b; cached path a, b, c -> a, c, b
+    sent = backend.bodies[1]["messages"][0]["content"]
+    assert sent == body("a", "c", "b")["messages"][0]["content"]
+
+
+async def test_no_replica_within_the_slo_is_a_429_with_retry_after() -> None:
+    reps, router = replicas(2, slo=0.01)
+    pipeline = Pipeline([Shape(reps), Route(reps, router)], LlamaDouble())
+    with pytest.raises(ProxyError) as error:
+        await pipeline(ctx_for(structured("a", "b", "c", "d"), 1))
+    assert error.value.status == 429 and int(error.value.headers["Retry-After"]) >= 1
+
+
+async def test_a_malformed_document_is_a_400() -> None:
+    reps, router = replicas(1)
+    pipeline = Pipeline([Shape(reps), Route(reps, router)], LlamaDouble())
+    body = {"messages": [{"role": "user", "content": "q"}], "ragproxy": {"documents": [{"id": "x"}]}}
+    with pytest.raises(ProxyError) as error:
+        await pipeline(ctx_for(body, 1))
+    assert error.value.status == 400
+
+
+async def test_reported_cache_shortfall_corrects_the_tree_and_feeds_the_prefill_model() -> None:
+    reps, router = replicas(1)
+    backend = LlamaDouble(cache_n=0)
+    pipeline = Pipeline([Shape(reps, default_policy=OrderPolicy.REUSE), Route(reps, router)], backend)
+    await pipeline(ctx_for(structured("a", "b"), 1))
+    capacity = reps[0].tree.capacity_tokens
+    ctx = ctx_for(structured("a", "b"), 2)
+    await pipeline(ctx)
+    assert ctx.state["kv.cached_tokens_reported"] == 0
+    assert reps[0].tree.capacity_tokens < capacity
