@@ -66,7 +66,7 @@ def create_app(settings: Settings, runtime: Runtime | None = None) -> web.Applic
 
     def openai(pipeline_route: str, json_body: bool) -> Handler:
         return make_handler(getattr(pipelines, pipeline_route), pipeline_route, Dialect.OPENAI,
-                            max_body=limit, json_body=json_body)
+                            max_body=limit, json_body=json_body, observe=rt.observe)
 
     async def qdrant(request: web.Request) -> web.StreamResponse:
         try:
@@ -80,11 +80,11 @@ def create_app(settings: Settings, runtime: Runtime | None = None) -> web.Applic
         return await qdrant_other(request)
 
     qdrant_search = make_handler(pipelines.qdrant_search, "qdrant_search", Dialect.QDRANT, max_body=limit,
-                                 json_body=True)
+                                 json_body=True, observe=rt.observe)
     qdrant_write = make_handler(pipelines.qdrant_write, "qdrant_write", Dialect.QDRANT, max_body=limit,
-                                json_body=False)
+                                json_body=False, observe=rt.observe)
     qdrant_other = make_handler(pipelines.qdrant_passthrough, "qdrant", Dialect.QDRANT, max_body=limit,
-                                json_body=False)
+                                json_body=False, observe=rt.observe)
 
     app.router.add_routes(health_routes(rt))
     app.router.add_post("/v1/chat/completions", openai("chat", True))

@@ -49,14 +49,15 @@ def build_pipelines(rt: Runtime) -> Pipelines:
         rt.client, qdrant.url, qdrant.api_key.get_secret_value() if qdrant.api_key else None, trust_forwarded=trust
     )
     identify: list[Stage] = []
+    tracer = rt.tracer
     return Pipelines(
-        chat=Pipeline([*identify, *_caching(rt, "chat")], to_llm),
-        completions=Pipeline([*identify, *_caching(rt, "completion")], to_llm),
-        embeddings=Pipeline([*identify, *_embedding_caching(rt)], to_llm),
-        llm_passthrough=Pipeline(identify, to_llm),
-        qdrant_search=Pipeline(identify, to_qdrant),
-        qdrant_write=Pipeline(identify, to_qdrant),
-        qdrant_passthrough=Pipeline(identify, to_qdrant),
+        chat=Pipeline([*identify, *_caching(rt, "chat")], to_llm, tracer=tracer),
+        completions=Pipeline([*identify, *_caching(rt, "completion")], to_llm, tracer=tracer),
+        embeddings=Pipeline([*identify, *_embedding_caching(rt)], to_llm, tracer=tracer),
+        llm_passthrough=Pipeline(identify, to_llm, tracer=tracer),
+        qdrant_search=Pipeline(identify, to_qdrant, tracer=tracer),
+        qdrant_write=Pipeline(identify, to_qdrant, tracer=tracer),
+        qdrant_passthrough=Pipeline(identify, to_qdrant, tracer=tracer),
     )
 
 

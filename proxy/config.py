@@ -125,10 +125,16 @@ class AdminSettings(_Section):
     token: SecretStr | None = Field(default=None, description="Bearer token; required unless bound to loopback")
 
 
+class TelemetrySettings(_Section):
+    tracing: bool = Field(default=False, description="OpenTelemetry spans per request and pipeline stage")
+    otlp_endpoint: str | None = Field(default=None, description="OTLP/HTTP traces endpoint, e.g. http://otel:4318/v1/traces")
+    service_name: str = Field(default="ragproxy", description="service.name resource attribute")
+
+
 class LoggingSettings(_Section):
-    level: Literal["debug", "info", "warning", "error"] = "info"
+    level: Literal["debug", "info", "warning", "error"] = Field(default="info", description="Minimum level logged")
     format: Literal["json", "text"] = Field(default="json", description="Log line format")
-    access_log: bool = False
+    access_log: bool = Field(default=False, description="One structured line per data-plane request")
 
 
 class Settings(_Section):
@@ -140,6 +146,7 @@ class Settings(_Section):
     auth: AuthSettings = Field(default_factory=AuthSettings)
     admin: AdminSettings = Field(default_factory=AdminSettings)
     logging: LoggingSettings = Field(default_factory=LoggingSettings)
+    telemetry: TelemetrySettings = Field(default_factory=TelemetrySettings)
     data_dir: Path = Field(default=Path("./ragproxy-data"), description="Where embedded stores keep their files")
 
 

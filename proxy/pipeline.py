@@ -11,9 +11,12 @@ order of the whole system.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from proxy.context import Reply, RequestContext
+
+if TYPE_CHECKING:
+    from opentelemetry.trace import Tracer
 
 Next = Callable[[RequestContext], Awaitable[Reply]]
 
@@ -29,11 +32,17 @@ class Stage(Protocol):
 class Pipeline:
     """Stages chained once at start-up; running a request is a chain of awaits."""
 
-    def __init__(self, stages: Sequence[Stage], terminal: Next) -> None:
+    def __init__(self, stages: Sequence[Stage], terminal: Next, *, tracer: Tracer | None = None) -> None:
         self.stages = tuple(stages)
         self._entry = terminal
+        if tracer is not None:
+            from proxy.tracing import traced_stage
+
+            self._entry = traced_stage(tracer, "forward", terminal)
         for stage in reversed(self.stages):
             self._entry = _bind(stage, self._entry)
+            if tracer is not None:
+                self._entry = traced_stage(tracer, stage.name, self._entry)
 
     @property
     def names(self) -> list[str]:

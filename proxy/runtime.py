@@ -2,15 +2,23 @@
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 
+from opentelemetry.trace import Tracer
+
 from proxy.config import Settings
+from proxy.context import RequestContext
+from proxy.metrics import Metrics
 from proxy.upstream.backends import BackendPool
 from proxy.upstream.client import UpstreamClient
 from tiers.memory import MemoryStore
 from tiers.policies import make_policy
 from tiers.response_tier import ResponseTier
 from tiers.versions import KnowledgeVersions
+
+
+access_log = logging.getLogger("ragproxy.access")
 
 
 @dataclass
@@ -22,6 +30,8 @@ class Runtime:
     backends: BackendPool = field(init=False)
     l1: ResponseTier = field(init=False)
     versions: KnowledgeVersions = field(init=False)
+    metrics: Metrics = field(init=False)
+    tracer: Tracer | None = field(init=False)
     draining: bool = False
 
     def __post_init__(self) -> None:
@@ -35,6 +45,29 @@ class Runtime:
         l1 = self.settings.cache.l1
         self.l1 = ResponseTier("l1", MemoryStore(make_policy(l1.policy, l1.max_bytes), max_entries=l1.max_entries))
         self.versions = KnowledgeVersions()
+        self.metrics = Metrics()
+        telemetry = self.settings.telemetry
+        self.tracer = None
+        if telemetry.tracing:
+            from proxy.tracing import make_tracer
+
+            self.tracer = make_tracer(telemetry.otlp_endpoint, telemetry.service_name)
+
+    def observe(self, ctx: RequestContext, status: int, seconds: float) -> None:
+        """Account for one answered request: metrics, the request span, the access log line."""
+        cache_status = ctx.cache_status or "NONE"
+        self.metrics.requests.labels(ctx.route, str(status), cache_status).inc()
+        self.metrics.request_seconds.labels(ctx.route, cache_status).observe(seconds)
+        if ctx.cache_tier:
+            self.metrics.tier_lookups.labels(ctx.cache_tier, "hit").inc()
+        if self.tracer is not None:
+            from proxy.tracing import end_request_span
+
+            end_request_span(ctx, status)
+        if self.settings.logging.access_log:
+            access_log.info("%s %s %d", ctx.method, ctx.route, status, extra={
+                "request_id": ctx.request_id, "tenant": ctx.tenant, "route": ctx.route, "tier": ctx.cache_tier,
+                "status": status, "latency_ms": round(seconds * 1000, 3)})
 
     async def start(self) -> None:
         self.backends.start(self.client.session, self.settings.upstreams.health_interval_s)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -15,6 +16,7 @@ from proxy.pipeline import Pipeline
 from proxy.routes.respond import respond
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+Observer = Callable[[RequestContext, int, float], None]
 
 
 async def read_body(request: web.Request, limit: int) -> bytes:
@@ -57,6 +59,7 @@ def make_handler(
     max_body: int,
     json_body: bool,
     path: Callable[[web.Request], str] | None = None,
+    observe: Observer | None = None,
 ) -> Handler:
     """An aiohttp handler that runs ``pipeline`` for ``route``.
 
@@ -65,7 +68,9 @@ def make_handler(
     """
 
     async def handle(request: web.Request) -> web.StreamResponse:
+        started = time.perf_counter()
         rid = request_id(request.headers.get("X-Request-ID"))
+        ctx: RequestContext | None = None
         try:
             upstream_path = path(request) if path is not None else request.raw_path
             raw = await read_body(request, max_body) if request.can_read_body else b""
@@ -84,7 +89,14 @@ def make_handler(
             )
             reply = await pipeline(ctx)
         except ProxyError as exc:
+            if observe is not None:
+                failed = ctx or RequestContext(request=request, route=route, request_id=rid)
+                failed.cache_status = failed.cache_status or "ERROR"
+                observe(failed, exc.status, time.perf_counter() - started)
             return exc.response(dialect, rid)
-        return await respond(request, ctx, reply, dialect)
+        response = await respond(request, ctx, reply, dialect)
+        if observe is not None:
+            observe(ctx, reply.status, time.perf_counter() - started)
+        return response
 
     return handle

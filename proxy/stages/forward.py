@@ -16,7 +16,7 @@ from proxy.upstream.client import UpstreamClient, UpstreamError
 def _headers_for(ctx: RequestContext, auth: dict[str, str], trust_forwarded: bool) -> CIMultiDict[str]:
     request = ctx.request
     peer = request.transport.get_extra_info("peername") if request.transport else None
-    return upstream_request_headers(
+    headers = upstream_request_headers(
         request.headers,
         client_ip=peer[0] if isinstance(peer, tuple) else None,
         scheme=request.scheme,
@@ -25,6 +25,13 @@ def _headers_for(ctx: RequestContext, auth: dict[str, str], trust_forwarded: boo
         auth=auth,
         trust_forwarded=trust_forwarded,
     )
+    if "otel_context" in ctx.state:  # tracing on: the upstream's parent is the proxy's forward span
+        from opentelemetry.propagate import inject
+
+        carrier: dict[str, str] = {}
+        inject(carrier)
+        headers.update(carrier)
+    return headers
 
 
 class ForwardToLLM:

@@ -38,8 +38,9 @@ def proxy_settings(llm_url: str | list[str] | None = None, qdrant_url: str | Non
 class ProxyServer:
     """The data-plane app on a loopback port, served from its own thread and event loop."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, runtime: Runtime | None = None) -> None:
         self.settings = settings
+        self._runtime = runtime
         self._loop = asyncio.new_event_loop()
         self._runner: web.AppRunner | None = None
         self._thread: threading.Thread | None = None
@@ -59,7 +60,7 @@ class ProxyServer:
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout=30)
 
     async def _start(self) -> None:
-        self.app = create_app(self.settings)
+        self.app = create_app(self.settings, self._runtime)
         self._runner = web.AppRunner(self.app, access_log=None, handler_cancellation=True, shutdown_timeout=2.0)
         await self._runner.setup()
         await web.TCPSite(self._runner, "127.0.0.1", self.settings.server.port).start()
