@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import logging
 import re
+from collections.abc import Callable
 
 from aiohttp import web
 
 from proxy.assembly import build_pipelines
 from proxy.config import Settings
 from proxy.errors import Dialect, ProxyError
+from proxy.pipeline import Pipeline
 from proxy.routes.handler import Handler, make_handler
 from proxy.routes.health import health_routes
 from proxy.runtime import Runtime
@@ -59,13 +61,16 @@ async def json_errors(request: web.Request, handler: Handler) -> web.StreamRespo
 def create_app(settings: Settings, runtime: Runtime | None = None) -> web.Application:
     """Build the data-plane application (components start with the app and stop with it)."""
     rt = runtime or Runtime(settings)
-    pipelines = build_pipelines(rt)
+    rt.pipelines = build_pipelines(rt)
     app = web.Application(middlewares=[json_errors], client_max_size=settings.server.max_body_bytes + 1)
     app[RUNTIME] = rt
     limit = settings.server.max_body_bytes
 
+    def current(name: str) -> Callable[[], Pipeline]:
+        return lambda: getattr(rt.pipelines, name)  # type: ignore[no-any-return]
+
     def openai(pipeline_route: str, json_body: bool) -> Handler:
-        return make_handler(getattr(pipelines, pipeline_route), pipeline_route, Dialect.OPENAI,
+        return make_handler(current(pipeline_route), pipeline_route, Dialect.OPENAI,
                             max_body=limit, json_body=json_body, observe=rt.observe)
 
     async def qdrant(request: web.Request) -> web.StreamResponse:
@@ -79,11 +84,11 @@ def create_app(settings: Settings, runtime: Runtime | None = None) -> web.Applic
             return await qdrant_write(request)
         return await qdrant_other(request)
 
-    qdrant_search = make_handler(pipelines.qdrant_search, "qdrant_search", Dialect.QDRANT, max_body=limit,
+    qdrant_search = make_handler(current("qdrant_search"), "qdrant_search", Dialect.QDRANT, max_body=limit,
                                  json_body=True, observe=rt.observe)
-    qdrant_write = make_handler(pipelines.qdrant_write, "qdrant_write", Dialect.QDRANT, max_body=limit,
+    qdrant_write = make_handler(current("qdrant_write"), "qdrant_write", Dialect.QDRANT, max_body=limit,
                                 json_body=False, observe=rt.observe)
-    qdrant_other = make_handler(pipelines.qdrant_passthrough, "qdrant", Dialect.QDRANT, max_body=limit,
+    qdrant_other = make_handler(current("qdrant_passthrough"), "qdrant", Dialect.QDRANT, max_body=limit,
                                 json_body=False, observe=rt.observe)
 
     app.router.add_routes(health_routes(rt))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
+from typing import Any
 
 from opentelemetry.trace import Tracer
 
@@ -32,6 +33,7 @@ class Runtime:
     versions: KnowledgeVersions = field(init=False)
     metrics: Metrics = field(init=False)
     tracer: Tracer | None = field(init=False)
+    pipelines: Any = None  # proxy.assembly.Pipelines, set by the app (assembly imports this module)
     draining: bool = False
 
     def __post_init__(self) -> None:

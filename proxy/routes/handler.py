@@ -52,7 +52,7 @@ def _is_json(request: web.Request) -> bool:
 
 
 def make_handler(
-    pipeline: Pipeline,
+    pipeline: Callable[[], Pipeline],
     route: str,
     dialect: Dialect,
     *,
@@ -61,7 +61,8 @@ def make_handler(
     path: Callable[[web.Request], str] | None = None,
     observe: Observer | None = None,
 ) -> Handler:
-    """An aiohttp handler that runs ``pipeline`` for ``route``.
+    """An aiohttp handler that runs ``pipeline()`` (looked up per request, so a config patch can swap it) for
+    ``route``.
 
     ``json_body``: the body must be a JSON object (chat, embeddings, Qdrant searches); otherwise a JSON body is only
     checked for being well-formed when it claims to be JSON, and forwarded byte for byte.
@@ -87,7 +88,7 @@ def make_handler(
                 upstream_path=upstream_path, method=request.method,
                 stream=bool(body.get("stream")) if body is not None else False,
             )
-            reply = await pipeline(ctx)
+            reply = await pipeline()(ctx)
         except ProxyError as exc:
             if observe is not None:
                 failed = ctx or RequestContext(request=request, route=route, request_id=rid)

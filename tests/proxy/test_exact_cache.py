@@ -70,7 +70,7 @@ def test_streamed_miss_serves_plain_hit_and_back(fake_llm_thread: FakeLLM, cachi
     ({"x-portkey-cache-force-refresh": "true"}, "REFRESH", 2, True),
     ({"Cache-Control": "no-store"}, "HIT", 1, False),
     ({"cf-aig-skip-cache": "true"}, "BYPASS", 2, False),
-    ({"Cache-Control": "max-age=0"}, "MISS", 2, True),
+    ({"Cache-Control": "max-age=0"}, "REFRESH", 2, True),
     ({"Cache-Control": "max-age=3600"}, "HIT", 1, True),
 ])
 def test_cache_control_on_second_request(fake_llm_thread: FakeLLM, caching_proxy: ProxyServer,
