@@ -1,0 +1,8 @@
+"""Per-user credit accounting: API keys, prices, reserve-then-settle with cache-hit discounts, the ledger.
+
+Where to look: :mod:`~proxy.credits.pricing` (prices and the worst case, pure), :mod:`~proxy.credits.usage`
+and :mod:`~proxy.credits.streaming` (reading usage from replies), :mod:`~proxy.credits.store` (the store
+contract and its semantics) with :mod:`~proxy.credits.sqlite_store` and :mod:`~proxy.credits.redis_store`,
+:mod:`~proxy.credits.keys` (API keys) with its two backends, :mod:`~proxy.credits.stages` (``Identify`` and
+``Credits`` for the pipeline) and :mod:`~proxy.credits.reaper` (returns the holds of dead proxies).
+"""

@@ -29,15 +29,20 @@ from tiers.response_tier import ResponseTier
 
 log = logging.getLogger("ragproxy.cache")
 
+ALL_ENTRIES = "all"  # the tag every entry carries: listing and flushing without knowing keys
 JSON = "application/json"
 SSE = "text/event-stream"
 
 
 def entry_tags(ctx: RequestContext, model: str | None) -> list[str]:
-    """Tags every stored entry carries, so invalidation can find it without its key."""
+    """Tags every stored entry carries, so invalidation can find it without its key.
+
+    ``all``; ``tenant:<t>``; ``ns:<t>/<namespace>``; ``route:<chat|completions|embeddings>``; ``model:<m>``;
+    ``doc:<id>`` for every document the prompt carried (the document reverse index).
+    """
     scope = ctx.state.get("scope")
     tenant = scope.tenant if scope is not None else ctx.tenant
-    tags = [f"tenant:{tenant}", f"ns:{tenant}/{ctx.namespace}", f"route:{ctx.route}"]
+    tags = [ALL_ENTRIES, f"tenant:{tenant}", f"ns:{tenant}/{ctx.namespace}", f"route:{ctx.route}"]
     if model:
         tags.append(f"model:{model}")
     tags.extend(f"doc:{doc}" for doc in ctx.state.get("document_ids") or ())

@@ -1,9 +1,10 @@
-"""Admission/eviction policies, all behind ``tiers.policies.base.EvictionPolicy``; ``make_policy`` builds one
-by name.
+"""Admission/eviction policies behind ``tiers.policies.base.EvictionPolicy``; ``make_policy`` builds one by
+name.
 
-Names: ``lru``, ``fifo``, ``s3fifo``, ``gdsf``, ``landlord``, ``bpcache`` (the default). Options are passed to
-the policy's constructor: ``small_ratio`` (s3fifo, bpcache), ``promote_hits`` (s3fifo), ``ghost_ratio``
-(bpcache).
+
+Names: ``lru``, ``fifo``, ``s3fifo``, ``gdsf``, ``landlord``, ``bpcache`` (the default). Options go to the
+policy's constructor: ``small_ratio`` (s3fifo, bpcache), ``promote_hits`` (s3fifo), ``unread_credit`` and
+``ghost_ratio`` (bpcache).
 """
 
 from __future__ import annotations
@@ -14,8 +15,7 @@ from typing import Any
 from tiers.policies.base import Decision, EvictionPolicy
 from tiers.policies.bpcache import BPCachePolicy
 from tiers.policies.fifo import FIFOPolicy
-from tiers.policies.gdsf import GDSFPolicy
-from tiers.policies.landlord import LandlordPolicy
+from tiers.policies.greedydual import GDSFPolicy, GreedyDualPolicy, LandlordPolicy
 from tiers.policies.lru import LRUPolicy
 from tiers.policies.s3fifo import S3FIFOPolicy
 
@@ -51,6 +51,7 @@ __all__ = [
     "EvictionPolicy",
     "FIFOPolicy",
     "GDSFPolicy",
+    "GreedyDualPolicy",
     "LRUPolicy",
     "LandlordPolicy",
     "S3FIFOPolicy",

@@ -5,6 +5,10 @@ from __future__ import annotations
 from collections import OrderedDict
 
 from tiers.policies.base import Decision
+from tiers.policies.greedydual import check_entry
+
+_ADMITTED = Decision(admitted=True)
+_BYPASSED = Decision(admitted=False)
 
 
 class LRUPolicy:
@@ -13,6 +17,8 @@ class LRUPolicy:
     name = "lru"
 
     def __init__(self, capacity: int) -> None:
+        if capacity < 0:
+            raise ValueError(f"capacity must be >= 0 bytes, got {capacity}")
         self.capacity = capacity
         self._sizes: OrderedDict[str, int] = OrderedDict()
         self._used = 0
@@ -28,9 +34,10 @@ class LRUPolicy:
         return key in self._sizes
 
     def insert(self, key: str, size: int, cost: float) -> Decision:
+        check_entry(size, cost)
         self.remove(key)
         if size > self.capacity:
-            return Decision(admitted=False)
+            return _BYPASSED
         evicted: list[str] = []
         while self._used + size > self.capacity:
             victim, victim_size = self._sizes.popitem(last=False)
@@ -38,7 +45,7 @@ class LRUPolicy:
             evicted.append(victim)
         self._sizes[key] = size
         self._used += size
-        return Decision(admitted=True, evicted=tuple(evicted))
+        return Decision(admitted=True, evicted=tuple(evicted)) if evicted else _ADMITTED
 
     def hit(self, key: str) -> None:
         if key in self._sizes:

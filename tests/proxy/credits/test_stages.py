@@ -1,8 +1,8 @@
 """Identify and Credits in a real pipeline behind a small aiohttp app, called with the openai SDK.
 
-The terminal of the pipeline is ``UpstreamDouble``, a test double of an LLM backend (non-streamed and streamed
-chat completions with usage, cache hits, error statuses, broken streams); everything else is the project's code:
-``Pipeline``, the stages, ``respond``, the stores.
+The terminal of the pipeline is ``UpstreamDouble``, a test double of an LLM backend (non-streamed and
+streamed chat completions with usage, cache hits, error statuses, broken streams); everything else is the
+project's code: ``Pipeline``, the stages, ``respond``, the stores.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from multidict import CIMultiDict
 from proxy.context import Reply, RequestContext
 from proxy.credits.keys import KeyStore
 from proxy.credits.pricing import ModelPrice, PriceBook, format_credits
+from proxy.credits.redis_keys import RedisKeyStore
 from proxy.credits.redis_store import RedisCreditStore
 from proxy.credits.sqlite_keys import SqliteKeyStore
 from proxy.credits.sqlite_store import SqliteCreditStore
@@ -35,7 +36,7 @@ from proxy.errors import Dialect, ProxyError
 from proxy.pipeline import Pipeline, Stage
 from proxy.routes.respond import respond
 from proxy.upstream.client import UpstreamStreamError
-from tests.support.processes import free_port
+from tests.support.processes import RedisServer, free_port
 
 CREDIT = 1_000_000
 PRICES = PriceBook(
@@ -332,3 +333,50 @@ async def test_fail_open_serves_unbilled_and_counts(make_proxy: Callable[..., Aw
     reply = await proxy.client(created.plaintext).chat.completions.create(model="m", messages=MESSAGES)
     assert reply.choices[0].message.content == "hello"
     assert proxy.credits.unbilled_requests == 1
+
+
+async def test_the_qdrant_api_key_header_identifies_too(make_proxy: Callable[..., Awaitable[Proxy]]) -> None:
+    proxy = await make_proxy()
+    created = await proxy.keys.create("ann")
+    await proxy.store.top_up("ann", 100 * CREDIT)
+    client = openai.AsyncOpenAI(
+        base_url=proxy.url + "/v1",
+        api_key="unused",
+        max_retries=0,
+        default_headers={"Authorization": "", "api-key": created.plaintext},
+    )
+    await client.chat.completions.create(model="m", messages=MESSAGES, max_tokens=600)
+    assert len(await charges(proxy.store, "ann")) == 1
+
+
+async def test_known_keys_ride_out_a_key_store_outage_until_their_cache_expires(
+    make_proxy: Callable[..., Awaitable[Proxy]], tmp_path: Path
+) -> None:
+    server = RedisServer.start()
+    try:
+        keys = RedisKeyStore.from_url(server.url)
+        now = [1000.0]
+        proxy = await make_proxy(keys=keys)
+        identify = Identify(keys, key_cache_ttl_s=30, clock=lambda: now[0])
+        pipeline_app = app_for([identify, proxy.credits], proxy.upstream)
+        test_server = TestServer(pipeline_app)
+        await test_server.start_server()
+        url = str(test_server.make_url("")).rstrip("/") + "/v1"
+        known, other = await keys.create("ann"), await keys.create("bob")
+        await proxy.store.top_up("ann", 100 * CREDIT)
+
+        def client(key: str) -> openai.AsyncOpenAI:
+            return openai.AsyncOpenAI(base_url=url, api_key=key, max_retries=0)
+
+        await client(known.plaintext).chat.completions.create(model="m", messages=MESSAGES, max_tokens=10)
+        server.stop()
+        await client(known.plaintext).chat.completions.create(model="m", messages=MESSAGES, max_tokens=10)
+        with pytest.raises(openai.InternalServerError) as caught:
+            await client(other.plaintext).chat.completions.create(model="m", messages=MESSAGES, max_tokens=10)
+        assert caught.value.status_code == 503 and "Retry-After" in caught.value.response.headers
+        now[0] += 31  # the cache entry expired; the store still down; a known key rides on
+        await client(known.plaintext).chat.completions.create(model="m", messages=MESSAGES, max_tokens=10)
+        assert len(await charges(proxy.store, "ann")) == 3
+        await test_server.close()
+    finally:
+        server.stop()

@@ -1,4 +1,5 @@
-"""Order policies: preserve keeps retrieval order; reuse follows the cached path with the top document at an edge."""
+"""Order policies: preserve keeps retrieval order; reuse follows the cached path with the top document at an
+edge."""
 
 from __future__ import annotations
 
@@ -35,7 +36,12 @@ def test_preserve_never_reorders() -> None:
 
 def test_reuse_follows_the_cached_path_and_puts_the_top_document_last() -> None:
     tree = tree_with(segs("c", "b"))
-    assert keys(order_documents(OrderPolicy.REUSE, SYS, segs("a", "b", "c", "d"), tree)) == ["c", "b", "d", "a"]
+    assert keys(order_documents(OrderPolicy.REUSE, SYS, segs("a", "b", "c", "d"), tree)) == [
+        "c",
+        "b",
+        "d",
+        "a",
+    ]
 
 
 def test_reuse_keeps_the_top_document_first_when_the_cached_path_starts_with_it() -> None:

@@ -53,7 +53,9 @@ def test_rejects_with_retry_after_when_no_replica_meets_the_slo() -> None:
 
 
 def test_balance_guard_sends_to_the_least_loaded_replica_when_imbalanced() -> None:
-    router = Router(models(2), ttft_slo_s=None, balance_abs_threshold=3, balance_rel_threshold=1.5, clock=Clock())
+    router = Router(
+        models(2), ttft_slo_s=None, balance_abs_threshold=3, balance_rel_threshold=1.5, clock=Clock()
+    )
     for i in range(4):
         d = router.choose([Candidate(0, 2000, 2000), Candidate(1, 0, 2000)])
         assert isinstance(d, RouteDecision) and d.replica == 0 and d.reason == "ttft"

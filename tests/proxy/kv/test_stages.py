@@ -28,8 +28,14 @@ def replicas(n: int, slo: float | None = None) -> tuple[list[Replica], Router]:
     clock = itertools.count().__next__
     models = [PrefillModel(PrefillCoefficients(0.0, 0.0001, 0.0)) for _ in range(n)]
     reps = [
-        Replica(i, BackendKind.LLAMACPP, KnowledgeTree(100_000, prefill=m, clock=clock), m, AdmissionQueue(2),
-                SlotTable(2, clock=clock))
+        Replica(
+            i,
+            BackendKind.LLAMACPP,
+            KnowledgeTree(100_000, prefill=m, clock=clock),
+            m,
+            AdmissionQueue(2),
+            SlotTable(2, clock=clock),
+        )
         for i, m in enumerate(models)
     ]
     return reps, Router(models, ttft_slo_s=slo)
@@ -50,7 +56,9 @@ class LlamaDouble:
 
 def ctx_for(body: dict[str, Any], n: int) -> RequestContext:
     request = make_mocked_request("POST", "/v1/chat/completions")
-    return RequestContext(request=request, route="chat", request_id=f"r{n}", raw_body=orjson.dumps(body), body=body)
+    return RequestContext(
+        request=request, route="chat", request_id=f"r{n}", raw_body=orjson.dumps(body), body=body
+    )
 
 
 def structured(*names: str) -> dict[str, Any]:
@@ -107,7 +115,10 @@ async def test_detected_documents_are_reordered_in_place() -> None:
 
     def body(*names: str) -> dict[str, Any]:
         context = "\n".join(f"[{i + 1}] {DOCS[n]}" for i, n in enumerate(names))
-        return {"model": "m", "messages": [{"role": "user", "content": f"Context:\n{context}\nQuestion: why?"}]}
+        return {
+            "model": "m",
+            "messages": [{"role": "user", "content": f"Context:\n{context}\nQuestion: why?"}],
+        }
 
     await pipeline(ctx_for(body("a", "b", "c"), 1))
     await pipeline(ctx_for(body("b", "c", "a"), 2))  # top b; cached path a, b, c -> a, c, b

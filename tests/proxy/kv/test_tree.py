@@ -75,19 +75,19 @@ def test_a_shortfall_report_shrinks_capacity_and_drops_stale_branches() -> None:
 def test_a_surplus_report_grows_capacity_within_bounds() -> None:
     tree = KnowledgeTree(1000, clock=Clock(), max_capacity_tokens=1100)
     for _ in range(10):
-        predicted = tree.insert([SYS, d("a")])
+        tree.insert([SYS, d("a")])
         tree.correct([SYS, d("a")], 600, Match(0, 0))
     assert tree.capacity_tokens == 1100
 
 
 @settings(max_examples=80, deadline=None)
 @given(
-    st.lists(
-        st.lists(st.integers(0, 9), min_size=0, max_size=5, unique=True), min_size=1, max_size=60
-    ),
+    st.lists(st.lists(st.integers(0, 9), min_size=0, max_size=5, unique=True), min_size=1, max_size=60),
     st.integers(600, 5000),
 )
-def test_size_stays_within_capacity_and_matches_the_stored_tokens(seqs: list[list[int]], capacity: int) -> None:
+def test_size_stays_within_capacity_and_matches_the_stored_tokens(
+    seqs: list[list[int]], capacity: int
+) -> None:
     tree = KnowledgeTree(capacity, clock=Clock())
     for seq in seqs:
         path = [SYS, *(d(f"d{i}", 100 + 37 * i) for i in seq)]
