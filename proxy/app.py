@@ -67,7 +67,7 @@ def create_app(settings: Settings, runtime: Runtime | None = None) -> web.Applic
     limit = settings.server.max_body_bytes
 
     def current(name: str) -> Callable[[], Pipeline]:
-        return lambda: getattr(rt.pipelines, name)  # type: ignore[no-any-return]
+        return lambda: getattr(rt.pipelines, name)
 
     def openai(pipeline_route: str, json_body: bool) -> Handler:
         return make_handler(current(pipeline_route), pipeline_route, Dialect.OPENAI,

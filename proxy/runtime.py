@@ -18,7 +18,6 @@ from tiers.policies import make_policy
 from tiers.response_tier import ResponseTier
 from tiers.versions import KnowledgeVersions
 
-
 access_log = logging.getLogger("ragproxy.access")
 
 

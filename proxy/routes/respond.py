@@ -6,6 +6,7 @@ complete, normally ended response — an aborted stream is never stored or settl
 
 from __future__ import annotations
 
+import contextlib
 import logging
 
 import orjson
@@ -38,11 +39,11 @@ async def respond(request: web.Request, ctx: RequestContext, reply: Reply, diale
     headers["X-Request-ID"] = ctx.request_id
     if reply.chunks is None:
         body = reply.body or b""
-        response = web.Response(status=reply.status, body=body, headers=headers)
-        await response.prepare(request)
-        await response.write_eof()
+        complete = web.Response(status=reply.status, body=body, headers=headers)
+        await complete.prepare(request)
+        await complete.write_eof()
         await _finish(reply, 200 <= reply.status < 300, body)
-        return response
+        return complete
 
     response = web.StreamResponse(status=reply.status, headers=headers)
     collected: list[bytes] | None = [] if reply.wants_body else None
@@ -57,10 +58,8 @@ async def respond(request: web.Request, ctx: RequestContext, reply: Reply, diale
     except UpstreamStreamError as exc:
         log.warning("stream from upstream broke off: %s", exc)
         if dialect is Dialect.OPENAI:
-            try:
+            with contextlib.suppress(ConnectionError):
                 await response.write(_error_event(str(exc)))
-            except ConnectionError:
-                pass
     except ConnectionError:
         log.info("client went away mid-stream (request %s)", ctx.request_id)
     finally:

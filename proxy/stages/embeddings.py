@@ -97,8 +97,9 @@ class EmbeddingItemsCache:
                 found[i] = entry
                 if policy.may_store and policy.ttl != 0:
                     await self.tier.put(keys[i], entry, ttl=policy.ttl, tags=entry_tags(ctx, entry.model))
-        cached_tokens = sum(int(found[i].meta.get("tokens", 0)) for i in range(len(keys))  # type: ignore[union-attr]
-                            if i not in set(missing))
+        forwarded = set(missing)
+        cached_tokens = sum(int(entry.meta.get("tokens", 0)) for i, entry in enumerate(found)
+                            if entry is not None and i not in forwarded)
         result = {
             "object": "list",
             "data": [{"object": "embedding", "index": i, "embedding": _render(entry.body, encoding)}

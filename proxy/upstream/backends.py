@@ -64,15 +64,15 @@ class BackendPool:
         backend.healthy = False
         backend.last_error = reason
 
-    async def probe(self, session: aiohttp.ClientSession, timeout: float = 2.0) -> None:
+    async def probe(self, session: aiohttp.ClientSession, wait_s: float = 2.0) -> None:
         """Check every replica once."""
-        await asyncio.gather(*(self._probe_one(session, b, timeout) for b in self.backends))
+        await asyncio.gather(*(self._probe_one(session, b, wait_s) for b in self.backends))
 
-    async def _probe_one(self, session: aiohttp.ClientSession, backend: Backend, timeout: float) -> None:
+    async def _probe_one(self, session: aiohttp.ClientSession, backend: Backend, wait_s: float) -> None:
         try:
             async with session.get(
                 f"{backend.url}/v1/models", headers=backend.auth_headers(),
-                timeout=aiohttp.ClientTimeout(total=timeout),
+                timeout=aiohttp.ClientTimeout(total=wait_s),
             ) as response:
                 ok = response.status < 500
                 reason = f"status {response.status}"

@@ -74,5 +74,5 @@ def test_bad_config_file(tmp_path: Path) -> None:
 
 
 def test_config_error_type() -> None:
-    with pytest.raises(ConfigError, match="server.port"):
+    with pytest.raises(ConfigError, match=r"server\.port"):
         load_settings(env={"RAGPROXY_SERVER__PORT": "x"})

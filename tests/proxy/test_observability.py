@@ -14,6 +14,7 @@ from proxy.tracing import make_tracer
 from tests.fakes.llm_server import FakeLLM
 from tests.support.proxy_server import ProxyServer, proxy_settings
 
+
 def _eventually(check: Callable[[], bool], timeout: float = 3.0) -> None:
     """Accounting runs just after the last byte is sent; give it a moment."""
     deadline = time.monotonic() + timeout
