@@ -1,0 +1,155 @@
+"""Which requests skip the cache entirely, and which responses may be stored.
+
+:func:`bypass_reason` looks at a request body and answers ``None`` (cacheable) or a short reason the route
+logs and reports with ``X-Cache-Status: BYPASS``. Rules, in the order they are checked:
+
+1. the body is not a JSON object — the upstream gives its own error;
+2. ``n > 1`` — several sampled choices are asked for; replaying one stored set would fix the sample for
+   everyone and defeat the point of asking for many;
+3. ``logprobs`` / ``top_logprobs`` (legacy ``logprobs`` as a number) — the client inspects the sampling;
+4. unknown top-level fields (not in :data:`normalizer.canonical.KNOWN_FIELDS` for the endpoint, nor in
+   ``BypassSettings.extra_known_fields``): with ``unknown_fields="bypass"`` (default) the request is not
+   cached, because the proxy cannot judge whether the field changes the answer. With ``"ignore"`` the proxy
+   does not judge it either but caches anyway; the field still goes into the key verbatim (canonical
+   ``extra``), so "ignore" never merges requests that differ in it — it costs hit rate, never correctness.
+   Backend extensions such as vLLM's ``top_k``/``min_p`` are best declared in ``extra_known_fields``;
+5. sampled requests (temperature > 0, the provider default of 1 included) when caching them is switched off
+   for the namespace or model (see below);
+6. tools present when ``cache_tool_calls`` is off;
+7. audio output (``modalities`` containing ``"audio"`` or an ``audio`` parameter) — the reply references
+   provider-side audio by an id that expires, so a replay could hand out a dead reference.
+
+Temperature > 0 rule. Default: **cached**. A request with temperature > 0 asks for *an* answer drawn from
+the model's distribution, not for a fresh draw each time; a stored answer is such a draw, and the mainstream
+caches (LiteLLM, Portkey, Cloudflare AI Gateway, GPTCache) cache regardless of temperature. Applications
+that want a new draw on purpose (a "regenerate" button) send ``Cache-Control: no-cache`` or switch the rule
+off where it matters: ``cache_sampled_by_namespace`` (checked first) and ``cache_sampled_by_model`` map
+names or ``fnmatch`` patterns (first match in mapping order) to ``True``/``False``; otherwise
+``cache_sampled`` applies. Temperature is part of the exact key either way, so 0.2 and 0.9 never share an
+entry.
+
+Tools (including ``parallel_tool_calls``) are cached by default: the tool list, ``tool_choice`` and
+``parallel_tool_calls`` are all in the key, a tool-call reply is an ordinary assistant message, and the
+tools run on the client side after it — replaying the call runs nothing by itself.
+
+Responses: :func:`unstorable_reason` is the storage-side rule. Only a ``200`` response is storable; a
+streamed response only once it ended normally (the terminating ``data: [DONE]`` after a finish chunk, i.e.
+the route's ``Reply.finish(ok=True)``); an aborted stream (client gone, upstream reset, timeout) or a
+``200`` whose body or stream carried an ``error`` object is never stored, so a partial or failed answer
+cannot become a cached one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from fnmatch import fnmatchcase
+from typing import Any, Literal
+
+from normalizer.canonical import KNOWN_FIELDS, RequestKind
+
+UnknownFieldPolicy = Literal["bypass", "ignore"]
+
+
+@dataclass(frozen=True, slots=True)
+class BypassSettings:
+    """Configurable parts of the bypass rules (defaults documented in the module docstring)."""
+
+    unknown_fields: UnknownFieldPolicy = "bypass"
+    extra_known_fields: frozenset[str] = frozenset()
+    cache_sampled: bool = True
+    cache_sampled_by_model: Mapping[str, bool] = field(default_factory=dict)
+    cache_sampled_by_namespace: Mapping[str, bool] = field(default_factory=dict)
+    cache_tool_calls: bool = True
+
+
+def _first_match(patterns: Mapping[str, bool], name: str | None) -> bool | None:
+    if name is None:
+        return None
+    if name in patterns:
+        return patterns[name]
+    for pattern, allowed in patterns.items():
+        if fnmatchcase(name, pattern):
+            return allowed
+    return None
+
+
+def sampled_caching_allowed(settings: BypassSettings, model: str | None, namespace: str | None) -> bool:
+    """Whether temperature > 0 answers are cached here (namespace rule first, then model, then default)."""
+    for patterns, name in (
+        (settings.cache_sampled_by_namespace, namespace),
+        (settings.cache_sampled_by_model, model),
+    ):
+        decision = _first_match(patterns, name)
+        if decision is not None:
+            return decision
+    return settings.cache_sampled
+
+
+def _temperature(body: Mapping[str, Any]) -> float:
+    value = body.get("temperature")
+    if value is None:
+        return 1.0
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return 1.0  # malformed; judged as sampled so a disabled namespace stays disabled
+    return float(value)
+
+
+def _asks_for_logprobs(body: Mapping[str, Any], kind: RequestKind) -> str | None:
+    if kind == "completion":
+        return "logprobs requested" if body.get("logprobs") is not None else None
+    if body.get("logprobs"):
+        return "logprobs requested"
+    if body.get("top_logprobs") is not None:
+        return "top_logprobs requested"
+    return None
+
+
+def bypass_reason(
+    body: Any,
+    settings: BypassSettings | None = None,
+    *,
+    kind: RequestKind = "chat",
+    namespace: str | None = None,
+) -> str | None:
+    """Why this request must not be served from or stored in the cache, or ``None`` when it may be."""
+    settings = settings or BypassSettings()
+    if not isinstance(body, dict):
+        return "body is not a JSON object"
+    n = body.get("n")
+    if isinstance(n, int | float) and not isinstance(n, bool) and n > 1:
+        return f"n={n}: several sampled choices requested"
+    logprobs = _asks_for_logprobs(body, kind)
+    if logprobs:
+        return logprobs
+    known = KNOWN_FIELDS[kind] | settings.extra_known_fields
+    unknown = sorted(key for key in body if key not in known)
+    if unknown and settings.unknown_fields == "bypass":
+        return "unknown field(s): " + ", ".join(unknown)
+    if kind == "embedding":
+        return None
+    temperature = _temperature(body)
+    model = body.get("model") if isinstance(body.get("model"), str) else None
+    if temperature > 0 and not sampled_caching_allowed(settings, model, namespace):
+        return f"sampled request (temperature={temperature:g}) not cached for this model/namespace"
+    if body.get("tools") and not settings.cache_tool_calls:
+        return "tool use not cached (cache_tool_calls is off)"
+    modalities = body.get("modalities")
+    if body.get("audio") is not None or (isinstance(modalities, list) and "audio" in modalities):
+        return "audio output references provider-side audio that expires"
+    return None
+
+
+def unstorable_reason(status: int, *, complete: bool, carried_error: bool = False) -> str | None:
+    """Why an upstream response must not be stored, or ``None`` when it may be (rule in the module docstring).
+
+    ``complete`` is false for an aborted stream; ``carried_error`` is true when a ``200`` body or stream event
+    held an ``error`` object.
+    """
+    if status != 200:
+        return f"upstream status {status}"
+    if not complete:
+        return "response did not complete (aborted stream)"
+    if carried_error:
+        return "response carried an error object"
+    return None

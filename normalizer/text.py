@@ -1,0 +1,179 @@
+"""Query-text normalization: named, documented steps, each stating what it may merge.
+
+Tiers that compare question texts (the semantic tier's embedding cache, a text-keyed lookup) normalize them
+first, so that trivially different spellings of one question meet. Every step can merge two texts; the
+docstring of each step says which. A step that can merge questions with *different* answers is off by default:
+
+================  =======  =============================================================================
+step              default  may merge
+================  =======  =============================================================================
+``nfkc``          on       compatibility forms: full-width letters/digits with ASCII ones, the "fi"
+                           ligature with "fi", superscript two with "2"
+``lowercase``     on       case: "Apple"/"apple" (the company and the fruit), "US"/"us" (casefold)
+``contractions``  on       "don't"/"do not", "it's"/"it is", "I'd"/"I would" (also the rarer "I had")
+``punctuation``   on       "what?"/"what", "e-mail"/"e mail", "U.S."/"U S" (kept: punctuation between
+                           digits, so "3.5" and "3,500" survive, and ``% # & @``, so "10%" and "C#" do)
+``whitespace``    on       runs of spaces, tabs and newlines; leading/trailing space
+``stopwords``     off      "the capital of France"/"capital France": drops words like "of"/"to" that can
+                           carry meaning ("not" and the other negations are never dropped)
+``sort_words``    off      word order: "dog bites man"/"man bites dog"
+================  =======  =============================================================================
+
+Steps always run in the order of the table, whatever order the configuration lists them in: contractions
+must be expanded before apostrophes are stripped, and words can only be sorted once they are clean. The
+contraction and stop-word tables are written out here because they are short, English-only and must be
+reviewable line by line; no library offers exactly these conservative lists.
+"""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+from collections.abc import Callable, Iterable, Mapping
+
+TextStep = Callable[[str], str]
+
+
+def nfkc(text: str) -> str:
+    """Unicode NFKC: compatibility characters become plain forms (full-width, ligatures, superscripts)."""
+    return unicodedata.normalize("NFKC", text)
+
+
+def lowercase(text: str) -> str:
+    """Unicode case folding (``str.casefold``): merges case variants, including German "ß"/"ss"."""
+    return text.casefold()
+
+
+_APOSTROPHES = re.compile(r"[\u2019\u2018\u02bc\u0060\u00b4]")
+_IRREGULAR = {
+    "won't": "will not",
+    "can't": "can not",
+    "cannot": "can not",
+    "shan't": "shall not",
+    "ain't": "is not",
+    "let's": "let us",
+}
+_PRONOUN_IS = (
+    "it", "that", "what", "who", "where", "when", "why", "how", "there", "here", "he", "she", "this",
+)  # fmt: skip
+_SUFFIXES = (
+    ("n't", " not"), ("'re", " are"), ("'ve", " have"), ("'ll", " will"), ("'m", " am"), ("'d", " would"),
+)  # fmt: skip
+_WORD_WITH_APOSTROPHE = re.compile(r"\b[\w]+'[\w]+\b")
+
+
+def _expand(match: re.Match[str]) -> str:
+    word = match.group(0)
+    lower = word.lower()
+    if lower in _IRREGULAR:
+        return _IRREGULAR[lower]
+    for suffix, replacement in _SUFFIXES:
+        if lower.endswith(suffix) and len(lower) > len(suffix):
+            return word[: -len(suffix)] + replacement
+    if lower.endswith("'s") and lower[:-2] in _PRONOUN_IS:
+        return word[:-2] + " is"
+    return word  # possessive "John's" and unknown forms stay as written
+
+
+def contractions(text: str) -> str:
+    """Expand common English contractions; "'s" only after pronouns/question words (else it is a possessive).
+
+    May merge "I'd" meaning "I had" with "I would", and "he's" meaning "he has" with "he is".
+    """
+    text = _APOSTROPHES.sub("'", text)
+    text = re.sub(r"\bcannot\b", "can not", text, flags=re.IGNORECASE)
+    return _WORD_WITH_APOSTROPHE.sub(_expand, text)
+
+
+def _is_punctuation(char: str) -> bool:
+    return unicodedata.category(char).startswith("P")
+
+
+_DIGIT_JOINERS = frozenset(".,:/")
+_MEANINGFUL = frozenset("%#&@")
+
+
+def punctuation(text: str) -> str:
+    """Replace Unicode punctuation (categories P*) with spaces, except ``. , : /`` between two digits.
+
+    ``% # & @`` are kept (they carry meaning: "10%", "C#", "AT&T"), as are symbols (``$ + = <``). May merge
+    "e-mail" with "e mail", "U.S." with "U S", "what?" with "what".
+    """
+    out: list[str] = []
+    last = len(text) - 1
+    for index, char in enumerate(text):
+        if (
+            char in _MEANINGFUL
+            or not _is_punctuation(char)
+            or (
+                char in _DIGIT_JOINERS
+                and 0 < index < last
+                and text[index - 1].isdigit()
+                and text[index + 1].isdigit()
+            )
+        ):
+            out.append(char)
+        else:
+            out.append(" ")
+    return "".join(out)
+
+
+def whitespace(text: str) -> str:
+    """Collapse every run of whitespace into one space and strip both ends."""
+    return " ".join(text.split())
+
+
+STOPWORDS = frozenset(
+    {
+        "a", "an", "the", "of", "to", "in", "on", "at", "for", "by", "with", "from", "and", "or", "is", "are",
+        "was", "were", "be", "been", "do", "does", "did", "please", "me", "tell", "i", "you", "it", "that",
+        "this", "these", "those", "can", "could", "would", "should", "will", "about", "as", "so", "just",
+    }
+)  # fmt: skip
+"""Words dropped by ``stopwords``; negations ("not", "no", "never", "without") are deliberately absent."""
+
+
+def stopwords(text: str) -> str:
+    """Drop :data:`STOPWORDS` (compared case-insensitively). Off by default: it merges different questions."""
+    return " ".join(word for word in text.split() if word.casefold() not in STOPWORDS)
+
+
+def sort_words(text: str) -> str:
+    """Sort the words. Off by default: "dog bites man" and "man bites dog" become one question."""
+    return " ".join(sorted(text.split()))
+
+
+STEPS: Mapping[str, TextStep] = {
+    "nfkc": nfkc,
+    "lowercase": lowercase,
+    "contractions": contractions,
+    "punctuation": punctuation,
+    "whitespace": whitespace,
+    "stopwords": stopwords,
+    "sort_words": sort_words,
+}
+"""Every step by name, in the order they run."""
+
+DEFAULT_STEPS: tuple[str, ...] = ("nfkc", "lowercase", "contractions", "punctuation", "whitespace")
+
+
+class TextNormalizer:
+    """Applies a chosen set of :data:`STEPS` (in their fixed order) to query texts."""
+
+    def __init__(self, steps: Iterable[str] = DEFAULT_STEPS) -> None:
+        chosen = set(steps)
+        unknown = chosen - STEPS.keys()
+        if unknown:
+            raise ValueError(f"unknown text normalization step(s) {sorted(unknown)}; known: {list(STEPS)}")
+        self.steps: tuple[str, ...] = tuple(name for name in STEPS if name in chosen)
+        self._functions = tuple(STEPS[name] for name in self.steps)
+
+    def __call__(self, text: str) -> str:
+        for step in self._functions:
+            text = step(text)
+        return text
+
+
+def normalize_text(text: str, steps: Iterable[str] = DEFAULT_STEPS) -> str:
+    """``text`` through the given steps (see :class:`TextNormalizer` to reuse one configuration)."""
+    return TextNormalizer(steps)(text)

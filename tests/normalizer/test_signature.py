@@ -1,0 +1,134 @@
+"""Context signatures and the final question."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from normalizer.canonical_json import CanonicalizationError
+from normalizer.signature import context_signature, final_question
+
+SYSTEM = {"role": "system", "content": "You answer from the docs."}
+
+
+def chat(
+    question: Any = "What is RAG?", *, before: list[dict[str, Any]] | None = None, **fields: Any
+) -> dict[str, Any]:
+    messages = [SYSTEM, *(before or []), {"role": "user", "content": question}]
+    return {"model": "m", "messages": messages, **fields}
+
+
+def digest(body: dict[str, Any], **kwargs: Any) -> str:
+    signature = context_signature(body, **kwargs)
+    assert signature is not None
+    return signature.digest
+
+
+@pytest.mark.parametrize(
+    ("body", "expected"),
+    [
+        (chat(), "What is RAG?"),
+        (
+            chat(
+                [
+                    {"type": "text", "text": "a"},
+                    {"type": "image_url", "image_url": {"url": "u"}},
+                    {"type": "text", "text": "b"},
+                ]
+            ),
+            "a\nb",
+        ),
+        ({"model": "m", "messages": [SYSTEM, {"role": "assistant", "content": "hi"}]}, None),
+        ({"model": "m", "messages": [{"role": "tool", "tool_call_id": "1", "content": "42"}]}, None),
+        (chat([{"type": "image_url", "image_url": {"url": "u"}}]), None),
+        ({"model": "m", "messages": []}, None),
+        ({"model": "m"}, None),
+    ],
+)
+def test_final_question(body: dict[str, Any], expected: str | None) -> None:
+    assert final_question(body) == expected
+
+
+def test_the_question_itself_is_not_part_of_the_signature() -> None:
+    assert digest(chat("What is RAG?")) == digest(chat("Explain retrieval-augmented generation"))
+
+
+def test_equivalent_encodings_share_a_signature() -> None:
+    assert digest(chat()) == digest(chat([{"type": "text", "text": "other"}], temperature=1.0, stream=True))
+
+
+def test_sampling_class_groups_temperatures() -> None:
+    assert digest(chat(temperature=0.3, seed=1, top_p=0.9)) == digest(chat(temperature=1.2))
+    assert digest(chat(temperature=0)) != digest(chat(temperature=0.3))
+    signature = context_signature(chat(temperature=0))
+    assert signature is not None and signature.sampling_class == "greedy"
+
+
+EARLIER = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello!"}]
+TOOL = {"type": "function", "function": {"name": "search", "parameters": {"type": "object"}}}
+
+DIFFERENT_CONTEXTS = [
+    ("model", chat(), {**chat(), "model": "other"}),
+    (
+        "system prompt",
+        chat(),
+        {
+            "model": "m",
+            "messages": [
+                {"role": "system", "content": "Be terse."},
+                {"role": "user", "content": "What is RAG?"},
+            ],
+        },
+    ),
+    ("no system prompt", chat(), {"model": "m", "messages": [{"role": "user", "content": "What is RAG?"}]}),
+    ("earlier turns", chat(), chat(before=EARLIER)),
+    ("tools", chat(), chat(tools=[TOOL])),
+    ("tool choice", chat(tools=[TOOL]), chat(tools=[TOOL], tool_choice="required")),
+    ("max tokens", chat(), chat(max_tokens=10)),
+    ("response format", chat(), chat(response_format={"type": "json_object"})),
+    (
+        "attachments",
+        chat([{"type": "text", "text": "what is this?"}, {"type": "image_url", "image_url": {"url": "a"}}]),
+        chat([{"type": "text", "text": "what is this?"}, {"type": "image_url", "image_url": {"url": "b"}}]),
+    ),
+    (
+        "user name",
+        chat(),
+        {"model": "m", "messages": [SYSTEM, {"role": "user", "content": "x", "name": "bob"}]},
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("case", "first", "second"), DIFFERENT_CONTEXTS, ids=[c for c, _, _ in DIFFERENT_CONTEXTS]
+)
+def test_a_different_context_gives_a_different_signature(
+    case: str, first: dict[str, Any], second: dict[str, Any]
+) -> None:
+    assert digest(first) != digest(second)
+
+
+def test_documents_and_knowledge_version_are_part_of_the_signature() -> None:
+    base = digest(chat(), document_ids=["d1", "d2"], knowledge_version="3")
+    assert base == digest(chat(), document_ids=["d2", "d1", "d1"], knowledge_version="3")
+    assert base != digest(chat(), document_ids=["d1"], knowledge_version="3")
+    assert base != digest(chat(), document_ids=["d1", "d2"], knowledge_version="4")
+    assert digest(chat(), document_ids=[]) != digest(chat(), document_ids=None)
+
+
+def test_signature_fields() -> None:
+    signature = context_signature(chat(before=EARLIER, tools=[TOOL]), document_ids={"b", "a"})
+    assert signature is not None
+    assert signature.model == "m"
+    assert signature.system == [{"role": "system", "content": [{"type": "text", "text": SYSTEM["content"]}]}]
+    assert [message["role"] for message in signature.history] == ["user", "assistant"]
+    assert signature.tools["tool_choice"] == "auto"
+    assert signature.document_ids == ("a", "b")
+    assert len(signature.digest) == 64
+
+
+def test_no_signature_without_a_final_question_and_errors_on_malformed_bodies() -> None:
+    assert context_signature({"model": "m", "messages": [{"role": "assistant", "content": "x"}]}) is None
+    with pytest.raises(CanonicalizationError):
+        context_signature({"messages": [{"role": "user", "content": "x"}]})
