@@ -82,6 +82,8 @@ class Upstreams(_Section):
     read_timeout_s: float = Field(default=300.0, gt=0, description="Longest silence from an upstream")
     health_interval_s: float = Field(default=5.0, gt=0, description="Background health-check period")
     pool_size: int = Field(default=256, ge=1, description="Keep-alive connections per upstream host")
+    breaker_failures: int = Field(default=5, ge=1, description="Consecutive failures that open a replica's breaker")
+    breaker_open_s: float = Field(default=5.0, gt=0, description="Seconds an open breaker waits before a probe")
 
 
 class Server(_Section):

@@ -11,6 +11,7 @@ from opentelemetry.trace import Tracer
 from proxy.config import Settings
 from proxy.context import RequestContext
 from proxy.metrics import Metrics
+from proxy.stats import RequestStats
 from proxy.upstream.backends import BackendPool
 from proxy.upstream.client import UpstreamClient
 from tiers.memory import MemoryStore
@@ -33,6 +34,7 @@ class Runtime:
     metrics: Metrics = field(init=False)
     tracer: Tracer | None = field(init=False)
     pipelines: Any = None  # proxy.assembly.Pipelines, set by the app (assembly imports this module)
+    stats: RequestStats = field(default_factory=RequestStats)
     draining: bool = False
 
     def __post_init__(self) -> None:
@@ -42,7 +44,8 @@ class Runtime:
             read_timeout=upstreams.read_timeout_s,
             pool_size=upstreams.pool_size,
         )
-        self.backends = BackendPool(list(upstreams.llm))
+        self.backends = BackendPool(list(upstreams.llm), breaker_failures=upstreams.breaker_failures,
+                                    breaker_open_s=upstreams.breaker_open_s)
         l1 = self.settings.cache.l1
         self.l1 = ResponseTier("l1", MemoryStore(make_policy(l1.policy, l1.max_bytes), max_entries=l1.max_entries))
         self.versions = KnowledgeVersions()
@@ -61,6 +64,17 @@ class Runtime:
         self.metrics.request_seconds.labels(ctx.route, cache_status).observe(seconds)
         if ctx.cache_tier:
             self.metrics.tier_lookups.labels(ctx.cache_tier, "hit").inc()
+        state = ctx.state
+        question = state.get("question")
+        saved = self.stats.record(
+            route=ctx.route, cache_status=ctx.cache_status, tier=ctx.cache_tier, key=state.get("key"),
+            upstream_seconds=state.get("upstream_seconds"), hit_cost=state.get("hit_cost"),
+            label={"tenant": ctx.tenant, "namespace": ctx.namespace,
+                   **({"question": question[:200]} if isinstance(question, str) else {})})
+        if saved:
+            self.metrics.cost_saved.labels(ctx.cache_tier or "unknown").inc(saved)
+        if ctx.cache_tier == "coalesced":
+            self.metrics.events.labels("coalesce", "coalesced").inc()
         if self.tracer is not None:
             from proxy.tracing import end_request_span
 

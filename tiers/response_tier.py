@@ -1,21 +1,31 @@
 """A cache tier of responses: a named byte store holding :class:`~tiers.entry.CachedResponse` entries.
 
-The tier turns store failures into misses (caches fail open): an exception from the backend is counted, logged at
-most once per ``log_interval`` seconds, and the request goes upstream. A stored entry that does not decode is a miss,
-is deleted and counted as corrupt.
+The tier turns store failures into misses (caches fail open): an exception or a call slower than ``op_timeout`` is
+counted, logged at most once per ``log_interval`` seconds, and the request goes upstream. A
+:class:`~tiers.breaker.CircuitBreaker` stops calling a store that keeps failing and probes it until it answers
+again, so a dead Redis or disk costs nothing per request. A stored entry that does not decode is a miss, is deleted
+and counted as corrupt.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
-from collections.abc import Iterable
+from collections.abc import Awaitable, Iterable
 from dataclasses import dataclass
+from typing import TypeVar
 
+from tiers.breaker import CircuitBreaker
 from tiers.entry import CachedResponse, CorruptEntry
 from tiers.storage import KeyValueStore, StoreStats
 
 log = logging.getLogger("ragproxy.tiers")
+T = TypeVar("T")
+
+
+class TierUnavailable(Exception):
+    """The tier's breaker is open: the store is not called."""
 
 
 @dataclass
@@ -26,17 +36,36 @@ class TierCounters:
     rejected: int = 0
     errors: int = 0
     corrupt: int = 0
+    skipped: int = 0
 
 
 class ResponseTier:
     """One tier (``l1``, ``l3``...) over any :class:`KeyValueStore`."""
 
-    def __init__(self, name: str, store: KeyValueStore, *, log_interval: float = 30.0) -> None:
+    def __init__(self, name: str, store: KeyValueStore, *, log_interval: float = 30.0,
+                 op_timeout: float | None = None, breaker: CircuitBreaker | None = None) -> None:
         self.name = name
         self.store = store
         self.counters = TierCounters()
+        self.op_timeout = op_timeout
+        self.breaker = breaker or CircuitBreaker()
         self._log_interval = log_interval
         self._last_logged = 0.0
+
+    async def _call(self, operation: Awaitable[T]) -> T:
+        """Run one store operation under the breaker and the timeout."""
+        if not self.breaker.allow():
+            self.counters.skipped += 1
+            if asyncio.iscoroutine(operation):
+                operation.close()
+            raise TierUnavailable(self.name)
+        try:
+            result = await (operation if self.op_timeout is None else asyncio.wait_for(operation, self.op_timeout))
+        except Exception:
+            self.breaker.failure()
+            raise
+        self.breaker.success()
+        return result
 
     def _failed(self, action: str, exc: Exception) -> None:
         self.counters.errors += 1
@@ -48,7 +77,9 @@ class ResponseTier:
 
     async def get(self, key: str) -> CachedResponse | None:
         try:
-            raw = await self.store.get(key)
+            raw = await self._call(self.store.get(key))
+        except TierUnavailable:
+            return None
         except Exception as exc:  # fail open: any backend failure is a miss
             self._failed("get", exc)
             return None
@@ -66,7 +97,9 @@ class ResponseTier:
 
     async def put(self, key: str, entry: CachedResponse, *, ttl: float | None, tags: Iterable[str]) -> bool:
         try:
-            stored = await self.store.put(key, entry.encode(), ttl=ttl, tags=tags, cost=entry.cost)
+            stored = await self._call(self.store.put(key, entry.encode(), ttl=ttl, tags=tags, cost=entry.cost))
+        except TierUnavailable:
+            return False
         except Exception as exc:
             self._failed("put", exc)
             return False
@@ -78,7 +111,9 @@ class ResponseTier:
 
     async def delete(self, key: str) -> bool:
         try:
-            return await self.store.delete(key)
+            return await self._call(self.store.delete(key))
+        except TierUnavailable:
+            return False
         except Exception as exc:
             self._failed("delete", exc)
             return False
@@ -88,7 +123,9 @@ class ResponseTier:
 
     async def stats(self) -> StoreStats:
         try:
-            return await self.store.stats()
+            return await self._call(self.store.stats())
+        except TierUnavailable:
+            return StoreStats(entries=0, bytes=0)
         except Exception as exc:
             self._failed("stats", exc)
             return StoreStats(entries=0, bytes=0)

@@ -46,7 +46,11 @@ class ForwardToLLM:
 
     async def __call__(self, ctx: RequestContext) -> Reply:
         chosen = ctx.state.get("backend")
-        backend: Backend = chosen if isinstance(chosen, Backend) else self.pool.first_healthy()
+        picked = chosen if isinstance(chosen, Backend) else self.pool.first_healthy()
+        if picked is None:
+            raise ProxyError(503, "every LLM backend is failing; retrying shortly", code="upstream_circuit_open",
+                             headers={"Retry-After": "2"})
+        backend: Backend = picked
         body = ctx.outgoing_body() if ctx.method not in ("GET", "HEAD") else None
         tried: set[int] = set()
         started = time.perf_counter()
@@ -60,6 +64,7 @@ class ForwardToLLM:
                 )
             except UpstreamError as exc:
                 backend.in_flight -= 1
+                backend.breaker.failure()
                 if not exc.retryable:
                     raise
                 self.pool.mark_down(backend, exc.message)
@@ -70,6 +75,10 @@ class ForwardToLLM:
                 backend = following
                 continue
             ctx.state["backend"] = backend
+            if reply.status >= 500:
+                backend.breaker.failure()
+            else:
+                backend.breaker.success()
             reply.on_finish(_release(ctx, backend, started))
             return reply
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 import aiohttp
 
 from proxy.config import LLMBackend
+from tiers.breaker import CircuitBreaker
 
 log = logging.getLogger("ragproxy.backends")
 
@@ -30,6 +31,7 @@ class Backend:
     in_flight: int = 0
     last_error: str | None = None
     checked_at: float = field(default=0.0)
+    breaker: CircuitBreaker = field(default_factory=CircuitBreaker)
 
     @property
     def url(self) -> str:
@@ -47,16 +49,22 @@ class Backend:
 class BackendPool:
     """All configured replicas."""
 
-    def __init__(self, configs: list[LLMBackend]) -> None:
-        self.backends = [Backend(index=i, config=c) for i, c in enumerate(configs)]
+    def __init__(self, configs: list[LLMBackend], *, breaker_failures: int = 5, breaker_open_s: float = 5.0) -> None:
+        self.backends = [
+            Backend(index=i, config=c,
+                    breaker=CircuitBreaker(failures_to_open=breaker_failures, open_seconds=breaker_open_s))
+            for i, c in enumerate(configs)
+        ]
         self._probe_task: asyncio.Task[None] | None = None
 
-    def first_healthy(self) -> Backend:
-        return next((b for b in self.backends if b.healthy), self.backends[0])
+    def first_healthy(self) -> Backend | None:
+        """The first replica that is up and whose breaker lets a call through (``None``: all are failing)."""
+        healthy = next((b for b in self.backends if b.healthy and b.breaker.allow()), None)
+        return healthy or next((b for b in self.backends if b.breaker.allow()), None)
 
     def healthy_after(self, tried: set[int]) -> Backend | None:
         """The next healthy replica not tried yet (for the one safe retry: connection refused)."""
-        return next((b for b in self.backends if b.healthy and b.index not in tried), None)
+        return next((b for b in self.backends if b.healthy and b.index not in tried and b.breaker.allow()), None)
 
     def mark_down(self, backend: Backend, reason: str) -> None:
         if backend.healthy:

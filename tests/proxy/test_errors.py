@@ -110,3 +110,19 @@ def test_client_disconnect_cancels_upstream(fake_llm_thread: FakeLLM, proxy: Pro
     while backend.in_flight and time.monotonic() < deadline:
         time.sleep(0.05)
     assert backend.in_flight == 0, "the upstream call must end when the client goes away"
+
+
+def test_upstream_breaker_fails_fast_then_recovers(fake_llm_thread: FakeLLM) -> None:
+    settings = proxy_settings(fake_llm_thread.url, **{"cache.enabled": False, "upstreams.breaker_failures": 3,
+                                                       "upstreams.breaker_open_s": 0.5})
+    fake_llm_thread.faults.fail_next(503, times=3)
+    with ProxyServer(settings) as server:
+        for _ in range(3):
+            assert httpx.post(server.url + "/v1/chat/completions", json=BODY).status_code == 503
+        calls = fake_llm_thread.log.count("/v1/chat/completions")
+        fast = httpx.post(server.url + "/v1/chat/completions", json=BODY)
+        error = _openai_error(fast, 503)
+        assert error["code"] == "upstream_circuit_open" and fast.headers["Retry-After"]
+        assert fake_llm_thread.log.count("/v1/chat/completions") == calls, "an open breaker sends nothing upstream"
+        time.sleep(0.6)
+        assert httpx.post(server.url + "/v1/chat/completions", json=BODY).status_code == 200

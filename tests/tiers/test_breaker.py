@@ -1,0 +1,66 @@
+"""The circuit breaker's state machine under an injected clock."""
+
+from __future__ import annotations
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from tiers.breaker import BreakerState, CircuitBreaker
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_opens_after_consecutive_failures_then_probes_and_closes() -> None:
+    clock = Clock()
+    breaker = CircuitBreaker(failures_to_open=3, open_seconds=10, clock=clock)
+    for _ in range(2):
+        breaker.failure()
+    assert breaker.state is BreakerState.CLOSED and breaker.allow()
+    breaker.failure()
+    assert breaker.state is BreakerState.OPEN and not breaker.allow()
+    clock.now = 10
+    assert breaker.state is BreakerState.HALF_OPEN
+    assert breaker.allow(), "one probe"
+    assert not breaker.allow(), "only one probe at a time"
+    breaker.success()
+    assert breaker.state is BreakerState.CLOSED and breaker.allow()
+
+
+def test_failed_probe_reopens() -> None:
+    clock = Clock()
+    breaker = CircuitBreaker(failures_to_open=1, open_seconds=1, clock=clock)
+    breaker.failure()
+    clock.now = 1
+    assert breaker.allow()
+    breaker.failure()
+    assert breaker.state is BreakerState.OPEN
+    clock.now = 1.5
+    assert not breaker.allow()
+    assert breaker.opened_count == 2
+
+
+def test_success_resets_the_count() -> None:
+    breaker = CircuitBreaker(failures_to_open=2, clock=Clock())
+    breaker.failure()
+    breaker.success()
+    breaker.failure()
+    assert breaker.state is BreakerState.CLOSED
+
+
+@given(st.lists(st.sampled_from(["ok", "fail", "tick"]), max_size=60))
+def test_never_allows_while_open_before_the_timeout(events: list[str]) -> None:
+    clock = Clock()
+    breaker = CircuitBreaker(failures_to_open=2, open_seconds=3, clock=clock)
+    for event in events:
+        if event == "tick":
+            clock.now += 1
+        elif breaker.allow():
+            breaker.success() if event == "ok" else breaker.failure()
+        if breaker._state is BreakerState.OPEN and clock.now - breaker._opened_at < 3:
+            assert not breaker.allow()
