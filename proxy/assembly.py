@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from normalizer.bypass import BypassSettings
 from normalizer.cache_control import CacheDefaults
 from normalizer.canonical import RequestKind
+from proxy.credits.stages import Credits, Identify, SearchCredits
 from proxy.pipeline import Pipeline, Stage
 from proxy.runtime import Runtime
 from proxy.stages.cache_policy import ApplyCacheControl, Canonicalize
@@ -48,17 +49,36 @@ def build_pipelines(rt: Runtime) -> Pipelines:
     to_qdrant = ForwardToQdrant(
         rt.client, qdrant.url, qdrant.api_key.get_secret_value() if qdrant.api_key else None, trust_forwarded=trust
     )
-    identify: list[Stage] = []
+    identify: list[Stage] = [Identify(rt.credits.keys, open_mode=rt.settings.auth.mode == "open",
+                                      key_cache_ttl_s=rt.settings.auth.key_cache_ttl_s)]
+    billing = _billing(rt)
     tracer = rt.tracer
     return Pipelines(
-        chat=Pipeline([*identify, *_caching(rt, "chat")], to_llm, tracer=tracer),
-        completions=Pipeline([*identify, *_caching(rt, "completion")], to_llm, tracer=tracer),
-        embeddings=Pipeline([*identify, *_embedding_caching(rt)], to_llm, tracer=tracer),
+        chat=Pipeline([*identify, *billing, *_caching(rt, "chat")], to_llm, tracer=tracer),
+        completions=Pipeline([*identify, *billing, *_caching(rt, "completion")], to_llm, tracer=tracer),
+        embeddings=Pipeline([*identify, *billing, *_embedding_caching(rt)], to_llm, tracer=tracer),
         llm_passthrough=Pipeline(identify, to_llm, tracer=tracer),
-        qdrant_search=Pipeline(identify, to_qdrant, tracer=tracer),
+        qdrant_search=Pipeline([*identify, *_search_billing(rt)], to_qdrant, tracer=tracer),
         qdrant_write=Pipeline(identify, to_qdrant, tracer=tracer),
         qdrant_passthrough=Pipeline(identify, to_qdrant, tracer=tracer),
     )
+
+
+def _billing(rt: Runtime) -> list[Stage]:
+    """credits: reserve the worst case, settle the actual usage (hits at the tier's multiplier)."""
+    store, credits = rt.credits.store, rt.settings.credits
+    if store is None:
+        return []
+    return [Credits(store, rt.credits.prices, reservation_ttl_s=credits.reservation_ttl_s,
+                    fail_open=credits.fail_open)]
+
+
+def _search_billing(rt: Runtime) -> list[Stage]:
+    store, credits = rt.credits.store, rt.settings.credits
+    if store is None:
+        return []
+    return [SearchCredits(store, rt.credits.prices, reservation_ttl_s=credits.reservation_ttl_s,
+                          fail_open=credits.fail_open)]
 
 
 def _rules(rt: Runtime) -> tuple[CacheDefaults, BypassSettings]:

@@ -15,6 +15,7 @@ import os
 import re
 from collections.abc import Mapping
 from pathlib import Path
+from decimal import Decimal
 from typing import Any, Literal
 
 import yaml
@@ -117,7 +118,45 @@ class CacheSettings(_Section):
 
 
 class AuthSettings(_Section):
-    mode: Literal["open", "keys"] = Field(default="open", description="open: one anonymous tenant")
+    mode: Literal["open", "keys"] = Field(
+        default="open", description="open: one anonymous tenant; keys: Authorization: Bearer <API key> required"
+    )
+    key_cache_ttl_s: float = Field(default=30.0, ge=0, description="How long a verified key is trusted without lookup")
+
+
+class RedisSettings(_Section):
+    url: str | None = Field(default=None, description="redis:// URL; set = shared mode (caches, credits, keys)")
+    cluster: bool = Field(default=False, description="The URL points at a Redis Cluster node")
+    timeout_s: float = Field(default=0.25, gt=0, description="Bound on one cache operation against Redis")
+
+
+class ModelPriceSettings(_Section):
+    prompt_per_1k: Decimal = Field(description="Credits per 1,000 prompt tokens")
+    completion_per_1k: Decimal = Field(description="Credits per 1,000 completion tokens")
+    cached_prompt_per_1k: Decimal | None = Field(default=None, description="Rate for backend-cached prompt tokens")
+    context_tokens: int = Field(default=32_768, ge=1, description="Context size, bounds the worst case")
+    max_completion_tokens: int | None = Field(default=None, ge=1, description="Longest completion the model gives")
+
+
+def _default_multipliers() -> dict[str, Decimal]:
+    return {tier: Decimal("0.1") for tier in ("l1", "l2", "l3", "retrieval", "coalesced")}
+
+
+class CreditsSettings(_Section):
+    enabled: bool = Field(default=False, description="Charge every request to the user behind its API key")
+    store: Literal["auto", "sqlite", "redis"] = Field(default="auto", description="auto: redis when redis.url is set")
+    sqlite_synchronous: Literal["FULL", "NORMAL"] = Field(
+        default="FULL", description="FULL: every ledger entry survives a power cut; NORMAL: ~10x faster, survives crashes"
+    )
+    models: dict[str, ModelPriceSettings] = Field(default_factory=dict, description="Prices per model name")
+    default_prompt_per_1k: Decimal = Field(default=Decimal("0.001"), ge=0)
+    default_completion_per_1k: Decimal = Field(default=Decimal("0.002"), ge=0)
+    search_price: Decimal = Field(default=Decimal("0.0001"), ge=0, description="Credits per vector search")
+    hit_multipliers: dict[str, Decimal] = Field(
+        default_factory=_default_multipliers, description="Share of the full price a cache hit costs, per tier"
+    )
+    reservation_ttl_s: float = Field(default=600.0, gt=0, description="A reservation of a dead proxy is reaped after")
+    fail_open: bool = Field(default=False, description="Serve unbilled when the credit store is down (else 503)")
 
 
 class AdminSettings(_Section):
@@ -146,6 +185,8 @@ class Settings(_Section):
     upstreams: Upstreams = Field(default_factory=Upstreams)
     cache: CacheSettings = Field(default_factory=CacheSettings)
     auth: AuthSettings = Field(default_factory=AuthSettings)
+    credits: CreditsSettings = Field(default_factory=CreditsSettings)
+    redis: RedisSettings = Field(default_factory=RedisSettings)
     admin: AdminSettings = Field(default_factory=AdminSettings)
     logging: LoggingSettings = Field(default_factory=LoggingSettings)
     telemetry: TelemetrySettings = Field(default_factory=TelemetrySettings)

@@ -10,6 +10,7 @@ from opentelemetry.trace import Tracer
 
 from proxy.config import Settings
 from proxy.context import RequestContext
+from proxy.credits.factory import CreditComponents, build_credits
 from proxy.metrics import Metrics
 from proxy.stats import RequestStats
 from proxy.upstream.backends import BackendPool
@@ -33,6 +34,7 @@ class Runtime:
     versions: KnowledgeVersions = field(init=False)
     metrics: Metrics = field(init=False)
     tracer: Tracer | None = field(init=False)
+    credits: CreditComponents = field(init=False)
     pipelines: Any = None  # proxy.assembly.Pipelines, set by the app (assembly imports this module)
     stats: RequestStats = field(default_factory=RequestStats)
     draining: bool = False
@@ -50,6 +52,7 @@ class Runtime:
         self.l1 = ResponseTier("l1", MemoryStore(make_policy(l1.policy, l1.max_bytes), max_entries=l1.max_entries))
         self.versions = KnowledgeVersions()
         self.metrics = Metrics()
+        self.credits = build_credits(self.settings)
         telemetry = self.settings.telemetry
         self.tracer = None
         if telemetry.tracing:
@@ -86,7 +89,10 @@ class Runtime:
 
     async def start(self) -> None:
         self.backends.start(self.client.session, self.settings.upstreams.health_interval_s)
+        if self.credits.reaper is not None:
+            self.credits.reaper.start()
 
     async def stop(self) -> None:
         await self.backends.stop()
+        await self.credits.close()
         await self.client.close()

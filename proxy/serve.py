@@ -1,10 +1,15 @@
-"""Running the proxy: the data-plane site, graceful drain on SIGTERM/SIGINT."""
+"""Running the proxy: the data-plane site, the admin site next to it, graceful drain on SIGTERM/SIGINT.
+
+With ``admin.enabled`` the admin API listens on ``admin.host:admin.port``; the process refuses to start (exit code 2,
+one line on stderr) when that bind is not loopback and no ``admin.token`` is set.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 import signal
+import sys
 
 from aiohttp import web
 
@@ -16,6 +21,12 @@ log = logging.getLogger("ragproxy")
 
 async def serve(settings: Settings, *, ready: asyncio.Event | None = None) -> None:
     """Serve until SIGTERM/SIGINT, then stop accepting and drain in-flight requests up to the grace period."""
+    from admin.auth import bind_problem
+
+    problem = bind_problem(settings)
+    if problem is not None:
+        print(f"ragproxy: refusing to start: {problem}", file=sys.stderr)
+        raise SystemExit(2)
     app = create_app(settings)
     runner = web.AppRunner(
         app, handle_signals=False, access_log=None, handler_cancellation=True,
@@ -29,10 +40,20 @@ async def serve(settings: Settings, *, ready: asyncio.Event | None = None) -> No
     site = web.TCPSite(runner, settings.server.host, settings.server.port, reuse_address=True)
     await site.start()
     log.info("ragproxy listening on http://%s:%d", settings.server.host, settings.server.port)
+    admin_runner: web.AppRunner | None = None
+    if settings.admin.enabled:
+        from admin.app import create_admin_app
+
+        admin_runner = web.AppRunner(create_admin_app(app[RUNTIME]), handle_signals=False, access_log=None)
+        await admin_runner.setup()
+        await web.TCPSite(admin_runner, settings.admin.host, settings.admin.port, reuse_address=True).start()
+        log.info("admin API on http://%s:%d", settings.admin.host, settings.admin.port)
     if ready is not None:
         ready.set()
     await stop.wait()
     log.info("draining (up to %.0fs)", settings.server.shutdown_grace_s)
     app[RUNTIME].draining = True
+    if admin_runner is not None:
+        await admin_runner.cleanup()
     await runner.cleanup()
     log.info("stopped")

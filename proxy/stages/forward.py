@@ -7,6 +7,7 @@ import time
 from multidict import CIMultiDict
 
 from proxy.context import FinishCallback, Reply, RequestContext
+from proxy.credits.streaming import ask_upstream_for_usage
 from proxy.errors import ProxyError
 from proxy.headers import upstream_request_headers
 from proxy.upstream.backends import Backend, BackendPool
@@ -51,6 +52,7 @@ class ForwardToLLM:
             raise ProxyError(503, "every LLM backend is failing; retrying shortly", code="upstream_circuit_open",
                              headers={"Retry-After": "2"})
         backend: Backend = picked
+        ask_upstream_for_usage(ctx)
         body = ctx.outgoing_body() if ctx.method not in ("GET", "HEAD") else None
         tried: set[int] = set()
         started = time.perf_counter()

@@ -20,7 +20,7 @@ BACKENDS = ["sqlite", "redis"]
 def make_credit_store(backend: str, tmp_path: Path, redis_url: str) -> CreditStore:
     if backend == "sqlite":
         return SqliteCreditStore(tmp_path / "credits.sqlite3")
-    return RedisCreditStore.from_url(redis_url)
+    return RedisCreditStore.from_url(redis_url, timeout_s=15.0)  # a shared, noisy test machine
 
 
 @pytest.fixture(params=BACKENDS)
@@ -37,10 +37,8 @@ async def credit_store(backend: str, tmp_path: Path, redis_url: str) -> AsyncIte
 
 @pytest.fixture
 async def key_store(backend: str, tmp_path: Path, redis_url: str) -> AsyncIterator[KeyStore]:
-    store: KeyStore
-    if backend == "sqlite":
-        store = SqliteKeyStore(tmp_path / "credits.sqlite3")
-    else:
-        store = RedisKeyStore.from_url(redis_url)
+    store: KeyStore = (
+        SqliteKeyStore(tmp_path / "credits.sqlite3") if backend == "sqlite" else RedisKeyStore.from_url(redis_url)
+    )
     yield store
     await store.close()

@@ -20,7 +20,7 @@ CREDIT = 1_000_000
 
 
 def open_store(backend: str, target: str) -> CreditStore:
-    return SqliteCreditStore(target) if backend == "sqlite" else RedisCreditStore.from_url(target)
+    return SqliteCreditStore(target) if backend == "sqlite" else RedisCreditStore.from_url(target, timeout_s=15.0)
 
 
 async def burst(store: CreditStore, user: str, count: int, start_at: float) -> int:

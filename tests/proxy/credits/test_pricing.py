@@ -69,9 +69,12 @@ def test_hit_pricing_per_tier(tier: str | None, expected: int) -> None:
 def test_default_hit_multiplier_is_a_tenth() -> None:
     book = PriceBook()
     full = book.actual_cost("any", Usage(1000, 1000))
-    assert {
-        tier: book.actual_cost("any", Usage(1000, 1000), tier) for tier in ("l1", "l2", "l3", "retrieval")
-    } == {"l1": full // 10, "l2": full // 10, "l3": full // 10, "retrieval": full // 10}
+    assert {tier: book.actual_cost("any", Usage(1000, 1000), tier) for tier in ("l1", "l2", "l3", "retrieval")} == {
+        "l1": full // 10,
+        "l2": full // 10,
+        "l3": full // 10,
+        "retrieval": full // 10,
+    }
 
 
 def test_unknown_models_use_the_default_price() -> None:

@@ -80,9 +80,7 @@ class UpstreamDouble:
             }
             return Reply(200, CIMultiDict({"Content-Type": "application/json"}), body=orjson.dumps(reply))
         include_usage = (body.get("stream_options") or {}).get("include_usage") is True
-        return Reply(
-            200, CIMultiDict({"Content-Type": "text/event-stream"}), chunks=self._events(include_usage)
-        )
+        return Reply(200, CIMultiDict({"Content-Type": "text/event-stream"}), chunks=self._events(include_usage))
 
     async def _events(self, include_usage: bool) -> AsyncIterator[bytes]:
         base = {"id": "c1", "object": "chat.completion.chunk", "created": 1, "model": "m"}
@@ -91,9 +89,7 @@ class UpstreamDouble:
             yield b"data: " + orjson.dumps(chunk) + b"\n\n"
         if self.mode == "broken":
             raise UpstreamStreamError("LLM backend reset the stream (test)")
-        yield b"data: " + orjson.dumps(
-            {**base, "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}
-        )
+        yield b"data: " + orjson.dumps({**base, "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]})
         yield b"\n\n"
         if include_usage:
             yield b"data: " + orjson.dumps({**base, "choices": [], "usage": USAGE}) + b"\n\n"
@@ -202,18 +198,13 @@ async def test_insufficient_credit_is_402_naming_balance_and_estimate(
     created = await proxy.keys.create("ann", "acme")
     await proxy.store.top_up("ann", CREDIT)
     with pytest.raises(openai.APIStatusError) as caught:
-        await proxy.client(created.plaintext).chat.completions.create(
-            model="m", messages=MESSAGES, max_tokens=10_000
-        )
+        await proxy.client(created.plaintext).chat.completions.create(model="m", messages=MESSAGES, max_tokens=10_000)
     error = caught.value
     assert error.status_code == 402
     assert error.code == "insufficient_quota" and error.type == "insufficient_quota"
     estimate = PRICES.worst_case({"messages": MESSAGES, "model": "m", "max_tokens": 10_000}, raw_size=0)
     assert "your balance is 1 credits" in error.message
-    assert (
-        "may cost up to" in error.message
-        and float(error.message.split("up to ")[1].split()[0]) * CREDIT >= estimate
-    )
+    assert "may cost up to" in error.message and float(error.message.split("up to ")[1].split()[0]) * CREDIT >= estimate
     assert proxy.upstream.sent == []
     assert (await proxy.store.balance("ann")).available == CREDIT
 
@@ -285,8 +276,7 @@ async def test_a_stream_keeps_the_usage_chunk_when_the_client_asked(
         model="m", messages=MESSAGES, max_tokens=600, stream=True, stream_options={"include_usage": True}
     )
     assert response.headers["X-Credits-Remaining"] == format_credits(
-        100 * CREDIT
-        - PRICES.worst_case({"model": "m", "max_tokens": 600}, raw_size=len(response.http_request.content))
+        100 * CREDIT - PRICES.worst_case({"model": "m", "max_tokens": 600}, raw_size=len(response.http_request.content))
     )
     chunks = [chunk async for chunk in response.parse()]
     assert chunks[-1].usage is not None and chunks[-1].usage.prompt_tokens == 1000

@@ -200,17 +200,18 @@ async def test_ledger_filters_and_pages(credit_store: CreditStore) -> None:
     for i in range(12):
         user = ("ann", "bob", "cy")[i % 3]
         await credit_store.reserve(f"r{i}", user, CREDIT, 60, now=T0 + i)
-        await credit_store.settle(
-            f"r{i}", user, 1000 + i, details(tenant=user + "-t", model=f"m{i % 2}"), now=T0 + i
-        )
+        await credit_store.settle(f"r{i}", user, 1000 + i, details(tenant=user + "-t", model=f"m{i % 2}"), now=T0 + i)
     everything = await all_entries(credit_store)
     assert len(everything) == 15
     assert [e.user for e in everything] == sorted(e.user for e in everything)  # grouped by user
     ids = [e.request_id for e in everything]
     assert len(set(ids)) == len(ids)
-    assert {
-        e.request_id for e in await all_entries(credit_store, LedgerFilter(user="bob", kind="charge"))
-    } == {"r1", "r4", "r7", "r10"}
+    assert {e.request_id for e in await all_entries(credit_store, LedgerFilter(user="bob", kind="charge"))} == {
+        "r1",
+        "r4",
+        "r7",
+        "r10",
+    }
     assert len(await all_entries(credit_store, LedgerFilter(model="m1"))) == 6
     assert len(await all_entries(credit_store, LedgerFilter(tenant="cy-t"))) == 4
     window = await all_entries(credit_store, LedgerFilter(kind="charge", since=T0 + 3, until=T0 + 6))
@@ -264,9 +265,7 @@ async def test_random_operations_keep_the_books_balanced(credit_store: CreditSto
             await credit_store.top_up(user, rng.randrange(1, 5 * CREDIT))
         elif action == "reserve":
             with contextlib.suppress(RequestClosed):
-                await credit_store.reserve(
-                    rid, user, rng.randrange(0, 3 * CREDIT), rng.choice([1, 30]), now=now
-                )
+                await credit_store.reserve(rid, user, rng.randrange(0, 3 * CREDIT), rng.choice([1, 30]), now=now)
         elif action == "settle":
             await credit_store.settle(rid, user, rng.randrange(0, 4 * CREDIT), details(), now=now)
         elif action == "release":
@@ -276,7 +275,5 @@ async def test_random_operations_keep_the_books_balanced(credit_store: CreditSto
         if step % 10 == 0:
             for someone in users:
                 await assert_books_balance(credit_store, someone)
-    charged = [
-        e.request_id for e in await all_entries(credit_store, LedgerFilter(kind="charge")) if e.user == "ann"
-    ]
+    charged = [e.request_id for e in await all_entries(credit_store, LedgerFilter(kind="charge")) if e.user == "ann"]
     assert len(charged) == len(set(charged))  # no request charged twice

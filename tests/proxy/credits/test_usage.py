@@ -6,10 +6,12 @@ from collections.abc import AsyncIterator
 from itertools import pairwise
 
 import orjson
+from aiohttp.test_utils import make_mocked_request
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from proxy.credits.streaming import UsageChunkFilter, client_asked_for_usage
+from proxy.context import RequestContext
+from proxy.credits.streaming import METERED, UsageChunkFilter, ask_upstream_for_usage, client_asked_for_usage
 from proxy.credits.usage import Usage, usage_from_body, usage_from_json, usage_from_stream
 
 
@@ -41,9 +43,9 @@ def test_no_usage_and_nonsense() -> None:
     assert usage_from_json({"usage": {"prompt_tokens": -3, "completion_tokens": "x"}}) is None
     assert usage_from_body(b"not json") is None
     assert usage_from_body(b"[1, 2]") is None
-    assert usage_from_json(
-        {"usage": {"prompt_tokens": 5, "prompt_tokens_details": {"cached_tokens": 9}}}
-    ) == Usage(5, 0, 5)
+    assert usage_from_json({"usage": {"prompt_tokens": 5, "prompt_tokens_details": {"cached_tokens": 9}}}) == Usage(
+        5, 0, 5
+    )
 
 
 def sse(*payloads: object) -> bytes:
@@ -104,3 +106,28 @@ async def test_a_final_chunk_with_choices_and_usage_is_kept() -> None:
     data = sse(CHUNK, final, b"[DONE]")
     assert b"".join([p async for p in meter.filter(replay([data]))]) == data
     assert meter.usage == Usage(9, 2, 4)
+
+
+def chat_context(body: dict[str, object], metered: bool) -> RequestContext:
+    ctx = RequestContext(
+        request=make_mocked_request("POST", "/v1/chat/completions"),
+        route="chat",
+        request_id="r1",
+        raw_body=orjson.dumps(body),
+        body=dict(body),
+    )
+    if metered:
+        ctx.state[METERED] = True
+    return ctx
+
+
+def test_usage_is_requested_upstream_only_for_metered_streams_that_lack_it() -> None:
+    stream = {"model": "m", "stream": True, "stream_options": {"other": 1}}
+    ctx = chat_context(stream, metered=True)
+    assert ask_upstream_for_usage(ctx) is True
+    assert orjson.loads(ctx.outgoing_body())["stream_options"] == {"other": 1, "include_usage": True}
+    unmetered = chat_context(stream, metered=False)
+    assert ask_upstream_for_usage(unmetered) is False and unmetered.outgoing_body() == orjson.dumps(stream)
+    asked = chat_context({"stream": True, "stream_options": {"include_usage": True}}, metered=True)
+    assert ask_upstream_for_usage(asked) is False and not asked.body_changed
+    assert ask_upstream_for_usage(chat_context({"model": "m"}, metered=True)) is False

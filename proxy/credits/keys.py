@@ -1,0 +1,100 @@
+"""API keys: who is behind a presented ``Authorization: Bearer`` key (a user, in a tenant).
+
+A key is ``rpk_`` followed by 43 URL-safe characters from :func:`secrets.token_urlsafe` (256 random bits).
+Only its SHA-256 is stored. A fast, unsalted hash is enough here, unlike for passwords: with 256 bits of
+entropy a stolen hash table cannot be brute-forced or looked up in precomputed tables, and a fast hash lets
+every request find its key with one indexed lookup (slow KDFs such as bcrypt or argon2 exist to stretch
+low-entropy secrets and would cost milliseconds per request). Lookups compare hashes by index, so the timing
+of a lookup reveals nothing usable about a key. The plaintext is returned once, by :meth:`KeyStore.create`;
+the first characters (``display``) are kept so an operator can tell keys apart in a listing.
+
+Backends: :class:`proxy.credits.sqlite_keys.SqliteKeyStore` and
+:class:`proxy.credits.redis_keys.RedisKeyStore`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+KEY_PREFIX = "rpk_"
+
+
+def new_key() -> str:
+    """A fresh random API key."""
+    return KEY_PREFIX + secrets.token_urlsafe(32)
+
+
+def new_key_id() -> str:
+    """A public identifier for a key (used in listings, revocation and the ledger)."""
+    return "key_" + secrets.token_hex(8)
+
+
+def key_hash(presented: str) -> str:
+    """What the stores keep and look up: the hex SHA-256 of the key."""
+    return hashlib.sha256(presented.encode()).hexdigest()
+
+
+def display_of(key: str) -> str:
+    """The first characters of a key, safe to show."""
+    return key[: len(KEY_PREFIX) + 6] + "…"
+
+
+@dataclass(frozen=True, slots=True)
+class ApiKey:
+    """A key's record (never its plaintext)."""
+
+    key_id: str
+    user: str
+    tenant: str
+    name: str
+    display: str
+    created_at: float
+    revoked_at: float | None = None
+
+    @property
+    def active(self) -> bool:
+        return self.revoked_at is None
+
+
+@dataclass(frozen=True, slots=True)
+class CreatedKey:
+    """A new key: its record and the plaintext, shown once."""
+
+    record: ApiKey
+    plaintext: str
+
+
+@runtime_checkable
+class KeyStore(Protocol):
+    """Where API keys live."""
+
+    name: str
+
+    async def create(self, user: str, tenant: str = "default", name: str = "") -> CreatedKey:
+        """Issue a key for ``user`` in ``tenant``."""
+
+    async def list(
+        self, *, user: str | None = None, tenant: str | None = None, include_revoked: bool = False
+    ) -> list[ApiKey]:
+        """Keys matching the filters, oldest first."""
+
+    async def revoke(self, key_id: str) -> bool:
+        """Revoke a key; ``True`` if it was active."""
+
+    async def lookup(self, presented: str) -> ApiKey | None:
+        """The active key matching ``presented``, or ``None``."""
+
+    async def close(self) -> None:
+        """Release connections and threads."""
+
+
+def matches(key: ApiKey, user: str | None, tenant: str | None, include_revoked: bool) -> bool:
+    """Whether ``key`` passes the filters of :meth:`KeyStore.list`."""
+    return (
+        (user is None or key.user == user)
+        and (tenant is None or key.tenant == tenant)
+        and (include_revoked or key.active)
+    )

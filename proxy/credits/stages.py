@@ -1,0 +1,340 @@
+"""Pipeline stages of credit accounting: :class:`Identify` (who pays), :class:`Credits` (reserve → settle).
+
+``Identify`` reads ``Authorization: Bearer <key>`` (or Qdrant's ``api-key`` header) and puts the key's user,
+tenant and id on the context. In open mode every request that presents no valid key runs as the anonymous user
+(the OpenAI SDK always sends some key, so an unknown key is not an error there). Lookups of valid keys are
+remembered for ``key_cache_ttl_s`` seconds, which bounds how long a revoked key keeps working and lets known
+keys ride out a short outage of the key store; any other outage answers 503 + ``Retry-After`` (authentication
+never fails open).
+
+``Credits`` reserves the worst case before the rest of the pipeline runs (402 when the balance cannot cover
+it), then settles what the reply used:
+
+* a complete reply: from the ``usage`` (or llama.cpp ``timings``) of its JSON body, at once; the response
+  carries ``X-Credits-Charged`` and ``X-Credits-Remaining``;
+* a streamed reply: from the usage chunk, when the client has received everything (``Reply.on_finish``). The
+  usage chunk is read on the way and hidden from a client that did not ask for it (see
+  :mod:`proxy.credits.streaming`). Headers leave before the usage is known, so a stream carries
+  ``X-Credits-Reserved`` and ``X-Credits-Remaining`` (what was left after the reservation) instead;
+* a reply from a cache tier (``ctx.cache_tier``) costs its usage times that tier's hit multiplier;
+* a reply with no usage at all is charged its reservation (times the hit multiplier for a cache hit), recorded
+  with ``usage_source="reserved"``;
+* an upstream error status, an exception or an aborted stream releases the whole reservation.
+
+A settlement the store cannot take at once is retried in the background (settling is idempotent by request id)
+for ``settle_retry_window_s``; a reservation whose settlement is late is reaped and charged late (see
+:mod:`proxy.credits.store`). When the store cannot be reached at reservation time the request is refused with
+503 + ``Retry-After`` unless ``fail_open`` is set; then it runs unbilled, counted in ``unbilled_requests`` and
+logged at most once per minute.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import replace
+from decimal import Decimal
+
+from multidict import CIMultiDictProxy
+
+from proxy.context import FinishCallback, Reply, RequestContext
+from proxy.credits.keys import ApiKey, KeyStore, key_hash
+from proxy.credits.pricing import PriceBook, format_credits, to_micro
+from proxy.credits.store import (
+    ChargeDetails,
+    CreditStore,
+    CreditStoreUnavailable,
+    InsufficientCredit,
+    RequestClosed,
+    Reservation,
+    Settlement,
+)
+from proxy.credits.streaming import METERED, UsageChunkFilter, client_asked_for_usage
+from proxy.credits.usage import Usage, usage_from_body
+from proxy.errors import ProxyError
+from proxy.pipeline import Next
+
+log = logging.getLogger("ragproxy.credits")
+
+CHARGED = "X-Credits-Charged"
+REMAINING = "X-Credits-Remaining"
+RESERVED = "X-Credits-Reserved"
+
+
+def presented_key(headers: CIMultiDictProxy[str]) -> str | None:
+    """The API key a request presents: ``Authorization: Bearer …`` or Qdrant's ``api-key``."""
+    auth = headers.get("Authorization", "")
+    scheme, _, token = auth.strip().partition(" ")
+    if scheme.lower() == "bearer" and token.strip():
+        return token.strip()
+    api_key = headers.get("api-key", "").strip()
+    return api_key or None
+
+
+def _unavailable(what: str, retry_after_s: int) -> ProxyError:
+    return ProxyError(
+        503,
+        f"{what} is unavailable; retry shortly",
+        code="credit_store_unavailable",
+        headers={"Retry-After": str(retry_after_s)},
+    )
+
+
+class Identify:
+    """API key → user and tenant on the context; 401 without a valid key unless in open mode."""
+
+    name = "identify"
+
+    def __init__(
+        self,
+        keys: KeyStore | None,
+        *,
+        open_mode: bool = False,
+        key_cache_ttl_s: float = 30.0,
+        key_cache_size: int = 10_000,
+        retry_after_s: int = 5,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if keys is None and not open_mode:
+            raise ValueError("without a key store only open mode can identify anyone")
+        self.keys = keys
+        self.open_mode = open_mode
+        self.key_cache_ttl_s = key_cache_ttl_s
+        self.key_cache_size = key_cache_size
+        self.retry_after_s = retry_after_s
+        self.clock = clock
+        self._known: dict[str, tuple[ApiKey, float]] = {}
+
+    async def __call__(self, ctx: RequestContext, call_next: Next) -> Reply:
+        presented = presented_key(ctx.request.headers)
+        key = await self._lookup(presented) if presented and self.keys is not None else None
+        if key is not None:
+            ctx.user, ctx.tenant, ctx.api_key_id = key.user, key.tenant, key.key_id
+        elif not self.open_mode:
+            if presented is None:
+                raise ProxyError(
+                    401,
+                    "You didn't provide an API key. Send it as 'Authorization: Bearer <key>'.",
+                    code="missing_api_key",
+                )
+            raise ProxyError(401, "Incorrect API key provided.", code="invalid_api_key")
+        return await call_next(ctx)
+
+    async def _lookup(self, presented: str) -> ApiKey | None:
+        assert self.keys is not None
+        digest = key_hash(presented)
+        now = self.clock()
+        remembered = self._known.get(digest)
+        if remembered is not None and remembered[1] > now:
+            return remembered[0]
+        try:
+            key = await self.keys.lookup(presented)
+        except CreditStoreUnavailable as exc:
+            if remembered is not None:
+                return remembered[0]  # known a moment ago: ride out the outage
+            if self.open_mode:
+                log.warning("key store unavailable, serving as anonymous: %s", exc)
+                return None
+            raise _unavailable("the API key store", self.retry_after_s) from exc
+        if key is None:
+            self._known.pop(digest, None)
+            return None
+        if len(self._known) >= self.key_cache_size:
+            self._known.clear()
+        self._known[digest] = (key, now + self.key_cache_ttl_s)
+        return key
+
+
+class Credits:
+    """Reserve the worst case of an LLM request, settle its actual usage (see the module docstring)."""
+
+    name = "credits"
+
+    def __init__(
+        self,
+        store: CreditStore,
+        prices: PriceBook,
+        *,
+        reservation_ttl_s: float = 600.0,
+        fail_open: bool = False,
+        retry_after_s: int = 5,
+        settle_retry_window_s: float = 3600.0,
+    ) -> None:
+        self.store = store
+        self.prices = prices
+        self.reservation_ttl_s = reservation_ttl_s
+        self.fail_open = fail_open
+        self.retry_after_s = retry_after_s
+        self.settle_retry_window_s = settle_retry_window_s
+        self.unbilled_requests = 0
+        self._last_unbilled_log = float("-inf")
+        self._retries: set[asyncio.Task[None]] = set()
+
+    # -- what is priced (overridden for vector searches) --
+
+    def estimate(self, ctx: RequestContext) -> int:
+        """The reservation for this request, in micro-credits."""
+        assert ctx.body is not None
+        return self.prices.worst_case(ctx.body, raw_size=len(ctx.raw_body) or None)
+
+    def cost(self, ctx: RequestContext, usage: Usage | None, reserved: int) -> tuple[int, ChargeDetails]:
+        """What the finished request costs, and what the ledger records about it."""
+        model = ctx.body.get("model") if ctx.body else None
+        model = model if isinstance(model, str) else ""
+        tier = ctx.cache_tier
+        details = ChargeDetails(tenant=ctx.tenant, model=model, tier=tier or "upstream")
+        if usage is None:
+            amount = to_micro(Decimal(reserved) * self.prices.hit_multiplier(tier) / 1_000_000)
+            return amount, replace(details, usage_source="reserved")
+        details = replace(
+            details,
+            prompt_tokens=usage.prompt_tokens,
+            completion_tokens=usage.completion_tokens,
+            cached_tokens=usage.cached_tokens,
+        )
+        return self.prices.actual_cost(model, usage, tier), details
+
+    # -- the flow --
+
+    async def __call__(self, ctx: RequestContext, call_next: Next) -> Reply:
+        if ctx.body is None:
+            return await call_next(ctx)
+        estimate = self.estimate(ctx)
+        try:
+            reservation = await self._reserve(ctx, estimate)
+        except CreditStoreUnavailable as exc:
+            if not self.fail_open:
+                raise _unavailable("the credit store", self.retry_after_s) from exc
+            self._count_unbilled(exc)
+            return await call_next(ctx)
+        if isinstance(reservation, InsufficientCredit):
+            balance, needed = format_credits(reservation.available), format_credits(reservation.needed)
+            raise ProxyError(
+                402,
+                f"Insufficient credits: your balance is {balance} credits and this request may cost up to "
+                f"{needed} credits. Top up your balance or lower max_tokens.",
+                code="insufficient_quota",
+            )
+        client_wants_usage = client_asked_for_usage(ctx.body)
+        ctx.state[METERED] = True
+        try:
+            reply = await call_next(ctx)
+        except BaseException:
+            await self._release(reservation)
+            raise
+        if not 200 <= reply.status < 300:
+            await self._release(reservation)
+            ctx.response_headers[CHARGED] = "0"
+            return reply
+        if reply.chunks is not None:
+            meter = UsageChunkFilter(strip=not client_wants_usage)
+            reply.chunks = meter.filter(reply.chunks)
+            reply.on_finish(self._settle_stream(ctx, reservation, meter))
+            ctx.response_headers[RESERVED] = format_credits(reservation.amount)
+            ctx.response_headers[REMAINING] = format_credits(reservation.available_after)
+            return reply
+        settlement = await self._settle(ctx, reservation, usage_from_body(reply.body or b""))
+        if settlement is not None:
+            ctx.response_headers[CHARGED] = format_credits(settlement.charged)
+            ctx.response_headers[REMAINING] = format_credits(settlement.available)
+        return reply
+
+    async def _reserve(self, ctx: RequestContext, estimate: int) -> Reservation | InsufficientCredit:
+        try:
+            return await self.store.reserve(ctx.request_id, ctx.user, estimate, self.reservation_ttl_s)
+        except RequestClosed:
+            # A request id seen before (a client-chosen X-Request-ID): bill this request under a fresh one.
+            billing_id = f"{ctx.request_id}-{uuid.uuid4().hex[:8]}"
+            return await self.store.reserve(billing_id, ctx.user, estimate, self.reservation_ttl_s)
+
+    def _settle_stream(self, ctx: RequestContext, reservation: Reservation, meter: UsageChunkFilter) -> FinishCallback:
+        async def settle(reply: Reply, ok: bool, body: bytes) -> None:
+            if not ok:
+                await self._release(reservation)
+                return
+            await self._settle(ctx, reservation, meter.usage)
+
+        return settle
+
+    async def _settle(self, ctx: RequestContext, reservation: Reservation, usage: Usage | None) -> Settlement | None:
+        actual, details = self.cost(ctx, usage, reservation.amount)
+        try:
+            return await self.store.settle(reservation.request_id, reservation.user, actual, details)
+        except CreditStoreUnavailable as exc:
+            log.warning("settling %s failed, retrying in the background: %s", reservation.request_id, exc)
+            task = asyncio.create_task(self._settle_later(reservation, actual, details))
+            self._retries.add(task)
+            task.add_done_callback(self._retries.discard)
+            return None
+
+    async def _settle_later(self, reservation: Reservation, actual: int, details: ChargeDetails) -> None:
+        deadline = time.monotonic() + self.settle_retry_window_s
+        pause = 0.5
+        while True:
+            await asyncio.sleep(pause)
+            try:
+                await self.store.settle(reservation.request_id, reservation.user, actual, details)
+                return
+            except CreditStoreUnavailable as exc:
+                if time.monotonic() + pause > deadline:
+                    log.error(
+                        "could not settle %s for %s (%d µcr, %s): %s",
+                        reservation.request_id,
+                        reservation.user,
+                        actual,
+                        details,
+                        exc,
+                    )
+                    return
+            pause = min(pause * 2, 60.0)
+
+    async def _release(self, reservation: Reservation) -> None:
+        """Give the whole reservation back (shielded: it completes even if the request is being cancelled).
+
+        A failure is logged; the reaper returns the hold after its TTL.
+        """
+        try:
+            await asyncio.shield(self.store.release(reservation.request_id, reservation.user))
+        except CreditStoreUnavailable as exc:
+            log.warning("releasing %s failed (reaped after its TTL): %s", reservation.request_id, exc)
+
+    def _count_unbilled(self, exc: Exception) -> None:
+        self.unbilled_requests += 1
+        now = time.monotonic()
+        if now - self._last_unbilled_log >= 60.0:
+            self._last_unbilled_log = now
+            log.error(
+                "credit store unavailable, serving unbilled (fail_open; %d so far): %s",
+                self.unbilled_requests,
+                exc,
+            )
+
+    async def close(self) -> None:
+        """Wait for background settlements to finish (they are bounded by ``settle_retry_window_s``)."""
+        for task in list(self._retries):
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+
+class SearchCredits(Credits):
+    """Credits for vector searches: a fixed price per search (each search of a batch), discounted on a hit."""
+
+    name = "credits"
+
+    def _searches(self, ctx: RequestContext) -> int:
+        searches = ctx.body.get("searches") if ctx.body else None
+        return len(searches) if isinstance(searches, list) and searches else 1
+
+    def estimate(self, ctx: RequestContext) -> int:
+        return self.prices.search_cost(self._searches(ctx))
+
+    def cost(self, ctx: RequestContext, usage: Usage | None, reserved: int) -> tuple[int, ChargeDetails]:
+        tier = ctx.cache_tier
+        details = ChargeDetails(
+            tenant=ctx.tenant, model="vector-search", tier=tier or "upstream", usage_source="searches"
+        )
+        return self.prices.search_cost(self._searches(ctx), tier), details

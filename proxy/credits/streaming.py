@@ -1,0 +1,97 @@
+"""Usage of streamed replies: ask the upstream for it, read it on the way, hide it if the client did not ask.
+
+A streamed chat completion reports its token usage only when the request carries ``stream_options:
+{"include_usage": true}``. The forward stage calls :func:`ask_upstream_for_usage` just before it sends the
+body upstream; the credits stage wraps the reply's chunks in a :class:`UsageChunkFilter`, which reads the
+usage chunk as it passes and, when the client did not ask for it, leaves it out of what the client sees (a
+client that did not ask may not expect a chunk with empty ``choices``).
+
+The filter works on whole SSE events (separated by a blank line): bytes of a partial event are held until the
+event is complete, every other byte passes unchanged and without delay.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import AsyncIterator, Mapping
+from typing import Any
+
+import orjson
+
+from proxy.context import RequestContext
+from proxy.credits.usage import Usage, usage_from_json
+
+_EVENT_END = re.compile(rb"\r?\n\r?\n")
+
+
+def client_asked_for_usage(body: Mapping[str, Any] | None) -> bool:
+    """Whether the client's own request has ``stream_options.include_usage`` set."""
+    options = body.get("stream_options") if body else None
+    return isinstance(options, Mapping) and options.get("include_usage") is True
+
+
+METERED = "credits.metered"
+"""``ctx.state`` flag set by the credits stage: it reads (and, if not asked for, hides) the stream's usage."""
+
+
+def ask_upstream_for_usage(ctx: RequestContext) -> bool:
+    """Add ``stream_options.include_usage=true`` to a streamed request lacking it; ``True`` if it was added.
+
+    Call from the forward stage, unconditionally (after the cache stages have built their keys from the client's
+    own body). It acts only when the credits stage is in the pipeline (``ctx.state[METERED]``), because that stage
+    is what hides the extra chunk from a client that did not ask for it.
+    """
+    body = ctx.body
+    if not ctx.state.get(METERED) or body is None or body.get("stream") is not True or client_asked_for_usage(body):
+        return False
+    options = body.get("stream_options")
+    merged = {**options, "include_usage": True} if isinstance(options, Mapping) else {"include_usage": True}
+    ctx.replace_body({**body, "stream_options": merged})
+    return True
+
+
+class UsageChunkFilter:
+    """Pass SSE chunks through, remember the last usage seen, drop usage-only chunks when ``strip`` is set."""
+
+    def __init__(self, *, strip: bool) -> None:
+        self.strip = strip
+        self.usage: Usage | None = None
+
+    async def filter(self, chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+        pending = b""
+        async for chunk in chunks:
+            pending += chunk
+            cut = 0
+            out: list[bytes] = []
+            for end in _EVENT_END.finditer(pending):
+                event = pending[cut : end.end()]
+                cut = end.end()
+                if self._keep(event):
+                    out.append(event)
+            pending = pending[cut:]
+            if out:
+                yield b"".join(out)
+        if pending and self._keep(pending):
+            yield pending
+
+    def _keep(self, event: bytes) -> bool:
+        payload = _data_of(event)
+        if payload is None:
+            return True
+        usage = usage_from_json(payload)
+        if usage is None:
+            return True
+        self.usage = usage
+        usage_only = not payload.get("choices")
+        return not (self.strip and usage_only)
+
+
+def _data_of(event: bytes) -> dict[str, Any] | None:
+    data = b"".join(line[5:].strip() for line in event.splitlines() if line.startswith(b"data:"))
+    if not data.startswith(b"{"):
+        return None
+    try:
+        payload = orjson.loads(data)
+    except orjson.JSONDecodeError:
+        return None
+    return payload if isinstance(payload, dict) else None

@@ -1,0 +1,104 @@
+"""The Redis stores on a real three-node Redis Cluster: every script's keys share one slot (hash tags)."""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from collections.abc import AsyncIterator, Iterator
+
+import pytest
+
+from proxy.credits.redis_keys import RedisKeyStore
+from proxy.credits.redis_store import RedisCreditStore
+from proxy.credits.store import ChargeDetails, InsufficientCredit, LedgerFilter, Reservation, ledger_entries
+from tests.support.processes import RedisServer, free_port
+
+CREDIT = 1_000_000
+T0 = 1_800_000_000.0
+
+
+@pytest.fixture(scope="module")
+def cluster_url() -> Iterator[str]:
+    nodes = []
+    try:
+        for _ in range(3):
+            port = free_port()
+            # the cluster bus gets a free port of its own: the default, port + 10000, may be past 65535
+            bus = free_port()
+            nodes.append(
+                RedisServer.start(
+                    port,
+                    "--cluster-enabled",
+                    "yes",
+                    "--cluster-config-file",
+                    f"nodes-{port}.conf",
+                    "--cluster-port",
+                    str(bus),
+                )
+            )
+        subprocess.run(
+            [
+                "redis-cli",
+                "--cluster",
+                "create",
+                *(f"127.0.0.1:{n.port}" for n in nodes),
+                "--cluster-replicas",
+                "0",
+                "--cluster-yes",
+            ],
+            check=True,
+            capture_output=True,
+            timeout=30,
+        )
+        deadline = time.monotonic() + 20
+        while (
+            b"cluster_state:ok"
+            not in subprocess.run(
+                ["redis-cli", "-p", str(nodes[0].port), "cluster", "info"], capture_output=True, timeout=5
+            ).stdout
+        ):
+            assert time.monotonic() < deadline, "the test cluster did not come up"
+            time.sleep(0.1)
+        yield f"redis://127.0.0.1:{nodes[0].port}/0"
+    finally:
+        for node in nodes:
+            node.stop()
+
+
+@pytest.fixture
+async def cluster_store(cluster_url: str) -> AsyncIterator[RedisCreditStore]:
+    store = RedisCreditStore.from_url(cluster_url, cluster=True, prefix=f"t{time.monotonic_ns()}")
+    yield store
+    await store.close()
+
+
+async def test_credit_operations_for_users_spread_over_slots(cluster_store: RedisCreditStore) -> None:
+    users = [f"user-{i}" for i in range(12)] + ["{odd}", "a:b c"]
+    for user in users:
+        await cluster_store.top_up(user, 2 * CREDIT, tenant="acme")
+        held = await cluster_store.reserve("r1", user, CREDIT, 10, now=T0)
+        assert isinstance(held, Reservation)
+        assert isinstance(await cluster_store.reserve("r2", user, 2 * CREDIT, 10, now=T0), InsufficientCredit)
+        await cluster_store.reserve("r3", user, CREDIT // 2, 10, now=T0)
+        done = await cluster_store.settle("r1", user, CREDIT // 4, ChargeDetails(model="m"), now=T0 + 1)
+        assert (done.outcome, done.charged) == ("settled", CREDIT // 4)
+        assert not await cluster_store.release("r1", user)
+    assert await cluster_store.reap_expired(now=T0 + 11) == len(users)
+    for user in users:
+        account = await cluster_store.balance(user)
+        assert (account.available, account.held) == (2 * CREDIT - CREDIT // 4, 0)
+    entries = [e async for e in ledger_entries(cluster_store, LedgerFilter(), page_size=5)]
+    assert len(entries) == 2 * len(users)
+    assert sum(e.amount for e in entries) == len(users) * (2 * CREDIT - CREDIT // 4)
+
+
+async def test_api_keys(cluster_url: str) -> None:
+    keys = RedisKeyStore.from_url(cluster_url, cluster=True, prefix=f"t{time.monotonic_ns()}")
+    try:
+        created = await keys.create("ann", "acme")
+        assert (await keys.lookup(created.plaintext)) == created.record
+        assert await keys.revoke(created.record.key_id)
+        assert await keys.lookup(created.plaintext) is None
+        assert [k.key_id for k in await keys.list(include_revoked=True)] == [created.record.key_id]
+    finally:
+        await keys.close()

@@ -1,0 +1,91 @@
+"""Credits stages run directly in a Pipeline: vector searches, replies without usage, reused request ids."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+from aiohttp.test_utils import make_mocked_request
+from multidict import CIMultiDict
+
+from proxy.context import Reply, RequestContext
+from proxy.credits.pricing import ModelPrice, PriceBook
+from proxy.credits.sqlite_store import SqliteCreditStore
+from proxy.credits.stages import Credits, SearchCredits
+from proxy.credits.store import ChargeDetails, CreditStore, LedgerFilter, ledger_entries
+from proxy.pipeline import Pipeline
+
+CREDIT = 1_000_000
+PRICES = PriceBook(
+    models={"m": ModelPrice(Decimal("1"), Decimal("1"))},
+    search_price=Decimal("0.01"),
+    hit_multipliers={"retrieval": Decimal("0.1")},
+)
+
+
+@pytest.fixture
+async def store(tmp_path: Path) -> AsyncIterator[CreditStore]:
+    store = SqliteCreditStore(tmp_path / "credits.sqlite3")
+    await store.top_up("ann", 10 * CREDIT)
+    yield store
+    await store.close()
+
+
+def context(body: dict[str, Any], request_id: str = "req-1") -> RequestContext:
+    raw = orjson.dumps(body)
+    request = make_mocked_request("POST", "/collections/docs/points/search")
+    return RequestContext(
+        request=request,
+        route="search",
+        request_id=request_id,
+        raw_body=raw,
+        body=body,
+        user="ann",
+        tenant="acme",
+    )
+
+
+def answering(body: dict[str, Any], tier: str | None = None):  # type: ignore[no-untyped-def]
+    async def terminal(ctx: RequestContext) -> Reply:
+        ctx.cache_tier = tier
+        return Reply(200, CIMultiDict({"Content-Type": "application/json"}), body=orjson.dumps(body))
+
+    return terminal
+
+
+async def costs(store: CreditStore) -> list[int]:
+    return [e.cost async for e in ledger_entries(store, LedgerFilter(kind="charge"))]
+
+
+async def test_vector_searches_cost_per_search_and_less_on_a_retrieval_hit(store: CreditStore) -> None:
+    stage = SearchCredits(store, PRICES)
+    batch = {"searches": [{"vector": [0.1]}, {"vector": [0.2]}, {"vector": [0.3]}]}
+    ctx = context(batch, "s1")
+    await Pipeline([stage], answering({"result": []}))(ctx)
+    assert ctx.response_headers["X-Credits-Charged"] == "0.03"
+    await Pipeline([stage], answering({"result": []}, tier="retrieval"))(context({"vector": [0.1]}, "s2"))
+    assert await costs(store) == [30_000, 1_000]
+
+
+async def test_a_reply_without_usage_is_charged_its_reservation(store: CreditStore) -> None:
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 100}
+    ctx = context(body)
+    await Pipeline([Credits(store, PRICES)], answering({"choices": []}))(ctx)
+    reserved = PRICES.worst_case(body, raw_size=len(ctx.raw_body))
+    [entry] = [e async for e in ledger_entries(store, LedgerFilter(kind="charge"))]
+    assert (entry.cost, entry.usage_source) == (reserved, "reserved")
+
+
+async def test_a_reused_request_id_is_billed_under_a_fresh_one(store: CreditStore) -> None:
+    await store.reserve("dup", "ann", 1, 60)
+    await store.settle("dup", "ann", 1, ChargeDetails())
+    body = {"model": "m", "messages": [], "max_tokens": 1}
+    usage = {"usage": {"prompt_tokens": 1000, "completion_tokens": 0}}
+    await Pipeline([Credits(store, PRICES)], answering(usage))(context(body, "dup"))
+    entries = [e async for e in ledger_entries(store, LedgerFilter(kind="charge"))]
+    assert [e.cost for e in entries] == [1, CREDIT]
+    assert entries[1].request_id.startswith("dup-")

@@ -1,0 +1,157 @@
+"""API keys, tenant isolation and credits through the real data plane and the official SDK."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+from proxy.credits.pricing import MICRO
+from proxy.credits.store import ledger_entries
+from tests.fakes.llm_server import FakeLLM
+from tests.support.proxy_server import ProxyServer, proxy_settings
+
+CHAT = "/v1/chat/completions"
+
+
+def _body(question: str = "Which tier answered?", **extra: Any) -> dict[str, Any]:
+    return {"model": "fake-model", "messages": [{"role": "user", "content": question}], "max_tokens": 50, **extra}
+
+
+@pytest.fixture
+def billed(fake_llm_thread: FakeLLM, tmp_path: Path) -> Iterator[ProxyServer]:
+    settings = proxy_settings(fake_llm_thread.url, **{
+        "auth.mode": "keys", "credits.enabled": True, "data_dir": str(tmp_path),
+        "credits.sqlite_synchronous": "NORMAL",
+        "credits.models": {"fake-model": {"prompt_per_1k": 1, "completion_per_1k": 2, "context_tokens": 4096}},
+    })
+    with ProxyServer(settings) as server:
+        yield server
+
+
+def _key(server: ProxyServer, user: str, tenant: str, credits: float = 0) -> str:
+    created = server.call(server.runtime.credits.keys.create(user, tenant))  # type: ignore[union-attr]
+    if credits:
+        server.call(server.runtime.credits.store.top_up(user, int(credits * MICRO), tenant=tenant))  # type: ignore[union-attr]
+    return str(created.plaintext)
+
+
+def _post(server: ProxyServer, key: str | None, body: dict[str, Any]) -> httpx.Response:
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    return httpx.post(server.url + CHAT, json=body, headers=headers, timeout=30)
+
+
+def test_keys_required(billed: ProxyServer) -> None:
+    for key in (None, "rpk_not-a-real-key"):
+        response = _post(billed, key, _body())
+        assert response.status_code == 401
+        assert response.json()["error"]["type"] == "authentication_error"
+    client = openai.OpenAI(base_url=billed.url + "/v1", api_key="wrong", max_retries=0)
+    with pytest.raises(openai.AuthenticationError):
+        client.chat.completions.create(**_body())
+
+
+def test_no_cross_tenant_hits(fake_llm_thread: FakeLLM, billed: ProxyServer) -> None:
+    alice = _key(billed, "alice", "acme", credits=10)
+    bob = _key(billed, "bob", "globex", credits=10)
+    carol = _key(billed, "carol", "acme", credits=10)
+    assert _post(billed, alice, _body()).headers["X-Cache-Status"] == "MISS"
+    assert _post(billed, bob, _body()).headers["X-Cache-Status"] == "MISS", "another tenant never hits"
+    assert _post(billed, carol, _body()).headers["X-Cache-Status"] == "HIT", "same tenant shares"
+    assert fake_llm_thread.log.count(CHAT) == 2
+
+
+async def test_no_cross_tenant_coalescing(fake_llm_thread: FakeLLM, billed: ProxyServer) -> None:
+    fake_llm_thread.latency_s = 0.4
+    keys = [_key(billed, f"user{i}", f"tenant{i % 2}", credits=10) for i in range(2)]
+    async with httpx.AsyncClient(timeout=30) as client:
+        responses = await asyncio.gather(*(
+            client.post(billed.url + CHAT, json=_body("concurrent"), headers={"Authorization": f"Bearer {k}"})
+            for k in keys * 10
+        ))
+    assert all(r.status_code == 200 for r in responses)
+    assert fake_llm_thread.log.count(CHAT) == 2, "one upstream call per tenant, never one shared across tenants"
+
+
+def test_charges_hits_at_a_discount(billed: ProxyServer) -> None:
+    key = _key(billed, "dave", "acme", credits=5)
+    store = billed.runtime.credits.store
+    assert store is not None
+    miss = _post(billed, key, _body())
+    hit = _post(billed, key, _body())
+    charged_miss = float(miss.headers["X-Credits-Charged"])
+    charged_hit = float(hit.headers["X-Credits-Charged"])
+    assert charged_miss > 0
+    assert charged_hit == pytest.approx(charged_miss * 0.1, rel=0.05)
+    account = billed.call(store.balance("dave"))
+    assert account.available == pytest.approx(5 * MICRO - (charged_miss + charged_hit) * MICRO, abs=2)
+    assert float(hit.headers["X-Credits-Remaining"]) == pytest.approx(account.available / MICRO, abs=1e-5)
+
+
+def test_insufficient_credit_is_402_in_openai_shape(fake_llm_thread: FakeLLM, billed: ProxyServer) -> None:
+    key = _key(billed, "erin", "acme", credits=0.00001)
+    response = _post(billed, key, _body())
+    assert response.status_code == 402
+    message = response.json()["error"]["message"]
+    assert "balance" in message.lower()
+    client = openai.OpenAI(base_url=billed.url + "/v1", api_key=key, max_retries=0)
+    with pytest.raises(openai.APIStatusError) as raised:
+        client.chat.completions.create(**_body())
+    assert raised.value.status_code == 402
+    assert fake_llm_thread.log.count(CHAT) == 0
+
+
+def test_upstream_error_refunds_everything(fake_llm_thread: FakeLLM, billed: ProxyServer) -> None:
+    key = _key(billed, "frank", "acme", credits=1)
+    store = billed.runtime.credits.store
+    assert store is not None
+    fake_llm_thread.faults.fail_next(500)
+    assert _post(billed, key, _body("fails")).status_code == 500
+    account = billed.call(store.balance("frank"))
+    assert account.available == MICRO and account.held == 0
+
+
+def test_streaming_settles_from_usage_the_client_did_not_ask_for(fake_llm_thread: FakeLLM,
+                                                                 billed: ProxyServer) -> None:
+    key = _key(billed, "gina", "acme", credits=1)
+    client = openai.OpenAI(base_url=billed.url + "/v1", api_key=key, max_retries=0)
+    chunks = list(client.chat.completions.create(stream=True, **_body("stream and bill")))
+    assert all(chunk.usage is None for chunk in chunks), "the usage chunk the proxy asked for is stripped"
+    assert fake_llm_thread.log.last.json()["stream_options"] == {"include_usage": True}
+    store = billed.runtime.credits.store
+    assert store is not None
+
+    async def entries() -> list[Any]:
+        return [e async for e in ledger_entries(store) if e.user == "gina" and e.kind == "charge"]
+
+    charged = billed.call(entries())
+    assert len(charged) == 1 and charged[0].completion_tokens > 0 and charged[0].usage_source != "reserved"
+
+
+async def test_concurrent_requests_never_overspend(fake_llm_thread: FakeLLM, billed: ProxyServer) -> None:
+    key = _key(billed, "hank", "acme", credits=0)
+    store = billed.runtime.credits.store
+    assert store is not None
+    estimate = billed.runtime.credits.prices.worst_case(_body("q 0"))
+    billed.call(store.top_up("hank", estimate * 20, tenant="acme"))
+    before = billed.call(store.balance("hank")).balance
+    async with httpx.AsyncClient(timeout=60) as client:
+        responses = await asyncio.gather(*(
+            client.post(billed.url + CHAT, json=_body(f"q {i}"), headers={"Authorization": f"Bearer {key}"})
+            for i in range(60)
+        ))
+    statuses = [r.status_code for r in responses]
+    assert set(statuses) <= {200, 402}
+    assert statuses.count(200) >= 10, "the balance covers at least twenty worst cases"
+    after = billed.call(store.balance("hank"))
+    assert after.available >= 0 and after.held == 0
+
+    async def spent() -> int:
+        return sum(e.cost for e in [e async for e in ledger_entries(store)] if e.user == "hank" and e.kind == "charge")
+
+    assert billed.call(spent()) == before - after.balance
