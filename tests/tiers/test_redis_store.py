@@ -1,0 +1,155 @@
+"""RedisStore beyond the shared contract: key layout, lazy tag cleaning, tag-set expiry, and a real 3-master
+Redis Cluster (the conformance suite runs against standalone Redis)."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import socket
+import subprocess
+import time
+from collections.abc import AsyncIterator, Iterator
+
+import pytest
+import redis
+import redis.asyncio as aioredis
+from redis.crc import key_slot
+
+from tests.support.processes import RedisServer, free_port
+from tiers.redis_store import RedisStore
+
+
+@pytest.fixture
+async def store(redis_url: str) -> AsyncIterator[RedisStore]:
+    made = RedisStore(redis_url, prefix="test")
+    yield made
+    await made.close()
+
+
+async def test_value_and_tag_list_share_a_cluster_slot(store: RedisStore) -> None:
+    for key in ("", "plain", "{x}", "a}b", "ключ"):
+        value_key, tags_key = store._value_key(key), store._tags_key(key)
+        assert key_slot(value_key.encode()) == key_slot(tags_key.encode())
+    await store.put("plain", b"v", tags=["t"])
+    names = sorted(str(n, "utf-8") if isinstance(n, bytes) else n for n in await store.client.keys("test:*"))
+    assert names == ["test:k:{h:plain}", "test:t:t", "test:v:{h:plain}"]
+
+
+async def test_stale_tag_members_are_cleaned_lazily(store: RedisStore) -> None:
+    await store.put("a", b"1", tags=["t"], ttl=0.05)
+    await store.put("b", b"2", tags=["t"])
+    await store.put("c", b"3", tags=["t"])
+    await store.put("c", b"3", tags=["other"])  # overwritten without the tag
+    await asyncio.sleep(0.1)
+    assert await store.keys_with_tag("t") == ["b"]
+    members = await store.client.smembers("test:t:t")
+    assert members == {b"b"}
+
+
+async def test_tag_set_expires_with_its_longest_lived_member(store: RedisStore) -> None:
+    await store.put("a", b"1", tags=["t"], ttl=10)
+    await store.put("b", b"2", tags=["t"], ttl=100)
+    assert 10_000 < await store.client.pttl("test:t:t") <= 100_000
+    await store.put("c", b"3", tags=["t"], ttl=5)
+    assert await store.client.pttl("test:t:t") > 10_000
+    await store.put("d", b"4", tags=["t"])
+    assert await store.client.pttl("test:t:t") == -1
+    assert await store.client.pttl("test:k:{h:a}") > 0
+
+
+async def test_prefixes_isolate_stores(redis_url: str) -> None:
+    first, second = RedisStore(redis_url, prefix="one"), RedisStore(redis_url, prefix="two")
+    try:
+        await first.put("k", b"1", tags=["t"])
+        assert await second.get("k") is None
+        assert await second.clear() == 0
+        assert await first.get("k") == b"1"
+    finally:
+        await first.close()
+        await second.close()
+
+
+async def test_accepts_an_existing_client(redis_url: str) -> None:
+    client = aioredis.Redis.from_url(redis_url)
+    store = RedisStore(client, prefix="shared")
+    await store.put("k", b"v")
+    assert await store.get("k") == b"v"
+    await store.close()  # not ours: still usable
+    assert await client.get("shared:v:{h:k}") == b"v"
+    await client.aclose()
+
+
+# -- Redis Cluster ------------------------------------------------------------------------------------------
+
+
+def _cluster_port() -> int:
+    """A free port whose cluster bus port (port + 10000) is valid and free too."""
+    while True:
+        port = free_port()
+        if port + 10000 > 65535:
+            continue
+        with socket.socket() as probe:
+            try:
+                probe.bind(("127.0.0.1", port + 10000))
+            except OSError:
+                continue
+        return port
+
+
+@pytest.fixture(scope="module")
+def cluster_url() -> Iterator[str]:
+    """A 3-master Redis Cluster on free loopback ports (no replicas)."""
+    if shutil.which("redis-cli") is None:
+        pytest.skip("redis-cli is not installed")
+    servers = [
+        RedisServer.start(_cluster_port(), "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf")
+        for _ in range(3)
+    ]
+    try:
+        subprocess.run(
+            [
+                "redis-cli",
+                "--cluster",
+                "create",
+                *(f"127.0.0.1:{s.port}" for s in servers),
+                "--cluster-replicas",
+                "0",
+                "--cluster-yes",
+            ],
+            check=True,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            timeout=30,
+        )
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            infos = [redis.Redis(port=s.port).cluster("info") for s in servers]
+            if all(info.get("cluster_state") == "ok" for info in infos):
+                break
+            time.sleep(0.1)
+        else:
+            raise TimeoutError("cluster did not reach state ok")
+        yield f"redis+cluster://127.0.0.1:{servers[0].port}/0"
+    finally:
+        for server in servers:
+            server.stop()
+
+
+async def test_works_on_redis_cluster(cluster_url: str) -> None:
+    store = RedisStore(cluster_url, prefix="clustered")
+    try:
+        keys = [f"key-{i}" for i in range(60)]
+        await asyncio.gather(*(store.put(k, k.encode(), tags=["all", f"mod:{i % 3}"]) for i, k in enumerate(keys)))
+        assert await store.get("key-7") == b"key-7"
+        assert sorted(await store.keys_with_tag("all")) == sorted(keys)
+        assert (await store.stats()).entries == 60
+        assert await store.delete_tag("mod:0") == 20
+        assert len(await store.keys_with_tag("all")) == 40
+        assert await store.delete("key-1") is True
+        await store.put("short", b"s", ttl=0.05, tags=["all"])
+        await asyncio.sleep(0.1)
+        assert await store.get("short") is None
+        assert await store.clear() == 39
+        assert (await store.stats()).entries == 0
+    finally:
+        await store.close()
