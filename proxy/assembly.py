@@ -98,7 +98,7 @@ def _embedding_caching(rt: Runtime) -> list[Stage]:
 
 
 def _caching(rt: Runtime, kind: RequestKind) -> list[Stage]:
-    """cache_control → canonicalize → store (on the way back) → L1 → coalesce, when caching is on."""
+    """cache_control → canonicalize → store (on the way back) → L1 → L3 → coalesce, when caching is on."""
     cache = rt.settings.cache
     if not cache.enabled:
         return []
@@ -106,9 +106,11 @@ def _caching(rt: Runtime, kind: RequestKind) -> list[Stage]:
     stages: list[Stage] = [
         ApplyCacheControl(defaults),
         Canonicalize(kind, bypass, rt.versions, frozenset(cache.shared_namespaces)),
-        StoreResponse(rt.l1, kind=kind, expose_key=cache.expose_key),
+        StoreResponse(rt.l1, kind=kind, expose_key=cache.expose_key, write_behind=rt.write_behind),
     ]
     if cache.l1.enabled:
         stages.append(ExactLookup(rt.l1))
+    if rt.l3 is not None:
+        stages.append(ExactLookup(rt.l3, promote_into=[rt.l1]))
     stages.append(Coalesce(kind=kind, wait_s=cache.coalesce_wait_s))
     return stages

@@ -96,16 +96,25 @@ class Server(_Section):
 
 
 class L1Settings(_Section):
-    enabled: bool = True
+    enabled: bool = Field(default=True, description="In-process exact cache")
     max_bytes: int = Field(default=256 * 1024 * 1024, ge=0, description="Bytes of cached responses in memory")
-    max_entries: int = Field(default=200_000, ge=1)
-    ttl_s: float = Field(default=3600.0, gt=0, description="Default entry lifetime")
+    max_entries: int = Field(default=200_000, ge=1, description="Entries in memory")
+    ttl_s: float = Field(default=3600.0, gt=0, description="Default entry lifetime (every tier)")
     policy: str = Field(default="lru", description="Eviction policy name (see tiers.policies)")
 
 
+class L3Settings(_Section):
+    enabled: bool = Field(default=True, description="Persistent lz4-compressed cold tier under data_dir/cold")
+    max_bytes: int = Field(default=8 * 1024**3, ge=1024 * 1024, description="Disk bytes the cold tier may use")
+    policy: str = Field(default="lru", description="Eviction policy of the cold tier")
+    write_queue: int = Field(default=1024, ge=1, description="Pending cold writes; beyond it writes are dropped")
+    warmup_entries: int = Field(default=0, ge=0, description="Hottest cold entries copied into L1 at start")
+
+
 class CacheSettings(_Section):
-    enabled: bool = True
+    enabled: bool = Field(default=True, description="Master switch of every response tier")
     l1: L1Settings = Field(default_factory=L1Settings)
+    l3: L3Settings = Field(default_factory=L3Settings)
     cache_sampled: bool = Field(
         default=True, description="Cache answers to requests with temperature > 0 (see normalizer docs)"
     )

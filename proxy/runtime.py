@@ -15,6 +15,9 @@ from proxy.metrics import Metrics
 from proxy.stats import RequestStats
 from proxy.upstream.backends import BackendPool
 from proxy.upstream.client import UpstreamClient
+from tiers.cold import ColdStore
+from tiers.demotion import Demoter
+from tiers.entry import CachedResponse
 from tiers.memory import MemoryStore
 from tiers.policies import make_policy
 from tiers.response_tier import ResponseTier
@@ -31,6 +34,8 @@ class Runtime:
     client: UpstreamClient = field(init=False)
     backends: BackendPool = field(init=False)
     l1: ResponseTier = field(init=False)
+    l3: ResponseTier | None = field(init=False)
+    demoter: Demoter | None = field(init=False)
     versions: KnowledgeVersions = field(init=False)
     metrics: Metrics = field(init=False)
     tracer: Tracer | None = field(init=False)
@@ -50,6 +55,13 @@ class Runtime:
                                     breaker_open_s=upstreams.breaker_open_s)
         l1 = self.settings.cache.l1
         self.l1 = ResponseTier("l1", MemoryStore(make_policy(l1.policy, l1.max_bytes), max_entries=l1.max_entries))
+        self.l3, self.demoter = None, None
+        l3 = self.settings.cache.l3
+        if self.settings.cache.enabled and l3.enabled:
+            cold = ColdStore(self.settings.data_dir / "cold", max_bytes=l3.max_bytes,
+                             policy=make_policy(l3.policy, l3.max_bytes))
+            self.l3 = ResponseTier("l3", cold, op_timeout=2.0)
+            self.demoter = Demoter(cold, max_queue=l3.write_queue)
         self.versions = KnowledgeVersions()
         self.metrics = Metrics()
         self.credits = build_credits(self.settings)
@@ -59,6 +71,14 @@ class Runtime:
             from proxy.tracing import make_tracer
 
             self.tracer = make_tracer(telemetry.otlp_endpoint, telemetry.service_name)
+
+    async def _warm_up(self, count: int) -> None:
+        """Copy the cold tier's hottest entries into L1, so a restarted proxy starts warm."""
+        assert self.l3 is not None and isinstance(self.l3.store, ColdStore)
+        for cold in await self.l3.store.hottest(count):
+            store = self.l1.store
+            assert isinstance(store, MemoryStore)
+            store.put_nowait(cold.key, cold.value, ttl=cold.ttl, tags=cold.tags, cost=cold.cost)
 
     def observe(self, ctx: RequestContext, status: int, seconds: float) -> None:
         """Account for one answered request: metrics, the request span, the access log line."""
@@ -87,12 +107,25 @@ class Runtime:
                 "request_id": ctx.request_id, "tenant": ctx.tenant, "route": ctx.route, "tier": ctx.cache_tier,
                 "status": status, "latency_ms": round(seconds * 1000, 3)})
 
+    def write_behind(self, key: str, entry: CachedResponse, ttl: float | None, tags: list[str]) -> None:
+        """Queue a copy of a new L1 entry for the cold tier (never blocks; dropped and counted when full)."""
+        if self.demoter is not None:
+            self.demoter.offer(key, entry.encode(), frozenset(tags), entry.cost, ttl)
+
     async def start(self) -> None:
+        if self.demoter is not None:
+            self.demoter.start()
+        if self.l3 is not None and self.settings.cache.l3.warmup_entries:
+            await self._warm_up(self.settings.cache.l3.warmup_entries)
         self.backends.start(self.client.session, self.settings.upstreams.health_interval_s)
         if self.credits.reaper is not None:
             self.credits.reaper.start()
 
     async def stop(self) -> None:
         await self.backends.stop()
+        if self.demoter is not None:
+            await self.demoter.stop()
+        if self.l3 is not None:
+            await self.l3.store.close()
         await self.credits.close()
         await self.client.close()

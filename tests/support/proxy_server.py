@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 from pathlib import Path
 from types import TracebackType
@@ -25,7 +26,8 @@ def proxy_settings(llm_url: str | list[str] | None = None, qdrant_url: str | Non
                    **overrides: Any) -> Settings:
     """Settings for a test proxy: free ports, the given upstreams, dotted-key overrides."""
     values: dict[str, Any] = {"server.port": free_port(), "admin.port": free_port(), "logging.format": "text",
-                              "upstreams.health_interval_s": 0.5}
+                              "upstreams.health_interval_s": 0.5,
+                              "data_dir": tempfile.mkdtemp(prefix="ragproxy-test-")}
     if llm_url is not None:
         urls = [llm_url] if isinstance(llm_url, str) else llm_url
         values["upstreams.llm"] = [{"url": url} for url in urls]
@@ -36,11 +38,14 @@ def proxy_settings(llm_url: str | list[str] | None = None, qdrant_url: str | Non
 
 
 class ProxyServer:
-    """The data-plane app on a loopback port, served from its own thread and event loop."""
+    """The data-plane app on a loopback port, served from its own thread and event loop; with ``admin=True``
+    the admin app too, on ``settings.admin.port`` (``admin_url``)."""
 
-    def __init__(self, settings: Settings, runtime: Runtime | None = None) -> None:
+    def __init__(self, settings: Settings, runtime: Runtime | None = None, *, admin: bool = False) -> None:
         self.settings = settings
         self._runtime = runtime
+        self._admin = admin
+        self._admin_runner: web.AppRunner | None = None
         self._loop = asyncio.new_event_loop()
         self._runner: web.AppRunner | None = None
         self._thread: threading.Thread | None = None
@@ -49,6 +54,10 @@ class ProxyServer:
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.settings.server.port}"
+
+    @property
+    def admin_url(self) -> str:
+        return f"http://127.0.0.1:{self.settings.admin.port}"
 
     @property
     def runtime(self) -> Runtime:
@@ -64,6 +73,13 @@ class ProxyServer:
         self._runner = web.AppRunner(self.app, access_log=None, handler_cancellation=True, shutdown_timeout=2.0)
         await self._runner.setup()
         await web.TCPSite(self._runner, "127.0.0.1", self.settings.server.port).start()
+        if self._admin:
+            from admin.app import create_admin_app
+
+            self._admin_runner = web.AppRunner(create_admin_app(self.app[RUNTIME]), access_log=None,
+                                               shutdown_timeout=2.0)
+            await self._admin_runner.setup()
+            await web.TCPSite(self._admin_runner, "127.0.0.1", self.settings.admin.port).start()
 
     def __enter__(self) -> Self:
         self._thread = threading.Thread(target=self._loop.run_forever, name="proxy-under-test", daemon=True)
@@ -73,6 +89,8 @@ class ProxyServer:
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
+        if self._admin_runner is not None:
+            self.call(self._admin_runner.cleanup())
         if self._runner is not None:
             self.call(self._runner.cleanup())
         self._loop.call_soon_threadsafe(self._loop.stop)
@@ -89,6 +107,7 @@ class ProxyProcess:
         self.env = {**os.environ, **settings_env, "RAGPROXY_SERVER__PORT": str(self.port),
                     "RAGPROXY_LOGGING__FORMAT": "text"}
         self.env.setdefault("RAGPROXY_ADMIN__PORT", str(free_port()))
+        self.env.setdefault("RAGPROXY_DATA_DIR", tempfile.mkdtemp(prefix="ragproxy-test-"))
         self.cwd = cwd
         self.process: subprocess.Popen[bytes] | None = None
 
