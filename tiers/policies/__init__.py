@@ -1,6 +1,4 @@
-"""Admission/eviction policies behind ``tiers.policies.base.EvictionPolicy``; ``make_policy`` builds one by
-name.
-
+"""Admission/eviction policies behind ``tiers.policies.base.EvictionPolicy``; ``make_policy`` builds them.
 
 Names: ``lru``, ``fifo``, ``s3fifo``, ``gdsf``, ``landlord``, ``bpcache`` (the default). Options go to the
 policy's constructor: ``small_ratio`` (s3fifo, bpcache), ``promote_hits`` (s3fifo), ``unread_credit`` and
