@@ -100,13 +100,13 @@ class L1Settings(_Section):
     max_bytes: int = Field(default=256 * 1024 * 1024, ge=0, description="Bytes of cached responses in memory")
     max_entries: int = Field(default=200_000, ge=1, description="Entries in memory")
     ttl_s: float = Field(default=3600.0, gt=0, description="Default entry lifetime (every tier)")
-    policy: str = Field(default="lru", description="Eviction policy name (see tiers.policies)")
+    policy: str = Field(default="bpcache", description="Eviction policy: lru, fifo, s3fifo, gdsf, landlord, bpcache")
 
 
 class L3Settings(_Section):
     enabled: bool = Field(default=True, description="Persistent lz4-compressed cold tier under data_dir/cold")
     max_bytes: int = Field(default=8 * 1024**3, ge=1024 * 1024, description="Disk bytes the cold tier may use")
-    policy: str = Field(default="lru", description="Eviction policy of the cold tier")
+    policy: str = Field(default="bpcache", description="Eviction policy of the cold tier")
     write_queue: int = Field(default=1024, ge=1, description="Pending cold writes; beyond it writes are dropped")
     warmup_entries: int = Field(default=0, ge=0, description="Hottest cold entries copied into L1 at start")
 
@@ -124,6 +124,9 @@ class CacheSettings(_Section):
     shared_namespaces: list[str] = Field(default_factory=list, description="Namespaces shared by all tenants")
     coalesce_wait_s: float = Field(default=30.0, gt=0, description="Longest a duplicate miss waits for the leader")
     expose_key: bool = Field(default=False, description="Send X-Cache-Key on responses (a probing oracle)")
+    trace_file: Path | None = Field(
+        default=None, description="Append key/size/cost/time of every cached or stored answer (for ragproxy simulate)"
+    )
 
 
 class AuthSettings(_Section):

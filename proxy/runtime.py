@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from opentelemetry.trace import Tracer
 
@@ -22,6 +23,9 @@ from tiers.memory import MemoryStore
 from tiers.policies import make_policy
 from tiers.response_tier import ResponseTier
 from tiers.versions import KnowledgeVersions
+
+if TYPE_CHECKING:
+    from loadtest.traces import TraceRecorder
 
 access_log = logging.getLogger("ragproxy.access")
 
@@ -64,6 +68,11 @@ class Runtime:
             self.demoter = Demoter(cold, max_queue=l3.write_queue)
         self.versions = KnowledgeVersions()
         self.metrics = Metrics()
+        self.trace: TraceRecorder | None = None
+        if self.settings.cache.trace_file is not None:
+            from loadtest.traces import TraceRecorder
+
+            self.trace = TraceRecorder(self.settings.cache.trace_file)
         self.credits = build_credits(self.settings)
         telemetry = self.settings.telemetry
         self.tracer = None
@@ -87,6 +96,9 @@ class Runtime:
         self.metrics.request_seconds.labels(ctx.route, cache_status).observe(seconds)
         if ctx.cache_tier:
             self.metrics.tier_lookups.labels(ctx.cache_tier, "hit").inc()
+            self.metrics.cost_saved.labels(ctx.cache_tier).inc(float(ctx.state.get("entry_cost", 0.0)))
+        if self.trace is not None and "entry_size" in ctx.state:
+            self.trace.record(ctx.state["key"], ctx.state["entry_size"], ctx.state["entry_cost"], time.time())
         state = ctx.state
         question = state.get("question")
         saved = self.stats.record(
@@ -129,3 +141,5 @@ class Runtime:
             await self.l3.store.close()
         await self.credits.close()
         await self.client.close()
+        if self.trace is not None:
+            self.trace.close()

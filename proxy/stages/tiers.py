@@ -53,6 +53,7 @@ def hit_reply(ctx: RequestContext, entry: CachedResponse, *, status: str, tier: 
               extra: dict[str, str] | None = None) -> Reply:
     """A reply built from a cached entry, in the form the client asked for."""
     ctx.cache_status, ctx.cache_tier = status, tier
+    ctx.state["entry_size"], ctx.state["entry_cost"] = len(entry.body), entry.cost
     headers: CIMultiDict[str] = CIMultiDict()
     headers["X-Cache-Status"] = status
     headers["X-Cache-Tier"] = tier
@@ -138,6 +139,7 @@ class StoreResponse:
             tags = entry_tags(ctx, entry.model)
             stored = await self.l1.put(key, entry, ttl=policy.ttl, tags=tags)
             ctx.state["stored"] = stored
+            ctx.state["entry_size"], ctx.state["entry_cost"] = len(entry.body), entry.cost
             if self.write_behind is not None:
                 self.write_behind(key, entry, policy.ttl, tags)
 

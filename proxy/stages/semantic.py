@@ -1,0 +1,97 @@
+"""L2 lookup: answer a differently worded but equivalent question from the semantic tier.
+
+Only chat requests whose final message is a user question take part. Everything but that question must match
+exactly (the :class:`~normalizer.signature.ContextSignature` digest, computed under the same knowledge version
+as the exact key); the question is compared by embedding under the namespace's threshold, with guards vetoing
+false friends. A match points at an entry key; the response bytes come from L1, or from L3 when L1 has let it go.
+The hit is promoted into L1 under the new request's own key. On a miss, the question is recorded against the
+new entry's key once the upstream answer has been stored.
+
+``X-Cache-Similarity`` is sent only when ``cache.semantic.expose_similarity`` is on (it tells a tenant how close
+its question came to someone else's).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+
+from normalizer.canonical import KeyScope
+from normalizer.canonical_json import CanonicalizationError
+from normalizer.signature import context_signature, final_question
+from proxy.context import Reply, RequestContext
+from proxy.pipeline import Next
+from proxy.stages.tiers import entry_tags, hit_reply
+from tiers.response_tier import ResponseTier
+from tiers.semantic import SemanticScope, SemanticTier
+
+log = logging.getLogger("ragproxy.semantic")
+
+
+class SemanticLookup:
+    """Serve semantic hits; teach the index on misses."""
+
+    name = "l2"
+
+    def __init__(self, semantic: SemanticTier, sources: Sequence[ResponseTier], promote_into: ResponseTier,
+                 *, expose_similarity: bool = False) -> None:
+        self.semantic = semantic
+        self.sources = tuple(sources)
+        self.promote_into = promote_into
+        self.expose_similarity = expose_similarity
+        self.failures = 0
+
+    async def __call__(self, ctx: RequestContext, call_next: Next) -> Reply:
+        key: str | None = ctx.state.get("key")
+        scope: KeyScope | None = ctx.state.get("scope")
+        policy = ctx.state.get("cache_policy")
+        body = ctx.body or {}
+        question = final_question(body) if key is not None else None
+        if key is None or scope is None or policy is None or not question:
+            return await call_next(ctx)
+        try:
+            signature = context_signature(body, document_ids=ctx.state.get("document_ids"),
+                                          knowledge_version=scope.knowledge_version)
+        except CanonicalizationError:
+            return await call_next(ctx)
+        if signature is None:
+            return await call_next(ctx)
+        ctx.state["question"] = question
+        where = SemanticScope(scope.tenant, scope.namespace)
+        if policy.may_read:
+            reply = await self._lookup(ctx, where, signature.digest, question, key)
+            if reply is not None:
+                return reply
+        reply = await call_next(ctx)
+        if policy.may_store and not ctx.state.get("no_store"):
+            async def learn(done: Reply, ok: bool, body_bytes: bytes) -> None:
+                if ok and done.status == 200 and ctx.cache_status in ("MISS", "REFRESH", None):
+                    try:
+                        await self.semantic.add(where, signature.digest, question, key)
+                    except Exception as exc:  # fail open: the index is an optimisation
+                        self.failures += 1
+                        log.warning("semantic index add failed: %s", exc)
+
+            reply.on_finish(learn)
+        return reply
+
+    async def _lookup(self, ctx: RequestContext, where: SemanticScope, digest: str, question: str,
+                      key: str) -> Reply | None:
+        try:
+            match = await self.semantic.lookup(where, digest, question)
+        except Exception as exc:  # embedding model or vector store down: fail open
+            self.failures += 1
+            log.warning("semantic lookup failed: %s", exc)
+            return None
+        if match is None:
+            return None
+        policy = ctx.state["cache_policy"]
+        for tier in self.sources:
+            entry = await tier.get(match.key)
+            if entry is None or (policy.max_age is not None and entry.age() > policy.max_age):
+                continue
+            await self.promote_into.put(key, entry, ttl=policy.ttl, tags=entry_tags(ctx, entry.model))
+            extra = {"X-Cache-Similarity": f"{match.similarity:.4f}"} if self.expose_similarity else None
+            return hit_reply(ctx, entry, status="SEMANTIC_HIT", tier="l2", extra=extra)
+        await self.semantic.delete([match.key])  # the answer it pointed at is gone
+        return None
