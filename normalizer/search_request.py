@@ -219,10 +219,20 @@ def parse_search(
     return SearchRequest(collection=collection, endpoint=endpoint, batch=batch, items=items)
 
 
+# Qdrant's documented defaults: a field given with its default value is the same request as one without it
+# (qdrant-client sends ``with_vector: false`` explicitly, raw REST callers usually omit it).
+_DEFAULTS: Mapping[str, object] = {"with_vector": False, "with_payload": False, "offset": 0, "limit": 10}
+
+
+def _is_default(key: str, value: object) -> bool:
+    default = _DEFAULTS.get(key, _DEFAULTS)
+    return type(value) is type(default) and value == default
+
+
 def _parse_item(collection: str, endpoint: SearchEndpoint, url: dict[str, str], raw: object) -> SearchItem:
     if not isinstance(raw, Mapping):
         raise Unsupported("a search must be a JSON object")
-    body = {str(k): v for k, v in raw.items() if v is not None}
+    body = {str(k): v for k, v in raw.items() if v is not None and not _is_default(str(k), v)}
     unknown = set(body) - _FIELDS[endpoint]
     if unknown:
         raise Unsupported(f"unknown fields {sorted(unknown)}")

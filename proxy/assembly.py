@@ -25,6 +25,7 @@ from proxy.stages.cache_policy import ApplyCacheControl, Canonicalize
 from proxy.stages.coalesce import Coalesce
 from proxy.stages.embeddings import EmbeddingItemsCache
 from proxy.stages.forward import ForwardToLLM, ForwardToQdrant
+from proxy.stages.retrieval import InvalidateSearches, RetrievalLookup
 from proxy.stages.tiers import ExactLookup, StoreResponse
 
 
@@ -58,8 +59,8 @@ def build_pipelines(rt: Runtime) -> Pipelines:
         completions=Pipeline([*identify, *billing, *_caching(rt, "completion")], to_llm, tracer=tracer),
         embeddings=Pipeline([*identify, *billing, *_embedding_caching(rt)], to_llm, tracer=tracer),
         llm_passthrough=Pipeline(identify, to_llm, tracer=tracer),
-        qdrant_search=Pipeline([*identify, *_search_billing(rt)], to_qdrant, tracer=tracer),
-        qdrant_write=Pipeline(identify, to_qdrant, tracer=tracer),
+        qdrant_search=Pipeline([*identify, *_search_billing(rt), *_search_cache(rt)], to_qdrant, tracer=tracer),
+        qdrant_write=Pipeline([*identify, *_search_invalidation(rt)], to_qdrant, tracer=tracer),
         qdrant_passthrough=Pipeline(identify, to_qdrant, tracer=tracer),
     )
 
@@ -79,6 +80,16 @@ def _search_billing(rt: Runtime) -> list[Stage]:
         return []
     return [SearchCredits(store, rt.credits.prices, reservation_ttl_s=credits.reservation_ttl_s,
                           fail_open=credits.fail_open)]
+
+
+def _search_cache(rt: Runtime) -> list[Stage]:
+    """retrieval: exact and nearby query vectors reuse cached search results."""
+    return [] if rt.retrieval is None else [RetrievalLookup(rt.retrieval, rt.fetch_collection)]
+
+
+def _search_invalidation(rt: Runtime) -> list[Stage]:
+    """invalidate: writes drop the cached searches they could change."""
+    return [] if rt.retrieval is None else [InvalidateSearches(rt.retrieval)]
 
 
 def _rules(rt: Runtime) -> tuple[CacheDefaults, BypassSettings]:

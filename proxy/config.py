@@ -111,10 +111,22 @@ class L3Settings(_Section):
     warmup_entries: int = Field(default=0, ge=0, description="Hottest cold entries copied into L1 at start")
 
 
+class RetrievalSettings(_Section):
+    enabled: bool = Field(default=True, description="Reuse Qdrant search results for equal or nearby query vectors")
+    tolerance: float = Field(default=0.015, ge=0, description="Default cosine distance (1 - cos) for a reuse")
+    collection_tolerances: dict[str, float] = Field(
+        default_factory=dict, description="Per collection, in the collection's own metric"
+    )
+    max_bytes: int = Field(default=64 * 1024 * 1024, ge=1024, description="Memory for cached search results")
+    policy: str = Field(default="lru", description="Eviction policy of the search cache")
+    ttl_s: float | None = Field(default=None, gt=0, description="Lifetime of a cached search (none: until a write)")
+
+
 class CacheSettings(_Section):
     enabled: bool = Field(default=True, description="Master switch of every response tier")
     l1: L1Settings = Field(default_factory=L1Settings)
     l3: L3Settings = Field(default_factory=L3Settings)
+    retrieval: RetrievalSettings = Field(default_factory=RetrievalSettings)
     cache_sampled: bool = Field(
         default=True, description="Cache answers to requests with temperature > 0 (see normalizer docs)"
     )

@@ -22,6 +22,7 @@ from tiers.entry import CachedResponse
 from tiers.memory import MemoryStore
 from tiers.policies import make_policy
 from tiers.response_tier import ResponseTier
+from tiers.retrieval import RetrievalCache
 from tiers.versions import KnowledgeVersions
 
 if TYPE_CHECKING:
@@ -41,6 +42,7 @@ class Runtime:
     l3: ResponseTier | None = field(init=False)
     demoter: Demoter | None = field(init=False)
     versions: KnowledgeVersions = field(init=False)
+    retrieval: RetrievalCache | None = field(init=False)
     metrics: Metrics = field(init=False)
     tracer: Tracer | None = field(init=False)
     credits: CreditComponents = field(init=False)
@@ -67,6 +69,15 @@ class Runtime:
             self.l3 = ResponseTier("l3", cold, op_timeout=2.0)
             self.demoter = Demoter(cold, max_queue=l3.write_queue)
         self.versions = KnowledgeVersions()
+        search = self.settings.cache.retrieval
+        self.retrieval = None
+        if self.settings.cache.enabled and search.enabled:
+            self.retrieval = RetrievalCache(
+                policy=make_policy(search.policy, search.max_bytes),
+                capacity_bytes=search.max_bytes, default_tolerance=search.tolerance, ttl=search.ttl_s,
+            )
+            for collection, tolerance in search.collection_tolerances.items():
+                self.retrieval.set_tolerance(collection, tolerance)
         self.metrics = Metrics()
         self.trace: TraceRecorder | None = None
         if self.settings.cache.trace_file is not None:
@@ -118,6 +129,18 @@ class Runtime:
             access_log.info("%s %s %d", ctx.method, ctx.route, status, extra={
                 "request_id": ctx.request_id, "tenant": ctx.tenant, "route": ctx.route, "tier": ctx.cache_tier,
                 "status": status, "latency_ms": round(seconds * 1000, 3)})
+
+    async def fetch_collection(self, name: str) -> bytes | None:
+        """``GET /collections/{name}`` from Qdrant (the retrieval cache learns the collection's metric)."""
+        qdrant = self.settings.upstreams.qdrant
+        if qdrant.url is None:
+            return None
+        headers = {"api-key": qdrant.api_key.get_secret_value()} if qdrant.api_key else {}
+        try:
+            async with self.client.session.get(f"{qdrant.url}/collections/{name}", headers=headers) as response:
+                return await response.read() if response.status == 200 else None
+        except Exception:  # unknown metric: only exact repeats are reused
+            return None
 
     def write_behind(self, key: str, entry: CachedResponse, ttl: float | None, tags: list[str]) -> None:
         """Queue a copy of a new L1 entry for the cold tier (never blocks; dropped and counted when full)."""

@@ -264,3 +264,14 @@ def test_bodies_as_qdrant_client_sends_them() -> None:
     batch = jsonable_encoder(rest.QueryRequestBatch(searches=[plain, rest.QueryRequest(query=17, limit=5)]))
     parsed = parse_search("/collections/docs/points/query/batch", orjson.dumps(batch))
     assert parsed is not None and [item.approximable for item in parsed.items] == [True, False]
+
+
+def test_explicit_defaults_equal_omitted_fields() -> None:
+    path = "/collections/c/points/query"
+    bare = parse_search(path, {"query": [0.1, 0.2], "with_payload": True})
+    sdk = parse_search(path, {"query": {"nearest": [0.1, 0.2]}, "limit": 10, "with_vector": False,
+                              "offset": 0, "with_payload": True})
+    assert bare is not None and sdk is not None
+    assert bare.items[0].exact_key == sdk.items[0].exact_key
+    other = parse_search(path, {"query": [0.1, 0.2], "with_payload": True, "with_vector": True})
+    assert other is not None and other.items[0].params_hash != bare.items[0].params_hash

@@ -1,0 +1,117 @@
+"""The Qdrant side of the pipeline: the vector-search cache on searches, invalidation on writes.
+
+Searches (``points/search|query|recommend`` and their ``/batch`` forms) are parsed into a canonical request; a
+plan answers every item it can from the :class:`~tiers.retrieval.RetrievalCache` (exact repeats, or a query vector
+within the collection's tolerance) and forwards only the missing items in one upstream call, then assembles the
+answer in request order. Anything the parser cannot judge is forwarded untouched.
+
+``X-Cache-Status``: ``HIT`` when every item was an exact repeat, ``SEMANTIC_HIT`` when at least one was answered
+approximately, ``MISS`` otherwise; ``X-Cache-Hits: k/n`` counts cached items of a batch.
+
+Writes (upserts, deletes, payload and collection changes) invalidate the cached searches they could change once the
+upstream has answered, whatever the status.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import orjson
+from multidict import CIMultiDict
+
+from normalizer.search_request import parse_search
+from proxy.context import Reply, RequestContext
+from proxy.pipeline import Next
+from tiers.retrieval import RetrievalCache, write_effect
+
+log = logging.getLogger("ragproxy.retrieval")
+
+CollectionFetcher = Callable[[str], Awaitable[bytes | None]]
+
+
+class RetrievalLookup:
+    """Answer searches from the vector-search cache; forward only the missing items."""
+
+    name = "retrieval"
+
+    def __init__(self, cache: RetrievalCache, fetch_collection: CollectionFetcher,
+                 on_results: Callable[[bytes], None] | None = None) -> None:
+        self.cache = cache
+        self.fetch_collection = fetch_collection
+        self.on_results = on_results
+
+    async def __call__(self, ctx: RequestContext, call_next: Next) -> Reply:
+        try:
+            request = parse_search(ctx.request.path, ctx.body or {}, dict(ctx.request.query))
+        except Exception:  # the parser never guesses; anything odd is simply not cached
+            request = None
+        if request is None:
+            ctx.cache_status = "BYPASS"
+            return await self._observe(await call_next(ctx))
+        if not self.cache.knows(request.collection):
+            info = await self.fetch_collection(request.collection)
+            if info is not None:
+                await self.cache.learn_collection(request.collection, info)
+        plan = await self.cache.lookup(ctx.tenant, request)
+        hits = len(plan.hits)
+        approximate = any(not match.exact for match in plan.hits.values())
+        status = "SEMANTIC_HIT" if approximate else "HIT"
+        if plan.complete:
+            ctx.cache_status, ctx.cache_tier = status, "retrieval"
+            return self._reply(plan.response(), status, hits, len(request.items))
+        if hits:
+            ctx.replace_body(plan.upstream_body(ctx.body or {}))
+        reply = await call_next(ctx)
+        if reply.status != 200 or reply.body is None:
+            return reply
+        merged = await self.cache.store(plan, reply.body, cost=float(ctx.state.get("upstream_seconds", 1.0)))
+        self._results(reply.body)
+        if merged is None:
+            return reply
+        ctx.cache_status = status if hits else "MISS"
+        if hits:
+            ctx.cache_tier = "retrieval"
+        return self._reply(merged, ctx.cache_status, hits, len(request.items))
+
+    async def _observe(self, reply: Reply) -> Reply:
+        if reply.status == 200 and reply.body is not None:
+            self._results(reply.body)
+        return reply
+
+    def _results(self, body: bytes) -> None:
+        if self.on_results is not None:
+            try:
+                self.on_results(body)
+            except Exception:  # document detection is best effort
+                log.debug("search results not understood", exc_info=True)
+
+    @staticmethod
+    def _reply(body: bytes, status: str, hits: int, items: int) -> Reply:
+        headers: CIMultiDict[str] = CIMultiDict({"Content-Type": "application/json", "X-Cache-Status": status,
+                                                 "X-Cache-Hits": f"{hits}/{items}"})
+        return Reply(status=200, headers=headers, body=body)
+
+
+class InvalidateSearches:
+    """After a Qdrant write has been answered, drop the cached searches it could change."""
+
+    name = "invalidate"
+
+    def __init__(self, cache: RetrievalCache) -> None:
+        self.cache = cache
+
+    async def __call__(self, ctx: RequestContext, call_next: Next) -> Reply:
+        body: Any = None
+        if ctx.raw_body:
+            try:
+                body = orjson.loads(ctx.raw_body)
+            except orjson.JSONDecodeError:
+                body = None
+        try:
+            return await call_next(ctx)
+        finally:
+            effect = write_effect(ctx.method, ctx.request.path_qs, body)
+            if effect is not None:
+                await self.cache.invalidate(effect)
