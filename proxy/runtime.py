@@ -107,14 +107,13 @@ class Runtime:
         self.metrics.request_seconds.labels(ctx.route, cache_status).observe(seconds)
         if ctx.cache_tier:
             self.metrics.tier_lookups.labels(ctx.cache_tier, "hit").inc()
-            self.metrics.cost_saved.labels(ctx.cache_tier).inc(float(ctx.state.get("entry_cost", 0.0)))
         if self.trace is not None and "entry_size" in ctx.state:
             self.trace.record(ctx.state["key"], ctx.state["entry_size"], ctx.state["entry_cost"], time.time())
         state = ctx.state
         question = state.get("question")
         saved = self.stats.record(
             route=ctx.route, cache_status=ctx.cache_status, tier=ctx.cache_tier, key=state.get("key"),
-            upstream_seconds=state.get("upstream_seconds"), hit_cost=state.get("hit_cost"),
+            upstream_seconds=state.get("upstream_seconds"), hit_cost=state.get("entry_cost"),
             label={"tenant": ctx.tenant, "namespace": ctx.namespace,
                    **({"question": question[:200]} if isinstance(question, str) else {})})
         if saved:

@@ -1,0 +1,62 @@
+"""Admin errors: every failure answers ``{"error": {"code": ..., "message": ...}}`` with a fitting status.
+
+Admin operations fail loudly: an unexpected exception is a 500 with its class name (never a traceback in the body,
+but logged with one).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+
+import orjson
+from aiohttp import web
+from pydantic import ValidationError
+
+log = logging.getLogger("ragproxy.admin")
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+class AdminError(Exception):
+    """An admin request answered with an error status."""
+
+    def __init__(self, status: int, code: str, message: str, headers: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+        self.message = message
+        self.headers = headers or {}
+
+    def response(self) -> web.Response:
+        return error_response(self.status, self.code, self.message, self.headers)
+
+
+def error_response(status: int, code: str, message: str, headers: dict[str, str] | None = None) -> web.Response:
+    body = orjson.dumps({"error": {"code": code, "message": message}})
+    return web.Response(status=status, body=body, content_type="application/json", headers=headers)
+
+
+def validation_message(exc: ValidationError) -> str:
+    """The first problem of a pydantic validation error, as one line naming the field."""
+    error = exc.errors()[0]
+    where = ".".join(str(part) for part in error["loc"]) or "body"
+    return f"{where}: {error['msg']}"
+
+
+@web.middleware
+async def json_errors(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Router errors, validation errors and anything unexpected become JSON errors."""
+    try:
+        return await handler(request)
+    except AdminError as exc:
+        return exc.response()
+    except ValidationError as exc:
+        return error_response(400, "invalid_request", validation_message(exc))
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        return error_response(exc.status, exc.reason.lower().replace(" ", "_"), exc.reason)
+    except Exception as exc:
+        log.exception("admin request failed: %s %s", request.method, request.path)
+        return error_response(500, "internal_error", f"admin operation failed ({exc.__class__.__name__})")

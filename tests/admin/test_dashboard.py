@@ -1,0 +1,109 @@
+"""``/admin/ui`` in headless Chromium against a running proxy: the numbers it shows match ``/admin/stats``, and a
+screenshot is saved to ``artifacts/admin-ui.png``.
+
+Needs a Chromium binary (Debian: ``apt-get install chromium``); skipped with that reason when none is found.
+Chromium is driven with ``--dump-dom`` (the DOM after the page's scripts ran; ``--virtual-time-budget`` lets its
+fetches finish) and ``--screenshot``.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from html.parser import HTMLParser
+from pathlib import Path
+
+import pytest
+
+from tests.admin.conftest import TOKEN, Admin, ask
+from tests.support.proxy_server import ProxyServer
+
+ARTIFACTS = Path(__file__).resolve().parents[2] / "artifacts"
+CHROMIUM = next((path for name in ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
+                 if (path := shutil.which(name))), None)
+pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="no Chromium binary (Debian: apt-get install chromium)")
+FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--no-first-run",
+         "--hide-scrollbars", "--virtual-time-budget=10000", "--window-size=1400,1900"]
+
+
+class ShownValues(HTMLParser):
+    """Text of elements with an ``id``, and rows carrying ``data-*`` keys (tier, route, key)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.by_id: dict[str, str] = {}
+        self.attrs_by_id: dict[str, dict[str, str | None]] = {}
+        self.rows: list[tuple[dict[str, str | None], list[str]]] = []
+        self._open: list[str | None] = []
+        self._row: tuple[dict[str, str | None], list[str]] | None = None
+        self._cell: list[str] | None = None
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        found = dict(attrs)
+        self._open.append(found.get("id"))
+        if found.get("id"):
+            self.by_id[str(found["id"])] = ""
+            self.attrs_by_id[str(found["id"])] = found
+        if tag == "tr":
+            self._row = (found, [])
+        elif tag == "td" and self._row is not None:
+            self._cell = []
+
+    def handle_endtag(self, tag: str) -> None:
+        if self._open:
+            self._open.pop()
+        if tag == "td" and self._row is not None and self._cell is not None:
+            self._row[1].append("".join(self._cell))
+            self._cell = None
+        elif tag == "tr" and self._row is not None:
+            self.rows.append(self._row)
+            self._row = None
+
+    def handle_data(self, data: str) -> None:
+        for element in self._open:
+            if element:
+                self.by_id[element] += data
+        if self._cell is not None:
+            self._cell.append(data)
+
+
+def chromium(*args: str, timeout: float = 90) -> subprocess.CompletedProcess[bytes]:
+    assert CHROMIUM is not None
+    return subprocess.run([CHROMIUM, *FLAGS, *args], capture_output=True, timeout=timeout)
+
+
+def test_dashboard_shows_the_stats(admin_proxy: ProxyServer, admin: Admin) -> None:
+    for question in ("alpha", "beta", "alpha", "alpha", "gamma"):
+        ask(admin_proxy, question)
+    ask(admin_proxy, "uncacheable", n=2)
+    page = f"{admin_proxy.admin_url}/admin/ui#token={TOKEN}"
+    dumped = chromium("--dump-dom", page)
+    assert dumped.returncode == 0, dumped.stderr.decode(errors="replace")[-3000:]
+    stats = admin.get("/admin/stats").json()  # no data-plane request since the page loaded: same numbers
+    shown = ShownValues()
+    shown.feed(dumped.stdout.decode())
+    assert shown.by_id["status"].startswith("updated"), shown.by_id.get("status")
+    total = stats["total"]
+    assert shown.by_id["total-requests"] == str(total["requests"]) == "6"
+    assert shown.by_id["total-hits"] == str(total["hits"]) == "2"
+    assert shown.by_id["total-misses"] == str(total["misses"]) == "3"
+    assert shown.by_id["total-bypasses"] == str(total["bypasses"]) == "1"
+    assert shown.by_id["hit-ratio"] == f"{100 * total['hit_ratio']:.1f}%" == "40.0%"
+    assert shown.by_id["cost-saved"] == f"{stats['cost_saved_s']:.3f} s"
+    tier_rows = {row[0].get("data-tier"): row[1] for row in shown.rows if row[0].get("data-tier")}
+    l1 = stats["tiers"]["l1"]
+    assert tier_rows["l1"][:4] == ["l1", str(l1["entries"]), str(l1["bytes"]), f"{100 * l1['hit_ratio']:.1f}%"]
+    top_rows = [row[1] for row in shown.rows if row[0].get("data-key")]
+    assert top_rows[0][0] == str(stats["top_entries"][0]["hits"]) == "2"
+    assert top_rows[0][3] == stats["top_entries"][0]["key"]
+    latency_rows = {row[0].get("data-status") for row in shown.rows if row[0].get("data-status")}
+    assert latency_rows == set(stats["latency_s"])
+    assert "credits are not enabled" in shown.by_id["credits-note"]
+    assert shown.by_id["knowledge-tree"] == "no knowledge tree on this proxy"
+    assert "invalidate-form" in shown.by_id
+
+    ARTIFACTS.mkdir(exist_ok=True)
+    screenshot = ARTIFACTS / "admin-ui.png"
+    screenshot.unlink(missing_ok=True)
+    taken = chromium(f"--screenshot={screenshot}", page)
+    assert taken.returncode == 0 and screenshot.stat().st_size > 10_000, taken.stderr.decode(errors="replace")[-2000:]
