@@ -1,0 +1,160 @@
+"""The semantic tier: real model, both vector stores, real guards."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterable
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from qdrant_client import AsyncQdrantClient
+
+from normalizer.signature import context_signature
+from tiers.embedders.cached import CachedEmbedder
+from tiers.embedders.local import LocalEmbedder
+from tiers.embedders.minilm import MiniLMEncoder
+from tiers.semantic import (
+    SemanticScope,
+    SemanticTier,
+    choose_match,
+    partition_of,
+)
+from tiers.vectors.base import VectorHit, VectorStore
+from tiers.vectors.hnsw import HnswVectorStore
+from tiers.vectors.qdrant import QdrantVectorStore
+
+ACME = SemanticScope("acme", "docs")
+
+
+@pytest.fixture(scope="module")
+def encoder() -> MiniLMEncoder:
+    return MiniLMEncoder()
+
+
+@pytest.fixture(params=["hnsw", "qdrant"])
+async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[VectorStore]:
+    instance: VectorStore
+    if request.param == "hnsw":
+        instance = HnswVectorStore(384, tmp_path)
+    else:
+        instance = QdrantVectorStore(AsyncQdrantClient(":memory:"), 384)
+    yield instance
+    await instance.close()
+
+
+@pytest.fixture
+async def tier(encoder: MiniLMEncoder, store: VectorStore) -> AsyncIterator[SemanticTier]:
+    embedder = CachedEmbedder(LocalEmbedder(encoder=encoder), case_insensitive=True)
+    yield SemanticTier(embedder, store, threshold=0.85)
+    await embedder.close()
+
+
+def signature(system: str = "You are helpful.") -> str:
+    body = {
+        "model": "m",
+        "temperature": 0,
+        "messages": [{"role": "system", "content": system}, {"role": "user", "content": "q"}],
+    }
+    sig = context_signature(body)
+    assert sig is not None
+    return sig.digest
+
+
+async def test_a_rephrased_question_hits_the_cached_entry(tier: SemanticTier) -> None:
+    await tier.add(ACME, signature(), "what is the capital of France", "l1:france")
+    match = await tier.lookup(ACME, signature(), "What's the capital of France?")
+    assert match is not None
+    assert match.key == "l1:france" and match.question == "what is the capital of France"
+    assert match.similarity >= 0.85
+    assert tier.stats.hits == 1
+
+
+async def test_an_unrelated_question_misses(tier: SemanticTier) -> None:
+    await tier.add(ACME, signature(), "what is the capital of France", "l1:france")
+    assert await tier.lookup(ACME, signature(), "how do volcanoes form") is None
+    assert tier.stats.below_threshold == 1
+
+
+async def test_matches_never_cross_contexts_tenants_or_namespaces(tier: SemanticTier) -> None:
+    await tier.add(ACME, signature(), "what is the capital of France", "l1:france")
+    question = "what is the capital of France"
+    assert await tier.lookup(ACME, signature("You are terse."), question) is None
+    assert await tier.lookup(SemanticScope("globex", "docs"), signature(), question) is None
+    assert await tier.lookup(SemanticScope("acme", "wiki"), signature(), question) is None
+    assert await tier.lookup(ACME, signature(), question) is not None
+
+
+async def test_guards_veto_a_close_question_with_another_number(encoder: MiniLMEncoder, store: VectorStore) -> None:
+    embedder = LocalEmbedder(encoder=encoder)
+    unguarded = SemanticTier(embedder, store, threshold=0.9, guards=())
+    guarded = SemanticTier(embedder, store, threshold=0.9, guards=("numbers", "dates"))
+    await guarded.add(ACME, signature(), "how many people lived in Tokyo in 2020", "l1:2020")
+    question = "how many people lived in Tokyo in 2021"
+    assert await unguarded.lookup(ACME, signature(), question) is not None
+    assert await guarded.lookup(ACME, signature(), question) is None
+    assert set(guarded.stats.vetoes) == {"numbers"}
+
+
+async def test_deleted_entries_are_no_longer_found(tier: SemanticTier) -> None:
+    await tier.add(ACME, signature(), "what is the capital of France", "l1:france")
+    assert await tier.delete(["l1:france", "l1:other"]) == 1
+    assert await tier.lookup(ACME, signature(), "what is the capital of France") is None
+    await tier.add(ACME, signature(), "what is the capital of France", "l1:france")
+    assert await tier.delete_context(ACME, signature()) == 1
+    assert await tier.lookup(ACME, signature(), "what is the capital of France") is None
+
+
+async def test_thresholds_are_per_namespace(encoder: MiniLMEncoder, store: VectorStore) -> None:
+    tier = SemanticTier(LocalEmbedder(encoder=encoder), store, threshold=0.5, namespace_thresholds={"docs": 0.999})
+    await tier.add(ACME, signature(), "how tall is the eiffel tower", "k1")
+    await tier.add(SemanticScope("acme", "wiki"), signature(), "how tall is the eiffel tower", "k2")
+    question = "tell me how tall the eiffel tower is"
+    assert await tier.lookup(ACME, signature(), question) is None
+    match = await tier.lookup(SemanticScope("acme", "wiki"), signature(), question)
+    assert match is not None and match.key == "k2"
+
+
+async def test_unknown_guard_names_fail_at_construction(encoder: MiniLMEncoder, store: VectorStore) -> None:
+    with pytest.raises(ValueError):
+        SemanticTier(LocalEmbedder(encoder=encoder), store, guards=("numbers", "astrology"))
+
+
+def test_partitions_separate_each_part() -> None:
+    assert partition_of(SemanticScope("a", "b c"), "d") != partition_of(SemanticScope("a b", "c"), "d")
+
+
+def _veto_digits(a: str, b: str, guards: Iterable[str]) -> str | None:
+    """A stand-in guard for the pure choice: vetoes when the digit characters differ."""
+    digits = [sorted(c for c in text if c.isdigit()) for text in (a, b)]
+    return None if digits[0] == digits[1] else "digits: differ"
+
+
+def test_a_vetoed_nearest_neighbour_does_not_hide_the_next_one() -> None:
+    hits = [
+        VectorHit("k2020", 0.97, {"question": "pop in 2020"}),
+        VectorHit("k2021", 0.95, {"question": "pop in 2021"}),
+    ]
+    reasons: list[str] = []
+    match = choose_match("population in 2021", hits, 0.9, ["x"], _veto_digits, reasons.append)
+    assert match is not None and match.key == "k2021"
+    assert reasons == ["digits: differ"]
+    assert choose_match("population in 2021", hits, 0.96, ["x"], _veto_digits) is None
+
+
+@given(
+    similarities=st.lists(st.floats(-1, 1), max_size=6),
+    threshold=st.floats(0, 1),
+    guarded=st.booleans(),
+)
+def test_choice_is_the_best_unvetoed_candidate_above_threshold(
+    similarities: list[float], threshold: float, guarded: bool
+) -> None:
+    hits = [VectorHit(f"k{i}", s, {"question": f"q{i % 2}"}) for i, s in enumerate(similarities)]
+    match = choose_match("q0", hits, threshold, ["x"] if guarded else [], _veto_digits)
+    allowed = [h for h in hits if h.similarity >= threshold and (not guarded or h.payload["question"] == "q0")]
+    if not allowed:
+        assert match is None
+    else:
+        assert match is not None
+        assert match.similarity == max(h.similarity for h in allowed)

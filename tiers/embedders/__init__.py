@@ -1,0 +1,62 @@
+"""Sentence embedders for the semantic tier: the contract, its backends, batching and caching.
+
+- :class:`~tiers.embedders.base.Embedder`: ``await embed(texts)`` → L2-normalized float32 rows;
+  ``dim``; ``name``.
+- ``local``: :class:`~tiers.embedders.local.LocalEmbedder` (all-MiniLM-L6-v2, numpy forward pass, no torch).
+- ``upstream``: :class:`~tiers.embedders.upstream.UpstreamEmbedder` (OpenAI-compatible ``/v1/embeddings``).
+- the client's own vector: :func:`~tiers.embedders.client.client_vector` (Qdrant searches carry one).
+- :class:`~tiers.embedders.cached.CachedEmbedder` (LRU by normalized text) wraps either backend;
+  :func:`build_embedder` assembles the configured stack.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from tiers.embedders.base import Embedder, FloatArray, normalize_rows
+from tiers.embedders.cached import CachedEmbedder
+from tiers.embedders.client import client_vector
+from tiers.embedders.local import LocalEmbedder
+from tiers.embedders.upstream import UpstreamEmbedder, UpstreamEmbeddingError
+
+__all__ = [
+    "CachedEmbedder",
+    "Embedder",
+    "FloatArray",
+    "LocalEmbedder",
+    "UpstreamEmbedder",
+    "UpstreamEmbeddingError",
+    "build_embedder",
+    "client_vector",
+    "normalize_rows",
+]
+
+
+def build_embedder(
+    kind: Literal["local", "upstream"] = "local",
+    *,
+    cache_capacity: int = 10_000,
+    upstream_url: str | None = None,
+    upstream_model: str = "text-embedding-3-small",
+    upstream_dim: int = 1536,
+    upstream_api_key: str | None = None,
+    max_batch: int = 32,
+    max_wait_s: float = 0.0,
+) -> CachedEmbedder:
+    """The configured backend behind an LRU cache of ``cache_capacity`` texts (0 disables caching)."""
+    if kind == "local":
+        local = LocalEmbedder(max_batch=max_batch, max_wait_s=max_wait_s)
+        return CachedEmbedder(local, capacity=cache_capacity, case_insensitive=local.case_insensitive)
+    if kind == "upstream":
+        if not upstream_url:
+            raise ValueError("the upstream embedder needs upstream_url")
+        upstream = UpstreamEmbedder(
+            upstream_url,
+            upstream_model,
+            upstream_dim,
+            api_key=upstream_api_key,
+            max_batch=max_batch,
+            max_wait_s=max_wait_s,
+        )
+        return CachedEmbedder(upstream, capacity=cache_capacity)
+    raise ValueError(f"unknown embedder kind {kind!r}; allowed: 'local', 'upstream'")
