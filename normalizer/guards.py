@@ -122,9 +122,7 @@ _UNITS: Mapping[str, str] = {
     "fahrenheit": "degf", "kelvin": "k", "mph": "mph", "kmh": "kmh", "hz": "hz", "ghz": "ghz", "mhz": "mhz",
     "w": "w", "kw": "kw", "watt": "w", "volt": "v", "v": "v", "calorie": "kcal", "kcal": "kcal",
 }  # fmt: skip
-_QUANTITY = re.compile(
-    r"(?P<prefix>[$€£¥])?\s?(?P<number>\d[\d,]*(?:\.\d+)?)\s?(?P<unit>%|°\s?[cfCF]\b|[A-Za-z]+)?"
-)
+_QUANTITY = re.compile(r"(?P<prefix>[$€£¥])?\s?(?P<number>\d[\d,]*(?:\.\d+)?)\s?(?P<unit>%|°\s?[cfCF]\b|[A-Za-z]+)?")
 
 
 def _unit(token: str) -> str | None:
@@ -314,6 +312,123 @@ def entities(a: str, b: str) -> str | None:
     return None
 
 
+# Words that frame a question without changing what it asks: articles, auxiliaries, pronouns, question words and
+# request wrappers ("tell me", "I want to know", "can you find out"). Nouns are never in this list: "who is the
+# author of X" and "who is the publisher of X" must stay different questions.
+_FRAMING_WORDS = frozenset(
+    [
+        "a",
+        "an",
+        "the",
+        "of",
+        "in",
+        "on",
+        "at",
+        "to",
+        "for",
+        "from",
+        "by",
+        "with",
+        "and",
+        "or",
+        "but",
+        "is",
+        "are",
+        "was",
+        "were",
+        "be",
+        "been",
+        "being",
+        "do",
+        "does",
+        "did",
+        "has",
+        "have",
+        "had",
+        "who",
+        "whom",
+        "whose",
+        "what",
+        "which",
+        "when",
+        "where",
+        "why",
+        "how",
+        "that",
+        "this",
+        "these",
+        "those",
+        "it",
+        "its",
+        "there",
+        "their",
+        "they",
+        "them",
+        "he",
+        "she",
+        "his",
+        "her",
+        "him",
+        "we",
+        "you",
+        "your",
+        "i",
+        "me",
+        "my",
+        "our",
+        "us",
+        "as",
+        "into",
+        "about",
+        "so",
+        "than",
+        "then",
+        "what's",
+        "who's",
+        "where's",
+        "when's",
+        "i'd",
+        "i'm",
+        "tell",
+        "know",
+        "want",
+        "like",
+        "please",
+        "would",
+        "could",
+        "can",
+        "find",
+        "out",
+        "question",
+        "quick",
+        "exactly",
+    ]
+)
+
+
+@lru_cache(maxsize=_CACHE_SIZE)
+def _content_words(text: str) -> frozenset[str]:
+    found = set()
+    for word in re.findall(r"[\w']+", text.lower()):
+        if word in _FRAMING_WORDS or len(word) < 3:
+            continue
+        found.add(word[:-1] if word.endswith("s") and len(word) > 3 else word)
+    return frozenset(found)
+
+
+def content_words(a: str, b: str) -> str | None:
+    """Veto when a content word of one question is missing from the other.
+
+    Lower-cased, a plural ``s`` dropped, framing words ignored (articles, auxiliaries, pronouns, question words and
+    request wrappers — never nouns). It catches the false friend no embedding threshold separates: one content word
+    swapped ("... call the midwife" vs "... call the quiet"). Cost: a paraphrase that swaps a synonym is vetoed — a
+    miss, never a wrong answer; measured in BENCHMARKS.md (semantic tier).
+    """
+    left, right = _content_words(a), _content_words(b)
+    differ = sorted(left ^ right)
+    return f"content words differ: {', '.join(differ[:3])}" if differ else None
+
+
 GUARDS: Mapping[str, Guard] = {
     "numbers": numbers,
     "quantities": quantities,
@@ -322,6 +437,7 @@ GUARDS: Mapping[str, Guard] = {
     "negations": negations,
     "quoted": quoted,
     "entities": entities,
+    "content_words": content_words,
 }
 """Every guard by name, in the order :func:`veto` runs them."""
 

@@ -26,6 +26,7 @@ from proxy.stages.coalesce import Coalesce
 from proxy.stages.embeddings import EmbeddingItemsCache
 from proxy.stages.forward import ForwardToLLM, ForwardToQdrant
 from proxy.stages.retrieval import InvalidateSearches, RetrievalLookup
+from proxy.stages.semantic import SemanticLookup
 from proxy.stages.tiers import ExactLookup, StoreResponse
 
 
@@ -109,7 +110,7 @@ def _embedding_caching(rt: Runtime) -> list[Stage]:
 
 
 def _caching(rt: Runtime, kind: RequestKind) -> list[Stage]:
-    """cache_control → canonicalize → store (on the way back) → L1 → L3 → coalesce, when caching is on."""
+    """cache_control → canonicalize → store (on the way back) → L1 → L2 → L3 → coalesce, when caching is on."""
     cache = rt.settings.cache
     if not cache.enabled:
         return []
@@ -121,6 +122,9 @@ def _caching(rt: Runtime, kind: RequestKind) -> list[Stage]:
     ]
     if cache.l1.enabled:
         stages.append(ExactLookup(rt.l1))
+    if rt.semantic is not None and kind == "chat":
+        sources = [rt.l1] if rt.l3 is None else [rt.l1, rt.l3]
+        stages.append(SemanticLookup(rt.semantic, sources, rt.l1, expose_similarity=cache.l2.expose_similarity))
     if rt.l3 is not None:
         stages.append(ExactLookup(rt.l3, promote_into=[rt.l1]))
     stages.append(Coalesce(kind=kind, wait_s=cache.coalesce_wait_s))

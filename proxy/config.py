@@ -14,8 +14,8 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Mapping
-from pathlib import Path
 from decimal import Decimal
+from pathlib import Path
 from typing import Any, Literal
 
 import yaml
@@ -103,6 +103,30 @@ class L1Settings(_Section):
     policy: str = Field(default="bpcache", description="Eviction policy: lru, fifo, s3fifo, gdsf, landlord, bpcache")
 
 
+class L2Settings(_Section):
+    enabled: bool = Field(default=True, description="Semantic tier: equivalent questions reuse an answer")
+    embedder: Literal["local", "upstream"] = Field(
+        default="local", description="local: all-MiniLM-L6-v2 on the CPU; upstream: an OpenAI /v1/embeddings URL"
+    )
+    upstream_url: str | None = Field(default=None, description="Embeddings base URL (upstream embedder)")
+    upstream_model: str = Field(default="text-embedding-3-small", description="Model of the upstream embedder")
+    upstream_dim: int = Field(default=1536, ge=1, description="Vector size of the upstream embedder")
+    upstream_api_key: SecretStr | None = Field(default=None, description="Key for the upstream embedder")
+    threshold: float = Field(default=0.80, gt=0, le=1, description="Cosine similarity a match needs (see BENCHMARKS)")
+    namespace_thresholds: dict[str, float] = Field(default_factory=dict, description="Per-namespace thresholds")
+    guards: list[str] = Field(
+        default_factory=lambda: ["numbers", "quantities", "dates", "negations", "content_words"],
+        description="Vetoes of look-alike questions (normalizer.guards)",
+    )
+    candidates: int = Field(default=4, ge=1, description="Nearest questions examined per lookup")
+    vector_store: Literal["hnsw", "qdrant"] = Field(
+        default="hnsw", description="hnsw: per-process index under data_dir; qdrant: shared collection"
+    )
+    qdrant_url: str | None = Field(default=None, description="Qdrant for the shared semantic index")
+    expose_similarity: bool = Field(default=False, description="Send X-Cache-Similarity (tells how close a hit was)")
+    persist_interval_s: float = Field(default=60.0, gt=0, description="How often the hnsw index is saved")
+
+
 class L3Settings(_Section):
     enabled: bool = Field(default=True, description="Persistent lz4-compressed cold tier under data_dir/cold")
     max_bytes: int = Field(default=8 * 1024**3, ge=1024 * 1024, description="Disk bytes the cold tier may use")
@@ -125,6 +149,7 @@ class RetrievalSettings(_Section):
 class CacheSettings(_Section):
     enabled: bool = Field(default=True, description="Master switch of every response tier")
     l1: L1Settings = Field(default_factory=L1Settings)
+    l2: L2Settings = Field(default_factory=L2Settings)
     l3: L3Settings = Field(default_factory=L3Settings)
     retrieval: RetrievalSettings = Field(default_factory=RetrievalSettings)
     cache_sampled: bool = Field(
@@ -170,7 +195,7 @@ class CreditsSettings(_Section):
     enabled: bool = Field(default=False, description="Charge every request to the user behind its API key")
     store: Literal["auto", "sqlite", "redis"] = Field(default="auto", description="auto: redis when redis.url is set")
     sqlite_synchronous: Literal["FULL", "NORMAL"] = Field(
-        default="FULL", description="FULL: every ledger entry survives a power cut; NORMAL: ~10x faster, survives crashes"
+        default="FULL", description="FULL: each ledger entry survives a power cut; NORMAL: ~10x faster, survives crashes"
     )
     models: dict[str, ModelPriceSettings] = Field(default_factory=dict, description="Prices per model name")
     default_prompt_per_1k: Decimal = Field(default=Decimal("0.001"), ge=0)

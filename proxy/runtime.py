@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from dataclasses import dataclass, field
@@ -13,6 +14,7 @@ from proxy.config import Settings
 from proxy.context import RequestContext
 from proxy.credits.factory import CreditComponents, build_credits
 from proxy.metrics import Metrics
+from proxy.semantic_factory import build_semantic
 from proxy.stats import RequestStats
 from proxy.upstream.backends import BackendPool
 from proxy.upstream.client import UpstreamClient
@@ -23,12 +25,14 @@ from tiers.memory import MemoryStore
 from tiers.policies import make_policy
 from tiers.response_tier import ResponseTier
 from tiers.retrieval import RetrievalCache
+from tiers.semantic import SemanticTier
 from tiers.versions import KnowledgeVersions
 
 if TYPE_CHECKING:
     from loadtest.traces import TraceRecorder
 
 access_log = logging.getLogger("ragproxy.access")
+log = logging.getLogger("ragproxy.runtime")
 
 
 @dataclass
@@ -43,9 +47,11 @@ class Runtime:
     demoter: Demoter | None = field(init=False)
     versions: KnowledgeVersions = field(init=False)
     retrieval: RetrievalCache | None = field(init=False)
+    semantic: SemanticTier | None = field(init=False)
     metrics: Metrics = field(init=False)
     tracer: Tracer | None = field(init=False)
     credits: CreditComponents = field(init=False)
+    semantic_ready: asyncio.Task[None] | None = None
     pipelines: Any = None  # proxy.assembly.Pipelines, set by the app (assembly imports this module)
     stats: RequestStats = field(default_factory=RequestStats)
     draining: bool = False
@@ -69,6 +75,10 @@ class Runtime:
             self.l3 = ResponseTier("l3", cold, op_timeout=2.0)
             self.demoter = Demoter(cold, max_queue=l3.write_queue)
         self.versions = KnowledgeVersions()
+        l2 = self.settings.cache.l2
+        self.semantic = build_semantic(l2, self.settings.data_dir) if self.settings.cache.enabled and l2.enabled \
+            else None
+        self._tasks: list[asyncio.Task[None]] = []
         search = self.settings.cache.retrieval
         self.retrieval = None
         if self.settings.cache.enabled and search.enabled:
@@ -151,11 +161,53 @@ class Runtime:
             self.demoter.start()
         if self.l3 is not None and self.settings.cache.l3.warmup_entries:
             await self._warm_up(self.settings.cache.l3.warmup_entries)
+        if self.semantic is not None:
+            await self._start_semantic(self.semantic)
         self.backends.start(self.client.session, self.settings.upstreams.health_interval_s)
         if self.credits.reaper is not None:
             self.credits.reaper.start()
 
+    async def _start_semantic(self, semantic: SemanticTier) -> None:
+        """Reload the persisted index, and save it every ``persist_interval_s`` (and at stop)."""
+        load = getattr(semantic.store, "load", None)
+        if load is not None:
+            await load()
+        interval = self.settings.cache.l2.persist_interval_s
+
+        async def persist_periodically() -> None:
+            while True:
+                await asyncio.sleep(interval)
+                try:
+                    await semantic.store.persist()
+                except Exception as exc:
+                    log.warning("semantic index not saved: %s", exc)
+
+        self._tasks.append(asyncio.create_task(persist_periodically(), name="semantic-persist"))
+        self.semantic_ready = asyncio.create_task(self._warm_embedder(semantic), name="semantic-warm-up")
+
+    @staticmethod
+    async def _warm_embedder(semantic: SemanticTier) -> None:
+        """Load the model in the background at start, so no request waits for it (lookups fail open until then)."""
+        try:
+            await semantic.embedder.embed(["warm-up"])
+        except Exception as exc:
+            log.warning("embedding model failed to load: %s; the semantic tier fails open", exc)
+
     async def stop(self) -> None:
+        from proxy.routes.respond import drain_finishers
+
+        await drain_finishers(10.0)
+        if self.semantic_ready is not None:
+            self.semantic_ready.cancel()
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self.semantic is not None:
+            try:
+                await self.semantic.store.persist()
+            finally:
+                await self.semantic.store.close()
+                await self.semantic.embedder.close()
         await self.backends.stop()
         if self.demoter is not None:
             await self.demoter.stop()

