@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import inspect
 import time
 from typing import Any, TypeVar
 
@@ -178,8 +177,7 @@ async def invalidate(request: web.Request) -> web.Response:
 @routes.post("/admin/versions/bump")
 async def bump_version(request: web.Request) -> web.Response:
     body = await body_of(request, VersionBumpBody)
-    result: Any = request.app[RUNTIME].versions.bump(body.tenant, body.namespace)
-    version = await result if inspect.isawaitable(result) else result
+    version = await request.app[RUNTIME].versions.bump(body.tenant, body.namespace)
     return json_response({"tenant": body.tenant, "namespace": body.namespace, "version": str(version)})
 
 

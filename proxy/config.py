@@ -177,6 +177,14 @@ class RedisSettings(_Section):
     url: str | None = Field(default=None, description="redis:// URL; set = shared mode (caches, credits, keys)")
     cluster: bool = Field(default=False, description="The URL points at a Redis Cluster node")
     timeout_s: float = Field(default=0.25, gt=0, description="Bound on one cache operation against Redis")
+    prefix: str = Field(default="ragproxy", min_length=1, description="Prefix of every shared-mode key and channel")
+    near_ttl_s: float = Field(default=30.0, gt=0, description="Longest a replica keeps its near copy of an entry")
+    bus_heartbeat_s: float = Field(default=0.5, gt=0, description="Heartbeat period of the invalidation bus")
+    bus_lease_s: float = Field(
+        default=3.0, gt=0, description="A replica that heard nothing on the bus this long stops serving near copies"
+    )
+    bus_ack_timeout_s: float = Field(default=1.0, gt=0, description="How long an invalidation waits for acks")
+    prefix_ttl_s: float = Field(default=30.0, gt=0, description="Lifetime of shared KV prefix summaries")
 
 
 class ModelPriceSettings(_Section):
@@ -195,7 +203,7 @@ class CreditsSettings(_Section):
     enabled: bool = Field(default=False, description="Charge every request to the user behind its API key")
     store: Literal["auto", "sqlite", "redis"] = Field(default="auto", description="auto: redis when redis.url is set")
     sqlite_synchronous: Literal["FULL", "NORMAL"] = Field(
-        default="FULL", description="FULL: each ledger entry survives a power cut; NORMAL: ~10x faster, survives crashes"
+        default="FULL", description="FULL: entries survive a power cut; NORMAL: about 10x faster, survives crashes"
     )
     models: dict[str, ModelPriceSettings] = Field(default_factory=dict, description="Prices per model name")
     default_prompt_per_1k: Decimal = Field(default=Decimal("0.001"), ge=0)

@@ -15,6 +15,7 @@ from proxy.context import RequestContext
 from proxy.credits.factory import CreditComponents, build_credits
 from proxy.metrics import Metrics
 from proxy.semantic_factory import build_semantic
+from proxy.shared import SharedMode, build_shared
 from proxy.stats import RequestStats
 from proxy.upstream.backends import BackendPool
 from proxy.upstream.client import UpstreamClient
@@ -26,7 +27,7 @@ from tiers.policies import make_policy
 from tiers.response_tier import ResponseTier
 from tiers.retrieval import RetrievalCache
 from tiers.semantic import SemanticTier
-from tiers.versions import KnowledgeVersions
+from tiers.versions import KnowledgeVersions, VersionSource
 
 if TYPE_CHECKING:
     from loadtest.traces import TraceRecorder
@@ -45,12 +46,13 @@ class Runtime:
     l1: ResponseTier = field(init=False)
     l3: ResponseTier | None = field(init=False)
     demoter: Demoter | None = field(init=False)
-    versions: KnowledgeVersions = field(init=False)
+    versions: VersionSource = field(init=False)
     retrieval: RetrievalCache | None = field(init=False)
     semantic: SemanticTier | None = field(init=False)
     metrics: Metrics = field(init=False)
     tracer: Tracer | None = field(init=False)
     credits: CreditComponents = field(init=False)
+    shared: SharedMode | None = None
     semantic_ready: asyncio.Task[None] | None = None
     pipelines: Any = None  # proxy.assembly.Pipelines, set by the app (assembly imports this module)
     stats: RequestStats = field(default_factory=RequestStats)
@@ -89,6 +91,10 @@ class Runtime:
             for collection, tolerance in search.collection_tolerances.items():
                 self.retrieval.set_tolerance(collection, tolerance)
         self.metrics = Metrics()
+        self.shared = build_shared(self.settings, self.metrics)  # None unless redis.url is set
+        if self.shared is not None:
+            self.l1 = self.shared.l1
+            self.versions = self.shared.versions
         self.trace: TraceRecorder | None = None
         if self.settings.cache.trace_file is not None:
             from loadtest.traces import TraceRecorder
@@ -157,9 +163,13 @@ class Runtime:
             self.demoter.offer(key, entry.encode(), frozenset(tags), entry.cost, ttl)
 
     async def start(self) -> None:
+        if self.shared is not None:
+            await self.shared.start()
+            if self.l3 is not None:
+                self.shared.follow(self.l3)
         if self.demoter is not None:
             self.demoter.start()
-        if self.l3 is not None and self.settings.cache.l3.warmup_entries:
+        if self.l3 is not None and self.settings.cache.l3.warmup_entries and self.shared is None:
             await self._warm_up(self.settings.cache.l3.warmup_entries)
         if self.semantic is not None:
             await self._start_semantic(self.semantic)
@@ -214,6 +224,8 @@ class Runtime:
         if self.l3 is not None:
             await self.l3.store.close()
         await self.credits.close()
+        if self.shared is not None:
+            await self.shared.stop()
         await self.client.close()
         if self.trace is not None:
             self.trace.close()

@@ -187,6 +187,19 @@ class SharedMode:
             with contextlib.suppress(Exception):
                 await tier.store.clear()
 
+    def summary(self) -> dict[str, Any]:
+        """For the admin API and dashboards: the bus's state, near-cache counters, the last broadcast."""
+        near = self.near
+        delivery = near.last_delivery or self.versions.last_delivery
+        return {
+            "replica": self.bus.replica_id, "bus_trusted": self.bus.trusted,
+            "near_entries": len(near.near), "near_hits": near.near_hits, "shared_hits": near.shared_hits,
+            "untrusted_misses": near.untrusted_misses,
+            "last_broadcast": None if delivery is None else {
+                "expected": delivery.expected, "acked": delivery.acked, "complete": delivery.complete,
+                "waited_ms": round(delivery.waited_s * 1000, 3)},
+        }
+
     async def invalidate_keys(self, keys: Sequence[str]) -> Delivery:
         """Remove ``keys`` everywhere (Redis, every replica's near cache); returns how the replicas acknowledged."""
         return await self.near.delete_keys(list(keys))
@@ -205,7 +218,7 @@ class SharedMode:
 
 @dataclass(frozen=True)
 class SharedOptions:
-    """Tuning of shared mode; each field is read from ``redis.<field>`` when that setting exists."""
+    """Tuning of shared mode; each field is the setting ``redis.<field>``."""
 
     prefix: str = "ragproxy"
     near_ttl_s: float = 30.0
@@ -217,7 +230,7 @@ class SharedOptions:
     @classmethod
     def from_settings(cls, settings: Settings) -> SharedOptions:
         defaults = cls()
-        return cls(**{name: type(getattr(defaults, name))(getattr(settings.redis, name, getattr(defaults, name)))
+        return cls(**{name: type(getattr(defaults, name))(getattr(settings.redis, name))
                       for name in cls.__dataclass_fields__})
 
 

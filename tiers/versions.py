@@ -7,6 +7,18 @@ Embedded mode keeps the counters in memory; shared mode keeps them in Redis (see
 
 from __future__ import annotations
 
+from typing import Protocol
+
+
+class VersionSource(Protocol):
+    """Where the current knowledge version of a scope is read (synchronously: it is on the hot path)."""
+
+    def current(self, tenant: str, namespace: str) -> str: ...
+
+    async def bump(self, tenant: str, namespace: str) -> str:
+        """Make every older entry of the scope unreachable; the new version (returns once it holds everywhere)."""
+        ...
+
 
 class KnowledgeVersions:
     """In-process version counters."""
@@ -17,7 +29,7 @@ class KnowledgeVersions:
     def current(self, tenant: str, namespace: str) -> str:
         return str(self._versions.get((tenant, namespace), 0))
 
-    def bump(self, tenant: str, namespace: str) -> str:
+    async def bump(self, tenant: str, namespace: str) -> str:
         value = self._versions.get((tenant, namespace), 0) + 1
         self._versions[(tenant, namespace)] = value
         return str(value)

@@ -36,6 +36,8 @@ class ReservationReaper:
                 await self.reap_once()
             except CreditStoreUnavailable as exc:
                 log.warning("reaping reservations failed: %s", exc)
+            except Exception:  # a background task must outlive any one failure
+                log.exception("reaping reservations failed unexpectedly")
             await asyncio.sleep(self.interval_s)
 
     def start(self) -> None:

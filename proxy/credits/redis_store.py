@@ -32,8 +32,8 @@ from urllib.parse import quote, unquote
 
 import redis.asyncio as aioredis
 from redis.asyncio.cluster import RedisCluster
+from redis.exceptions import ClusterDownError, MasterDownError, RedisClusterException, TryAgainError
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import RedisClusterException, TryAgainError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from proxy.credits import redis_scripts
@@ -54,7 +54,9 @@ from proxy.credits.store import (
 )
 
 RedisClient = aioredis.Redis | RedisCluster
-_UNAVAILABLE = (RedisConnectionError, RedisTimeoutError, RedisClusterException, TryAgainError, OSError)
+# ClusterDownError / MasterDownError: a Cluster mid-failover (no master for a slot yet) is unavailable too.
+_UNAVAILABLE = (RedisConnectionError, RedisTimeoutError, RedisClusterException, TryAgainError, ClusterDownError,
+                MasterDownError, OSError)
 
 
 def _text(value: Any) -> str:

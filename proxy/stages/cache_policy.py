@@ -11,7 +11,7 @@ from normalizer.canonical_json import CanonicalizationError
 from proxy.context import Reply, RequestContext
 from proxy.errors import ProxyError
 from proxy.pipeline import Next
-from tiers.versions import KnowledgeVersions
+from tiers.versions import VersionSource
 
 
 class ApplyCacheControl:
@@ -44,7 +44,7 @@ class Canonicalize:
 
     name = "canonicalize"
 
-    def __init__(self, kind: RequestKind, bypass: BypassSettings, versions: KnowledgeVersions,
+    def __init__(self, kind: RequestKind, bypass: BypassSettings, versions: VersionSource,
                  shared_namespaces: frozenset[str]) -> None:
         self.kind = kind
         self.bypass = bypass

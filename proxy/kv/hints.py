@@ -1,0 +1,187 @@
+"""Hints to the backend about prefix reuse, and reading back what the backend reused.
+
+What each backend kind gets (body fields are merged into the upstream JSON body; headers go on the upstream
+request):
+
+==============  ==========================================================================================
+kind            hint
+==============  ==========================================================================================
+``llamacpp``    ``cache_prompt: true`` and ``id_slot`` — the slot whose last prompt shares the longest prefix
+                (:class:`SlotTable`; ties and misses go to the least recently used slot, so hot prefixes are
+                not overwritten by one-off prompts)
+``vllm``        ``cache_salt`` = hash of the tenant: prefix-cache isolation between tenants
+``sglang``      same as ``vllm``
+``openai``      ``prompt_cache_key`` = hash of the tree path (system prompt key + documents in order)
+all kinds       headers ``X-Prefix-Docs`` (comma-separated doc ids of the prefix, in order) and
+                ``X-Prefix-Hash`` (hash of the path), for routers and gateways that understand them
+==============  ==========================================================================================
+
+Read back: :func:`reported_cached_tokens` takes a reply body (or the last SSE events of a stream) and returns
+``usage.prompt_tokens_details.cached_tokens`` or llama.cpp's ``timings.cache_n``; :func:`reported_prefill`
+returns llama.cpp's ``(prompt_n, cache_n, prompt_ms)`` for the prefill-time model. :func:`capacity_from_slots`
+reads the KV capacity of a llama.cpp server from its ``/slots`` answer.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+import orjson
+
+from proxy.kv.tree import Segment
+
+
+class BackendKind(Enum):
+    LLAMACPP = "llamacpp"
+    VLLM = "vllm"
+    SGLANG = "sglang"
+    OPENAI = "openai"
+    GENERIC = "generic"
+
+
+def path_hash(keys: Sequence[str]) -> str:
+    """Stable 32-hex-digit hash of a tree path (segment keys in order)."""
+    return hashlib.blake2b("\x1f".join(keys).encode("utf-8"), digest_size=16).hexdigest()
+
+
+def tenant_salt(tenant: str, secret: str = "") -> str:
+    return hashlib.blake2b(f"{secret}\x1f{tenant}".encode(), digest_size=16).hexdigest()
+
+
+@dataclass(frozen=True, slots=True)
+class Hints:
+    body: dict[str, Any] = field(default_factory=dict)
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+def build_hints(
+    kind: BackendKind,
+    path: Sequence[Segment],
+    *,
+    document_keys: Sequence[str] = (),
+    tenant: str = "anonymous",
+    slot: int | None = None,
+    salt_secret: str = "",
+) -> Hints:
+    """Hints for a request whose prompt prefix is ``path`` (system prompt segment, then documents)."""
+    keys = [s.key for s in path]
+    digest = path_hash(keys)
+    body: dict[str, Any] = {}
+    if kind is BackendKind.LLAMACPP:
+        body["cache_prompt"] = True
+        if slot is not None:
+            body["id_slot"] = slot
+    elif kind in (BackendKind.VLLM, BackendKind.SGLANG):
+        body["cache_salt"] = tenant_salt(tenant, salt_secret)
+    elif kind is BackendKind.OPENAI:
+        body["prompt_cache_key"] = digest
+    headers = {"X-Prefix-Hash": digest}
+    if document_keys:
+        headers["X-Prefix-Docs"] = ",".join(document_keys)
+    return Hints(body=body, headers=headers)
+
+
+class SlotTable:
+    """What each slot of a llama.cpp server last held (its prompt path), to pick ``id_slot``."""
+
+    def __init__(self, slots: int, *, clock: Callable[[], float] = time.monotonic) -> None:
+        if slots < 1:
+            raise ValueError("slots must be at least 1")
+        self._paths: list[tuple[Segment, ...]] = [() for _ in range(slots)]
+        self._used: list[float] = [float("-inf")] * slots
+        self._busy: list[int] = [0] * slots
+        self._clock = clock
+
+    def __len__(self) -> int:
+        return len(self._paths)
+
+    def best(self, path: Sequence[Segment]) -> tuple[int, int]:
+        """``(slot, matching prefix tokens)``: longest shared prefix among idle slots, then least recent."""
+        ranked = sorted(
+            range(len(self._paths)),
+            key=lambda s: (self._busy[s] > 0, -_common_tokens(self._paths[s], path), self._used[s]),
+        )
+        slot = ranked[0]
+        return slot, _common_tokens(self._paths[slot], path)
+
+    def assign(self, slot: int, path: Sequence[Segment]) -> None:
+        self._paths[slot] = tuple(path)
+        self._used[slot] = self._clock()
+        self._busy[slot] += 1
+
+    def release(self, slot: int) -> None:
+        self._busy[slot] = max(0, self._busy[slot] - 1)
+
+
+def _common_tokens(a: Sequence[Segment], b: Sequence[Segment]) -> int:
+    tokens = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        tokens += x.tokens
+    return tokens
+
+
+# --- reading back ------------------------------------------------------------------------------------------
+
+
+def _last_json_objects(raw: bytes) -> list[dict[str, Any]]:
+    """The JSON object of a complete body, or the data events of an SSE stream (last first)."""
+    raw = raw.strip()
+    if raw.startswith(b"{"):
+        try:
+            value = orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            return []
+        return [value] if isinstance(value, dict) else []
+    objects = []
+    for line in reversed(raw.split(b"\n")):
+        line = line.strip()
+        if not line.startswith(b"data:"):
+            continue
+        payload = line[5:].strip()
+        if not payload.startswith(b"{"):
+            continue
+        try:
+            value = orjson.loads(payload)
+        except orjson.JSONDecodeError:
+            continue
+        if isinstance(value, dict):
+            objects.append(value)
+    return objects
+
+
+def reported_cached_tokens(reply: Mapping[str, Any] | bytes) -> int | None:
+    """Cached prompt tokens the backend reported, or ``None`` when it did not say."""
+    objects = _last_json_objects(reply) if isinstance(reply, bytes) else [dict(reply)]
+    for obj in objects:
+        usage = obj.get("usage")
+        if isinstance(usage, dict):
+            details = usage.get("prompt_tokens_details")
+            if isinstance(details, dict) and isinstance(details.get("cached_tokens"), int):
+                return int(details["cached_tokens"])
+        timings = obj.get("timings")
+        if isinstance(timings, dict) and isinstance(timings.get("cache_n"), int):
+            return int(timings["cache_n"])
+    return None
+
+
+def reported_prefill(reply: Mapping[str, Any] | bytes) -> tuple[int, int, float] | None:
+    """llama.cpp's ``(prompt_n, cache_n, prompt_ms)``: tokens computed, tokens reused, prefill time."""
+    objects = _last_json_objects(reply) if isinstance(reply, bytes) else [dict(reply)]
+    for obj in objects:
+        timings = obj.get("timings")
+        if isinstance(timings, dict) and {"prompt_n", "cache_n", "prompt_ms"} <= timings.keys():
+            return int(timings["prompt_n"]), int(timings["cache_n"]), float(timings["prompt_ms"])
+    return None
+
+
+def capacity_from_slots(slots: Sequence[Mapping[str, Any]]) -> tuple[int, int]:
+    """``(number of slots, total KV capacity in tokens)`` from a llama.cpp ``GET /slots`` answer."""
+    n_ctx = sum(int(s.get("n_ctx", 0)) for s in slots)
+    return len(slots), n_ctx

@@ -1,0 +1,165 @@
+"""A chat request as a KV prefix ``[prefix segment, D1, D2, ...] + tail``, and how to render any order of it.
+
+:func:`plan_request` builds a :class:`PromptPlan` from a chat-completions body:
+
+* structured mode (documents sent apart, see :mod:`normalizer.documents`): the prefix segment is the system
+  prompt, the documents are the sent ones (retrieval order), the tail is the rest of the conversation;
+* detection mode (a :class:`~normalizer.documents.DocumentRegistry` is given): registered documents are looked
+  for in each message's text; the message holding the most is the document message, the prefix segment is
+  everything before its first document (earlier messages included), the tail everything after its last;
+  reordering permutes the documents in place and keeps the app's separators where they are;
+* otherwise the whole conversation but the last message is the prefix segment and there are no documents.
+
+Segment keys: ``"p:" + hash`` of the prefix text (with roles), documents by their doc id. Token sizes are
+estimated as UTF-8 bytes / ``chars_per_token`` (the tree only needs sizes that are consistent; the backend's
+reported counts correct the tree's capacity).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from normalizer.documents import (
+    BODY_FIELD,
+    DocumentRegistry,
+    Span,
+    StructuredPrompt,
+    content_id,
+    extract_structured,
+    render_document,
+    reorder_spans,
+)
+from proxy.kv.tree import Segment
+
+
+def estimate_tokens(text: str, chars_per_token: float = 4.0) -> int:
+    return max(1, math.ceil(len(text.encode("utf-8")) / chars_per_token)) if text else 0
+
+
+@dataclass(frozen=True, slots=True)
+class PromptPlan:
+    """The prefix structure of one request and a renderer for any order of its documents."""
+
+    prefix: Segment
+    documents: tuple[Segment, ...]
+    """Retrieval order, best first."""
+    tail_tokens: int
+    mode: str
+    """``"structured"``, ``"detected"`` or ``"plain"``."""
+    _render: Callable[[Sequence[str]], dict[str, Any]]
+
+    @property
+    def total_tokens(self) -> int:
+        return self.prefix.tokens + sum(d.tokens for d in self.documents) + self.tail_tokens
+
+    def path(self, order: Sequence[Segment]) -> list[Segment]:
+        return [self.prefix, *order]
+
+    def render_body(self, order: Sequence[Segment]) -> dict[str, Any]:
+        """The request body with the documents in ``order`` (a permutation of :attr:`documents`)."""
+        return self._render([s.key for s in order])
+
+
+def _message_text(message: Mapping[str, Any]) -> str:
+    content = message.get("content")
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(
+            str(p.get("text", "")) for p in content if isinstance(p, dict) and p.get("type") == "text"
+        )
+    return ""
+
+
+def _conversation_text(messages: Sequence[Mapping[str, Any]]) -> str:
+    return "".join(f"\x1e{m.get('role', '')}\x1f{_message_text(m)}" for m in messages)
+
+
+def plan_request(
+    body: Mapping[str, Any],
+    *,
+    registry: DocumentRegistry | None = None,
+    chars_per_token: float = 4.0,
+) -> PromptPlan | None:
+    """The plan of a chat-completions body, or ``None`` when it has no ``messages`` list.
+
+    Raises :class:`ValueError` for malformed structured documents.
+    """
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        return None
+    structured = extract_structured(body)
+    if structured is not None:
+        return _structured_plan(body, structured, chars_per_token)
+    if registry is not None and len(registry):
+        plan = _detected_plan(body, messages, registry, chars_per_token)
+        if plan is not None:
+            return plan
+    prefix_text = _conversation_text(messages[:-1])
+    tail_text = _conversation_text(messages[-1:])
+    prefix = Segment("p:" + content_id(prefix_text), estimate_tokens(prefix_text, chars_per_token))
+    frozen = dict(body)
+    return PromptPlan(
+        prefix, (), estimate_tokens(tail_text, chars_per_token), "plain", lambda _order: dict(frozen)
+    )
+
+
+def _structured_plan(
+    body: Mapping[str, Any], structured: StructuredPrompt, chars_per_token: float
+) -> PromptPlan:
+    system, documents = structured.system, structured.documents
+    by_key = {d.id: d for d in documents}
+    segments = tuple(Segment(d.id, estimate_tokens(render_document(d), chars_per_token)) for d in documents)
+    prefix = Segment(
+        "p:" + content_id("\x1esystem\x1f" + system), estimate_tokens(system, chars_per_token) + 2
+    )
+    tail_tokens = estimate_tokens(_conversation_text(structured.messages), chars_per_token)
+    base = {k: v for k, v in body.items() if k != BODY_FIELD}
+
+    def render(order: Sequence[str]) -> dict[str, Any]:
+        return {**base, "messages": structured.render_messages([by_key[k] for k in order])}
+
+    return PromptPlan(prefix, segments, tail_tokens, "structured", render)
+
+
+def _detected_plan(
+    body: Mapping[str, Any],
+    messages: list[Any],
+    registry: DocumentRegistry,
+    chars_per_token: float,
+) -> PromptPlan | None:
+    best_index, best_text = -1, ""
+    best_spans: list[Span] = []
+    for index, message in enumerate(messages):
+        if not isinstance(message, dict) or not isinstance(message.get("content"), str):
+            continue
+        text = message["content"]
+        spans = registry.spans(text)
+        if len(spans) > len(best_spans):
+            best_index, best_spans, best_text = index, spans, text
+    if not best_spans or len({s.doc_id for s in best_spans}) != len(best_spans):
+        return None
+    doc_message = messages[best_index]
+    before = _conversation_text(messages[:best_index]) + f"\x1e{doc_message.get('role', '')}\x1f"
+    prefix_text = before + best_text[: best_spans[0].start]
+    prefix = Segment("p:" + content_id(prefix_text), estimate_tokens(prefix_text, chars_per_token))
+    segments = [
+        Segment(span.doc_id, estimate_tokens(best_text[span.start : span.end], chars_per_token))
+        for span in best_spans
+    ]
+    separators = "".join(best_text[a.end : b.start] for a, b in itertools.pairwise(best_spans))
+    tail_text = separators + best_text[best_spans[-1].end :] + _conversation_text(messages[best_index + 1 :])
+    spans = list(best_spans)
+
+    def render(order: Sequence[str]) -> dict[str, Any]:
+        new_messages = list(messages)
+        new_messages[best_index] = {**doc_message, "content": reorder_spans(best_text, spans, order)}
+        return {**body, "messages": new_messages}
+
+    return PromptPlan(
+        prefix, tuple(segments), estimate_tokens(tail_text, chars_per_token), "detected", render
+    )

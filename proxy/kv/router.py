@@ -1,0 +1,171 @@
+"""KV-aware routing: pick the replica with the lowest estimated time to first token, or refuse.
+
+For each replica the caller gives how many of the request's prompt tokens that replica probably has cached
+(knowledge tree) and the prompt's total. The estimate (Mooncake's conductor) is::
+
+    ttft = queue wait + prefill(uncached tokens behind the cached ones)
+
+where the queue wait is the prefill work still ahead on that replica — the remaining estimated prefill of the
+requests it is running (their estimate minus the time since they started, never below zero) plus the estimated
+prefill of the requests waiting for a concurrency slot — divided by ``parallelism`` (how many prefills the
+replica overlaps; 1 for a CPU server).
+
+Load-balance guard (the rule of SGLang's cache-aware router): when replicas are imbalanced — the busiest has
+more than ``balance_abs_threshold`` requests above the idlest and more than ``balance_rel_threshold`` times as
+many — cache affinity is ignored and the least-loaded replica (by outstanding requests, then estimate) is
+chosen, so a hot prefix cannot pile everything onto one replica.
+
+When even the best estimate exceeds ``ttft_slo_s`` the router answers :class:`Reject` with a ``retry_after_s``
+(the excess, rounded up to whole seconds, at least one); the Route stage turns that into 429 with
+``Retry-After``.
+
+Pure: the caller tells the router when requests are admitted, start and finish; the clock is injected.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from proxy.kv.prefill import PrefillModel
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    """One replica's view of a request: tokens it probably has cached, and the prompt's total."""
+
+    replica: int
+    cached_tokens: int
+    total_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class RouteDecision:
+    replica: int
+    estimated_ttft_s: float
+    cached_tokens: int
+    uncached_tokens: int
+    prefill_s: float
+    reason: str
+    """``"ttft"`` (lowest estimate) or ``"balance"`` (load-balance guard)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Reject:
+    retry_after_s: int
+    best_estimate_s: float
+
+
+@dataclass(slots=True)
+class _Outstanding:
+    prefill_s: float
+    started_at: float | None = None
+
+
+@dataclass(slots=True)
+class ReplicaLoad:
+    """Work admitted to one replica and not yet past its first token."""
+
+    prefill: PrefillModel
+    parallelism: int = 1
+    outstanding: dict[str, _Outstanding] = field(default_factory=dict)
+    active: int = 0
+    """Requests admitted and not finished (includes those past their first token)."""
+
+    def wait_s(self, now: float) -> float:
+        work = 0.0
+        for item in self.outstanding.values():
+            if item.started_at is None:
+                work += item.prefill_s
+            else:
+                work += max(0.0, item.prefill_s - (now - item.started_at))
+        return work / max(1, self.parallelism)
+
+
+class Router:
+    """Chooses replicas by estimated TTFT; keeps the per-replica load bookkeeping."""
+
+    def __init__(
+        self,
+        prefill_models: Sequence[PrefillModel],
+        *,
+        ttft_slo_s: float | None = 2.0,
+        parallelism: int | Sequence[int] = 1,
+        balance_abs_threshold: int = 4,
+        balance_rel_threshold: float = 2.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if not prefill_models:
+            raise ValueError("at least one replica")
+        widths = [parallelism] * len(prefill_models) if isinstance(parallelism, int) else list(parallelism)
+        self.loads = [ReplicaLoad(m, p) for m, p in zip(prefill_models, widths, strict=True)]
+        self.ttft_slo_s = ttft_slo_s
+        self.balance_abs_threshold = balance_abs_threshold
+        self.balance_rel_threshold = balance_rel_threshold
+        self._clock = clock
+
+    def estimate(self, candidate: Candidate, now: float | None = None) -> tuple[float, float]:
+        """``(estimated ttft, prefill part)`` of ``candidate`` in seconds."""
+        now = self._clock() if now is None else now
+        load = self.loads[candidate.replica]
+        uncached = max(0, candidate.total_tokens - candidate.cached_tokens)
+        prefill = load.prefill.seconds(uncached, candidate.cached_tokens)
+        return load.wait_s(now) + prefill, prefill
+
+    def imbalanced(self) -> bool:
+        counts = [load.active for load in self.loads]
+        busiest, idlest = max(counts), min(counts)
+        return busiest - idlest > self.balance_abs_threshold and busiest > self.balance_rel_threshold * idlest
+
+    def choose(self, candidates: Sequence[Candidate]) -> RouteDecision | Reject:
+        """The replica for a request, or a refusal when no replica can meet the SLO."""
+        if not candidates:
+            raise ValueError("no candidates")
+        now = self._clock()
+        scored = []
+        for c in candidates:
+            ttft, prefill = self.estimate(c, now)
+            scored.append((ttft, self.loads[c.replica].active, c.replica, c, prefill))
+        reason = "ttft"
+        if self.imbalanced():
+            best = min(scored, key=lambda s: (s[1], s[0], s[2]))
+            reason = "balance"
+        else:
+            best = min(scored, key=lambda s: (s[0], s[1], s[2]))
+        ttft, _, replica, candidate, prefill = best
+        lowest = min(s[0] for s in scored)
+        if self.ttft_slo_s is not None and lowest > self.ttft_slo_s:
+            return Reject(max(1, math.ceil(lowest - self.ttft_slo_s)), lowest)
+        return RouteDecision(
+            replica=replica,
+            estimated_ttft_s=ttft,
+            cached_tokens=candidate.cached_tokens,
+            uncached_tokens=max(0, candidate.total_tokens - candidate.cached_tokens),
+            prefill_s=prefill,
+            reason=reason,
+        )
+
+    # --- bookkeeping ---------------------------------------------------------------------------------------
+
+    def admitted(self, request_id: str, decision: RouteDecision) -> None:
+        """The request was sent to (or queued for) ``decision.replica``."""
+        load = self.loads[decision.replica]
+        load.outstanding[request_id] = _Outstanding(decision.prefill_s)
+        load.active += 1
+
+    def started(self, request_id: str, replica: int) -> None:
+        """The request left the waiting queue and its prefill began."""
+        item = self.loads[replica].outstanding.get(request_id)
+        if item is not None and item.started_at is None:
+            item.started_at = self._clock()
+
+    def first_token(self, request_id: str, replica: int) -> None:
+        """Its prefill is done: no more prefill work ahead of others."""
+        self.loads[replica].outstanding.pop(request_id, None)
+
+    def finished(self, request_id: str, replica: int) -> None:
+        load = self.loads[replica]
+        load.outstanding.pop(request_id, None)
+        load.active = max(0, load.active - 1)

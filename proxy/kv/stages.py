@@ -1,0 +1,254 @@
+"""Pipeline stages of the KV layer: ``Shape`` (documents, per-replica order) and ``Route`` (replica, hints).
+
+Order in the pipeline: ``Shape`` then ``Route``, just before forward. The document order that reuses the most
+KV depends on the replica, and the best replica depends on the order, so the work is split this way:
+
+* :class:`Shape` builds the request's :class:`~proxy.kv.plan.PromptPlan` (structured documents rendered, or
+  registered documents detected in the prompt) and, for every replica, the document order of the namespace's
+  policy and the tokens that replica probably has cached for it; both go into ``ctx.state["kv.plan"]`` and
+  ``ctx.state["kv.orders"]``. A malformed structured document is a 400. It also counts document popularity
+  (the canonical order of ``reuse``).
+* :class:`Route` asks the :class:`~proxy.kv.router.Router` for a replica (429 with ``Retry-After`` when no
+  replica can meet the TTFT SLO), renders the body with that replica's order and hints
+  (``ctx.replace_body``; hint headers for the upstream request go into ``ctx.state["upstream_headers"]``),
+  sets ``ctx.state["backend"]`` to the replica's entry of ``backend_objects`` (the forward stage's
+  ``Backend``; its index when not given) and ``ctx.state["backend_index"]`` to its index, records the path in
+  the replica's knowledge tree, waits for a concurrency slot (cache-aware order; 429 when the wait exceeds the
+  queue's bound), calls the rest of the pipeline, and when the reply is finished reads what the backend
+  reported as cached to correct the tree and refit the prefill model, and frees the slot.
+
+Response headers for the client: ``X-RagProxy-Replica``, ``X-RagProxy-Cached-Tokens-Estimate``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from normalizer.documents import DocumentRegistry
+from proxy.context import Reply, RequestContext
+from proxy.errors import ProxyError
+from proxy.kv.admission_queue import AdmissionQueue
+from proxy.kv.hints import BackendKind, SlotTable, build_hints, reported_cached_tokens, reported_prefill
+from proxy.kv.order import OrderPolicy, Popularity, order_documents
+from proxy.kv.plan import PromptPlan, plan_request
+from proxy.kv.prefill import PrefillModel
+from proxy.kv.router import Candidate, Reject, Router
+from proxy.kv.tree import KnowledgeTree, Match, Segment
+from proxy.pipeline import Next
+
+PLAN_KEY = "kv.plan"
+ORDERS_KEY = "kv.orders"
+BACKEND_KEY = "backend"
+BACKEND_INDEX_KEY = "backend_index"
+UPSTREAM_HEADERS_KEY = "upstream_headers"
+
+
+@dataclass(slots=True)
+class Replica:
+    """One backend replica as the KV layer sees it."""
+
+    index: int
+    kind: BackendKind
+    tree: KnowledgeTree
+    prefill: PrefillModel
+    queue: AdmissionQueue
+    slots: SlotTable | None = None
+    """llama.cpp only: what each server slot last held (for ``id_slot``)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaOrder:
+    replica: int
+    order: tuple[Segment, ...]
+    cached_tokens: int
+
+
+class Shape:
+    """Documents of the prompt and, per replica, their order and probably-cached tokens."""
+
+    name = "shape"
+
+    def __init__(
+        self,
+        replicas: Sequence[Replica],
+        *,
+        registry: DocumentRegistry | None = None,
+        policies: Mapping[str, OrderPolicy] | None = None,
+        default_policy: OrderPolicy = OrderPolicy.PRESERVE,
+        chars_per_token: float = 4.0,
+        popularity: Popularity | None = None,
+    ) -> None:
+        self.replicas = list(replicas)
+        self.registry = registry
+        self.policies = dict(policies or {})
+        self.default_policy = default_policy
+        self.chars_per_token = chars_per_token
+        self.popularity = popularity if popularity is not None else Popularity()
+
+    def shape(self, ctx: RequestContext) -> None:
+        """The pure part: fill ``ctx.state`` with the plan and the per-replica orders."""
+        if ctx.body is None:
+            return
+        try:
+            plan = plan_request(ctx.body, registry=self.registry, chars_per_token=self.chars_per_token)
+        except ValueError as error:
+            raise ProxyError(400, str(error), param="ragproxy.documents") from error
+        if plan is None:
+            return
+        policy = self.policies.get(ctx.namespace, self.default_policy)
+        orders = []
+        for replica in self.replicas:
+            order = order_documents(
+                policy, plan.prefix, plan.documents, replica.tree, popularity=self.popularity
+            )
+            cached = replica.tree.match(plan.path(order)).tokens
+            orders.append(ReplicaOrder(replica.index, tuple(order), cached))
+        self.popularity.observe([d.key for d in plan.documents])
+        ctx.state[PLAN_KEY] = plan
+        ctx.state[ORDERS_KEY] = orders
+
+    async def __call__(self, ctx: RequestContext, call_next: Next) -> Reply:
+        self.shape(ctx)
+        return await call_next(ctx)
+
+
+@dataclass(frozen=True, slots=True)
+class RoutedRequest:
+    """What :meth:`Route.route` decided (kept in ``ctx.state["kv.routed"]``)."""
+
+    replica: int
+    path: tuple[Segment, ...]
+    predicted: Match
+    slot: int | None
+    estimated_ttft_s: float
+
+
+class Route:
+    """Replica choice by estimated TTFT, hints, concurrency slot, and tree correction from the reply."""
+
+    name = "route"
+
+    def __init__(
+        self,
+        replicas: Sequence[Replica],
+        router: Router,
+        *,
+        salt_secret: str = "",
+        backend_objects: Sequence[Any] | None = None,
+    ) -> None:
+        if len(replicas) != len(router.loads):
+            raise ValueError("the router must know every replica")
+        if backend_objects is not None and len(backend_objects) != len(replicas):
+            raise ValueError("one backend object per replica")
+        self.backend_objects = list(backend_objects) if backend_objects is not None else None
+        self.replicas = list(replicas)
+        self.router = router
+        self.salt_secret = salt_secret
+
+    def route(self, ctx: RequestContext) -> RoutedRequest | None:
+        """The pure part: choose the replica, rewrite the body, attach hints. ``None`` without a plan."""
+        plan: PromptPlan | None = ctx.state.get(PLAN_KEY)
+        orders: list[ReplicaOrder] | None = ctx.state.get(ORDERS_KEY)
+        if plan is None or not orders:
+            return None
+        total = plan.total_tokens
+        decision = self.router.choose([Candidate(o.replica, o.cached_tokens, total) for o in orders])
+        if isinstance(decision, Reject):
+            raise ProxyError(
+                429,
+                f"no backend can meet the time-to-first-token objective (best estimate "
+                f"{decision.best_estimate_s:.1f}s)",
+                code="ttft_slo",
+                headers={"Retry-After": str(decision.retry_after_s)},
+            )
+        replica = self.replicas[decision.replica]
+        order = next(o.order for o in orders if o.replica == decision.replica)
+        path = tuple(plan.path(order))
+        slot = replica.slots.best(path)[0] if replica.slots is not None else None
+        hints = build_hints(
+            replica.kind,
+            path,
+            document_keys=[s.key for s in order],
+            tenant=ctx.tenant,
+            slot=slot,
+            salt_secret=self.salt_secret,
+        )
+        body = plan.render_body(order)
+        body.update(hints.body)
+        ctx.replace_body(body)
+        ctx.state.setdefault(UPSTREAM_HEADERS_KEY, {}).update(hints.headers)
+        ctx.state[BACKEND_INDEX_KEY] = decision.replica
+        ctx.state[BACKEND_KEY] = (
+            self.backend_objects[decision.replica] if self.backend_objects is not None else decision.replica
+        )
+        ctx.response_headers["X-RagProxy-Replica"] = str(decision.replica)
+        ctx.response_headers["X-RagProxy-Cached-Tokens-Estimate"] = str(decision.cached_tokens)
+        predicted = replica.tree.insert(path)
+        self.router.admitted(ctx.request_id, decision)
+        routed = RoutedRequest(decision.replica, path, predicted, slot, decision.estimated_ttft_s)
+        ctx.state["kv.routed"] = routed
+        return routed
+
+    def settle(self, ctx: RequestContext, routed: RoutedRequest, body: bytes | None) -> None:
+        """Correct the replica's tree and prefill model from what the backend reported."""
+        replica = self.replicas[routed.replica]
+        if not body:
+            return
+        cached = reported_cached_tokens(body)
+        if cached is not None:
+            replica.tree.correct(routed.path, cached, routed.predicted)
+            ctx.state["kv.cached_tokens_reported"] = cached
+        prefill = reported_prefill(body)
+        if prefill is not None:
+            prompt_n, cache_n, prompt_ms = prefill
+            replica.prefill.observe(prompt_n, cache_n, prompt_ms / 1000)
+
+    async def __call__(self, ctx: RequestContext, call_next: Next) -> Reply:
+        routed = self.route(ctx)
+        if routed is None:
+            return await call_next(ctx)
+        replica = self.replicas[routed.replica]
+        decision_cached = routed.predicted.tokens
+        compute = max(1, sum(s.tokens for s in routed.path) - decision_cached)
+        try:
+            await replica.queue.acquire(decision_cached, compute)
+        except TimeoutError as error:
+            self.router.finished(ctx.request_id, routed.replica)
+            raise ProxyError(
+                429, "the backend queue is full", code="queue_timeout", headers={"Retry-After": "1"}
+            ) from error
+        except BaseException:
+            self.router.finished(ctx.request_id, routed.replica)
+            raise
+        self.router.started(ctx.request_id, routed.replica)
+        if replica.slots is not None and routed.slot is not None:
+            replica.slots.assign(routed.slot, routed.path)
+
+        def release() -> None:
+            self.router.finished(ctx.request_id, routed.replica)
+            replica.queue.release()
+            if replica.slots is not None and routed.slot is not None:
+                replica.slots.release(routed.slot)
+
+        try:
+            reply = await call_next(ctx)
+        except BaseException:
+            release()
+            raise
+        self.router.first_token(ctx.request_id, routed.replica)
+        if not reply.streamed:
+            self.settle(ctx, routed, reply.body)
+            release()
+            return reply
+
+        async def on_finish(_reply: Reply, ok: bool, body: bytes) -> None:
+            try:
+                if ok:
+                    self.settle(ctx, routed, body)
+            finally:
+                release()
+
+        reply.on_finish(on_finish)
+        return reply
