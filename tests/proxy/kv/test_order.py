@@ -8,7 +8,7 @@ import itertools
 from hypothesis import given
 from hypothesis import strategies as st
 
-from proxy.kv.order import OrderPolicy, order_documents
+from proxy.kv.order import OrderPolicy, Popularity, order_documents
 from proxy.kv.tree import KnowledgeTree, Segment
 
 SYS = Segment("p:s", 50)
@@ -73,3 +73,27 @@ def test_reuse_is_a_permutation_with_top_at_an_edge_and_never_caches_less(
     assert sorted(keys(reuse)) == sorted(keys(ranked))
     assert ranked[0] in (reuse[0], reuse[-1])
     assert tree.match([SYS, *reuse]).tokens >= tree.match([SYS, *ranked]).tokens
+
+
+def test_popularity_decays_and_stays_bounded() -> None:
+    popularity = Popularity(half_life_requests=10, capacity=4)
+    for _ in range(20):
+        popularity.observe(["old"])
+    for _ in range(40):
+        popularity.observe(["new"])
+    assert popularity.score("new") > popularity.score("old") > 0
+    for i in range(10):
+        popularity.observe([f"x{i}"])
+    assert len(popularity._scores) <= 4
+
+
+def test_reuse_puts_uncached_documents_in_popularity_order_with_top_at_an_edge() -> None:
+    tree = tree_with(segs("z"))
+    popularity = Popularity()
+    for _ in range(3):
+        popularity.observe(["c", "b"])
+    popularity.observe(["c"])
+    order = order_documents(OrderPolicy.REUSE, SYS, segs("a", "b", "c"), tree, popularity=popularity)
+    assert keys(order) == ["c", "b", "a"]  # nothing cached: canonical order, top (a) is not the most popular
+    order = order_documents(OrderPolicy.REUSE, SYS, segs("c", "a", "b"), tree, popularity=popularity)
+    assert keys(order) == ["c", "b", "a"]  # top (c) is the most popular: first

@@ -1,0 +1,350 @@
+"""``python -m loadtest.bench kv [--quick] [--json]``: KV reuse on real llama-server replicas, direct vs proxy.
+
+Needs ``llama-server`` and a model: runs ``scripts/build_llama_server.sh`` (idempotent; the first build takes
+minutes) and ``scripts/make_tiny_gguf.py`` when they are missing (override with ``RAGPROXY_LLAMA_SERVER`` /
+``RAGPROXY_TINY_GGUF``). Not part of the default test run.
+
+Workload: a corpus of documents with Zipf-distributed popularity; each request has one system prompt, the
+top-k (3-5) documents in a varying retrieval order, and a fresh question. Both phases send the same requests,
+one at a time, each first direct then through the proxy (interleaved, so both see the same load on this shared
+machine), to two separate sets of 2 fresh llama-server replicas (each with ``--slots`` slots):
+
+* direct — what an app does without ragproxy: documents rendered in retrieval order (the same byte-stable
+  template as the proxy's, so only order, routing and hints differ), replicas taken in round-robin, server defaults;
+* proxy — the request carries its documents as ``ragproxy.documents`` and goes through the proxy's ``Shape``
+  (``reuse`` order) and ``Route`` stages (knowledge tree per replica, TTFT router, llama.cpp ``cache_prompt``
+  and ``id_slot`` hints, tree correction from ``timings.cache_n``), run in-process as a pipeline whose
+  terminal sends the shaped body to the chosen replica (the HTTP front is not involved).
+
+TTFT is the wall time of a one-token completion (prefill + one decode step). ``prefix_token_reuse`` is, from
+the server's own ``timings``, ``sum(cache_n) / sum(cache_n + prompt_n)`` over the proxy phase (``..._direct``
+too).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import AsyncGenerator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import orjson
+from aiohttp.test_utils import make_mocked_request
+
+from normalizer.documents import Document, render
+from proxy.context import Reply, RequestContext
+from proxy.kv.admission_queue import AdmissionQueue
+from proxy.kv.hints import BackendKind, SlotTable
+from proxy.kv.order import OrderPolicy
+from proxy.kv.prefill import PrefillCoefficients, PrefillModel
+from proxy.kv.router import Router
+from proxy.kv.stages import Replica, Route, Shape
+from proxy.kv.tree import KnowledgeTree
+from proxy.pipeline import Pipeline
+
+ROOT = Path(__file__).resolve().parents[2]
+CACHE = Path(os.environ.get("RAGPROXY_LLAMA_CACHE", Path.home() / ".cache" / "ragproxy"))
+
+SYLLABLES = ["ka", "lo", "mi", "ne", "su", "ta", "ri", "po", "ve", "da", "gu", "he", "zo", "fi", "ba", "ly"]
+
+
+@dataclass(frozen=True, slots=True)
+class Workload:
+    system: str
+    documents: list[Document]
+    requests: list[tuple[list[int], str]]
+    """Per request: indices of its documents in retrieval order, and its question."""
+
+
+def make_workload(*, docs: int, requests: int, doc_words: int, seed: int, zipf_s: float = 1.1) -> Workload:
+    rnd = random.Random(seed)
+    words = ["".join(rnd.choice(SYLLABLES) for _ in range(rnd.randint(1, 3))) for _ in range(600)]
+
+    def sentence(n: int) -> str:
+        return " ".join(rnd.choice(words) for _ in range(n)).capitalize() + "."
+
+    system = "You answer questions using only the documents below. Cite them. " + " ".join(
+        sentence(12) for _ in range(6)
+    )
+    corpus = [
+        Document(
+            f"doc-{i}", " ".join(sentence(rnd.randint(8, 16)) for _ in range(doc_words // 12)), f"Doc {i}"
+        )
+        for i in range(docs)
+    ]
+    weights = [1 / (r + 1) ** zipf_s for r in range(docs)]
+    reqs = []
+    for i in range(requests):
+        k = rnd.randint(3, 5)
+        chosen: list[int] = []
+        while len(chosen) < k:
+            pick = rnd.choices(range(docs), weights)[0]
+            if pick not in chosen:
+                chosen.append(pick)
+        rnd.shuffle(chosen)
+        reqs.append((chosen, f"Question {i}: " + sentence(10)))
+    return Workload(system, corpus, reqs)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def ensure_binaries() -> tuple[Path, Path]:
+    server = Path(os.environ.get("RAGPROXY_LLAMA_SERVER", CACHE / "llama-server"))
+    if not server.exists():
+        subprocess.run(["bash", str(ROOT / "scripts" / "build_llama_server.sh")], check=True)
+    model = Path(os.environ.get("RAGPROXY_TINY_GGUF", CACHE / "tiny-llama.gguf"))
+    if not model.exists():
+        subprocess.run(
+            [sys.executable, str(ROOT / "scripts" / "make_tiny_gguf.py"), "--out", str(model)], check=True
+        )
+    return server, model
+
+
+class Servers:
+    """Fresh llama-server replicas for one phase (started and stopped by this process only)."""
+
+    def __init__(
+        self,
+        binary: Path,
+        model: Path,
+        count: int,
+        slots: int,
+        ctx_per_slot: int,
+        threads: int,
+        cache_ram_mib: int = 2048,
+    ) -> None:
+        self.urls: list[str] = []
+        self._procs: list[subprocess.Popen[bytes]] = []
+        self._logs = tempfile.TemporaryDirectory(prefix="ragproxy-llama-")
+        for i in range(count):
+            port = _free_port()
+            log = open(Path(self._logs.name) / f"server-{i}.log", "wb")  # noqa: SIM115
+            command = [str(binary), "-m", str(model), "--host", "127.0.0.1", "--port", str(port)]
+            command += ["-c", str(ctx_per_slot * slots), "-np", str(slots), "-t", str(threads)]
+            command += ["-tb", str(threads), "--poll", "0", "--no-warmup", "-b", "512", "-ub", "512"]
+            command += ["--cache-ram", str(cache_ram_mib)]
+            proc = subprocess.Popen(
+                command,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+            self._procs.append(proc)
+            self.urls.append(f"http://127.0.0.1:{port}")
+
+    def wait_ready(self, timeout_s: float = 60) -> None:
+        deadline = time.monotonic() + timeout_s
+        for url, proc in zip(self.urls, self._procs, strict=True):
+            while True:
+                if proc.poll() is not None:
+                    raise RuntimeError(
+                        f"llama-server exited with {proc.returncode}; logs in {self._logs.name}"
+                    )
+                try:
+                    if httpx.get(url + "/health", timeout=2).status_code == 200:
+                        break
+                except httpx.HTTPError:
+                    pass
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"llama-server at {url} not ready")
+                time.sleep(0.2)
+
+    def stop(self) -> None:
+        for proc in self._procs:
+            proc.terminate()
+        for proc in self._procs:
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        self._logs.cleanup()
+
+
+@dataclass(slots=True)
+class Sample:
+    ttft_s: float
+    cache_n: int
+    prompt_n: int
+
+
+def _body(messages: list[dict[str, Any]]) -> dict[str, Any]:
+    return {"model": "tiny", "messages": messages, "max_tokens": 1, "temperature": 0}
+
+
+async def direct_samples(urls: list[str], work: Workload) -> AsyncGenerator[Sample, None]:
+    """One sample per request, sent the way an app does without the proxy."""
+    async with httpx.AsyncClient(timeout=120) as client:
+        for i, (indices, question) in enumerate(work.requests):
+            docs = [work.documents[j] for j in indices]
+            body = _body(render(work.system, docs, question))
+            started = time.perf_counter()
+            response = await client.post(urls[i % len(urls)] + "/v1/chat/completions", json=body)
+            elapsed = time.perf_counter() - started
+            response.raise_for_status()
+            timings = response.json().get("timings", {})
+            yield Sample(elapsed, int(timings.get("cache_n", 0)), int(timings.get("prompt_n", 0)))
+
+
+async def proxy_samples(
+    urls: list[str], work: Workload, slots: int, ctx_per_slot: int
+) -> AsyncGenerator[Sample, None]:
+    """One sample per request, sent through the Shape and Route stages."""
+    models = [PrefillModel(PrefillCoefficients(0.02, 0.0006, 0.0), min_observations=4) for _ in urls]
+    replicas = [
+        Replica(
+            index=i,
+            kind=BackendKind.LLAMACPP,
+            tree=KnowledgeTree(slots * ctx_per_slot * 8, prefill=models[i]),
+            prefill=models[i],
+            queue=AdmissionQueue(limit=slots),
+            slots=SlotTable(slots),
+        )
+        for i in range(len(urls))
+    ]
+    router = Router(models, ttft_slo_s=None)
+    async with httpx.AsyncClient(timeout=120) as client:
+
+        async def send(ctx: RequestContext) -> Reply:
+            url = urls[ctx.state["backend_index"]]
+            response = await client.post(
+                url + "/v1/chat/completions",
+                content=ctx.outgoing_body(),
+                headers={"Content-Type": "application/json", **ctx.state.get("upstream_headers", {})},
+            )
+            return Reply(response.status_code, body=response.content)
+
+        pipeline = Pipeline(
+            [Shape(replicas, default_policy=OrderPolicy.REUSE), Route(replicas, router)], send
+        )
+        for i, (indices, question) in enumerate(work.requests):
+            body = _body([{"role": "system", "content": work.system}, {"role": "user", "content": question}])
+            body["ragproxy"] = {
+                "documents": [
+                    {
+                        "id": work.documents[j].id,
+                        "text": work.documents[j].text,
+                        "title": work.documents[j].title,
+                    }
+                    for j in indices
+                ]
+            }
+            ctx = RequestContext(
+                request=make_mocked_request("POST", "/v1/chat/completions"),
+                route="chat",
+                request_id=f"kv-{i}",
+                raw_body=orjson.dumps(body),
+                body=body,
+            )
+            started = time.perf_counter()
+            reply = await pipeline(ctx)
+            elapsed = time.perf_counter() - started
+            if reply.status != 200:
+                raise RuntimeError(f"backend answered {reply.status}: {reply.body!r}")
+            timings = orjson.loads(reply.body or b"{}").get("timings", {})
+            yield Sample(elapsed, int(timings.get("cache_n", 0)), int(timings.get("prompt_n", 0)))
+
+
+async def run_interleaved(
+    direct_urls: list[str], proxy_urls: list[str], work: Workload, slots: int, ctx_per_slot: int
+) -> tuple[list[Sample], list[Sample]]:
+    """Each request goes direct, then through the proxy: both see the same (noisy, shared) machine."""
+    direct: list[Sample] = []
+    proxied: list[Sample] = []
+    direct_iter = direct_samples(direct_urls, work)
+    proxy_iter = proxy_samples(proxy_urls, work, slots, ctx_per_slot)
+    for _ in work.requests:
+        direct.append(await anext(direct_iter))
+        proxied.append(await anext(proxy_iter))
+    await direct_iter.aclose()
+    await proxy_iter.aclose()
+    return direct, proxied
+
+
+def _reuse(samples: list[Sample]) -> float:
+    cached = sum(s.cache_n for s in samples)
+    total = cached + sum(s.prompt_n for s in samples)
+    return cached / total if total else 0.0
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m loadtest.bench kv")
+    parser.add_argument("--quick", action="store_true", help="fewer requests and documents")
+    parser.add_argument("--json", action="store_true", help="print one JSON object as the last line")
+    parser.add_argument("--requests", type=int)
+    parser.add_argument("--docs", type=int)
+    parser.add_argument("--replicas", type=int, default=2)
+    parser.add_argument("--slots", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=1, help="llama-server threads per replica")
+    parser.add_argument("--doc-words", type=int, default=200)
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--verbose", action="store_true", help="print every request's TTFT and timings")
+    args = parser.parse_args(argv)
+    requests = args.requests or (16 if args.quick else 40)
+    docs = args.docs or (10 if args.quick else 24)
+    ctx_per_slot = 8192
+    server, model = ensure_binaries()
+    work = make_workload(docs=docs, requests=requests, doc_words=args.doc_words, seed=args.seed)
+    started = time.perf_counter()
+    direct_servers = Servers(server, model, args.replicas, args.slots, ctx_per_slot, args.threads)
+    proxy_servers = Servers(server, model, args.replicas, args.slots, ctx_per_slot, args.threads)
+    try:
+        direct_servers.wait_ready()
+        proxy_servers.wait_ready()
+        direct, proxied = asyncio.run(
+            run_interleaved(direct_servers.urls, proxy_servers.urls, work, args.slots, ctx_per_slot)
+        )
+    finally:
+        direct_servers.stop()
+        proxy_servers.stop()
+    if args.verbose:
+        for i, (d, p) in enumerate(zip(direct, proxied, strict=True)):
+            print(
+                f"  #{i:<3} direct {d.ttft_s * 1000:7.0f} ms cached {d.cache_n:5} computed {d.prompt_n:5}"
+                f" | proxy {p.ttft_s * 1000:7.0f} ms cached {p.cache_n:5} computed {p.prompt_n:5}"
+            )
+    p50_direct = statistics.median(s.ttft_s for s in direct) * 1000
+    p50_proxy = statistics.median(s.ttft_s for s in proxied) * 1000
+    prompt_tokens = statistics.mean(s.cache_n + s.prompt_n for s in direct)
+    summary = {
+        "bench": "kv",
+        "requests": requests,
+        "documents": docs,
+        "replicas": args.replicas,
+        "slots_per_replica": args.slots,
+        "mean_prompt_tokens": round(prompt_tokens),
+        "ttft_p50_direct_ms": round(p50_direct, 1),
+        "ttft_p50_proxy_ms": round(p50_proxy, 1),
+        "ttft_mean_direct_ms": round(statistics.mean(s.ttft_s for s in direct) * 1000, 1),
+        "ttft_mean_proxy_ms": round(statistics.mean(s.ttft_s for s in proxied) * 1000, 1),
+        "ttft_speedup": round(p50_direct / p50_proxy, 2),
+        "prefix_token_reuse": round(_reuse(proxied), 3),
+        "prefix_token_reuse_direct": round(_reuse(direct), 3),
+        "elapsed_s": round(time.perf_counter() - started, 1),
+    }
+    print(
+        f"{requests} requests, {docs} documents, {args.replicas} llama-server replicas x {args.slots} slots, "
+        f"~{summary['mean_prompt_tokens']} prompt tokens"
+    )
+    print(
+        f"  direct: TTFT p50 {p50_direct:8.1f} ms   prefix reuse {summary['prefix_token_reuse_direct']:.3f}"
+    )
+    print(f"  proxy:  TTFT p50 {p50_proxy:8.1f} ms   prefix reuse {summary['prefix_token_reuse']:.3f}")
+    print(f"  ttft_speedup (p50 direct / p50 proxy): {summary['ttft_speedup']}")
+    if args.json:
+        print(json.dumps(summary))
+    return 0
