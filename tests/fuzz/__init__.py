@@ -1,0 +1,1 @@
+"""Property-based fuzzing of the data plane (hypothesis)."""

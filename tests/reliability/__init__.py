@@ -1,0 +1,1 @@
+"""Fault injection with real processes, fail-open tiers, breakers, bounded resources, isolation."""
