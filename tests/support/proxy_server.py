@@ -27,6 +27,8 @@ def proxy_settings(llm_url: str | list[str] | None = None, qdrant_url: str | Non
     """Settings for a test proxy: free ports, the given upstreams, dotted-key overrides."""
     values: dict[str, Any] = {"server.port": free_port(), "admin.port": free_port(), "logging.format": "text",
                               "upstreams.health_interval_s": 0.5,
+                              # the semantic tier loads a model; its own tests switch it on
+                              "cache.l2.enabled": False,
                               "data_dir": tempfile.mkdtemp(prefix="ragproxy-test-")}
     if llm_url is not None:
         urls = [llm_url] if isinstance(llm_url, str) else llm_url
