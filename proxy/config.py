@@ -57,7 +57,8 @@ class LLMBackend(_Section):
 
     @property
     def label(self) -> str:
-        return self.name or self.url
+        """The name, or the URL without any user:password (labels reach logs, metrics and error bodies)."""
+        return self.name or re.sub(r"^(https?://)[^/@]*@", r"\1", self.url)
 
 
 class QdrantUpstream(_Section):

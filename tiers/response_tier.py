@@ -50,7 +50,7 @@ class ResponseTier:
         self.op_timeout = op_timeout
         self.breaker = breaker or CircuitBreaker()
         self._log_interval = log_interval
-        self._last_logged = 0.0
+        self._last_logged: float | None = None
 
     async def _call(self, operation: Awaitable[T]) -> T:
         """Run one store operation under the breaker and the timeout."""
@@ -70,7 +70,7 @@ class ResponseTier:
     def _failed(self, action: str, exc: Exception) -> None:
         self.counters.errors += 1
         now = time.monotonic()
-        if now - self._last_logged >= self._log_interval:
+        if self._last_logged is None or now - self._last_logged >= self._log_interval:
             self._last_logged = now
             log.warning("tier %s: %s failed (%s: %s); serving without it", self.name, action,
                         exc.__class__.__name__, exc)

@@ -73,7 +73,9 @@ def make_handler(
         rid = request_id(request.headers.get("X-Request-ID"))
         ctx: RequestContext | None = None
         try:
-            upstream_path = path(request) if path is not None else request.raw_path
+            # The origin-form path and query only: an absolute-form target (``POST http://host/v1/...``) must not
+            # reach the upstream URL, which is the configured base followed by this.
+            upstream_path = path(request) if path is not None else str(request.rel_url)
             raw = await read_body(request, max_body) if request.can_read_body else b""
             body: dict[str, Any] | None = None
             if json_body:

@@ -35,6 +35,11 @@ def _headers_for(ctx: RequestContext, auth: dict[str, str], trust_forwarded: boo
     return headers
 
 
+# Statuses that say the replica itself is unwell (overloaded, down behind a gateway, timing out). A 500 is kept out:
+# one client's malformed request can make a backend answer 500, and that must not open the replica for everyone.
+_REPLICA_FAILING = frozenset({502, 503, 504})
+
+
 class ForwardToLLM:
     """Send to the replica chosen by routing (or the first healthy one); retry only a refused connection."""
 
@@ -77,7 +82,7 @@ class ForwardToLLM:
                 backend = following
                 continue
             ctx.state["backend"] = backend
-            if reply.status >= 500:
+            if reply.status in _REPLICA_FAILING:
                 backend.breaker.failure()
             else:
                 backend.breaker.success()

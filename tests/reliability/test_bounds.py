@@ -141,8 +141,6 @@ def test_retrieval_reverse_indexes_are_capped() -> None:
     assert tracked + 1000 > sum(len(keys) for keys in index._by_point.values()), "past max_tracked_ids: untracked"
 
 
-@pytest.mark.xfail(strict=True, reason="ProximityIndex keeps one version per collection name ever written "
-                   "(client-controlled names): unbounded; see the reliability report")
 def test_retrieval_write_versions_are_capped() -> None:
     index = ProximityIndex(make_policy("lru", 64 * 1024))
     for i in range(20_000):

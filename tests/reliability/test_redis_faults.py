@@ -119,8 +119,6 @@ async def test_breaker_half_open_probe_fails_again_while_redis_stays_down(
     assert tier.counters.errors == FAILURES_TO_OPEN + 1
 
 
-@pytest.mark.xfail(strict=True, reason="ResponseTier starts its log interval at monotonic 0: the first failure is "
-                   "not logged while the clock is below log_interval; fix in the reliability report")
 async def test_first_failure_is_logged_then_silent_for_the_interval(
         own_redis: RedisServer, tier: ResponseTier, caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.WARNING, logger="ragproxy.tiers")

@@ -143,8 +143,6 @@ def test_reset_mid_stream_is_never_stored(fake_llm_thread: FakeLLM) -> None:
         assert _post(server).headers["X-Cache-Status"] == "MISS", "the broken answers were not cached"
 
 
-@pytest.mark.xfail(strict=True, reason="every 5xx counts against the replica's breaker, so one client whose requests "
-                   "make the backend answer 500 opens it for every tenant; fix in the reliability report")
 def test_per_request_500s_do_not_open_the_breaker_for_everyone(pair: tuple[FakeLLM, FakeLLM]) -> None:
     first, _ = pair
     with _proxy([first.url], **{"upstreams.breaker_failures": 3, "upstreams.breaker_open_s": 30}) as server:

@@ -32,6 +32,7 @@ absolute Euclid/Dot/Manhattan scales are data-specific.
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
@@ -86,6 +87,7 @@ class ProximityIndex:
         max_entries_per_partition: int = 1024,
         default_tolerance: float = DEFAULT_COSINE_TOLERANCE,
         max_tracked_ids: int = 256,
+        max_versions: int = 10_000,
     ) -> None:
         self.policy = policy
         self.max_entries_per_partition = max_entries_per_partition
@@ -93,7 +95,14 @@ class ProximityIndex:
         self.max_tracked_ids = max_tracked_ids
         self._metrics: dict[str, dict[str, Distance]] = {}
         self._tolerances: dict[tuple[str, str | None], float] = {}
-        self._versions: dict[str, int] = {}
+        # Write versions are stamps from one counter; at most ``max_versions`` collections keep their own, the
+        # least recently written leave and every collection without one reads ``_floor`` (the newest stamp that
+        # left). Client-chosen collection names cannot grow the table, and a search that raced a write to a
+        # collection whose stamp left since still sees a changed version (possibly spuriously: never stored).
+        self.max_versions = max_versions
+        self._versions: OrderedDict[str, int] = OrderedDict()
+        self._stamp = 0
+        self._floor = 0
         self._epoch = 0
         self._partitions: dict[tuple[str, str], Partition] = {}
         self._entries: dict[str, _Entry] = {}
@@ -140,7 +149,7 @@ class ProximityIndex:
         """The collection's write version (``ALL_COLLECTIONS`` gives the epoch bumped by alias changes)."""
         if collection == ALL_COLLECTIONS:
             return self._epoch
-        return self._versions.get(collection, 0)
+        return self._versions.get(collection, self._floor)
 
     def versions(self, collections: Iterable[str]) -> dict[str, int]:
         """What a lookup records and hands back to :meth:`admit`: the epoch and each collection's version."""
@@ -238,7 +247,12 @@ class ProximityIndex:
             self._epoch += 1
             return [key for key in list(self._entries) for _ in self.forget(key)]
         collection = effect.collection
-        self._versions[collection] = self.version(collection) + 1
+        self._stamp += 1
+        self._versions.pop(collection, None)
+        self._versions[collection] = self._stamp
+        while len(self._versions) > self.max_versions:
+            _, stamp = self._versions.popitem(last=False)
+            self._floor = max(self._floor, stamp)
         doomed: set[str] = set()
         for key in self._by_collection.get(collection, ()):
             entry = self._entries[key]
