@@ -206,13 +206,14 @@ def _body_object(obj: Any, out: _Directives, name: str, keys: Mapping[str, str])
 _LITELLM_KEYS = {"ttl": "ttl", "s-maxage": "max_age", "no-cache": "no_cache", "no-store": "no_store",
                  "namespace": "namespace"}  # fmt: skip
 _RAGPROXY_SPELLING = {key: key for key in _RAGPROXY_KEYS}
+_RAGPROXY_OTHER_KEYS = frozenset({"documents"})  # structured documents: read by the KV layer, not a cache directive
 
 
 def _body_directives(body: Mapping[str, Any], out: _Directives) -> None:
     _body_object(body.get("cache"), out, "cache", _LITELLM_KEYS)
     own = body.get("ragproxy")
     if isinstance(own, dict):
-        unknown = sorted(set(own) - _RAGPROXY_KEYS)
+        unknown = sorted(set(own) - _RAGPROXY_KEYS - _RAGPROXY_OTHER_KEYS)
         if unknown:
             known = sorted(_RAGPROXY_KEYS)
             raise CacheControlError(f"body `ragproxy`: unknown key(s) {unknown}; known: {known}")

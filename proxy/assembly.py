@@ -1,13 +1,16 @@
 """The order of the whole system: which stages each kind of request goes through.
 
-Chat and legacy completions::
+Chat::
 
-    identify → credits (reserve … settle) → cache_control → canonicalize → L1 exact → L2 semantic → L3 cold
-    → coalesce → shape → route → forward
+    identify → credits (reserve … settle) → cache_control → canonicalize → store (on the way back) → L1 exact
+    → L2 semantic → L3 cold → coalesce → shape → route → forward
+
+Legacy completions: the same without L2, shape and route.
 
 Each stage wraps the ones after it: the way back (store in the tiers, settle credits) runs in reverse order.
 Embeddings: identify → credits → cache_control → per-item exact cache → forward.
-Qdrant searches: identify → retrieval cache → forward; Qdrant writes: identify → invalidate → forward;
+Qdrant searches: identify → credits → documents (remembered for prompt detection) → retrieval cache → forward;
+Qdrant writes: identify → invalidate → forward;
 anything else: identify → forward.
 """
 
@@ -25,7 +28,7 @@ from proxy.stages.cache_policy import ApplyCacheControl, Canonicalize
 from proxy.stages.coalesce import Coalesce
 from proxy.stages.embeddings import EmbeddingItemsCache
 from proxy.stages.forward import ForwardToLLM, ForwardToQdrant
-from proxy.stages.retrieval import InvalidateSearches, RetrievalLookup
+from proxy.stages.retrieval import InvalidateSearches, RegisterDocuments, RetrievalLookup
 from proxy.stages.semantic import SemanticLookup
 from proxy.stages.tiers import ExactLookup, StoreResponse
 
@@ -56,11 +59,12 @@ def build_pipelines(rt: Runtime) -> Pipelines:
     billing = _billing(rt)
     tracer = rt.tracer
     return Pipelines(
-        chat=Pipeline([*identify, *billing, *_caching(rt, "chat")], to_llm, tracer=tracer),
+        chat=Pipeline([*identify, *billing, *_caching(rt, "chat"), *_kv(rt)], to_llm, tracer=tracer),
         completions=Pipeline([*identify, *billing, *_caching(rt, "completion")], to_llm, tracer=tracer),
         embeddings=Pipeline([*identify, *billing, *_embedding_caching(rt)], to_llm, tracer=tracer),
         llm_passthrough=Pipeline(identify, to_llm, tracer=tracer),
-        qdrant_search=Pipeline([*identify, *_search_billing(rt), *_search_cache(rt)], to_qdrant, tracer=tracer),
+        qdrant_search=Pipeline([*identify, *_search_billing(rt), *_documents(rt), *_search_cache(rt)], to_qdrant,
+                               tracer=tracer),
         qdrant_write=Pipeline([*identify, *_search_invalidation(rt)], to_qdrant, tracer=tracer),
         qdrant_passthrough=Pipeline(identify, to_qdrant, tracer=tracer),
     )
@@ -81,6 +85,16 @@ def _search_billing(rt: Runtime) -> list[Stage]:
         return []
     return [SearchCredits(store, rt.credits.prices, reservation_ttl_s=credits.reservation_ttl_s,
                           fail_open=credits.fail_open)]
+
+
+def _kv(rt: Runtime) -> list[Stage]:
+    """shape → route: documents ordered for KV reuse, the replica chosen by estimated TTFT, prefix hints."""
+    return [] if rt.kv is None else [rt.kv.shape, rt.kv.route]
+
+
+def _documents(rt: Runtime) -> list[Stage]:
+    """documents: texts returned by searches are remembered, to be recognised inside later prompts."""
+    return [] if rt.kv is None else [RegisterDocuments(rt.kv.registry)]
 
 
 def _search_cache(rt: Runtime) -> list[Stage]:

@@ -48,6 +48,8 @@ class LLMBackend(_Section):
     )
     api_key: SecretStr | None = Field(default=None, description="Key the proxy sends upstream (never the client's)")
     max_concurrency: int = Field(default=64, ge=1, description="Requests in flight to this replica at once")
+    slots: int = Field(default=1, ge=1, description="llama.cpp server slots (parallel sequences with their own KV)")
+    kv_capacity_tokens: int = Field(default=200_000, ge=1, description="Prompt tokens the replica's KV cache holds")
 
     @field_validator("url")
     @classmethod
@@ -94,6 +96,21 @@ class Server(_Section):
     max_body_bytes: int = Field(default=16 * 1024 * 1024, ge=1024, description="Largest request body accepted")
     shutdown_grace_s: float = Field(default=30.0, ge=0, description="Drain time for in-flight requests on SIGTERM")
     trust_forwarded: bool = Field(default=False, description="Keep incoming X-Forwarded-* chains")
+
+
+class RoutingSettings(_Section):
+    enabled: bool = Field(default=True, description="Knowledge tree, document order, prefix hints, TTFT routing")
+    ttft_slo_s: float | None = Field(default=None, gt=0, description="Answer 429 when no replica can start sooner")
+    order: Literal["preserve", "reuse"] = Field(
+        default="preserve", description="preserve: retrieval order; reuse: follow the longest cached path"
+    )
+    namespace_orders: dict[str, Literal["preserve", "reuse"]] = Field(
+        default_factory=dict, description="Order policy per namespace"
+    )
+    queue_max_wait_s: float = Field(default=30.0, gt=0, description="Longest wait for a replica's concurrency slot")
+    starvation_window_s: float = Field(default=2.0, ge=0, description="Cache-aware queue order yields after this")
+    documents: int = Field(default=10_000, ge=1, description="Documents remembered from search results")
+    salt_secret: SecretStr | None = Field(default=None, description="Secret mixed into per-tenant cache_salt hints")
 
 
 class L1Settings(_Section):
@@ -248,6 +265,7 @@ class Settings(_Section):
     admin: AdminSettings = Field(default_factory=AdminSettings)
     logging: LoggingSettings = Field(default_factory=LoggingSettings)
     telemetry: TelemetrySettings = Field(default_factory=TelemetrySettings)
+    routing: RoutingSettings = Field(default_factory=RoutingSettings)
     data_dir: Path = Field(default=Path("./ragproxy-data"), description="Where embedded stores keep their files")
 
 

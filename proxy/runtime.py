@@ -13,6 +13,7 @@ from opentelemetry.trace import Tracer
 from proxy.config import Settings
 from proxy.context import RequestContext
 from proxy.credits.factory import CreditComponents, build_credits
+from proxy.kv.factory import KVLayer, build_kv
 from proxy.metrics import Metrics
 from proxy.semantic_factory import build_semantic
 from proxy.shared import SharedMode, build_shared
@@ -53,6 +54,7 @@ class Runtime:
     tracer: Tracer | None = field(init=False)
     credits: CreditComponents = field(init=False)
     shared: SharedMode | None = None
+    kv: KVLayer | None = None
     semantic_ready: asyncio.Task[None] | None = None
     pipelines: Any = None  # proxy.assembly.Pipelines, set by the app (assembly imports this module)
     stats: RequestStats = field(default_factory=RequestStats)
@@ -91,6 +93,7 @@ class Runtime:
             for collection, tolerance in search.collection_tolerances.items():
                 self.retrieval.set_tolerance(collection, tolerance)
         self.metrics = Metrics()
+        self.kv = build_kv(self.settings, self.backends)
         self.shared = build_shared(self.settings, self.metrics)  # None unless redis.url is set
         if self.shared is not None:
             self.l1 = self.shared.l1

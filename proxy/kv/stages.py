@@ -91,8 +91,11 @@ class Shape:
         """The pure part: fill ``ctx.state`` with the plan and the per-replica orders."""
         if ctx.body is None:
             return
+        # the cache-control stage lifts the proxy's own ``ragproxy`` object out of the forwarded body
+        lifted = ctx.state.get("ragproxy")
+        body = ctx.body if lifted is None else {**ctx.body, "ragproxy": lifted}
         try:
-            plan = plan_request(ctx.body, registry=self.registry, chars_per_token=self.chars_per_token)
+            plan = plan_request(body, registry=self.registry, chars_per_token=self.chars_per_token)
         except ValueError as error:
             raise ProxyError(400, str(error), param="ragproxy.documents") from error
         if plan is None:

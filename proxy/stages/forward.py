@@ -52,7 +52,9 @@ class ForwardToLLM:
 
     async def __call__(self, ctx: RequestContext) -> Reply:
         chosen = ctx.state.get("backend")
-        picked = chosen if isinstance(chosen, Backend) else self.pool.first_healthy()
+        # routing's choice stands unless that replica is down or its breaker is open
+        usable = isinstance(chosen, Backend) and chosen.healthy and chosen.breaker.allow()
+        picked = chosen if usable else self.pool.first_healthy()
         if picked is None:
             raise ProxyError(503, "every LLM backend is failing; retrying shortly", code="upstream_circuit_open",
                              headers={"Retry-After": "2"})
@@ -61,8 +63,10 @@ class ForwardToLLM:
         body = ctx.outgoing_body() if ctx.method not in ("GET", "HEAD") else None
         tried: set[int] = set()
         started = time.perf_counter()
+        hints = ctx.state.get("upstream_headers") or {}
         while True:
             headers = _headers_for(ctx, backend.auth_headers(), self.trust_forwarded)
+            headers.update(hints)
             backend.in_flight += 1
             try:
                 reply = await self.client.send(

@@ -21,6 +21,7 @@ from typing import Any
 import orjson
 from multidict import CIMultiDict
 
+from normalizer.documents import DocumentRegistry, payload_texts
 from normalizer.search_request import parse_search
 from proxy.context import Reply, RequestContext
 from proxy.pipeline import Next
@@ -36,11 +37,9 @@ class RetrievalLookup:
 
     name = "retrieval"
 
-    def __init__(self, cache: RetrievalCache, fetch_collection: CollectionFetcher,
-                 on_results: Callable[[bytes], None] | None = None) -> None:
+    def __init__(self, cache: RetrievalCache, fetch_collection: CollectionFetcher) -> None:
         self.cache = cache
         self.fetch_collection = fetch_collection
-        self.on_results = on_results
 
     async def __call__(self, ctx: RequestContext, call_next: Next) -> Reply:
         try:
@@ -49,7 +48,7 @@ class RetrievalLookup:
             request = None
         if request is None:
             ctx.cache_status = "BYPASS"
-            return await self._observe(await call_next(ctx))
+            return await call_next(ctx)
         if not self.cache.knows(request.collection):
             info = await self.fetch_collection(request.collection)
             if info is not None:
@@ -67,7 +66,6 @@ class RetrievalLookup:
         if reply.status != 200 or reply.body is None:
             return reply
         merged = await self.cache.store(plan, reply.body, cost=float(ctx.state.get("upstream_seconds", 1.0)))
-        self._results(reply.body)
         if merged is None:
             return reply
         ctx.cache_status = status if hits else "MISS"
@@ -75,23 +73,31 @@ class RetrievalLookup:
             ctx.cache_tier = "retrieval"
         return self._reply(merged, ctx.cache_status, hits, len(request.items))
 
-    async def _observe(self, reply: Reply) -> Reply:
-        if reply.status == 200 and reply.body is not None:
-            self._results(reply.body)
-        return reply
-
-    def _results(self, body: bytes) -> None:
-        if self.on_results is not None:
-            try:
-                self.on_results(body)
-            except Exception:  # document detection is best effort
-                log.debug("search results not understood", exc_info=True)
-
     @staticmethod
     def _reply(body: bytes, status: str, hits: int, items: int) -> Reply:
         headers: CIMultiDict[str] = CIMultiDict({"Content-Type": "application/json", "X-Cache-Status": status,
                                                  "X-Cache-Hits": f"{hits}/{items}"})
         return Reply(status=200, headers=headers, body=body)
+
+
+class RegisterDocuments:
+    """Remember the document texts search results carry, so they can be found later inside LLM prompts."""
+
+    name = "documents"
+
+    def __init__(self, registry: DocumentRegistry) -> None:
+        self.registry = registry
+
+    async def __call__(self, ctx: RequestContext, call_next: Next) -> Reply:
+        reply = await call_next(ctx)
+        if reply.status == 200 and reply.body is not None:
+            try:
+                answer = orjson.loads(reply.body)
+                if isinstance(answer, dict):
+                    self.registry.add_many(payload_texts(answer))
+            except (orjson.JSONDecodeError, TypeError, ValueError):  # best effort: detection only gets weaker
+                log.debug("search results not understood", exc_info=True)
+        return reply
 
 
 class InvalidateSearches:

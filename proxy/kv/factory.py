@@ -1,0 +1,60 @@
+"""Building the KV layer from the settings: one knowledge tree, prefill model, queue (and slot table) per replica,
+the router over them, and the ``Shape``/``Route`` stages."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from normalizer.documents import DocumentRegistry
+from proxy.config import Settings
+from proxy.kv.admission_queue import AdmissionQueue
+from proxy.kv.hints import BackendKind, SlotTable
+from proxy.kv.order import OrderPolicy, Popularity
+from proxy.kv.prefill import PrefillModel
+from proxy.kv.router import Router
+from proxy.kv.stages import Replica, Route, Shape
+from proxy.kv.tree import KnowledgeTree
+from proxy.upstream.backends import BackendPool
+
+
+@dataclass
+class KVLayer:
+    """Everything routing needs, for the stages and the admin API."""
+
+    replicas: list[Replica]
+    router: Router
+    registry: DocumentRegistry
+    shape: Shape
+    route: Route
+
+    def summary(self) -> list[dict[str, object]]:
+        """Per replica: knowledge-tree size and the queue, for /admin/backends."""
+        return [{"replica": r.index, "kind": r.kind.value, "tree_tokens": r.tree.size_tokens,
+                 "tree_capacity_tokens": r.tree.capacity_tokens, "queued": r.queue.waiting,
+                 "in_flight": r.queue.active} for r in self.replicas]
+
+
+def build_kv(settings: Settings, pool: BackendPool) -> KVLayer | None:
+    routing = settings.routing
+    if not routing.enabled:
+        return None
+    replicas: list[Replica] = []
+    for index, backend in enumerate(settings.upstreams.llm):
+        prefill = PrefillModel()
+        kind = BackendKind(backend.kind)
+        replicas.append(Replica(
+            index=index, kind=kind, prefill=prefill,
+            tree=KnowledgeTree(backend.kv_capacity_tokens, prefill=prefill),
+            queue=AdmissionQueue(backend.max_concurrency, starvation_window_s=routing.starvation_window_s,
+                                 max_wait_s=routing.queue_max_wait_s),
+            slots=SlotTable(backend.slots) if kind is BackendKind.LLAMACPP else None,
+        ))
+    router = Router([r.prefill for r in replicas], ttft_slo_s=routing.ttft_slo_s,
+                    parallelism=[b.slots for b in settings.upstreams.llm])
+    registry = DocumentRegistry(routing.documents)
+    shape = Shape(replicas, registry=registry,
+                  policies={ns: OrderPolicy(order) for ns, order in routing.namespace_orders.items()},
+                  default_policy=OrderPolicy(routing.order), popularity=Popularity())
+    salt = routing.salt_secret.get_secret_value() if routing.salt_secret else ""
+    route = Route(replicas, router, salt_secret=salt, backend_objects=pool.backends)
+    return KVLayer(replicas=replicas, router=router, registry=registry, shape=shape, route=route)

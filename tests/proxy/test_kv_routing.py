@@ -1,0 +1,104 @@
+"""Documents, order, hints and routing through HTTP, against fake replicas that model a prefix KV cache."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.fakes.kv_cache import KVCacheModel
+from tests.fakes.llm_server import FakeLLM
+from tests.fakes.qdrant_shim import QdrantShim
+from tests.support.proxy_server import ProxyServer, proxy_settings
+
+CHAT = "/v1/chat/completions"
+DOCS = [{"id": f"d{i}", "text": f"Passage {i}: " + " ".join(f"word{i}_{j}" for j in range(120))} for i in range(4)]
+
+
+@pytest.fixture
+def replicas() -> Iterator[list[FakeLLM]]:
+    with FakeLLM(kv=KVCacheModel(capacity_blocks=4096)) as a, FakeLLM(kv=KVCacheModel(capacity_blocks=4096)) as b:
+        yield [a, b]
+
+
+def _settings(replicas: list[FakeLLM], kind: str = "openai", **overrides: Any) -> Any:
+    return proxy_settings(**{"upstreams.llm": [{"url": r.url, "kind": kind} for r in replicas],
+                             "cache.enabled": False, **overrides})
+
+
+def _structured(docs: list[dict[str, str]], question: str) -> dict[str, Any]:
+    return {"model": "fake-model", "messages": [{"role": "system", "content": "Answer from the documents."},
+                                                {"role": "user", "content": question}],
+            "ragproxy": {"documents": docs}}
+
+
+def _cached(response: httpx.Response) -> int:
+    return int(response.json()["usage"]["prompt_tokens_details"]["cached_tokens"])
+
+
+def test_structured_documents_are_rendered_byte_stably(replicas: list[FakeLLM]) -> None:
+    with ProxyServer(_settings(replicas)) as server:
+        response = httpx.post(server.url + CHAT, json=_structured(DOCS[:2], "What is in passage 1?"))
+    assert response.status_code == 200
+    sent = next(r for r in replicas if r.log.count(CHAT)).log.last.json()
+    assert "ragproxy" not in sent
+    system = sent["messages"][0]["content"]
+    assert system.count("<document") == 2 and DOCS[0]["text"] in system
+
+
+def test_same_documents_stick_to_one_replica_and_reuse_its_kv(replicas: list[FakeLLM]) -> None:
+    with ProxyServer(_settings(replicas, **{"routing.order": "reuse"})) as server:
+        answers = [httpx.post(server.url + CHAT, json=_structured(order, question)) for order, question in [
+            (DOCS[:3], "first question"), ([DOCS[2], DOCS[0], DOCS[1]], "second question"),
+            ([DOCS[1], DOCS[2], DOCS[0]], "third question")]]
+    assert {a.headers["X-RagProxy-Replica"] for a in answers} == {answers[0].headers["X-RagProxy-Replica"]}
+    # [d2, d0, d1] follows the cached path d0, d1 with the top-ranked d2 moved to the far edge: all three reused;
+    # [d1, d2, d0] keeps d1 at an edge, so at least d0 is reused
+    assert _cached(answers[1]) > 300 and _cached(answers[2]) > 100
+
+
+def test_preserve_keeps_the_retrieval_order(replicas: list[FakeLLM]) -> None:
+    with ProxyServer(_settings(replicas)) as server:
+        httpx.post(server.url + CHAT, json=_structured([DOCS[2], DOCS[0]], "q"))
+    sent = next(r for r in replicas if r.log.count(CHAT)).log.last.json()["messages"][0]["content"]
+    assert sent.index(DOCS[2]["text"]) < sent.index(DOCS[0]["text"])
+
+
+def test_documents_from_searches_are_detected_in_prompts(replicas: list[FakeLLM], qdrant_shim: QdrantShim) -> None:
+    settings = _settings(replicas, **{"upstreams.qdrant.url": qdrant_shim.url, "routing.order": "reuse"})
+    with ProxyServer(settings) as server:
+        httpx.put(server.url + "/collections/kb", json={"vectors": {"size": 2, "distance": "Cosine"}})
+        httpx.put(server.url + "/collections/kb/points?wait=true", json={"points": [
+            {"id": i, "vector": [1.0, i / 10], "payload": {"text": d["text"]}} for i, d in enumerate(DOCS)]})
+        found = httpx.post(server.url + "/collections/kb/points/query",
+                           json={"query": [1.0, 0.1], "limit": 4, "with_payload": True})
+        assert found.status_code == 200
+        assert len(server.runtime.kv.registry) == 4  # type: ignore[union-attr]
+        for order in ([0, 1, 2], [2, 1, 0]):
+            context = "\n\n".join(DOCS[i]["text"] for i in order)
+            httpx.post(server.url + CHAT, json={"model": "fake-model", "messages": [
+                {"role": "user", "content": f"Context:\n{context}\n\nQuestion: which passage?"}]})
+    prompts = [r.json()["messages"][0]["content"] for replica in replicas for r in replica.log.for_path(CHAT)]
+    assert len(prompts) == 2 and prompts[0] == prompts[1], "detected documents are put in one stable order"
+
+
+def test_slo_that_cannot_be_met_is_429(replicas: list[FakeLLM]) -> None:
+    with ProxyServer(_settings(replicas, **{"routing.ttft_slo_s": 1e-9})) as server:
+        response = httpx.post(server.url + CHAT, json=_structured(DOCS, "q"))
+    assert response.status_code == 429
+    assert response.headers["Retry-After"]
+    assert response.json()["error"]["type"] == "rate_limit_error"
+    assert sum(r.log.count(CHAT) for r in replicas) == 0
+
+
+@pytest.mark.parametrize(("kind", "field"), [("llamacpp", "id_slot"), ("vllm", "cache_salt")])
+def test_backend_hints(replicas: list[FakeLLM], kind: str, field: str) -> None:
+    with ProxyServer(_settings(replicas, kind=kind)) as server:
+        assert httpx.post(server.url + CHAT, json=_structured(DOCS[:2], "q")).status_code == 200
+    sent = next(r for r in replicas if r.log.count(CHAT)).log.last
+    assert field in sent.json()
+    if kind == "llamacpp":
+        assert sent.json()["cache_prompt"] is True
+    assert sent.headers["X-Prefix-Docs"] == "d0,d1"
