@@ -2,8 +2,8 @@
 
 Chat::
 
-    identify → credits (reserve … settle) → cache_control → canonicalize → store (on the way back) → L1 exact
-    → L2 semantic → L3 cold → coalesce → shape → route → forward
+    identify → credits (reserve … settle) → cache_control → canonicalize → [stale_if_error] → store (on the way
+    back) → L1 exact → L2 semantic → L3 cold → coalesce → shape → route → forward
 
 Legacy completions: the same without L2, shape and route.
 
@@ -30,6 +30,7 @@ from proxy.stages.embeddings import EmbeddingItemsCache
 from proxy.stages.forward import ForwardToLLM, ForwardToQdrant
 from proxy.stages.retrieval import InvalidateSearches, RegisterDocuments, RetrievalLookup
 from proxy.stages.semantic import SemanticLookup
+from proxy.stages.stale import StaleIfError
 from proxy.stages.tiers import ExactLookup, StoreResponse
 
 
@@ -132,6 +133,7 @@ def _caching(rt: Runtime, kind: RequestKind) -> list[Stage]:
     stages: list[Stage] = [
         ApplyCacheControl(defaults),
         Canonicalize(kind, bypass, rt.versions, frozenset(cache.shared_namespaces)),
+        *([] if rt.stale is None else [StaleIfError(rt.stale, kind=kind, namespaces=cache.stale.namespaces)]),
         StoreResponse(rt.l1, kind=kind, expose_key=cache.expose_key, write_behind=rt.write_behind),
     ]
     if cache.l1.enabled:

@@ -164,12 +164,22 @@ class RetrievalSettings(_Section):
     ttl_s: float | None = Field(default=None, gt=0, description="Lifetime of a cached search (none: until a write)")
 
 
+class StaleSettings(_Section):
+    namespaces: list[str] = Field(
+        default_factory=list, description="Stale-tolerant namespaces: on upstream failure, serve the last good answer"
+    )
+    max_entries: int = Field(default=10_000, ge=1, description="Last good answers kept for stale-if-error")
+    max_bytes: int = Field(default=64 * 1024 * 1024, ge=1024, description="Memory for those answers")
+    max_stale_s: float = Field(default=86_400.0, gt=0, description="Oldest answer served stale")
+
+
 class CacheSettings(_Section):
     enabled: bool = Field(default=True, description="Master switch of every response tier")
     l1: L1Settings = Field(default_factory=L1Settings)
     l2: L2Settings = Field(default_factory=L2Settings)
     l3: L3Settings = Field(default_factory=L3Settings)
     retrieval: RetrievalSettings = Field(default_factory=RetrievalSettings)
+    stale: StaleSettings = Field(default_factory=StaleSettings)
     cache_sampled: bool = Field(
         default=True, description="Cache answers to requests with temperature > 0 (see normalizer docs)"
     )

@@ -17,6 +17,7 @@ from proxy.kv.factory import KVLayer, build_kv
 from proxy.metrics import Metrics
 from proxy.semantic_factory import build_semantic
 from proxy.shared import SharedMode, build_shared
+from proxy.stages.stale import StaleStore
 from proxy.stats import RequestStats
 from proxy.upstream.backends import BackendPool
 from proxy.upstream.client import UpstreamClient
@@ -55,6 +56,7 @@ class Runtime:
     credits: CreditComponents = field(init=False)
     shared: SharedMode | None = None
     kv: KVLayer | None = None
+    stale: StaleStore | None = None
     semantic_ready: asyncio.Task[None] | None = None
     pipelines: Any = None  # proxy.assembly.Pipelines, set by the app (assembly imports this module)
     stats: RequestStats = field(default_factory=RequestStats)
@@ -94,6 +96,9 @@ class Runtime:
                 self.retrieval.set_tolerance(collection, tolerance)
         self.metrics = Metrics()
         self.kv = build_kv(self.settings, self.backends)
+        stale = self.settings.cache.stale
+        self.stale = StaleStore(max_entries=stale.max_entries, max_bytes=stale.max_bytes,
+                                max_stale_s=stale.max_stale_s) if stale.namespaces else None
         self.shared = build_shared(self.settings, self.metrics)  # None unless redis.url is set
         if self.shared is not None:
             self.l1 = self.shared.l1

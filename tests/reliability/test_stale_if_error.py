@@ -154,3 +154,20 @@ def test_stale_store_is_bounded_and_forgets_old_answers() -> None:
         assert store.bytes <= 10_000
     now[0] = 101.0
     assert store.get("b49") is None and len(store) < 3
+
+
+def test_configured_namespace_is_served_stale(fake_llm_thread: FakeLLM) -> None:
+    """The same behaviour switched on by configuration alone (``cache.stale.namespaces``)."""
+    settings = proxy_settings(fake_llm_thread.url, **{"cache.stale.namespaces": ["faq"], "cache.l3.enabled": False})
+    body = {"model": "fake-model", "messages": [{"role": "user", "content": "opening hours?"}]}
+    headers = {"x-ragproxy-namespace": "faq", "x-ragproxy-ttl": "1"}
+    with ProxyServer(settings) as server:
+        fresh = httpx.post(server.url + "/v1/chat/completions", json=body, headers=headers)
+        time.sleep(1.2)
+        fake_llm_thread.faults.fail_next(503)
+        stale = httpx.post(server.url + "/v1/chat/completions", json=body, headers=headers)
+        assert stale.status_code == 200 and stale.headers["X-Cache-Status"] == "STALE"
+        assert stale.json() == fresh.json()
+        fake_llm_thread.faults.fail_next(503)
+        other = httpx.post(server.url + "/v1/chat/completions", json=body, headers={"x-ragproxy-ttl": "1"})
+        assert other.status_code == 503, "namespaces not named stay strict"
