@@ -252,6 +252,24 @@ def main(argv: list[str]) -> int:
         f" in the background); append-only log get p50 {result['log_get_p50_ms']}"
         f" / p99 {result['log_get_p99_ms']} ms, reopen (index scan) {result['log_reopen_ms']} ms"
     )
+    http = http_hits(args.quick)
+    result.update({f"http_{key}": round(value, 4) for key, value in http.items()})
+    print(
+        f"cold hits through HTTP (L1 lookups off, every hit from L3): p50 {http['hit_p50_ms']:.3f} ms"
+        f"  p99 {http['hit_p99_ms']:.3f} ms; bare handler p50 {http['bare_p50_ms']:.3f} ms"
+        f"  p99 {http['bare_p99_ms']:.3f} ms; rps {http['hit_rps']:.0f} vs {http['bare_rps']:.0f}"
+    )
     if args.json:
         print(json.dumps(result))
     return 0
+
+
+def http_hits(quick: bool) -> dict[str, float]:
+    """L3 hits through a ``ragproxy serve`` process, against a bare handler in the same run."""
+    import tempfile
+
+    from loadtest.bench.l1 import run as run_hits
+
+    env = {"RAGPROXY_CACHE__L1__ENABLED": "false", "RAGPROXY_CACHE__L2__ENABLED": "false",
+           "RAGPROXY_DATA_DIR": tempfile.mkdtemp(prefix="ragproxy-bench-")}
+    return run_hits(env, quick, "l3")
