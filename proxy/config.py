@@ -309,9 +309,27 @@ def parse_assignment(text: str) -> tuple[str, Any]:
     return key.strip(), _parse_scalar(raw, key.strip())
 
 
+_USERINFO = re.compile(r"^([a-z][a-z0-9+.-]*://)[^/@\s]*@", re.IGNORECASE)
+
+
+def redact_url(url: str) -> str:
+    """``url`` without a ``user:password@`` part (for logs, labels and printed configuration)."""
+    return _USERINFO.sub(r"\1***@", url)
+
+
 def redacted(settings: Settings) -> dict[str, Any]:
-    """The effective configuration as plain data, secrets masked."""
-    return settings.model_dump(mode="json", by_alias=True)
+    """The effective configuration as plain data, secrets masked (also passwords inside URLs)."""
+
+    def clean(value: Any) -> Any:
+        if isinstance(value, str):
+            return redact_url(value)
+        if isinstance(value, dict):
+            return {key: clean(item) for key, item in value.items()}
+        if isinstance(value, list):
+            return [clean(item) for item in value]
+        return value
+
+    return dict(clean(settings.model_dump(mode="json", by_alias=True)))
 
 
 def _read_yaml(path: Path) -> dict[str, Any]:

@@ -42,6 +42,12 @@ class Reply:
         """Call ``callback(reply, ok, body)`` once the client has received everything (or the transfer failed)."""
         self._callbacks.append(callback)
 
+    def take_over(self, replaced: Reply) -> Reply:
+        """This reply answers instead of ``replaced``: its finish work (releasing a replica, settling) moves here."""
+        self._callbacks[:0] = replaced._callbacks
+        replaced._callbacks = []
+        return self
+
     async def finish(self, ok: bool, body: bytes) -> None:
         """Run the finish callbacks, innermost stage first (the order they were registered in)."""
         for callback in self._callbacks:

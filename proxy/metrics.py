@@ -54,9 +54,9 @@ class Metrics:
                                   "Upstream seconds not spent thanks to cache hits", ["tier"], registry=r)
         self.credits_charged = Counter("ragproxy_credits_charged_total", "Credits charged to users",
                                        ["kind"], registry=r)
-        self.prefix_tokens = Counter("ragproxy_kv_prefix_tokens_total",
-                                     "Prompt tokens sent to backends, by whether the backend reported them cached",
-                                     ["backend", "cached"], registry=r)
+        self.prefix_tokens = Counter("ragproxy_kv_cached_prompt_tokens_total",
+                                     "Prompt tokens the backends reported as served from their KV cache",
+                                     ["backend"], registry=r)
         self.failures = Counter("ragproxy_dependency_failures_total", "Failures of a cache dependency (fail-open)",
                                 ["dependency"], registry=r)
         self._gauges = _CallbackGauges()

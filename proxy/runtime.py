@@ -19,7 +19,7 @@ from proxy.semantic_factory import build_semantic
 from proxy.shared import SharedMode, build_shared
 from proxy.stages.stale import StaleStore
 from proxy.stats import RequestStats
-from proxy.upstream.backends import BackendPool
+from proxy.upstream.backends import Backend, BackendPool
 from proxy.upstream.client import UpstreamClient
 from tiers.cold import ColdStore
 from tiers.demotion import Demoter
@@ -131,6 +131,17 @@ class Runtime:
         self.metrics.request_seconds.labels(ctx.route, cache_status).observe(seconds)
         if ctx.cache_tier:
             self.metrics.tier_lookups.labels(ctx.cache_tier, "hit").inc()
+        backend = ctx.state.get("backend")
+        label = backend.label if isinstance(backend, Backend) else ("qdrant" if "qdrant" in ctx.route else "llm")
+        upstream_seconds = ctx.state.get("upstream_seconds")
+        if upstream_seconds is not None:
+            self.metrics.upstream_seconds.labels(label).observe(float(upstream_seconds))
+        cached_tokens = ctx.state.get("kv.cached_tokens_reported")
+        if cached_tokens:
+            self.metrics.prefix_tokens.labels(label).inc(int(cached_tokens))
+        charged = ctx.response_headers.get("X-Credits-Charged")
+        if charged:
+            self.metrics.credits_charged.labels("hit" if ctx.cache_tier else "upstream").inc(float(charged))
         if self.trace is not None and "entry_size" in ctx.state:
             self.trace.record(ctx.state["key"], ctx.state["entry_size"], ctx.state["entry_cost"], time.time())
         state = ctx.state

@@ -110,6 +110,8 @@ class Shape:
             orders.append(ReplicaOrder(replica.index, tuple(order), cached))
         self.popularity.observe([d.key for d in plan.documents])
         ctx.state[PLAN_KEY] = plan
+        if plan.documents:  # tags of the stored answer: invalidating a document finds every answer that used it
+            ctx.state["document_ids"] = [d.key for d in plan.documents]
         ctx.state[ORDERS_KEY] = orders
 
     async def __call__(self, ctx: RequestContext, call_next: Next) -> Reply:

@@ -76,9 +76,10 @@ class EmbeddingItemsCache:
         encoding = body.get("encoding_format") or "float"
         model = body.get("model")
         upstream_usage = 0
+        upstream_reply: Reply | None = None
         if missing:
             ctx.replace_body({**body, "input": [inputs[i] for i in missing], "encoding_format": "base64"})
-            reply = await call_next(ctx)
+            reply = upstream_reply = await call_next(ctx)
             if reply.status != 200 or reply.body is None:
                 return reply
             answer = orjson.loads(reply.body)
@@ -115,4 +116,7 @@ class EmbeddingItemsCache:
         headers: CIMultiDict[str] = CIMultiDict({"Content-Type": "application/json",
                                                  "X-Cache-Status": ctx.cache_status,
                                                  "X-Cache-Hits": f"{hits}/{len(keys)}"})
-        return Reply(status=200, headers=headers, body=orjson.dumps(result))
+        if hits:
+            headers["X-Cache-Tier"] = self.tier.name
+        answer = Reply(status=200, headers=headers, body=orjson.dumps(result))
+        return answer.take_over(upstream_reply) if upstream_reply is not None else answer

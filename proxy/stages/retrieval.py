@@ -71,12 +71,14 @@ class RetrievalLookup:
         ctx.cache_status = status if hits else "MISS"
         if hits:
             ctx.cache_tier = "retrieval"
-        return self._reply(merged, ctx.cache_status, hits, len(request.items))
+        return self._reply(merged, ctx.cache_status, hits, len(request.items)).take_over(reply)
 
     @staticmethod
     def _reply(body: bytes, status: str, hits: int, items: int) -> Reply:
         headers: CIMultiDict[str] = CIMultiDict({"Content-Type": "application/json", "X-Cache-Status": status,
                                                  "X-Cache-Hits": f"{hits}/{items}"})
+        if hits:
+            headers["X-Cache-Tier"] = "retrieval"
         return Reply(status=200, headers=headers, body=body)
 
 
