@@ -15,20 +15,22 @@ import numpy as np
 
 
 def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nobody listens on right now."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
 
 
-def wait_for_port(port: int, timeout: float = 30.0) -> None:
+def wait_for_port(port: int, timeout: float = 30.0, host: str = "127.0.0.1") -> None:
+    """Block until something accepts connections on ``port``."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:
-            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+            with socket.create_connection((host, port), timeout=0.2):
                 return
         except OSError:
-            time.sleep(0.05)
-    raise TimeoutError(f"port {port} did not open")
+            time.sleep(0.02)
+    raise TimeoutError(f"nothing listens on {host}:{port} after {timeout}s")
 
 
 @contextmanager

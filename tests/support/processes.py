@@ -1,33 +1,14 @@
-"""Real peer processes for tests: a redis-server on a free loopback port, free-port discovery."""
+"""Real peer processes for tests: a redis-server on a free loopback port (free-port helpers from loadtest)."""
 
 from __future__ import annotations
 
 import shutil
-import socket
 import subprocess
 import tempfile
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nobody listens on right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def wait_for_port(port: int, timeout: float = 10.0, host: str = "127.0.0.1") -> None:
-    """Block until something accepts connections on ``port``."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            with socket.create_connection((host, port), timeout=0.2):
-                return
-        except OSError:
-            time.sleep(0.02)
-    raise TimeoutError(f"nothing listens on {host}:{port} after {timeout}s")
+from loadtest.harness import free_port, wait_for_port
 
 
 @dataclass
