@@ -16,6 +16,8 @@ import orjson
 from aiohttp import web
 from multidict import CIMultiDict
 
+from proxy.errors import ProxyError
+
 FinishCallback = Callable[["Reply", bool, bytes], Awaitable[None]]
 
 
@@ -84,5 +86,9 @@ class RequestContext:
     def outgoing_body(self) -> bytes:
         """The bytes to forward: the client's own unless a stage reshaped the body."""
         if self.body_changed and self.body is not None:
-            return orjson.dumps(self.body)
+            try:
+                return orjson.dumps(self.body)
+            except TypeError:  # orjson encodes at most 255 levels of nesting (it decodes 1024)
+                message = "the request body nests too deeply to be forwarded"
+                raise ProxyError(400, message, code="invalid_json") from None
         return self.raw_body

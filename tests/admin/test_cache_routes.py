@@ -195,7 +195,8 @@ def test_metrics_exposition(admin_proxy: ProxyServer, admin: Admin) -> None:
 
 def test_backends(admin: Admin, fake_llm_thread: FakeLLM) -> None:
     data = admin.get("/admin/backends").json()
-    assert data["knowledge_tree"] is None
+    [tree] = data["knowledge_tree"]["summary"]
+    assert tree["replica"] == 0 and tree["tree_capacity_tokens"] > 0 and tree["in_flight"] == 0
     [backend] = data["backends"]
     assert backend["url"] == fake_llm_thread.url and backend["healthy"] is True and backend["in_flight"] == 0
 
