@@ -140,7 +140,8 @@ def _caching(rt: Runtime, kind: RequestKind) -> list[Stage]:
         stages.append(ExactLookup(rt.l1))
     if rt.semantic is not None and kind == "chat":
         sources = [rt.l1] if rt.l3 is None else [rt.l1, rt.l3]
-        stages.append(SemanticLookup(rt.semantic, sources, rt.l1, expose_similarity=cache.l2.expose_similarity))
+        stages.append(SemanticLookup(rt.semantic, sources, rt.l1, expose_similarity=cache.l2.expose_similarity,
+                                     cold=rt.l3))
     if rt.l3 is not None:
         stages.append(ExactLookup(rt.l3, promote_into=[rt.l1]))
     stages.append(Coalesce(kind=kind, wait_s=cache.coalesce_wait_s))

@@ -176,10 +176,12 @@ class Runtime:
         except Exception:  # unknown metric: only exact repeats are reused
             return None
 
-    def write_behind(self, key: str, entry: CachedResponse, ttl: float | None, tags: list[str]) -> None:
-        """Queue a copy of a new L1 entry for the cold tier (never blocks; dropped and counted when full)."""
+    def write_behind(self, key: str, entry: CachedResponse, ttl: float | None, tags: list[str],
+                     vector: Any = None) -> None:
+        """Queue a copy of a new L1 entry for the cold tier (never blocks; dropped and counted when full), with
+        the question's embedding when the semantic tier computed one (so L3 can answer semantic lookups)."""
         if self.demoter is not None:
-            self.demoter.offer(key, entry.encode(), frozenset(tags), entry.cost, ttl)
+            self.demoter.offer(key, entry.encode(), frozenset(tags), entry.cost, ttl, vector=vector)
 
     async def start(self) -> None:
         if self.shared is not None:

@@ -34,11 +34,12 @@ class SemanticLookup:
     name = "l2"
 
     def __init__(self, semantic: SemanticTier, sources: Sequence[ResponseTier], promote_into: ResponseTier,
-                 *, expose_similarity: bool = False) -> None:
+                 *, expose_similarity: bool = False, cold: ResponseTier | None = None) -> None:
         self.semantic = semantic
         self.sources = tuple(sources)
         self.promote_into = promote_into
         self.expose_similarity = expose_similarity
+        self.cold = cold if cold is not None and callable(getattr(cold.store, "nearest", None)) else None
         self.failures = 0
 
     async def __call__(self, ctx: RequestContext, call_next: Next) -> Reply:
@@ -57,9 +58,12 @@ class SemanticLookup:
         if signature is None:
             return await call_next(ctx)
         ctx.state["question"] = question
+        ctx.state["signature_tag"] = f"sig:{scope.tenant}/{scope.namespace}/{signature.digest}"
         where = SemanticScope(scope.tenant, scope.namespace)
         if policy.may_read:
             reply = await self._lookup(ctx, where, signature.digest, question, key)
+            if reply is None and self.cold is not None:
+                reply = await self._lookup_cold(ctx, question, key)
             if reply is not None:
                 return reply
         reply = await call_next(ctx)
@@ -74,6 +78,35 @@ class SemanticLookup:
 
             reply.on_finish(learn)
         return reply
+
+    async def _lookup_cold(self, ctx: RequestContext, question: str, key: str) -> Reply | None:
+        """L2 missed: search the cold tier's stored question vectors of the same context (threshold and guards
+        as in L2). The embedding is cached, so this costs one vector scan, not a second model call."""
+        assert self.cold is not None
+        try:
+            [vector] = await self.semantic.embedder.embed([question])
+            ctx.state["question_vector"] = vector
+            nearest = await self.cold.store.nearest(vector, self.semantic.candidates,  # type: ignore[attr-defined]
+                                                    tag=ctx.state["signature_tag"])
+        except Exception as exc:  # fail open
+            self.failures += 1
+            log.warning("cold semantic lookup failed: %s", exc)
+            return None
+        policy = ctx.state["cache_policy"]
+        threshold = self.semantic.threshold_for(ctx.namespace)
+        for candidate, similarity in nearest:
+            if similarity < threshold or candidate == key:
+                continue
+            entry = await self.cold.get(candidate)
+            if entry is None or (policy.max_age is not None and entry.age() > policy.max_age):
+                continue
+            original = str(entry.meta.get("question", ""))
+            if self.semantic.guards and self.semantic.veto(question, original, self.semantic.guards):
+                continue
+            await self.promote_into.put(key, entry, ttl=policy.ttl, tags=entry_tags(ctx, entry.model))
+            extra = {"X-Cache-Similarity": f"{similarity:.4f}"} if self.expose_similarity else None
+            return hit_reply(ctx, entry, status="SEMANTIC_HIT", tier="l3", extra=extra)
+        return None
 
     async def _lookup(self, ctx: RequestContext, where: SemanticScope, digest: str, question: str,
                       key: str) -> Reply | None:

@@ -46,6 +46,8 @@ def entry_tags(ctx: RequestContext, model: str | None) -> list[str]:
     if model:
         tags.append(f"model:{model}")
     tags.extend(f"doc:{doc}" for doc in ctx.state.get("document_ids") or ())
+    if "signature_tag" in ctx.state:  # lets the cold tier's vector search stay inside one context
+        tags.append(ctx.state["signature_tag"])
     return tags
 
 
@@ -93,7 +95,7 @@ class StoreResponse:
     name = "store"
 
     def __init__(self, l1: ResponseTier, *, kind: str,
-                 write_behind: Callable[[str, CachedResponse, float | None, list[str]], None] | None = None,
+                 write_behind: Callable[[str, CachedResponse, float | None, list[str], Any], None] | None = None,
                  expose_key: bool = False) -> None:
         self.l1 = l1
         self.kind = kind
@@ -141,7 +143,7 @@ class StoreResponse:
             ctx.state["stored"] = stored
             ctx.state["entry_size"], ctx.state["entry_cost"] = len(entry.body), entry.cost
             if self.write_behind is not None:
-                self.write_behind(key, entry, policy.ttl, tags)
+                self.write_behind(key, entry, policy.ttl, tags, ctx.state.get("question_vector"))
 
         return store
 

@@ -84,3 +84,28 @@ def test_index_survives_restart(fake_llm_thread: FakeLLM, tmp_path: Path) -> Non
         response = _ask(second, "Tell me how many moons does Mars have?")
         assert response.headers["X-Cache-Status"] == "SEMANTIC_HIT"
         assert response.headers["X-Cache-Tier"] == "l2"
+
+
+def test_cold_tier_answers_when_the_semantic_index_lost_the_question(fake_llm_thread: FakeLLM,
+                                                                       tmp_path: Path) -> None:
+    """L3 keeps each entry's question vector: an L2 miss (here: the index was lost) still finds the answer there."""
+    import shutil
+
+    overrides = {"cache.l2.enabled": True, "data_dir": str(tmp_path)}
+    with ProxyServer(proxy_settings(fake_llm_thread.url, **overrides)) as first:
+        _model_loaded(first)
+        original = _ask(first, "what is the boiling point of ethanol")
+        demoter = first.runtime.demoter
+        assert demoter is not None
+        deadline = time.monotonic() + 30
+        while demoter.demoted < 1:
+            assert time.monotonic() < deadline, "never written to the cold tier"
+            time.sleep(0.05)
+    shutil.rmtree(tmp_path / "semantic")
+    with ProxyServer(proxy_settings(fake_llm_thread.url, **overrides)) as second:
+        _model_loaded(second)
+        response = _ask(second, "Tell me what is the boiling point of ethanol?")
+        assert (response.headers["X-Cache-Status"], response.headers["X-Cache-Tier"]) == ("SEMANTIC_HIT", "l3")
+        assert response.json()["choices"] == original.json()["choices"]
+        other = _ask(second, "what is the boiling point of methanol")
+        assert other.headers["X-Cache-Status"] == "MISS", "guards apply to cold matches too"
