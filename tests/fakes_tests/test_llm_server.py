@@ -158,7 +158,7 @@ async def test_reset_mid_stream_after_k_chunks(fake_llm: FakeLLM) -> None:
 async def test_hang_until_client_times_out(fake_llm: FakeLLM) -> None:
     fake_llm.faults.hang_next()
     with pytest.raises(openai.APITimeoutError):
-        await async_client(fake_llm, timeout=0.3).chat.completions.create(model="m", messages=MESSAGES)
+        await async_client(fake_llm, timeout=1.5).chat.completions.create(model="m", messages=MESSAGES)
     assert fake_llm.faults.pending == 0
 
 
