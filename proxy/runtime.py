@@ -14,6 +14,7 @@ from proxy.config import Settings
 from proxy.context import RequestContext
 from proxy.credits.factory import CreditComponents, build_credits
 from proxy.kv.factory import KVLayer, build_kv
+from proxy.kv.stages import SharedPrefixes
 from proxy.metrics import Metrics
 from proxy.semantic_factory import build_semantic
 from proxy.shared import SharedMode, build_shared
@@ -103,6 +104,8 @@ class Runtime:
         if self.shared is not None:
             self.l1 = self.shared.l1
             self.versions = self.shared.versions
+            if self.kv is not None:
+                self.kv.share(SharedPrefixes(self.shared.board, [b.label for b in self.settings.upstreams.llm]))
         self.trace: TraceRecorder | None = None
         if self.settings.cache.trace_file is not None:
             from loadtest.traces import TraceRecorder

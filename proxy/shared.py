@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import logging
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -43,17 +42,6 @@ from tiers.redis_versions import RedisVersions
 from tiers.response_tier import ResponseTier
 
 log = logging.getLogger("ragproxy.shared")
-
-
-def path_hashes(segment_keys: Sequence[str]) -> list[str]:
-    """Cumulative hashes of a prompt's segments: entry ``i`` names the prefix ``segments[0..i]``."""
-    hashes: list[str] = []
-    digest = hashlib.blake2b(digest_size=12)
-    for key in segment_keys:
-        digest.update(key.encode())
-        digest.update(b"\x00")
-        hashes.append(digest.copy().hexdigest())
-    return hashes
 
 
 class PrefixSummaryBoard:
@@ -96,7 +84,7 @@ class PrefixSummaryBoard:
             box.pop(next(iter(box)))
 
     def cached_tokens(self, backend: str, hashes: Sequence[str]) -> int:
-        """Tokens of the longest prefix of ``hashes`` (from :func:`path_hashes`) that ``backend`` probably holds."""
+        """Tokens of the longest prefix of ``hashes`` (``prefix_hashes``) that ``backend`` probably holds."""
         known = self._snapshot.get(backend, {})
         best = 0
         for digest in hashes:

@@ -35,7 +35,8 @@ import numpy as np
 import redis.asyncio as aioredis
 
 from proxy.config import load_settings
-from proxy.shared import PrefixSummaryBoard, SharedMode, build_shared, path_hashes
+from proxy.kv.hints import prefix_hashes as path_hashes
+from proxy.shared import PrefixSummaryBoard, SharedMode, build_shared
 from tiers.entry import CachedResponse
 from tiers.memory import MemoryStore
 from tiers.policies import make_policy

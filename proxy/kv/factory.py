@@ -12,7 +12,7 @@ from proxy.kv.hints import BackendKind, SlotTable
 from proxy.kv.order import OrderPolicy, Popularity
 from proxy.kv.prefill import PrefillModel
 from proxy.kv.router import Router
-from proxy.kv.stages import Replica, Route, Shape
+from proxy.kv.stages import Replica, Route, Shape, SharedPrefixes
 from proxy.kv.tree import KnowledgeTree
 from proxy.upstream.backends import BackendPool
 
@@ -26,6 +26,10 @@ class KVLayer:
     registry: DocumentRegistry
     shape: Shape
     route: Route
+
+    def share(self, shared: SharedPrefixes) -> None:
+        """Route with the prefix summaries of every proxy replica, not only this one's (shared mode)."""
+        self.shape.shared = self.route.shared = shared
 
     def summary(self) -> list[dict[str, object]]:
         """Per replica: knowledge-tree size and the queue, for /admin/backends."""

@@ -44,6 +44,18 @@ class BackendKind(Enum):
     GENERIC = "generic"
 
 
+def prefix_hashes(keys: Sequence[str]) -> list[str]:
+    """Cumulative hashes of a path's segment keys: entry ``i`` names the prefix ``keys[0..i]`` (the keys under which
+    proxy replicas share what each backend probably holds)."""
+    hashes: list[str] = []
+    digest = hashlib.blake2b(digest_size=12)
+    for key in keys:
+        digest.update(key.encode())
+        digest.update(b"\x00")
+        hashes.append(digest.copy().hexdigest())
+    return hashes
+
+
 def path_hash(keys: Sequence[str]) -> str:
     """Stable 32-hex-digit hash of a tree path (segment keys in order)."""
     return hashlib.blake2b("\x1f".join(keys).encode("utf-8"), digest_size=16).hexdigest()

@@ -22,15 +22,22 @@ Response headers for the client: ``X-RagProxy-Replica``, ``X-RagProxy-Cached-Tok
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from normalizer.documents import DocumentRegistry
 from proxy.context import Reply, RequestContext
 from proxy.errors import ProxyError
 from proxy.kv.admission_queue import AdmissionQueue
-from proxy.kv.hints import BackendKind, SlotTable, build_hints, reported_cached_tokens, reported_prefill
+from proxy.kv.hints import (
+    BackendKind,
+    SlotTable,
+    build_hints,
+    prefix_hashes,
+    reported_cached_tokens,
+    reported_prefill,
+)
 from proxy.kv.order import OrderPolicy, Popularity, order_documents
 from proxy.kv.plan import PromptPlan, plan_request
 from proxy.kv.prefill import PrefillModel
@@ -43,6 +50,27 @@ ORDERS_KEY = "kv.orders"
 BACKEND_KEY = "backend"
 BACKEND_INDEX_KEY = "backend_index"
 UPSTREAM_HEADERS_KEY = "upstream_headers"
+
+
+class PrefixBoard(Protocol):
+    """Prefix summaries shared between proxy replicas (``proxy.shared.PrefixSummaryBoard``)."""
+
+    def record(self, backend: str, prefixes: Iterable[tuple[str, int]]) -> None: ...
+
+    def cached_tokens(self, backend: str, hashes: Sequence[str]) -> int: ...
+
+
+@dataclass(frozen=True, slots=True)
+class SharedPrefixes:
+    """The board and the backend label of each replica (by index)."""
+
+    board: PrefixBoard
+    labels: Sequence[str]
+
+    @staticmethod
+    def hashes(path: Sequence[Segment]) -> list[str]:
+        """Cumulative hashes of a tree path, one per prefix (the board's keys)."""
+        return prefix_hashes([segment.key for segment in path])
 
 
 @dataclass(slots=True)
@@ -86,6 +114,7 @@ class Shape:
         self.default_policy = default_policy
         self.chars_per_token = chars_per_token
         self.popularity = popularity if popularity is not None else Popularity()
+        self.shared: SharedPrefixes | None = None
 
     def shape(self, ctx: RequestContext) -> None:
         """The pure part: fill ``ctx.state`` with the plan and the per-replica orders."""
@@ -106,7 +135,11 @@ class Shape:
             order = order_documents(
                 policy, plan.prefix, plan.documents, replica.tree, popularity=self.popularity
             )
-            cached = replica.tree.match(plan.path(order)).tokens
+            path = plan.path(order)
+            cached = replica.tree.match(path).tokens
+            if self.shared is not None:  # what other proxy replicas sent to this backend counts too
+                cached = max(cached, self.shared.board.cached_tokens(self.shared.labels[replica.index],
+                                                                     SharedPrefixes.hashes(path)))
             orders.append(ReplicaOrder(replica.index, tuple(order), cached))
         self.popularity.observe([d.key for d in plan.documents])
         ctx.state[PLAN_KEY] = plan
@@ -148,6 +181,7 @@ class Route:
         if backend_objects is not None and len(backend_objects) != len(replicas):
             raise ValueError("one backend object per replica")
         self.backend_objects = list(backend_objects) if backend_objects is not None else None
+        self.shared: SharedPrefixes | None = None
         self.replicas = list(replicas)
         self.router = router
         self.salt_secret = salt_secret
@@ -191,6 +225,12 @@ class Route:
         ctx.response_headers["X-RagProxy-Replica"] = str(decision.replica)
         ctx.response_headers["X-RagProxy-Cached-Tokens-Estimate"] = str(decision.cached_tokens)
         predicted = replica.tree.insert(path)
+        if self.shared is not None:
+            tokens, prefixes = 0, []
+            for segment, digest in zip(path, SharedPrefixes.hashes(path), strict=True):
+                tokens += segment.tokens
+                prefixes.append((digest, tokens))
+            self.shared.board.record(self.shared.labels[decision.replica], prefixes)
         self.router.admitted(ctx.request_id, decision)
         routed = RoutedRequest(decision.replica, path, predicted, slot, decision.estimated_ttft_s)
         ctx.state["kv.routed"] = routed

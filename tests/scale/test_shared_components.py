@@ -13,7 +13,8 @@ import pytest
 import redis.asyncio as aioredis
 
 from proxy.config import load_settings
-from proxy.shared import PrefixSummaryBoard, SharedMode, SharedOptions, build_shared, path_hashes
+from proxy.kv.hints import prefix_hashes as path_hashes
+from proxy.shared import PrefixSummaryBoard, SharedMode, SharedOptions, build_shared
 from tiers.entry import CachedResponse
 from tiers.invalidation_bus import Pending, lease_valid
 from tiers.memory import MemoryStore
