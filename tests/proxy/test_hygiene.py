@@ -8,6 +8,7 @@ from tests.fakes.llm_server import FakeLLM
 from tests.fakes.qdrant_shim import QdrantShim
 from tests.support.proxy_server import ProxyServer, proxy_settings
 
+CHAT = "/v1/chat/completions"
 BODY = {"model": "fake-model", "messages": [{"role": "user", "content": "hi"}]}
 TRACEPARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
 
@@ -20,7 +21,7 @@ def test_request_headers_cleaned_and_enriched(fake_llm_thread: FakeLLM, proxy: P
     })
     assert response.status_code == 200
     assert response.headers["X-Request-ID"] == "req-123"
-    seen = fake_llm_thread.log.last.headers
+    seen = fake_llm_thread.log.for_path(CHAT)[-1].headers
     assert "X-Hop" not in seen and "Keep-Alive" not in seen and "TE" not in seen
     assert "Authorization" not in seen, "the client's key must never reach the upstream"
     assert seen["X-Custom"] == "kept"
@@ -36,7 +37,7 @@ def test_request_id_generated_when_missing_or_unsafe(fake_llm_thread: FakeLLM, p
     unsafe = httpx.post(proxy.url + "/v1/chat/completions", json=BODY, headers={"X-Request-ID": "a b<script>"})
     assert len(first.headers["X-Request-ID"]) == 32
     assert unsafe.headers["X-Request-ID"] != "a b<script>"
-    assert fake_llm_thread.log.last.headers["X-Request-ID"] == unsafe.headers["X-Request-ID"]
+    assert fake_llm_thread.log.for_path(CHAT)[-1].headers["X-Request-ID"] == unsafe.headers["X-Request-ID"]
 
 
 def test_upstream_keys_injected(fake_llm_thread: FakeLLM, qdrant_shim: QdrantShim) -> None:
@@ -47,7 +48,7 @@ def test_upstream_keys_injected(fake_llm_thread: FakeLLM, qdrant_shim: QdrantShi
     with ProxyServer(settings) as server:
         httpx.post(server.url + "/v1/chat/completions", json=BODY, headers={"Authorization": "Bearer mine"})
         httpx.get(server.url + "/collections", headers={"api-key": "client-qdrant-key"})
-    assert fake_llm_thread.log.last.headers["Authorization"] == "Bearer upstream-llm-key"
+    assert fake_llm_thread.log.for_path(CHAT)[-1].headers["Authorization"] == "Bearer upstream-llm-key"
     assert qdrant_shim.log.last.headers["api-key"] == "upstream-qdrant-key"
 
 

@@ -122,7 +122,7 @@ def test_streaming_settles_from_usage_the_client_did_not_ask_for(fake_llm_thread
     client = openai.OpenAI(base_url=billed.url + "/v1", api_key=key, max_retries=0)
     chunks = list(client.chat.completions.create(stream=True, **_body("stream and bill")))
     assert all(chunk.usage is None for chunk in chunks), "the usage chunk the proxy asked for is stripped"
-    assert fake_llm_thread.log.last.json()["stream_options"] == {"include_usage": True}
+    assert fake_llm_thread.log.for_path("/v1/chat/completions")[-1].json()["stream_options"] == {"include_usage": True}
     store = billed.runtime.credits.store
     assert store is not None
 

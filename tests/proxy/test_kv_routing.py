@@ -42,7 +42,7 @@ def test_structured_documents_are_rendered_byte_stably(replicas: list[FakeLLM]) 
     with ProxyServer(_settings(replicas)) as server:
         response = httpx.post(server.url + CHAT, json=_structured(DOCS[:2], "What is in passage 1?"))
     assert response.status_code == 200
-    sent = next(r for r in replicas if r.log.count(CHAT)).log.last.json()
+    sent = next(r for r in replicas if r.log.count(CHAT)).log.for_path(CHAT)[-1].json()
     assert "ragproxy" not in sent
     system = sent["messages"][0]["content"]
     assert system.count("<document") == 2 and DOCS[0]["text"] in system
@@ -62,7 +62,7 @@ def test_same_documents_stick_to_one_replica_and_reuse_its_kv(replicas: list[Fak
 def test_preserve_keeps_the_retrieval_order(replicas: list[FakeLLM]) -> None:
     with ProxyServer(_settings(replicas)) as server:
         httpx.post(server.url + CHAT, json=_structured([DOCS[2], DOCS[0]], "q"))
-    sent = next(r for r in replicas if r.log.count(CHAT)).log.last.json()["messages"][0]["content"]
+    sent = next(r for r in replicas if r.log.count(CHAT)).log.for_path(CHAT)[-1].json()["messages"][0]["content"]
     assert sent.index(DOCS[2]["text"]) < sent.index(DOCS[0]["text"])
 
 
@@ -97,7 +97,7 @@ def test_slo_that_cannot_be_met_is_429(replicas: list[FakeLLM]) -> None:
 def test_backend_hints(replicas: list[FakeLLM], kind: str, field: str) -> None:
     with ProxyServer(_settings(replicas, kind=kind)) as server:
         assert httpx.post(server.url + CHAT, json=_structured(DOCS[:2], "q")).status_code == 200
-    sent = next(r for r in replicas if r.log.count(CHAT)).log.last
+    sent = next(r for r in replicas if r.log.count(CHAT)).log.for_path(CHAT)[-1]
     assert field in sent.json()
     if kind == "llamacpp":
         assert sent.json()["cache_prompt"] is True

@@ -49,6 +49,6 @@ def test_spans_per_stage_and_propagation(fake_llm_thread: FakeLLM) -> None:
     names = {span.name for span in spans}
     assert {"ragproxy chat", "stage cache_control", "stage l1", "stage forward"} <= names
     assert all(span.context.trace_id == 0x0AF7651916CD43DD8448EB211C80319C for span in spans)
-    forwarded = fake_llm_thread.log.last.headers["traceparent"]
+    forwarded = fake_llm_thread.log.for_path("/v1/chat/completions")[-1].headers["traceparent"]
     assert forwarded.split("-")[1] == "0af7651916cd43dd8448eb211c80319c"
     assert forwarded != TRACEPARENT, "the upstream's parent is the proxy's own span"

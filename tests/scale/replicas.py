@@ -14,30 +14,16 @@ from typing import Any
 
 from proxy.config import Settings
 from proxy.runtime import Runtime
-from proxy.shared import build_shared
 from tests.support.proxy_server import ProxyServer, proxy_settings
-
-
-def runtime_wires_shared_mode() -> bool:
-    return "shared" in getattr(Runtime, "__dataclass_fields__", {})
 
 
 @contextmanager
 def shared_replica(settings: Settings) -> Iterator[ProxyServer]:
+    """One replica in shared mode (``redis.url`` set), with its admin app."""
     runtime = Runtime(settings)
-    shared = None
-    if not runtime_wires_shared_mode():
-        shared = build_shared(settings, runtime.metrics)
-        assert shared is not None, "shared_replica needs redis.url"
-        runtime.l1, runtime.versions = shared.l1, shared.versions
+    assert runtime.shared is not None, "shared_replica needs redis.url"
     with ProxyServer(settings, runtime, admin=True) as server:
-        if shared is not None:
-            server.call(shared.start())
-        try:
-            yield server
-        finally:
-            if shared is not None:
-                server.call(shared.stop())
+        yield server
 
 
 @contextmanager

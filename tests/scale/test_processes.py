@@ -1,8 +1,4 @@
-"""Three ``ragproxy serve`` processes configured only through ``RAGPROXY_REDIS__URL`` act as one cache.
-
-Runs once the runtime wires shared mode (``Runtime.shared``, see docs/scale-out.md); skipped before that, since
-a process can only be configured, not patched.
-"""
+"""Three ``ragproxy serve`` processes configured only through ``RAGPROXY_REDIS__URL`` act as one cache."""
 
 from __future__ import annotations
 
@@ -15,11 +11,8 @@ import httpx
 import pytest
 
 from tests.fakes.llm_server import FakeLLM
-from tests.scale.replicas import runtime_wires_shared_mode
 from tests.scale.test_replicas import CHAT, ask
 from tests.support.proxy_server import ProxyProcess
-
-pytestmark = pytest.mark.skipif(not runtime_wires_shared_mode(), reason="shared mode is not wired into Runtime yet")
 
 
 @pytest.fixture
