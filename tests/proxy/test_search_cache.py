@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import httpx
 from qdrant_client import QdrantClient, models
 
 from tests.fakes.qdrant_shim import QdrantShim
-from tests.support.proxy_server import ProxyServer
+from tests.support.proxy_server import ProxyServer, proxy_settings
 
 VECTOR = [0.9, 0.1, 0.3, 0.2]
 NEARBY = [0.9, 0.1, 0.3, 0.2005]
@@ -25,8 +26,9 @@ def _seed(proxy: ProxyServer) -> QdrantClient:
     return client
 
 
-def _query(proxy: ProxyServer, vector: list[float], **extra: Any) -> httpx.Response:
-    return httpx.post(proxy.url + "/collections/docs/points/query",
+def _query(proxy: ProxyServer, vector: list[float], headers: dict[str, str] | None = None,
+           **extra: Any) -> httpx.Response:
+    return httpx.post(proxy.url + "/collections/docs/points/query", headers=headers,
                       json={"query": vector, "limit": 5, "with_payload": True, **extra})
 
 
@@ -82,8 +84,20 @@ def test_batch_forwards_only_missing_items(qdrant_shim: QdrantShim, caching_prox
     assert [p["id"] for p in results[0]["points"]] == [p.id for p in expected]
 
 
-def test_tenants_do_not_share_search_results(qdrant_shim: QdrantShim, caching_proxy: ProxyServer) -> None:
-    _seed(caching_proxy)
-    _query(caching_proxy, VECTOR)
-    # open mode has one tenant; the partition key carries it (see tests/tiers/test_retrieval_cache.py for two)
-    assert _query(caching_proxy, VECTOR).headers["X-Cache-Status"] == "HIT"
+def test_tenants_do_not_share_search_results(qdrant_shim: QdrantShim, tmp_path: Path) -> None:
+    settings = proxy_settings(qdrant_url=qdrant_shim.url, **{"auth.mode": "keys", "data_dir": str(tmp_path)})
+    with ProxyServer(settings) as server:
+        keys = server.runtime.credits.keys
+        assert keys is not None
+        alice, bob = (server.call(keys.create(user, tenant)).plaintext
+                      for user, tenant in (("a", "acme"), ("b", "globex")))
+        qdrant_shim.client.create_collection("docs", vectors_config=models.VectorParams(
+            size=4, distance=models.Distance.COSINE))
+        qdrant_shim.client.upsert("docs", points=[models.PointStruct(id=1, vector=VECTOR, payload={"t": "x"})])
+
+        def query(key: str) -> str:
+            return _query(server, VECTOR, headers={"Authorization": f"Bearer {key}"}).headers["X-Cache-Status"]
+
+        assert query(alice) == "MISS"
+        assert query(bob) == "MISS", "another tenant never reuses a cached search"
+        assert query(alice) == "HIT"

@@ -1,7 +1,8 @@
 """Stale-if-error for stale-tolerant namespaces (``proxy.stages.stale``), through the real data plane.
 
-Until the stage is wired in ``proxy/assembly.py`` the test assembles the chat pipeline itself: the proxy's own
-stages with :class:`StaleIfError` inserted right after ``canonicalize``, in front of the real forward stage.
+Most tests assemble the chat pipeline themselves (the proxy's own stages with :class:`StaleIfError` right after
+``canonicalize``, in front of the real forward stage) to vary its settings; the last one switches it on through
+configuration alone (``cache.stale.namespaces``), as ``proxy/assembly.py`` wires it.
 """
 
 from __future__ import annotations
