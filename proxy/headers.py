@@ -8,9 +8,9 @@ from config. ``Host`` and ``Content-Length`` are set by the upstream client for 
 
 from __future__ import annotations
 
+import os
 import re
-import uuid
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 
 from multidict import CIMultiDict, CIMultiDictProxy
 
@@ -28,8 +28,8 @@ HOP_BY_HOP = frozenset(
     }
 )
 # Recomputed or meaningless on the next hop.
-_REQUEST_DROP = frozenset({"host", "content-length", "authorization", "api-key", "accept-encoding", "expect"})
-_RESPONSE_DROP = frozenset({"content-length", "content-encoding", "date", "server"})
+_REQUEST_DROP = HOP_BY_HOP | {"host", "content-length", "authorization", "api-key", "accept-encoding", "expect"}
+_RESPONSE_DROP = HOP_BY_HOP | {"content-length", "content-encoding", "date", "server"}
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:\-]{1,128}$")
 _TRACEPARENT = re.compile(r"^[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$")
 
@@ -44,16 +44,18 @@ def _connection_tokens(headers: Mapping[str, str] | CIMultiDictProxy[str]) -> se
     return tokens
 
 
-def _end_to_end(headers: CIMultiDictProxy[str] | CIMultiDict[str], drop: Iterable[str]) -> CIMultiDict[str]:
-    dropped = HOP_BY_HOP | _connection_tokens(headers) | frozenset(drop)
-    return CIMultiDict((name, value) for name, value in headers.items() if name.lower() not in dropped)
+def _end_to_end(headers: CIMultiDictProxy[str] | CIMultiDict[str], drop: frozenset[str]) -> CIMultiDict[str]:
+    """``headers`` without hop-by-hop ones (``drop`` already includes :data:`HOP_BY_HOP`)."""
+    if "Connection" in headers:
+        drop = drop | _connection_tokens(headers)
+    return CIMultiDict([(name, value) for name, value in headers.items() if name.lower() not in drop])
 
 
 def request_id(incoming: str | None) -> str:
     """Propagate a well-formed ``X-Request-ID``; otherwise make one (never echo something unsafe)."""
     if incoming and _REQUEST_ID.match(incoming):
         return incoming
-    return uuid.uuid4().hex
+    return os.urandom(16).hex()  # 32 hex digits, as uuid4().hex, at a fraction of its cost
 
 
 def upstream_request_headers(

@@ -9,6 +9,7 @@ callbacks registered with :meth:`Metrics.gauge_callback`, so the hot path never 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from typing import TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily
@@ -17,6 +18,7 @@ from prometheus_client.registry import Collector
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 
 GaugeReader = Callable[[], Iterable[tuple[dict[str, str], float]]]
+M = TypeVar("M", Counter, Histogram)
 
 
 class _CallbackGauges(Collector):
@@ -61,6 +63,17 @@ class Metrics:
                                 ["dependency"], registry=r)
         self._gauges = _CallbackGauges()
         r.register(self._gauges)
+        self._children: dict[tuple[int, tuple[str, ...]], Counter | Histogram] = {}
+
+    def child(self, metric: M, *labels: str) -> M:
+        """``metric.labels(*labels)``, remembered: the per-request path skips prometheus_client's label checks."""
+        key = (id(metric), labels)
+        found = self._children.get(key)
+        if found is None:
+            if len(self._children) > 10_000:  # label values come from config and status codes; a bound anyway
+                self._children.clear()
+            found = self._children[key] = metric.labels(*labels)
+        return found  # type: ignore[return-value]
 
     def gauge_callback(self, name: str, text: str, labels: list[str], reader: GaugeReader) -> None:
         """Export ``reader()``'s values as gauge ``name`` at every scrape."""

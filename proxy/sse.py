@@ -44,8 +44,11 @@ def assemble(raw: bytes) -> dict[str, Any] | None:
         first = first or chunk
         if chunk.get("usage"):
             usage = chunk["usage"]
-        for choice in chunk.get("choices") or ():
-            _merge_choice(choices.setdefault(int(choice.get("index", 0)), {}), choice)
+        try:
+            for choice in chunk.get("choices") or ():
+                _merge_choice(choices.setdefault(int(choice.get("index", 0)), {}), choice)
+        except (TypeError, ValueError, AttributeError):  # fields of the wrong type: not a stream we can assemble
+            return None
     if first is None or not finished:
         return None
     chat = first.get("object") == "chat.completion.chunk"

@@ -3,6 +3,10 @@
 A trivial upstream and the proxy (caches off: pure pass-through) run as separate processes; the same client measures,
 in one run and interleaved, direct vs through-proxy latency (p50/p99) at concurrency 1, throughput at 16 and 64, and
 the time to the first streamed chunk.
+
+The same run also measures a reference, ``floor_*``: :mod:`loadtest.bare_forwarder`, aiohttp's low-level server
+and the proxy's forwarding client with nothing between them. It is what any proxy built on this stack pays per
+request on the machine at hand; ragproxy's own share is the difference between ``proxy_*`` and ``floor_*``.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ BODY = b'{"model":"bench","messages":[{"role":"user","content":"What does a prox
 STREAM_BODY = b'{"model":"bench","stream":true,"messages":[{"role":"user","content":"What does a proxy do?"}]}'
 
 
-async def _measure(direct: str, proxied: str, quick: bool) -> dict[str, float]:
+async def _measure(direct: str, proxied: str, floor: str, quick: bool) -> dict[str, float]:
     results: dict[str, float] = {}
     connector = aiohttp.TCPConnector(limit=0)
     async with aiohttp.ClientSession(connector=connector) as session:
@@ -32,27 +36,32 @@ async def _measure(direct: str, proxied: str, quick: bool) -> dict[str, float]:
                     assert response.status == 200
             return call
 
-        for base in (direct, proxied):  # warm both paths
+        paths = (("direct", direct), ("proxy", proxied), ("floor", floor))
+        for _, base in paths:  # warm every path
             await closed_loop(caller(base, BODY), 4, 200)  # type: ignore[arg-type]
         rounds = 3 if quick else 5
         single = 300 if quick else 1000
-        lat: dict[str, list[float]] = {"direct": [], "proxy": []}
+        lat: dict[str, list[float]] = {name: [] for name, _ in paths}
         for _ in range(rounds):
-            for name, base in (("direct", direct), ("proxy", proxied)):
+            for name, base in paths:
                 _, samples = await closed_loop(caller(base, BODY), 1, single // rounds)  # type: ignore[arg-type]
                 lat[name].extend(samples)
         d, p = percentiles(lat["direct"]), percentiles(lat["proxy"])
         results.update({"direct_p50_ms_c1": d["p50_ms"], "direct_p99_ms_c1": d["p99_ms"],
                         "proxy_p50_ms_c1": p["p50_ms"], "proxy_p99_ms_c1": p["p99_ms"],
                         "added_p50_ms_c1": p["p50_ms"] - d["p50_ms"], "added_p99_ms_c1": p["p99_ms"] - d["p99_ms"]})
+        f = percentiles(lat["floor"])
+        results.update({"floor_p50_ms_c1": f["p50_ms"], "floor_added_p50_ms_c1": f["p50_ms"] - d["p50_ms"]})
         for concurrency in (16, 64):
             total = (1500 if quick else 6000)
             rps = {}
-            for name, base in (("direct", direct), ("proxy", proxied)):
+            for name, base in paths:
                 rps[name], _ = await closed_loop(caller(base, BODY), concurrency, total)  # type: ignore[arg-type]
             results[f"direct_rps_c{concurrency}"] = rps["direct"]
             results[f"proxy_rps_c{concurrency}"] = rps["proxy"]
             results[f"throughput_ratio_c{concurrency}"] = rps["proxy"] / rps["direct"]
+            results[f"floor_rps_c{concurrency}"] = rps["floor"]
+            results[f"floor_throughput_ratio_c{concurrency}"] = rps["floor"] / rps["direct"]
         ttfb: dict[str, list[float]] = {"direct": [], "proxy": []}
         for _ in range(20 if quick else 60):
             for name, base in (("direct", direct), ("proxy", proxied)):
@@ -78,8 +87,10 @@ def main(argv: list[str]) -> int:
         upstream = f"http://127.0.0.1:{port}"
         env = {"RAGPROXY_UPSTREAMS__LLM": json.dumps([{"url": upstream}]), "RAGPROXY_CACHE__ENABLED": "false",
                "RAGPROXY_ADMIN__ENABLED": "false"}
-        with proxy_process(env) as proxied:
-            results = asyncio.run(_measure(upstream, proxied, args.quick))
+        floor_port = free_port()
+        with proxy_process(env) as proxied, \
+                child(["-m", "loadtest.bare_forwarder", "--port", str(floor_port), "--upstream", upstream], floor_port):
+            results = asyncio.run(_measure(upstream, proxied, f"http://127.0.0.1:{floor_port}", args.quick))
     for key, value in results.items():
         print(f"{key:28s} {value:10.3f}")
     if args.json:

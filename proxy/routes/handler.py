@@ -24,6 +24,14 @@ async def read_body(request: web.Request, limit: int) -> bytes:
     if request.content_length is not None and request.content_length > limit:
         raise ProxyError(413, f"request body of {request.content_length} bytes exceeds the limit of {limit} bytes",
                          code="body_too_large")
+    if request.content_length is not None:  # the common case: one read (aiohttp stops at the declared length)
+        body = await request.content.read(request.content_length) if request.content_length else b""
+        while len(body) < request.content_length:
+            more = await request.content.read(request.content_length - len(body))
+            if not more:
+                raise ProxyError(400, "the request body ended before its Content-Length", code="incomplete_body")
+            body += more
+        return body
     chunks: list[bytes] = []
     size = 0
     async for chunk in request.content.iter_chunked(64 * 1024):

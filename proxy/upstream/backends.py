@@ -32,18 +32,19 @@ class Backend:
     last_error: str | None = None
     checked_at: float = field(default=0.0)
     breaker: CircuitBreaker = field(default_factory=CircuitBreaker)
+    url: str = field(init=False)
+    label: str = field(init=False)
+    """The name, or the URL without credentials (safe for logs and metrics)."""
+    _auth: dict[str, str] = field(init=False, repr=False)
 
-    @property
-    def url(self) -> str:
-        return self.config.url
-
-    @property
-    def label(self) -> str:
-        return self.config.label
+    def __post_init__(self) -> None:  # read once: the config of a replica does not change under it
+        self.url = self.config.url
+        self.label = self.config.label
+        key = self.config.api_key
+        self._auth = {"Authorization": f"Bearer {key.get_secret_value()}"} if key is not None else {}
 
     def auth_headers(self) -> dict[str, str]:
-        key = self.config.api_key
-        return {"Authorization": f"Bearer {key.get_secret_value()}"} if key is not None else {}
+        return self._auth
 
 
 class BackendPool:

@@ -1,14 +1,15 @@
 """The one HTTP client the proxy uses to reach upstreams (LLM replicas, Qdrant).
 
-A single aiohttp session with pooled keep-alive connections and bounded waits: connect timeout, and a read timeout
-that bounds every silence (time to headers and each gap between streamed chunks). Failures become
+Forwarding goes through :class:`~proxy.upstream.http1.Http1Client`: pooled keep-alive connections and bounded waits
+(a connect timeout, and a read timeout that bounds every silence: time to headers and each gap between streamed
+chunks). Failures become
 :class:`UpstreamError` with the status the client should see: 502 unreachable/reset, 504 timeout. ``retryable`` is
 true only when nothing reached the upstream (connection refused), the one case where resending a POST is safe.
 """
 
 from __future__ import annotations
 
-import asyncio
+import ssl
 from collections.abc import AsyncIterator
 
 import aiohttp
@@ -17,6 +18,7 @@ from multidict import CIMultiDict
 from proxy.context import Reply
 from proxy.errors import ProxyError
 from proxy.headers import client_response_headers
+from proxy.upstream.http1 import ConnectFailed, ConnectionReset, Http1Client, Response
 
 
 class UpstreamError(ProxyError):
@@ -28,12 +30,16 @@ class UpstreamError(ProxyError):
 
 
 class UpstreamClient:
-    """Pooled HTTP client for every upstream."""
+    """Pooled HTTP clients for every upstream: the lean one of :mod:`proxy.upstream.http1` forwards requests,
+    an aiohttp session serves everything off the hot path (health probes, metadata lookups)."""
 
-    def __init__(self, *, connect_timeout: float, read_timeout: float, pool_size: int) -> None:
+    def __init__(self, *, connect_timeout: float, read_timeout: float, pool_size: int,
+                 ssl_context: ssl.SSLContext | None = None) -> None:
         self.connect_timeout = connect_timeout
         self.read_timeout = read_timeout
         self.pool_size = pool_size
+        self.http = Http1Client(connect_timeout=connect_timeout, read_timeout=read_timeout, limit=pool_size,
+                                ssl_context=ssl_context)
         self._session: aiohttp.ClientSession | None = None
 
     @property
@@ -49,6 +55,7 @@ class UpstreamClient:
         return self._session
 
     async def close(self) -> None:
+        await self.http.close()
         if self._session is not None:
             await self._session.close()
             self._session = None
@@ -58,31 +65,39 @@ class UpstreamClient:
     ) -> Reply:
         """Send one request; a text/event-stream answer comes back streamed, anything else complete."""
         try:
-            response = await self.session.request(method, url, headers=headers, data=body, allow_redirects=False)
-        except aiohttp.ClientConnectorError as exc:
-            raise UpstreamError(
-                502, f"{label} is unreachable: {exc.strerror or exc.__class__.__name__}",
-                code="upstream_unreachable", retryable=True,
-            ) from None
-        except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError, aiohttp.ClientPayloadError) as exc:
-            raise UpstreamError(502, f"{label} closed the connection ({exc.__class__.__name__})",
-                                code="upstream_reset") from None
+            response = await self.http.request(method, url, headers, body)
+        except ConnectFailed as exc:
+            raise UpstreamError(502, f"{label} is unreachable: {exc}", code="upstream_unreachable",
+                                retryable=True) from None
+        except ConnectionReset as exc:
+            raise UpstreamError(502, f"{label} closed the connection ({exc})", code="upstream_reset") from None
         except TimeoutError:
             raise UpstreamError(504, f"{label} did not answer within {self.read_timeout:g}s",
                                 code="upstream_timeout") from None
+        except ValueError as exc:
+            raise ProxyError(400, f"the request cannot be forwarded: {exc}", code="invalid_request") from None
         headers_out = client_response_headers(response.headers)
+        if response.decoded:
+            headers_out.popall("Content-Encoding", None)
+        elif "Content-Encoding" in response.headers:
+            headers_out["Content-Encoding"] = response.headers["Content-Encoding"]
         if response.content_type == "text/event-stream":
-            return Reply(status=response.status, headers=headers_out, chunks=_relay(response, label))
+            return Reply(status=response.status, headers=headers_out,
+                         chunks=_relay(response, label, self.read_timeout))
         try:
-            body = await response.read()
-        except (aiohttp.ClientPayloadError, aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
-            raise UpstreamError(502, f"{label} reset the connection mid-body ({exc.__class__.__name__})",
+            body = await response.read(self.read_timeout)
+        except ConnectionReset as exc:
+            response.close()
+            raise UpstreamError(502, f"{label} reset the connection mid-body ({exc})",
                                 code="upstream_reset") from None
         except TimeoutError:
+            response.close()
             raise UpstreamError(504, f"{label} stalled mid-body for {self.read_timeout:g}s",
                                 code="upstream_timeout") from None
-        finally:
-            response.release()
+        except BaseException:
+            response.close()
+            raise
+        response.release()
         return Reply(status=response.status, headers=headers_out, body=body)
 
 
@@ -90,15 +105,15 @@ class UpstreamStreamError(Exception):
     """A streamed upstream response broke off after it had started."""
 
 
-async def _relay(response: aiohttp.ClientResponse, label: str) -> AsyncIterator[bytes]:
+async def _relay(response: Response, label: str, read_timeout: float) -> AsyncIterator[bytes]:
     """Yield chunks as they arrive; closing early (client gone) drops the upstream connection."""
     finished = False
     try:
-        async for chunk in response.content.iter_any():
+        async for chunk in response.iter_chunks(read_timeout):
             yield chunk
         finished = True
-    except (aiohttp.ClientPayloadError, aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
-        raise UpstreamStreamError(f"{label} reset the stream ({exc.__class__.__name__})") from None
+    except ConnectionReset as exc:
+        raise UpstreamStreamError(f"{label} reset the stream ({exc})") from None
     except TimeoutError:
         raise UpstreamStreamError(f"{label} stalled mid-stream") from None
     finally:
@@ -106,4 +121,3 @@ async def _relay(response: aiohttp.ClientResponse, label: str) -> AsyncIterator[
             response.release()
         else:
             response.close()
-            await asyncio.sleep(0)

@@ -74,3 +74,14 @@ def test_unfinished_or_failed_streams_are_not_assembled() -> None:
 def test_iter_events_handles_crlf_and_comments() -> None:
     raw = b": keep-alive\r\n\r\ndata: {\"a\": 1}\r\n\r\ndata: [DONE]\r\n\r\n"
     assert [orjson.loads(e) if e != b"[DONE]" else e for e in iter_events(raw)] == [{"a": 1}, b"[DONE]"]
+
+
+def test_fields_of_the_wrong_type_make_a_stream_unassemblable() -> None:
+    """A backend sending ``text`` or ``content`` as a number (or a choice that is not an object) is not a stream
+    the proxy can store; it must say so, not raise."""
+    for choice in (b'{"index":0,"text":5}', b'{"index":0,"delta":{"content":3}}', b'5', b'{"index":"x"}'):
+        raw = (b'data: {"object":"chat.completion.chunk","choices":[' + choice + b']}\n\n'
+               b'data: {"object":"chat.completion.chunk",'
+               b'"choices":[{"index":0,"text":"a","delta":{"content":"b"}}]}\n\n'
+               b'data: [DONE]\n\n')
+        assert assemble(raw) is None, choice

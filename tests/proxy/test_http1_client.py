@@ -1,0 +1,303 @@
+"""The forwarding client (:mod:`proxy.upstream.http1`) against a raw TCP peer that writes exact HTTP/1.1 bytes.
+
+The peer is a test double of an upstream server: each test scripts what it answers, byte for byte, so framing
+(Content-Length, chunked, read-until-close), keep-alive, resets and stalls are what the test says they are.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gzip
+import socket
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+import pytest
+
+from proxy.upstream.http1 import ConnectFailed, ConnectionReset, Http1Client, split_url
+
+Script = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
+
+
+class RawPeer:
+    """A loopback TCP server running ``script`` for each connection; counts connections and keeps requests."""
+
+    def __init__(self, script: Script) -> None:
+        self.script = script
+        self.connections = 0
+        self.requests: list[bytes] = []
+        self.server: asyncio.Server | None = None
+
+    async def __aenter__(self) -> RawPeer:
+        self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self.server is not None
+        self.server.close()
+
+    @property
+    def url(self) -> str:
+        assert self.server is not None
+        return f"http://127.0.0.1:{self.server.sockets[0].getsockname()[1]}"
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
+        try:
+            await self.script(reader, writer)
+        except (ConnectionError, asyncio.IncompleteReadError):
+            pass
+        finally:
+            writer.close()
+
+    async def read_request(self, reader: asyncio.StreamReader) -> bytes:
+        head = await reader.readuntil(b"\r\n\r\n")
+        length = 0
+        for line in head.split(b"\r\n"):
+            if line.lower().startswith(b"content-length:"):
+                length = int(line.split(b":", 1)[1])
+        body = await reader.readexactly(length) if length else b""
+        self.requests.append(head + body)
+        return head + body
+
+
+def keep_alive_answers(peer_box: list[RawPeer], body: bytes = b'{"ok":true}') -> Script:
+    async def script(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while True:
+            await peer_box[0].read_request(reader)
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
+                         % (len(body), body))
+            await writer.drain()
+    return script
+
+
+@pytest.fixture
+async def client() -> AsyncIterator[Http1Client]:
+    http = Http1Client(connect_timeout=2, read_timeout=1, limit=4)
+    yield http
+    await http.close()
+
+
+async def scripted(script: Script) -> RawPeer:
+    return await RawPeer(script).__aenter__()
+
+
+async def test_keep_alive_reuses_one_connection_and_sends_a_well_formed_request(client: Http1Client) -> None:
+    box: list[RawPeer] = []
+    async with RawPeer(keep_alive_answers(box)) as peer:
+        box.append(peer)
+        for _ in range(5):
+            response = await client.request("POST", peer.url + "/v1/chat/completions?x=1",
+                                            {"Content-Type": "application/json", "X-Request-ID": "r1"}, b'{"a":1}')
+            assert response.status == 200 and response.content_type == "application/json"
+            assert await response.read(1) == b'{"ok":true}'
+            response.release()
+        assert peer.connections == 1
+        head = peer.requests[0]
+        assert head.startswith(b"POST /v1/chat/completions?x=1 HTTP/1.1\r\nHost: 127.0.0.1:")
+        assert b"\r\nContent-Length: 7\r\n" in head and head.endswith(b'\r\n\r\n{"a":1}')
+        assert b"X-Request-ID: r1\r\n" in head
+
+
+async def test_chunked_body_is_decoded_and_the_connection_reused(client: Http1Client) -> None:
+    async def script(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while True:
+            await peer.read_request(reader)
+            writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n6\r\n world\r\n0\r\n\r\n")
+            await writer.drain()
+
+    async with RawPeer(script) as peer:
+        for _ in range(2):
+            response = await client.request("GET", peer.url + "/v1/models", {}, None)
+            assert await response.read(1) == b"hello world"
+            response.release()
+        assert peer.connections == 1
+        assert b"Content-Length" not in peer.requests[0]  # a GET without a body says nothing about one
+
+
+async def test_body_until_close_and_connection_close_are_never_reused(client: Http1Client) -> None:
+    async def script(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await peer.read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\nConnection: close\r\n\r\nall of it")
+        await writer.drain()
+
+    async with RawPeer(script) as peer:
+        for _ in range(2):
+            response = await client.request("POST", peer.url + "/x", {}, b"{}")
+            assert await response.read(1) == b"all of it"
+            response.release()
+        assert peer.connections == 2
+
+
+async def test_gzip_bodies_are_decoded(client: Http1Client) -> None:
+    packed = gzip.compress(b'{"answer": "' + b"x" * 1000 + b'"}')
+
+    async def script(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await peer.read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Encoding: gzip\r\nContent-Length: %d\r\n\r\n" % len(packed) + packed)
+        await writer.drain()
+
+    async with RawPeer(script) as peer:
+        response = await client.request("POST", peer.url + "/x", {}, b"{}")
+        assert response.decoded and (await response.read(1)).endswith(b'x"}')
+        response.release()
+
+
+async def test_an_idle_connection_the_server_closed_is_not_reused(client: Http1Client) -> None:
+    async def script(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await peer.read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+        await writer.drain()  # then the server closes the keep-alive connection (its idle timeout)
+
+    async with RawPeer(script) as peer:
+        for _ in range(3):
+            response = await client.request("POST", peer.url + "/x", {}, b"{}")
+            assert await response.read(1) == b"ok"
+            response.release()
+            await asyncio.sleep(0.05)
+        assert peer.connections == 3
+
+
+async def test_failures_map_to_refused_reset_and_timeout(client: Http1Client) -> None:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        closed_port = probe.getsockname()[1]
+    with pytest.raises(ConnectFailed):
+        await client.request("POST", f"http://127.0.0.1:{closed_port}/x", {}, b"{}")
+
+    async def reset_mid_body(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await peer.read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\nonly part")
+        await writer.drain()
+
+    async with RawPeer(reset_mid_body) as peer:
+        response = await client.request("POST", peer.url + "/x", {}, b"{}")
+        with pytest.raises(ConnectionReset):
+            await response.read(1)
+        response.close()
+
+    async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await peer.read_request(reader)
+        await asyncio.sleep(5)
+
+    async with RawPeer(silent) as peer:
+        with pytest.raises(TimeoutError):
+            await client.request("POST", peer.url + "/x", {}, b"{}")
+
+    async def garbage(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await peer.read_request(reader)
+        writer.write(b"NOT HTTP AT ALL\r\n\r\n")
+        await writer.drain()
+        await asyncio.sleep(1)
+
+    async with RawPeer(garbage) as peer:
+        with pytest.raises(ConnectionReset):
+            await client.request("POST", peer.url + "/x", {}, b"{}")
+
+
+async def test_streams_arrive_piece_by_piece_and_a_stall_is_a_timeout(client: Http1Client) -> None:
+    release = asyncio.Event()
+
+    async def script(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await peer.read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+                     b"d\r\ndata: first\n\n\r\n")
+        await writer.drain()
+        await release.wait()
+        await asyncio.sleep(5)  # then silence
+
+    async with RawPeer(script) as peer:
+        response = await client.request("POST", peer.url + "/x", {}, b"{}")
+        assert response.content_type == "text/event-stream"
+        chunks = response.iter_chunks(1)
+        assert await chunks.__anext__() == b"data: first\n\n"  # before the server has finished
+        release.set()
+        with pytest.raises(TimeoutError):
+            await chunks.__anext__()
+        response.close()
+
+
+async def test_a_slow_consumer_pauses_reading_instead_of_buffering(client: Http1Client) -> None:
+    piece = b"x" * 65536
+
+    async def script(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await peer.read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nContent-Length: %d\r\n\r\n"
+                     % (len(piece) * 64))
+        for _ in range(64):
+            writer.write(piece)
+            await writer.drain()
+
+    async with RawPeer(script) as peer:
+        response = await client.request("POST", peer.url + "/x", {}, b"{}")
+        await asyncio.sleep(0.5)  # the server pushes 4 MiB while nobody reads
+        assert response._buffered < 1024 * 1024
+        total = 0
+        async for chunk in response.iter_chunks(2):
+            total += len(chunk)
+        assert total == len(piece) * 64
+        response.release()
+
+
+async def test_informational_responses_are_skipped_and_head_has_no_body(client: Http1Client) -> None:
+    async def script(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while True:
+            request = await peer.read_request(reader)
+            if request.startswith(b"HEAD"):
+                writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 50\r\n\r\n")
+            else:
+                writer.write(b"HTTP/1.1 103 Early Hints\r\nLink: </a>\r\n\r\n"
+                             b"HTTP/1.1 201 Created\r\nContent-Length: 4\r\n\r\ndone")
+            await writer.drain()
+
+    async with RawPeer(script) as peer:
+        response = await client.request("POST", peer.url + "/x", {}, b"{}")
+        assert response.status == 201 and "Link" not in response.headers
+        assert await response.read(1) == b"done"
+        response.release()
+        head = await client.request("HEAD", peer.url + "/x", {}, None)
+        assert head.status == 200 and await head.read(1) == b""
+        head.release()
+
+
+async def test_url_credentials_become_basic_auth_and_unsafe_headers_are_refused(client: Http1Client) -> None:
+    box: list[RawPeer] = []
+    async with RawPeer(keep_alive_answers(box)) as peer:
+        box.append(peer)
+        url = peer.url.replace("http://", "http://ops:s%40cret@") + "/x"
+        response = await client.request("POST", url, {}, b"{}")
+        await response.read(1)
+        response.release()
+        assert b"Authorization: Basic b3BzOnNAY3JldA==\r\n" in peer.requests[0]
+        assert b"ops" not in peer.requests[0].split(b"\r\n")[1]  # Host carries no credentials
+        with pytest.raises(ValueError):
+            await client.request("POST", peer.url + "/x", {"X-Evil": "a\r\nInjected: yes"}, b"{}")
+
+
+async def test_the_pool_limit_makes_requests_wait_for_a_connection() -> None:
+    http = Http1Client(connect_timeout=2, read_timeout=2, limit=2)
+    box: list[RawPeer] = []
+    try:
+        async with RawPeer(keep_alive_answers(box)) as peer:
+            box.append(peer)
+
+            async def one() -> bytes:
+                response = await http.request("POST", peer.url + "/x", {}, b"{}")
+                body = await response.read(2)
+                response.release()
+                return body
+
+            assert await asyncio.gather(*(one() for _ in range(20))) == [b'{"ok":true}'] * 20
+            assert peer.connections <= 2
+    finally:
+        await http.close()
+
+
+def test_split_url() -> None:
+    origin, target = split_url("https://api.example.com/v1/models?limit=1")
+    assert (origin.host, origin.port, origin.tls, origin.host_header, target) == (
+        "api.example.com", 443, True, "api.example.com", "/v1/models?limit=1")
+    origin, target = split_url("http://[::1]:9000")
+    assert (origin.host, origin.port, origin.host_header, target) == ("::1", 9000, "[::1]:9000", "/")
+    for bad in ("ftp://x/", "no-scheme", "http:///x", "http://h/a b"):
+        with pytest.raises(ValueError):
+            split_url(bad)
