@@ -17,7 +17,13 @@ Figures (the last line with ``--json`` is one JSON object):
 - ``failed_requests_servable``: failed requests while at least one replica was up (goal 0);
 - ``credit_mismatches``: (a) 1 if the balance change differs from the sum of the ledger's charges, plus (b) every
   200 answer with no charge in the ledger, plus (c) every charge in the ledger for a request the client did not
-  get a 200 for, plus (d) 1 if credit is still held in reservations once the load has stopped (goal 0);
+  get a 200 for, plus (d) 1 if credit is still held in reservations once the load has stopped (goal 0). The
+  books are read once the proxy's settlement journal has drained into Redis (the bench polls
+  ``ragproxy_credit_journal_depth`` on the admin ``/metrics`` until it reads 0, for up to 60 s):
+  ``journal_left_after_drain`` (what was still waiting; 0 expected) and ``journal_drain_wait_s``;
+- ``outage_counters``: requests admitted on the outage allowance or refused, settlements journaled, and replayed
+  per outcome the store gave (``late``: admitted during the outage; ``settled``: reserved before it;
+  ``duplicate``: Redis had applied it but its answer was lost when it was killed);
 - latency p50/p99 of successful requests in the steady phase and under each fault (the baseline is the steady
   phase of the same run).
 
@@ -42,8 +48,9 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from prometheus_client.parser import text_string_to_metric_families
 
-from tests.support.processes import free_port, wait_for_port
+from loadtest.harness import free_port, wait_for_port
 
 ROOT = Path(__file__).resolve().parents[2]
 USER, TENANT = "chaos-user", "chaos-tenant"
@@ -194,6 +201,37 @@ def _ledger(admin: httpx.Client, since: float) -> list[dict[str, Any]]:
             return entries
 
 
+def _samples(admin: httpx.Client, family: str) -> list[tuple[dict[str, str], float]]:
+    """The samples of one metric family scraped from the admin ``/metrics``."""
+    return [(sample.labels, sample.value) for metric in text_string_to_metric_families(admin.get("/metrics").text)
+            if metric.name == family for sample in metric.samples if not sample.name.endswith("_created")]
+
+
+def _journal_depth(admin: httpx.Client) -> int | None:
+    """``ragproxy_credit_journal_depth`` (``None`` when the proxy does not export it)."""
+    samples = _samples(admin, "ragproxy_credit_journal_depth")
+    return int(samples[0][1]) if samples else None
+
+
+def _outage_counters(admin: httpx.Client) -> dict[str, int]:
+    """The proxy's outage counters: admissions on the allowance, settlements journaled and replayed."""
+    counters: dict[str, int] = {}
+    for family in ("ragproxy_credit_outage_admissions", "ragproxy_credit_journal_settlements"):
+        for labels, value in _samples(admin, family):
+            counters["_".join(v for v in labels.values() if v)] = int(value)
+    return counters
+
+
+def _wait_for_journal(admin: httpx.Client, timeout_s: float = 60.0) -> tuple[int | None, float]:
+    """Wait until the settlements journaled during the outage reached Redis: (what is left, seconds waited)."""
+    started = time.monotonic()
+    depth = _journal_depth(admin)
+    while depth and time.monotonic() - started < timeout_s:
+        time.sleep(0.2)
+        depth = _journal_depth(admin)
+    return depth, round(time.monotonic() - started, 2)
+
+
 def _percentiles(values: list[float]) -> dict[str, float | None]:
     if len(values) < 2:
         return {"p50_ms": None, "p99_ms": None}
@@ -239,6 +277,8 @@ def run(duration: float, workers: int, fail_open: bool) -> dict[str, Any]:
 
             asyncio.run(scenario())
             time.sleep(2.0)  # settles run after the last byte
+            journal_left, drain_s = _wait_for_journal(admin)
+            outage_counters = _outage_counters(admin)
             after = admin.get(f"/admin/credits/{USER}").json()
             charges = _ledger(admin, since)
     finally:
@@ -252,7 +292,9 @@ def run(duration: float, workers: int, fail_open: bool) -> dict[str, Any]:
             replica.kill()
         redis.kill()
         shutil.rmtree(work, ignore_errors=True)
-    return _figures(outcomes, downtime, before, after, charges, duration, workers, fail_open)
+    figures = _figures(outcomes, downtime, before, after, charges, duration, workers, fail_open)
+    return {**figures, "journal_left_after_drain": journal_left, "journal_drain_wait_s": drain_s,
+            "outage_counters": outage_counters}
 
 
 def _figures(outcomes: list[Outcome], downtime: Downtime, before: dict[str, Any], after: dict[str, Any],
@@ -309,8 +351,8 @@ def main(argv: list[str]) -> int:
     for name, value in result.items():
         if not isinstance(value, dict | list):
             print(f"{name:>26}: {value}")
-    for name in ("failures_by_status", "failures_by_phase", "credit_mismatch_parts", "latency_by_phase",
-                 "failure_samples"):
+    for name in ("failures_by_status", "failures_by_phase", "credit_mismatch_parts", "outage_counters",
+                 "latency_by_phase", "failure_samples"):
         print(f"{name:>26}: {json.dumps(result[name])}")
     if args.json:
         print(json.dumps(result))

@@ -1,18 +1,29 @@
-"""Building the credit components from the settings: key store, credit store, price book, reaper.
+"""Building the credit components from the settings: key store, credit store, price book, reaper, journal.
 
 Embedded mode keeps keys and the ledger in one SQLite file under ``data_dir``; shared mode (``redis.url`` set)
-keeps them in Redis so every replica sees the same balances.
+keeps them in Redis so every replica sees the same balances. Either store is wrapped in a
+:class:`~proxy.credits.journaled_store.JournaledCreditStore`, whose settlement journal
+(``data_dir/credit-journal.sqlite3``) and outage allowance carry billing through an outage of the store.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
+from prometheus_client.core import CounterMetricFamily
+from prometheus_client.registry import Collector
+
 from proxy.config import Settings
+from proxy.credits.journal import SettlementJournal
+from proxy.credits.journaled_store import JournaledCreditStore
 from proxy.credits.keys import KeyStore
-from proxy.credits.pricing import ModelLimits, ModelPrice, PriceBook
+from proxy.credits.outage import OutageAllowance
+from proxy.credits.pricing import ModelLimits, ModelPrice, PriceBook, to_micro
 from proxy.credits.reaper import ReservationReaper
+from proxy.credits.replayer import JournalReplayer
 from proxy.credits.store import CreditStore
+from proxy.metrics import Metrics
 
 
 @dataclass
@@ -23,10 +34,33 @@ class CreditComponents:
     store: CreditStore | None
     prices: PriceBook
     reaper: ReservationReaper | None
+    replayer: JournalReplayer | None = None
+
+    @property
+    def journaled(self) -> JournaledCreditStore | None:
+        return self.store if isinstance(self.store, JournaledCreditStore) else None
+
+    async def start(self) -> None:
+        """Start the reaper, and the replayer (after taking over what a previous process journaled)."""
+        if self.replayer is not None:
+            await self.replayer.start()
+        if self.reaper is not None:
+            self.reaper.start()
+
+    def register_metrics(self, metrics: Metrics) -> None:
+        """Export the journal's depth and the outage counters (read at scrape time)."""
+        journaled = self.journaled
+        if journaled is None:
+            return
+        metrics.gauge_callback("ragproxy_credit_journal_depth", "Settlements waiting in the local journal for the "
+                               "credit store", [], lambda: [({}, float(journaled.journal.depth))])
+        metrics.registry.register(_OutageCounters(journaled))
 
     async def close(self) -> None:
         if self.reaper is not None:
             await self.reaper.stop()
+        if self.replayer is not None:
+            await self.replayer.stop()
         closed: set[int] = set()
         for resource in (self.store, self.keys):
             if resource is not None and id(resource) not in closed:
@@ -74,4 +108,31 @@ def build_credits(settings: Settings) -> CreditComponents:
         if settings.credits.enabled:
             store = SqliteCreditStore(path, synchronous=settings.credits.sqlite_synchronous)
     reaper = ReservationReaper(store) if store is not None else None
-    return CreditComponents(keys=keys, store=store, prices=price_book(settings), reaper=reaper)
+    replayer: JournalReplayer | None = None
+    if store is not None:
+        journal = SettlementJournal(settings.data_dir / "credit-journal.sqlite3",
+                                    synchronous=settings.credits.sqlite_synchronous)
+        store = JournaledCreditStore(store, journal, OutageAllowance(to_micro(settings.credits.outage_allowance)))
+        replayer = JournalReplayer(store, interval_s=settings.credits.journal_replay_interval_s)
+    return CreditComponents(keys=keys, store=store, prices=price_book(settings), reaper=reaper, replayer=replayer)
+
+
+class _OutageCounters(Collector):
+    """Counters of the outage fallbacks, read from the journaled store at scrape time."""
+
+    def __init__(self, store: JournaledCreditStore) -> None:
+        self.store = store
+
+    def collect(self) -> Iterable[CounterMetricFamily]:
+        admissions = CounterMetricFamily("ragproxy_credit_outage_admissions", "Reservations the credit store "
+                                         "could not take, by what the outage allowance decided", labels=["result"])
+        admissions.add_metric(["admitted"], self.store.admitted)
+        admissions.add_metric(["refused"], self.store.refused)
+        journaled = CounterMetricFamily("ragproxy_credit_journal_settlements", "Settlements written to the "
+                                        "local journal, and replayed into the credit store (with the store's "
+                                        "outcome)", labels=["event", "outcome"])
+        journaled.add_metric(["journaled", ""], self.store.journaled)
+        for outcome, count in sorted(self.store.replayed.items()):
+            journaled.add_metric(["replayed", outcome], count)
+        yield admissions
+        yield journaled

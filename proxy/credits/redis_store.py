@@ -1,4 +1,4 @@
-"""The shared credit store: Redis (standalone or Cluster), one Lua script per operation.
+"""The shared credit store: Redis (standalone, Sentinel or Cluster), one Lua script per operation.
 
 Key layout (``U`` = the user id percent-encoded, so ``{``, ``}``, ``:`` and spaces in ids cannot break a hash
 tag; every per-user key carries the tag ``{U}`` and lives in one Cluster slot, so each script is atomic across
@@ -52,6 +52,7 @@ from proxy.credits.store import (
     decode_cursor,
     encode_cursor,
 )
+from tiers import redis_connect
 
 RedisClient = aioredis.Redis | RedisCluster
 # ClusterDownError / MasterDownError: a Cluster mid-failover (no master for a slot yet) is unavailable too.
@@ -73,19 +74,9 @@ async def unavailable_on_failure(what: str) -> AsyncIterator[None]:
 
 
 def connect(url: str, *, cluster: bool = False, timeout_s: float = 2.0, max_connections: int = 64) -> RedisClient:
-    """A client for ``url`` with bounded waits: ``max_connections`` at most, each waited for ``timeout_s``."""
-    if cluster:
-        return RedisCluster.from_url(
-            url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s, max_connections=max_connections
-        )
-    pool = aioredis.BlockingConnectionPool.from_url(
-        url,
-        max_connections=max_connections,
-        timeout=timeout_s,
-        socket_timeout=timeout_s,
-        socket_connect_timeout=timeout_s,
-    )
-    return aioredis.Redis(connection_pool=pool)
+    """A client for ``url`` (standalone, ``+cluster`` or ``redis+sentinel``; see :mod:`tiers.redis_connect`) with
+    bounded waits: ``max_connections`` at most, each waited for ``timeout_s``."""
+    return redis_connect.connect(url, cluster=cluster, timeout_s=timeout_s, max_connections=max_connections)
 
 
 class RedisCreditStore:

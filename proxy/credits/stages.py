@@ -21,11 +21,14 @@ it), then settles what the reply used:
   with ``usage_source="reserved"``;
 * an upstream error status, an exception or an aborted stream releases the whole reservation.
 
-A settlement the store cannot take at once is retried in the background (settling is idempotent by request id)
-for ``settle_retry_window_s``; a reservation whose settlement is late is reaped and charged late (see
-:mod:`proxy.credits.store`). When the store cannot be reached at reservation time the request is refused with
-503 + ``Retry-After`` unless ``fail_open`` is set; then it runs unbilled, counted in ``unbilled_requests`` and
-logged at most once per minute.
+The runtime hands these stages a :class:`~proxy.credits.journaled_store.JournaledCreditStore`: while the
+real store is down it admits requests on the outage allowance and journals their settlements durably on local
+disk, replayed when the store is back. What still fails reaches the stage as
+:class:`~proxy.credits.store.CreditStoreUnavailable`: a settlement that neither the store nor the journal took
+is retried in memory (settling is idempotent by request id) for ``settle_retry_window_s``; a reservation whose
+settlement is late is reaped and charged late (see :mod:`proxy.credits.store`). A reservation the store cannot
+take and the allowance cannot cover is refused with 503 + ``Retry-After`` unless ``fail_open`` is set; then it
+runs unbilled, counted in ``unbilled_requests`` and logged at most once per minute.
 """
 
 from __future__ import annotations
@@ -265,7 +268,7 @@ class Credits:
         try:
             return await self.store.settle(reservation.request_id, reservation.user, actual, details)
         except CreditStoreUnavailable as exc:
-            log.warning("settling %s failed, retrying in the background: %s", reservation.request_id, exc)
+            log.warning("settling %s failed, retrying in memory: %s", reservation.request_id, exc)
             task = asyncio.create_task(self._settle_later(reservation, actual, details))
             self._retries.add(task)
             task.add_done_callback(self._retries.discard)

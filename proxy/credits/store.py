@@ -12,7 +12,10 @@ Amounts are integer micro-credits (see :mod:`proxy.credits.pricing`). An account
   ``shortfall``.
 * A settle after the reservation expired and was reaped (a request that outlived the reservation TTL, or whose
   proxy restarted) is **charged late**: the work was done, so its cost is taken from the available balance,
-  capped at it, and recorded with outcome ``late``. Reaping does not close a request id; releasing does.
+  capped at it, and recorded with outcome ``late``. Reaping does not close a request id; releasing does. A
+  settle for an id that was never reserved takes the same path: this is how a request admitted during an
+  outage of the store is billed when its journaled settlement is replayed (see
+  :mod:`proxy.credits.journaled_store`). ``now``, when given, is the time the ledger entry records.
 * ``release`` returns a hold untouched (upstream error, aborted stream) and closes the request id.
 * ``reap_expired`` releases the holds whose deadline passed (a proxy died mid-request) without closing their
   ids.
@@ -99,7 +102,8 @@ class ChargeDetails:
 class Settlement:
     request_id: str
     outcome: str
-    """``settled``, ``late`` (after expiry), ``duplicate`` (already closed) or ``no_account``."""
+    """``settled``, ``late`` (after expiry, or never reserved), ``duplicate`` (already closed), ``no_account``, or
+    ``journaled`` (kept in the local journal until the store is back; ``charged`` is then the actual cost)."""
     charged: int
     available: int
     shortfall: int = 0

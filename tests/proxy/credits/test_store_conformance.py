@@ -181,6 +181,34 @@ async def test_expired_reservations_are_reaped_and_a_late_settle_charges_once(
         await assert_books_balance(credit_store, user)
 
 
+async def test_a_settle_without_a_reservation_is_charged_late_capped_at_the_balance_and_once(
+    credit_store: CreditStore,
+) -> None:
+    """The path a settlement journaled during an outage takes when it is replayed (it was never reserved)."""
+    await credit_store.top_up("ann", 3 * CREDIT)
+    await credit_store.reserve("open", "ann", CREDIT, 1000, now=T0)
+    late = await credit_store.settle("unreserved", "ann", CREDIT, details(tier="l1"), now=T0 + 5)
+    assert (late.outcome, late.charged, late.available, late.shortfall) == ("late", CREDIT, CREDIT, 0)
+    again = await credit_store.settle("unreserved", "ann", CREDIT, details(), now=T0 + 6)
+    assert (again.outcome, again.charged, again.available) == ("duplicate", CREDIT, CREDIT)
+    capped = await credit_store.settle("too-big", "ann", 5 * CREDIT, details(), now=T0 + 7)
+    assert (capped.outcome, capped.charged, capped.available, capped.shortfall) == ("late", CREDIT, 0, 4 * CREDIT)
+    broke = await credit_store.settle("nothing-left", "ann", CREDIT, details(), now=T0 + 8)
+    assert (broke.outcome, broke.charged, broke.available, broke.shortfall) == ("late", 0, 0, CREDIT)
+    account = await credit_store.balance("ann")
+    assert (account.available, account.held) == (0, CREDIT), "the open hold is untouched"
+    with pytest.raises(RequestClosed):
+        await credit_store.reserve("unreserved", "ann", 0, 60, now=T0 + 9)
+    charges = await all_entries(credit_store, LedgerFilter(user="ann", kind="charge"))
+    assert [(e.request_id, e.amount, e.shortfall, e.time) for e in charges] == [
+        ("unreserved", -CREDIT, 0, T0 + 5),
+        ("too-big", -CREDIT, 4 * CREDIT, T0 + 7),
+        ("nothing-left", 0, CREDIT, T0 + 8),
+    ]
+    assert charges[0].tier == "l1"
+    await assert_books_balance(credit_store, "ann")
+
+
 async def test_settle_for_an_account_that_does_not_exist(credit_store: CreditStore) -> None:
     done = await credit_store.settle("r1", "ghost", CREDIT, details())
     assert (done.outcome, done.charged) == ("no_account", 0)
