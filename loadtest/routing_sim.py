@@ -17,12 +17,16 @@ Routers compared:
 * ``least_loaded`` — fewest requests queued or in prefill;
 * ``prefix_hash`` — hash of (system prompt, first document) mod N, the usual sticky prefix routing;
 * ``ragproxy`` — :mod:`proxy.kv`: knowledge tree per replica, ``reuse`` document order, router by estimated
-  TTFT with the load-balance guard and SLO refusal, cache-aware waiting queue, tree correction and prefill-model
-  refit from what the replica reports.
+  TTFT with the load-balance guard, SLO refusal and SLO-headroom affinity, cache-aware waiting queue that drops
+  (refuses) a request once it can no longer start in time, tree correction and prefill-model refit from what
+  the replica reports.
 
-SLO attainment = share of the requests answered with TTFT within the SLO (refused requests count as misses).
-Goodput (as in DistServe) = the highest request rate at which attainment stays at or above a target (90%),
-found by :func:`max_goodput_load` with bisection over the offered load.
+SLO attainment = share of the measured requests answered with TTFT within the SLO (refused requests count as
+misses). Goodput (as in DistServe) = the highest request rate at which attainment stays at or above a target
+(90%), found by :func:`max_goodput_load` with bisection over the offered load.
+
+``warmup`` requests (default none) arrive first, at the same rate, and are not counted: with them the figures
+describe a proxy and backends that have been running, not the first minutes after a cold start of every cache.
 """
 
 from __future__ import annotations
@@ -61,6 +65,8 @@ class SimConfig:
     per_token_s: float = 0.0002
     ttft_slo_s: float = 1.5
     seed: int = 7
+    warmup: int = 0
+    """Requests sent before the measured ones and not counted."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,7 +90,8 @@ def request_rate(config: SimConfig) -> float:
 
 
 def workload(config: SimConfig) -> list[SimRequest]:
-    """The requests; the same seed gives the same requests at any load, only their arrival times scale."""
+    """The requests (warm-up first); the same seed gives the same requests at any load, only their arrival
+    times scale."""
     rnd = random.Random(config.seed)
     docs = [Segment(f"d{i}", rnd.randint(*config.doc_tokens)) for i in range(config.corpus)]
     weights = [1.0 / (rank + 1) ** config.zipf_s for rank in range(config.corpus)]
@@ -92,7 +99,7 @@ def workload(config: SimConfig) -> list[SimRequest]:
     rate = request_rate(config)
     now = 0.0
     requests = []
-    for i in range(config.requests):
+    for i in range(config.warmup + config.requests):
         now += rnd.expovariate(rate)
         k = rnd.randint(3, 5)
         chosen: list[Segment] = []
@@ -213,6 +220,7 @@ def simulate(config: SimConfig, router_name: str, requests: list[SimRequest] | N
     rr = itertools.count()
 
     def start(index: int) -> None:
+        nonlocal rejected
         replica = replicas[index]
         if replica.busy:
             return
@@ -221,6 +229,13 @@ def simulate(config: SimConfig, router_name: str, requests: list[SimRequest] | N
             if replica.ordered is not None
             else (replica.fifo.popleft() if replica.fifo else None)
         )
+        if replica.ordered is not None:
+            for late in replica.ordered.expired:  # can no longer start in time: refused (429)
+                rejected += late.request.index >= config.warmup
+                router.finished(str(late.request.index), index)
+                assert late.predicted is not None
+                trees[index].retract(late.path[:-1], late.predicted)
+            replica.ordered.expired.clear()
         if item is None:
             return
         replica.busy = True
@@ -258,7 +273,7 @@ def simulate(config: SimConfig, router_name: str, requests: list[SimRequest] | N
                 ]
                 decision = router.choose(candidates)
                 if isinstance(decision, Reject):
-                    rejected += 1
+                    rejected += request.index >= config.warmup
                     continue
                 target = decision.replica
                 documents = orders[target]
@@ -268,7 +283,8 @@ def simulate(config: SimConfig, router_name: str, requests: list[SimRequest] | N
                 item = _Queued(request, [*path, request.question], predicted)
                 queue = replicas[target].ordered
                 assert queue is not None
-                queue.push(item, decision.cached_tokens, max(1, decision.uncached_tokens), now)
+                compute = max(1, decision.uncached_tokens)
+                queue.push(item, decision.cached_tokens, compute, now, decision.start_deadline)
                 start(target)
                 continue
             replicas[target].fifo.append(_Queued(request, [request.system, *documents, request.question]))
@@ -279,9 +295,10 @@ def simulate(config: SimConfig, router_name: str, requests: list[SimRequest] | N
             replica = replicas[index]
             replica.cache.insert(item.path)
             replica.busy = False
-            ttfts.append(now - item.request.arrival)
-            cached_total += cached
-            prompt_total += item.request.total_tokens
+            if item.request.index >= config.warmup:
+                ttfts.append(now - item.request.arrival)
+                cached_total += cached
+                prompt_total += item.request.total_tokens
             if use_kv:
                 key = str(item.request.index)
                 router.first_token(key, index)
@@ -289,7 +306,8 @@ def simulate(config: SimConfig, router_name: str, requests: list[SimRequest] | N
                 trees[index].correct(item.path[:-1], cached, item.predicted)
                 models[index].observe(uncached, cached, duration)
             start(index)
-    duration_s = max(now, requests[-1].arrival) if requests else 0.0
+    measured_from = requests[config.warmup].arrival if config.warmup < len(requests) else 0.0
+    duration_s = max(now, requests[-1].arrival) - measured_from if requests else 0.0
     good = sum(1 for t in ttfts if t <= config.ttft_slo_s)
     return SimResult(
         router=router_name,

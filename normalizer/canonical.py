@@ -34,16 +34,26 @@ Key format (module :func:`cache_key`)::
     rp1:<tenant>:<namespace>:<knowledge_version>:<kind>:<hex BLAKE2b-256 of the canonical JSON bytes>
 
 ``rp1`` is the key-format version (bump it whenever canonicalization changes so old entries are never
-misread). Each scope component is percent-encoded (RFC 3986, nothing kept safe but ``A-Z a-z 0-9 _ . - ~``),
-so a ``:`` in a tenant id cannot forge another scope, and a prefix such as ``rp1:acme:docs:`` selects
-exactly one tenant's namespace. ``kind`` is ``chat``, ``completion`` or ``embedding`` (one key per embedding
-input item). The scope is a readable prefix rather than hashed so stores can scan and drop a tenant,
-namespace or knowledge version by prefix. Namespaces shared across tenants use :data:`SHARED_TENANT` as the
-tenant (the identity layer must never issue it).
+misread). Each scope component is percent-encoded (RFC 3986, nothing kept safe but ``A-Z a-z 0-9 _ . - ~``,
+and in the tenant component not ``~`` either), so a ``:`` in a tenant id cannot forge another scope, and a
+prefix such as ``rp1:acme:docs:`` selects exactly one tenant's namespace. ``kind`` is ``chat``,
+``completion`` or ``embedding`` (one key per embedding input item). The scope is a readable prefix rather
+than hashed so stores can scan and drop a tenant, namespace or knowledge version by prefix. Namespaces shared
+across tenants use :data:`SHARED_TENANT` as the tenant (the identity layer must never issue it).
+
+User-scoped keys (private namespaces, ``cache.private_namespaces``, or a request's ``Cache-Control:
+private``): the tenant component becomes ``<tenant>~<user digest>``, e.g. ``rp1:acme~3f…9a:docs:4:chat:…``,
+where the digest is :func:`user_digest` (32 hex digits of BLAKE2b of the tenant and user id; user ids never
+appear in keys, and equal ids in two tenants get different digests). A ``~`` in the tenant id itself is
+written ``%7E``, so the first raw ``~`` always separates the digest and no tenant name can forge another
+user's scope; split the component there to read it back. The tenant, namespace and knowledge version stay
+the real ones: versions are looked up and bumped per tenant and namespace, and the entry's tags name the real
+tenant and namespace, so invalidating a tenant or namespace also drops its user-scoped entries.
 """
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -400,18 +410,35 @@ def canonical_request(kind: RequestKind, body: Mapping[str, Any]) -> list[dict[s
     return canonical_embedding_items(body)
 
 
+USER_SEPARATOR = "~"
+"""Separates the tenant from the user digest in a user-scoped tenant component (``%7E`` inside a tenant id)."""
+
+
+def user_digest(tenant: str, user: str) -> str:
+    """32 hex digits naming one user of one tenant in user-scoped keys and partitions (no user id in clear)."""
+    data = f"{tenant}\x1f{user}".encode()
+    return hashlib.blake2b(data, digest_size=16, person=b"ragproxy-user").hexdigest()
+
+
 @dataclass(frozen=True, slots=True)
 class KeyScope:
-    """Where a key lives: tenant, namespace inside it, and the knowledge version it was answered under."""
+    """Where a key lives: tenant, namespace inside it, the knowledge version it was answered under, and — for a
+    user-scoped (private) answer — the :func:`user_digest` of the user it belongs to (``""``: the tenant's)."""
 
     tenant: str
     namespace: str = "default"
     knowledge_version: str = "0"
+    user: str = ""
+
+    def owner(self) -> str:
+        """The tenant component of the key: the encoded tenant, then ``~<user digest>`` when user-scoped."""
+        tenant = quote(self.tenant, safe="").replace(USER_SEPARATOR, "%7E")
+        return f"{tenant}{USER_SEPARATOR}{self.user}" if self.user else tenant
 
     def prefix(self) -> str:
         """``rp1:<tenant>:<namespace>:<knowledge_version>:`` with each component percent-encoded."""
-        parts = (self.tenant, self.namespace, self.knowledge_version)
-        return KEY_FORMAT_VERSION + ":" + "".join(quote(part, safe="") + ":" for part in parts)
+        parts = (quote(self.namespace, safe=""), quote(self.knowledge_version, safe=""))
+        return f"{KEY_FORMAT_VERSION}:{self.owner()}:" + "".join(part + ":" for part in parts)
 
 
 def request_digest(canonical: JSONValue) -> str:

@@ -5,6 +5,13 @@ compute_tokens`` (requests that reuse much and compute little go first, which ra
 lowers mean latency), except that a request waiting longer than ``starvation_window_s`` goes before everything
 else (oldest first), so large uncached requests are delayed by at most the window.
 
+Deadlines: a request may carry the latest time its prefill can start and still give its first token within the
+TTFT objective (the router's :attr:`~proxy.kv.router.RouteDecision.start_deadline`). One still waiting past it
+is not started but dropped (:attr:`CacheAwareOrder.expired`; the adapter raises :class:`DeadlineExceeded`, a
+429 for the client): it would miss the objective anyway, and the prefill it would have cost goes to requests
+that can still meet theirs. Under overload this is what keeps goodput up — without it every request in a
+growing queue is served late.
+
 :class:`AdmissionQueue` is the thin asyncio adapter: ``async with queue.slot(cached, compute):`` waits for one
 of ``limit`` slots (bounded by ``max_wait_s``; :class:`asyncio.TimeoutError` when exceeded) and frees it on
 exit.
@@ -31,7 +38,12 @@ class _Waiting(Generic[T]):
     ratio: float
     enqueued_at: float
     seq: int
+    deadline: float | None = None
     taken: bool = field(default=False)
+
+
+class DeadlineExceeded(TimeoutError):
+    """The request could not start in time to meet its TTFT objective."""
 
 
 class CacheAwareOrder(Generic[T]):
@@ -39,6 +51,8 @@ class CacheAwareOrder(Generic[T]):
 
     def __init__(self, starvation_window_s: float = 2.0) -> None:
         self.starvation_window_s = starvation_window_s
+        self.expired: list[T] = []
+        """Items :meth:`pop` passed over because their deadline had gone; the caller refuses and clears them."""
         self._heap: list[tuple[float, int, _Waiting[T]]] = []
         self._arrival: deque[_Waiting[T]] = deque()
         self._seq = itertools.count()
@@ -47,9 +61,12 @@ class CacheAwareOrder(Generic[T]):
     def __len__(self) -> int:
         return self._size
 
-    def push(self, item: T, cached_tokens: int, compute_tokens: int, now: float) -> _Waiting[T]:
+    def push(
+        self, item: T, cached_tokens: int, compute_tokens: int, now: float, deadline: float | None = None
+    ) -> _Waiting[T]:
+        """Queue ``item``; with ``deadline``, :meth:`pop` drops it into :attr:`expired` once ``now`` passes it."""
         ratio = cached_tokens / max(1, compute_tokens)
-        entry = _Waiting(item, ratio, now, next(self._seq))
+        entry = _Waiting(item, ratio, now, next(self._seq), deadline)
         heapq.heappush(self._heap, (-ratio, entry.seq, entry))
         self._arrival.append(entry)
         self._size += 1
@@ -62,16 +79,22 @@ class CacheAwareOrder(Generic[T]):
             self._size -= 1
 
     def pop(self, now: float) -> T | None:
-        """The next request to admit, or ``None`` when nobody waits."""
-        while self._arrival and self._arrival[0].taken:
+        """The next request to admit, or ``None`` when nobody waits (expired ones go to :attr:`expired`)."""
+        while self._arrival and (self._arrival[0].taken or self._expire(self._arrival[0], now)):
             self._arrival.popleft()
         if self._arrival and now - self._arrival[0].enqueued_at >= self.starvation_window_s:
             return self._take(self._arrival.popleft())
         while self._heap:
             _, _, entry = heapq.heappop(self._heap)
-            if not entry.taken:
+            if not entry.taken and not self._expire(entry, now):
                 return self._take(entry)
         return None
+
+    def _expire(self, entry: _Waiting[T], now: float) -> bool:
+        if entry.taken or entry.deadline is None or now <= entry.deadline:
+            return False
+        self.expired.append(self._take(entry))
+        return True
 
     def _take(self, entry: _Waiting[T]) -> T:
         entry.taken = True
@@ -102,26 +125,44 @@ class AdmissionQueue:
     def waiting(self) -> int:
         return len(self._order)
 
-    async def acquire(self, cached_tokens: int, compute_tokens: int) -> None:
+    async def acquire(self, cached_tokens: int, compute_tokens: int, deadline: float | None = None) -> None:
+        """Wait for a slot; :class:`DeadlineExceeded` when ``deadline`` (this queue's clock) passes first,
+        :class:`TimeoutError` after ``max_wait_s``."""
+        now = self._clock()
         if self.active < self.limit and not len(self._order):
             self.active += 1
             return
+        if deadline is not None and deadline < now:
+            raise DeadlineExceeded("the request cannot start before its deadline")
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        entry = self._order.push(future, cached_tokens, compute_tokens, self._clock())
+        entry = self._order.push(future, cached_tokens, compute_tokens, now, deadline)
+        wait_s = self.max_wait_s if deadline is None else min(self.max_wait_s, deadline - now)
         try:
-            async with asyncio.timeout(self.max_wait_s):
+            async with asyncio.timeout(wait_s):
                 await future
-        except BaseException:
-            if future.done() and not future.cancelled():
-                self.release()  # the slot was handed over just as we gave up
-            else:
-                future.cancel()
-                self._order.remove(entry)
+        except TimeoutError as error:
+            self._give_up(future, entry)
+            if isinstance(error, DeadlineExceeded) or (deadline is not None and deadline - now <= self.max_wait_s):
+                raise DeadlineExceeded("the request could not start before its deadline") from None
             raise
+        except BaseException:
+            self._give_up(future, entry)
+            raise
+
+    def _give_up(self, future: asyncio.Future[None], entry: _Waiting[asyncio.Future[None]]) -> None:
+        if future.done() and not future.cancelled() and future.exception() is None:
+            self.release()  # the slot was handed over just as we gave up
+        elif not future.done():
+            future.cancel()
+        self._order.remove(entry)
 
     def release(self) -> None:
         while True:
             future = self._order.pop(self._clock())
+            for late in self._order.expired:
+                if not late.done():
+                    late.set_exception(DeadlineExceeded("the request could not start before its deadline"))
+            self._order.expired.clear()
             if future is None:
                 self.active = max(0, self.active - 1)
                 return
@@ -130,8 +171,10 @@ class AdmissionQueue:
                 return
 
     @asynccontextmanager
-    async def slot(self, cached_tokens: int, compute_tokens: int) -> AsyncIterator[None]:
-        await self.acquire(cached_tokens, compute_tokens)
+    async def slot(
+        self, cached_tokens: int, compute_tokens: int, deadline: float | None = None
+    ) -> AsyncIterator[None]:
+        await self.acquire(cached_tokens, compute_tokens, deadline)
         try:
             yield
         finally:

@@ -51,14 +51,17 @@ def build_kv(settings: Settings, pool: BackendPool) -> KVLayer | None:
             tree=KnowledgeTree(backend.kv_capacity_tokens, prefill=prefill),
             queue=AdmissionQueue(backend.max_concurrency, starvation_window_s=routing.starvation_window_s,
                                  max_wait_s=routing.queue_max_wait_s),
-            slots=SlotTable(backend.slots) if kind is BackendKind.LLAMACPP else None,
+            slots=SlotTable(backend.slots, prompt_cache=routing.llama_prompt_cache)
+            if kind is BackendKind.LLAMACPP else None,
         ))
     router = Router([r.prefill for r in replicas], ttft_slo_s=routing.ttft_slo_s,
-                    parallelism=[b.slots for b in settings.upstreams.llm])
-    registry = DocumentRegistry(routing.documents)
+                    parallelism=[b.slots for b in settings.upstreams.llm],
+                    affinity_headroom=routing.affinity_headroom)
+    registry = DocumentRegistry(routing.documents, max_bytes=routing.documents_max_bytes)
     shape = Shape(replicas, registry=registry,
                   policies={ns: OrderPolicy(order) for ns, order in routing.namespace_orders.items()},
                   default_policy=OrderPolicy(routing.order), popularity=Popularity())
     salt = routing.salt_secret.get_secret_value() if routing.salt_secret else ""
-    route = Route(replicas, router, salt_secret=salt, backend_objects=pool.backends)
+    route = Route(replicas, router, salt_secret=salt, backend_objects=pool.backends,
+                  expose_headers=routing.expose_headers)
     return KVLayer(replicas=replicas, router=router, registry=registry, shape=shape, route=route)

@@ -6,9 +6,8 @@ request):
 ==============  ==========================================================================================
 kind            hint
 ==============  ==========================================================================================
-``llamacpp``    ``cache_prompt: true`` and ``id_slot`` — the slot whose last prompt shares the longest prefix
-                (:class:`SlotTable`; ties and misses go to the least recently used slot, so hot prefixes are
-                not overwritten by one-off prompts)
+``llamacpp``    ``cache_prompt: true``; ``id_slot`` only for servers without a host-memory prompt cache
+                (:class:`SlotTable` explains why)
 ``vllm``        ``cache_salt`` = hash of the tenant: prefix-cache isolation between tenants
 ``sglang``      same as ``vllm``
 ``openai``      ``prompt_cache_key`` = hash of the tree path (system prompt key + documents in order)
@@ -17,7 +16,9 @@ all kinds       headers ``X-Prefix-Docs`` (comma-separated doc ids of the prefix
 ==============  ==========================================================================================
 
 Read back: :func:`reported_cached_tokens` takes a reply body (or the last SSE events of a stream) and returns
-``usage.prompt_tokens_details.cached_tokens`` or llama.cpp's ``timings.cache_n``; :func:`reported_prefill`
+``usage.prompt_tokens_details.cached_tokens`` or llama.cpp's ``timings.cache_n``; :func:`reported_prompt_tokens`
+the prompt's length in the backend's tokens (to convert reports into the tree's estimated tokens);
+:func:`reported_prefill`
 returns llama.cpp's ``(prompt_n, cache_n, prompt_ms)`` for the prefill-time model. :func:`capacity_from_slots`
 reads the KV capacity of a llama.cpp server from its ``/slots`` answer.
 """
@@ -98,12 +99,50 @@ def build_hints(
     return Hints(body=body, headers=headers)
 
 
-class SlotTable:
-    """What each slot of a llama.cpp server last held (its prompt path), to pick ``id_slot``."""
+@dataclass(frozen=True, slots=True)
+class SlotChoice:
+    """The slot a request will use, its shared prefix in tokens, and whether to send ``id_slot``."""
 
-    def __init__(self, slots: int, *, clock: Callable[[], float] = time.monotonic) -> None:
+    slot: int
+    shared_tokens: int
+    pin: bool
+
+
+class SlotTable:
+    """What each slot of a llama.cpp server last held (its prompt path), to choose ``id_slot``.
+
+    A llama.cpp slot holds only its last prompt. Without ``id_slot`` the server takes the idle slot whose prompt
+    shares the largest fraction of the new one, if above ``--slot-prompt-similarity`` (``similarity``, 0.1),
+    else its least recently used idle slot (the last such slot on a tie). With its host-memory prompt cache
+    (``--cache-ram``, on by default in current llama.cpp: ``prompt_cache``), before it reuses a slot by LRU, or
+    one that would lose more than half of its prompt, it saves that prompt in host memory and restores the stored
+    prompt that shares the longest prefix with the new one. A request *with* ``id_slot`` whose slot shares less
+    than the similarity skips both: the slot's prompt is lost and nothing is restored. Hence :meth:`choose`:
+
+    * with the server's prompt cache, ``id_slot`` is never sent: the server's own choice is the slot sharing the
+      longest prefix (what the table would pick), it keeps what it overwrites, and an ``id_slot`` taken from a
+      table that drifted (another client, a restart) would cost a recomputation; the table records the slot the
+      server takes;
+    * without one (``prompt_cache=False``) an overwritten prompt is gone, so every request is pinned: to the
+      idle slot sharing more than ``similarity`` of the prompt and more than its first segment (the system
+      prompt every request shares; the longest), else to the idle slot whose
+      prompt is worth least — empty first, then the lowest ``value`` (the caller's measure of how much later
+      requests reuse it, from the knowledge tree), then the least recently used — so a popular prefix is not
+      overwritten by a one-off prompt while a cheaper slot is free (RAGCache's PGDSF, applied to slots).
+    """
+
+    def __init__(
+        self,
+        slots: int,
+        *,
+        similarity: float = 0.1,
+        prompt_cache: bool = True,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         if slots < 1:
             raise ValueError("slots must be at least 1")
+        self.similarity = similarity
+        self.prompt_cache = prompt_cache
         self._paths: list[tuple[Segment, ...]] = [() for _ in range(slots)]
         self._used: list[float] = [float("-inf")] * slots
         self._busy: list[int] = [0] * slots
@@ -111,6 +150,15 @@ class SlotTable:
 
     def __len__(self) -> int:
         return len(self._paths)
+
+    def resize(self, slots: int) -> None:
+        """Follow the server's real number of slots (``GET /slots``); what known slots hold is kept."""
+        if slots < 1:
+            raise ValueError("slots must be at least 1")
+        extra = max(0, slots - len(self._paths))
+        self._paths = self._paths[:slots] + [() for _ in range(extra)]
+        self._used = self._used[:slots] + [float("-inf")] * extra
+        self._busy = self._busy[:slots] + [0] * extra
 
     def best(self, path: Sequence[Segment]) -> tuple[int, int]:
         """``(slot, matching prefix tokens)``: longest shared prefix among idle slots, then least recent."""
@@ -120,6 +168,31 @@ class SlotTable:
         )
         slot = ranked[0]
         return slot, _common_tokens(self._paths[slot], path)
+
+    def choose(
+        self,
+        path: Sequence[Segment],
+        total_tokens: int,
+        value: Callable[[Sequence[Segment]], float] | None = None,
+    ) -> SlotChoice:
+        """The slot for a prompt of ``total_tokens`` whose prefix is ``path`` (see the class docs)."""
+        slot, shared = self.best(path)
+        similar = shared > self.similarity * max(1, total_tokens)
+        idle = [s for s in range(len(self._paths)) if not self._busy[s]] or list(range(len(self._paths)))
+        if self.prompt_cache:
+            if similar:
+                return SlotChoice(slot, shared, False)
+            lru = min(idle, key=lambda s: (self._used[s], -s))
+            return SlotChoice(lru, _common_tokens(self._paths[lru], path), False)
+        if similar and shared > (path[0].tokens if path else 0):  # more than the system prompt all share
+            return SlotChoice(slot, shared, True)
+
+        def worth(s: int) -> tuple[bool, float, float]:
+            held = self._paths[s]
+            return bool(held), (value(held) if value is not None and held else 0.0), self._used[s]
+
+        victim = min(idle, key=worth)
+        return SlotChoice(victim, _common_tokens(self._paths[victim], path), True)
 
     def assign(self, slot: int, path: Sequence[Segment]) -> None:
         self._paths[slot] = tuple(path)
@@ -142,8 +215,25 @@ def _common_tokens(a: Sequence[Segment], b: Sequence[Segment]) -> int:
 # --- reading back ------------------------------------------------------------------------------------------
 
 
+LAST_EVENTS = 4
+"""How many trailing SSE data events are read for usage and timings (they ride on the last one or two)."""
+
+Reported = Mapping[str, Any] | bytes | list[dict[str, Any]]
+"""A reply as the ``reported_*`` readers take it: raw bytes, one parsed object, or :func:`reply_objects`' list."""
+
+
+def reply_objects(reply: Reported) -> list[dict[str, Any]]:
+    """The JSON objects of a reply to read reports from (parse once, then pass the list to each reader)."""
+    if isinstance(reply, bytes):
+        return _last_json_objects(reply)
+    if isinstance(reply, list):
+        return reply
+    return [dict(reply)]
+
+
 def _last_json_objects(raw: bytes) -> list[dict[str, Any]]:
-    """The JSON object of a complete body, or the data events of an SSE stream (last first)."""
+    """The JSON object of a complete body, or the last :data:`LAST_EVENTS` data events of an SSE stream (last
+    first)."""
     raw = raw.strip()
     if raw.startswith(b"{"):
         try:
@@ -165,12 +255,14 @@ def _last_json_objects(raw: bytes) -> list[dict[str, Any]]:
             continue
         if isinstance(value, dict):
             objects.append(value)
+            if len(objects) == LAST_EVENTS:
+                break
     return objects
 
 
-def reported_cached_tokens(reply: Mapping[str, Any] | bytes) -> int | None:
+def reported_cached_tokens(reply: Reported) -> int | None:
     """Cached prompt tokens the backend reported, or ``None`` when it did not say."""
-    objects = _last_json_objects(reply) if isinstance(reply, bytes) else [dict(reply)]
+    objects = reply_objects(reply)
     for obj in objects:
         usage = obj.get("usage")
         if isinstance(usage, dict):
@@ -183,9 +275,23 @@ def reported_cached_tokens(reply: Mapping[str, Any] | bytes) -> int | None:
     return None
 
 
-def reported_prefill(reply: Mapping[str, Any] | bytes) -> tuple[int, int, float] | None:
+def reported_prompt_tokens(reply: Reported) -> int | None:
+    """The prompt's length in the backend's own tokens (``usage.prompt_tokens``, or llama.cpp's
+    ``timings.prompt_n + cache_n``), or ``None`` when it did not say."""
+    objects = reply_objects(reply)
+    for obj in objects:
+        usage = obj.get("usage")
+        if isinstance(usage, dict) and isinstance(usage.get("prompt_tokens"), int) and usage["prompt_tokens"] > 0:
+            return int(usage["prompt_tokens"])
+        timings = obj.get("timings")
+        if isinstance(timings, dict) and isinstance(timings.get("prompt_n"), int):
+            return int(timings["prompt_n"]) + int(timings.get("cache_n") or 0)
+    return None
+
+
+def reported_prefill(reply: Reported) -> tuple[int, int, float] | None:
     """llama.cpp's ``(prompt_n, cache_n, prompt_ms)``: tokens computed, tokens reused, prefill time."""
-    objects = _last_json_objects(reply) if isinstance(reply, bytes) else [dict(reply)]
+    objects = reply_objects(reply)
     for obj in objects:
         timings = obj.get("timings")
         if isinstance(timings, dict) and {"prompt_n", "cache_n", "prompt_ms"} <= timings.keys():

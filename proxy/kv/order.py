@@ -29,7 +29,8 @@ class OrderPolicy(Enum):
 
 
 class Popularity:
-    """How often documents were requested lately: counts decayed with a half-life measured in requests.
+    """How often documents were requested lately: counts decayed with a half-life measured in requests that carry
+    documents.
 
     Pure and bounded (``capacity`` documents; the least popular half is dropped when full). Used by ``reuse`` to
     put the documents it cannot take from the cache in a canonical order (most popular first), so that requests

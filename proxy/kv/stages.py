@@ -14,29 +14,50 @@ KV depends on the replica, and the best replica depends on the order, so the wor
   sets ``ctx.state["backend"]`` to the replica's entry of ``backend_objects`` (the forward stage's
   ``Backend``; its index when not given) and ``ctx.state["backend_index"]`` to its index, records the path in
   the replica's knowledge tree, waits for a concurrency slot (cache-aware order; 429 when the wait exceeds the
-  queue's bound), calls the rest of the pipeline, and when the reply is finished reads what the backend
-  reported as cached to correct the tree and refit the prefill model, and frees the slot.
+  queue's bound, or — with a TTFT SLO — once the request can no longer start in time), calls the rest of the
+  pipeline, and when the reply is finished reads what the backend reported as cached (converted from the
+  backend's tokens into the tree's estimates with the prompt's reported length) to correct the tree and refit
+  the prefill model, and frees the slot. A request refused after routing is taken back out of the tree.
 
-Response headers for the client: ``X-RagProxy-Replica``, ``X-RagProxy-Cached-Tokens-Estimate``.
+For llama.cpp replicas whose ``backend_objects`` entry has a ``url``, :class:`Route` reads ``GET /slots`` in the
+background from the first request on (:mod:`proxy.kv.discovery`): the real number of slots and KV capacity.
+
+Response headers for the client, only when ``expose_headers`` is set (``routing.expose_headers``):
+``X-RagProxy-Replica``, ``X-RagProxy-Cached-Tokens-Estimate``. They are off by default because the knowledge
+tree is shared by every tenant of a replica: the estimate would tell a client whether anyone recently sent the
+same system prompt and documents.
+
+Isolation hints follow the cache scope: ``cache_salt`` is per tenant, and per user of a private namespace
+(``ctx.state["user_scope"]``, set by :class:`~proxy.stages.cache_policy.Canonicalize`).
+
+A plain prompt (no documents) keeps the client's body bytes unless a hint must go into the body: re-rendering
+and re-serializing an unchanged body would only cost time on the hot path.
 """
 
 from __future__ import annotations
 
+import asyncio
+import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+import aiohttp
+
 from normalizer.documents import DocumentRegistry
 from proxy.context import Reply, RequestContext
 from proxy.errors import ProxyError
-from proxy.kv.admission_queue import AdmissionQueue
+from proxy.kv.admission_queue import AdmissionQueue, DeadlineExceeded
+from proxy.kv.discovery import apply_slots, read_slots
 from proxy.kv.hints import (
     BackendKind,
     SlotTable,
     build_hints,
     prefix_hashes,
+    reply_objects,
     reported_cached_tokens,
     reported_prefill,
+    reported_prompt_tokens,
 )
 from proxy.kv.order import OrderPolicy, Popularity, order_documents
 from proxy.kv.plan import PromptPlan, plan_request
@@ -134,16 +155,18 @@ class Shape:
         for replica in self.replicas:
             order = order_documents(
                 policy, plan.prefix, plan.documents, replica.tree, popularity=self.popularity
-            )
+            ) if plan.documents else []
             path = plan.path(order)
             cached = replica.tree.match(path).tokens
+            if replica.slots is not None and not replica.slots.prompt_cache:
+                cached = min(cached, replica.slots.best(path)[1])  # one slot's prompt is all a request reuses
             if self.shared is not None:  # what other proxy replicas sent to this backend counts too
                 cached = max(cached, self.shared.board.cached_tokens(self.shared.labels[replica.index],
                                                                      SharedPrefixes.hashes(path)))
             orders.append(ReplicaOrder(replica.index, tuple(order), cached))
-        self.popularity.observe([d.key for d in plan.documents])
         ctx.state[PLAN_KEY] = plan
         if plan.documents:  # tags of the stored answer: invalidating a document finds every answer that used it
+            self.popularity.observe([d.key for d in plan.documents])
             ctx.state["document_ids"] = [d.key for d in plan.documents]
         ctx.state[ORDERS_KEY] = orders
 
@@ -161,6 +184,13 @@ class RoutedRequest:
     predicted: Match
     slot: int | None
     estimated_ttft_s: float
+    start_deadline: float | None = None
+    """Latest start (router clock) that still meets the TTFT objective; the queue drops the request after it."""
+    total_tokens: int = 0
+    """The prompt's estimated length (the tree's unit)."""
+    slot_match: Match | None = None
+    """llama.cpp without a prompt cache: the part of the path the chosen slot holds — what the server can reuse,
+    and what its report is compared with (another slot lacking a prefix says nothing about the tree)."""
 
 
 class Route:
@@ -175,12 +205,17 @@ class Route:
         *,
         salt_secret: str = "",
         backend_objects: Sequence[Any] | None = None,
+        expose_headers: bool = False,
     ) -> None:
+        self.expose_headers = expose_headers
         if len(replicas) != len(router.loads):
             raise ValueError("the router must know every replica")
         if backend_objects is not None and len(backend_objects) != len(replicas):
             raise ValueError("one backend object per replica")
         self.backend_objects = list(backend_objects) if backend_objects is not None else None
+        self._undiscovered = {r.index for r in replicas if r.kind is BackendKind.LLAMACPP and r.slots is not None}
+        self._next_discovery = 0.0
+        self._discovery: asyncio.Task[None] | None = None
         self.shared: SharedPrefixes | None = None
         self.replicas = list(replicas)
         self.router = router
@@ -205,25 +240,35 @@ class Route:
         replica = self.replicas[decision.replica]
         order = next(o.order for o in orders if o.replica == decision.replica)
         path = tuple(plan.path(order))
-        slot = replica.slots.best(path)[0] if replica.slots is not None else None
+        slot = pinned = None
+        slot_match: Match | None = None
+        if replica.slots is not None:
+            choice = replica.slots.choose(path, total, value=replica.tree.reuse_value)
+            slot, pinned = choice.slot, (choice.slot if choice.pin else None)
+            if not replica.slots.prompt_cache:  # the server reuses only what this slot holds
+                slot_match = _prefix_match(path, choice.shared_tokens)
         hints = build_hints(
             replica.kind,
             path,
             document_keys=[s.key for s in order],
-            tenant=ctx.tenant,
-            slot=slot,
+            tenant=f"{ctx.tenant}~{ctx.state['user_scope']}" if "user_scope" in ctx.state else ctx.tenant,
+            slot=pinned,
             salt_secret=self.salt_secret,
         )
-        body = plan.render_body(order)
-        body.update(hints.body)
-        ctx.replace_body(body)
+        if plan.mode != "plain":
+            body = plan.render_body(order)
+            body.update(hints.body)
+            ctx.replace_body(body)
+        elif hints.body:  # a plain prompt is forwarded as the client sent it, plus body hints
+            ctx.replace_body({**(ctx.body or {}), **hints.body})
         ctx.state.setdefault(UPSTREAM_HEADERS_KEY, {}).update(hints.headers)
         ctx.state[BACKEND_INDEX_KEY] = decision.replica
         ctx.state[BACKEND_KEY] = (
             self.backend_objects[decision.replica] if self.backend_objects is not None else decision.replica
         )
-        ctx.response_headers["X-RagProxy-Replica"] = str(decision.replica)
-        ctx.response_headers["X-RagProxy-Cached-Tokens-Estimate"] = str(decision.cached_tokens)
+        if self.expose_headers:
+            ctx.response_headers["X-RagProxy-Replica"] = str(decision.replica)
+            ctx.response_headers["X-RagProxy-Cached-Tokens-Estimate"] = str(decision.cached_tokens)
         predicted = replica.tree.insert(path)
         if self.shared is not None:
             tokens, prefixes = 0, []
@@ -232,7 +277,10 @@ class Route:
                 prefixes.append((digest, tokens))
             self.shared.board.record(self.shared.labels[decision.replica], prefixes)
         self.router.admitted(ctx.request_id, decision)
-        routed = RoutedRequest(decision.replica, path, predicted, slot, decision.estimated_ttft_s)
+        routed = RoutedRequest(
+            decision.replica, path, predicted, slot, decision.estimated_ttft_s, decision.start_deadline, total,
+            slot_match,
+        )
         ctx.state["kv.routed"] = routed
         return routed
 
@@ -241,16 +289,53 @@ class Route:
         replica = self.replicas[routed.replica]
         if not body:
             return
-        cached = reported_cached_tokens(body)
+        objects = reply_objects(body)  # parsed once for the three readers
+        # the tree and the prefill model count estimated tokens; the backend reports its own
+        backend_total = reported_prompt_tokens(objects)
+        scale = routed.total_tokens / backend_total if backend_total and routed.total_tokens else 1.0
+        cached = reported_cached_tokens(objects)
         if cached is not None:
-            replica.tree.correct(routed.path, cached, routed.predicted)
+            expected = routed.slot_match if routed.slot_match is not None else routed.predicted
+            replica.tree.correct(routed.path, round(cached * scale), expected)
             ctx.state["kv.cached_tokens_reported"] = cached
-        prefill = reported_prefill(body)
+        prefill = reported_prefill(objects)
         if prefill is not None:
             prompt_n, cache_n, prompt_ms = prefill
-            replica.prefill.observe(prompt_n, cache_n, prompt_ms / 1000)
+            replica.prefill.observe(round(prompt_n * scale), round(cache_n * scale), prompt_ms / 1000)
+
+    async def discover(self, timeout_s: float = 2.0) -> None:
+        """Read ``GET /slots`` of the llama.cpp replicas not read yet (:mod:`proxy.kv.discovery`)."""
+        if self.backend_objects is None or not self._undiscovered:
+            return
+        async with aiohttp.ClientSession() as session:
+            for index in sorted(self._undiscovered):
+                backend = self.backend_objects[index]
+                url = getattr(backend, "url", None)
+                if not isinstance(url, str):
+                    self._undiscovered.discard(index)
+                    continue
+                auth = getattr(backend, "auth_headers", None)
+                headers = auth() if callable(auth) else {}
+                answer = await read_slots(session, url, headers, timeout_s)
+                replica = self.replicas[index]
+                if answer is not None and apply_slots(
+                    answer, tree=replica.tree, load=self.router.loads[index], slot_table=replica.slots
+                ):
+                    self._undiscovered.discard(index)
+
+    def _maybe_discover(self) -> None:
+        """Start :meth:`discover` in the background: at the first request, then at most once a minute while some
+        llama.cpp replica has not answered (the configured slots and capacity hold meanwhile)."""
+        if not self._undiscovered or self.backend_objects is None:
+            return
+        now = time.monotonic()
+        if now < self._next_discovery or (self._discovery is not None and not self._discovery.done()):
+            return
+        self._next_discovery = now + 60.0
+        self._discovery = asyncio.get_running_loop().create_task(self.discover())
 
     async def __call__(self, ctx: RequestContext, call_next: Next) -> Reply:
+        self._maybe_discover()
         routed = self.route(ctx)
         if routed is None:
             return await call_next(ctx)
@@ -258,14 +343,25 @@ class Route:
         decision_cached = routed.predicted.tokens
         compute = max(1, sum(s.tokens for s in routed.path) - decision_cached)
         try:
-            await replica.queue.acquire(decision_cached, compute)
+            await replica.queue.acquire(decision_cached, compute, routed.start_deadline)
+        except DeadlineExceeded as error:
+            self.router.finished(ctx.request_id, routed.replica)
+            replica.tree.retract(routed.path, routed.predicted)
+            raise ProxyError(
+                429,
+                "the backend could not start this request within the time-to-first-token objective",
+                code="ttft_slo",
+                headers={"Retry-After": "1"},
+            ) from error
         except TimeoutError as error:
             self.router.finished(ctx.request_id, routed.replica)
+            replica.tree.retract(routed.path, routed.predicted)
             raise ProxyError(
                 429, "the backend queue is full", code="queue_timeout", headers={"Retry-After": "1"}
             ) from error
         except BaseException:
             self.router.finished(ctx.request_id, routed.replica)
+            replica.tree.retract(routed.path, routed.predicted)
             raise
         self.router.started(ctx.request_id, routed.replica)
         if replica.slots is not None and routed.slot is not None:
@@ -297,3 +393,14 @@ class Route:
 
         reply.on_finish(on_finish)
         return reply
+
+
+def _prefix_match(path: Sequence[Segment], tokens: int) -> Match:
+    """The leading segments of ``path`` that ``tokens`` cover."""
+    segments = covered = 0
+    for segment in path:
+        if covered + segment.tokens > tokens:
+            break
+        covered += segment.tokens
+        segments += 1
+    return Match(segments, covered)

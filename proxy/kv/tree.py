@@ -16,8 +16,11 @@ evicted by that insert: the replica has just computed it.
 
 The mirror drifts from the truth (other clients, the backend's own eviction policy), so :meth:`correct` takes
 what the backend reported as cached for a request (``usage.prompt_tokens_details.cached_tokens``, llama.cpp
-``timings.cache_n``): a shortfall against the prediction shrinks the capacity estimate and drops the nodes the
-backend did not have; a surplus grows it (within ``[min_capacity_tokens, max_capacity_tokens]``).
+``timings.cache_n``, converted by the caller into the tree's token estimates): a shortfall against the
+prediction drops the nodes the backend did not have and, when the tree was full (``full_fraction`` of its
+capacity), shrinks the capacity estimate — a shortfall in a tree far below capacity is the backend's own doing
+(llama.cpp overwriting a slot, another client), not a sign of a smaller cache; a surplus grows the capacity
+(within ``[min_capacity_tokens, max_capacity_tokens]``).
 
 Pure: no I/O; the wall clock (used for recency tie-breaks) is injected.
 """
@@ -78,6 +81,7 @@ class KnowledgeTree:
         shrink_factor: float = 0.9,
         grow_factor: float = 1.05,
         tolerance_tokens: int = 16,
+        full_fraction: float = 0.9,
     ) -> None:
         if capacity_tokens <= 0:
             raise ValueError("capacity_tokens must be positive")
@@ -87,6 +91,7 @@ class KnowledgeTree:
         self.shrink_factor = shrink_factor
         self.grow_factor = grow_factor
         self.tolerance_tokens = tolerance_tokens
+        self.full_fraction = full_fraction
         self.prefill = prefill or PrefillModel()
         self._clock = clock
         self._root = _Node(key="", tokens=0, parent=None, depth_tokens=0)
@@ -140,6 +145,20 @@ class KnowledgeTree:
             node = child
         return node.depth_tokens
 
+    def reuse_value(self, seq: Sequence[Segment]) -> float:
+        """How much later requests reused the prefixes of ``seq`` beyond its first segment (the system prompt
+        every prompt shares): the largest ``(frequency - 1) * tokens`` over them, 0 for a one-off prompt."""
+        node = self._root
+        value = 0.0
+        for depth, segment in enumerate(seq):
+            child = node.children.get(segment.key)
+            if child is None:
+                break
+            node = child
+            if depth:
+                value = max(value, (node.frequency - 1) * node.depth_tokens)
+        return value
+
     def frequency(self, keys: Sequence[str]) -> int:
         node: _Node | None = self._root
         for key in keys:
@@ -174,6 +193,28 @@ class KnowledgeTree:
         self._evict(pinned=set(map(id, path)))
         return before
 
+    def retract(self, seq: Sequence[Segment], predicted: Match) -> None:
+        """Undo the :meth:`insert` of a request that was never sent (refused after routing).
+
+        ``predicted`` is what that insert returned: nodes beyond it were created by the insert and go again
+        unless a later request used them too; the frequencies it added are taken back.
+        """
+        path: list[_Node] = []
+        node = self._root
+        for segment in seq:
+            child = node.children.get(segment.key)
+            if child is None:
+                break
+            path.append(child)
+            node = child
+        for index in range(len(path) - 1, -1, -1):
+            child = path[index]
+            child.frequency = max(0, child.frequency - 1)
+            if index >= predicted.segments and child.frequency == 0 and not child.children:
+                self._remove_subtree(child)
+            else:
+                self._reprioritize(child)
+
     def correct(
         self, seq: Sequence[Segment], cached_tokens_reported: int, predicted: Match | None = None
     ) -> None:
@@ -185,9 +226,10 @@ class KnowledgeTree:
         predicted_tokens = predicted.tokens if predicted else 0
         reported = max(0, cached_tokens_reported)
         if reported + self.tolerance_tokens < predicted_tokens:
-            self.capacity_tokens = max(
-                self.min_capacity_tokens, int(self.capacity_tokens * self.shrink_factor)
-            )
+            if self.size_tokens >= self.full_fraction * self.capacity_tokens:
+                self.capacity_tokens = max(
+                    self.min_capacity_tokens, int(self.capacity_tokens * self.shrink_factor)
+                )
             self._drop_other_branches(seq, reported)
             self._evict(pinned=self._path_ids(seq))
         elif reported > predicted_tokens + self.tolerance_tokens:

@@ -25,7 +25,7 @@ def replicas() -> Iterator[list[FakeLLM]]:
 
 def _settings(replicas: list[FakeLLM], kind: str = "openai", **overrides: Any) -> Any:
     return proxy_settings(**{"upstreams.llm": [{"url": r.url, "kind": kind} for r in replicas],
-                             "cache.enabled": False, **overrides})
+                             "cache.enabled": False, "routing.expose_headers": True, **overrides})
 
 
 def _structured(docs: list[dict[str, str]], question: str) -> dict[str, Any]:
@@ -93,12 +93,39 @@ def test_slo_that_cannot_be_met_is_429(replicas: list[FakeLLM]) -> None:
     assert sum(r.log.count(CHAT) for r in replicas) == 0
 
 
-@pytest.mark.parametrize(("kind", "field"), [("llamacpp", "id_slot"), ("vllm", "cache_salt")])
+@pytest.mark.parametrize(("kind", "field"), [("llamacpp", "cache_prompt"), ("vllm", "cache_salt")])
 def test_backend_hints(replicas: list[FakeLLM], kind: str, field: str) -> None:
     with ProxyServer(_settings(replicas, kind=kind)) as server:
-        assert httpx.post(server.url + CHAT, json=_structured(DOCS[:2], "q")).status_code == 200
-    sent = next(r for r in replicas if r.log.count(CHAT)).log.for_path(CHAT)[-1]
+        for question in ("q", "another q"):  # the second shares the first's prefix
+            assert httpx.post(server.url + CHAT, json=_structured(DOCS[:2], question)).status_code == 200
+    first, sent = next(r for r in replicas if r.log.count(CHAT) == 2).log.for_path(CHAT)
     assert field in sent.json()
-    if kind == "llamacpp":
+    if kind == "llamacpp":  # llama.cpp with its host-memory prompt cache picks the slot itself (SlotTable)
         assert sent.json()["cache_prompt"] is True
+        assert "id_slot" not in first.json() and "id_slot" not in sent.json()
     assert sent.headers["X-Prefix-Docs"] == "d0,d1"
+
+
+def test_routing_headers_are_hidden_by_default_and_salts_follow_private_scopes(replicas: list[FakeLLM]) -> None:
+    """The tree is shared by tenants, so its estimate stays internal unless configured; ``cache_salt`` separates
+    users in a private namespace and not in an ordinary one."""
+    one = replicas[:1]
+    settings = _settings(one, "vllm", **{"routing.expose_headers": False, "auth.mode": "keys",
+                                         "cache.enabled": True, "cache.private_namespaces": ["mine"]})
+    salts: dict[tuple[str, str], str] = {}
+    with ProxyServer(settings) as server:
+        keys = server.runtime.credits.keys
+        assert keys is not None
+        for user in ("alice", "bob"):
+            secret = str(server.call(keys.create(user, "acme")).plaintext)
+            for namespace in ("mine", "team"):
+                question = f"what does {user} see in {namespace}?"  # a miss each time: the request reaches the backend
+                response = httpx.post(server.url + CHAT, json=_structured(DOCS[:2], question), headers={
+                    "Authorization": f"Bearer {secret}", "X-Ragproxy-Namespace": namespace})
+                assert response.status_code == 200, response.text
+                assert "X-RagProxy-Replica" not in response.headers
+                assert "X-RagProxy-Cached-Tokens-Estimate" not in response.headers
+                salts[(user, namespace)] = one[0].log.for_path(CHAT)[-1].json()["cache_salt"]
+    assert salts[("alice", "team")] == salts[("bob", "team")]
+    assert salts[("alice", "mine")] != salts[("bob", "mine")]
+    assert salts[("alice", "mine")] != salts[("alice", "team")]

@@ -91,6 +91,6 @@ async def test_reordered_documents_hit_the_server_cache(server_url: str) -> None
 
         first = await ask([0, 1, 2], 1)
         second = await ask([2, 0, 1], 2)  # top-ranked 2 goes last; 0, 1 follow the cached path
-    assert sent[1]["cache_prompt"] is True and sent[1]["id_slot"] == sent[0]["id_slot"]
+    assert sent[1]["cache_prompt"] is True and "id_slot" not in sent[1]  # the server's prompt cache picks
     total_first = first["timings"]["prompt_n"] + first["timings"]["cache_n"]
     assert second["timings"]["cache_n"] > total_first * 0.6

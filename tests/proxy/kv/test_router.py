@@ -4,20 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from proxy.kv.prefill import PrefillCoefficients, PrefillModel
 from proxy.kv.router import Candidate, Reject, RouteDecision, Router
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.t = 0.0
-
-    def __call__(self) -> float:
-        return self.t
-
-
-def models(n: int) -> list[PrefillModel]:
-    return [PrefillModel(PrefillCoefficients(0.0, 0.001, 0.0)) for _ in range(n)]  # 1 ms per token
+from tests.proxy.kv.clocks import Clock, models
 
 
 def test_chooses_the_replica_with_most_cached_when_idle() -> None:

@@ -79,7 +79,8 @@ def doc_order(body: dict[str, Any]) -> list[str]:
 async def test_same_documents_in_another_order_go_to_the_warm_replica_in_its_order() -> None:
     reps, router = replicas(2)
     backend = LlamaDouble()
-    pipeline = Pipeline([Shape(reps, default_policy=OrderPolicy.REUSE), Route(reps, router)], backend)
+    pipeline = Pipeline([Shape(reps, default_policy=OrderPolicy.REUSE), Route(reps, router, expose_headers=True)],
+                        backend)
     first = ctx_for(structured("a", "b", "c"), 1)
     await pipeline(first)
     warm = first.state["backend"]
@@ -88,7 +89,7 @@ async def test_same_documents_in_another_order_go_to_the_warm_replica_in_its_ord
     assert second.state["backend"] == warm
     assert doc_order(backend.bodies[1]) == ["a", "b", "c"]  # cached path a, b; top c at the end
     assert "ragproxy" not in backend.bodies[1]
-    assert backend.bodies[1]["cache_prompt"] is True and "id_slot" in backend.bodies[1]
+    assert backend.bodies[1]["cache_prompt"] is True and "id_slot" not in backend.bodies[1]  # server picks
     assert second.state["upstream_headers"]["X-Prefix-Docs"] == "a,b,c"
     assert int(second.response_headers["X-RagProxy-Cached-Tokens-Estimate"]) > 0
     assert router.loads[warm].active == 0 and reps[warm].queue.active == 0
@@ -148,7 +149,8 @@ async def test_reported_cache_shortfall_corrects_the_tree_and_feeds_the_prefill_
     backend = LlamaDouble(cache_n=0)
     pipeline = Pipeline([Shape(reps, default_policy=OrderPolicy.REUSE), Route(reps, router)], backend)
     await pipeline(ctx_for(structured("a", "b"), 1))
-    capacity = reps[0].tree.capacity_tokens
+    capacity = reps[0].tree.capacity_tokens = reps[0].tree.size_tokens  # a full tree
+    reps[0].tree.min_capacity_tokens = 1
     ctx = ctx_for(structured("a", "b"), 2)
     await pipeline(ctx)
     assert ctx.state["kv.cached_tokens_reported"] == 0

@@ -60,16 +60,26 @@ def test_frequency_protects_and_the_gdsf_clock_ages_old_popularity() -> None:
     assert tree.gdsf_clock > 0
 
 
-def test_a_shortfall_report_shrinks_capacity_and_drops_stale_branches() -> None:
+def test_a_shortfall_report_shrinks_a_full_trees_capacity_and_drops_stale_branches() -> None:
+    tree = KnowledgeTree(1600, clock=Clock(), tolerance_tokens=8)
+    tree.insert([SYS, d("a"), d("b")])
+    tree.insert([SYS, d("a"), d("c")])
+    predicted = tree.insert([SYS, d("a"), d("b")])
+    assert predicted.tokens == 1100 and tree.size_tokens == 1600
+    tree.correct([SYS, d("a"), d("b")], cached_tokens_reported=100, predicted=predicted)
+    assert tree.capacity_tokens < 1600
+    assert tree.match([SYS, d("a"), d("b")]).tokens == 1100  # recomputed by this very request
+    assert tree.match([SYS, d("a"), d("c")]).tokens == 600  # c was behind the lost prefix
+
+
+def test_a_shortfall_in_a_tree_far_below_capacity_drops_branches_but_keeps_the_capacity() -> None:
     tree = KnowledgeTree(10_000, clock=Clock(), tolerance_tokens=8)
     tree.insert([SYS, d("a"), d("b")])
     tree.insert([SYS, d("a"), d("c")])
     predicted = tree.insert([SYS, d("a"), d("b")])
-    assert predicted.tokens == 1100
     tree.correct([SYS, d("a"), d("b")], cached_tokens_reported=100, predicted=predicted)
-    assert tree.capacity_tokens < 10_000
-    assert tree.match([SYS, d("a"), d("b")]).tokens == 1100  # recomputed by this very request
-    assert tree.match([SYS, d("a"), d("c")]).tokens == 600  # c was behind the lost prefix
+    assert tree.capacity_tokens == 10_000  # the backend overwrote a prompt on its own: not a smaller cache
+    assert tree.match([SYS, d("a"), d("c")]).tokens == 600
 
 
 def test_a_surplus_report_grows_capacity_within_bounds() -> None:
@@ -97,7 +107,7 @@ def test_size_stays_within_capacity_and_matches_the_stored_tokens(
         assert tree.size_tokens <= max(capacity, pinned)
     # size is the sum over stored nodes
     total = 0
-    stack = [([], 0)]
+    stack: list[tuple[list[str], int]] = [([], 0)]
     seen = 0
     while stack:
         keys, _ = stack.pop()

@@ -1,0 +1,69 @@
+"""What a llama.cpp server really has, read from its ``GET /slots``: how many slots, and the context of each.
+
+:func:`apply_slots` (pure) makes a replica follow the answer: its :class:`~proxy.kv.hints.SlotTable` takes the
+real number of slots, the router overlaps that many prefills on it, and its knowledge tree's capacity becomes at
+least ``slots * n_ctx`` — the KV cache the server allocated. The configured ``kv_capacity_tokens`` stays the
+floor because llama.cpp also keeps earlier prompts in host memory (``--cache-ram``, 8 GiB by default), which
+``/slots`` does not report; the tree's correction from ``timings.cache_n`` adjusts from there.
+
+:func:`read_slots` is the thin HTTP adapter (bounded wait; ``None`` when the server has no ``/slots`` — it may
+run with ``--no-slots`` — or does not answer: the configured values stay).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import aiohttp
+
+from proxy.kv.hints import SlotTable, capacity_from_slots
+from proxy.kv.router import ReplicaLoad
+from proxy.kv.tree import KnowledgeTree
+
+log = logging.getLogger("ragproxy.kv")
+
+
+async def read_slots(
+    session: aiohttp.ClientSession, base_url: str, headers: Mapping[str, str], timeout_s: float = 2.0
+) -> list[dict[str, Any]] | None:
+    """The server's ``/slots`` answer, or ``None`` when it has none or does not answer in time."""
+    try:
+        async with session.get(
+            base_url.rstrip("/") + "/slots", headers=dict(headers), timeout=aiohttp.ClientTimeout(total=timeout_s)
+        ) as response:
+            if response.status != 200:
+                return None
+            body = await response.json(content_type=None)
+    except (aiohttp.ClientError, TimeoutError, ValueError):
+        return None
+    if not isinstance(body, list) or not body or not all(isinstance(s, dict) for s in body):
+        return None
+    return body
+
+
+def apply_slots(
+    slots_answer: Sequence[Mapping[str, Any]],
+    *,
+    tree: KnowledgeTree,
+    load: ReplicaLoad | None = None,
+    slot_table: SlotTable | None = None,
+) -> tuple[int, int] | None:
+    """Make a replica follow its ``/slots`` answer; returns ``(slots, KV capacity in tokens)`` or ``None`` when
+    the answer says nothing usable."""
+    try:
+        count, capacity = capacity_from_slots(slots_answer)
+    except (TypeError, ValueError):
+        return None
+    if count < 1:
+        return None
+    if slot_table is not None:
+        slot_table.resize(count)
+    if load is not None:
+        load.parallelism = count
+    if capacity > tree.capacity_tokens:
+        tree.capacity_tokens = capacity
+        tree.max_capacity_tokens = max(tree.max_capacity_tokens, capacity * 4)
+    log.info("llama.cpp server: %d slots, %d tokens of KV", count, capacity)
+    return count, capacity

@@ -1,0 +1,210 @@
+"""llama.cpp slot choice (SlotTable.choose), reading ``/slots`` (discovery), and backend token counts converted
+into the tree's estimates by the Route stage."""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+import aiohttp
+import orjson
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestServer, make_mocked_request
+
+from proxy.context import Reply, RequestContext
+from proxy.kv.admission_queue import AdmissionQueue
+from proxy.kv.discovery import apply_slots, read_slots
+from proxy.kv.hints import BackendKind, SlotTable
+from proxy.kv.order import OrderPolicy
+from proxy.kv.prefill import PrefillCoefficients, PrefillModel
+from proxy.kv.router import ReplicaLoad, Router
+from proxy.kv.stages import Replica, Route, Shape
+from proxy.kv.tree import KnowledgeTree, Segment
+from proxy.pipeline import Pipeline
+
+SYS = Segment("p:s", 20)
+HOT = [SYS, Segment("hot1", 400), Segment("hot2", 400)]
+
+
+def d(name: str) -> Segment:
+    return Segment(name, 400)
+
+
+def table(prompt_cache: bool) -> SlotTable:
+    return SlotTable(2, prompt_cache=prompt_cache, clock=itertools.count().__next__)
+
+
+def test_with_a_prompt_cache_no_slot_is_pinned_and_the_table_follows_the_servers_choice() -> None:
+    slots = table(prompt_cache=True)
+    first = slots.choose(HOT, 900)
+    assert not first.pin and first.slot == 1  # fresh server: equal LRU times, llama.cpp takes the last slot
+    slots.assign(first.slot, HOT)
+    slots.release(first.slot)
+    again = slots.choose([*HOT, d("x")], 1300)
+    assert (again.slot, again.shared_tokens, again.pin) == (1, 820, False)  # the server's similarity choice
+    other = slots.choose([SYS, d("cold")], 500)  # shares only the system prompt: the server's LRU slot
+    assert (other.slot, other.pin) == (0, False)
+
+
+def test_without_a_prompt_cache_a_one_off_prompt_overwrites_the_cheapest_slot_not_the_popular_one() -> None:
+    slots = table(prompt_cache=False)
+    tree = KnowledgeTree(100_000)
+    for _ in range(3):  # a popular path
+        tree.insert(HOT)
+    choice = slots.choose(HOT, 900, value=tree.reuse_value)
+    assert choice.pin and choice.slot == 0  # empty slots first
+    slots.assign(0, HOT)
+    slots.release(0)
+    one_off = [SYS, d("a"), d("b")]
+    tree.insert(one_off)
+    choice = slots.choose(one_off, 900, value=tree.reuse_value)
+    assert (choice.slot, choice.pin) == (1, True)
+    slots.assign(1, one_off)
+    slots.release(1)
+    # the popular slot is now the least recently used one; another one-off still goes to the cheap slot
+    another = [SYS, d("c"), d("e")]
+    tree.insert(another)
+    assert tree.reuse_value(one_off) == 0 < tree.reuse_value(HOT)
+    choice = slots.choose(another, 900, value=tree.reuse_value)
+    assert (choice.slot, choice.pin) == (1, True)
+    # a prompt extending the popular path is pinned to the slot holding it
+    choice = slots.choose([*HOT, d("f")], 1300, value=tree.reuse_value)
+    assert (choice.slot, choice.shared_tokens, choice.pin) == (0, 820, True)
+
+
+def test_sharing_only_the_system_prompt_is_no_reason_to_overwrite_a_popular_slot() -> None:
+    slots = table(prompt_cache=False)
+    system = Segment("p:long", 300)  # 300 of ~1,100 tokens: above the similarity on its own
+    hot = [system, d("hot1"), d("hot2")]
+    tree = KnowledgeTree(100_000)
+    for _ in range(3):
+        tree.insert(hot)
+    slots.assign(0, hot)
+    slots.release(0)
+    one_off = [system, d("a"), d("b")]
+    choice = slots.choose(one_off, 1100, value=tree.reuse_value)
+    assert (choice.slot, choice.pin) == (1, True)
+
+
+def test_busy_slots_are_not_chosen() -> None:
+    slots = table(prompt_cache=False)
+    slots.assign(0, HOT)  # still running
+    choice = slots.choose([*HOT, d("x")], 1300)
+    assert choice.slot == 1 and choice.shared_tokens == 0
+
+
+def test_resize_follows_the_servers_slot_count_and_keeps_what_known_slots_hold() -> None:
+    slots = table(prompt_cache=False)
+    slots.assign(0, HOT)
+    slots.release(0)
+    slots.resize(4)
+    assert len(slots) == 4 and slots.best(HOT) == (0, 820)
+    slots.resize(1)
+    assert len(slots) == 1
+    with pytest.raises(ValueError):
+        slots.resize(0)
+
+
+# --- /slots ------------------------------------------------------------------------------------------------
+
+
+def test_apply_slots_sets_slots_parallelism_and_at_least_the_servers_kv() -> None:
+    tree = KnowledgeTree(10_000)
+    load = ReplicaLoad(PrefillModel())
+    slots = SlotTable(1)
+    answer = [{"id": i, "n_ctx": 8192, "is_processing": False} for i in range(3)]
+    assert apply_slots(answer, tree=tree, load=load, slot_table=slots) == (3, 3 * 8192)
+    assert len(slots) == 3 and load.parallelism == 3
+    assert tree.capacity_tokens == 3 * 8192 and tree.max_capacity_tokens >= 4 * 3 * 8192
+    big = KnowledgeTree(200_000)
+    apply_slots(answer, tree=big)
+    assert big.capacity_tokens == 200_000  # the configured value stands for what host memory keeps too
+    assert apply_slots([], tree=tree) is None
+    assert apply_slots([{"id": 0, "n_ctx": "many"}], tree=tree) is None
+
+
+async def _serve(handler: Any) -> TestServer:
+    app = web.Application()
+    app.router.add_get("/slots", handler)
+    server = TestServer(app)
+    await server.start_server()
+    return server
+
+
+async def test_read_slots_returns_the_answer_or_none_when_the_server_has_no_slots_endpoint() -> None:
+    async def slots(request: web.Request) -> web.Response:
+        assert request.headers.get("Authorization") == "Bearer k"
+        return web.json_response([{"id": 0, "n_ctx": 4096}, {"id": 1, "n_ctx": 4096}])
+
+    async def disabled(request: web.Request) -> web.Response:
+        return web.json_response({"error": {"message": "This server does not support slots endpoint."}}, status=501)
+
+    good, off = await _serve(slots), await _serve(disabled)
+    try:
+        async with aiohttp.ClientSession() as session:
+            answer = await read_slots(session, str(good.make_url("/")), {"Authorization": "Bearer k"})
+            assert answer is not None and len(answer) == 2
+            assert await read_slots(session, str(off.make_url("/")), {}) is None
+            assert await read_slots(session, "http://127.0.0.1:9", {}, timeout_s=0.5) is None
+    finally:
+        await good.close()
+        await off.close()
+
+
+async def test_route_reads_slots_of_llamacpp_backends_in_the_background() -> None:
+    async def slots(request: web.Request) -> web.Response:
+        return web.json_response([{"id": i, "n_ctx": 50_000} for i in range(4)])
+
+    server = await _serve(slots)
+
+    class Backend:
+        url = str(server.make_url("/")).rstrip("/")
+
+        def auth_headers(self) -> dict[str, str]:
+            return {}
+
+    model = PrefillModel()
+    replica = Replica(0, BackendKind.LLAMACPP, KnowledgeTree(10_000, prefill=model), model, AdmissionQueue(2),
+                      SlotTable(1))
+    router = Router([model], ttft_slo_s=None)
+    route = Route([replica], router, backend_objects=[Backend()])
+    try:
+        await route.discover()
+    finally:
+        await server.close()
+    assert len(replica.slots or []) == 4 and router.loads[0].parallelism == 4
+    assert replica.tree.capacity_tokens == 200_000
+
+
+# --- backend tokens into tree tokens -----------------------------------------------------------------------
+
+
+class TwiceAsManyTokens:
+    """A backend whose tokenizer counts twice the proxy's estimate, reporting exactly what the tree predicted."""
+
+    def __init__(self, route: Route) -> None:
+        self.route = route
+
+    async def __call__(self, ctx: RequestContext) -> Reply:
+        routed = ctx.state["kv.routed"]
+        cached = 2 * routed.predicted.tokens
+        computed = 2 * routed.total_tokens - cached
+        timings = {"cache_n": cached, "prompt_n": computed, "prompt_ms": 10.0}
+        return Reply(200, body=orjson.dumps({"choices": [], "timings": timings}))
+
+
+async def test_reports_in_backend_tokens_are_converted_before_correcting_the_tree() -> None:
+    model = PrefillModel(PrefillCoefficients(0.0, 0.0001, 0.0))
+    tree = KnowledgeTree(100_000, prefill=model, grow_factor=2.0)
+    replica = Replica(0, BackendKind.LLAMACPP, tree, model, AdmissionQueue(2), SlotTable(2))
+    route = Route([replica], Router([model], ttft_slo_s=None))
+    pipeline = Pipeline([Shape([replica], default_policy=OrderPolicy.REUSE), route], TwiceAsManyTokens(route))
+    docs = [{"id": n, "text": " ".join(f"{n}{i}" for i in range(150))} for n in "ab"]
+    for n in range(3):
+        body = {"model": "m", "messages": [{"role": "user", "content": f"q{n}"}], "ragproxy": {"documents": docs}}
+        ctx = RequestContext(request=make_mocked_request("POST", "/v1/chat/completions"), route="chat",
+                             request_id=f"r{n}", raw_body=orjson.dumps(body), body=body)
+        assert (await pipeline(ctx)).status == 200
+    assert ctx.state["kv.cached_tokens_reported"] > 0
+    assert tree.capacity_tokens == 100_000  # neither a surplus nor a shortfall once converted
