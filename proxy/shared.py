@@ -4,7 +4,9 @@ Switched on by ``redis.url``. :func:`build_shared` gives the runtime:
 
 - ``l1``: a :class:`~tiers.near_cache.SharedResponseTier` over a bounded in-process near cache (the L1 memory
   budget: ``cache.l1.max_bytes``/``max_entries``/``policy``) in front of one :class:`~tiers.redis_store.RedisStore`
-  (prefix ``<prefix>:l1``) that every replica shares;
+  (prefix ``<prefix>:l1``) that every replica shares, which admits and evicts by cost and size within
+  ``redis.l1_max_bytes`` (compressed with ``redis.l1_compress``, split over ``redis.l1_shards``) and keeps the
+  records of evicted entries for ``near_ttl_s`` + 1 s so that invalidations still reach their near copies;
 - ``versions``: :class:`~tiers.redis_versions.RedisVersions` (synchronous ``current()``, awaited ``bump()``);
 - ``bus``: the :class:`~tiers.invalidation_bus.InvalidationBus` keeping near copies and versions coherent;
 - ``board``: a :class:`PrefixSummaryBoard` sharing per-backend prefix summaries for KV-aware routing.
@@ -14,7 +16,7 @@ to a replica (the cold tier on local disk) can :meth:`SharedMode.follow` the bus
 by another replica reach them too.
 
 Settings read: ``redis.url``, ``redis.cluster``, ``redis.timeout_s`` (the bound on one cache read/write), and
-the :class:`SharedOptions` fields under ``redis.`` once declared in ``proxy.config`` (defaults until then).
+the :class:`SharedOptions` fields under ``redis.``.
 """
 
 from __future__ import annotations
@@ -182,10 +184,11 @@ class SharedMode:
         return {
             "replica": self.bus.replica_id, "bus_trusted": self.bus.trusted,
             "near_entries": len(near.near), "near_hits": near.near_hits, "shared_hits": near.shared_hits,
-            "untrusted_misses": near.untrusted_misses,
+            "untrusted_misses": near.untrusted_misses, "shared_evictions": near.shared.evictions,
+            "shared_bypassed": near.shared.bypassed,
             "last_broadcast": None if delivery is None else {
                 "expected": delivery.expected, "acked": delivery.acked, "complete": delivery.complete,
-                "waited_ms": round(delivery.waited_s * 1000, 3)},
+                "missing": list(delivery.missing), "waited_ms": round(delivery.waited_s * 1000, 3)},
         }
 
     async def invalidate_keys(self, keys: Sequence[str]) -> Delivery:
@@ -200,6 +203,7 @@ class SharedMode:
 
     async def stop(self) -> None:
         await self.board.stop()
+        await self.near.stop_notices()
         await self.bus.stop()
         await self.l1.store.close()
 
@@ -214,6 +218,15 @@ class SharedOptions:
     bus_lease_s: float = 3.0
     bus_ack_timeout_s: float = 1.0
     prefix_ttl_s: float = 30.0
+    l1_max_bytes: int = 1024**3
+    l1_shards: int = 0
+    l1_compress: bool = True
+
+    @property
+    def tombstone_s(self) -> float:
+        """How long the shared store keeps an evicted entry's record: near copies of it live at most
+        ``near_ttl_s`` (plus a second for clock rates and in-flight reads)."""
+        return self.near_ttl_s + 1.0
 
     @classmethod
     def from_settings(cls, settings: Settings) -> SharedOptions:
@@ -239,8 +252,10 @@ def build_shared(settings: Settings, metrics: Metrics | None = None,
 
     bus = InvalidationBus(url, cluster=cluster, prefix=opts.prefix, heartbeat_s=opts.bus_heartbeat_s,
                           lease_s=opts.bus_lease_s, ack_timeout_s=opts.bus_ack_timeout_s, on_event=on_event)
+    shards = opts.l1_shards or (16 if cluster else 1)
     shared_store = RedisStore(url, prefix=f"{opts.prefix}:l1", cluster=cluster,
-                              timeout=max(settings.redis.timeout_s, 1.0))
+                              timeout=max(settings.redis.timeout_s, 1.0), max_bytes=opts.l1_max_bytes,
+                              shards=shards, compress=opts.l1_compress, keep_evicted_s=opts.tombstone_s)
     l1 = settings.cache.l1
     near = MemoryStore(make_policy(l1.policy, l1.max_bytes), max_entries=l1.max_entries)
     store = NearCachedStore(near, shared_store, bus, near_ttl_s=opts.near_ttl_s)

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from tiers.policies.base import EvictionPolicy
-from tiers.storage import StoreStats
+from tiers.storage import StoreStats, check_ttl
 
 
 class EvictionListener(Protocol):
@@ -103,8 +103,7 @@ class MemoryStore:
         tags: Iterable[str] = (),
         cost: float = 1.0,
     ) -> bool:
-        if ttl is not None and ttl <= 0:
-            raise ValueError("ttl must be positive (None = no expiry)")
+        check_ttl(ttl)
         now = self._clock()
         self._sweep(now)
         if key in self._entries:

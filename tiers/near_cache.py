@@ -1,8 +1,8 @@
 """One logical cache across replicas: a bounded in-process near cache in front of a shared :class:`RedisStore`.
 
 Reads: the near copy when this replica's bus is trusted (:attr:`InvalidationBus.trusted`), else Redis, whose
-value is copied near for at most ``near_ttl_s`` and never past the entry's remaining Redis TTL (``GET`` and
-``PTTL`` in one pipeline; the two keys share a Cluster slot). While the bus is not trusted nothing is served
+value is copied near for at most ``near_ttl_s`` and never past the entry's remaining Redis TTL (value and TTL
+come back from one script call, :meth:`RedisStore.read`). While the bus is not trusted nothing is served
 (neither near nor Redis: the local knowledge versions may be stale too) — every lookup is a miss and goes
 upstream, as a failing cache tier does.
 
@@ -10,15 +10,27 @@ Fill race: a Redis reply that was read before another replica deleted the entry 
 applied that deletion. A copy is therefore kept near only when no invalidation was applied while the read (or
 the write) was in flight (``bus.generation`` unchanged).
 
+Near copies exist only of entries Redis admitted (a put the shared store's budget declines keeps no copy).
+When a put pushes entries out of Redis before their TTL, the writer broadcasts their keys (kind ``evicted``,
+batched every ``notify_delay_s``, in the background) so that every replica drops its copies, then releases
+their tombstones (below); should that fail, the tombstones simply live out their time. A copy's lifetime is
+counted from the start of the read or write that made it, so that it never outlives the tombstone of its entry.
+
 Removals (``delete``, ``delete_tag``, ``clear``) remove from Redis first, then broadcast on the bus and return
 only when every replica dropped its copies (see :mod:`tiers.invalidation_bus`); the last
 :class:`~tiers.invalidation_bus.Delivery` is kept in :attr:`NearCachedStore.last_delivery`. A tag removal
 broadcasts the removed keys, or ``clear`` beyond ``max_broadcast_keys`` (dropping every near copy is always
-safe). The near copies carry no tags: tag lookups always ask Redis, the one authority.
+safe). The near copies carry no tags: tag lookups always ask Redis, the one authority — including for entries
+Redis already evicted whose near copies may still live: the shared store keeps their records (tombstones)
+for ``keep_evicted_s`` >= ``near_ttl_s``, and :meth:`NearCachedStore.keys_with_tag` lists them.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import logging
+import time
 from collections.abc import Iterable
 from typing import Any
 
@@ -28,6 +40,8 @@ from tiers.redis_store import RedisStore
 from tiers.response_tier import ResponseTier
 from tiers.storage import StoreStats
 
+log = logging.getLogger("ragproxy.shared")
+
 
 class NearCachedStore:
     """``KeyValueStore``: near :class:`MemoryStore` + shared :class:`RedisStore`, kept coherent by the bus."""
@@ -35,9 +49,13 @@ class NearCachedStore:
     name = "near+redis"
 
     def __init__(self, near: MemoryStore, shared: RedisStore, bus: InvalidationBus, *, near_ttl_s: float = 30.0,
-                 max_broadcast_keys: int = 1000) -> None:
-        """``near_ttl_s``: longest a near copy lives (a bound on staleness should a message be lost);
-        ``max_broadcast_keys``: above this many removed keys a tag removal broadcasts ``clear`` instead."""
+                 max_broadcast_keys: int = 1000, notify_delay_s: float = 0.05) -> None:
+        """``near_ttl_s``: longest a near copy lives (a bound on staleness should a message be lost; at most
+        ``shared.keep_evicted_s``); ``max_broadcast_keys``: above this many removed keys a tag removal broadcasts
+        ``clear`` instead; ``notify_delay_s``: how long evicted keys are collected before one broadcast."""
+        if shared.keep_evicted_s < near_ttl_s:
+            raise ValueError("shared.keep_evicted_s must be >= near_ttl_s: an invalidation must still find the "
+                             "keys of evicted entries while near copies of them may live")
         self.near = near
         self.shared = shared
         self.bus = bus
@@ -47,7 +65,12 @@ class NearCachedStore:
         self.shared_hits = 0
         self.untrusted_misses = 0
         self.last_delivery: Delivery | None = None
+        self.notify_delay_s = notify_delay_s
+        self._evicted: list[str] = []
+        self._notifier: asyncio.Task[None] | None = None
+        shared.on_evicted = self._note_evicted
         bus.on("keys", self._apply_keys)
+        bus.on("evicted", self._apply_keys)
         bus.on("clear", self._apply_clear)
         bus.on_resync(self._drop_all)
 
@@ -63,6 +86,24 @@ class NearCachedStore:
     async def _drop_all(self) -> None:
         self.near.clear_nowait()
 
+    # -- evictions -------------------------------------------------------------------------------------------
+
+    def _note_evicted(self, keys: list[str]) -> None:
+        self._evicted.extend(keys)
+        if self._notifier is None or self._notifier.done():
+            self._notifier = asyncio.get_running_loop().create_task(self._notify_evicted(), name="near-evicted")
+
+    async def _notify_evicted(self) -> None:
+        """Have every replica drop its copies of the evicted keys, then release their tombstones."""
+        while self._evicted:
+            await asyncio.sleep(self.notify_delay_s)
+            keys, self._evicted = self._evicted, []
+            try:
+                await self.bus.broadcast("evicted", keys=keys)
+                await self.shared.release(keys)
+            except Exception as exc:  # the tombstones live out keep_evicted_s instead
+                log.debug("near cache: eviction notice failed (%s: %s)", exc.__class__.__name__, exc)
+
     # -- KeyValueStore ---------------------------------------------------------------------------------------
 
     async def get(self, key: str) -> bytes | None:
@@ -73,28 +114,24 @@ class NearCachedStore:
         if value is not None:
             self.near_hits += 1
             return value
-        generation = self.bus.generation
-        pipe = self.shared.client.pipeline(transaction=False)
-        value_key = self.shared._value_key(key)
-        pipe.get(value_key)
-        pipe.pttl(value_key)
-        raw, pttl = await pipe.execute()
-        if raw is None:
+        generation, started = self.bus.generation, time.monotonic()
+        found = await self.shared.read(key)
+        if found is None:
             return None
-        value = raw if isinstance(raw, bytes) else str(raw).encode()
         self.shared_hits += 1
-        ttl = self.near_ttl_s if int(pttl) < 0 else min(self.near_ttl_s, int(pttl) / 1000)
+        ttl = (self.near_ttl_s if found.ttl_s is None else min(self.near_ttl_s, found.ttl_s)) \
+            - (time.monotonic() - started)
         if ttl > 0 and self.bus.generation == generation and self.bus.trusted:
-            self.near.put_nowait(key, value, ttl=ttl)
-        return value
+            self.near.put_nowait(key, found.value, ttl=ttl)
+        return found.value
 
     async def put(self, key: str, value: bytes, *, ttl: float | None = None, tags: Iterable[str] = (),
                   cost: float = 1.0) -> bool:
-        generation = self.bus.generation
+        generation, started = self.bus.generation, time.monotonic()
         stored = await self.shared.put(key, value, ttl=ttl, tags=tags, cost=cost)
-        if stored and self.bus.generation == generation:
-            self.near.put_nowait(key, value, ttl=self.near_ttl_s if ttl is None else min(ttl, self.near_ttl_s),
-                                 cost=cost)
+        near_ttl = (self.near_ttl_s if ttl is None else min(ttl, self.near_ttl_s)) - (time.monotonic() - started)
+        if stored and near_ttl > 0 and self.bus.generation == generation:
+            self.near.put_nowait(key, value, ttl=near_ttl, cost=cost)
         return stored
 
     async def delete(self, key: str) -> bool:
@@ -112,11 +149,12 @@ class NearCachedStore:
         return self.last_delivery
 
     async def keys_with_tag(self, tag: str) -> list[str]:
-        return await self.shared.keys_with_tag(tag)
+        """Live entries and those evicted recently enough that near copies may remain (removing them drops
+        those copies)."""
+        return await self.shared.keys_with_tag(tag, include_evicted=True)
 
     async def delete_tag(self, tag: str) -> int:
-        keys = await self.shared.keys_with_tag(tag)
-        removed = await self.shared.delete_tag(tag)
+        removed, keys = await self.shared.remove_tag(tag)
         await self._broadcast_removed(keys)
         return removed
 
@@ -129,7 +167,17 @@ class NearCachedStore:
     async def stats(self) -> StoreStats:
         return await self.shared.stats()
 
+    async def stop_notices(self) -> None:
+        """Stop sending eviction notices (before the bus stops); pending tombstones live out their time."""
+        if self._notifier is not None:
+            self._notifier.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._notifier
+            self._notifier = None
+        self._evicted = []
+
     async def close(self) -> None:
+        await self.stop_notices()
         await self.shared.close()
 
     async def _broadcast_removed(self, keys: list[str]) -> None:

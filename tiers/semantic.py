@@ -13,6 +13,7 @@ response is kept in a :class:`~tiers.storage.KeyValueStore`), and its payload ho
 text so that guards can compare it with the new one::
 
     partition  "<tenant>\\x1f<namespace>\\x1f<signature digest>"
+               "<tenant>\\x1f<namespace>~<user digest>\\x1f<signature digest>"   (user-scoped: private namespaces)
     id         entry key (L1 key of the response)
     payload    {"question": <original final user question>}
 
@@ -49,10 +50,17 @@ _SEPARATOR = "\x1f"
 
 @dataclass(frozen=True, slots=True)
 class SemanticScope:
-    """Who asked: matches never cross tenants or namespaces."""
+    """Who asked: matches never cross tenants or namespaces, nor users when ``user`` (a user digest) is set."""
 
     tenant: str
     namespace: str = "default"
+    user: str = ""
+
+    @property
+    def label(self) -> str:
+        """The namespace as partitions name it: ``<namespace>~<user>`` when user-scoped (namespace names cannot
+        contain ``~``, ``normalizer.cache_control.NAMESPACE_PATTERN``, so this never names another namespace)."""
+        return f"{self.namespace}~{self.user}" if self.user else self.namespace
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,8 +83,9 @@ class SemanticStats:
 
 
 def partition_of(scope: SemanticScope, signature_digest: str) -> str:
-    """The vector-store partition of a tenant, namespace and context signature."""
-    return _SEPARATOR.join((scope.tenant, scope.namespace, signature_digest))
+    """The vector-store partition of a tenant, namespace (and user, :attr:`SemanticScope.label`) and context
+    signature."""
+    return _SEPARATOR.join((scope.tenant, scope.label, signature_digest))
 
 
 def choose_match(

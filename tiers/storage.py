@@ -17,6 +17,12 @@ from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 
+def check_ttl(ttl: float | None) -> None:
+    """The contract's rule for ``put``: a TTL is positive seconds, or ``None`` for no expiry."""
+    if ttl is not None and ttl <= 0:
+        raise ValueError("ttl must be positive (None = no expiry)")
+
+
 @dataclass(frozen=True, slots=True)
 class StoreStats:
     """Size of a store: live entries and the bytes their values take."""

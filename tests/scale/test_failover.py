@@ -1,10 +1,10 @@
 """A Redis Cluster master killed mid-load: the cluster fails its replica over, the proxies keep answering from
 upstream while the cache is gone (fail open), credits answer 503 + Retry-After while the user's slot has no
-master (fail closed), and both recover."""
+master (fail closed: no outage allowance here; the allowance is tested in tests/proxy/credits), and both
+recover."""
 
 from __future__ import annotations
 
-import asyncio
 import threading
 import time
 from collections.abc import Iterator
@@ -12,10 +12,8 @@ from collections.abc import Iterator
 import openai
 import pytest
 
-from proxy.credits.redis_keys import RedisKeyStore
-from proxy.credits.redis_store import RedisCreditStore
 from tests.fakes.llm_server import FakeLLM
-from tests.scale.replicas import shared_replicas
+from tests.scale.replicas import provision_user, shared_replicas
 from tests.scale.test_replicas import CREDIT, sdk
 from tests.support.redis_cluster import RedisClusterProcesses, cluster_available
 
@@ -63,22 +61,12 @@ class Load:
 
 
 def test_master_killed_mid_load(fake_llm_thread: FakeLLM, cluster: RedisClusterProcesses) -> None:
-    async def provision() -> str:
-        keys = RedisKeyStore.from_url(cluster.plain_url, cluster=True)
-        store = RedisCreditStore.from_url(cluster.plain_url, cluster=True)
-        try:
-            created = await keys.create("ann", "acme")
-            await store.top_up("ann", 1000 * CREDIT, tenant="acme")
-            return created.plaintext
-        finally:
-            await keys.close()
-            await store.close()
-
-    key = asyncio.run(provision())
+    key = provision_user(cluster.plain_url, 1000 * CREDIT, cluster=True)
     common = {"redis.cluster": True, "credits.reservation_ttl_s": 30}
     with shared_replicas(2, fake_llm_thread.url, cluster.plain_url, **common) as cache_only, \
             shared_replicas(2, fake_llm_thread.url, cluster.plain_url,
-                            **{**common, "auth.mode": "keys", "credits.enabled": True}) as billed:
+                            **{**common, "auth.mode": "keys", "credits.enabled": True,
+                               "credits.outage_allowance": 0}) as billed:
         loads = [Load(sdk(cache_only[0]), "cache"), Load(sdk(cache_only[1]), "cache"),
                  Load(sdk(billed[0], key), "billed"), Load(sdk(billed[1], key), "billed")]
         for load in loads:

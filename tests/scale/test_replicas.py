@@ -12,11 +12,10 @@ from typing import Any
 import httpx
 import openai
 
-from proxy.credits.redis_keys import RedisKeyStore
 from proxy.credits.redis_store import RedisCreditStore
 from proxy.credits.store import LedgerFilter, ledger_entries
 from tests.fakes.llm_server import FakeLLM
-from tests.scale.replicas import shared_replicas
+from tests.scale.replicas import provision_user, shared_replicas, wait_stored
 from tests.support.proxy_server import ProxyServer
 
 CHAT = "/v1/chat/completions"
@@ -54,52 +53,53 @@ def test_admin_invalidation_on_one_replica_is_a_miss_on_the_others_when_it_retur
         a, b, c = (sdk(s) for s in servers)
         _, key, _ = ask(a, "what changed?")
         assert key is not None
+        wait_stored(servers[0], key)
         assert ask(b, "what changed?")[0] == "HIT"
         assert ask(c, "what changed?")[0] == "HIT"  # b and c now hold near copies
         reply = httpx.post(servers[0].admin_url + "/admin/invalidate", json={"keys": [key]}, timeout=10)
         assert reply.status_code == 200, reply.text
         assert ask(b, "what changed?")[0] == "MISS"
+        wait_stored(servers[1], key)
         assert ask(c, "what changed?")[0] == "HIT", "b stored the fresh answer again, shared with c"
     assert fake_llm_thread.log.count(CHAT) == 2
 
 
 def test_invalidation_by_document_reaches_every_near_cache(fake_llm_thread: FakeLLM, redis_url: str) -> None:
-    with shared_replicas(3, fake_llm_thread.url, redis_url) as servers:
+    with shared_replicas(3, fake_llm_thread.url, redis_url, **{"cache.expose_key": True}) as servers:
         clients = [sdk(s) for s in servers]
-        for client in clients:
-            ask(client, "about doc 7")  # miss on the first, near copies on the other two
+        _, key, _ = ask(clients[0], "about doc 7")
+        assert key is not None
+        wait_stored(servers[0], key)
+        for client in clients[1:]:
+            ask(client, "about doc 7")  # near copies on the other two
         outcome = servers[1].call(servers[1].runtime.l1.store.delete_tag("all"))
         assert outcome == 1
-        assert [ask(client, "about doc 7")[0] for client in clients] == ["MISS", "HIT", "HIT"]
+        assert ask(clients[0], "about doc 7")[0] == "MISS"
+        wait_stored(servers[0], key)
+        assert [ask(client, "about doc 7")[0] for client in clients[1:]] == ["HIT", "HIT"]
 
 
 def test_version_bump_on_one_replica_holds_on_every_replica_when_it_returns(
         fake_llm_thread: FakeLLM, redis_url: str) -> None:
-    with shared_replicas(3, fake_llm_thread.url, redis_url) as servers:
+    with shared_replicas(3, fake_llm_thread.url, redis_url, **{"cache.expose_key": True}) as servers:
         clients = [sdk(s) for s in servers]
-        ask(clients[0], "versioned")
+        _, key, _ = ask(clients[0], "versioned")
+        assert key is not None
+        wait_stored(servers[0], key)
         assert [ask(client, "versioned")[0] for client in clients] == ["HIT"] * 3
         reply = httpx.post(servers[2].admin_url + "/admin/versions/bump",
                            json={"tenant": "anonymous", "namespace": "default"}, timeout=10)
         assert reply.status_code == 200, reply.text
         assert reply.json()["version"] == "1"
         assert {s.runtime.versions.current("anonymous", "default") for s in servers} == {"1"}
-        assert ask(clients[1], "versioned")[0] == "MISS"
+        status, key, _ = ask(clients[1], "versioned")
+        assert status == "MISS" and key is not None
+        wait_stored(servers[1], key)
         assert [ask(client, "versioned")[0] for client in clients] == ["HIT"] * 3
 
 
 def test_credits_are_exact_under_concurrent_load_across_replicas(fake_llm_thread: FakeLLM, redis_url: str) -> None:
-    async def provision() -> str:
-        keys, store = RedisKeyStore.from_url(redis_url), RedisCreditStore.from_url(redis_url)
-        try:
-            created = await keys.create("ann", "acme")
-            await store.top_up("ann", 50 * CREDIT, tenant="acme")
-            return created.plaintext
-        finally:
-            await keys.close()
-            await store.close()
-
-    key = asyncio.run(provision())
+    key = provision_user(redis_url, 50 * CREDIT)
     settings = {"auth.mode": "keys", "credits.enabled": True}
     with shared_replicas(3, fake_llm_thread.url, redis_url, **settings) as servers:
         clients = [sdk(s, key) for s in servers]

@@ -23,7 +23,7 @@ def test_second_proxy_follows_the_backend_the_first_one_filled(redis_url: str) -
     with FakeLLM(kv=KVCacheModel()) as a, FakeLLM(kv=KVCacheModel()) as b:
         def settings() -> Any:
             return proxy_settings(**{"upstreams.llm": [{"url": a.url}, {"url": b.url}], "cache.enabled": False,
-                                     "redis.url": redis_url})
+                                     "redis.url": redis_url, "routing.expose_headers": True})
         with ProxyServer(settings()) as first, ProxyServer(settings()) as second:
             assert first.runtime.shared is not None and second.runtime.shared is not None
             chosen = _ask(first, "question one").headers["X-RagProxy-Replica"]

@@ -1,5 +1,5 @@
-"""RedisStore beyond the shared contract: key layout, lazy tag cleaning, tag-set expiry, and a real 3-master
-Redis Cluster (the conformance suite runs against standalone Redis)."""
+"""RedisStore beyond the shared contract: prefixes, and a real 3-master Redis Cluster (the conformance suite runs
+against standalone Redis; layout, budget, tag index and tombstones: tests/test_redis_admission.py)."""
 
 from __future__ import annotations
 
@@ -12,8 +12,6 @@ from collections.abc import AsyncIterator, Iterator
 
 import pytest
 import redis
-import redis.asyncio as aioredis
-from redis.crc import key_slot
 
 from tests.support.processes import RedisServer, free_port
 from tiers.redis_store import RedisStore
@@ -26,37 +24,6 @@ async def store(redis_url: str) -> AsyncIterator[RedisStore]:
     await made.close()
 
 
-async def test_value_and_tag_list_share_a_cluster_slot(store: RedisStore) -> None:
-    for key in ("", "plain", "{x}", "a}b", "ключ"):
-        value_key, tags_key = store._value_key(key), store._tags_key(key)
-        assert key_slot(value_key.encode()) == key_slot(tags_key.encode())
-    await store.put("plain", b"v", tags=["t"])
-    names = sorted(str(n, "utf-8") if isinstance(n, bytes) else n for n in await store.client.keys("test:*"))
-    assert names == ["test:k:{h:plain}", "test:t:t", "test:v:{h:plain}"]
-
-
-async def test_stale_tag_members_are_cleaned_lazily(store: RedisStore) -> None:
-    await store.put("a", b"1", tags=["t"], ttl=0.05)
-    await store.put("b", b"2", tags=["t"])
-    await store.put("c", b"3", tags=["t"])
-    await store.put("c", b"3", tags=["other"])  # overwritten without the tag
-    await asyncio.sleep(0.1)
-    assert await store.keys_with_tag("t") == ["b"]
-    members = await store.client.smembers("test:t:t")
-    assert members == {b"b"}
-
-
-async def test_tag_set_expires_with_its_longest_lived_member(store: RedisStore) -> None:
-    await store.put("a", b"1", tags=["t"], ttl=10)
-    await store.put("b", b"2", tags=["t"], ttl=100)
-    assert 10_000 < await store.client.pttl("test:t:t") <= 100_000
-    await store.put("c", b"3", tags=["t"], ttl=5)
-    assert await store.client.pttl("test:t:t") > 10_000
-    await store.put("d", b"4", tags=["t"])
-    assert await store.client.pttl("test:t:t") == -1
-    assert await store.client.pttl("test:k:{h:a}") > 0
-
-
 async def test_prefixes_isolate_stores(redis_url: str) -> None:
     first, second = RedisStore(redis_url, prefix="one"), RedisStore(redis_url, prefix="two")
     try:
@@ -67,16 +34,6 @@ async def test_prefixes_isolate_stores(redis_url: str) -> None:
     finally:
         await first.close()
         await second.close()
-
-
-async def test_accepts_an_existing_client(redis_url: str) -> None:
-    client = aioredis.Redis.from_url(redis_url)
-    store = RedisStore(client, prefix="shared")
-    await store.put("k", b"v")
-    assert await store.get("k") == b"v"
-    await store.close()  # not ours: still usable
-    assert await client.get("shared:v:{h:k}") == b"v"
-    await client.aclose()
 
 
 # -- Redis Cluster ------------------------------------------------------------------------------------------

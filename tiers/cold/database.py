@@ -38,7 +38,7 @@ from pathlib import Path
 from tiers.cold.vectors import VectorIndex
 from tiers.compression import Compressor, CorruptBlob
 from tiers.policies.base import EvictionPolicy
-from tiers.storage import StoreStats
+from tiers.storage import StoreStats, check_ttl
 
 FILENAME = "cold.sqlite3"
 
@@ -323,8 +323,7 @@ class ColdDatabase:
         cost: float = 1.0,
         vector: bytes | None = None,
     ) -> bool:
-        if ttl is not None and ttl <= 0:
-            raise ValueError("ttl must be positive (None = no expiry)")
+        check_ttl(ttl)
         blob = self.compressor.compress(value)
         size = len(blob) + len(vector or b"")
         now = self._clock()
