@@ -120,7 +120,8 @@ def _embedding_caching(rt: Runtime) -> list[Stage]:
     if not cache.enabled or not cache.l1.enabled:
         return []
     defaults, bypass = _rules(rt)
-    scope = Canonicalize("embedding", bypass, rt.versions, frozenset(cache.shared_namespaces))
+    scope = Canonicalize("embedding", bypass, rt.versions, frozenset(cache.shared_namespaces),
+                         frozenset(cache.private_namespaces))
     return [ApplyCacheControl(defaults), EmbeddingItemsCache(rt.l1, scope, bypass)]
 
 
@@ -132,7 +133,8 @@ def _caching(rt: Runtime, kind: RequestKind) -> list[Stage]:
     defaults, bypass = _rules(rt)
     stages: list[Stage] = [
         ApplyCacheControl(defaults),
-        Canonicalize(kind, bypass, rt.versions, frozenset(cache.shared_namespaces)),
+        Canonicalize(kind, bypass, rt.versions, frozenset(cache.shared_namespaces),
+                     frozenset(cache.private_namespaces)),
         *([] if rt.stale is None else [StaleIfError(rt.stale, kind=kind, namespaces=cache.stale.namespaces)]),
         StoreResponse(rt.l1, kind=kind, expose_key=cache.expose_key, write_behind=rt.write_behind),
     ]

@@ -19,7 +19,9 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, ValidationInfo, field_validator
+
+from tiers.redis_connect import check_url, is_sentinel
 
 ENV_PREFIX = "RAGPROXY_"
 
@@ -109,8 +111,21 @@ class RoutingSettings(_Section):
     )
     queue_max_wait_s: float = Field(default=30.0, gt=0, description="Longest wait for a replica's concurrency slot")
     starvation_window_s: float = Field(default=2.0, ge=0, description="Cache-aware queue order yields after this")
+    affinity_headroom: float = Field(
+        default=0.7, gt=0, le=1, description="With an SLO: least prefill among replicas within this share of it"
+    )
+    llama_prompt_cache: bool = Field(
+        default=True, description="llama.cpp keeps prompts in host memory (--cache-ram): id_slot on shared prefixes"
+    )
     documents: int = Field(default=10_000, ge=1, description="Documents remembered from search results")
+    documents_max_bytes: int = Field(
+        default=128 * 1024 * 1024, ge=1024, description="Memory for those documents (estimated; oldest leave first)"
+    )
     salt_secret: SecretStr | None = Field(default=None, description="Secret mixed into per-tenant cache_salt hints")
+    expose_headers: bool = Field(
+        default=False,
+        description="Send X-RagProxy-Replica and X-RagProxy-Cached-Tokens-Estimate (they reveal others' prompts)",
+    )
 
 
 class L1Settings(_Section):
@@ -187,11 +202,27 @@ class CacheSettings(_Section):
         default="bypass", description="Requests with fields the key cannot judge are not cached"
     )
     shared_namespaces: list[str] = Field(default_factory=list, description="Namespaces shared by all tenants")
+    private_namespaces: list[str] = Field(
+        default_factory=list, description="Namespaces whose answers are cached per user: never served to another user"
+    )
     coalesce_wait_s: float = Field(default=30.0, gt=0, description="Longest a duplicate miss waits for the leader")
     expose_key: bool = Field(default=False, description="Send X-Cache-Key on responses (a probing oracle)")
     trace_file: Path | None = Field(
         default=None, description="Append key/size/cost/time of every cached or stored answer (for ragproxy simulate)"
     )
+
+    @field_validator("private_namespaces")
+    @classmethod
+    def _private(cls, value: list[str], info: Any) -> list[str]:
+        from normalizer.cache_control import NAMESPACE_PATTERN
+
+        for name in value:
+            if not NAMESPACE_PATTERN.fullmatch(name):
+                raise ValueError(f"{name!r} is not a namespace (1-64 of A-Z a-z 0-9 _ . -, starting alphanumeric)")
+        both = sorted(set(value) & set(info.data.get("shared_namespaces") or ()))
+        if both:
+            raise ValueError(f"{both} cannot be both shared by all tenants and private to each user")
+        return value
 
 
 class AuthSettings(_Section):
@@ -202,7 +233,11 @@ class AuthSettings(_Section):
 
 
 class RedisSettings(_Section):
-    url: str | None = Field(default=None, description="redis:// URL; set = shared mode (caches, credits, keys)")
+    url: str | None = Field(
+        default=None,
+        description="redis://, redis+cluster:// or redis+sentinel://host:26379[,host:26379...]/service[/db] "
+        "URL; set = shared mode (caches, credits, keys)",
+    )
     cluster: bool = Field(default=False, description="The URL points at a Redis Cluster node")
     timeout_s: float = Field(default=0.25, gt=0, description="Bound on one cache operation against Redis")
     prefix: str = Field(default="ragproxy", min_length=1, description="Prefix of every shared-mode key and channel")
@@ -213,6 +248,31 @@ class RedisSettings(_Section):
     )
     bus_ack_timeout_s: float = Field(default=1.0, gt=0, description="How long an invalidation waits for acks")
     prefix_ttl_s: float = Field(default=30.0, gt=0, description="Lifetime of shared KV prefix summaries")
+    l1_max_bytes: int = Field(
+        default=1024**3, ge=0,
+        description="Bytes of answers (as stored, after compression) the shared L1 keeps in Redis, all replicas "
+        "together; admitted and evicted by cost and size (0: no bound of its own, Redis's maxmemory evicts)",
+    )
+    l1_shards: int = Field(
+        default=0, ge=0, le=4096,
+        description="Shards (Cluster hash slots) the shared L1 and its budget are split over (0: 1 on standalone "
+        "Redis, 16 on a Cluster); changing it starts the shared L1 empty",
+    )
+    l1_compress: bool = Field(
+        default=True, description="lz4-compress answers in Redis with the built-in dictionary of response shapes"
+    )
+
+    @field_validator("url")
+    @classmethod
+    def _url(cls, value: str | None) -> str | None:
+        return None if value is None else check_url(value)
+
+    @field_validator("cluster")
+    @classmethod
+    def _cluster(cls, value: bool, info: ValidationInfo) -> bool:
+        if value and is_sentinel(info.data.get("url") or ""):
+            raise ValueError("a redis+sentinel:// URL names a Sentinel-managed master, not a Cluster")
+        return value
 
 
 class ModelPriceSettings(_Section):
@@ -242,6 +302,14 @@ class CreditsSettings(_Section):
     )
     reservation_ttl_s: float = Field(default=600.0, gt=0, description="A reservation of a dead proxy is reaped after")
     fail_open: bool = Field(default=False, description="Serve unbilled when the credit store is down (else 503)")
+    outage_allowance: Decimal = Field(
+        default=Decimal("1"), ge=0,
+        description="Credits a user may spend per replica while the credit store is down, within the last known "
+        "balance; settlements are journaled under data_dir and replayed (0: 503 at once)",
+    )
+    journal_replay_interval_s: float = Field(
+        default=1.0, gt=0, description="How often settlements journaled during a credit store outage are retried"
+    )
 
 
 class AdminSettings(_Section):
@@ -383,4 +451,18 @@ def _describe(exc: ValidationError, merged: Mapping[str, Any]) -> str:
     ctx = error.get("ctx") or {}
     if "expected" in ctx:
         allowed = f"allowed: {ctx['expected']}"
-    return f"{key} = {error.get('input')!r}: {allowed}"
+    return f"{key} = {_redact(key, error.get('input'))!r}: {_URL_CREDENTIALS.sub(_MASK_CREDENTIALS, str(allowed))}"
+
+
+_URL_CREDENTIALS = re.compile(r"(?P<scheme>[a-z][a-z0-9+.-]*://)(?P<userinfo>[^/@\s]*)@", re.IGNORECASE)
+_MASK_CREDENTIALS = r"\g<scheme>***@"
+_SECRET_KEYS = ("key", "secret", "token", "password")
+
+
+def _redact(key: str, value: Any) -> Any:
+    """A rejected value as the error may show it: secrets masked, credentials inside URLs masked."""
+    if not isinstance(value, str):
+        return value
+    if any(word in key.rsplit(".", 1)[-1].lower() for word in _SECRET_KEYS):
+        return "***"
+    return _URL_CREDENTIALS.sub(_MASK_CREDENTIALS, value)

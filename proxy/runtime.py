@@ -112,6 +112,7 @@ class Runtime:
 
             self.trace = TraceRecorder(self.settings.cache.trace_file)
         self.credits = build_credits(self.settings)
+        self.credits.register_metrics(self.metrics)
         telemetry = self.settings.telemetry
         self.tracer = None
         if telemetry.tracing:
@@ -129,22 +130,23 @@ class Runtime:
 
     def observe(self, ctx: RequestContext, status: int, seconds: float) -> None:
         """Account for one answered request: metrics, the request span, the access log line."""
+        metrics = self.metrics
         cache_status = ctx.cache_status or "NONE"
-        self.metrics.requests.labels(ctx.route, str(status), cache_status).inc()
-        self.metrics.request_seconds.labels(ctx.route, cache_status).observe(seconds)
+        metrics.child(metrics.requests, ctx.route, str(status), cache_status).inc()
+        metrics.child(metrics.request_seconds, ctx.route, cache_status).observe(seconds)
         if ctx.cache_tier:
-            self.metrics.tier_lookups.labels(ctx.cache_tier, "hit").inc()
+            metrics.child(metrics.tier_lookups, ctx.cache_tier, "hit").inc()
         backend = ctx.state.get("backend")
         label = backend.label if isinstance(backend, Backend) else ("qdrant" if "qdrant" in ctx.route else "llm")
         upstream_seconds = ctx.state.get("upstream_seconds")
         if upstream_seconds is not None:
-            self.metrics.upstream_seconds.labels(label).observe(float(upstream_seconds))
+            metrics.child(metrics.upstream_seconds, label).observe(float(upstream_seconds))
         cached_tokens = ctx.state.get("kv.cached_tokens_reported")
         if cached_tokens:
-            self.metrics.prefix_tokens.labels(label).inc(int(cached_tokens))
+            metrics.child(metrics.prefix_tokens, label).inc(int(cached_tokens))
         charged = ctx.response_headers.get("X-Credits-Charged")
         if charged:
-            self.metrics.credits_charged.labels("hit" if ctx.cache_tier else "upstream").inc(float(charged))
+            metrics.child(metrics.credits_charged, "hit" if ctx.cache_tier else "upstream").inc(float(charged))
         if self.trace is not None and "entry_size" in ctx.state:
             self.trace.record(ctx.state["key"], ctx.state["entry_size"], ctx.state["entry_cost"], time.time())
         state = ctx.state
@@ -155,9 +157,9 @@ class Runtime:
             label={"tenant": ctx.tenant, "namespace": ctx.namespace,
                    **({"question": question[:200]} if isinstance(question, str) else {})})
         if saved:
-            self.metrics.cost_saved.labels(ctx.cache_tier or "unknown").inc(saved)
+            metrics.child(metrics.cost_saved, ctx.cache_tier or "unknown").inc(saved)
         if ctx.cache_tier == "coalesced":
-            self.metrics.events.labels("coalesce", "coalesced").inc()
+            metrics.child(metrics.events, "coalesce", "coalesced").inc()
         if self.tracer is not None:
             from proxy.tracing import end_request_span
 
@@ -198,8 +200,7 @@ class Runtime:
         if self.semantic is not None:
             await self._start_semantic(self.semantic)
         self.backends.start(self.client.session, self.settings.upstreams.health_interval_s)
-        if self.credits.reaper is not None:
-            self.credits.reaper.start()
+        await self.credits.start()
 
     async def _start_semantic(self, semantic: SemanticTier) -> None:
         """Reload the persisted index, and save it every ``persist_interval_s`` (and at stop)."""

@@ -10,8 +10,9 @@ The first miss leads: its reply is teed into a :class:`Flight`. Followers with t
   is never fanned out as an answer;
 - past the bound a follower goes upstream on its own and its result is not stored (the leader's will be).
 
-Keys carry the tenant, so coalescing never crosses tenants. The table of flights is bounded (``max_flights``);
-beyond it requests simply go upstream uncoalesced.
+Keys carry the tenant (and, for user-scoped requests in private namespaces, the user: see
+``proxy.stages.cache_policy``), so coalescing never crosses tenants, nor users where answers are private. The
+table of flights is bounded (``max_flights``); beyond it requests simply go upstream uncoalesced.
 """
 
 from __future__ import annotations

@@ -2,7 +2,9 @@
 
 Each input item has its own exact key (model, dimensions, the item; the encoding format is not part of it because
 the vector is stored raw, as little-endian float32, and rendered as the client asked: a float list or base64). The
-answer is assembled in the original order with the original indices.
+answer is assembled in the original order with the original indices. Keys live in the request's scope
+(:meth:`~proxy.stages.cache_policy.Canonicalize.scope`: tenant, namespace, knowledge version, and the user in a
+private namespace or for ``Cache-Control: private``).
 
 Usage: an item's stored token count is its share of the upstream batch's ``prompt_tokens`` (split by input length;
 exact when it was forwarded alone). A partly cached batch reports the upstream usage plus the stored counts of the

@@ -7,6 +7,9 @@ false friends. A match points at an entry key; the response bytes come from L1, 
 The hit is promoted into L1 under the new request's own key. On a miss, the question is recorded against the
 new entry's key once the upstream answer has been stored.
 
+In a user-scoped (private) request the index partition and the cold tier's signature tag carry the key scope's
+user digest too, so a paraphrase never reaches another user's answer.
+
 ``X-Cache-Similarity`` is sent only when ``cache.semantic.expose_similarity`` is on (it tells a tenant how close
 its question came to someone else's).
 """
@@ -26,6 +29,11 @@ from tiers.response_tier import ResponseTier
 from tiers.semantic import SemanticScope, SemanticTier
 
 log = logging.getLogger("ragproxy.semantic")
+
+
+def signature_tag(where: SemanticScope, digest: str) -> str:
+    """The tag that keeps the cold tier's question-vector search inside one scope and context."""
+    return f"sig:{where.tenant}/{where.label}/{digest}"
 
 
 class SemanticLookup:
@@ -58,8 +66,8 @@ class SemanticLookup:
         if signature is None:
             return await call_next(ctx)
         ctx.state["question"] = question
-        ctx.state["signature_tag"] = f"sig:{scope.tenant}/{scope.namespace}/{signature.digest}"
-        where = SemanticScope(scope.tenant, scope.namespace)
+        where = SemanticScope(scope.tenant, scope.namespace, scope.user)
+        ctx.state["signature_tag"] = signature_tag(where, signature.digest)
         if policy.may_read:
             reply = await self._lookup(ctx, where, signature.digest, question, key)
             if reply is None and self.cold is not None:

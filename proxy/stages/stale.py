@@ -15,12 +15,13 @@ Two parts:
   upstream (``X-Cache-Status`` MISS/REFRESH), through the reply's finish callback, so an aborted stream is never
   kept. When the rest of the pipeline raises a 5xx :class:`~proxy.errors.ProxyError` (unreachable, reset, timeout,
   circuit open) or answers a status in ``on_status`` (default 500, 502, 503, 504), and the store holds an answer
-  for the request's exact key (keys are tenant-scoped, so this never crosses tenants) no older than
-  ``max_stale_s``, it answers that instead: ``X-Cache-Status: STALE``, ``X-Cache-Tier: stale``,
-  ``X-Cache-Stale: true``, ``Warning: 110 - "Response is Stale"`` and ``Age``. The replaced reply's finish
-  callbacks still run (``ok=False``), so the forward stage releases its replica and nothing is stored or settled
-  as complete. A request that asked for no cached answer (``no-cache``, ``no-store``, ``max-age``) is never
-  served stale; neither is a stream that already started (its bytes are on the wire).
+  for the request's exact key (keys are tenant-scoped, and user-scoped in private namespaces, so this never
+  crosses tenants nor, there, users) no older than ``max_stale_s``, it answers that instead: ``X-Cache-Status:
+  STALE``, ``X-Cache-Tier: stale``, ``X-Cache-Stale: true``, ``Warning: 110 - "Response is Stale"`` and ``Age``.
+  The replaced reply's finish callbacks still run (``ok=False``), so the forward stage releases its replica and
+  nothing is stored or settled as complete. A request that asked for no cached answer (``no-cache``,
+  ``no-store``, ``max-age``) is never served stale; neither is a stream that already started (its bytes are on
+  the wire).
 
 Wiring (``proxy/assembly.py``, ``_caching``): right after ``Canonicalize`` and before ``StoreResponse``::
 

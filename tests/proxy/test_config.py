@@ -76,3 +76,10 @@ def test_bad_config_file(tmp_path: Path) -> None:
 def test_config_error_type() -> None:
     with pytest.raises(ConfigError, match=r"server\.port"):
         load_settings(env={"RAGPROXY_SERVER__PORT": "x"})
+
+
+@pytest.mark.parametrize("url", ["redis+sentinel://:hunter2-secret@h1:26379", "ftp://ops:hunter2-secret@h/x"])
+def test_a_rejected_url_never_shows_its_password(url: str) -> None:
+    with pytest.raises(ConfigError) as error:
+        load_settings(overrides={"redis.url": url})
+    assert "redis.url" in str(error.value) and "hunter2" not in str(error.value)
