@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 
 from aiohttp import web
 
@@ -30,6 +31,7 @@ async def serve(port: int, upstream: str) -> None:
 
     server = web.Server(forward, access_log=None)
     await asyncio.get_running_loop().create_server(server, "127.0.0.1", port)
+    gc.freeze()  # as ``ragproxy serve`` does (proxy/serve.py)
     await asyncio.Event().wait()
 
 

@@ -81,9 +81,11 @@ def build_hints(
     slot: int | None = None,
     salt_secret: str = "",
 ) -> Hints:
-    """Hints for a request whose prompt prefix is ``path`` (system prompt segment, then documents)."""
-    keys = [s.key for s in path]
-    digest = path_hash(keys)
+    """Hints for a request whose prompt prefix is ``path`` (system prompt segment, then documents).
+
+    An empty ``path`` (a single message, nothing before it) has no prefix to name: no ``prompt_cache_key`` and no
+    ``X-Prefix-*`` headers — one key shared by every one-message prompt would send them all to one cache
+    machine of a hosted API. Isolation (``cache_salt``) and llama.cpp's slot hints still apply."""
     body: dict[str, Any] = {}
     if kind is BackendKind.LLAMACPP:
         body["cache_prompt"] = True
@@ -91,7 +93,10 @@ def build_hints(
             body["id_slot"] = slot
     elif kind in (BackendKind.VLLM, BackendKind.SGLANG):
         body["cache_salt"] = tenant_salt(tenant, salt_secret)
-    elif kind is BackendKind.OPENAI:
+    if not path:
+        return Hints(body=body)
+    digest = path_hash([s.key for s in path])
+    if kind is BackendKind.OPENAI:
         body["prompt_cache_key"] = digest
     headers = {"X-Prefix-Hash": digest}
     if document_keys:
@@ -220,6 +225,16 @@ LAST_EVENTS = 4
 
 Reported = Mapping[str, Any] | bytes | list[dict[str, Any]]
 """A reply as the ``reported_*`` readers take it: raw bytes, one parsed object, or :func:`reply_objects`' list."""
+
+
+REPORT_MARKERS = (b'"cached_tokens"', b'"timings"')
+"""Byte strings without which a reply reports nothing a tree correction can use (checked before parsing)."""
+
+
+def reports_cache(body: bytes) -> bool:
+    """Whether ``body`` may hold a cache report (``cached_tokens`` or llama.cpp ``timings``): a byte search is far
+    cheaper than parsing a reply that reports nothing."""
+    return any(marker in body for marker in REPORT_MARKERS)
 
 
 def reply_objects(reply: Reported) -> list[dict[str, Any]]:

@@ -8,7 +8,8 @@
   for in each message's text; the message holding the most is the document message, the prefix segment is
   everything before its first document (earlier messages included), the tail everything after its last;
   reordering permutes the documents in place and keeps the app's separators where they are;
-* otherwise the whole conversation but the last message is the prefix segment and there are no documents.
+* otherwise the whole conversation but the last message is the prefix segment and there are no documents (a
+  one-message prompt has an empty prefix and an empty path: nothing for the tree, no prefix hints).
 
 Segment keys: ``"p:" + hash`` of the prefix text (with roles), documents by their doc id. Token sizes are
 estimated as UTF-8 bytes / ``chars_per_token`` (the tree only needs sizes that are consistent; the backend's
@@ -35,6 +36,9 @@ from normalizer.documents import (
 )
 from proxy.kv.tree import Segment
 
+EMPTY_PREFIX = Segment("p:", 0)
+"""The prefix of a one-message plain prompt: nothing before the question (left out of every path)."""
+
 
 def estimate_tokens(text: str, chars_per_token: float = 4.0) -> int:
     return max(1, math.ceil(len(text.encode("utf-8")) / chars_per_token)) if text else 0
@@ -57,7 +61,9 @@ class PromptPlan:
         return self.prefix.tokens + sum(d.tokens for d in self.documents) + self.tail_tokens
 
     def path(self, order: Sequence[Segment]) -> list[Segment]:
-        return [self.prefix, *order]
+        """The tree path of ``order``: the prefix segment (left out when empty: a one-message plain prompt has
+        nothing before its question to reuse), then the documents."""
+        return [self.prefix, *order] if self.prefix.tokens else list(order)
 
     def render_body(self, order: Sequence[Segment]) -> dict[str, Any]:
         """The request body with the documents in ``order`` (a permutation of :attr:`documents`)."""
@@ -101,10 +107,10 @@ def plan_request(
             return plan
     prefix_text = _conversation_text(messages[:-1])
     tail_text = _conversation_text(messages[-1:])
-    prefix = Segment("p:" + content_id(prefix_text), estimate_tokens(prefix_text, chars_per_token))
-    frozen = dict(body)
+    prefix = Segment("p:" + content_id(prefix_text), estimate_tokens(prefix_text, chars_per_token)) \
+        if prefix_text else EMPTY_PREFIX
     return PromptPlan(
-        prefix, (), estimate_tokens(tail_text, chars_per_token), "plain", lambda _order: dict(frozen)
+        prefix, (), estimate_tokens(tail_text, chars_per_token), "plain", lambda _order: dict(body)
     )
 
 

@@ -33,6 +33,7 @@ Pure: the caller tells the router when requests are admitted, start and finish; 
 
 from __future__ import annotations
 
+import heapq
 import math
 import time
 from collections.abc import Callable, Sequence
@@ -73,27 +74,77 @@ class Reject:
 @dataclass(slots=True)
 class _Outstanding:
     prefill_s: float
-    started_at: float | None = None
+    end: float | None = None
+    """Started: when its estimated prefill ends (router clock); counted in the running sums until then."""
 
 
 @dataclass(slots=True)
 class ReplicaLoad:
-    """Work admitted to one replica and not yet past its first token."""
+    """Work admitted to one replica and not yet past its first token.
+
+    :meth:`wait_s` is O(1) amortized, as it runs for every candidate of every request: the prefill of requests
+    not started is one running sum; the started ones are a heap of estimated end times with the sum and count of
+    those not yet ended (``Σ max(0, end - now)`` over them is ``sum - count·now``).
+    """
 
     prefill: PrefillModel
     parallelism: int = 1
     outstanding: dict[str, _Outstanding] = field(default_factory=dict)
     active: int = 0
     """Requests admitted and not finished (includes those past their first token)."""
+    _unstarted_s: float = 0.0
+    _ends: list[tuple[float, int, str]] = field(default_factory=list)
+    _ends_sum: float = 0.0
+    _ends_live: int = 0
+    _tie: int = 0
+
+    def add(self, request_id: str, prefill_s: float) -> None:
+        self.remove(request_id)
+        self.outstanding[request_id] = _Outstanding(prefill_s)
+        self._unstarted_s += prefill_s
+
+    def start(self, request_id: str, now: float) -> None:
+        item = self.outstanding.get(request_id)
+        if item is None or item.end is not None:
+            return
+        self._unstarted_s = max(0.0, self._unstarted_s - item.prefill_s)
+        item.end = now + item.prefill_s
+        self._tie += 1
+        heapq.heappush(self._ends, (item.end, self._tie, request_id))
+        self._ends_sum += item.end
+        self._ends_live += 1
+        if len(self._ends) > 2 * self._ends_live + 64:  # entries of removed requests, waiting to expire
+            self._ends = [e for e in self._ends if self._counted(e[2], e[0])]
+            heapq.heapify(self._ends)
+
+    def remove(self, request_id: str) -> None:
+        item = self.outstanding.pop(request_id, None)
+        if item is None:
+            return
+        if item.end is None:
+            self._unstarted_s = max(0.0, self._unstarted_s - item.prefill_s)
+        elif item.end != -math.inf:
+            self._uncount(item.end)
 
     def wait_s(self, now: float) -> float:
-        work = 0.0
-        for item in self.outstanding.values():
-            if item.started_at is None:
-                work += item.prefill_s
-            else:
-                work += max(0.0, item.prefill_s - (now - item.started_at))
-        return work / max(1, self.parallelism)
+        ends = self._ends
+        while ends and ends[0][0] <= now:
+            end, _, request_id = heapq.heappop(ends)
+            if self._counted(request_id, end):
+                self.outstanding[request_id].end = -math.inf  # ended: counts for nothing from now on
+                self._uncount(end)
+        running = max(0.0, self._ends_sum - self._ends_live * now) if self._ends_live else 0.0
+        return (self._unstarted_s + running) / max(1, self.parallelism)
+
+    def _counted(self, request_id: str, end: float) -> bool:
+        item = self.outstanding.get(request_id)
+        return item is not None and item.end == end
+
+    def _uncount(self, end: float) -> None:
+        self._ends_live -= 1
+        self._ends_sum = self._ends_sum - end if self._ends_live else 0.0
+        if not self.outstanding:
+            self._unstarted_s = 0.0
 
 
 class Router:
@@ -138,12 +189,22 @@ class Router:
         if not candidates:
             raise ValueError("no candidates")
         now = self._clock()
+        slo = self.ttft_slo_s
+        if len(candidates) == 1:  # nothing to compare: the estimate decides only whether to refuse
+            only = candidates[0]
+            ttft, prefill = self.estimate(only, now)
+            if slo is not None and ttft > slo:
+                return Reject(max(1, math.ceil(ttft - slo)), ttft)
+            return RouteDecision(
+                replica=only.replica, estimated_ttft_s=ttft, cached_tokens=only.cached_tokens,
+                uncached_tokens=max(0, only.total_tokens - only.cached_tokens), prefill_s=prefill, reason="ttft",
+                start_deadline=None if slo is None else now + slo - prefill,
+            )
         scored = []
         for c in candidates:
             ttft, prefill = self.estimate(c, now)
             scored.append((ttft, self.loads[c.replica].active, c.replica, c, prefill))
         lowest = min(s[0] for s in scored)
-        slo = self.ttft_slo_s
         if slo is not None and lowest > slo:
             return Reject(max(1, math.ceil(lowest - slo)), lowest)
         comfortable = [s for s in scored if s[0] <= slo * self.affinity_headroom] if slo is not None else []
@@ -169,20 +230,18 @@ class Router:
     def admitted(self, request_id: str, decision: RouteDecision) -> None:
         """The request was sent to (or queued for) ``decision.replica``."""
         load = self.loads[decision.replica]
-        load.outstanding[request_id] = _Outstanding(decision.prefill_s)
+        load.add(request_id, decision.prefill_s)
         load.active += 1
 
     def started(self, request_id: str, replica: int) -> None:
         """The request left the waiting queue and its prefill began."""
-        item = self.loads[replica].outstanding.get(request_id)
-        if item is not None and item.started_at is None:
-            item.started_at = self._clock()
+        self.loads[replica].start(request_id, self._clock())
 
     def first_token(self, request_id: str, replica: int) -> None:
         """Its prefill is done: no more prefill work ahead of others."""
-        self.loads[replica].outstanding.pop(request_id, None)
+        self.loads[replica].remove(request_id)
 
     def finished(self, request_id: str, replica: int) -> None:
         load = self.loads[replica]
-        load.outstanding.pop(request_id, None)
+        load.remove(request_id)
         load.active = max(0, load.active - 1)

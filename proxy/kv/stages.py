@@ -58,6 +58,7 @@ from proxy.kv.hints import (
     reported_cached_tokens,
     reported_prefill,
     reported_prompt_tokens,
+    reports_cache,
 )
 from proxy.kv.order import OrderPolicy, Popularity, order_documents
 from proxy.kv.plan import PromptPlan, plan_request
@@ -287,7 +288,7 @@ class Route:
     def settle(self, ctx: RequestContext, routed: RoutedRequest, body: bytes | None) -> None:
         """Correct the replica's tree and prefill model from what the backend reported."""
         replica = self.replicas[routed.replica]
-        if not body:
+        if not body or not reports_cache(body):
             return
         objects = reply_objects(body)  # parsed once for the three readers
         # the tree and the prefill model count estimated tokens; the backend reports its own

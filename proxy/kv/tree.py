@@ -169,6 +169,8 @@ class KnowledgeTree:
 
     def insert(self, seq: Sequence[Segment]) -> Match:
         """Record that ``seq`` was sent to the replica; returns what was cached before (the prediction)."""
+        if not seq:
+            return Match(0, 0)
         before = self.match(seq)
         now = self._clock()
         node = self._root

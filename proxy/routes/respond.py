@@ -39,6 +39,7 @@ async def _run_finish(reply: Reply, ok: bool, body: bytes) -> None:
 async def _finish(reply: Reply, ok: bool, body: bytes) -> None:
     """Run the finish callbacks to completion even if the client hangs up meanwhile (the handler is then
     cancelled): storing, indexing and settling what was sent must not depend on the client's patience."""
+    reply.end(ok)
     if not reply.wants_body:
         return
     task = asyncio.ensure_future(_run_finish(reply, ok, body))

@@ -6,7 +6,7 @@ import time
 
 from multidict import CIMultiDict
 
-from proxy.context import FinishCallback, Reply, RequestContext
+from proxy.context import EndCallback, Reply, RequestContext
 from proxy.credits.streaming import ask_upstream_for_usage
 from proxy.errors import ProxyError
 from proxy.headers import upstream_request_headers
@@ -90,14 +90,18 @@ class ForwardToLLM:
                 backend.breaker.failure()
             else:
                 backend.breaker.success()
-            reply.on_finish(_release(ctx, backend, started))
+            streamed = reply.chunks is not None
+            if not streamed:  # complete already: stages on the way back may price what they keep by it
+                ctx.state["upstream_seconds"] = time.perf_counter() - started
+            reply.on_end(_release(ctx, backend, started, streamed))
             return reply
 
 
-def _release(ctx: RequestContext, backend: Backend, started: float) -> FinishCallback:
-    async def done(reply: Reply, ok: bool, body: bytes) -> None:
+def _release(ctx: RequestContext, backend: Backend, started: float, streamed: bool) -> EndCallback:
+    def done(_reply: Reply, ok: bool) -> None:
         backend.in_flight -= 1
-        ctx.state["upstream_seconds"] = time.perf_counter() - started
+        if streamed:  # until its last chunk
+            ctx.state["upstream_seconds"] = time.perf_counter() - started
 
     return done
 

@@ -38,6 +38,14 @@ def test_openai_gets_a_prompt_cache_key_from_the_path() -> None:
     assert key != build_hints(BackendKind.OPENAI, [PATH[0], PATH[2], PATH[1]]).body["prompt_cache_key"]
 
 
+def test_an_empty_path_names_no_prefix_but_keeps_isolation_and_slot_hints() -> None:
+    assert build_hints(BackendKind.OPENAI, []).body == {}
+    assert build_hints(BackendKind.OPENAI, []).headers == {}
+    assert build_hints(BackendKind.LLAMACPP, [], slot=1).body == {"cache_prompt": True, "id_slot": 1}
+    salted = build_hints(BackendKind.VLLM, [], tenant="a").body["cache_salt"]
+    assert salted == build_hints(BackendKind.VLLM, PATH, tenant="a").body["cache_salt"]
+
+
 def test_slot_table_picks_longest_prefix_then_least_recently_used_idle_slot() -> None:
     table = SlotTable(3, clock=itertools.count().__next__)
     slot, matched = table.best(PATH)

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from proxy.kv.router import Candidate, Reject, RouteDecision, Router
+from proxy.kv.router import Candidate, Reject, ReplicaLoad, RouteDecision, Router
 from tests.proxy.kv.clocks import Clock, models
 
 
@@ -55,3 +57,30 @@ def test_balance_guard_sends_to_the_least_loaded_replica_when_imbalanced() -> No
     for i in range(4):
         router.finished(f"r{i}", 0)
     assert not router.imbalanced()
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["add", "start", "remove", "tick"]), st.integers(0, 5),
+                          st.floats(0.0, 3.0, allow_nan=False)), max_size=60))
+def test_queue_wait_kept_in_running_sums_equals_the_sum_over_every_request(
+        steps: list[tuple[str, int, float]]) -> None:
+    """The O(1) bookkeeping against the definition: unstarted prefill plus what is left of each started one."""
+    load = ReplicaLoad(models(1)[0], parallelism=2)
+    now = 0.0
+    naive: dict[str, tuple[float, float | None]] = {}
+    for op, n, value in steps:
+        rid = f"r{n}"
+        if op == "add":
+            load.add(rid, value)
+            naive[rid] = (value, None)
+        elif op == "start":
+            load.start(rid, now)
+            if rid in naive and naive[rid][1] is None:
+                naive[rid] = (naive[rid][0], now)
+        elif op == "remove":
+            load.remove(rid)
+            naive.pop(rid, None)
+        else:
+            now += value
+        expected = sum(p if s is None else max(0.0, p - (now - s)) for p, s in naive.values()) / 2
+        assert load.wait_s(now) == pytest.approx(expected, abs=1e-9)

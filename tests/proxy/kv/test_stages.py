@@ -155,3 +155,28 @@ async def test_reported_cache_shortfall_corrects_the_tree_and_feeds_the_prefill_
     await pipeline(ctx)
     assert ctx.state["kv.cached_tokens_reported"] == 0
     assert reps[0].tree.capacity_tokens < capacity
+
+
+async def test_a_one_message_prompt_keeps_its_bytes_and_a_system_prompt_names_its_prefix() -> None:
+    model = PrefillModel(PrefillCoefficients(0.0, 0.0001, 0.0))
+    replica = Replica(0, BackendKind.OPENAI, KnowledgeTree(100_000, prefill=model), model, AdmissionQueue(2), None)
+    sent: list[RequestContext] = []
+
+    async def backend(ctx: RequestContext) -> Reply:
+        sent.append(ctx)
+        return Reply(200, body=b'{"choices":[],"usage":{"prompt_tokens":3}}')
+
+    pipeline = Pipeline([Shape([replica]), Route([replica], Router([model], ttft_slo_s=None))], backend)
+    alone = {"model": "m", "messages": [{"role": "user", "content": "q?"}]}
+    await pipeline(ctx_for(alone, 1))
+    assert not sent[0].body_changed and sent[0].outgoing_body() == orjson.dumps(alone)
+    assert "prompt_cache_key" not in sent[0].body and not sent[0].state.get("upstream_headers")
+    assert replica.tree.node_count == 0, "nothing before the question: nothing to remember"
+    for n, question in enumerate(("q?", "another q?"), start=2):
+        body = {"model": "m", "messages": [{"role": "system", "content": "Be brief."},
+                                           {"role": "user", "content": question}]}
+        await pipeline(ctx_for(body, n))
+    keys = [orjson.loads(ctx.outgoing_body())["prompt_cache_key"] for ctx in sent[1:]]
+    assert keys[0] == keys[1], "the same system prompt, the same prefix key"
+    assert sent[1].state["upstream_headers"]["X-Prefix-Hash"] == keys[0]
+    assert replica.tree.node_count == 1
