@@ -125,6 +125,8 @@ class ReplicaLoad:
             self._unstarted_s = max(0.0, self._unstarted_s - item.prefill_s)
         elif item.end != -math.inf:
             self._uncount(item.end)
+        if not self.outstanding:  # nothing left: drop any rounding left in the sum
+            self._unstarted_s = 0.0
 
     def wait_s(self, now: float) -> float:
         ends = self._ends
@@ -143,8 +145,6 @@ class ReplicaLoad:
     def _uncount(self, end: float) -> None:
         self._ends_live -= 1
         self._ends_sum = self._ends_sum - end if self._ends_live else 0.0
-        if not self.outstanding:
-            self._unstarted_s = 0.0
 
 
 class Router:
@@ -190,16 +190,6 @@ class Router:
             raise ValueError("no candidates")
         now = self._clock()
         slo = self.ttft_slo_s
-        if len(candidates) == 1:  # nothing to compare: the estimate decides only whether to refuse
-            only = candidates[0]
-            ttft, prefill = self.estimate(only, now)
-            if slo is not None and ttft > slo:
-                return Reject(max(1, math.ceil(ttft - slo)), ttft)
-            return RouteDecision(
-                replica=only.replica, estimated_ttft_s=ttft, cached_tokens=only.cached_tokens,
-                uncached_tokens=max(0, only.total_tokens - only.cached_tokens), prefill_s=prefill, reason="ttft",
-                start_deadline=None if slo is None else now + slo - prefill,
-            )
         scored = []
         for c in candidates:
             ttft, prefill = self.estimate(c, now)
@@ -208,7 +198,9 @@ class Router:
         if slo is not None and lowest > slo:
             return Reject(max(1, math.ceil(lowest - slo)), lowest)
         comfortable = [s for s in scored if s[0] <= slo * self.affinity_headroom] if slo is not None else []
-        if self.imbalanced():
+        if len(scored) == 1:  # nothing to compare
+            best, reason = scored[0], "ttft"
+        elif self.imbalanced():
             best, reason = min(scored, key=lambda s: (s[1], s[0], s[2])), "balance"
         elif len(comfortable) > 1:
             best, reason = min(comfortable, key=lambda s: (round(s[4], 3), s[0], s[1], s[2])), "affinity"
