@@ -81,7 +81,7 @@ class Reply:
 class RequestContext:
     """Everything the stages know about one data-plane request."""
 
-    request: web.Request
+    request: web.BaseRequest
     route: str
     request_id: str
     raw_body: bytes = b""

@@ -21,7 +21,7 @@ import sys
 
 from aiohttp import web
 
-from proxy.app import RUNTIME, create_app
+from proxy.app import DataPlane, create_server
 from proxy.config import Settings
 
 log = logging.getLogger("ragproxy")
@@ -35,11 +35,11 @@ async def serve(settings: Settings, *, ready: asyncio.Event | None = None) -> No
     if problem is not None:
         print(f"ragproxy: refusing to start: {problem}", file=sys.stderr)
         raise SystemExit(2)
-    app = create_app(settings)
-    runner = web.AppRunner(
-        app, handle_signals=False, access_log=None, handler_cancellation=True,
-        shutdown_timeout=settings.server.shutdown_grace_s,
-    )
+    plane = DataPlane(settings)
+    runtime = plane.runtime
+    await runtime.start()
+    runner = web.ServerRunner(create_server(plane), handle_signals=False,
+                              shutdown_timeout=settings.server.shutdown_grace_s)
     await runner.setup()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -52,7 +52,7 @@ async def serve(settings: Settings, *, ready: asyncio.Event | None = None) -> No
     if settings.admin.enabled:
         from admin.app import create_admin_app
 
-        admin_runner = web.AppRunner(create_admin_app(app[RUNTIME]), handle_signals=False, access_log=None)
+        admin_runner = web.AppRunner(create_admin_app(runtime), handle_signals=False, access_log=None)
         await admin_runner.setup()
         await web.TCPSite(admin_runner, settings.admin.host, settings.admin.port, reuse_address=True).start()
         log.info("admin API on http://%s:%d", settings.admin.host, settings.admin.port)
@@ -61,8 +61,9 @@ async def serve(settings: Settings, *, ready: asyncio.Event | None = None) -> No
         ready.set()
     await stop.wait()
     log.info("draining (up to %.0fs)", settings.server.shutdown_grace_s)
-    app[RUNTIME].draining = True
+    runtime.draining = True
     if admin_runner is not None:
         await admin_runner.cleanup()
     await runner.cleanup()
+    await runtime.stop()
     log.info("stopped")

@@ -1,8 +1,9 @@
 """``python -m loadtest.bench overhead [--quick] [--json]``: what the proxy adds to a request.
 
 A trivial upstream and the proxy (caches off: pure pass-through) run as separate processes; the same client measures,
-in one run and interleaved, direct vs through-proxy latency (p50/p99) at concurrency 1, throughput at 16 and 64, and
-the time to the first streamed chunk.
+in one run and interleaved (each figure is gathered in rounds that alternate the paths, so drift on a shared machine
+hits them alike), direct vs through-proxy latency (p50/p99) at concurrency 1, throughput at 16 and 64, and the time
+to the first streamed chunk.
 
 The same run also measures a reference, ``floor_*``: :mod:`loadtest.bare_forwarder`, aiohttp's low-level server
 and the proxy's forwarding client with nothing between them. It is what any proxy built on this stack pays per
@@ -53,10 +54,13 @@ async def _measure(direct: str, proxied: str, floor: str, quick: bool) -> dict[s
         f = percentiles(lat["floor"])
         results.update({"floor_p50_ms_c1": f["p50_ms"], "floor_added_p50_ms_c1": f["p50_ms"] - d["p50_ms"]})
         for concurrency in (16, 64):
-            total = (1500 if quick else 6000)
-            rps = {}
-            for name, base in paths:
-                rps[name], _ = await closed_loop(caller(base, BODY), concurrency, total)  # type: ignore[arg-type]
+            per_round = (1500 if quick else 6000) // rounds
+            elapsed = {name: 0.0 for name, _ in paths}
+            for _ in range(rounds):  # interleaved like the latency rounds: drift on a shared machine hits all paths
+                for name, base in paths:
+                    rate, _ = await closed_loop(caller(base, BODY), concurrency, per_round)  # type: ignore[arg-type]
+                    elapsed[name] += per_round / rate
+            rps = {name: per_round * rounds / seconds for name, seconds in elapsed.items()}
             results[f"direct_rps_c{concurrency}"] = rps["direct"]
             results[f"proxy_rps_c{concurrency}"] = rps["proxy"]
             results[f"throughput_ratio_c{concurrency}"] = rps["proxy"] / rps["direct"]

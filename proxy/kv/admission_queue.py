@@ -157,6 +157,9 @@ class AdmissionQueue:
         self._order.remove(entry)
 
     def release(self) -> None:
+        if not len(self._order):  # nobody waits (the common case): the slot is simply free again
+            self.active = max(0, self.active - 1)
+            return
         while True:
             future = self._order.pop(self._clock())
             for late in self._order.expired:

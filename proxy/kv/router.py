@@ -28,6 +28,10 @@ estimate's own error. In the routing simulation (``python -m loadtest.bench rout
 2-5% over lowest-estimate routing. Each decision also carries ``start_deadline``, the latest time its prefill
 can start and still end within the SLO; the admission queue drops the request (429) once that has passed.
 
+With one replica and no SLO the router has nothing to compare and nothing to refuse: it keeps no load
+bookkeeping then (:attr:`Router.tracks_load`), and its estimate is the prefill alone. A pass-through proxy in front
+of a single backend pays nothing for routing it does not do.
+
 Pure: the caller tells the router when requests are admitted, start and finish; the clock is injected.
 """
 
@@ -170,6 +174,8 @@ class Router:
         self.balance_rel_threshold = balance_rel_threshold
         self.affinity_headroom = affinity_headroom
         self._clock = clock
+        self.tracks_load = len(self.loads) > 1 or ttft_slo_s is not None
+        """Whether a decision can depend on load: several replicas to compare, or an SLO to refuse by."""
 
     def estimate(self, candidate: Candidate, now: float | None = None) -> tuple[float, float]:
         """``(estimated ttft, prefill part)`` of ``candidate`` in seconds."""
@@ -188,6 +194,8 @@ class Router:
         """The replica for a request, or a refusal when no replica can meet the SLO."""
         if not candidates:
             raise ValueError("no candidates")
+        if not self.tracks_load:
+            return self._only(candidates[0])
         now = self._clock()
         slo = self.ttft_slo_s
         scored = []
@@ -217,23 +225,37 @@ class Router:
             start_deadline=None if slo is None else now + slo - prefill,
         )
 
+    def _only(self, candidate: Candidate) -> RouteDecision:
+        """The decision when nothing can be compared or refused (no load tracked: the estimate is the prefill)."""
+        uncached = max(0, candidate.total_tokens - candidate.cached_tokens)
+        prefill = self.loads[candidate.replica].prefill.seconds(uncached, candidate.cached_tokens)
+        return RouteDecision(replica=candidate.replica, estimated_ttft_s=prefill,
+                             cached_tokens=candidate.cached_tokens, uncached_tokens=uncached, prefill_s=prefill,
+                             reason="ttft")
+
     # --- bookkeeping ---------------------------------------------------------------------------------------
 
     def admitted(self, request_id: str, decision: RouteDecision) -> None:
         """The request was sent to (or queued for) ``decision.replica``."""
+        if not self.tracks_load:
+            return
         load = self.loads[decision.replica]
         load.add(request_id, decision.prefill_s)
         load.active += 1
 
     def started(self, request_id: str, replica: int) -> None:
         """The request left the waiting queue and its prefill began."""
-        self.loads[replica].start(request_id, self._clock())
+        if self.tracks_load:
+            self.loads[replica].start(request_id, self._clock())
 
     def first_token(self, request_id: str, replica: int) -> None:
         """Its prefill is done: no more prefill work ahead of others."""
-        self.loads[replica].remove(request_id)
+        if self.tracks_load:
+            self.loads[replica].remove(request_id)
 
     def finished(self, request_id: str, replica: int) -> None:
+        if not self.tracks_load:
+            return
         load = self.loads[replica]
         load.remove(request_id)
         load.active = max(0, load.active - 1)

@@ -15,11 +15,11 @@ from proxy.headers import request_id
 from proxy.pipeline import Pipeline
 from proxy.routes.respond import respond
 
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+Handler = Callable[[web.BaseRequest], Awaitable[web.StreamResponse]]
 Observer = Callable[[RequestContext, int, float], None]
 
 
-async def read_body(request: web.Request, limit: int) -> bytes:
+async def read_body(request: web.BaseRequest, limit: int) -> bytes:
     """The request body, or a 413 once it passes ``limit`` bytes (checked before and while reading)."""
     if request.content_length is not None and request.content_length > limit:
         raise ProxyError(413, f"request body of {request.content_length} bytes exceeds the limit of {limit} bytes",
@@ -55,7 +55,7 @@ def parse_object(raw: bytes) -> dict[str, Any]:
     return value
 
 
-def _is_json(request: web.Request) -> bool:
+def _is_json(request: web.BaseRequest) -> bool:
     return request.content_type in ("application/json", "") or request.content_type.endswith("+json")
 
 
@@ -66,7 +66,7 @@ def make_handler(
     *,
     max_body: int,
     json_body: bool,
-    path: Callable[[web.Request], str] | None = None,
+    path: Callable[[web.BaseRequest], str] | None = None,
     observe: Observer | None = None,
 ) -> Handler:
     """An aiohttp handler that runs ``pipeline()`` (looked up per request, so a config patch can swap it) for
@@ -76,7 +76,7 @@ def make_handler(
     checked for being well-formed when it claims to be JSON, and forwarded byte for byte.
     """
 
-    async def handle(request: web.Request) -> web.StreamResponse:
+    async def handle(request: web.BaseRequest) -> web.StreamResponse:
         started = time.perf_counter()
         rid = request_id(request.headers.get("X-Request-ID"))
         ctx: RequestContext | None = None

@@ -2,17 +2,23 @@
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
+
 import aiohttp
 from aiohttp import web
 
 from proxy.runtime import Runtime
 
+HealthHandler = Callable[[web.BaseRequest], Awaitable[web.StreamResponse]]
 
-def health_routes(rt: Runtime) -> list[web.RouteDef]:
-    async def healthz(_: web.Request) -> web.Response:
+
+def health_handlers(rt: Runtime) -> tuple[HealthHandler, HealthHandler]:
+    """``(healthz, readyz)``."""
+
+    async def healthz(_: web.BaseRequest) -> web.StreamResponse:
         return web.json_response({"status": "ok"})
 
-    async def readyz(_: web.Request) -> web.Response:
+    async def readyz(_: web.BaseRequest) -> web.StreamResponse:
         checks: dict[str, str] = {}
         if rt.draining:
             checks["server"] = "draining"
@@ -31,4 +37,4 @@ def health_routes(rt: Runtime) -> list[web.RouteDef]:
         return web.json_response({"status": "ready" if ready else "not ready", "checks": checks},
                                  status=200 if ready else 503)
 
-    return [web.get("/healthz", healthz), web.get("/readyz", readyz)]
+    return healthz, readyz

@@ -57,7 +57,7 @@ async def drain_finishers(wait_s: float) -> None:
         await asyncio.wait(list(_unfinished), timeout=wait_s)
 
 
-async def respond(request: web.Request, ctx: RequestContext, reply: Reply, dialect: Dialect) -> web.StreamResponse:
+async def respond(request: web.BaseRequest, ctx: RequestContext, reply: Reply, dialect: Dialect) -> web.StreamResponse:
     """Send ``reply`` with the context's extra headers."""
     headers = reply.headers
     headers.update(ctx.response_headers)

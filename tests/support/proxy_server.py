@@ -16,7 +16,7 @@ from typing import Any, Self
 
 from aiohttp import web
 
-from proxy.app import RUNTIME, create_app
+from proxy.app import DataPlane, create_server
 from proxy.config import Settings, load_settings
 from proxy.runtime import Runtime
 from tests.support.processes import free_port, wait_for_port
@@ -49,9 +49,9 @@ class ProxyServer:
         self._admin = admin
         self._admin_runner: web.AppRunner | None = None
         self._loop = asyncio.new_event_loop()
-        self._runner: web.AppRunner | None = None
+        self._runner: web.ServerRunner | None = None
         self._thread: threading.Thread | None = None
-        self.app: web.Application | None = None
+        self.plane: DataPlane | None = None
 
     @property
     def url(self) -> str:
@@ -63,22 +63,23 @@ class ProxyServer:
 
     @property
     def runtime(self) -> Runtime:
-        assert self.app is not None
-        return self.app[RUNTIME]
+        assert self.plane is not None
+        return self.plane.runtime
 
     def call(self, coro: Any) -> Any:
         """Run a coroutine on the proxy's loop from a test (e.g. inspect a tier)."""
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout=30)
 
     async def _start(self) -> None:
-        self.app = create_app(self.settings, self._runtime)
-        self._runner = web.AppRunner(self.app, access_log=None, handler_cancellation=True, shutdown_timeout=2.0)
+        self.plane = DataPlane(self.settings, self._runtime)
+        await self.plane.runtime.start()
+        self._runner = web.ServerRunner(create_server(self.plane), shutdown_timeout=2.0)
         await self._runner.setup()
         await web.TCPSite(self._runner, "127.0.0.1", self.settings.server.port).start()
         if self._admin:
             from admin.app import create_admin_app
 
-            self._admin_runner = web.AppRunner(create_admin_app(self.app[RUNTIME]), access_log=None,
+            self._admin_runner = web.AppRunner(create_admin_app(self.plane.runtime), access_log=None,
                                                shutdown_timeout=2.0)
             await self._admin_runner.setup()
             await web.TCPSite(self._admin_runner, "127.0.0.1", self.settings.admin.port).start()
@@ -95,6 +96,8 @@ class ProxyServer:
             self.call(self._admin_runner.cleanup())
         if self._runner is not None:
             self.call(self._runner.cleanup())
+        if self.plane is not None:
+            self.call(self.plane.runtime.stop())
         self._loop.call_soon_threadsafe(self._loop.stop)
         if self._thread is not None:
             self._thread.join(timeout=10)

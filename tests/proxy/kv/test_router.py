@@ -84,3 +84,29 @@ def test_queue_wait_kept_in_running_sums_equals_the_sum_over_every_request(
             now += value
         expected = sum(p if s is None else max(0.0, p - (now - s)) for p, s in naive.values()) / 2
         assert load.wait_s(now) == pytest.approx(expected, abs=1e-9)
+
+
+def test_one_replica_without_slo_keeps_no_load_and_estimates_the_prefill() -> None:
+    router = Router(models(1), ttft_slo_s=None, clock=Clock())
+    assert not router.tracks_load
+    for i in range(50):
+        decision = router.choose([Candidate(0, 0, 4000)])
+        assert isinstance(decision, RouteDecision)
+        router.admitted(f"r{i}", decision)
+        router.started(f"r{i}", 0)
+    assert decision.replica == 0
+    assert decision.estimated_ttft_s == decision.prefill_s > 0  # no queue wait: nothing is tracked
+    assert router.loads[0].active == 0 and not router.loads[0].outstanding
+
+
+def test_one_replica_with_an_slo_keeps_load_and_refuses() -> None:
+    router = Router(models(1), ttft_slo_s=1.0, clock=Clock())
+    assert router.tracks_load
+    refused = None
+    for i in range(200):
+        decision = router.choose([Candidate(0, 0, 400)])
+        if isinstance(decision, Reject):
+            refused = decision
+            break
+        router.admitted(f"r{i}", decision)
+    assert refused is not None and router.loads[0].active == 2  # 0.4 s each: a third would see 1.2 s
