@@ -50,13 +50,27 @@ def child(args: list[str], port: int, env: dict[str, str] | None = None) -> Iter
 
 
 @contextmanager
-def proxy_process(env: dict[str, str]) -> Iterator[str]:
-    """``ragproxy serve`` configured by ``RAGPROXY_*`` variables; yields its base URL."""
+def proxy_child(env: dict[str, str]) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+    """``ragproxy serve`` configured by ``RAGPROXY_*`` variables; yields its base URL and its process."""
     port = free_port()
     full = {"RAGPROXY_SERVER__PORT": str(port), "RAGPROXY_ADMIN__PORT": str(free_port()),
             "RAGPROXY_LOGGING__LEVEL": "warning", **env}
-    with child(["-m", "proxy.cli", "serve"], port, full):
-        yield f"http://127.0.0.1:{port}"
+    with child(["-m", "proxy.cli", "serve"], port, full) as process:
+        yield f"http://127.0.0.1:{port}", process
+
+
+@contextmanager
+def proxy_process(env: dict[str, str]) -> Iterator[str]:
+    """``ragproxy serve`` configured by ``RAGPROXY_*`` variables; yields its base URL."""
+    with proxy_child(env) as (url, _):
+        yield url
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time a process has used so far (Linux ``/proc``; clock-tick resolution)."""
+    with open(f"/proc/{pid}/stat", encoding="ascii") as stat:
+        fields = stat.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def percentiles(samples_s: list[float]) -> dict[str, float]:

@@ -8,6 +8,11 @@ to the first streamed chunk.
 The same run also measures a reference, ``floor_*``: :mod:`loadtest.bare_forwarder`, aiohttp's low-level server
 and the proxy's forwarding client with nothing between them. It is what any proxy built on this stack pays per
 request on the machine at hand; ragproxy's own share is the difference between ``proxy_*`` and ``floor_*``.
+
+``proxy_cpu_us_c64`` and ``floor_cpu_us_c64``: CPU time (user + system, from ``/proc``) each forwarding process
+spent per request during the concurrency-64 rounds. Unlike throughput, which depends on how the three processes
+share the cores at that moment, CPU per request barely moves with the machine's load: it is the figure to compare
+across changes.
 """
 
 from __future__ import annotations
@@ -19,13 +24,13 @@ import time
 
 import aiohttp
 
-from loadtest.harness import child, closed_loop, free_port, percentiles, proxy_process
+from loadtest.harness import child, closed_loop, cpu_seconds, free_port, percentiles, proxy_child
 
 BODY = b'{"model":"bench","messages":[{"role":"user","content":"What does a proxy do?"}]}'
 STREAM_BODY = b'{"model":"bench","stream":true,"messages":[{"role":"user","content":"What does a proxy do?"}]}'
 
 
-async def _measure(direct: str, proxied: str, floor: str, quick: bool) -> dict[str, float]:
+async def _measure(direct: str, proxied: str, floor: str, quick: bool, pids: dict[str, int]) -> dict[str, float]:
     results: dict[str, float] = {}
     connector = aiohttp.TCPConnector(limit=0)
     async with aiohttp.ClientSession(connector=connector) as session:
@@ -56,11 +61,18 @@ async def _measure(direct: str, proxied: str, floor: str, quick: bool) -> dict[s
         for concurrency in (16, 64):
             per_round = (1500 if quick else 6000) // rounds
             elapsed = {name: 0.0 for name, _ in paths}
+            cpu = {name: 0.0 for name in pids}
             for _ in range(rounds):  # interleaved like the latency rounds: drift on a shared machine hits all paths
                 for name, base in paths:
+                    before = cpu_seconds(pids[name]) if name in pids else 0.0
                     rate, _ = await closed_loop(caller(base, BODY), concurrency, per_round)  # type: ignore[arg-type]
                     elapsed[name] += per_round / rate
+                    if name in pids:
+                        cpu[name] += cpu_seconds(pids[name]) - before
             rps = {name: per_round * rounds / seconds for name, seconds in elapsed.items()}
+            if concurrency == 64:
+                for name, seconds in cpu.items():
+                    results[f"{name}_cpu_us_c64"] = seconds / (per_round * rounds) * 1e6
             results[f"direct_rps_c{concurrency}"] = rps["direct"]
             results[f"proxy_rps_c{concurrency}"] = rps["proxy"]
             results[f"throughput_ratio_c{concurrency}"] = rps["proxy"] / rps["direct"]
@@ -92,9 +104,11 @@ def main(argv: list[str]) -> int:
         env = {"RAGPROXY_UPSTREAMS__LLM": json.dumps([{"url": upstream}]), "RAGPROXY_CACHE__ENABLED": "false",
                "RAGPROXY_ADMIN__ENABLED": "false"}
         floor_port = free_port()
-        with proxy_process(env) as proxied, \
-                child(["-m", "loadtest.bare_forwarder", "--port", str(floor_port), "--upstream", upstream], floor_port):
-            results = asyncio.run(_measure(upstream, proxied, f"http://127.0.0.1:{floor_port}", args.quick))
+        with proxy_child(env) as (proxied, proxy), \
+                child(["-m", "loadtest.bare_forwarder", "--port", str(floor_port), "--upstream", upstream],
+                      floor_port) as bare:
+            results = asyncio.run(_measure(upstream, proxied, f"http://127.0.0.1:{floor_port}", args.quick,
+                                           {"proxy": proxy.pid, "floor": bare.pid}))
     for key, value in results.items():
         print(f"{key:28s} {value:10.3f}")
     if args.json:
