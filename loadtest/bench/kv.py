@@ -42,7 +42,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
+import math
 import os
 import random
 import socket
@@ -61,7 +63,7 @@ import httpx
 import orjson
 from aiohttp.test_utils import make_mocked_request
 
-from normalizer.documents import Document, render
+from normalizer.documents import Document, render, render_document
 from proxy.context import Reply, RequestContext
 from proxy.kv.admission_queue import AdmissionQueue
 from proxy.kv.discovery import apply_slots, read_slots
@@ -115,6 +117,42 @@ def make_workload(*, docs: int, requests: int, doc_words: int, seed: int, zipf_s
         rnd.shuffle(chosen)
         reqs.append((chosen, f"Question {i}: " + sentence(10)))
     return Workload(system, corpus, reqs)
+
+
+def prefix_reuse_ceiling(work: Workload, first: int = 0, chars_per_token: float = 4.0) -> float:
+    """Token reuse of a perfect prefix cache on ``work``, over its requests from index ``first`` on.
+
+    The cache holds every prompt sent before, without limit; each request takes, among the orders the ``reuse``
+    policy allows (top-ranked document first or last, the others in any order), the one whose longest cached
+    prefix is longest. Prompt = system prompt, documents, question; the question is never reused. Sizes are
+    estimated tokens (UTF-8 bytes / ``chars_per_token``), so the figure is comparable with, not equal to, the
+    server-reported ``prefix_token_reuse``.
+    """
+
+    def size(text: str) -> int:
+        return max(1, math.ceil(len(text.encode("utf-8")) / chars_per_token))
+
+    system = size(work.system)
+    doc_tokens = [size(render_document(d)) for d in work.documents]
+    seen: set[tuple[int, ...]] = set()
+    cached = total = 0
+    for index, (chosen, question) in enumerate(work.requests):
+        top, rest = chosen[0], chosen[1:]
+        orders = [(top, *p) for p in itertools.permutations(rest)] + [(*p, top) for p in itertools.permutations(rest)]
+        best_order, best = orders[0], -1
+        for order in orders:
+            reused = system if index else 0  # the system prompt is cached from the second request on
+            for depth in range(1, len(order) + 1):
+                if order[:depth] not in seen:
+                    break
+                reused += doc_tokens[order[depth - 1]]
+            if reused > best:
+                best_order, best = order, reused
+        seen.update(best_order[:depth] for depth in range(1, len(best_order) + 1))
+        if index >= first:
+            cached += best
+            total += system + sum(doc_tokens[d] for d in chosen) + size(question)
+    return cached / total if total else 0.0
 
 
 def _free_port() -> int:
@@ -391,6 +429,7 @@ def main(argv: list[str]) -> int:
         "mean_prompt_tokens": round(prompt_tokens),
         "fixed_cost_ms": round(fixed_ms, 1),
         **steady.summary(),
+        "prefix_token_reuse_ceiling": round(prefix_reuse_ceiling(work, warmup), 3),
     }
     if cold is not None:
         summary.update({f"{k}_cold" if k.startswith(("ttft_sp", "prefix")) else f"cold_{k}": v
@@ -415,6 +454,8 @@ def main(argv: list[str]) -> int:
             f"{figures['prefix_token_reuse']:.3f}"
         )
         print(f"    ttft_speedup (p50 direct / p50 proxy): {figures['ttft_speedup']}")
+    print(f"  a perfect prefix cache with the same order rule would reuse {summary['prefix_token_reuse_ceiling']}"
+          " of the measured requests' prompt tokens (estimated tokens)")
     if args.json:
         print(json.dumps(summary))
     return 0

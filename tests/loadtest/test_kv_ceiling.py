@@ -1,0 +1,27 @@
+"""The kv benchmark's perfect-prefix-cache ceiling (:func:`loadtest.bench.kv.prefix_reuse_ceiling`)."""
+
+from __future__ import annotations
+
+import math
+
+from loadtest.bench.kv import Workload, prefix_reuse_ceiling
+from normalizer.documents import Document, render_document
+
+
+def _tokens(text: str) -> int:
+    return math.ceil(len(text.encode("utf-8")) / 4)
+
+
+def test_a_repeat_reuses_everything_but_its_question() -> None:
+    docs = [Document(f"d{i}", f"text {i} " * 40, f"D{i}") for i in range(3)]
+    work = Workload("system " * 20, docs, [([0, 1, 2], "q one?"), ([0, 1, 2], "q two?")])
+    system, documents = _tokens(work.system), sum(_tokens(render_document(d)) for d in docs)
+    assert prefix_reuse_ceiling(work, 1) == (system + documents) / (system + documents + _tokens("q two?"))
+
+
+def test_the_top_document_stays_at_an_edge() -> None:
+    docs = [Document(f"d{i}", f"text {i} " * 40, f"D{i}") for i in range(3)]
+    # the second request ranks d1 first: d1 must lead or close, so of the cached [d0, d1, d2] only d0 can be reused
+    work = Workload("system " * 20, docs, [([0, 1, 2], "q"), ([1, 0, 2], "q")])
+    system, sizes = _tokens(work.system), [_tokens(render_document(d)) for d in docs]
+    assert prefix_reuse_ceiling(work, 1) == (system + sizes[0]) / (system + sum(sizes) + _tokens("q"))
