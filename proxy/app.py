@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 
@@ -104,7 +103,7 @@ class DataPlane:
             log.exception("unhandled error on %s %s", request.method, path)
             return ProxyError(500, "internal proxy error", code="internal_error").response(_dialect_for(path))
 
-    def _resolve(self, method: str, path: str) -> Callable[[web.BaseRequest], Awaitable[web.StreamResponse]]:
+    def _resolve(self, method: str, path: str) -> Handler:
         exact = self._exact.get((method, path))
         if exact is not None:
             return exact

@@ -227,11 +227,10 @@ class Router:
 
     def _only(self, candidate: Candidate) -> RouteDecision:
         """The decision when nothing can be compared or refused (no load tracked: the estimate is the prefill)."""
-        uncached = max(0, candidate.total_tokens - candidate.cached_tokens)
-        prefill = self.loads[candidate.replica].prefill.seconds(uncached, candidate.cached_tokens)
-        return RouteDecision(replica=candidate.replica, estimated_ttft_s=prefill,
-                             cached_tokens=candidate.cached_tokens, uncached_tokens=uncached, prefill_s=prefill,
-                             reason="ttft")
+        ttft, prefill = self.estimate(candidate)
+        return RouteDecision(replica=candidate.replica, estimated_ttft_s=ttft, cached_tokens=candidate.cached_tokens,
+                             uncached_tokens=max(0, candidate.total_tokens - candidate.cached_tokens),
+                             prefill_s=prefill, reason="ttft")
 
     # --- bookkeeping ---------------------------------------------------------------------------------------
 

@@ -2,17 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
-
 import aiohttp
 from aiohttp import web
 
+from proxy.routes.handler import Handler
 from proxy.runtime import Runtime
 
-HealthHandler = Callable[[web.BaseRequest], Awaitable[web.StreamResponse]]
 
-
-def health_handlers(rt: Runtime) -> tuple[HealthHandler, HealthHandler]:
+def health_handlers(rt: Runtime) -> tuple[Handler, Handler]:
     """``(healthz, readyz)``."""
 
     async def healthz(_: web.BaseRequest) -> web.StreamResponse:
