@@ -29,10 +29,9 @@ import asyncio
 import contextlib
 import functools
 import logging
-import multiprocessing
 import time
 from collections.abc import Callable, Iterable
-from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import TypeVar
 
@@ -40,6 +39,7 @@ import numpy as np
 import numpy.typing as npt
 
 from tiers.cold.database import ColdCounters, ColdDatabase, ColdEntry
+from tiers.cold.train_process import train_in_child
 from tiers.cold.vectors import to_float16_bytes
 from tiers.compression import train_dictionary
 from tiers.policies.base import EvictionPolicy
@@ -232,15 +232,11 @@ class ColdStore:
 
 
 async def _train_elsewhere(samples: list[bytes]) -> bytes:
-    """Train in a short-lived subprocess: seconds of pure-Python CPU there do not hold this process's GIL
-    (which would stall the event loop). Falls back to a thread where processes cannot be started."""
-    loop = asyncio.get_running_loop()
+    """Train in a short-lived child process (:mod:`tiers.cold.train_process`): seconds of pure-Python CPU there
+    do not hold this process's GIL (which would stall the event loop). Falls back to a thread where processes
+    cannot be started."""
     try:
-        pool = ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn"))
-        try:
-            return await loop.run_in_executor(pool, train_dictionary, samples)
-        finally:
-            await asyncio.to_thread(pool.shutdown)
+        return await train_in_child(samples)
     except (OSError, RuntimeError) as error:
         log.warning("dictionary training in a subprocess failed (%s); training in a thread", error)
         return await asyncio.to_thread(train_dictionary, samples)
