@@ -103,11 +103,16 @@ class Server(_Section):
 class RoutingSettings(_Section):
     enabled: bool = Field(default=True, description="Knowledge tree, document order, prefix hints, TTFT routing")
     ttft_slo_s: float | None = Field(default=None, gt=0, description="Answer 429 when no replica can start sooner")
-    order: Literal["preserve", "reuse"] = Field(
-        default="preserve", description="preserve: retrieval order; reuse: follow the longest cached path"
+    order: Literal["preserve", "reuse", "shift"] = Field(
+        default="preserve",
+        description="preserve: retrieval order; reuse: follow the longest cached path; shift: reuse, and llama.cpp "
+                    "may also reuse cached documents outside the prefix (approximate)",
     )
-    namespace_orders: dict[str, Literal["preserve", "reuse"]] = Field(
+    namespace_orders: dict[str, Literal["preserve", "reuse", "shift"]] = Field(
         default_factory=dict, description="Order policy per namespace"
+    )
+    shift_min_tokens: int = Field(
+        default=64, ge=1, description="shift: shortest cached run llama.cpp moves instead of recomputing"
     )
     queue_max_wait_s: float = Field(default=30.0, gt=0, description="Longest wait for a replica's concurrency slot")
     starvation_window_s: float = Field(default=2.0, ge=0, description="Cache-aware queue order yields after this")

@@ -257,12 +257,15 @@ async def fixed_cost_ms(url: str, repeats: int = 5) -> float:
     return statistics.median(times) * 1000
 
 
-async def direct_samples(urls: list[str], work: Workload) -> AsyncGenerator[Sample, None]:
-    """One sample per request, sent the way an app does without the proxy."""
+async def direct_samples(urls: list[str], work: Workload, shift: int = 0) -> AsyncGenerator[Sample, None]:
+    """One sample per request, sent the way an app does without the proxy (with ``n_cache_reuse: shift`` when
+    ``shift`` > 0: what that llama.cpp option does without the proxy's order and routing)."""
     async with httpx.AsyncClient(timeout=120) as client:
         for i, (indices, question) in enumerate(work.requests):
             docs = [work.documents[j] for j in indices]
             body = _body(render(work.system, docs, question))
+            if shift:
+                body["n_cache_reuse"] = shift
             started = time.perf_counter()
             response = await client.post(urls[i % len(urls)] + "/v1/chat/completions", json=body)
             elapsed = time.perf_counter() - started
@@ -272,7 +275,7 @@ async def direct_samples(urls: list[str], work: Workload) -> AsyncGenerator[Samp
 
 
 async def proxy_samples(
-    urls: list[str], work: Workload, slots: int, ctx_per_slot: int
+    urls: list[str], work: Workload, slots: int, ctx_per_slot: int, policy: OrderPolicy = OrderPolicy.REUSE
 ) -> AsyncGenerator[Sample, None]:
     """One sample per request, sent through the Shape and Route stages."""
     models = [PrefillModel(PrefillCoefficients(0.02, 0.0006, 0.0), min_observations=4) for _ in urls]
@@ -305,7 +308,7 @@ async def proxy_samples(
             return Reply(response.status_code, body=response.content)
 
         pipeline = Pipeline(
-            [Shape(replicas, default_policy=OrderPolicy.REUSE), Route(replicas, router)], send
+            [Shape(replicas, default_policy=policy), Route(replicas, router)], send
         )
         for i, (indices, question) in enumerate(work.requests):
             body = _body([{"role": "system", "content": work.system}, {"role": "user", "content": question}])
@@ -336,13 +339,14 @@ async def proxy_samples(
 
 
 async def run_interleaved(
-    direct_urls: list[str], proxy_urls: list[str], work: Workload, slots: int, ctx_per_slot: int
+    direct_urls: list[str], proxy_urls: list[str], work: Workload, slots: int, ctx_per_slot: int,
+    policy: OrderPolicy = OrderPolicy.REUSE, direct_shift: int = 0,
 ) -> tuple[list[Sample], list[Sample]]:
     """Each request goes direct, then through the proxy: both see the same (noisy, shared) machine."""
     direct: list[Sample] = []
     proxied: list[Sample] = []
-    direct_iter = direct_samples(direct_urls, work)
-    proxy_iter = proxy_samples(proxy_urls, work, slots, ctx_per_slot)
+    direct_iter = direct_samples(direct_urls, work, direct_shift)
+    proxy_iter = proxy_samples(proxy_urls, work, slots, ctx_per_slot, policy)
     for _ in work.requests:
         direct.append(await anext(direct_iter))
         proxied.append(await anext(proxy_iter))
@@ -388,6 +392,11 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--threads", type=int, default=1, help="llama-server threads per replica")
     parser.add_argument("--doc-words", type=int, default=200)
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--order", choices=["reuse", "shift"], default="reuse",
+                        help="the proxy's order policy (shift: approximate reuse outside the prefix, see "
+                             "proxy.kv.order)")
+    parser.add_argument("--direct-shift", type=int, default=0, metavar="N",
+                        help="the direct side sends n_cache_reuse=N too (a baseline for --order shift)")
     parser.add_argument("--verbose", action="store_true", help="print every request's TTFT and timings")
     args = parser.parse_args(argv)
     requests = args.requests or (16 if args.quick else 40)
@@ -404,7 +413,8 @@ def main(argv: list[str]) -> int:
         proxy_servers.wait_ready()
         fixed_ms = asyncio.run(fixed_cost_ms(proxy_servers.urls[-1]))
         direct, proxied = asyncio.run(
-            run_interleaved(direct_servers.urls, proxy_servers.urls, work, args.slots, ctx_per_slot)
+            run_interleaved(direct_servers.urls, proxy_servers.urls, work, args.slots, ctx_per_slot,
+                            OrderPolicy(args.order), args.direct_shift)
         )
     finally:
         direct_servers.stop()
@@ -426,6 +436,8 @@ def main(argv: list[str]) -> int:
         "documents": docs,
         "replicas": args.replicas,
         "slots_per_replica": args.slots,
+        "order": args.order,
+        "direct_n_cache_reuse": args.direct_shift,
         "mean_prompt_tokens": round(prompt_tokens),
         "fixed_cost_ms": round(fixed_ms, 1),
         **steady.summary(),

@@ -63,5 +63,5 @@ def build_kv(settings: Settings, pool: BackendPool) -> KVLayer | None:
                   default_policy=OrderPolicy(routing.order), popularity=Popularity())
     salt = routing.salt_secret.get_secret_value() if routing.salt_secret else ""
     route = Route(replicas, router, salt_secret=salt, backend_objects=pool.backends,
-                  expose_headers=routing.expose_headers)
+                  expose_headers=routing.expose_headers, shift_min_tokens=routing.shift_min_tokens)
     return KVLayer(replicas=replicas, router=router, registry=registry, shape=shape, route=route)

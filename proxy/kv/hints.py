@@ -7,7 +7,8 @@ request):
 kind            hint
 ==============  ==========================================================================================
 ``llamacpp``    ``cache_prompt: true``; ``id_slot`` only for servers without a host-memory prompt cache
-                (:class:`SlotTable` explains why)
+                (:class:`SlotTable` explains why); ``n_cache_reuse`` under the ``shift`` order policy
+                (:mod:`proxy.kv.order`)
 ``vllm``        ``cache_salt`` = hash of the tenant: prefix-cache isolation between tenants
 ``sglang``      same as ``vllm``
 ``openai``      ``prompt_cache_key`` = hash of the tree path (system prompt key + documents in order)
@@ -80,17 +81,22 @@ def build_hints(
     tenant: str = "anonymous",
     slot: int | None = None,
     salt_secret: str = "",
+    shift_min_tokens: int = 0,
 ) -> Hints:
     """Hints for a request whose prompt prefix is ``path`` (system prompt segment, then documents).
 
     An empty ``path`` (a single message, nothing before it) has no prefix to name: no ``prompt_cache_key`` and no
     ``X-Prefix-*`` headers — one key shared by every one-message prompt would send them all to one cache
-    machine of a hosted API. Isolation (``cache_salt``) and llama.cpp's slot hints still apply."""
+    machine of a hosted API. Isolation (``cache_salt``) and llama.cpp's slot hints still apply.
+    ``shift_min_tokens`` > 0 lets a llama.cpp server also reuse cached runs of at least that many tokens outside
+    the common prefix (``n_cache_reuse``)."""
     body: dict[str, Any] = {}
     if kind is BackendKind.LLAMACPP:
         body["cache_prompt"] = True
         if slot is not None:
             body["id_slot"] = slot
+        if shift_min_tokens > 0:
+            body["n_cache_reuse"] = shift_min_tokens
     elif kind in (BackendKind.VLLM, BackendKind.SGLANG):
         body["cache_salt"] = tenant_salt(tenant, salt_secret)
     if not path:

@@ -10,6 +10,16 @@ app's.
   top-k of 3-5 the effect is small next to a several-fold lower time to first token, but namespaces whose
   prompts depend on a specific order (numbered citations that the app maps back by position, chronological
   context) should keep ``preserve``.
+* ``shift`` — ``reuse``'s order, and llama.cpp replicas are also asked to reuse cached chunks that are *not* part
+  of the common prefix (``n_cache_reuse``: a run of at least ``routing.shift_min_tokens`` matching tokens found
+  later in the slot's cached prompt has its KV moved to the new position instead of being recomputed). Documents
+  that a cached prompt holds in the same relative order are then reused even after a document the cache lacks.
+  ``reuse`` puts the documents it cannot take from the cached path in a canonical order (most popular first),
+  so the documents two prompts share tend to appear in the same relative order, which is what the shift finds.
+  Trade-off: a shifted document's KV was computed after the documents that preceded it in the *cached* prompt,
+  not in this one, so the backend's answer is an approximation of a full prefill (not bit-identical); use it
+  where time to first token matters more than exact reproducibility. Only llama.cpp backends honour it; other
+  kinds get ``reuse``.
 
 The reuse search is a depth-first walk of the tree below the system prompt, restricted to the request's
 documents (at most ``search_budget`` nodes visited), so it costs little even for a wide tree.
@@ -26,6 +36,7 @@ from proxy.kv.tree import KnowledgeTree, Segment
 class OrderPolicy(Enum):
     PRESERVE = "preserve"
     REUSE = "reuse"
+    SHIFT = "shift"
 
 
 class Popularity:
@@ -69,12 +80,13 @@ def order_documents(
 ) -> list[Segment]:
     """The documents of ``ranked`` (best first) in the order the prompt should carry them.
 
-    ``reuse`` compares candidate orders by the tokens ``tree`` has cached for them: the longest cached path of
-    the request's documents (cut before the top-ranked document unless it starts the path; the top-ranked
-    document then goes last), the top-ranked document followed by the longest cached path below it, and the
-    retrieval order. Documents not on a cached path follow in order of ``popularity`` (retrieval order without
-    it). Ties go to the first candidate; with nothing cached and ``popularity`` given, the canonical order (the
-    top-ranked document first if it is also the most popular, else last) is used.
+    ``reuse`` (and ``shift``, which orders the same way) compares candidate orders by the tokens ``tree`` has
+    cached for them: the longest cached path of the request's documents (cut before the top-ranked document
+    unless it starts the path; the top-ranked document then goes last), the top-ranked document followed by the
+    longest cached path below it, and the retrieval order. Documents not on a cached path follow in order of
+    ``popularity`` (retrieval order without it). Ties go to the first candidate; with nothing cached and
+    ``popularity`` given, the canonical order (the top-ranked document first if it is also the most popular,
+    else last) is used.
     """
     docs = list(ranked)
     if policy is OrderPolicy.PRESERVE or len(docs) < 2:
@@ -116,7 +128,39 @@ def order_documents(
         tokens = cached(candidate)
         if tokens > best_tokens:
             best, best_tokens = candidate, tokens
+    if policy is OrderPolicy.SHIFT:
+        return _grouped_for_shift(best, head, tree, top)
     return best
+
+
+def shift_reusable_tokens(tree: KnowledgeTree, path: Sequence[Segment]) -> int:
+    """Tokens of ``path`` a llama.cpp server with chunk reuse probably skips: its cached prefix, then the
+    documents that follow in the latest prompt through that prefix, in that prompt's order, up to the first one
+    it lacks (the server's scan stops there)."""
+    match = tree.match(path)
+    position = {key: i for i, key in enumerate(tree.recent_continuation([s.key for s in path[:match.segments]]))}
+    tokens, last = match.tokens, -1
+    for segment in path[match.segments:]:
+        found = position.get(segment.key, -1)
+        if found <= last:
+            break
+        tokens, last = tokens + segment.tokens, found
+    return tokens
+
+
+def _grouped_for_shift(order: list[Segment], head: list[Segment], tree: KnowledgeTree, top: Segment) -> list[Segment]:
+    """``order`` with the documents after its cached path regrouped for llama.cpp's chunk reuse: first those that
+    the latest prompt through that path holds, in that prompt's order, then the others (the top-ranked document
+    stays at its edge). The server restores a prompt sharing the longest prefix, then scans it for the next
+    document of the new prompt; the scan stops at the first document that prompt lacks."""
+    on_path = tree.match([*head, *order]).segments - len(head)
+    fixed = max(on_path, 1 if order[0] is top else 0)
+    last = [top] if order[-1] is top and fixed < len(order) else []
+    movable = order[fixed:len(order) - len(last)]
+    recent = tree.recent_continuation([s.key for s in [*head, *order[:fixed]]])
+    position = {key: i for i, key in enumerate(recent)}
+    held = sorted((d for d in movable if d.key in position), key=lambda d: position[d.key])
+    return [*order[:fixed], *held, *(d for d in movable if d.key not in position), *last]
 
 
 def _best_path(tree: KnowledgeTree, prefix: list[str], allowed: dict[str, Segment], budget: int) -> list[str]:

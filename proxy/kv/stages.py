@@ -60,7 +60,7 @@ from proxy.kv.hints import (
     reported_prompt_tokens,
     reports_cache,
 )
-from proxy.kv.order import OrderPolicy, Popularity, order_documents
+from proxy.kv.order import OrderPolicy, Popularity, order_documents, shift_reusable_tokens
 from proxy.kv.plan import PromptPlan, plan_request
 from proxy.kv.prefill import PrefillModel
 from proxy.kv.router import Candidate, Reject, Router
@@ -69,6 +69,7 @@ from proxy.pipeline import Next
 
 PLAN_KEY = "kv.plan"
 ORDERS_KEY = "kv.orders"
+POLICY_KEY = "kv.policy"
 BACKEND_KEY = "backend"
 BACKEND_INDEX_KEY = "backend_index"
 UPSTREAM_HEADERS_KEY = "upstream_headers"
@@ -158,7 +159,10 @@ class Shape:
                 policy, plan.prefix, plan.documents, replica.tree, popularity=self.popularity
             ) if plan.documents else []
             path = plan.path(order)
-            cached = replica.tree.match(path).tokens
+            if policy is OrderPolicy.SHIFT and replica.kind is BackendKind.LLAMACPP:
+                cached = shift_reusable_tokens(replica.tree, path)
+            else:
+                cached = replica.tree.match(path).tokens
             if replica.slots is not None and not replica.slots.prompt_cache:
                 cached = min(cached, replica.slots.best(path)[1])  # one slot's prompt is all a request reuses
             if self.shared is not None:  # what other proxy replicas sent to this backend counts too
@@ -166,6 +170,7 @@ class Shape:
                                                                      SharedPrefixes.hashes(path)))
             orders.append(ReplicaOrder(replica.index, tuple(order), cached))
         ctx.state[PLAN_KEY] = plan
+        ctx.state[POLICY_KEY] = policy
         if plan.documents:  # tags of the stored answer: invalidating a document finds every answer that used it
             self.popularity.observe([d.key for d in plan.documents])
             ctx.state["document_ids"] = [d.key for d in plan.documents]
@@ -192,6 +197,9 @@ class RoutedRequest:
     slot_match: Match | None = None
     """llama.cpp without a prompt cache: the part of the path the chosen slot holds — what the server can reuse,
     and what its report is compared with (another slot lacking a prefix says nothing about the tree)."""
+    shifted: bool = False
+    """The backend was allowed to reuse chunks outside the common prefix (``shift`` policy): its report then
+    counts more than the prefix, so it can show a shortfall but not a surplus."""
 
 
 class Route:
@@ -207,8 +215,10 @@ class Route:
         salt_secret: str = "",
         backend_objects: Sequence[Any] | None = None,
         expose_headers: bool = False,
+        shift_min_tokens: int = 64,
     ) -> None:
         self.expose_headers = expose_headers
+        self.shift_min_tokens = shift_min_tokens
         if len(replicas) != len(router.loads):
             raise ValueError("the router must know every replica")
         if backend_objects is not None and len(backend_objects) != len(replicas):
@@ -248,6 +258,7 @@ class Route:
             slot, pinned = choice.slot, (choice.slot if choice.pin else None)
             if not replica.slots.prompt_cache:  # the server reuses only what this slot holds
                 slot_match = _prefix_match(path, choice.shared_tokens)
+        shifted = replica.kind is BackendKind.LLAMACPP and ctx.state.get(POLICY_KEY) is OrderPolicy.SHIFT
         hints = build_hints(
             replica.kind,
             path,
@@ -255,6 +266,7 @@ class Route:
             tenant=f"{ctx.tenant}~{ctx.state['user_scope']}" if "user_scope" in ctx.state else ctx.tenant,
             slot=pinned,
             salt_secret=self.salt_secret,
+            shift_min_tokens=self.shift_min_tokens if shifted else 0,
         )
         if plan.mode != "plain":
             body = plan.render_body(order)
@@ -280,7 +292,7 @@ class Route:
         self.router.admitted(ctx.request_id, decision)
         routed = RoutedRequest(
             decision.replica, path, predicted, slot, decision.estimated_ttft_s, decision.start_deadline, total,
-            slot_match,
+            slot_match, shifted,
         )
         ctx.state["kv.routed"] = routed
         return routed
@@ -297,7 +309,10 @@ class Route:
         cached = reported_cached_tokens(objects)
         if cached is not None:
             expected = routed.slot_match if routed.slot_match is not None else routed.predicted
-            replica.tree.correct(routed.path, round(cached * scale), expected)
+            prefix_cached = round(cached * scale)
+            if routed.shifted:  # shifted chunks are not prefix: no evidence of a larger cache
+                prefix_cached = min(prefix_cached, expected.tokens)
+            replica.tree.correct(routed.path, prefix_cached, expected)
             ctx.state["kv.cached_tokens_reported"] = cached
         prefill = reported_prefill(objects)
         if prefill is not None:

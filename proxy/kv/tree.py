@@ -145,6 +145,18 @@ class KnowledgeTree:
             node = child
         return node.depth_tokens
 
+    def recent_continuation(self, keys: Sequence[str]) -> list[str]:
+        """Keys below the cached path ``keys``, taking the most recently used child at each step: the rest of the
+        latest prompt sent through that prefix (empty when the path is not cached or ends at a leaf)."""
+        node: _Node | None = self._root
+        for key in keys:
+            node = node.children.get(key) if node else None
+        continuation: list[str] = []
+        while node is not None and node.children:
+            node = max(node.children.values(), key=lambda child: child.last_access)
+            continuation.append(node.key)
+        return continuation
+
     def reuse_value(self, seq: Sequence[Segment]) -> float:
         """How much later requests reused the prefixes of ``seq`` beyond its first segment (the system prompt
         every prompt shares): the largest ``(frequency - 1) * tokens`` over them, 0 for a one-off prompt."""

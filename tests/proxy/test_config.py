@@ -56,6 +56,8 @@ def test_secrets_are_masked_by_check_config() -> None:
     (["--set", "upstreams.read_timeout_s=-1"], {}, "upstreams.read_timeout_s"),
     (["--set", "novalue"], {}, "novalue"),
     ([], {"RAGPROXY_LOGGING__LEVEL": "loud"}, "logging.level"),
+    (["--set", "routing.order=shuffle"], {}, "routing.order"),
+    (["--set", "routing.shift_min_tokens=0"], {}, "routing.shift_min_tokens"),
 ])
 def test_invalid_config_exits_2_naming_the_key(args: list[str], env: dict[str, str], key: str) -> None:
     result = _cli("check-config", *args, env=env)

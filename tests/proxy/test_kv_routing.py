@@ -106,6 +106,14 @@ def test_backend_hints(replicas: list[FakeLLM], kind: str, field: str) -> None:
     assert sent.headers["X-Prefix-Docs"] == "d0,d1"
 
 
+def test_shift_order_asks_llamacpp_to_reuse_chunks_outside_the_prefix(replicas: list[FakeLLM]) -> None:
+    settings = _settings(replicas, kind="llamacpp", **{"routing.order": "shift", "routing.shift_min_tokens": 48})
+    with ProxyServer(settings) as server:
+        assert httpx.post(server.url + CHAT, json=_structured(DOCS[:2], "q")).status_code == 200
+    (sent,) = [entry for r in replicas for entry in r.log.for_path(CHAT)]
+    assert sent.json()["n_cache_reuse"] == 48 and sent.json()["cache_prompt"] is True
+
+
 def test_routing_headers_are_hidden_by_default_and_salts_follow_private_scopes(replicas: list[FakeLLM]) -> None:
     """The tree is shared by tenants, so its estimate stays internal unless configured; ``cache_salt`` separates
     users in a private namespace and not in an ordinary one."""

@@ -26,6 +26,13 @@ def test_llamacpp_gets_cache_prompt_and_slot() -> None:
     assert hints.headers == {"X-Prefix-Hash": path_hash(["p:s", "d1", "d2"]), "X-Prefix-Docs": "d1,d2"}
 
 
+def test_shift_asks_llamacpp_to_reuse_chunks_outside_the_prefix_and_nobody_else() -> None:
+    assert build_hints(BackendKind.LLAMACPP, PATH, shift_min_tokens=64).body == {
+        "cache_prompt": True, "n_cache_reuse": 64}
+    for kind in (BackendKind.VLLM, BackendKind.SGLANG, BackendKind.OPENAI, BackendKind.GENERIC):
+        assert "n_cache_reuse" not in build_hints(kind, PATH, shift_min_tokens=64).body
+
+
 def test_vllm_and_sglang_get_a_per_tenant_salt() -> None:
     a = build_hints(BackendKind.VLLM, PATH, tenant="a").body["cache_salt"]
     b = build_hints(BackendKind.SGLANG, PATH, tenant="b").body["cache_salt"]

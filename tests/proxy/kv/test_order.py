@@ -8,7 +8,7 @@ import itertools
 from hypothesis import given
 from hypothesis import strategies as st
 
-from proxy.kv.order import OrderPolicy, Popularity, order_documents
+from proxy.kv.order import OrderPolicy, Popularity, order_documents, shift_reusable_tokens
 from proxy.kv.tree import KnowledgeTree, Segment
 
 SYS = Segment("p:s", 50)
@@ -97,3 +97,28 @@ def test_reuse_puts_uncached_documents_in_popularity_order_with_top_at_an_edge()
     assert keys(order) == ["c", "b", "a"]  # nothing cached: canonical order, top (a) is not the most popular
     order = order_documents(OrderPolicy.REUSE, SYS, segs("c", "a", "b"), tree, popularity=popularity)
     assert keys(order) == ["c", "b", "a"]  # top (c) is the most popular: first
+
+
+def test_shift_puts_the_documents_the_latest_prompt_holds_before_those_it_lacks() -> None:
+    # cached: S a x c b (older) and S a y d (latest through a); request: top e, then d, b, c
+    tree = tree_with(segs("a", "x", "c", "b"), segs("a", "y", "d"))
+    ranked = segs("e", "a", "c", "b", "d")
+    reuse = order_documents(OrderPolicy.REUSE, SYS, ranked, tree)
+    shift = order_documents(OrderPolicy.SHIFT, SYS, ranked, tree)
+    assert keys(reuse)[0] == keys(shift)[0] == "a" and keys(shift)[-1] == "e"  # same cached path, top at the end
+    assert keys(shift) == ["a", "d", "c", "b", "e"]  # d (in the latest prompt through a) first, then the others
+    assert sorted(keys(shift)) == sorted(keys(reuse))
+
+
+def test_shift_keeps_a_leading_top_document_first() -> None:
+    tree = tree_with(segs("b", "c"), segs("q", "c", "b"))
+    shift = order_documents(OrderPolicy.SHIFT, SYS, segs("q", "b", "c"), tree)
+    assert keys(shift) == ["q", "c", "b"]
+
+
+def test_shift_reusable_tokens_follow_the_latest_prompt_up_to_the_first_document_it_lacks() -> None:
+    tree = tree_with(segs("a", "x", "c", "b"), segs("a", "y", "d", "c"))  # latest through a: y d c
+    assert shift_reusable_tokens(tree, [SYS, *segs("a", "d", "c", "b")]) == 50 + 3 * 300  # b is not after c
+    assert shift_reusable_tokens(tree, [SYS, *segs("a", "c", "d")]) == 50 + 2 * 300  # d comes before c there
+    assert shift_reusable_tokens(tree, [SYS, *segs("a", "e", "d")]) == 50 + 300  # the scan stops at e
+    assert shift_reusable_tokens(tree, [SYS, *segs("a", "y")]) == tree.match([SYS, *segs("a", "y")]).tokens

@@ -157,6 +157,33 @@ async def test_reported_cache_shortfall_corrects_the_tree_and_feeds_the_prefill_
     assert reps[0].tree.capacity_tokens < capacity
 
 
+async def test_shift_orders_like_reuse_and_asks_llamacpp_for_chunk_reuse() -> None:
+    reps, router = replicas(1)
+    backend = LlamaDouble()
+    shape = Shape(reps, default_policy=OrderPolicy.REUSE, policies={"fast": OrderPolicy.SHIFT})
+    pipeline = Pipeline([shape, Route(reps, router, shift_min_tokens=32)], backend)
+    await pipeline(ctx_for(structured("a", "b", "c"), 1))
+    plain, shifted = ctx_for(structured("c", "a", "b"), 2), ctx_for(structured("c", "a", "b"), 3)
+    shifted.namespace = "fast"
+    await pipeline(plain)
+    await pipeline(shifted)
+    assert "n_cache_reuse" not in backend.bodies[1]
+    assert backend.bodies[2]["n_cache_reuse"] == 32
+    assert doc_order(backend.bodies[2]) == doc_order(backend.bodies[1]) == ["a", "b", "c"]
+
+
+@pytest.mark.parametrize(("policy", "grows"), [(OrderPolicy.REUSE, True), (OrderPolicy.SHIFT, False)])
+async def test_reuse_beyond_the_prefix_grows_the_tree_only_when_nothing_was_shifted(
+    policy: OrderPolicy, grows: bool
+) -> None:
+    reps, router = replicas(1)
+    backend = LlamaDouble(cache_n=10_000)  # the backend reused nearly all of a prompt the tree had never seen
+    pipeline = Pipeline([Shape(reps, default_policy=policy), Route(reps, router)], backend)
+    capacity = reps[0].tree.capacity_tokens
+    await pipeline(ctx_for(structured("a", "b"), 1))
+    assert (reps[0].tree.capacity_tokens > capacity) is grows
+
+
 async def test_a_one_message_prompt_keeps_its_bytes_and_a_system_prompt_names_its_prefix() -> None:
     model = PrefillModel(PrefillCoefficients(0.0, 0.0001, 0.0))
     replica = Replica(0, BackendKind.OPENAI, KnowledgeTree(100_000, prefill=model), model, AdmissionQueue(2), None)
