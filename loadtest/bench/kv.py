@@ -12,12 +12,11 @@ machine), to two separate sets of 2 fresh llama-server replicas (each with ``--s
 * direct — what an app does without ragproxy: documents rendered in retrieval order (the same byte-stable
   template as the proxy's, so only order, routing and hints differ), replicas taken in round-robin, server defaults;
 * proxy — the request carries its documents as ``ragproxy.documents`` and goes through the proxy's ``Shape``
-  (``reuse`` order) and ``Route`` stages (knowledge tree per replica, TTFT router, llama.cpp ``cache_prompt``
-  hint — these servers keep prompts in host memory, so the slot is theirs to pick, see
-  :class:`~proxy.kv.hints.SlotTable` — tree correction from ``timings.cache_n``, slots and capacity read from
-  ``/slots``), run
-  in-process as a pipeline whose terminal sends the shaped body to the chosen replica (the HTTP front is not
-  involved).
+  (``reuse`` order, or ``shift`` with ``--order shift``) and ``Route`` stages (knowledge tree per replica, TTFT
+  router, llama.cpp ``cache_prompt`` hint — these servers keep prompts in host memory, so the slot is theirs to
+  pick, see :class:`~proxy.kv.hints.SlotTable` — tree correction from ``timings.cache_n``, slots and capacity
+  read from ``/slots``), run in-process as a pipeline whose terminal sends the shaped body to the chosen replica
+  (the HTTP front is not involved).
 
 Two phases, both sent to both sides: ``--warmup`` requests (default: as many as are measured), then the measured
 requests. The headline ``ttft_speedup`` is the measured phase — steady state, what an app that keeps the proxy in
