@@ -159,7 +159,7 @@ class Shape:
                 policy, plan.prefix, plan.documents, replica.tree, popularity=self.popularity
             ) if plan.documents else []
             path = plan.path(order)
-            if policy is OrderPolicy.SHIFT and replica.kind is BackendKind.LLAMACPP:
+            if _shifts(replica, policy):
                 cached = shift_reusable_tokens(replica.tree, path)
             else:
                 cached = replica.tree.match(path).tokens
@@ -258,7 +258,7 @@ class Route:
             slot, pinned = choice.slot, (choice.slot if choice.pin else None)
             if not replica.slots.prompt_cache:  # the server reuses only what this slot holds
                 slot_match = _prefix_match(path, choice.shared_tokens)
-        shifted = replica.kind is BackendKind.LLAMACPP and ctx.state.get(POLICY_KEY) is OrderPolicy.SHIFT
+        shifted = _shifts(replica, ctx.state.get(POLICY_KEY))
         hints = build_hints(
             replica.kind,
             path,
@@ -409,6 +409,11 @@ class Route:
 
         reply.on_finish(on_finish)
         return reply
+
+
+def _shifts(replica: Replica, policy: OrderPolicy | None) -> bool:
+    """Whether the replica is asked to reuse cached chunks outside the prefix (only llama.cpp can)."""
+    return policy is OrderPolicy.SHIFT and replica.kind is BackendKind.LLAMACPP
 
 
 def _prefix_match(path: Sequence[Segment], tokens: int) -> Match:

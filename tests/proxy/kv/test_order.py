@@ -110,10 +110,11 @@ def test_shift_puts_the_documents_the_latest_prompt_holds_before_those_it_lacks(
     assert sorted(keys(shift)) == sorted(keys(reuse))
 
 
-def test_shift_keeps_a_leading_top_document_first() -> None:
-    tree = tree_with(segs("b", "c"), segs("q", "c", "b"))
-    shift = order_documents(OrderPolicy.SHIFT, SYS, segs("q", "b", "c"), tree)
-    assert keys(shift) == ["q", "c", "b"]
+def test_shift_keeps_a_leading_top_document_first_and_regroups_behind_it() -> None:
+    tree = tree_with(segs("q", "x", "c", "b"))  # below q the cached prompt holds x, then c, then b
+    ranked = segs("q", "b", "c")
+    assert keys(order_documents(OrderPolicy.REUSE, SYS, ranked, tree)) == ["q", "b", "c"]
+    assert keys(order_documents(OrderPolicy.SHIFT, SYS, ranked, tree)) == ["q", "c", "b"]
 
 
 def test_shift_reusable_tokens_follow_the_latest_prompt_up_to_the_first_document_it_lacks() -> None:
