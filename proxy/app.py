@@ -1,11 +1,11 @@
-"""The data plane: one request handler for aiohttp's low-level server, routing by path to the pipelines.
+"""The data plane: one request handler for the data plane's server (:mod:`proxy.server`), routing by path to the
+pipelines.
 
-Why not an ``aiohttp.web.Application``: the data plane has a dozen fixed routes, and an application's router,
-middleware chain and per-request match info cost about as much CPU per request as the whole pass-through
-pipeline (``python -m loadtest.bench overhead``; BENCHMARKS.md). :class:`DataPlane` resolves a request with one
-dict lookup and a few prefix tests, and turns everything that is not a pipeline's answer — an unknown path (404),
-a wrong method (405), an unexpected exception (500, logged) — into JSON in the route's dialect, never a traceback.
-The admin API, with its many routes and its authentication middleware, stays an application on its own port.
+:class:`DataPlane` resolves a request with one dict lookup and a few prefix tests (the data plane has a dozen
+fixed routes; a router and a middleware chain would cost more per request than the pass-through pipeline), and
+turns everything that is not a pipeline's answer — an unknown path (404), a wrong method (405), an unexpected
+exception (500, logged by the server) — into JSON in the route's dialect, never a traceback. The admin API, with
+its many routes and its authentication middleware, is an aiohttp application on its own port.
 
 Routes: ``POST /v1/chat/completions``, ``/v1/completions``, ``/v1/embeddings`` run their pipelines; any other
 ``/v1/...`` is passed through (any method, those three paths with another method too); ``GET /healthz`` and
@@ -14,10 +14,7 @@ Routes: ``POST /v1/chat/completions``, ``/v1/completions``, ``/v1/embeddings`` r
 
 from __future__ import annotations
 
-import logging
 import re
-
-from aiohttp import web
 
 from proxy.assembly import build_pipelines
 from proxy.config import Settings
@@ -26,8 +23,9 @@ from proxy.pipeline import Pipeline
 from proxy.routes.handler import Handler, make_handler
 from proxy.routes.health import health_handlers
 from proxy.runtime import Runtime
-
-log = logging.getLogger("ragproxy.app")
+from proxy.server.connection import HttpServer
+from proxy.server.request import Request
+from proxy.server.responder import Responder
 
 # Qdrant REST paths the proxy forwards (everything else outside /v1 is a 404 of ours).
 _QDRANT_PREFIXES = ("/collections", "/aliases", "/cluster", "/telemetry", "/snapshots", "/locks", "/issues")
@@ -39,7 +37,12 @@ def _dialect_for(path: str) -> Dialect:
     return Dialect.OPENAI if path.startswith("/v1") else Dialect.QDRANT
 
 
-def _safe_qdrant_path(request: web.BaseRequest) -> str:
+def _error_body(path: str, status: int, message: str, code: str) -> bytes:
+    """The body of an error the server answers itself (malformed request, handler failure)."""
+    return ProxyError(status, message, code=code).body(_dialect_for(path))
+
+
+def _safe_qdrant_path(request: Request) -> str:
     """The raw path to forward, refusing dot segments and encoded slashes (no path traversal upstream)."""
     raw = request.raw_path
     lowered = raw.lower()
@@ -56,14 +59,14 @@ def _is_qdrant_path(path: str) -> bool:
 
 
 class DataPlane:
-    """The data-plane handler (``web.Server(DataPlane(settings))``); :attr:`runtime` is started and stopped by
+    """The data-plane handler (served by :func:`create_server`); :attr:`runtime` is started and stopped by
     whoever serves it (:func:`proxy.serve.serve`)."""
 
     def __init__(self, settings: Settings, runtime: Runtime | None = None) -> None:
         rt = runtime or Runtime(settings)
         rt.pipelines = build_pipelines(rt)
         self.runtime = rt
-        limit = settings.server.max_body_bytes
+        limit = self.max_body = settings.server.max_body_bytes
 
         def handler(name: str, route: str, dialect: Dialect, json_body: bool) -> Handler:
             def current() -> Pipeline:  # looked up per request: a config patch may swap the pipelines
@@ -87,21 +90,12 @@ class DataPlane:
         self._qdrant_write = handler("qdrant_write", "qdrant_write", Dialect.QDRANT, False)
         self._qdrant_other = handler("qdrant_passthrough", "qdrant", Dialect.QDRANT, False)
 
-    async def __call__(self, request: web.BaseRequest) -> web.StreamResponse:
+    async def __call__(self, request: Request, out: Responder) -> None:
         path = request.path
         try:
-            return await self._resolve(request.method, path)(request)
+            await self._resolve(request.method, path)(request, out)
         except ProxyError as exc:
-            return exc.response(_dialect_for(path))
-        except web.HTTPException as exc:  # raised by aiohttp while reading a request
-            if exc.status < 400:
-                raise
-            return ProxyError(exc.status, exc.reason, code=exc.reason.lower().replace(" ", "_")).response(
-                _dialect_for(path)
-            )
-        except Exception:
-            log.exception("unhandled error on %s %s", request.method, path)
-            return ProxyError(500, "internal proxy error", code="internal_error").response(_dialect_for(path))
+            exc.send(out, _dialect_for(path))
 
     def _resolve(self, method: str, path: str) -> Handler:
         exact = self._exact.get((method, path))
@@ -115,18 +109,16 @@ class DataPlane:
             return self._qdrant
         raise ProxyError(404, "Not Found", code="not_found")
 
-    async def _qdrant(self, request: web.BaseRequest) -> web.StreamResponse:
-        try:
-            _safe_qdrant_path(request)
-        except ProxyError as exc:
-            return exc.response(Dialect.QDRANT)
+    async def _qdrant(self, request: Request, out: Responder) -> None:
+        _safe_qdrant_path(request)
         if request.method == "POST" and _QDRANT_SEARCH.match(request.path):
-            return await self._qdrant_search(request)
-        if request.method in _QDRANT_WRITE_METHODS:
-            return await self._qdrant_write(request)
-        return await self._qdrant_other(request)
+            await self._qdrant_search(request, out)
+        elif request.method in _QDRANT_WRITE_METHODS:
+            await self._qdrant_write(request, out)
+        else:
+            await self._qdrant_other(request, out)
 
 
-def create_server(plane: DataPlane) -> web.Server:
-    """aiohttp's low-level server around ``plane``; a client that hangs up cancels its request's handler."""
-    return web.Server(plane, handler_cancellation=True, access_log=None)
+def create_server(plane: DataPlane) -> HttpServer:
+    """The data plane's server around ``plane``; a client that hangs up cancels its request's handler."""
+    return HttpServer(plane, max_body=plane.max_body, error_body=_error_body)

@@ -18,10 +18,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
-from aiohttp import web
 from multidict import CIMultiDict
 
 from proxy.errors import ProxyError
+from proxy.server.request import Request
 
 FinishCallback = Callable[["Reply", bool, bytes], Awaitable[None]]
 EndCallback = Callable[["Reply", bool], None]
@@ -81,7 +81,7 @@ class Reply:
 class RequestContext:
     """Everything the stages know about one data-plane request."""
 
-    request: web.BaseRequest
+    request: Request
     route: str
     request_id: str
     raw_body: bytes = b""

@@ -9,7 +9,8 @@ from __future__ import annotations
 from enum import Enum
 
 import orjson
-from aiohttp import web
+
+from proxy.server.responder import Responder
 
 
 class Dialect(Enum):
@@ -66,11 +67,11 @@ class ProxyError(Exception):
         }
         return orjson.dumps({"error": error})
 
-    def response(self, dialect: Dialect, request_id: str | None = None) -> web.Response:
-        """An aiohttp response carrying this error."""
-        headers = dict(self.headers)
+    def send(self, out: Responder, dialect: Dialect, request_id: str | None = None) -> None:
+        """Answer with this error (nothing is sent when the response already started)."""
+        if out.started:
+            return
+        headers = {**self.headers, "Content-Type": "application/json"}
         if request_id:
             headers["X-Request-ID"] = request_id
-        return web.Response(
-            status=self.status, body=self.body(dialect), content_type="application/json", headers=headers
-        )
+        out.send(self.status, headers.items(), self.body(dialect))

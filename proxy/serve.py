@@ -38,15 +38,12 @@ async def serve(settings: Settings, *, ready: asyncio.Event | None = None) -> No
     plane = DataPlane(settings)
     runtime = plane.runtime
     await runtime.start()
-    runner = web.ServerRunner(create_server(plane), handle_signals=False,
-                              shutdown_timeout=settings.server.shutdown_grace_s)
-    await runner.setup()
+    server = create_server(plane)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    site = web.TCPSite(runner, settings.server.host, settings.server.port, reuse_address=True)
-    await site.start()
+    await server.start(settings.server.host, settings.server.port)
     log.info("ragproxy listening on http://%s:%d", settings.server.host, settings.server.port)
     admin_runner: web.AppRunner | None = None
     if settings.admin.enabled:
@@ -64,6 +61,6 @@ async def serve(settings: Settings, *, ready: asyncio.Event | None = None) -> No
     runtime.draining = True
     if admin_runner is not None:
         await admin_runner.cleanup()
-    await runner.cleanup()
+    await server.shutdown(settings.server.shutdown_grace_s)
     await runtime.stop()
     log.info("stopped")

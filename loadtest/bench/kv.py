@@ -60,7 +60,6 @@ from typing import Any
 import aiohttp
 import httpx
 import orjson
-from aiohttp.test_utils import make_mocked_request
 
 from normalizer.documents import Document, render, render_document
 from proxy.context import Reply, RequestContext
@@ -73,6 +72,7 @@ from proxy.kv.router import Router
 from proxy.kv.stages import Replica, Route, Shape
 from proxy.kv.tree import KnowledgeTree
 from proxy.pipeline import Pipeline
+from proxy.server.request import Request
 
 ROOT = Path(__file__).resolve().parents[2]
 CACHE = Path(os.environ.get("RAGPROXY_LLAMA_CACHE", Path.home() / ".cache" / "ragproxy"))
@@ -322,7 +322,7 @@ async def proxy_samples(
                 ]
             }
             ctx = RequestContext(
-                request=make_mocked_request("POST", "/v1/chat/completions"),
+                request=Request("POST", "/v1/chat/completions"),
                 route="chat",
                 request_id=f"kv-{i}",
                 raw_body=orjson.dumps(body),

@@ -7,39 +7,17 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import orjson
-from aiohttp import web
 
 from proxy.context import RequestContext
 from proxy.errors import Dialect, ProxyError
 from proxy.headers import request_id
 from proxy.pipeline import Pipeline
 from proxy.routes.respond import respond
+from proxy.server.request import Request
+from proxy.server.responder import Responder
 
-Handler = Callable[[web.BaseRequest], Awaitable[web.StreamResponse]]
+Handler = Callable[[Request, Responder], Awaitable[None]]
 Observer = Callable[[RequestContext, int, float], None]
-
-
-async def read_body(request: web.BaseRequest, limit: int) -> bytes:
-    """The request body, or a 413 once it passes ``limit`` bytes (checked before and while reading)."""
-    if request.content_length is not None and request.content_length > limit:
-        raise ProxyError(413, f"request body of {request.content_length} bytes exceeds the limit of {limit} bytes",
-                         code="body_too_large")
-    if request.content_length is not None:  # the common case: one read (aiohttp stops at the declared length)
-        body = await request.content.read(request.content_length) if request.content_length else b""
-        while len(body) < request.content_length:
-            more = await request.content.read(request.content_length - len(body))
-            if not more:
-                raise ProxyError(400, "the request body ended before its Content-Length", code="incomplete_body")
-            body += more
-        return body
-    chunks: list[bytes] = []
-    size = 0
-    async for chunk in request.content.iter_chunked(64 * 1024):
-        size += len(chunk)
-        if size > limit:
-            raise ProxyError(413, f"request body exceeds the limit of {limit} bytes", code="body_too_large")
-        chunks.append(chunk)
-    return b"".join(chunks)
 
 
 def parse_object(raw: bytes) -> dict[str, Any]:
@@ -55,7 +33,7 @@ def parse_object(raw: bytes) -> dict[str, Any]:
     return value
 
 
-def _is_json(request: web.BaseRequest) -> bool:
+def _is_json(request: Request) -> bool:
     return request.content_type in ("application/json", "") or request.content_type.endswith("+json")
 
 
@@ -66,25 +44,23 @@ def make_handler(
     *,
     max_body: int,
     json_body: bool,
-    path: Callable[[web.BaseRequest], str] | None = None,
     observe: Observer | None = None,
 ) -> Handler:
-    """An aiohttp handler that runs ``pipeline()`` (looked up per request, so a config patch can swap it) for
+    """A data-plane handler that runs ``pipeline()`` (looked up per request, so a config patch can swap it) for
     ``route``.
 
     ``json_body``: the body must be a JSON object (chat, embeddings, Qdrant searches); otherwise a JSON body is only
     checked for being well-formed when it claims to be JSON, and forwarded byte for byte.
     """
 
-    async def handle(request: web.BaseRequest) -> web.StreamResponse:
+    async def handle(request: Request, out: Responder) -> None:
         started = time.perf_counter()
         rid = request_id(request.headers.get("X-Request-ID"))
         ctx: RequestContext | None = None
         try:
-            # The origin-form path and query only: an absolute-form target (``POST http://host/v1/...``) must not
-            # reach the upstream URL, which is the configured base followed by this.
-            upstream_path = path(request) if path is not None else str(request.rel_url)
-            raw = await read_body(request, max_body) if request.can_read_body else b""
+            if request.body_too_large:
+                raise ProxyError(413, f"request body exceeds the limit of {max_body} bytes", code="body_too_large")
+            raw = request.body
             body: dict[str, Any] | None = None
             if json_body:
                 body = parse_object(raw)
@@ -95,7 +71,7 @@ def make_handler(
                     raise ProxyError(400, f"the request body is not valid JSON: {exc}", code="invalid_json") from None
             ctx = RequestContext(
                 request=request, route=route, request_id=rid, raw_body=raw, body=body,
-                upstream_path=upstream_path, method=request.method,
+                upstream_path=request.raw_path, method=request.method,
                 stream=bool(body.get("stream")) if body is not None else False,
             )
             reply = await pipeline()(ctx)
@@ -104,9 +80,10 @@ def make_handler(
                 failed = ctx or RequestContext(request=request, route=route, request_id=rid)
                 failed.cache_status = failed.cache_status or "ERROR"
                 observe(failed, exc.status, time.perf_counter() - started)
-            return exc.response(dialect, rid)
+            exc.send(out, dialect, rid)
+            return
         try:
-            return await respond(request, ctx, reply, dialect)
+            await respond(out, ctx, reply, dialect)
         finally:  # also when the client hung up and the handler is being cancelled
             if observe is not None:
                 observe(ctx, reply.status, time.perf_counter() - started)

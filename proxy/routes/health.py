@@ -3,19 +3,23 @@
 from __future__ import annotations
 
 import aiohttp
-from aiohttp import web
+import orjson
 
 from proxy.routes.handler import Handler
 from proxy.runtime import Runtime
+from proxy.server.request import Request
+from proxy.server.responder import Responder
+
+_JSON = (("Content-Type", "application/json"),)
 
 
 def health_handlers(rt: Runtime) -> tuple[Handler, Handler]:
     """``(healthz, readyz)``."""
 
-    async def healthz(_: web.BaseRequest) -> web.StreamResponse:
-        return web.json_response({"status": "ok"})
+    async def healthz(_: Request, out: Responder) -> None:
+        out.send(200, _JSON, b'{"status":"ok"}')
 
-    async def readyz(_: web.BaseRequest) -> web.StreamResponse:
+    async def readyz(_: Request, out: Responder) -> None:
         checks: dict[str, str] = {}
         if rt.draining:
             checks["server"] = "draining"
@@ -31,7 +35,7 @@ def health_handlers(rt: Runtime) -> tuple[Handler, Handler]:
             except (aiohttp.ClientError, TimeoutError) as exc:
                 checks["qdrant"] = f"unreachable ({exc.__class__.__name__})"
         ready = all(value == "ok" for value in checks.values())
-        return web.json_response({"status": "ready" if ready else "not ready", "checks": checks},
-                                 status=200 if ready else 503)
+        out.send(200 if ready else 503, _JSON,
+                 orjson.dumps({"status": "ready" if ready else "not ready", "checks": checks}))
 
     return healthz, readyz

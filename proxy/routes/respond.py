@@ -2,6 +2,9 @@
 
 After the last byte (or a failure) the reply's finish callbacks run: with ``ok=True`` only when the client received a
 complete, normally ended response — an aborted stream is never stored or settled as complete.
+
+When the upstream breaks off a stream, an OpenAI route sends an SSE error event (which the SDKs raise) and ends
+the response; any other route closes the connection mid-body, so the client sees the response is incomplete.
 """
 
 from __future__ import annotations
@@ -11,10 +14,10 @@ import contextlib
 import logging
 
 import orjson
-from aiohttp import web
 
 from proxy.context import Reply, RequestContext
 from proxy.errors import Dialect
+from proxy.server.responder import Responder
 from proxy.upstream.client import UpstreamStreamError
 
 log = logging.getLogger("ragproxy.respond")
@@ -57,34 +60,32 @@ async def drain_finishers(wait_s: float) -> None:
         await asyncio.wait(list(_unfinished), timeout=wait_s)
 
 
-async def respond(request: web.BaseRequest, ctx: RequestContext, reply: Reply, dialect: Dialect) -> web.StreamResponse:
+async def respond(out: Responder, ctx: RequestContext, reply: Reply, dialect: Dialect) -> None:
     """Send ``reply`` with the context's extra headers."""
     headers = reply.headers
     headers.update(ctx.response_headers)
     headers["X-Request-ID"] = ctx.request_id
     if reply.chunks is None:
         body = reply.body or b""
-        complete = web.Response(status=reply.status, body=body, headers=headers)
-        await complete.prepare(request)
-        await complete.write_eof()
+        out.send(reply.status, headers.items(), body)
         await _finish(reply, 200 <= reply.status < 300, body)
-        return complete
+        return
 
-    response = web.StreamResponse(status=reply.status, headers=headers)
     collected: list[bytes] | None = [] if reply.wants_body else None
-    ok = False
+    ok = terminate = False
     try:
-        await response.prepare(request)
+        out.start(reply.status, headers.items())
         async for chunk in reply.chunks:
-            await response.write(chunk)
+            await out.write(chunk)
             if collected is not None:
                 collected.append(chunk)
         ok = True
     except UpstreamStreamError as exc:
         log.warning("stream from upstream broke off: %s", exc)
-        if dialect is Dialect.OPENAI:
+        if dialect is Dialect.OPENAI:  # the SDKs raise the error event; elsewhere a cut-off body says it
             with contextlib.suppress(ConnectionError):
-                await response.write(_error_event(str(exc)))
+                await out.write(_error_event(str(exc)))
+                terminate = True
     except ConnectionError:
         log.info("client went away mid-stream (request %s)", ctx.request_id)
     finally:
@@ -92,6 +93,5 @@ async def respond(request: web.BaseRequest, ctx: RequestContext, reply: Reply, d
         if aclose is not None:
             await aclose()
         await _finish(reply, ok and 200 <= reply.status < 300, b"".join(collected or ()))
-    if ok:
-        await response.write_eof()
-    return response
+    if ok or terminate:
+        out.end()

@@ -16,10 +16,9 @@ from proxy.upstream.client import UpstreamClient, UpstreamError
 
 def _headers_for(ctx: RequestContext, auth: dict[str, str], trust_forwarded: bool) -> CIMultiDict[str]:
     request = ctx.request
-    peer = request.transport.get_extra_info("peername") if request.transport else None
     headers = upstream_request_headers(
         request.headers,
-        client_ip=peer[0] if isinstance(peer, tuple) else None,
+        client_ip=request.peer,
         scheme=request.scheme,
         host=request.host,
         request_id=ctx.request_id,

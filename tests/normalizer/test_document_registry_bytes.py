@@ -8,10 +8,10 @@ import random
 import tracemalloc
 
 import orjson
-from aiohttp.test_utils import make_mocked_request
 
 from normalizer.documents import DocumentRegistry, entry_bytes
 from proxy.context import Reply, RequestContext
+from proxy.server.request import Request
 from proxy.stages.retrieval import RegisterDocuments
 
 CAP = 1024 * 1024
@@ -44,7 +44,7 @@ def test_a_flood_of_large_search_payloads_stays_under_the_byte_cap() -> None:
             async def answer(ctx: RequestContext, body: bytes = body) -> Reply:
                 return Reply(status=200, body=body)
 
-            ctx = RequestContext(request=make_mocked_request("POST", "/collections/docs/points/search"),
+            ctx = RequestContext(request=Request("POST", "/collections/docs/points/search"),
                                  route="qdrant_search", request_id="r")
             asyncio.run(stage(ctx, answer))
             assert registry.bytes <= CAP

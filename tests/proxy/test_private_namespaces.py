@@ -17,13 +17,13 @@ from typing import Any
 
 import httpx
 import pytest
-from aiohttp.test_utils import make_mocked_request
 
 from normalizer.bypass import BypassSettings
 from normalizer.cache_control import CacheDefaults, cache_policy
 from normalizer.canonical import KeyScope, user_digest
 from proxy.config import ConfigError, Settings
 from proxy.context import Reply, RequestContext
+from proxy.server.request import Request
 from proxy.stages.cache_policy import USER_SCOPE, Canonicalize, asks_private
 from tests.fakes.llm_server import FakeLLM
 from tests.support.proxy_server import ProxyServer, proxy_settings
@@ -239,7 +239,7 @@ def test_user_scope_is_recorded_even_when_the_request_bypasses_the_cache() -> No
 
     seen: dict[tuple[str, str], Any] = {}
     for user, namespace in (("alice", "mine"), ("bob", "mine"), ("alice", "team")):
-        ctx = RequestContext(request=make_mocked_request("POST", CHAT), route="chat", request_id="r",
+        ctx = RequestContext(request=Request("POST", CHAT), route="chat", request_id="r",
                              body={"model": "m", "messages": [], "surprise": 1}, tenant="acme", user=user,
                              namespace=namespace)
         ctx.state["cache_policy"] = cache_policy({}, None, CacheDefaults())

@@ -16,11 +16,11 @@ from typing import Any
 import httpx
 import numpy as np
 import pytest
-from aiohttp.test_utils import make_mocked_request
 
 from normalizer.documents import DocumentRegistry
 from normalizer.search_request import SearchItem
 from proxy.context import Reply, RequestContext
+from proxy.server.request import Request
 from proxy.stages.coalesce import Coalesce
 from proxy.stats import COST_MEMORY, RequestStats
 from tests.fakes.llm_server import FakeLLM
@@ -67,7 +67,7 @@ def test_chunked_body_past_the_limit_is_413_without_reaching_upstream(fake_llm_t
 
 
 def _ctx(key: str) -> RequestContext:
-    ctx = RequestContext(request=make_mocked_request("POST", CHAT), route="chat", request_id=key)
+    ctx = RequestContext(request=Request("POST", CHAT), route="chat", request_id=key)
     ctx.state["key"] = key
     return ctx
 

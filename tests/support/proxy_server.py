@@ -19,6 +19,7 @@ from aiohttp import web
 from proxy.app import DataPlane, create_server
 from proxy.config import Settings, load_settings
 from proxy.runtime import Runtime
+from proxy.server.connection import HttpServer
 from tests.support.processes import free_port, wait_for_port
 
 
@@ -49,7 +50,7 @@ class ProxyServer:
         self._admin = admin
         self._admin_runner: web.AppRunner | None = None
         self._loop = asyncio.new_event_loop()
-        self._runner: web.ServerRunner | None = None
+        self._server: HttpServer | None = None
         self._thread: threading.Thread | None = None
         self.plane: DataPlane | None = None
 
@@ -73,9 +74,8 @@ class ProxyServer:
     async def _start(self) -> None:
         self.plane = DataPlane(self.settings, self._runtime)
         await self.plane.runtime.start()
-        self._runner = web.ServerRunner(create_server(self.plane), shutdown_timeout=2.0)
-        await self._runner.setup()
-        await web.TCPSite(self._runner, "127.0.0.1", self.settings.server.port).start()
+        self._server = create_server(self.plane)
+        await self._server.start("127.0.0.1", self.settings.server.port)
         if self._admin:
             from admin.app import create_admin_app
 
@@ -94,8 +94,8 @@ class ProxyServer:
                  tb: TracebackType | None) -> None:
         if self._admin_runner is not None:
             self.call(self._admin_runner.cleanup())
-        if self._runner is not None:
-            self.call(self._runner.cleanup())
+        if self._server is not None:
+            self.call(self._server.shutdown(2.0))
         if self.plane is not None:
             self.call(self.plane.runtime.stop())
         self._loop.call_soon_threadsafe(self._loop.stop)

@@ -14,7 +14,6 @@ from typing import Any
 
 import orjson
 import pytest
-from aiohttp.test_utils import make_mocked_request
 from multidict import CIMultiDict
 
 from proxy.config import Settings
@@ -32,6 +31,7 @@ from proxy.credits.usage import Usage
 from proxy.errors import ProxyError
 from proxy.metrics import Metrics
 from proxy.pipeline import Pipeline
+from proxy.server.request import Request
 from tests.support.processes import RedisServer
 
 CREDIT = 1_000_000
@@ -76,7 +76,7 @@ def journaled(redis: Redis, tmp_path: Path, allowance: int) -> JournaledCreditSt
 
 
 def context(user: str, request_id: str) -> RequestContext:
-    return RequestContext(request=make_mocked_request("POST", "/v1/chat/completions"), route="chat",
+    return RequestContext(request=Request("POST", "/v1/chat/completions"), route="chat",
                           request_id=request_id, raw_body=orjson.dumps(BODY), body=dict(BODY), user=user,
                           tenant="acme")
 

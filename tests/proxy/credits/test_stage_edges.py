@@ -9,7 +9,6 @@ from typing import Any
 
 import orjson
 import pytest
-from aiohttp.test_utils import make_mocked_request
 from multidict import CIMultiDict
 
 from proxy.context import Reply, RequestContext
@@ -18,6 +17,7 @@ from proxy.credits.sqlite_store import SqliteCreditStore
 from proxy.credits.stages import Credits, SearchCredits
 from proxy.credits.store import ChargeDetails, CreditStore, LedgerFilter, ledger_entries
 from proxy.pipeline import Pipeline
+from proxy.server.request import Request
 
 CREDIT = 1_000_000
 PRICES = PriceBook(
@@ -37,7 +37,7 @@ async def store(tmp_path: Path) -> AsyncIterator[CreditStore]:
 
 def context(body: dict[str, Any], request_id: str = "req-1") -> RequestContext:
     raw = orjson.dumps(body)
-    request = make_mocked_request("POST", "/collections/docs/points/search")
+    request = Request("POST", "/collections/docs/points/search")
     return RequestContext(
         request=request,
         route="search",

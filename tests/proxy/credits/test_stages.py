@@ -7,7 +7,6 @@ project's code: ``Pipeline``, the stages, ``respond``, the stores.
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from decimal import Decimal
@@ -17,8 +16,6 @@ from typing import Any
 import openai
 import orjson
 import pytest
-from aiohttp import web
-from aiohttp.test_utils import TestServer
 from multidict import CIMultiDict
 
 from proxy.context import Reply, RequestContext
@@ -34,7 +31,10 @@ from proxy.credits.streaming import ask_upstream_for_usage
 from proxy.credits.usage import Usage
 from proxy.errors import Dialect, ProxyError
 from proxy.pipeline import Pipeline, Stage
-from proxy.routes.respond import respond
+from proxy.routes.handler import make_handler
+from proxy.server.connection import HttpServer
+from proxy.server.request import Request
+from proxy.server.responder import Responder
 from proxy.upstream.client import UpstreamStreamError
 from tests.support.processes import RedisServer, free_port
 
@@ -96,28 +96,18 @@ class UpstreamDouble:
         yield b"data: [DONE]\n\n"
 
 
-def app_for(stages: list[Stage], terminal: Callable[[RequestContext], Awaitable[Reply]]) -> web.Application:
+def server_for(stages: list[Stage], terminal: Callable[[RequestContext], Awaitable[Reply]]) -> HttpServer:
+    """The data plane's server running ``stages`` on the chat route, as the proxy does."""
     pipeline = Pipeline(stages, terminal)
+    chat = make_handler(lambda: pipeline, "chat", Dialect.OPENAI, max_body=1 << 20, json_body=True)
 
-    async def chat(request: web.Request) -> web.StreamResponse:
-        raw = await request.read()
-        ctx = RequestContext(
-            request=request,
-            route="chat",
-            request_id=uuid.uuid4().hex,
-            raw_body=raw,
-            body=orjson.loads(raw),
-            upstream_path="/v1/chat/completions",
-        )
-        try:
-            reply = await pipeline(ctx)
-        except ProxyError as exc:
-            return exc.response(Dialect.OPENAI, ctx.request_id)
-        return await respond(request, ctx, reply, Dialect.OPENAI)
+    async def route(request: Request, out: Responder) -> None:
+        if request.path != "/v1/chat/completions":
+            ProxyError(404, "Not Found").send(out, Dialect.OPENAI)
+            return
+        await chat(request, out)
 
-    app = web.Application()
-    app.router.add_post("/v1/chat/completions", chat)
-    return app
+    return HttpServer(route, max_body=1 << 20, error_body=lambda *_: b"{}")
 
 
 @dataclass
@@ -134,7 +124,7 @@ class Proxy:
 
 @pytest.fixture
 async def make_proxy(tmp_path: Path) -> AsyncIterator[Callable[..., Awaitable[Proxy]]]:
-    servers: list[TestServer] = []
+    servers: list[HttpServer] = []
     closers: list[Callable[[], Awaitable[None]]] = []
 
     async def make(
@@ -148,15 +138,16 @@ async def make_proxy(tmp_path: Path) -> AsyncIterator[Callable[..., Awaitable[Pr
         keys = keys or SqliteKeyStore(tmp_path / "credits.sqlite3")
         upstream = UpstreamDouble()
         credits = Credits(store, PRICES, fail_open=fail_open)
-        server = TestServer(app_for([Identify(keys, open_mode=open_mode), credits], upstream))
-        await server.start_server()
+        server = server_for([Identify(keys, open_mode=open_mode), credits], upstream)
+        port = free_port()
+        await server.start("127.0.0.1", port)
         servers.append(server)
         closers.extend([store.close, keys.close])
-        return Proxy(str(server.make_url("")).rstrip("/"), store, keys, upstream, credits)
+        return Proxy(f"http://127.0.0.1:{port}", store, keys, upstream, credits)
 
     yield make
     for server in servers:
-        await server.close()
+        await server.shutdown(1.0)
     for close in closers:
         await close()
 
@@ -348,10 +339,10 @@ async def test_known_keys_ride_out_a_key_store_outage_until_their_cache_expires(
         now = [1000.0]
         proxy = await make_proxy(keys=keys)
         identify = Identify(keys, key_cache_ttl_s=30, clock=lambda: now[0])
-        pipeline_app = app_for([identify, proxy.credits], proxy.upstream)
-        test_server = TestServer(pipeline_app)
-        await test_server.start_server()
-        url = str(test_server.make_url("")).rstrip("/") + "/v1"
+        pipeline_server = server_for([identify, proxy.credits], proxy.upstream)
+        port = free_port()
+        await pipeline_server.start("127.0.0.1", port)
+        url = f"http://127.0.0.1:{port}/v1"
         known, other = await keys.create("ann"), await keys.create("bob")
         await proxy.store.top_up("ann", 100 * CREDIT)
 
@@ -367,6 +358,6 @@ async def test_known_keys_ride_out_a_key_store_outage_until_their_cache_expires(
         now[0] += 31  # the cache entry expired; the store still down; a known key rides on
         await client(known.plaintext).chat.completions.create(model="m", messages=MESSAGES, max_tokens=10)
         assert len(await charges(proxy.store, "ann")) == 3
-        await test_server.close()
+        await pipeline_server.shutdown(1.0)
     finally:
         server.stop()

@@ -6,13 +6,13 @@ from collections.abc import AsyncIterator
 from itertools import pairwise
 
 import orjson
-from aiohttp.test_utils import make_mocked_request
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from proxy.context import RequestContext
 from proxy.credits.streaming import METERED, UsageChunkFilter, ask_upstream_for_usage, client_asked_for_usage
 from proxy.credits.usage import Usage, usage_from_body, usage_from_json, usage_from_stream
+from proxy.server.request import Request
 
 
 def test_openai_usage_with_cached_tokens() -> None:
@@ -110,7 +110,7 @@ async def test_a_final_chunk_with_choices_and_usage_is_kept() -> None:
 
 def chat_context(body: dict[str, object], metered: bool) -> RequestContext:
     ctx = RequestContext(
-        request=make_mocked_request("POST", "/v1/chat/completions"),
+        request=Request("POST", "/v1/chat/completions"),
         route="chat",
         request_id="r1",
         raw_body=orjson.dumps(body),

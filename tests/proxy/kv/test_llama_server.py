@@ -13,7 +13,6 @@ from typing import Any
 import httpx
 import orjson
 import pytest
-from aiohttp.test_utils import make_mocked_request
 
 from loadtest.bench.kv import Servers, make_workload
 from proxy.context import Reply, RequestContext
@@ -25,6 +24,7 @@ from proxy.kv.router import Router
 from proxy.kv.stages import Replica, Route, Shape
 from proxy.kv.tree import KnowledgeTree
 from proxy.pipeline import Pipeline
+from proxy.server.request import Request
 
 CACHE = Path.home() / ".cache" / "ragproxy"
 pytestmark = pytest.mark.llama
@@ -72,7 +72,7 @@ class Asker:
             "ragproxy": {"documents": [{"id": i, "text": text} for i, text in documents]},
         }
         ctx = RequestContext(
-            request=make_mocked_request("POST", "/v1/chat/completions"),
+            request=Request("POST", "/v1/chat/completions"),
             route="chat",
             request_id=f"t{n}",
             raw_body=orjson.dumps(body),

@@ -19,7 +19,6 @@ import aiohttp
 import httpx
 import orjson
 import pytest
-from aiohttp.test_utils import make_mocked_request
 
 from loadtest.bench.kv import Servers, make_workload
 from proxy.context import Reply, RequestContext
@@ -32,6 +31,7 @@ from proxy.kv.router import Router
 from proxy.kv.stages import Replica, Route, Shape
 from proxy.kv.tree import KnowledgeTree
 from proxy.pipeline import Pipeline
+from proxy.server.request import Request
 
 CACHE = Path.home() / ".cache" / "ragproxy"
 pytestmark = pytest.mark.llama
@@ -79,7 +79,7 @@ async def run_sequence(url: str, *, pinned: bool) -> list[dict[str, Any]]:
                 "ragproxy": {"documents": [{"id": work.documents[i].id, "text": work.documents[i].text}
                                            for i in docs]},
             }
-            ctx = RequestContext(request=make_mocked_request("POST", "/v1/chat/completions"), route="chat",
+            ctx = RequestContext(request=Request("POST", "/v1/chat/completions"), route="chat",
                                  request_id=f"s{n}", raw_body=orjson.dumps(body), body=body)
             reply = await pipeline(ctx)
             assert reply.status == 200

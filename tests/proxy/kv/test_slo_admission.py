@@ -7,7 +7,6 @@ import asyncio
 
 import orjson
 import pytest
-from aiohttp.test_utils import make_mocked_request
 
 from proxy.context import Reply, RequestContext
 from proxy.errors import ProxyError
@@ -19,6 +18,7 @@ from proxy.kv.router import Candidate, RouteDecision, Router
 from proxy.kv.stages import Replica, Route, Shape
 from proxy.kv.tree import KnowledgeTree, Match, Segment
 from proxy.pipeline import Pipeline
+from proxy.server.request import Request
 from tests.proxy.kv.clocks import Clock, models
 
 # --- the pure order ----------------------------------------------------------------------------------------
@@ -161,7 +161,7 @@ async def test_a_request_that_cannot_start_in_time_is_a_429_and_leaves_no_trace(
     def ctx(n: int, docs: str) -> RequestContext:
         body = {"model": "m", "messages": [{"role": "user", "content": f"q{n}"}],
                 "ragproxy": {"documents": [{"id": x, "text": f"text of {x} " * 30} for x in docs]}}
-        return RequestContext(request=make_mocked_request("POST", "/v1/chat/completions"), route="chat",
+        return RequestContext(request=Request("POST", "/v1/chat/completions"), route="chat",
                               request_id=f"r{n}", raw_body=orjson.dumps(body), body=body)
 
     first = asyncio.create_task(pipeline(ctx(1, "ab")))

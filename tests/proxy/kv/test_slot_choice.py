@@ -10,7 +10,7 @@ import aiohttp
 import orjson
 import pytest
 from aiohttp import web
-from aiohttp.test_utils import TestServer, make_mocked_request
+from aiohttp.test_utils import TestServer
 
 from proxy.context import Reply, RequestContext
 from proxy.kv.admission_queue import AdmissionQueue
@@ -22,6 +22,7 @@ from proxy.kv.router import ReplicaLoad, Router
 from proxy.kv.stages import Replica, Route, Shape
 from proxy.kv.tree import KnowledgeTree, Segment
 from proxy.pipeline import Pipeline
+from proxy.server.request import Request
 
 SYS = Segment("p:s", 20)
 HOT = [SYS, Segment("hot1", 400), Segment("hot2", 400)]
@@ -203,7 +204,7 @@ async def test_reports_in_backend_tokens_are_converted_before_correcting_the_tre
     docs = [{"id": n, "text": " ".join(f"{n}{i}" for i in range(150))} for n in "ab"]
     for n in range(3):
         body = {"model": "m", "messages": [{"role": "user", "content": f"q{n}"}], "ragproxy": {"documents": docs}}
-        ctx = RequestContext(request=make_mocked_request("POST", "/v1/chat/completions"), route="chat",
+        ctx = RequestContext(request=Request("POST", "/v1/chat/completions"), route="chat",
                              request_id=f"r{n}", raw_body=orjson.dumps(body), body=body)
         assert (await pipeline(ctx)).status == 200
     assert ctx.state["kv.cached_tokens_reported"] > 0

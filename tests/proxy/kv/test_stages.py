@@ -7,7 +7,6 @@ from typing import Any
 
 import orjson
 import pytest
-from aiohttp.test_utils import make_mocked_request
 
 from normalizer.documents import DocumentRegistry
 from proxy.context import Reply, RequestContext
@@ -20,6 +19,7 @@ from proxy.kv.router import Router
 from proxy.kv.stages import Replica, Route, Shape
 from proxy.kv.tree import KnowledgeTree
 from proxy.pipeline import Pipeline
+from proxy.server.request import Request
 
 DOCS = {name: " ".join(f"{name}{i}" for i in range(200)) for name in "abcd"}
 
@@ -55,7 +55,7 @@ class LlamaDouble:
 
 
 def ctx_for(body: dict[str, Any], n: int) -> RequestContext:
-    request = make_mocked_request("POST", "/v1/chat/completions")
+    request = Request("POST", "/v1/chat/completions")
     return RequestContext(
         request=request, route="chat", request_id=f"r{n}", raw_body=orjson.dumps(body), body=body
     )

@@ -1,0 +1,358 @@
+"""The data plane's HTTP/1.1 server: one :class:`Connection` protocol per client, run by :class:`HttpServer`.
+
+Why not aiohttp's server: per request it builds a request object with lazy URL parsing, a stream reader for the
+body, a response object and its payload writer, and runs them through a chain of coroutines; on this stack that
+cost about as much CPU as the proxy's whole pass-through pipeline (``python -m loadtest.bench overhead``: the
+``floor_*`` figures are a bare forwarder on this server; BENCHMARKS.md). The data plane needs a narrow part of
+HTTP/1.1 — read a request with a body of bounded size, write a complete or streamed response, keep the
+connection — so this module does that and leaves the parsing (framing, chunked bodies, keep-alive rules,
+malformed input) to httptools, the llhttp binding uvicorn uses. The admin API stays an aiohttp application.
+
+Semantics:
+
+* Bodies are read whole before the handler runs, up to ``max_body`` bytes. A larger one — declared or found
+  while reading a chunked body — reaches the handler at once as ``body_too_large`` (it answers 413); the rest is
+  read and dropped for up to ``LINGER_S`` seconds so the client gets the answer, then the connection closes.
+* ``Expect: 100-continue`` is answered with ``100 Continue`` (or straight away with the handler's 413).
+* Requests are answered in order; pipelined ones queue (reading pauses past ``MAX_QUEUED``).
+* A client that hangs up (or half-closes) cancels its request's handler; writes then raise
+  :class:`ConnectionResetError`.
+* An ``Upgrade`` request is served as plain HTTP and the connection then closes.
+* Malformed requests get a 400 (a head over ``max_head`` bytes a 431) with a JSON body from ``error_body``, then
+  the connection closes. An exception that escapes the handler is logged and answered with a 500.
+* Idle keep-alive connections close after ``keepalive_s``. :meth:`HttpServer.shutdown` stops listening, closes
+  idle connections, lets in-flight requests finish within the grace period and cancels what is left.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable
+from typing import cast
+
+import httptools
+from multidict import CIMultiDict, CIMultiDictProxy
+
+from proxy.server.request import Request
+from proxy.server.responder import Responder
+
+log = logging.getLogger("ragproxy.server")
+
+Handler = Callable[[Request, Responder], Awaitable[None]]
+ErrorBody = Callable[[str, int, str, str], bytes]
+"""``(path, status, message, code) -> JSON body`` for errors the server answers itself."""
+
+LINGER_S = 2.0
+MAX_QUEUED = 16
+_JSON = (("Content-Type", "application/json"),)
+
+
+class _Reject(Exception):
+    """Raised from a parser callback: answer ``status`` and close."""
+
+    def __init__(self, status: int, message: str, code: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+
+
+class HttpServer:
+    """Listens on one address and serves every connection with ``handler``."""
+
+    def __init__(self, handler: Handler, *, max_body: int, error_body: ErrorBody, max_head: int = 64 * 1024,
+                 keepalive_s: float = 75.0) -> None:
+        self.handler = handler
+        self.max_body = max_body
+        self.max_head = max_head
+        self.keepalive_s = keepalive_s
+        self.error_body = error_body
+        self.connections: set[Connection] = set()
+        self.shutting_down = False
+        self._servers: list[asyncio.AbstractServer] = []
+        self._all_closed = asyncio.Event()
+
+    async def start(self, host: str, port: int) -> None:
+        loop = asyncio.get_running_loop()
+        self._servers.append(await loop.create_server(lambda: Connection(self), host, port, reuse_address=True,
+                                                      backlog=1024))
+
+    async def shutdown(self, grace_s: float) -> None:
+        """Stop listening; let requests in flight finish within ``grace_s`` seconds; close everything."""
+        self.shutting_down = True
+        for server in self._servers:
+            server.close()
+        for connection in list(self.connections):
+            connection.close_when_idle()
+        if self.connections:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._all_closed.wait(), grace_s)
+        handlers = [task for connection in self.connections if (task := connection.task) is not None]
+        for connection in list(self.connections):
+            connection.abort()
+        if handlers:  # let the cancelled handlers run their cleanup
+            await asyncio.wait(handlers, timeout=1.0)
+        for server in self._servers:
+            await server.wait_closed()
+        self._servers.clear()
+
+    def forget(self, connection: Connection) -> None:
+        """``connection`` is closed."""
+        self.connections.discard(connection)
+        if self.shutting_down and not self.connections:
+            self._all_closed.set()
+
+
+class Connection(asyncio.Protocol):
+    """One client connection: parses requests, runs the handler for one at a time, writes the answers."""
+
+    def __init__(self, server: HttpServer) -> None:
+        self.server = server
+        self.parser = httptools.HttpRequestParser(self)
+        self.transport: asyncio.Transport | None = None
+        self.peer: str | None = None
+        self.closing = False
+        self._url: list[bytes] = []
+        self._headers: list[tuple[str, str]] = []
+        self._body: list[bytes] = []
+        self._size = 0
+        self._head_size = 0
+        self._dispatched = False  # the current message went to the handler before its body was read
+        self._message_done = True
+        self._queue: collections.deque[tuple[Request, Responder] | _Reject] = collections.deque()
+        self._task: asyncio.Task[None] | None = None
+        self._idle: asyncio.TimerHandle | None = None
+        self._lingering: asyncio.TimerHandle | None = None
+        self._write_paused: asyncio.Future[None] | None = None
+        self._read_paused = False
+        self._close_when_idle = False
+        self._broken = False  # a malformed request was seen: nothing after it is parsed
+
+    # -- asyncio.Protocol --
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)  # uvloop's transports do not subclass asyncio's
+        peer = transport.get_extra_info("peername")
+        self.peer = peer[0] if isinstance(peer, tuple) else None
+        self.server.connections.add(self)
+        self._arm_idle()
+
+    def data_received(self, data: bytes) -> None:
+        if self._broken or (self._lingering is not None and self._message_done):
+            return
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserUpgrade:  # served as plain HTTP (Upgrade ignored); what follows is not parsed
+            self._broken = True
+        except httptools.HttpParserCallbackError as exc:
+            cause = exc.__context__
+            self._enqueue(cause if isinstance(cause, _Reject) else _Reject(400, "malformed request", "bad_request"))
+        except httptools.HttpParserError as exc:
+            self._enqueue(_Reject(400, f"malformed request: {exc}", "bad_request"))
+
+    def eof_received(self) -> bool:
+        return False  # the client hung up: close (connection_lost cancels a request in flight)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closing = True
+        self.server.forget(self)
+        for handle in (self._idle, self._lingering):
+            if handle is not None:
+                handle.cancel()
+        if self._task is not None:
+            self._task.cancel()
+        self._queue.clear()
+        waiter = self._write_paused
+        if waiter is not None and not waiter.done():
+            waiter.set_exception(ConnectionResetError("the client closed the connection"))
+
+    def pause_writing(self) -> None:
+        if self._write_paused is None:
+            self._write_paused = asyncio.get_running_loop().create_future()
+
+    def resume_writing(self) -> None:
+        waiter, self._write_paused = self._write_paused, None
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    # -- httptools callbacks --
+
+    def on_message_begin(self) -> None:
+        self._message_done = False
+        self._dispatched = False
+        self._url.clear()
+        self._headers = []
+        self._body = []
+        self._size = 0
+        self._head_size = 0
+        if self._idle is not None:
+            self._idle.cancel()
+            self._idle = None
+
+    def on_url(self, url: bytes) -> None:
+        self._url.append(url)
+        self._grow_head(len(url))
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._grow_head(len(name) + len(value))
+        self._headers.append((name.decode("latin-1"), value.decode("utf-8", "surrogateescape")))
+
+    def on_headers_complete(self) -> None:
+        declared = next((v for n, v in self._headers if n.lower() == "content-length"), None)
+        length = int(declared) if declared is not None and declared.isdigit() else None  # llhttp checked it
+        if length is not None and length > self.server.max_body:
+            self._dispatch(body_too_large=True)
+            return
+        expect = next((v for n, v in self._headers if n.lower() == "expect"), None)
+        if expect is not None and expect.lower() == "100-continue" and self.transport is not None:
+            self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+
+    def on_body(self, body: bytes) -> None:
+        if self._dispatched:
+            return
+        self._size += len(body)
+        if self._size > self.server.max_body:
+            self._body = []
+            self._dispatch(body_too_large=True)
+            return
+        self._body.append(body)
+
+    def on_message_complete(self) -> None:
+        self._message_done = True
+        if self._lingering is not None:
+            self._close()
+        elif not self._dispatched:
+            self._dispatch(body_too_large=False)
+
+    # -- requests --
+
+    def _grow_head(self, size: int) -> None:
+        self._head_size += size
+        if self._head_size > self.server.max_head:
+            raise _Reject(431, f"the request head exceeds {self.server.max_head} bytes",
+                          "request_header_fields_too_large")
+
+    def _dispatch(self, *, body_too_large: bool) -> None:
+        self._dispatched = True
+        parser = self.parser
+        method = parser.get_method().decode("ascii", "replace")
+        body = b"" if body_too_large else (self._body[0] if len(self._body) == 1 else b"".join(self._body))
+        request = Request(method, b"".join(self._url).decode("utf-8", "surrogateescape"),
+                          CIMultiDictProxy(CIMultiDict(self._headers)), body, peer=self.peer,
+                          body_too_large=body_too_large)
+        keep_alive = (parser.should_keep_alive() and not parser.should_upgrade() and not body_too_large
+                      and not self.server.shutting_down)
+        responder = Responder(self, head_only=method == "HEAD", http10=parser.get_http_version() == "1.0",
+                              keep_alive=keep_alive)
+        self._enqueue((request, responder))
+
+    def _enqueue(self, item: tuple[Request, Responder] | _Reject) -> None:
+        self._broken = isinstance(item, _Reject)
+        self._queue.append(item)
+        if self._task is None:
+            self._next()
+        elif len(self._queue) > MAX_QUEUED and not self._read_paused and self.transport is not None:
+            self._read_paused = True
+            self.transport.pause_reading()
+
+    def _next(self) -> None:
+        if self.closing:
+            return
+        if not self._queue:
+            if self._close_when_idle:
+                self._close()
+            else:
+                self._arm_idle()
+            return
+        if self._read_paused and len(self._queue) <= MAX_QUEUED // 2 and self.transport is not None:
+            self._read_paused = False
+            self.transport.resume_reading()
+        item = self._queue.popleft()
+        if isinstance(item, _Reject):  # the byte stream is out of step: answer and close, read nothing more
+            self._queue.clear()
+            self._error_response(item.status, str(item), item.code)
+            self._shut()
+            return
+        self._task = asyncio.get_running_loop().create_task(self._run(*item))
+
+    async def _run(self, request: Request, responder: Responder) -> None:
+        try:
+            await self.server.handler(request, responder)
+        except Exception:
+            log.exception("unhandled error on %s %s", request.method, request.path)
+        finally:
+            self._task = None
+        if not responder.started:
+            log.error("no response to %s %s", request.method, request.path)
+            self._error_response(500, "internal proxy error", "internal_error", request.path)
+            self._close()
+        elif not responder.finished or not responder.keep_alive:
+            self._close()
+        else:
+            self._next()
+
+    def _error_response(self, status: int, message: str, code: str, path: str = "") -> None:
+        """Answer an error the server found itself (JSON from ``error_body``); the connection then closes."""
+        if self.closing:
+            return
+        if not path and self._url:
+            path = b"".join(self._url).decode("utf-8", "replace").partition("?")[0]
+        body = self.server.error_body(path, status, message, code)
+        Responder(self, head_only=False, http10=False, keep_alive=False).send(status, _JSON, body)
+
+    # -- writing and closing (the responder's channel) --
+
+    def write(self, data: bytes) -> None:
+        if not self.closing and self.transport is not None:
+            self.transport.write(data)
+
+    async def drain(self) -> None:
+        if self.closing:
+            raise ConnectionResetError("the client closed the connection")
+        waiter = self._write_paused
+        if waiter is not None:
+            await asyncio.shield(waiter)
+
+    def _arm_idle(self) -> None:
+        if self._idle is not None:
+            self._idle.cancel()
+        self._idle = asyncio.get_running_loop().call_later(self.server.keepalive_s, self._close)
+
+    def _close(self) -> None:
+        """Close after what was written; a request whose body is still arriving is read and dropped first."""
+        if self.closing or self.transport is None:
+            return
+        if not self._message_done and self._lingering is None:
+            self._lingering = asyncio.get_running_loop().call_later(LINGER_S, self.abort)
+            if self._read_paused:
+                self.transport.resume_reading()
+            return
+        self._shut()
+
+    def _shut(self) -> None:
+        if not self.closing and self.transport is not None:
+            self.closing = True
+            self.transport.close()
+
+    def close_when_idle(self) -> None:
+        """Shutdown: close now if idle, else once the request in flight is answered."""
+        self._close_when_idle = True
+        if self._task is None and not self._queue:
+            self._close()
+
+    @property
+    def task(self) -> asyncio.Task[None] | None:
+        """The handler answering the current request, if any."""
+        return self._task
+
+    def abort(self) -> None:
+        """Close at once, dropping what is unsent; the handler in flight is cancelled."""
+        if self.transport is not None:
+            self.transport.abort()
+        self.closing = True
+        self.server.forget(self)
+        if self._task is not None:
+            self._task.cancel()
+

@@ -1,0 +1,123 @@
+"""Writing one response on a keep-alive HTTP/1.1 connection: complete in one write, or streamed chunk by chunk."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+from email.utils import formatdate
+from http import HTTPStatus
+from typing import Protocol
+
+HeaderItems = Iterable[tuple[str, str]]
+
+_REASONS = {status.value: status.phrase.encode("ascii") for status in HTTPStatus}
+_NO_BODY = frozenset({204, 304})
+# Set by the responder itself; a handler's own copies would contradict the framing.
+_FRAMING = frozenset({"content-length", "transfer-encoding", "connection", "keep-alive", "date"})
+_date_second = 0
+_date_line = b""
+
+
+def _date_header() -> bytes:
+    """``Date: ...\\r\\n``, formatted once per second."""
+    global _date_second, _date_line
+    now = int(time.time())
+    if now != _date_second:
+        _date_second = now
+        _date_line = b"Date: " + formatdate(now, usegmt=True).encode("ascii") + b"\r\n"
+    return _date_line
+
+
+def _encode(value: str) -> bytes:
+    try:
+        return value.encode("latin-1")
+    except UnicodeEncodeError:
+        return value.encode("utf-8", "surrogateescape")
+
+
+class Channel(Protocol):
+    """What a responder needs from its connection."""
+
+    closing: bool
+
+    def write(self, data: bytes) -> None: ...
+
+    async def drain(self) -> None: ...
+
+
+class Responder:
+    """The response to one request: :meth:`send` a complete one, or :meth:`start`, :meth:`write`, :meth:`end`.
+
+    Header names and values go out as given, except the framing ones (``Content-Length``, ``Transfer-Encoding``,
+    ``Connection``, ``Date``), which the responder sets. A streamed response without a length is sent chunked
+    (close-delimited to an HTTP/1.0 client). Writing to a connection the client closed raises
+    :class:`ConnectionResetError`.
+    """
+
+    __slots__ = ("_channel", "_chunked", "_head_only", "_version_10", "finished", "keep_alive", "started", "status")
+
+    def __init__(self, channel: Channel, *, head_only: bool, http10: bool, keep_alive: bool) -> None:
+        self._channel = channel
+        self._head_only = head_only
+        self._version_10 = http10
+        self.keep_alive = keep_alive
+        self.started = False
+        self.finished = False
+        self.status = 0
+        self._chunked = False
+
+    def _head(self, status: int, headers: HeaderItems, length: int | None) -> bytes:
+        if self.started:
+            raise RuntimeError("the response was already started")
+        if self._channel.closing:
+            raise ConnectionResetError("the client closed the connection")
+        self.started = True
+        self.status = status
+        parts = [b"HTTP/1.1 %d %s\r\n" % (status, _REASONS.get(status, b"Unknown")), _date_header()]
+        for name, value in headers:
+            if name.lower() in _FRAMING or "\n" in value or "\r" in value:
+                continue
+            parts.append(_encode(name) + b": " + _encode(value) + b"\r\n")
+        if length is not None:
+            if status not in _NO_BODY:
+                parts.append(b"Content-Length: %d\r\n" % length)
+        elif status not in _NO_BODY and not self._head_only:
+            if self._version_10:
+                self.keep_alive = False
+            else:
+                self._chunked = True
+                parts.append(b"Transfer-Encoding: chunked\r\n")
+        if not self.keep_alive:
+            parts.append(b"Connection: close\r\n")
+        elif self._version_10:
+            parts.append(b"Connection: keep-alive\r\n")
+        parts.append(b"\r\n")
+        return b"".join(parts)
+
+    def send(self, status: int, headers: HeaderItems, body: bytes = b"") -> None:
+        """Send a complete response (without its body when the request was ``HEAD``)."""
+        head = self._head(status, headers, len(body))
+        self._channel.write(head if self._head_only or status in _NO_BODY or not body else head + body)
+        self.finished = True
+
+    def start(self, status: int, headers: HeaderItems) -> None:
+        """Send the head of a streamed response."""
+        self._channel.write(self._head(status, headers, None))
+
+    async def write(self, chunk: bytes) -> None:
+        """Send one piece of a streamed body, waiting while the client reads slower than we write."""
+        channel = self._channel
+        if channel.closing:
+            raise ConnectionResetError("the client closed the connection")
+        if not chunk or self._head_only:
+            return
+        channel.write(b"%x\r\n%b\r\n" % (len(chunk), chunk) if self._chunked else chunk)
+        await channel.drain()
+
+    def end(self) -> None:
+        """Finish a streamed response."""
+        if self.finished:
+            return
+        self.finished = True
+        if self._chunked and not self._channel.closing:
+            self._channel.write(b"0\r\n\r\n")

@@ -1,0 +1,309 @@
+"""The data plane's HTTP/1.1 server (:mod:`proxy.server`) on the wire: framing, keep-alive, limits, errors,
+flow control and shutdown, driven over raw sockets so every byte is visible."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+import orjson
+import pytest
+
+from proxy.server.connection import HttpServer
+from proxy.server.request import Request
+from proxy.server.responder import Responder
+from tests.support.processes import free_port
+
+JSON = [("Content-Type", "application/json")]
+Handler = Callable[[Request, Responder], Awaitable[None]]
+
+
+def error_body(path: str, status: int, message: str, code: str) -> bytes:
+    return orjson.dumps({"path": path, "status": status, "message": message, "code": code})
+
+
+async def echo(request: Request, out: Responder) -> None:
+    out.send(200, JSON, orjson.dumps({"method": request.method, "path": request.path, "raw": request.raw_path,
+                                      "body": request.body.decode(), "too_large": request.body_too_large}))
+
+
+class Served:
+    def __init__(self, server: HttpServer, port: int) -> None:
+        self.server = server
+        self.port = port
+
+    async def connect(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        return await asyncio.open_connection("127.0.0.1", self.port)
+
+
+@pytest.fixture
+async def serve() -> AsyncIterator[Callable[..., Awaitable[Served]]]:
+    started: list[HttpServer] = []
+
+    async def start(handler: Handler = echo, **options: object) -> Served:
+        server = HttpServer(handler, error_body=error_body, **{"max_body": 1024, **options})  # type: ignore[arg-type]
+        port = free_port()
+        await server.start("127.0.0.1", port)
+        started.append(server)
+        return Served(server, port)
+
+    yield start
+    for server in started:
+        await server.shutdown(1.0)
+
+
+async def read_response(reader: asyncio.StreamReader) -> tuple[int, dict[str, str], bytes]:
+    """One response: status, headers (lower-cased names), body (by Content-Length or chunked)."""
+    head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
+    lines = head.decode("latin-1").split("\r\n")
+    status = int(lines[0].split()[1])
+    headers = {}
+    for line in lines[1:]:
+        if line:
+            name, _, value = line.partition(":")
+            headers[name.strip().lower()] = value.strip()
+    if "content-length" in headers:
+        return status, headers, await reader.readexactly(int(headers["content-length"]))
+    body = b""
+    if headers.get("transfer-encoding") == "chunked":
+        while True:
+            size = int((await reader.readuntil(b"\r\n")).strip(), 16)
+            chunk = await reader.readexactly(size + 2)
+            if size == 0:
+                return status, headers, body
+            body += chunk[:-2]
+    return status, headers, await reader.read()
+
+
+def post(path: str, body: bytes, extra: bytes = b"") -> bytes:
+    return b"POST %b HTTP/1.1\r\nHost: t\r\nContent-Length: %d\r\n%b\r\n%b" % (path.encode(), len(body), extra, body)
+
+
+async def test_keep_alive_serves_pipelined_requests_in_order(serve: Callable[..., Awaitable[Served]]) -> None:
+    served = await serve()
+    reader, writer = await served.connect()
+    writer.write(b"".join(post(f"/r{i}", b"x" * i) for i in range(5)))
+    for i in range(5):
+        status, headers, body = await read_response(reader)
+        assert status == 200 and "connection" not in headers and "date" in headers
+        assert orjson.loads(body)["path"] == f"/r{i}" and orjson.loads(body)["body"] == "x" * i
+    writer.write(b"GET /again?q=1 HTTP/1.1\r\nHost: t\r\n\r\n")
+    status, _, body = await read_response(reader)
+    assert orjson.loads(body)["raw"] == "/again?q=1"
+    writer.close()
+
+
+async def test_http10_and_connection_close_end_the_connection(serve: Callable[..., Awaitable[Served]]) -> None:
+    served = await serve()
+    for request in (b"GET /a HTTP/1.0\r\n\r\n", b"GET /a HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n"):
+        reader, writer = await served.connect()
+        writer.write(request)
+        status, headers, _ = await read_response(reader)
+        assert status == 200 and headers["connection"] == "close"
+        assert await asyncio.wait_for(reader.read(), 5) == b""  # closed by the server
+        writer.close()
+    reader, writer = await served.connect()
+    writer.write(b"GET /a HTTP/1.0\r\nConnection: keep-alive\r\n\r\n" * 2)
+    for _ in range(2):
+        status, headers, _ = await read_response(reader)
+        assert status == 200 and headers["connection"] == "keep-alive"
+    writer.close()
+
+
+async def test_absolute_form_target_keeps_path_and_query_only(serve: Callable[..., Awaitable[Served]]) -> None:
+    served = await serve()
+    reader, writer = await served.connect()
+    writer.write(b"GET http://elsewhere:9/v1/models?x=%2F HTTP/1.1\r\nHost: t\r\n\r\n")
+    _, _, body = await read_response(reader)
+    assert orjson.loads(body)["raw"] == "/v1/models?x=%2F" and orjson.loads(body)["path"] == "/v1/models"
+    writer.close()
+
+
+async def test_declared_oversize_body_is_refused_before_it_is_sent(serve: Callable[..., Awaitable[Served]]) -> None:
+    served = await serve()
+    reader, writer = await served.connect()
+    writer.write(b"POST /big HTTP/1.1\r\nHost: t\r\nContent-Length: 5000\r\nExpect: 100-continue\r\n\r\n")
+    status, headers, body = await read_response(reader)  # no 100 Continue: the answer comes at once
+    assert status == 200 and orjson.loads(body)["too_large"] is True and headers["connection"] == "close"
+    writer.close()
+
+
+async def test_expect_continue_is_answered_for_a_body_within_the_limit(
+        serve: Callable[..., Awaitable[Served]]) -> None:
+    served = await serve()
+    reader, writer = await served.connect()
+    writer.write(b"POST /ok HTTP/1.1\r\nHost: t\r\nContent-Length: 5\r\nExpect: 100-continue\r\n\r\n")
+    assert await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5) == b"HTTP/1.1 100 Continue\r\n\r\n"
+    writer.write(b"hello")
+    status, _, body = await read_response(reader)
+    assert status == 200 and orjson.loads(body)["body"] == "hello"
+    writer.close()
+
+
+async def test_chunked_body_past_the_limit_reaches_the_handler_as_too_large_and_is_drained(
+        serve: Callable[..., Awaitable[Served]]) -> None:
+    served = await serve()
+    reader, writer = await served.connect()
+    writer.write(b"POST /c HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\n")
+    for _ in range(4):
+        writer.write(b"200\r\n" + b"y" * 512 + b"\r\n")
+    writer.write(b"0\r\n\r\n")
+    _status, headers, body = await read_response(reader)
+    assert orjson.loads(body)["too_large"] is True and headers["connection"] == "close"
+    assert await asyncio.wait_for(reader.read(), 5) == b""
+    writer.close()
+
+
+@pytest.mark.parametrize(("raw", "status", "code"), [
+    (b"BLAH\x00 / HTTP/1.1\r\n\r\n", 400, "bad_request"),
+    (b"GET /v1/x HTTP/1.1\r\nHost: t\r\nContent-Length: abc\r\n\r\n", 400, "bad_request"),
+    (b"GET /v1/x HTTP/1.1\r\nHost: t\r\nX-Big: " + b"a" * 70_000 + b"\r\n\r\n", 431,
+     "request_header_fields_too_large"),
+])
+async def test_malformed_requests_get_a_json_error_and_a_closed_connection(
+        serve: Callable[..., Awaitable[Served]], raw: bytes, status: int, code: str) -> None:
+    served = await serve()
+    reader, writer = await served.connect()
+    writer.write(raw)
+    got, headers, body = await read_response(reader)
+    assert got == status and headers["content-type"] == "application/json"
+    assert orjson.loads(body)["code"] == code
+    assert await asyncio.wait_for(reader.read(), 5) == b""
+    writer.close()
+
+
+async def test_an_upgrade_request_is_served_as_plain_http_then_closed(
+        serve: Callable[..., Awaitable[Served]]) -> None:
+    served = await serve()
+    reader, writer = await served.connect()
+    writer.write(b"GET /ws HTTP/1.1\r\nHost: t\r\nUpgrade: websocket\r\nConnection: upgrade\r\n\r\n\x81\x05hello")
+    status, headers, body = await read_response(reader)
+    assert status == 200 and orjson.loads(body)["path"] == "/ws" and headers["connection"] == "close"
+    assert await asyncio.wait_for(reader.read(), 5) == b""
+    writer.close()
+
+
+async def test_head_gets_the_length_without_the_body(serve: Callable[..., Awaitable[Served]]) -> None:
+    served = await serve()
+    reader, writer = await served.connect()
+    writer.write(b"HEAD /h HTTP/1.1\r\nHost: t\r\n\r\nGET /g HTTP/1.1\r\nHost: t\r\n\r\n")
+    head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
+    assert b"Content-Length: " in head and not head.endswith(b"0\r\n\r\n")
+    status, _, body = await read_response(reader)  # the next response follows the head directly
+    assert status == 200 and orjson.loads(body)["path"] == "/g"
+    writer.close()
+
+
+async def test_a_failing_or_silent_handler_is_a_500_and_the_connection_closes(
+        serve: Callable[..., Awaitable[Served]]) -> None:
+    async def failing(request: Request, out: Responder) -> None:
+        if request.path == "/raise":
+            raise RuntimeError("bug")
+
+    served = await serve(failing)
+    for path in (b"/raise", b"/silent"):
+        reader, writer = await served.connect()
+        writer.write(b"GET %b HTTP/1.1\r\nHost: t\r\n\r\n" % path)
+        status, _, body = await read_response(reader)
+        assert status == 500 and orjson.loads(body) == {"path": path.decode(), "status": 500,
+                                                        "message": "internal proxy error", "code": "internal_error"}
+        assert await asyncio.wait_for(reader.read(), 5) == b""
+        writer.close()
+
+
+async def test_streams_are_chunked_and_a_cut_stream_is_not_terminated(
+        serve: Callable[..., Awaitable[Served]]) -> None:
+    async def stream(request: Request, out: Responder) -> None:
+        out.start(200, [("Content-Type", "text/event-stream")])
+        for i in range(3):
+            await out.write(b"data: %d\n\n" % i)
+        if request.path == "/cut":
+            raise ConnectionResetError("upstream went away")
+        out.end()
+
+    served = await serve(stream)
+    reader, writer = await served.connect()
+    writer.write(b"GET /whole HTTP/1.1\r\nHost: t\r\n\r\n")
+    _status, headers, body = await read_response(reader)
+    assert headers["transfer-encoding"] == "chunked" and body == b"data: 0\n\ndata: 1\n\ndata: 2\n\n"
+    writer.write(b"GET /cut HTTP/1.1\r\nHost: t\r\n\r\n")
+    with pytest.raises(asyncio.IncompleteReadError):  # no terminating chunk: the client can tell
+        await read_response(reader)
+    writer.close()
+
+
+async def test_a_client_that_does_not_read_holds_the_writer_back(serve: Callable[..., Awaitable[Served]]) -> None:
+    written = [0]
+
+    async def flood(request: Request, out: Responder) -> None:
+        out.start(200, [("Content-Type", "application/octet-stream")])
+        for _ in range(4096):
+            await out.write(b"z" * 64 * 1024)
+            written[0] += 64 * 1024
+        out.end()
+
+    served = await serve(flood)
+    _reader, writer = await served.connect()
+    writer.write(b"GET / HTTP/1.1\r\nHost: t\r\n\r\n")
+    await asyncio.sleep(0.5)
+    assert written[0] < 64 * 1024 * 1024, "writes wait for the client instead of buffering 256 MiB"
+    writer.close()
+
+
+async def test_a_client_hanging_up_cancels_its_handler(serve: Callable[..., Awaitable[Served]]) -> None:
+    cancelled = asyncio.Event()
+
+    async def slow(request: Request, out: Responder) -> None:
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            cancelled.set()
+            raise
+
+    served = await serve(slow)
+    _, writer = await served.connect()
+    writer.write(b"GET / HTTP/1.1\r\nHost: t\r\n\r\n")
+    await asyncio.sleep(0.1)
+    writer.close()
+    await asyncio.wait_for(cancelled.wait(), 5)
+
+
+async def test_shutdown_finishes_requests_in_flight_and_closes_idle_connections(
+        serve: Callable[..., Awaitable[Served]]) -> None:
+    release = asyncio.Event()
+
+    async def waiting(request: Request, out: Responder) -> None:
+        await release.wait()
+        out.send(200, JSON, b"{}")
+
+    served = await serve(waiting)
+    idle_reader, idle_writer = await served.connect()
+    busy_reader, busy_writer = await served.connect()
+    busy_writer.write(b"GET / HTTP/1.1\r\nHost: t\r\n\r\n")
+    await asyncio.sleep(0.1)
+    shutdown = asyncio.create_task(served.server.shutdown(5.0))
+    assert await asyncio.wait_for(idle_reader.read(), 5) == b""  # the idle connection closed at once
+    with pytest.raises(OSError):
+        await served.connect()  # no longer listening
+    release.set()
+    status, _, _ = await read_response(busy_reader)  # the request in flight was answered
+    assert status == 200
+    await asyncio.wait_for(shutdown, 5)
+    assert await asyncio.wait_for(busy_reader.read(), 5) == b""
+    idle_writer.close()
+    busy_writer.close()
+
+
+async def test_shutdown_cancels_what_outlives_the_grace_period(serve: Callable[..., Awaitable[Served]]) -> None:
+    async def stuck(request: Request, out: Responder) -> None:
+        await asyncio.sleep(30)
+
+    served = await serve(stuck)
+    _reader, writer = await served.connect()
+    writer.write(b"GET / HTTP/1.1\r\nHost: t\r\n\r\n")
+    await asyncio.sleep(0.1)
+    started = asyncio.get_running_loop().time()
+    await served.server.shutdown(0.3)
+    assert asyncio.get_running_loop().time() - started < 3
+    assert not served.server.connections
+    writer.close()
