@@ -92,6 +92,6 @@ async def respond(out: Responder, ctx: RequestContext, reply: Reply, dialect: Di
         aclose = getattr(reply.chunks, "aclose", None)
         if aclose is not None:
             await aclose()
+        if ok or terminate:  # the client has it all before storing and settling start, as for a complete body
+            out.end()
         await _finish(reply, ok and 200 <= reply.status < 300, b"".join(collected or ()))
-    if ok or terminate:
-        out.end()

@@ -30,6 +30,7 @@ import asyncio
 import collections
 import contextlib
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from typing import cast
 
@@ -124,6 +125,8 @@ class Connection(asyncio.Protocol):
         self._queue: collections.deque[tuple[Request, Responder] | _Reject] = collections.deque()
         self._task: asyncio.Task[None] | None = None
         self._idle: asyncio.TimerHandle | None = None
+        self._idle_since = 0.0
+        self._busy = False  # a request is being read or answered
         self._lingering: asyncio.TimerHandle | None = None
         self._write_paused: asyncio.Future[None] | None = None
         self._read_paused = False
@@ -187,9 +190,7 @@ class Connection(asyncio.Protocol):
         self._body = []
         self._size = 0
         self._head_size = 0
-        if self._idle is not None:
-            self._idle.cancel()
-            self._idle = None
+        self._busy = True
 
     def on_url(self, url: bytes) -> None:
         self._url.append(url)
@@ -316,9 +317,21 @@ class Connection(asyncio.Protocol):
             await asyncio.shield(waiter)
 
     def _arm_idle(self) -> None:
-        if self._idle is not None:
-            self._idle.cancel()
-        self._idle = asyncio.get_running_loop().call_later(self.server.keepalive_s, self._close)
+        """Note that the connection went idle; the one keep-alive timer (not one per request) checks it later."""
+        self._busy = False
+        self._idle_since = time.monotonic()
+        if self._idle is None:
+            self._idle = asyncio.get_running_loop().call_later(self.server.keepalive_s, self._check_idle)
+
+    def _check_idle(self) -> None:
+        self._idle = None
+        if self.closing or self._busy:
+            return
+        left = self._idle_since + self.server.keepalive_s - time.monotonic()
+        if left <= 0:
+            self._close()
+        else:
+            self._idle = asyncio.get_running_loop().call_later(left, self._check_idle)
 
     def _close(self) -> None:
         """Close after what was written; a request whose body is still arriving is read and dropped first."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Iterable
 from email.utils import formatdate
@@ -54,7 +55,8 @@ class Responder:
     :class:`ConnectionResetError`.
     """
 
-    __slots__ = ("_channel", "_chunked", "_head_only", "_version_10", "finished", "keep_alive", "started", "status")
+    __slots__ = ("_channel", "_chunked", "_head_only", "_pending", "_version_10", "finished", "keep_alive",
+                 "started", "status")
 
     def __init__(self, channel: Channel, *, head_only: bool, http10: bool, keep_alive: bool) -> None:
         self._channel = channel
@@ -65,6 +67,7 @@ class Responder:
         self.finished = False
         self.status = 0
         self._chunked = False
+        self._pending = b""  # a streamed response's head, until the first chunk or the next loop turn
 
     def _head(self, status: int, headers: HeaderItems, length: int | None) -> bytes:
         if self.started:
@@ -101,8 +104,15 @@ class Responder:
         self.finished = True
 
     def start(self, status: int, headers: HeaderItems) -> None:
-        """Send the head of a streamed response."""
-        self._channel.write(self._head(status, headers, None))
+        """Begin a streamed response. The head goes out with the first chunk when that is already at hand (one
+        write, one segment: what an upstream usually sends together), else at the event loop's next turn."""
+        self._pending = self._head(status, headers, None)
+        asyncio.get_running_loop().call_soon(self._flush)
+
+    def _flush(self) -> None:
+        head, self._pending = self._pending, b""
+        if head:
+            self._channel.write(head)
 
     async def write(self, chunk: bytes) -> None:
         """Send one piece of a streamed body, waiting while the client reads slower than we write."""
@@ -111,7 +121,10 @@ class Responder:
             raise ConnectionResetError("the client closed the connection")
         if not chunk or self._head_only:
             return
-        channel.write(b"%x\r\n%b\r\n" % (len(chunk), chunk) if self._chunked else chunk)
+        data = b"%x\r\n%b\r\n" % (len(chunk), chunk) if self._chunked else chunk
+        if self._pending:
+            data, self._pending = self._pending + data, b""
+        channel.write(data)
         await channel.drain()
 
     def end(self) -> None:
@@ -119,5 +132,7 @@ class Responder:
         if self.finished:
             return
         self.finished = True
-        if self._chunked and not self._channel.closing:
-            self._channel.write(b"0\r\n\r\n")
+        if not self._channel.closing:
+            tail, self._pending = self._pending + (b"0\r\n\r\n" if self._chunked else b""), b""
+            if tail:
+                self._channel.write(tail)

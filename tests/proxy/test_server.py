@@ -110,6 +110,18 @@ async def test_http10_and_connection_close_end_the_connection(serve: Callable[..
     writer.close()
 
 
+async def test_idle_keep_alive_connections_close_after_the_timeout(
+        serve: Callable[..., Awaitable[Served]]) -> None:
+    served = await serve(keepalive_s=0.3)
+    reader, writer = await served.connect()
+    for _ in range(3):  # activity keeps it open past one timeout
+        writer.write(b"GET /a HTTP/1.1\r\nHost: t\r\n\r\n")
+        assert (await read_response(reader))[0] == 200
+        await asyncio.sleep(0.2)
+    assert await asyncio.wait_for(reader.read(), 2) == b""
+    writer.close()
+
+
 async def test_absolute_form_target_keeps_path_and_query_only(serve: Callable[..., Awaitable[Served]]) -> None:
     served = await serve()
     reader, writer = await served.connect()
@@ -229,6 +241,26 @@ async def test_streams_are_chunked_and_a_cut_stream_is_not_terminated(
     writer.write(b"GET /cut HTTP/1.1\r\nHost: t\r\n\r\n")
     with pytest.raises(asyncio.IncompleteReadError):  # no terminating chunk: the client can tell
         await read_response(reader)
+    writer.close()
+
+
+async def test_a_stream_head_is_not_held_back_by_a_slow_first_chunk(
+        serve: Callable[..., Awaitable[Served]]) -> None:
+    go = asyncio.Event()
+
+    async def stream(request: Request, out: Responder) -> None:
+        out.start(200, [("Content-Type", "text/event-stream")])
+        await go.wait()
+        await out.write(b"data: 1\n\n")
+        out.end()
+
+    served = await serve(stream)
+    reader, writer = await served.connect()
+    writer.write(b"GET /slow HTTP/1.1\r\nHost: t\r\n\r\n")
+    head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 2)  # sent while the first chunk is pending
+    assert head.startswith(b"HTTP/1.1 200") and b"chunked" in head
+    go.set()
+    assert b"data: 1" in await asyncio.wait_for(reader.readuntil(b"0\r\n\r\n"), 5)
     writer.close()
 
 
