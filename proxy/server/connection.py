@@ -250,7 +250,8 @@ class Connection(asyncio.Protocol):
         self._enqueue((request, responder))
 
     def _enqueue(self, item: tuple[Request, Responder] | _Reject) -> None:
-        self._broken = isinstance(item, _Reject)
+        if isinstance(item, _Reject):
+            self._broken = True
         self._queue.append(item)
         if self._task is None:
             self._next()
@@ -318,7 +319,7 @@ class Connection(asyncio.Protocol):
 
     def _arm_idle(self) -> None:
         """Note that the connection went idle; the one keep-alive timer (not one per request) checks it later."""
-        self._busy = False
+        self._busy = not self._message_done  # the next request may already be arriving
         self._idle_since = time.monotonic()
         if self._idle is None:
             self._idle = asyncio.get_running_loop().call_later(self.server.keepalive_s, self._check_idle)
@@ -352,7 +353,7 @@ class Connection(asyncio.Protocol):
     def close_when_idle(self) -> None:
         """Shutdown: close now if idle, else once the request in flight is answered."""
         self._close_when_idle = True
-        if self._task is None and not self._queue:
+        if self._task is None and not self._queue and self._message_done:  # a request arriving is still served
             self._close()
 
     @property

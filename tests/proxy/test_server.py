@@ -326,6 +326,20 @@ async def test_shutdown_finishes_requests_in_flight_and_closes_idle_connections(
     busy_writer.close()
 
 
+async def test_shutdown_serves_a_request_still_arriving(serve: Callable[..., Awaitable[Served]]) -> None:
+    served = await serve()
+    reader, writer = await served.connect()
+    writer.write(b"POST /late HTTP/1.1\r\nHost: t\r\nContent-Length: 10\r\n\r\nhello")
+    await asyncio.sleep(0.1)
+    shutdown = asyncio.create_task(served.server.shutdown(5.0))
+    await asyncio.sleep(0.1)
+    writer.write(b"world")
+    status, headers, body = await read_response(reader)
+    assert status == 200 and orjson.loads(body)["body"] == "helloworld" and headers["connection"] == "close"
+    await asyncio.wait_for(shutdown, 5)
+    writer.close()
+
+
 async def test_shutdown_cancels_what_outlives_the_grace_period(serve: Callable[..., Awaitable[Served]]) -> None:
     async def stuck(request: Request, out: Responder) -> None:
         await asyncio.sleep(30)
