@@ -5,8 +5,8 @@ in one run and interleaved (each figure is gathered in rounds that alternate the
 hits them alike), direct vs through-proxy latency (p50/p99) at concurrency 1, throughput at 16 and 64, and the time
 to the first streamed chunk.
 
-The same run also measures a reference, ``floor_*``: :mod:`loadtest.bare_forwarder`, aiohttp's low-level server
-and the proxy's forwarding client with nothing between them. It is what any proxy built on this stack pays per
+The same run also measures a reference, ``floor_*``: :mod:`loadtest.bare_forwarder`, the proxy's own HTTP server
+(:mod:`proxy.server`) and forwarding client with nothing between them. It is what any proxy built on this stack pays per
 request on the machine at hand; ragproxy's own share is the difference between ``proxy_*`` and ``floor_*``.
 
 ``proxy_cpu_us_c64`` and ``floor_cpu_us_c64``: CPU time (user + system, from ``/proc``) each forwarding process
