@@ -92,6 +92,8 @@ async def respond(out: Responder, ctx: RequestContext, reply: Reply, dialect: Di
         aclose = getattr(reply.chunks, "aclose", None)
         if aclose is not None:
             await aclose()
-        if ok or terminate:  # the client has it all before storing and settling start, as for a complete body
-            out.end()
         await _finish(reply, ok and 200 <= reply.status < 300, b"".join(collected or ()))
+    # The terminating chunk only after storing and settling: a client that has seen the end of a stream finds it
+    # billed and cached (a complete body, sent in one write, is finished after it is sent).
+    if ok or terminate:
+        out.end()
