@@ -29,8 +29,8 @@ class Request:
         "peer",
         "query_string",
         "raw_path",
-        "scheme",
     )
+    scheme = "http"  # the data plane listens without TLS
 
     def __init__(self, method: str, target: str, headers: CIMultiDictProxy[str] | None = None, body: bytes = b"",
                  *, peer: str | None = None, body_too_large: bool = False) -> None:
@@ -46,7 +46,6 @@ class Request:
         self.body = body
         self.peer = peer
         self.host: str | None = self.headers.get("Host")
-        self.scheme = "http"
         self.body_too_large = body_too_large
         self._query: MultiDictProxy[str] | None = None
 

@@ -56,7 +56,7 @@ class Responder:
     """
 
     __slots__ = ("_channel", "_chunked", "_head_only", "_pending", "_version_10", "finished", "keep_alive",
-                 "started", "status")
+                 "started")
 
     def __init__(self, channel: Channel, *, head_only: bool, http10: bool, keep_alive: bool) -> None:
         self._channel = channel
@@ -65,7 +65,6 @@ class Responder:
         self.keep_alive = keep_alive
         self.started = False
         self.finished = False
-        self.status = 0
         self._chunked = False
         self._pending = b""  # a streamed response's head, until the first chunk or the next loop turn
 
@@ -75,7 +74,6 @@ class Responder:
         if self._channel.closing:
             raise ConnectionResetError("the client closed the connection")
         self.started = True
-        self.status = status
         parts = [b"HTTP/1.1 %d %s\r\n" % (status, _REASONS.get(status, b"Unknown")), _date_header()]
         for name, value in headers:
             if name.lower() in _FRAMING or "\n" in value or "\r" in value:
