@@ -18,6 +18,7 @@ import orjson
 from proxy.context import Reply, RequestContext
 from proxy.errors import Dialect
 from proxy.server.responder import Responder
+from proxy.sse import DONE
 from proxy.upstream.client import UpstreamStreamError
 
 log = logging.getLogger("ragproxy.respond")
@@ -72,13 +73,17 @@ async def respond(out: Responder, ctx: RequestContext, reply: Reply, dialect: Di
         return
 
     collected: list[bytes] | None = [] if reply.wants_body else None
-    ok = terminate = False
+    ok = terminate = delivered = False
+    tail = b""  # the stream's last bytes: has the client got the OpenAI stream's final event?
     try:
         out.start(reply.status, headers.items())
         async for chunk in reply.chunks:
             await out.write(chunk)
             if collected is not None:
                 collected.append(chunk)
+            if dialect is Dialect.OPENAI:
+                tail = (tail + chunk)[-len(DONE):]
+                delivered = tail == DONE
         ok = True
     except UpstreamStreamError as exc:
         log.warning("stream from upstream broke off: %s", exc)
@@ -92,7 +97,9 @@ async def respond(out: Responder, ctx: RequestContext, reply: Reply, dialect: Di
         aclose = getattr(reply.chunks, "aclose", None)
         if aclose is not None:
             await aclose()
-        await _finish(reply, ok and 200 <= reply.status < 300, b"".join(collected or ()))
+        # The SDKs close the connection once they read [DONE], often before the upstream's response has ended
+        # (the handler is then being cancelled): what the client received in full is stored and billed in full.
+        await _finish(reply, (ok or delivered) and 200 <= reply.status < 300, b"".join(collected or ()))
     # The terminating chunk only after storing and settling: a client that has seen the end of a stream finds it
     # billed and cached (a complete body, sent in one write, is finished after it is sent).
     if ok or terminate:

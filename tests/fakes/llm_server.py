@@ -129,6 +129,7 @@ class FakeLLM(ServedApp):
         embedding_dim: int = 16,
         latency_s: float = 0.0,
         chunk_latency_s: float = 0.0,
+        end_latency_s: float = 0.0,
         kv: KVCacheModel | None = None,
         slots: int = 1,
         host: str = "127.0.0.1",
@@ -141,6 +142,7 @@ class FakeLLM(ServedApp):
         self.embedding_dim = embedding_dim
         self.latency_s = latency_s
         self.chunk_latency_s = chunk_latency_s
+        self.end_latency_s = end_latency_s  # pause between a stream's [DONE] event and the end of the response
         self.kv = kv
         self.slots = slots
         self.faults = FaultPlan()
@@ -382,6 +384,8 @@ class FakeLLM(ServedApp):
                 if 0 < index <= len(pieces) + (1 if chat else 0) and self.chunk_latency_s > 0:
                     await asyncio.sleep(self.chunk_latency_s)
                 await response.write(payload)
+            if self.end_latency_s > 0:
+                await asyncio.sleep(self.end_latency_s)
             await response.write_eof()
         except ConnectionResetError:  # the client went away mid-stream
             self.disconnects += 1

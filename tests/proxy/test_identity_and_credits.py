@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -131,6 +132,26 @@ def test_streaming_settles_from_usage_the_client_did_not_ask_for(fake_llm_thread
 
     charged = billed.call(entries())
     assert len(charged) == 1 and charged[0].completion_tokens > 0 and charged[0].usage_source != "reserved"
+
+
+def test_a_stream_the_sdk_closes_right_after_done_is_still_settled(fake_llm_thread: FakeLLM,
+                                                                   billed: ProxyServer) -> None:
+    """The SDK stops reading at ``[DONE]`` and closes; the upstream's end of the response comes later."""
+    fake_llm_thread.end_latency_s = 1.0
+    key = _key(billed, "ivan", "acme", credits=1)
+    client = openai.OpenAI(base_url=billed.url + "/v1", api_key=key, max_retries=0)
+    chunks = list(client.chat.completions.create(stream=True, **_body("stream, then hang up")))
+    assert chunks and chunks[-1].choices[0].finish_reason == "stop"
+    store = billed.runtime.credits.store
+    assert store is not None
+
+    async def entries() -> list[Any]:
+        return [e async for e in ledger_entries(store) if e.user == "ivan" and e.kind == "charge"]
+
+    deadline = time.monotonic() + 5
+    while not (charged := billed.call(entries())) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert len(charged) == 1 and charged[0].usage_source != "reserved", "the answer delivered is billed"
 
 
 async def test_concurrent_requests_never_overspend(fake_llm_thread: FakeLLM, billed: ProxyServer) -> None:
