@@ -145,8 +145,16 @@ def extract_structured(body: Mapping[str, Any]) -> StructuredPrompt | None:
     messages = body.get("messages")
     if not isinstance(messages, list):
         return None
-    documents: list[Document] = []
     extra = body.get(BODY_FIELD)
+    if extra is None:  # documents can then only be content parts: most prompts have none, found in one pass
+        for message in messages:
+            if not isinstance(message, dict):
+                raise ValueError("each message must be an object")
+            if isinstance(message.get("content"), list):
+                break
+        else:
+            return None
+    documents: list[Document] = []
     if isinstance(extra, dict) and isinstance(extra.get("documents"), list):
         for raw in extra["documents"]:
             if not isinstance(raw, dict):

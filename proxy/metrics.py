@@ -64,6 +64,7 @@ class Metrics:
         self._gauges = _CallbackGauges()
         r.register(self._gauges)
         self._children: dict[tuple[int, tuple[str, ...]], Counter | Histogram] = {}
+        self._answered: dict[tuple[str, int, str], tuple[Counter, Histogram]] = {}
 
     def child(self, metric: M, *labels: str) -> M:
         """``metric.labels(*labels)``, remembered: the per-request path skips prometheus_client's label checks."""
@@ -74,6 +75,18 @@ class Metrics:
                 self._children.clear()
             found = self._children[key] = metric.labels(*labels)
         return found  # type: ignore[return-value]
+
+    def answered(self, route: str, status: int, cache_status: str, seconds: float) -> None:
+        """Count one answered request and observe its duration (the per-request path: one lookup for both)."""
+        key = (route, status, cache_status)
+        pair = self._answered.get(key)
+        if pair is None:
+            if len(self._answered) > 10_000:
+                self._answered.clear()
+            pair = self._answered[key] = (self.requests.labels(route, str(status), cache_status),
+                                          self.request_seconds.labels(route, cache_status))
+        pair[0].inc()
+        pair[1].observe(seconds)
 
     def gauge_callback(self, name: str, text: str, labels: list[str], reader: GaugeReader) -> None:
         """Export ``reader()``'s values as gauge ``name`` at every scrape."""

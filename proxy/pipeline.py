@@ -11,6 +11,7 @@ order of the whole system.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Sequence
+from functools import partial
 from typing import TYPE_CHECKING, Protocol
 
 from proxy.context import Reply, RequestContext
@@ -48,12 +49,11 @@ class Pipeline:
     def names(self) -> list[str]:
         return [stage.name for stage in self.stages]
 
-    async def __call__(self, ctx: RequestContext) -> Reply:
-        return await self._entry(ctx)
+    def __call__(self, ctx: RequestContext) -> Awaitable[Reply]:
+        return self._entry(ctx)
 
 
 def _bind(stage: Stage, call_next: Next) -> Next:
-    async def run(ctx: RequestContext) -> Reply:
-        return await stage(ctx, call_next)
-
-    return run
+    """``stage`` with the rest of the chain bound: calling it makes the stage's own coroutine (no wrapper
+    coroutine per stage and request)."""
+    return partial(stage, call_next=call_next)

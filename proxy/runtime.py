@@ -19,7 +19,7 @@ from proxy.metrics import Metrics
 from proxy.semantic_factory import build_semantic
 from proxy.shared import SharedMode, build_shared
 from proxy.stages.stale import StaleStore
-from proxy.stats import RequestStats
+from proxy.stats import HIT_STATUSES, RequestStats
 from proxy.upstream.backends import Backend, BackendPool
 from proxy.upstream.client import UpstreamClient
 from tiers.cold import ColdStore
@@ -132,8 +132,7 @@ class Runtime:
         """Account for one answered request: metrics, the request span, the access log line."""
         metrics = self.metrics
         cache_status = ctx.cache_status or "NONE"
-        metrics.child(metrics.requests, ctx.route, str(status), cache_status).inc()
-        metrics.child(metrics.request_seconds, ctx.route, cache_status).observe(seconds)
+        metrics.answered(ctx.route, status, cache_status, seconds)
         if ctx.cache_tier:
             metrics.child(metrics.tier_lookups, ctx.cache_tier, "hit").inc()
         backend = ctx.state.get("backend")
@@ -151,11 +150,13 @@ class Runtime:
             self.trace.record(ctx.state["key"], ctx.state["entry_size"], ctx.state["entry_cost"], time.time())
         state = ctx.state
         question = state.get("question")
+        asked: dict[str, str] | None = None
+        if cache_status in HIT_STATUSES:  # the top-entries list says who asked
+            asked = {"tenant": ctx.tenant, "namespace": ctx.namespace,
+                     **({"question": question[:200]} if isinstance(question, str) else {})}
         saved = self.stats.record(
             route=ctx.route, cache_status=ctx.cache_status, tier=ctx.cache_tier, key=state.get("key"),
-            upstream_seconds=state.get("upstream_seconds"), hit_cost=state.get("entry_cost"),
-            label={"tenant": ctx.tenant, "namespace": ctx.namespace,
-                   **({"question": question[:200]} if isinstance(question, str) else {})})
+            upstream_seconds=state.get("upstream_seconds"), hit_cost=state.get("entry_cost"), label=asked)
         if saved:
             metrics.child(metrics.cost_saved, ctx.cache_tier or "unknown").inc(saved)
         if ctx.cache_tier == "coalesced":

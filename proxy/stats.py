@@ -133,7 +133,10 @@ class RequestStats:
                label: Mapping[str, str] | None = None) -> float:
         """Count one answered request; the cost it saved (0.0 unless a hit with a known cost)."""
         status = cache_status or "NONE"
-        counts = [self.total, self.routes.setdefault(route, Counts())]
+        route_counts = self.routes.get(route)
+        if route_counts is None:
+            route_counts = self.routes[route] = Counts()
+        counts = [self.total, route_counts]
         bucket = self._bucket()
         bucket.requests += 1
         for c in counts:

@@ -44,7 +44,7 @@ def estimate_tokens(text: str, chars_per_token: float = 4.0) -> int:
     return max(1, math.ceil(len(text.encode("utf-8")) / chars_per_token)) if text else 0
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: built per request, and frozen fields cost about 5 times more to set
 class PromptPlan:
     """The prefix structure of one request and a renderer for any order of its documents."""
 
@@ -105,7 +105,7 @@ def plan_request(
         plan = _detected_plan(body, messages, registry, chars_per_token)
         if plan is not None:
             return plan
-    prefix_text = _conversation_text(messages[:-1])
+    prefix_text = _conversation_text(messages[:-1]) if len(messages) > 1 else ""
     tail_text = _conversation_text(messages[-1:])
     prefix = Segment("p:" + content_id(prefix_text), estimate_tokens(prefix_text, chars_per_token)) \
         if prefix_text else EMPTY_PREFIX

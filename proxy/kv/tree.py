@@ -59,7 +59,7 @@ class _Node:
     alive: bool = True
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: built per request, and frozen fields cost about 5 times more to set
 class Match:
     """The cached part of a sequence: its length in segments and tokens."""
 

@@ -197,16 +197,23 @@ class Connection(asyncio.Protocol):
         self._grow_head(len(url))
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        self._grow_head(len(name) + len(value))
+        self._head_size += len(name) + len(value)
+        if self._head_size > self.server.max_head:
+            self._grow_head(0)
         self._headers.append((name.decode("latin-1"), value.decode("utf-8", "surrogateescape")))
 
     def on_headers_complete(self) -> None:
-        declared = next((v for n, v in self._headers if n.lower() == "content-length"), None)
+        declared = expect = None
+        for name, value in self._headers:
+            lower = name.lower()
+            if lower == "content-length":
+                declared = value
+            elif lower == "expect":
+                expect = value
         length = int(declared) if declared is not None and declared.isdigit() else None  # llhttp checked it
         if length is not None and length > self.server.max_body:
             self._dispatch(body_too_large=True)
             return
-        expect = next((v for n, v in self._headers if n.lower() == "expect"), None)
         if expect is not None and expect.lower() == "100-continue" and self.transport is not None:
             self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
 

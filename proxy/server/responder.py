@@ -74,11 +74,10 @@ class Responder:
         if self._channel.closing:
             raise ConnectionResetError("the client closed the connection")
         self.started = True
-        parts = [b"HTTP/1.1 %d %s\r\n" % (status, _REASONS.get(status, b"Unknown")), _date_header()]
-        for name, value in headers:
-            if name.lower() in _FRAMING or "\n" in value or "\r" in value:
-                continue
-            parts.append(_encode(name) + b": " + _encode(value) + b"\r\n")
+        lines = [f"{name}: {value}\r\n" for name, value in headers
+                 if name.lower() not in _FRAMING and "\n" not in value and "\r" not in value]
+        parts = [b"HTTP/1.1 %d %s\r\n" % (status, _REASONS.get(status, b"Unknown")), _date_header(),
+                 _encode("".join(lines))]
         if length is not None:
             if status not in _NO_BODY:
                 parts.append(b"Content-Length: %d\r\n" % length)

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import time
 
-from multidict import CIMultiDict
-
 from proxy.context import EndCallback, Reply, RequestContext
 from proxy.credits.streaming import ask_upstream_for_usage
 from proxy.errors import ProxyError
@@ -14,24 +12,26 @@ from proxy.upstream.backends import Backend, BackendPool
 from proxy.upstream.client import UpstreamClient, UpstreamError
 
 
-def _headers_for(ctx: RequestContext, auth: dict[str, str], trust_forwarded: bool) -> CIMultiDict[str]:
+def _headers_for(ctx: RequestContext, auth: dict[str, str], trust_forwarded: bool,
+                 hints: dict[str, str] | None = None) -> list[tuple[str, str]]:
     request = ctx.request
-    headers = upstream_request_headers(
+    extra = hints
+    if "otel_context" in ctx.state:  # tracing on: the upstream's parent is the proxy's forward span
+        from opentelemetry.propagate import inject
+
+        carrier: dict[str, str] = {}
+        inject(carrier)
+        extra = {**(hints or {}), **carrier}
+    return upstream_request_headers(
         request.headers,
         client_ip=request.peer,
         scheme=request.scheme,
         host=request.host,
         request_id=ctx.request_id,
         auth=auth,
+        extra=extra,
         trust_forwarded=trust_forwarded,
     )
-    if "otel_context" in ctx.state:  # tracing on: the upstream's parent is the proxy's forward span
-        from opentelemetry.propagate import inject
-
-        carrier: dict[str, str] = {}
-        inject(carrier)
-        headers.update(carrier)
-    return headers
 
 
 # Statuses that say the replica itself is unwell (overloaded, down behind a gateway, timing out). A 500 is kept out:
@@ -62,10 +62,9 @@ class ForwardToLLM:
         body = ctx.outgoing_body() if ctx.method not in ("GET", "HEAD") else None
         tried: set[int] = set()
         started = time.perf_counter()
-        hints = ctx.state.get("upstream_headers") or {}
+        hints = ctx.state.get("upstream_headers")
         while True:
-            headers = _headers_for(ctx, backend.auth_headers(), self.trust_forwarded)
-            headers.update(hints)
+            headers = _headers_for(ctx, backend.auth_headers(), self.trust_forwarded, hints)
             backend.in_flight += 1
             try:
                 reply = await self.client.send(

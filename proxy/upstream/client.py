@@ -13,12 +13,11 @@ import ssl
 from collections.abc import AsyncIterator
 
 import aiohttp
-from multidict import CIMultiDict
 
 from proxy.context import Reply
 from proxy.errors import ProxyError
 from proxy.headers import client_response_headers
-from proxy.upstream.http1 import ConnectFailed, ConnectionReset, Http1Client, Response
+from proxy.upstream.http1 import ConnectFailed, ConnectionReset, Headers, Http1Client, Response
 
 
 class UpstreamError(ProxyError):
@@ -61,7 +60,7 @@ class UpstreamClient:
             self._session = None
 
     async def send(
-        self, method: str, url: str, headers: CIMultiDict[str], body: bytes | None, *, label: str = "upstream"
+        self, method: str, url: str, headers: Headers, body: bytes | None, *, label: str = "upstream"
     ) -> Reply:
         """Send one request; a text/event-stream answer comes back streamed, anything else complete."""
         try:
@@ -76,11 +75,9 @@ class UpstreamClient:
                                 code="upstream_timeout") from None
         except ValueError as exc:
             raise ProxyError(400, f"the request cannot be forwarded: {exc}", code="invalid_request") from None
-        headers_out = client_response_headers(response.headers)
-        if response.decoded:
-            headers_out.popall("Content-Encoding", None)
-        elif "Content-Encoding" in response.headers:
-            headers_out["Content-Encoding"] = response.headers["Content-Encoding"]
+        headers_out = client_response_headers(response.raw_headers)  # Content-Encoding is not among them
+        if response.content_encoding and not response.decoded:
+            headers_out["Content-Encoding"] = response.content_encoding
         if response.content_type == "text/event-stream":
             return Reply(status=response.status, headers=headers_out,
                          chunks=_relay(response, label, self.read_timeout))

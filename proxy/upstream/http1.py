@@ -30,10 +30,11 @@ from __future__ import annotations
 import asyncio
 import base64
 import collections
+import re
 import ssl
 import time
 import zlib
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import cast
 from urllib.parse import unquote
@@ -41,6 +42,9 @@ from urllib.parse import unquote
 import httptools
 from multidict import CIMultiDict
 
+Headers = Mapping[str, str] | Sequence[tuple[str, str]]
+"""Request headers: a mapping, or name-value pairs (repeated names allowed)."""
+_UNSAFE_TARGET = re.compile(r"[ \r\n\t]")
 HIGH_WATER = 256 * 1024
 LOW_WATER = 64 * 1024
 _NO_BODY_STATUSES = frozenset({204, 304})
@@ -109,9 +113,13 @@ class Response:
         self._connection = connection
         self._head_only = head_only
         self.status = 0
-        self.headers: CIMultiDict[str] = CIMultiDict()
+        self.raw_headers: list[tuple[str, str]] = []
+        """The response's header pairs as received (names as sent)."""
+        self.content_type = ""
+        """The media type, lower-cased, without parameters ("" when absent)."""
+        self.content_encoding = ""
         self.decoded = False
-        self._raw_headers: list[tuple[str, str]] = []
+        self._headers: CIMultiDict[str] | None = None
         self._chunks: collections.deque[bytes] = collections.deque()
         self._buffered = 0
         self._done = False
@@ -121,8 +129,11 @@ class Response:
         self._decoder: zlib._Decompress | None = None
 
     @property
-    def content_type(self) -> str:
-        return self.headers.get("Content-Type", "").partition(";")[0].strip().lower()
+    def headers(self) -> CIMultiDict[str]:
+        """The headers for lookups (built on first use)."""
+        if self._headers is None:
+            self._headers = CIMultiDict(self.raw_headers)
+        return self._headers
 
     @property
     def complete(self) -> bool:
@@ -132,14 +143,24 @@ class Response:
 
     def _on_head(self, status: int) -> None:
         self.status = status
-        self.headers = CIMultiDict(self._raw_headers)
-        encoding = self.headers.get("Content-Encoding", "").strip().lower()
+        length = False
+        transfer = ""
+        for name, value in self.raw_headers:  # one pass for the four headers the client itself needs
+            lower = name.lower()
+            if lower == "content-type":
+                self.content_type = value.partition(";")[0].strip().lower()
+            elif lower == "content-length":
+                length = True
+            elif lower == "content-encoding":
+                self.content_encoding = value
+            elif lower == "transfer-encoding":
+                transfer = value
+        encoding = self.content_encoding.strip().lower()
         if encoding in ("gzip", "x-gzip", "deflate"):
             self._decoder = zlib.decompressobj(wbits=47 if encoding != "deflate" else zlib.MAX_WBITS)
             self.decoded = True
         no_body = self._head_only or status in _NO_BODY_STATUSES
-        if not no_body and "Content-Length" not in self.headers and \
-                "chunked" not in self.headers.get("Transfer-Encoding", "").lower():
+        if not no_body and not length and "chunked" not in transfer.lower():
             self._until_close = True  # the body ends when the server closes the connection
         if no_body and self._head_only:
             self._done = True
@@ -150,7 +171,7 @@ class Response:
             try:
                 data = self._decoder.decompress(data)
             except zlib.error as exc:
-                self._fail(ConnectionReset(f"undecodable {self.headers.get('Content-Encoding')} body: {exc}"))
+                self._fail(ConnectionReset(f"undecodable {self.content_encoding} body: {exc}"))
                 return
         if not data:
             return
@@ -283,14 +304,14 @@ class _Connection(asyncio.Protocol):
 
     def on_header(self, name: bytes, value: bytes) -> None:
         assert self.response is not None
-        self.response._raw_headers.append((name.decode("latin-1"), value.decode("utf-8", "surrogateescape")))
+        self.response.raw_headers.append((name.decode("latin-1"), value.decode("utf-8", "surrogateescape")))
 
     def on_headers_complete(self) -> None:
         assert self.response is not None
         status = self.parser.get_status_code()
         if 100 <= status < 200:  # informational (103 Early Hints, ...): the final response follows
             self.informational = True
-            self.response._raw_headers.clear()
+            self.response.raw_headers.clear()
             return
         self.keep_alive = self.parser.should_keep_alive()
         self.response._on_head(status)
@@ -449,11 +470,11 @@ class Http1Client:
             origin, _ = split_url(base)
             cached = self._pools[base] = (_Pool(origin, self), origin.host_header)
         target = "/" if slash < 0 else url[slash:]
-        if any(c in target for c in " \r\n\t"):
+        if _UNSAFE_TARGET.search(target):
             raise ValueError(f"not a forwardable request target: {target!r}")
         return cached[0], target
 
-    async def request(self, method: str, url: str, headers: Mapping[str, str], body: bytes | None) -> Response:
+    async def request(self, method: str, url: str, headers: Headers, body: bytes | None) -> Response:
         """Send a request and wait for the response head (the body is read from the :class:`Response`).
 
         Raises :class:`ConnectFailed` (safe to retry), :class:`ConnectionReset`, :class:`TimeoutError`, or
@@ -476,26 +497,36 @@ class Http1Client:
         self._pools.clear()
 
 
-def _request_head(method: str, target: str, origin: Origin, headers: Mapping[str, str], body: bytes | None) -> bytes:
-    lines = [f"{method} {target} HTTP/1.1\r\n"]
-    has_host = has_accept = has_auth = False
-    for name, value in headers.items():
-        if "\r" in value or "\n" in value or "\r" in name or "\n" in name or ":" in name:
-            raise ValueError(f"header {name!r} cannot be sent")
+_NOT_FORWARDED = frozenset({"content-length", "transfer-encoding"})  # the body is sent with its own length
+_DEFAULTED = frozenset({"host", "accept", "authorization"})  # sent by the client itself unless the request has them
+
+
+def _request_head(method: str, target: str, origin: Origin, headers: Headers, body: bytes | None) -> bytes:
+    pairs = headers if isinstance(headers, list) else headers.items() if isinstance(headers, Mapping) else headers
+    lines = [f"{method} {target} HTTP/1.1\r\n", ""]  # [1]: Host, unless the request has one
+    present: set[str] = set()
+    for name, value in pairs:
         lower = name.lower()
-        if lower in ("content-length", "transfer-encoding"):
+        if lower in _NOT_FORWARDED:
             continue
-        has_host = has_host or lower == "host"
-        has_accept = has_accept or lower == "accept"
-        has_auth = has_auth or lower == "authorization"
+        if lower in _DEFAULTED:
+            present.add(lower)
+        if ":" in name:
+            raise ValueError(f"header {name!r} cannot be sent")
         lines.append(f"{name}: {value}\r\n")
-    if not has_host:
-        lines.insert(1, f"Host: {origin.host_header}\r\n")
-    if origin.authorization and not has_auth:
+    if "host" not in present:
+        lines[1] = f"Host: {origin.host_header}\r\n"
+    if origin.authorization and "authorization" not in present:
         lines.append(f"Authorization: {origin.authorization}\r\n")
-    if not has_accept:
+    if "accept" not in present:
         lines.append("Accept: */*\r\n")
     if body is not None or method in ("POST", "PUT", "PATCH"):
         lines.append(f"Content-Length: {len(body) if body else 0}\r\n")
     lines.append("\r\n")
-    return "".join(lines).encode("utf-8", "surrogateescape")
+    text = "".join(lines)
+    # every line ends in the one CR LF put there above: any other is a name or value trying to add a line
+    expected = len(lines) - (lines[1] == "")
+    if text.count("\r") != expected or text.count("\n") != expected:
+        bad = next((n for n, v in pairs if "\r" in n + v or "\n" in n + v), "?")
+        raise ValueError(f"header {bad!r} cannot be sent")
+    return text.encode("utf-8", "surrogateescape")

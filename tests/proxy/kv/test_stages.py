@@ -207,3 +207,35 @@ async def test_a_one_message_prompt_keeps_its_bytes_and_a_system_prompt_names_it
     assert keys[0] == keys[1], "the same system prompt, the same prefix key"
     assert sent[1].state["upstream_headers"]["X-Prefix-Hash"] == keys[0]
     assert replica.tree.node_count == 1
+
+
+@pytest.mark.parametrize("kind", [BackendKind.OPENAI, BackendKind.GENERIC])
+async def test_a_one_message_prompt_to_the_only_replica_routes_as_the_full_decision_would(kind: BackendKind) -> None:
+    model = PrefillModel(PrefillCoefficients(0.01, 0.0001, 0.0))
+    replica = Replica(0, kind, KnowledgeTree(100_000, prefill=model), model, AdmissionQueue(2))
+    backend = object()
+    route = Route([replica], Router([model], ttft_slo_s=None), backend_objects=[backend])
+    shape = Shape([replica])
+    body = {"model": "m", "messages": [{"role": "user", "content": "What does a proxy do?"}]}
+    decided = []
+    for fixed in (True, False):
+        route._fixed = fixed
+        ctx = ctx_for(dict(body), 0)
+        shape.shape(ctx)
+        decided.append((route.route(ctx), ctx.state["backend"], ctx.state["backend_index"],
+                        ctx.state.get("upstream_headers"), ctx.body_changed, replica.tree.match([]).tokens))
+    assert route._fixed is False and decided[0] == decided[1]
+    assert decided[0][1] is backend and decided[0][0] is not None and decided[0][0].estimated_ttft_s > 0
+
+
+def test_the_fixed_route_is_only_taken_where_nothing_is_left_to_decide() -> None:
+    def fixed(kind: BackendKind, n: int = 1, slo: float | None = None, expose: bool = False) -> bool:
+        models = [PrefillModel() for _ in range(n)]
+        reps = [Replica(i, kind, KnowledgeTree(1000, prefill=m), m, AdmissionQueue(2)) for i, m in enumerate(models)]
+        return Route(reps, Router(models, ttft_slo_s=slo), expose_headers=expose)._fixed
+
+    assert fixed(BackendKind.OPENAI) and fixed(BackendKind.GENERIC)
+    assert not fixed(BackendKind.VLLM) and not fixed(BackendKind.SGLANG) and not fixed(BackendKind.LLAMACPP)
+    assert not fixed(BackendKind.OPENAI, n=2)
+    assert not fixed(BackendKind.OPENAI, slo=1.0)
+    assert not fixed(BackendKind.OPENAI, expose=True)
