@@ -132,14 +132,14 @@ class Runtime:
         """Account for one answered request: metrics, the request span, the access log line."""
         metrics = self.metrics
         cache_status = ctx.cache_status or "NONE"
-        metrics.answered(ctx.route, status, cache_status, seconds)
+        metrics.per_request.answered(ctx.route, status, cache_status, seconds)
         if ctx.cache_tier:
             metrics.child(metrics.tier_lookups, ctx.cache_tier, "hit").inc()
         backend = ctx.state.get("backend")
         label = backend.label if isinstance(backend, Backend) else ("qdrant" if "qdrant" in ctx.route else "llm")
         upstream_seconds = ctx.state.get("upstream_seconds")
         if upstream_seconds is not None:
-            metrics.child(metrics.upstream_seconds, label).observe(float(upstream_seconds))
+            metrics.per_request.upstream(label, float(upstream_seconds))
         cached_tokens = ctx.state.get("kv.cached_tokens_reported")
         if cached_tokens:
             metrics.child(metrics.prefix_tokens, label).inc(int(cached_tokens))
