@@ -52,7 +52,7 @@ def request_id(incoming: str | None) -> str:
     unique, not secret, and the module's generator is reseeded in every forked or spawned process."""
     if incoming and _REQUEST_ID.match(incoming):
         return incoming
-    return f"{getrandbits(128):032x}"
+    return getrandbits(128).to_bytes(16).hex()
 
 
 def upstream_request_headers(

@@ -125,6 +125,13 @@ class AdmissionQueue:
     def waiting(self) -> int:
         return len(self._order)
 
+    def try_acquire(self) -> bool:
+        """Take a free slot at once if nobody waits for one (no coroutine: the common case)."""
+        if self.active < self.limit and not len(self._order):
+            self.active += 1
+            return True
+        return False
+
     async def acquire(self, cached_tokens: int, compute_tokens: int, deadline: float | None = None) -> None:
         """Wait for a slot; :class:`DeadlineExceeded` when ``deadline`` (this queue's clock) passes first,
         :class:`TimeoutError` after ``max_wait_s``."""

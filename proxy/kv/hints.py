@@ -235,8 +235,9 @@ Reported = Mapping[str, Any] | bytes | list[dict[str, Any]]
 
 def reports_cache(body: bytes) -> bool:
     """Whether ``body`` may hold a cache report (``cached_tokens`` or llama.cpp ``timings``): a byte search is far
-    cheaper than parsing a reply that reports nothing."""
-    return b'"cached_tokens"' in body or b'"timings"' in body
+    cheaper than parsing a reply that reports nothing. (``find``, not ``in``: CPython's ``bytes in bytes`` first
+    tries the operand as an integer and raises and clears a TypeError on every call.)"""
+    return body.find(b'"cached_tokens"') >= 0 or body.find(b'"timings"') >= 0
 
 
 def reply_objects(reply: Reported) -> list[dict[str, Any]]:

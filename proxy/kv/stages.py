@@ -380,7 +380,8 @@ class Route:
         decision_cached = routed.predicted.tokens
         compute = max(1, sum(s.tokens for s in routed.path) - decision_cached) if routed.path else 1
         try:
-            await replica.queue.acquire(decision_cached, compute, routed.start_deadline)
+            if not replica.queue.try_acquire():
+                await replica.queue.acquire(decision_cached, compute, routed.start_deadline)
         except DeadlineExceeded as error:
             self.router.finished(ctx.request_id, routed.replica)
             replica.tree.retract(routed.path, routed.predicted)

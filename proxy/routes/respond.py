@@ -69,7 +69,10 @@ async def respond(out: Responder, ctx: RequestContext, reply: Reply, dialect: Di
     if reply.chunks is None:
         body = reply.body or b""
         out.send(reply.status, headers.items(), body)
-        await _finish(reply, 200 <= reply.status < 300, body)
+        if reply.wants_body:
+            await _finish(reply, 200 <= reply.status < 300, body)
+        else:  # nothing to store or settle: the end callbacks alone, no coroutine
+            reply.end(200 <= reply.status < 300)
         return
 
     collected: list[bytes] | None = [] if reply.wants_body else None

@@ -11,7 +11,8 @@ from typing import Protocol
 
 HeaderItems = Iterable[tuple[str, str]]
 
-_REASONS = {status.value: status.phrase.encode("ascii") for status in HTTPStatus}
+_STATUS_LINES = {status.value: b"HTTP/1.1 %d %s\r\n" % (status.value, status.phrase.encode("ascii"))
+                 for status in HTTPStatus}
 _NO_BODY = frozenset({204, 304})
 # Set by the responder itself; a handler's own copies would contradict the framing.
 _FRAMING = frozenset({"content-length", "transfer-encoding", "connection", "keep-alive", "date"})
@@ -76,12 +77,11 @@ class Responder:
         self.started = True
         lines = [f"{name}: {value}\r\n" for name, value in headers
                  if name.lower() not in _FRAMING and "\n" not in value and "\r" not in value]
-        parts = [b"HTTP/1.1 %d %s\r\n" % (status, _REASONS.get(status, b"Unknown")), _date_header(),
+        if length is not None and status not in _NO_BODY:
+            lines.append(f"Content-Length: {length}\r\n")
+        parts = [_STATUS_LINES.get(status) or b"HTTP/1.1 %d Unknown\r\n" % status, _date_header(),
                  _encode("".join(lines))]
-        if length is not None:
-            if status not in _NO_BODY:
-                parts.append(b"Content-Length: %d\r\n" % length)
-        elif status not in _NO_BODY and not self._head_only:
+        if length is None and status not in _NO_BODY and not self._head_only:
             if self._version_10:
                 self.keep_alive = False
             else:

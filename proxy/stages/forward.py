@@ -69,7 +69,7 @@ class ForwardToLLM:
             try:
                 reply = await self.client.send(
                     ctx.method, backend.url + ctx.upstream_path, headers, body,
-                    label=f"LLM backend {backend.label}",
+                    label=backend.described,
                 )
             except UpstreamError as exc:
                 backend.in_flight -= 1

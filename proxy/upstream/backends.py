@@ -35,11 +35,14 @@ class Backend:
     url: str = field(init=False)
     label: str = field(init=False)
     """The name, or the URL without credentials (safe for logs and metrics)."""
+    described: str = field(init=False, repr=False)
+    """How error messages name it."""
     _auth: dict[str, str] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:  # read once: the config of a replica does not change under it
         self.url = self.config.url
         self.label = self.config.label
+        self.described = f"LLM backend {self.label}"
         key = self.config.api_key
         self._auth = {"Authorization": f"Bearer {key.get_secret_value()}"} if key is not None else {}
 

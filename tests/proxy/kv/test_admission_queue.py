@@ -68,3 +68,16 @@ async def test_a_bounded_wait_times_out_and_leaves_the_queue() -> None:
             await queue.acquire(0, 1)
         assert queue.waiting == 0
     assert queue.active == 0
+
+
+async def test_try_acquire_takes_only_a_free_slot_nobody_waits_for() -> None:
+    queue = AdmissionQueue(limit=1)
+    assert queue.try_acquire() and queue.active == 1
+    assert not queue.try_acquire()
+    waiter = asyncio.ensure_future(queue.acquire(0, 10))
+    await asyncio.sleep(0)
+    queue.release()  # handed to the waiter, not left for a newcomer
+    await waiter
+    assert not queue.try_acquire() and queue.active == 1
+    queue.release()
+    assert queue.try_acquire()
