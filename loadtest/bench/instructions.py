@@ -1,0 +1,98 @@
+"""``python -m loadtest.bench instructions [--quick] [--json]``: CPU instructions the proxy spends per request.
+
+The request of the ``overhead`` benchmark (a one-message chat completion, caches off) is sent one at a time to
+``ragproxy serve`` and to :mod:`loadtest.bare_forwarder` (the floor: the proxy's own server and forwarding client
+with nothing between them), each running under valgrind's callgrind. Counting starts after a warm-up and stops
+after the measured requests; the figure is user-space instructions per request (system calls' kernel time is not
+counted).
+
+Why this benchmark next to ``overhead``: on a shared machine, throughput and CPU time per request move by 10-20%
+from one run to the next, more than most single changes to the hot path are worth. Instruction counts repeat to
+within about 1%, so a change can be judged in one run; ``overhead`` then says what it buys in time. Needs
+``valgrind`` (``apt-get install valgrind``); a run takes about a minute.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from loadtest.harness import child, free_port, wait_for_port
+
+BODY = b'{"model":"bench","messages":[{"role":"user","content":"What does a proxy do?"}]}'
+REQUEST = (b"POST /v1/chat/completions HTTP/1.1\r\nHost: bench\r\nContent-Type: application/json\r\n"
+           b"Accept: */*\r\nUser-Agent: bench\r\nContent-Length: %d\r\n\r\n%b" % (len(BODY), BODY))
+
+
+async def _send(port: int, count: int) -> None:
+    """``count`` requests, one at a time, on one keep-alive connection."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        for _ in range(count):
+            writer.write(REQUEST)
+            head = await reader.readuntil(b"\r\n\r\n")
+            if not head.startswith(b"HTTP/1.1 200"):
+                raise RuntimeError(f"unexpected answer: {head[:40]!r}")
+            start = head.lower().index(b"content-length:") + len(b"content-length:")
+            await reader.readexactly(int(head[start:head.index(b"\r\n", start)]))
+    finally:
+        writer.close()
+
+
+def _instructions(args: list[str], port: int, env: dict[str, str], warm: int, count: int) -> float:
+    """Instructions per request of the Python program ``args`` listening on ``port``."""
+    with tempfile.TemporaryDirectory() as out:
+        command = ["valgrind", "--tool=callgrind", "--instr-atstart=no",
+                   f"--callgrind-out-file={out}/callgrind.out", sys.executable, *args]
+        process = subprocess.Popen(command, env={**os.environ, **env}, stdout=subprocess.DEVNULL,
+                                   stderr=subprocess.DEVNULL)
+        try:
+            wait_for_port(port, timeout=300)  # start-up under valgrind is slow
+            asyncio.run(_send(port, warm))
+            subprocess.run(["callgrind_control", "--instr=on", str(process.pid)], check=True, capture_output=True)
+            asyncio.run(_send(port, count))
+            subprocess.run(["callgrind_control", "--instr=off", str(process.pid)], check=True, capture_output=True)
+        finally:
+            process.terminate()
+            process.wait(timeout=120)
+        totals = [int(line.split()[1]) for line in
+                  Path(out, "callgrind.out").read_text(encoding="utf-8", errors="replace").splitlines()
+                  if line.startswith(("totals:", "summary:"))]
+    if not totals or not totals[-1]:
+        raise RuntimeError("callgrind counted nothing")
+    return totals[-1] / count  # the file's last total ("summary:" may come first, as 0)
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m loadtest.bench instructions")
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args(argv)
+    if shutil.which("valgrind") is None or shutil.which("callgrind_control") is None:
+        print("this benchmark needs valgrind (apt-get install valgrind)", file=sys.stderr)
+        return 2
+    warm, count = (200, 300) if args.quick else (500, 1000)
+    upstream_port = free_port()
+    with child(["-m", "loadtest.trivial_upstream", "--port", str(upstream_port)], upstream_port):
+        upstream = f"http://127.0.0.1:{upstream_port}"
+        proxy_port, floor_port = free_port(), free_port()
+        proxy_env = {"RAGPROXY_UPSTREAMS__LLM": json.dumps([{"url": upstream}]), "RAGPROXY_CACHE__ENABLED": "false",
+                     "RAGPROXY_ADMIN__ENABLED": "false", "RAGPROXY_SERVER__PORT": str(proxy_port),
+                     "RAGPROXY_LOGGING__LEVEL": "warning"}
+        proxy = _instructions(["-m", "proxy.cli", "serve"], proxy_port, proxy_env, warm, count)
+        floor = _instructions(["-m", "loadtest.bare_forwarder", "--port", str(floor_port), "--upstream", upstream],
+                              floor_port, {}, warm, count)
+    results = {"proxy_instructions_per_request": proxy, "floor_instructions_per_request": floor,
+               "proxy_to_floor": proxy / floor, "proxy_over_floor_instructions": proxy - floor}
+    for key, value in results.items():
+        print(f"{key:32s} {value:14,.2f}")
+    if args.json:
+        print(json.dumps({k: round(v, 3) for k, v in results.items()}))
+    return 0
