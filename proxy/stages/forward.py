@@ -83,6 +83,9 @@ class ForwardToLLM:
                     raise
                 backend = following
                 continue
+            except BaseException:  # cancelled (the client hung up) or broken otherwise: no longer in flight
+                backend.in_flight -= 1
+                raise
             ctx.state["backend"] = backend
             if reply.status in _REPLICA_FAILING:
                 backend.breaker.failure()

@@ -112,6 +112,25 @@ def test_client_disconnect_cancels_upstream(fake_llm_thread: FakeLLM, proxy: Pro
     assert backend.in_flight == 0, "the upstream call must end when the client goes away"
 
 
+def test_a_client_gone_before_the_answer_leaves_nothing_in_flight(fake_llm_thread: FakeLLM,
+                                                                   proxy: ProxyServer) -> None:
+    fake_llm_thread.latency_s = 0.5
+    request = (b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+               b"Content-Length: %d\r\n\r\n")
+    body = b'{"model": "fake-model", "messages": [{"role": "user", "content": "slow answer"}]}'
+    backend = proxy.runtime.backends.backends[0]
+    with socket.create_connection(("127.0.0.1", proxy.settings.server.port)) as sock:
+        sock.sendall(request % len(body) + body)
+        deadline = time.monotonic() + 5
+        while not backend.in_flight and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert backend.in_flight == 1
+    deadline = time.monotonic() + 5
+    while backend.in_flight and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert backend.in_flight == 0, "a request cancelled while waiting for the upstream is no longer in flight"
+
+
 def test_upstream_breaker_fails_fast_then_recovers(fake_llm_thread: FakeLLM) -> None:
     settings = proxy_settings(fake_llm_thread.url, **{"cache.enabled": False, "upstreams.breaker_failures": 3,
                                                        "upstreams.breaker_open_s": 0.5})
