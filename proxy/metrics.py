@@ -63,7 +63,7 @@ class RequestSeries(Collector):
 
     def answered(self, route: str, status: int, cache_status: str, seconds: float) -> None:
         """Count one answered request and its time to the last byte."""
-        key = (route, _STATUS_TEXT.get(status) or str(status), cache_status)
+        key = (route, str(status), cache_status)
         self.requests[key] = self.requests.get(key, 0) + 1
         histogram = self.durations.get((route, cache_status))
         if histogram is None:
@@ -97,7 +97,6 @@ class RequestSeries(Collector):
         yield upstreams
 
 
-_STATUS_TEXT = {status: str(status) for status in range(100, 600)}
 _LE = [floatToGoString(bound) for bound in (*LATENCY_BUCKETS, math.inf)]  # type: ignore[no-untyped-call]
 
 

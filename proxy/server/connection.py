@@ -197,9 +197,7 @@ class Connection(asyncio.Protocol):
         self._grow_head(len(url))
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        self._head_size += len(name) + len(value)
-        if self._head_size > self.server.max_head:
-            self._grow_head(0)
+        self._grow_head(len(name) + len(value))
         self._headers.append((name.decode("latin-1"), value.decode("utf-8", "surrogateescape")))
 
     def on_headers_complete(self) -> None:
