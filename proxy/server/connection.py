@@ -18,8 +18,10 @@ Semantics:
 * A client that hangs up (or half-closes) cancels its request's handler; writes then raise
   :class:`ConnectionResetError`.
 * An ``Upgrade`` request is served as plain HTTP and the connection then closes.
-* Malformed requests get a 400 (a head over ``max_head`` bytes a 431) with a JSON body from ``error_body``, then
-  the connection closes. An exception that escapes the handler is logged and answered with a 500.
+* Malformed requests get a 400 (a head over ``max_head`` bytes a 431, counted while it arrives) with a JSON body
+  from ``error_body``; the server then ends its side and drops what the client still sends for up to ``LINGER_S``
+  seconds before closing, so the answer is not lost to a reset. An exception that escapes the handler is logged
+  and answered with a 500.
 * Idle keep-alive connections close after ``keepalive_s``. :meth:`HttpServer.shutdown` stops listening, closes
   idle connections, lets in-flight requests finish within the grace period and cancels what is left.
 """
@@ -117,9 +119,11 @@ class Connection(asyncio.Protocol):
         self.closing = False
         self._url: list[bytes] = []
         self._headers: list[tuple[str, str]] = []
+        self._in_head = False
         self._body: list[bytes] = []
         self._size = 0
-        self._head_size = 0
+        self._head_bytes = 0  # raw bytes received while the head is incomplete
+        self._field_bytes = 0  # the complete fields' sizes (target, names, values)
         self._dispatched = False  # the current message went to the handler before its body was read
         self._message_done = True
         self._queue: collections.deque[tuple[Request, Responder] | _Reject] = collections.deque()
@@ -147,6 +151,10 @@ class Connection(asyncio.Protocol):
             return
         try:
             self.parser.feed_data(data)
+            if self._in_head:  # a head still arriving (llhttp buffers a partial field): bound what it holds
+                self._head_bytes += len(data)
+                if self._head_bytes > self.server.max_head:
+                    self._enqueue(self._head_too_large())
         except httptools.HttpParserUpgrade:  # served as plain HTTP (Upgrade ignored); what follows is not parsed
             self._broken = True
         except httptools.HttpParserCallbackError as exc:
@@ -189,18 +197,23 @@ class Connection(asyncio.Protocol):
         self._headers = []
         self._body = []
         self._size = 0
-        self._head_size = 0
+        self._head_bytes = 0
+        self._field_bytes = 0
+        self._in_head = True
         self._busy = True
 
     def on_url(self, url: bytes) -> None:
         self._url.append(url)
-        self._grow_head(len(url))
+        self._field_bytes += len(url)
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        self._grow_head(len(name) + len(value))
+        self._field_bytes += len(name) + len(value)
         self._headers.append((name.decode("latin-1"), value.decode("utf-8", "surrogateescape")))
 
     def on_headers_complete(self) -> None:
+        self._in_head = False
+        if self._field_bytes > self.server.max_head:
+            raise self._head_too_large()
         declared = expect = None
         for name, value in self._headers:
             lower = name.lower()
@@ -234,11 +247,8 @@ class Connection(asyncio.Protocol):
 
     # -- requests --
 
-    def _grow_head(self, size: int) -> None:
-        self._head_size += size
-        if self._head_size > self.server.max_head:
-            raise _Reject(431, f"the request head exceeds {self.server.max_head} bytes",
-                          "request_header_fields_too_large")
+    def _head_too_large(self) -> _Reject:
+        return _Reject(431, f"the request head exceeds {self.server.max_head} bytes", "request_header_fields_too_large")
 
     def _dispatch(self, *, body_too_large: bool) -> None:
         self._dispatched = True
@@ -277,10 +287,10 @@ class Connection(asyncio.Protocol):
             self._read_paused = False
             self.transport.resume_reading()
         item = self._queue.popleft()
-        if isinstance(item, _Reject):  # the byte stream is out of step: answer and close, read nothing more
+        if isinstance(item, _Reject):  # the byte stream is out of step: answer and close, parse nothing more
             self._queue.clear()
             self._error_response(item.status, str(item), item.code)
-            self._shut()
+            self._linger()
             return
         self._task = asyncio.get_running_loop().create_task(self._run(*item))
 
@@ -349,6 +359,17 @@ class Connection(asyncio.Protocol):
                 self.transport.resume_reading()
             return
         self._shut()
+
+    def _linger(self) -> None:
+        """End our side after an error answer and drop what the client is still sending, for up to ``LINGER_S``
+        seconds: closing with unread bytes would reset the connection, and a reset can destroy the answer before
+        the client reads it."""
+        if self.closing or self.transport is None:
+            return
+        if self.transport.can_write_eof():
+            self.transport.write_eof()
+        if self._lingering is None:
+            self._lingering = asyncio.get_running_loop().call_later(LINGER_S, self.abort)
 
     def _shut(self) -> None:
         if not self.closing and self.transport is not None:

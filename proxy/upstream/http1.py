@@ -100,11 +100,6 @@ def split_url(url: str) -> tuple[Origin, str]:
     return Origin(scheme, host, port, host_header, authorization), target
 
 
-def _timeout(future: asyncio.Future[None]) -> None:
-    if not future.done():
-        future.set_exception(TimeoutError())
-
-
 class Response:
     """One upstream response: status and headers at once, the body complete (:meth:`read`) or in pieces
     (:meth:`iter_chunks`); then :meth:`release` (reuse the connection if possible) or :meth:`close`."""
@@ -210,13 +205,9 @@ class Response:
             waiter.set_result(None)
 
     async def _wait(self, silence_s: float) -> None:
-        loop = asyncio.get_running_loop()
-        waiter = self._waiter = loop.create_future()
-        handle = loop.call_later(silence_s, _timeout, waiter)
-        try:
-            await waiter
-        finally:
-            handle.cancel()
+        waiter = self._waiter = asyncio.get_running_loop().create_future()
+        self._connection.watch(silence_s)
+        await waiter
 
     # -- used by the caller --
 
@@ -274,6 +265,9 @@ class _Connection(asyncio.Protocol):
         self.keep_alive = True
         self.informational = False
         self.idle_since = 0.0
+        self._deadline = 0.0  # when the consumer waiting for the response gives up on the upstream's silence
+        self._watch: asyncio.TimerHandle | None = None
+        self._watch_at = 0.0
 
     # -- asyncio.Protocol --
 
@@ -296,6 +290,9 @@ class _Connection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
+        if self._watch is not None:
+            self._watch.cancel()
+            self._watch = None
         if self.response is not None:
             self.response._on_lost(exc)
         self.pool.gone(self)
@@ -337,6 +334,32 @@ class _Connection(asyncio.Protocol):
         else:
             self.transport.write(head + body if body else head)
         return self.response
+
+    def watch(self, silence_s: float) -> None:
+        """The response's consumer starts waiting: fail the wait after ``silence_s`` seconds without news.
+
+        One timer per connection, not one per wait: it stays armed from wait to wait (a request waits at least
+        twice, for the head and for the body) and, when it fires, re-arms for whatever is left of the current
+        wait, or lapses when nobody is waiting."""
+        deadline = self._deadline = time.monotonic() + silence_s
+        if self._watch is None or self._watch_at > deadline:
+            if self._watch is not None:
+                self._watch.cancel()
+            self._watch_at = deadline
+            self._watch = asyncio.get_running_loop().call_later(silence_s, self._check_silence)
+
+    def _check_silence(self) -> None:
+        self._watch = None
+        response = self.response
+        waiter = response._waiter if response is not None else None
+        if waiter is None or waiter.done():
+            return
+        left = self._deadline - time.monotonic()
+        if left > 0:
+            self._watch_at = self._deadline
+            self._watch = asyncio.get_running_loop().call_later(left, self._check_silence)
+        else:
+            waiter.set_exception(TimeoutError())
 
     def pause(self) -> None:
         if not self.paused and self.transport is not None and not self.closed:

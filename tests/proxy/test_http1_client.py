@@ -216,6 +216,31 @@ async def test_streams_arrive_piece_by_piece_and_a_stall_is_a_timeout(client: Ht
         response.close()
 
 
+async def test_the_silence_limit_restarts_with_every_piece(client: Http1Client) -> None:
+    async def script(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await peer.read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n")
+        for _ in range(4):  # 2.4 s in all, never 1 s silent
+            await asyncio.sleep(0.6)
+            writer.write(b"6\r\npiece\n\r\n")
+            await writer.drain()
+        await asyncio.sleep(0.6)
+        writer.write(b"0\r\n\r\n")
+        await writer.drain()
+        await asyncio.sleep(5)
+
+    async with RawPeer(script) as peer:
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        response = await client.request("POST", peer.url + "/x", {}, b"{}")
+        assert [chunk async for chunk in response.iter_chunks(1)] == [b"piece\n"] * 4
+        assert loop.time() - started > 2.4
+        response.release()
+        with pytest.raises(TimeoutError):  # the same connection, no answer this time: the limit still holds
+            await client.request("POST", peer.url + "/x", {}, b"{}")
+        assert peer.connections == 1
+
+
 async def test_a_slow_consumer_pauses_reading_instead_of_buffering(client: Http1Client) -> None:
     piece = b"x" * 65536
 
@@ -257,6 +282,23 @@ async def test_informational_responses_are_skipped_and_head_has_no_body(client: 
         head = await client.request("HEAD", peer.url + "/x", {}, None)
         assert head.status == 200 and await head.read(1) == b""
         head.release()
+
+
+async def test_response_header_fields_arrive_as_sent(client: Http1Client) -> None:
+    async def script(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await peer.read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\nSet-Cookie: a=1\r\nSet-Cookie: b=2\r\nX-Utf8: caf\xc3\xa9\r\n"
+                     b"X-Raw: \xff\r\nContent-Type: Text/Plain; charset=utf-8\r\nContent-Length: 2\r\n\r\nok")
+        await writer.drain()
+
+    async with RawPeer(script) as peer:
+        response = await client.request("GET", peer.url + "/h", {}, None)
+        assert response.raw_headers == [("Set-Cookie", "a=1"), ("Set-Cookie", "b=2"), ("X-Utf8", "café"),
+                                         ("X-Raw", "\udcff"), ("Content-Type", "Text/Plain; charset=utf-8"),
+                                         ("Content-Length", "2")]
+        assert response.content_type == "text/plain" and response.headers.getall("set-cookie") == ["a=1", "b=2"]
+        assert await response.read(1) == b"ok"
+        response.release()
 
 
 async def test_url_credentials_become_basic_auth_and_unsafe_headers_are_refused(client: Http1Client) -> None:

@@ -184,6 +184,41 @@ async def test_malformed_requests_get_a_json_error_and_a_closed_connection(
     writer.close()
 
 
+@pytest.mark.parametrize("piece", [
+    lambda i: b"X-Filler-%d: %b\r\n" % (i, b"f" * 1000),  # many fields
+    lambda i: b"f" * 1000,  # one field whose value never ends (llhttp holds the part it has)
+], ids=["many-fields", "endless-value"])
+async def test_a_head_that_never_ends_is_refused_once_past_the_limit(
+        serve: Callable[..., Awaitable[Served]], piece: Callable[[int], bytes]) -> None:
+    served = await serve(max_head=4096)
+    reader, writer = await served.connect()
+    writer.write(b"GET /v1/x HTTP/1.1\r\nHost: t\r\nX-First: ")
+    for i in range(64):  # 64 KiB of head, written in pieces; the blank line never comes
+        writer.write(piece(i))
+        await writer.drain()
+    status, _, body = await read_response(reader)
+    assert status == 431 and orjson.loads(body)["code"] == "request_header_fields_too_large"
+    writer.close()
+
+
+async def test_header_fields_reach_the_handler_as_sent(serve: Callable[..., Awaitable[Served]]) -> None:
+    seen: list[list[tuple[str, str]]] = []
+
+    async def keep(request: Request, out: Responder) -> None:
+        seen.append(list(request.headers.items()))
+        out.send(200, [(name, value) for name, value in request.headers.items() if name.startswith("X-")])
+
+    served = await serve(keep)
+    reader, writer = await served.connect()
+    writer.write(b"GET /h HTTP/1.1\r\nHost: t\r\nX-Twice: a\r\nX-Twice: b\r\nX-Utf8: caf\xc3\xa9\r\n"
+                 b"X-Raw: \xff\xfe\r\nX-Empty:\r\n\r\n")
+    head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
+    assert seen == [[("Host", "t"), ("X-Twice", "a"), ("X-Twice", "b"), ("X-Utf8", "café"),
+                     ("X-Raw", "\udcff\udcfe"), ("X-Empty", "")]]
+    assert b"\r\nX-Twice: a\r\nX-Twice: b\r\nX-Utf8: caf\xc3\xa9\r\nX-Raw: \xff\xfe\r\nX-Empty: \r\n" in head
+    writer.close()
+
+
 async def test_an_upgrade_request_is_served_as_plain_http_then_closed(
         serve: Callable[..., Awaitable[Served]]) -> None:
     served = await serve()
