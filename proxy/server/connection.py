@@ -113,6 +113,7 @@ class Connection(asyncio.Protocol):
 
     def __init__(self, server: HttpServer) -> None:
         self.server = server
+        self.loop = asyncio.get_running_loop()  # kept: each lookup is a getpid() system call
         self.parser = httptools.HttpRequestParser(self)
         self.transport: asyncio.Transport | None = None
         self.peer: str | None = None
@@ -292,7 +293,7 @@ class Connection(asyncio.Protocol):
             self._error_response(item.status, str(item), item.code)
             self._linger()
             return
-        self._task = asyncio.get_running_loop().create_task(self._run(*item))
+        self._task = self.loop.create_task(self._run(*item))
 
     async def _run(self, request: Request, responder: Responder) -> None:
         try:

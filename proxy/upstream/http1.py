@@ -205,7 +205,7 @@ class Response:
             waiter.set_result(None)
 
     async def _wait(self, silence_s: float) -> None:
-        waiter = self._waiter = asyncio.get_running_loop().create_future()
+        waiter = self._waiter = self._connection.loop.create_future()
         self._connection.watch(silence_s)
         await waiter
 
@@ -257,6 +257,7 @@ class _Connection(asyncio.Protocol):
 
     def __init__(self, pool: _Pool) -> None:
         self.pool = pool
+        self.loop = asyncio.get_running_loop()  # kept: each lookup is a getpid() system call
         self.transport: asyncio.Transport | None = None
         self.parser = httptools.HttpResponseParser(self)
         self.response: Response | None = None
