@@ -96,6 +96,9 @@ class Server(_Section):
     host: str = Field(default="127.0.0.1", description="Data-plane bind address")
     port: int = Field(default=8080, ge=1, le=65535, description="Data-plane port")
     max_body_bytes: int = Field(default=16 * 1024 * 1024, ge=1024, description="Largest request body accepted")
+    read_timeout_s: float = Field(
+        default=60.0, gt=0, description="Longest silence from a client in the middle of sending a request (then 408)"
+    )
     shutdown_grace_s: float = Field(default=30.0, ge=0, description="Drain time for in-flight requests on SIGTERM")
     trust_forwarded: bool = Field(default=False, description="Keep incoming X-Forwarded-* chains")
 

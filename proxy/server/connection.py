@@ -22,6 +22,8 @@ Semantics:
   from ``error_body``; the server then ends its side and drops what the client still sends for up to ``LINGER_S``
   seconds before closing, so the answer is not lost to a reset. An exception that escapes the handler is logged
   and answered with a 500.
+* A client that falls silent for ``read_timeout_s`` in the middle of sending a request gets a 408 and the
+  connection closes (a request trickled in forever would otherwise hold its connection for good).
 * Idle keep-alive connections close after ``keepalive_s``. :meth:`HttpServer.shutdown` stops listening, closes
   idle connections, lets in-flight requests finish within the grace period and cancels what is left.
 """
@@ -66,11 +68,12 @@ class HttpServer:
     """Listens on one address and serves every connection with ``handler``."""
 
     def __init__(self, handler: Handler, *, max_body: int, error_body: ErrorBody, max_head: int = 64 * 1024,
-                 keepalive_s: float = 75.0) -> None:
+                 keepalive_s: float = 75.0, read_timeout_s: float = 60.0) -> None:
         self.handler = handler
         self.max_body = max_body
         self.max_head = max_head
         self.keepalive_s = keepalive_s
+        self.read_timeout_s = read_timeout_s
         self.error_body = error_body
         self.connections: set[Connection] = set()
         self.shutting_down = False
@@ -131,6 +134,7 @@ class Connection(asyncio.Protocol):
         self._task: asyncio.Task[None] | None = None
         self._idle: asyncio.TimerHandle | None = None
         self._idle_since = 0.0
+        self._last_read = 0.0  # when bytes of a request still arriving last came
         self._busy = False  # a request is being read or answered
         self._lingering: asyncio.TimerHandle | None = None
         self._write_paused: asyncio.Future[None] | None = None
@@ -152,10 +156,12 @@ class Connection(asyncio.Protocol):
             return
         try:
             self.parser.feed_data(data)
-            if self._in_head:  # a head still arriving (llhttp buffers a partial field): bound what it holds
-                self._head_bytes += len(data)
-                if self._head_bytes > self.server.max_head:
-                    self._enqueue(self._head_too_large())
+            if not self._message_done:  # a request still arriving (most come whole, in one piece)
+                self._last_read = time.monotonic()
+                if self._in_head:  # llhttp holds a partial field: bound what the head may take
+                    self._head_bytes += len(data)
+                    if self._head_bytes > self.server.max_head:
+                        self._enqueue(self._head_too_large())
         except httptools.HttpParserUpgrade:  # served as plain HTTP (Upgrade ignored); what follows is not parsed
             self._broken = True
         except httptools.HttpParserCallbackError as exc:
@@ -334,21 +340,33 @@ class Connection(asyncio.Protocol):
             await asyncio.shield(waiter)
 
     def _arm_idle(self) -> None:
-        """Note that the connection went idle; the one keep-alive timer (not one per request) checks it later."""
+        """Note that the connection went idle; the one timer (not one per request) checks it later: for the
+        keep-alive limit, or for the client's silence if a request is arriving by then."""
         self._busy = not self._message_done  # the next request may already be arriving
         self._idle_since = time.monotonic()
         if self._idle is None:
-            self._idle = asyncio.get_running_loop().call_later(self.server.keepalive_s, self._check_idle)
+            self._idle = self.loop.call_later(min(self.server.keepalive_s, self.server.read_timeout_s),
+                                              self._check_idle)
 
     def _check_idle(self) -> None:
         self._idle = None
-        if self.closing or self._busy:
+        if self.closing or self._task is not None or self._queue or self._broken or self._lingering is not None:
+            return  # a request is being answered (the timer is armed again once it is), or the connection ends
+        now = time.monotonic()
+        if not self._message_done:  # a request is arriving
+            left = max(self._last_read, self._idle_since) + self.server.read_timeout_s - now
+            if left <= 0:
+                self._enqueue(_Reject(408, f"no request bytes for {self.server.read_timeout_s:g}s",
+                                      "request_timeout"))
+                return
+        elif self._busy:
             return
-        left = self._idle_since + self.server.keepalive_s - time.monotonic()
-        if left <= 0:
-            self._close()
         else:
-            self._idle = asyncio.get_running_loop().call_later(left, self._check_idle)
+            left = self._idle_since + self.server.keepalive_s - now
+            if left <= 0:
+                self._close()
+                return
+        self._idle = self.loop.call_later(min(left, self.server.read_timeout_s), self._check_idle)
 
     def _close(self) -> None:
         """Close after what was written; a request whose body is still arriving is read and dropped first."""

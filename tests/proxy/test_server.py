@@ -122,6 +122,35 @@ async def test_idle_keep_alive_connections_close_after_the_timeout(
     writer.close()
 
 
+@pytest.mark.parametrize("partial", [
+    b"GET /v1/x HTTP/1.1\r\nHost: t\r\n",  # the head stops
+    post("/v1/x", b"0123456789")[:-5],  # the body stops
+], ids=["head", "body"])
+async def test_a_client_silent_mid_request_gets_a_408(serve: Callable[..., Awaitable[Served]],
+                                                      partial: bytes) -> None:
+    served = await serve(read_timeout_s=0.4)
+    reader, writer = await served.connect()
+    writer.write(partial)
+    started = asyncio.get_running_loop().time()
+    status, _, body = await read_response(reader)
+    assert status == 408 and orjson.loads(body)["code"] == "request_timeout"
+    assert 0.35 < asyncio.get_running_loop().time() - started < 2
+    assert await asyncio.wait_for(reader.read(), 5) == b""
+    writer.close()
+
+
+async def test_a_slow_client_that_keeps_sending_is_served(serve: Callable[..., Awaitable[Served]]) -> None:
+    served = await serve(read_timeout_s=0.4, keepalive_s=0.3)
+    reader, writer = await served.connect()
+    request = post("/v1/x", b"0123456789")
+    for i in range(0, len(request), 8):  # about 1.2 s in all, never 0.4 s silent
+        writer.write(request[i:i + 8])
+        await asyncio.sleep(0.1)
+    status, _, body = await read_response(reader)
+    assert status == 200 and orjson.loads(body)["body"] == "0123456789"
+    writer.close()
+
+
 async def test_absolute_form_target_keeps_path_and_query_only(serve: Callable[..., Awaitable[Served]]) -> None:
     served = await serve()
     reader, writer = await served.connect()
