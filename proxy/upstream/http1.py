@@ -223,7 +223,7 @@ class Response:
             if self._chunks:
                 chunk = self._chunks.popleft()
                 self._buffered -= len(chunk)
-                if self._buffered < LOW_WATER:
+                if self._buffered < LOW_WATER and self._connection.paused:
                     self._connection.resume()
                 yield chunk
             elif self._error is not None:
@@ -376,8 +376,7 @@ class _Connection(asyncio.Protocol):
         if self.response is not response:
             return
         self.response = None
-        if reusable and self.keep_alive and not self.closed and not self.paused:
-            self.parser = httptools.HttpResponseParser(self)
+        if reusable and self.keep_alive and not self.closed and not self.paused:  # llhttp parses the next one
             self.idle_since = time.monotonic()
             self.pool.put(self)
         else:

@@ -114,6 +114,31 @@ async def test_chunked_body_is_decoded_and_the_connection_reused(client: Http1Cl
         assert b"Content-Length" not in peer.requests[0]  # a GET without a body says nothing about one
 
 
+async def test_one_connection_carries_responses_of_every_framing_in_turn(client: Http1Client) -> None:
+    answers = [
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nX-N: 1\r\n\r\n3\r\none\r\n0\r\n\r\n",
+        b"HTTP/1.1 201 Created\r\nContent-Length: 3\r\nX-N: 2\r\n\r\ntwo",
+        b"HTTP/1.1 204 No Content\r\nX-N: 3\r\n\r\n",
+        b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\nContent-Length: 4\r\nX-N: 4\r\n\r\nfour",
+        b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\nX-N: 5\r\n\r\n",
+    ]
+
+    async def script(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        for answer in answers:
+            await peer.read_request(reader)
+            writer.write(answer)
+            await writer.drain()
+
+    async with RawPeer(script) as peer:
+        got = []
+        for _ in answers:
+            response = await client.request("POST", peer.url + "/x", {}, b"{}")
+            got.append((response.status, response.headers["X-N"], await response.read(1)))
+            response.release()
+        assert got == [(200, "1", b"one"), (201, "2", b"two"), (204, "3", b""), (200, "4", b"four"), (404, "5", b"")]
+        assert peer.connections == 1
+
+
 async def test_body_until_close_and_connection_close_are_never_reused(client: Http1Client) -> None:
     async def script(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await peer.read_request(reader)
