@@ -6,6 +6,10 @@ with nothing between them), each running under valgrind's callgrind. Counting st
 after the measured requests; the figure is user-space instructions per request (system calls' kernel time is not
 counted).
 
+With ``strace`` installed, the same requests are also sent to each program running normally, with ``strace -c``
+attached, for the system calls per request: at concurrency 1 each one is kernel time on the request's path that
+the instruction count does not see.
+
 Why this benchmark next to ``overhead``: on a shared machine, throughput and CPU time per request move by 10-20%
 from one run to the next, more than most single changes to the hot path are worth. Instruction counts repeat to
 within about 1%, so a change can be judged in one run; ``overhead`` then says what it buys in time. Needs
@@ -19,6 +23,7 @@ import asyncio
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -70,6 +75,31 @@ def _instructions(args: list[str], port: int, env: dict[str, str], warm: int, co
     return totals[-1] / count  # the file's last total ("summary:" may come first, as 0)
 
 
+def _system_calls(args: list[str], port: int, env: dict[str, str], warm: int, count: int) -> float:
+    """System calls per request of the Python program ``args`` listening on ``port`` (all its threads)."""
+    with tempfile.TemporaryDirectory() as out:
+        process = subprocess.Popen([sys.executable, *args], env={**os.environ, **env}, stdout=subprocess.DEVNULL,
+                                   stderr=subprocess.DEVNULL)
+        try:
+            wait_for_port(port, timeout=60)
+            asyncio.run(_send(port, warm))
+            tracer = subprocess.Popen(["strace", "-c", "-f", "-o", f"{out}/counts", "-p", str(process.pid)],
+                                      stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+            assert tracer.stderr is not None
+            for line in tracer.stderr:  # "strace: Process N attached" once per thread, after the main one
+                if "attached" in line:
+                    break
+            asyncio.run(_send(port, count))
+            tracer.send_signal(signal.SIGINT)
+            tracer.communicate(timeout=30)
+        finally:
+            process.terminate()
+            process.wait(timeout=30)
+        total = next(line.split() for line in Path(out, "counts").read_text().splitlines()
+                     if line.rstrip().endswith(" total"))
+    return int(total[3]) / count  # % time, seconds, usecs/call, calls, [errors,] "total"
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m loadtest.bench instructions")
     parser.add_argument("--quick", action="store_true")
@@ -86,11 +116,17 @@ def main(argv: list[str]) -> int:
         proxy_env = {"RAGPROXY_UPSTREAMS__LLM": json.dumps([{"url": upstream}]), "RAGPROXY_CACHE__ENABLED": "false",
                      "RAGPROXY_ADMIN__ENABLED": "false", "RAGPROXY_SERVER__PORT": str(proxy_port),
                      "RAGPROXY_LOGGING__LEVEL": "warning"}
-        proxy = _instructions(["-m", "proxy.cli", "serve"], proxy_port, proxy_env, warm, count)
-        floor = _instructions(["-m", "loadtest.bare_forwarder", "--port", str(floor_port), "--upstream", upstream],
-                              floor_port, {}, warm, count)
-    results = {"proxy_instructions_per_request": proxy, "floor_instructions_per_request": floor,
-               "proxy_to_floor": proxy / floor, "proxy_over_floor_instructions": proxy - floor}
+        proxy_args = ["-m", "proxy.cli", "serve"]
+        floor_args = ["-m", "loadtest.bare_forwarder", "--port", str(floor_port), "--upstream", upstream]
+        proxy = _instructions(proxy_args, proxy_port, proxy_env, warm, count)
+        floor = _instructions(floor_args, floor_port, {}, warm, count)
+        results = {"proxy_instructions_per_request": proxy, "floor_instructions_per_request": floor,
+                   "proxy_to_floor": proxy / floor, "proxy_over_floor_instructions": proxy - floor}
+        if shutil.which("strace") is not None:
+            results["proxy_syscalls_per_request"] = _system_calls(proxy_args, proxy_port, proxy_env, warm, count)
+            results["floor_syscalls_per_request"] = _system_calls(floor_args, floor_port, {}, warm, count)
+        else:
+            print("strace not found: no system call counts", file=sys.stderr)
     for key, value in results.items():
         print(f"{key:32s} {value:14,.2f}")
     if args.json:
