@@ -135,7 +135,6 @@ class Connection(asyncio.Protocol):
         self._idle: asyncio.TimerHandle | None = None
         self._idle_since = 0.0
         self._last_read = 0.0  # when bytes of a request still arriving last came
-        self._busy = False  # a request is being read or answered
         self._lingering: asyncio.TimerHandle | None = None
         self._write_paused: asyncio.Future[None] | None = None
         self._read_paused = False
@@ -188,7 +187,7 @@ class Connection(asyncio.Protocol):
 
     def pause_writing(self) -> None:
         if self._write_paused is None:
-            self._write_paused = asyncio.get_running_loop().create_future()
+            self._write_paused = self.loop.create_future()
 
     def resume_writing(self) -> None:
         waiter, self._write_paused = self._write_paused, None
@@ -207,7 +206,6 @@ class Connection(asyncio.Protocol):
         self._head_bytes = 0
         self._field_bytes = 0
         self._in_head = True
-        self._busy = True
 
     def on_url(self, url: bytes) -> None:
         self._url.append(url)
@@ -342,7 +340,6 @@ class Connection(asyncio.Protocol):
     def _arm_idle(self) -> None:
         """Note that the connection went idle; the one timer (not one per request) checks it later: for the
         keep-alive limit, or for the client's silence if a request is arriving by then."""
-        self._busy = not self._message_done  # the next request may already be arriving
         self._idle_since = time.monotonic()
         if self._idle is None:
             self._idle = self.loop.call_later(min(self.server.keepalive_s, self.server.read_timeout_s),
@@ -359,8 +356,6 @@ class Connection(asyncio.Protocol):
                 self._enqueue(_Reject(408, f"no request bytes for {self.server.read_timeout_s:g}s",
                                       "request_timeout"))
                 return
-        elif self._busy:
-            return
         else:
             left = self._idle_since + self.server.keepalive_s - now
             if left <= 0:
@@ -373,7 +368,7 @@ class Connection(asyncio.Protocol):
         if self.closing or self.transport is None:
             return
         if not self._message_done and self._lingering is None:
-            self._lingering = asyncio.get_running_loop().call_later(LINGER_S, self.abort)
+            self._lingering = self.loop.call_later(LINGER_S, self.abort)
             if self._read_paused:
                 self.transport.resume_reading()
             return
@@ -388,7 +383,7 @@ class Connection(asyncio.Protocol):
         if self.transport.can_write_eof():
             self.transport.write_eof()
         if self._lingering is None:
-            self._lingering = asyncio.get_running_loop().call_later(LINGER_S, self.abort)
+            self._lingering = self.loop.call_later(LINGER_S, self.abort)
 
     def _shut(self) -> None:
         if not self.closing and self.transport is not None:

@@ -347,7 +347,7 @@ class _Connection(asyncio.Protocol):
             if self._watch is not None:
                 self._watch.cancel()
             self._watch_at = deadline
-            self._watch = asyncio.get_running_loop().call_later(silence_s, self._check_silence)
+            self._watch = self.loop.call_later(silence_s, self._check_silence)
 
     def _check_silence(self) -> None:
         self._watch = None
@@ -358,7 +358,7 @@ class _Connection(asyncio.Protocol):
         left = self._deadline - time.monotonic()
         if left > 0:
             self._watch_at = self._deadline
-            self._watch = asyncio.get_running_loop().call_later(left, self._check_silence)
+            self._watch = self.loop.call_later(left, self._check_silence)
         else:
             waiter.set_exception(TimeoutError())
 
