@@ -17,6 +17,9 @@ Semantics:
   serve with, so a connection is not reused just as the server closes it).
 * ``connect_timeout`` bounds the TCP (and TLS) connect; ``read_timeout`` bounds every silence: the wait for the
   response head and each gap in the body.
+* A response head may take at most ``max_head`` bytes (64 KiB by default, as the proxy's own server allows a request
+  head): counted while it arrives, since llhttp would otherwise hold a never-ending header field without limit.
+  Beyond it the response fails as malformed (:class:`ConnectionReset`, a 502 for the client).
 * Streamed bodies queue at most ``HIGH_WATER`` bytes; beyond that the socket stops being read until the consumer
   catches up (backpressure instead of unbounded buffering).
 * ``Content-Encoding: gzip``/``deflate`` bodies are decoded (no ``Accept-Encoding`` is sent, so servers rarely use
@@ -266,6 +269,8 @@ class _Connection(asyncio.Protocol):
         self.keep_alive = True
         self.informational = False
         self.idle_since = 0.0
+        self._head_bytes = 0  # raw bytes received while the response head is incomplete
+        self._field_bytes = 0  # the complete header fields' sizes
         self._deadline = 0.0  # when the consumer waiting for the response gives up on the upstream's silence
         self._watch: asyncio.TimerHandle | None = None
         self._watch_at = 0.0
@@ -285,6 +290,11 @@ class _Connection(asyncio.Protocol):
         except httptools.HttpParserError as exc:
             response._fail(ConnectionReset(f"malformed response: {exc}"))
             self.close()
+            return
+        if not response.status:  # the head is still arriving: llhttp holds a partial field, so bound the bytes
+            self._head_bytes += len(data)
+            if self._head_bytes > self.pool.client.max_head:
+                self._head_too_large(response)
 
     def eof_received(self) -> bool:
         return False  # close our side too; connection_lost follows
@@ -302,6 +312,7 @@ class _Connection(asyncio.Protocol):
 
     def on_header(self, name: bytes, value: bytes) -> None:
         assert self.response is not None
+        self._field_bytes += len(name) + len(value)
         self.response.raw_headers.append((name.decode("latin-1"), value.decode("utf-8", "surrogateescape")))
 
     def on_headers_complete(self) -> None:
@@ -311,8 +322,15 @@ class _Connection(asyncio.Protocol):
             self.informational = True
             self.response.raw_headers.clear()
             return
+        if self._field_bytes > self.pool.client.max_head:
+            self._head_too_large(self.response)
+            return
         self.keep_alive = self.parser.should_keep_alive()
         self.response._on_head(status)
+
+    def _head_too_large(self, response: Response) -> None:
+        response._fail(ConnectionReset(f"malformed response: the head exceeds {self.pool.client.max_head} bytes"))
+        self.close()
 
     def on_body(self, body: bytes) -> None:
         assert self.response is not None
@@ -330,6 +348,7 @@ class _Connection(asyncio.Protocol):
     def send(self, head: bytes, body: bytes | None, head_only: bool) -> Response:
         assert self.transport is not None
         self.response = Response(self, head_only)
+        self._head_bytes = self._field_bytes = 0
         if body and len(body) > 16 * 1024:
             self.transport.writelines((head, body))
         else:
@@ -470,8 +489,9 @@ class Http1Client:
     """Pooled HTTP/1.1 requests to any number of origins."""
 
     def __init__(self, *, connect_timeout: float, read_timeout: float, limit: int = 100, idle_s: float = 4.0,
-                 ssl_context: ssl.SSLContext | None = None) -> None:
+                 ssl_context: ssl.SSLContext | None = None, max_head: int = 64 * 1024) -> None:
         self.connect_timeout = connect_timeout
+        self.max_head = max_head
         self.read_timeout = read_timeout
         self.limit = limit
         self.idle_s = idle_s

@@ -326,6 +326,31 @@ async def test_response_header_fields_arrive_as_sent(client: Http1Client) -> Non
         response.release()
 
 
+@pytest.mark.parametrize("head", [
+    pytest.param(b"X-Endless: " + b"v" * 200_000, id="endless-value"),  # never finished: llhttp would hold it
+    pytest.param(b"".join(b"X-Field-%d: %s\r\n" % (i, b"v" * 100) for i in range(1000)) + b"\r\n", id="many-fields"),
+])
+async def test_a_response_head_over_the_limit_fails_as_malformed(client: Http1Client, head: bytes) -> None:
+    answered = asyncio.Event()
+
+    async def script(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await peer.read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n" + head)
+        await writer.drain()
+        answered.set()
+        await asyncio.sleep(2)
+
+    async with RawPeer(script) as peer:
+        with pytest.raises(ConnectionReset, match="the head exceeds 65536 bytes"):
+            await client.request("GET", peer.url + "/h", {}, None)
+        assert answered.is_set()
+    async with RawPeer(keep_alive_answers(box := [])) as peer:  # a head under the limit passes
+        box.append(peer)
+        response = await client.request("GET", peer.url + "/h", {}, None)
+        assert response.status == 200 and await response.read(1) == b'{"ok":true}'
+        response.release()
+
+
 async def test_url_credentials_become_basic_auth_and_unsafe_headers_are_refused(client: Http1Client) -> None:
     box: list[RawPeer] = []
     async with RawPeer(keep_alive_answers(box)) as peer:

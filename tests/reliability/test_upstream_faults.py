@@ -61,6 +61,17 @@ def test_post_is_not_retried_after_the_upstream_received_it(pair: tuple[FakeLLM,
     assert second.log.count(CHAT) == 0, "a POST that reached one replica must never be resent to another"
 
 
+def test_a_response_head_over_64_kib_is_a_502_not_held(fake_llm_thread: FakeLLM) -> None:
+    fake_llm_thread.faults.fail_next(500, headers={"X-Huge": "v" * 100_000})
+    with _proxy([fake_llm_thread.url]) as server:
+        response = _post(server)
+        assert response.status_code == 502
+        error = response.json()["error"]
+        assert error["code"] == "upstream_reset" and "head exceeds 65536 bytes" in error["message"]
+        assert _post(server).status_code == 200  # the next answer, of a normal size, passes
+        _drained(server)
+
+
 def test_timeout_is_not_retried_either(pair: tuple[FakeLLM, FakeLLM]) -> None:
     first, second = pair
     first.faults.hang_next()
