@@ -9,6 +9,12 @@ The same run also measures a reference, ``floor_*``: :mod:`loadtest.bare_forward
 (:mod:`proxy.server`) and forwarding client with nothing between them. It is what any proxy built on this stack pays per
 request on the machine at hand; ragproxy's own share is the difference between ``proxy_*`` and ``floor_*``.
 
+With ``nginx`` installed (``apt-get install nginx-light``), a second reference, ``nginx_*``: the same requests
+through nginx, one process, pooled keep-alive upstream connections, buffering off (:mod:`loadtest.reference_proxy`).
+It is what a hop through a proxy written in C costs on the machine at hand: the part of ``added_p50_ms_c1`` that no
+proxy process avoids (two more wake-ups and four more socket calls per request). Without nginx the run says so on
+stderr and leaves these figures out.
+
 ``proxy_cpu_us_c64`` and ``floor_cpu_us_c64``: CPU time (user + system, from ``/proc``) each forwarding process
 spent per request during the concurrency-64 rounds. Unlike throughput, which depends on how the three processes
 share the cores at that moment, CPU per request barely moves with the machine's load: it is the figure to compare
@@ -20,17 +26,21 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import sys
 import time
+from contextlib import ExitStack
 
 import aiohttp
 
 from loadtest.harness import child, closed_loop, cpu_seconds, free_port, percentiles, proxy_child
+from loadtest.reference_proxy import nginx_available, nginx_proxy
 
 BODY = b'{"model":"bench","messages":[{"role":"user","content":"What does a proxy do?"}]}'
 STREAM_BODY = b'{"model":"bench","stream":true,"messages":[{"role":"user","content":"What does a proxy do?"}]}'
 
 
-async def _measure(direct: str, proxied: str, floor: str, quick: bool, pids: dict[str, int]) -> dict[str, float]:
+async def _measure(bases: dict[str, str], quick: bool, pids: dict[str, int]) -> dict[str, float]:
+    """``bases``: "direct", "proxy", "floor" and maybe "nginx", each a base URL; ``pids``: the forwarding processes."""
     results: dict[str, float] = {}
     connector = aiohttp.TCPConnector(limit=0)
     async with aiohttp.ClientSession(connector=connector) as session:
@@ -42,7 +52,7 @@ async def _measure(direct: str, proxied: str, floor: str, quick: bool, pids: dic
                     assert response.status == 200
             return call
 
-        paths = (("direct", direct), ("proxy", proxied), ("floor", floor))
+        paths = tuple(bases.items())
         for _, base in paths:  # warm every path
             await closed_loop(caller(base, BODY), 4, 200)  # type: ignore[arg-type]
         rounds = 3 if quick else 5
@@ -56,8 +66,10 @@ async def _measure(direct: str, proxied: str, floor: str, quick: bool, pids: dic
         results.update({"direct_p50_ms_c1": d["p50_ms"], "direct_p99_ms_c1": d["p99_ms"],
                         "proxy_p50_ms_c1": p["p50_ms"], "proxy_p99_ms_c1": p["p99_ms"],
                         "added_p50_ms_c1": p["p50_ms"] - d["p50_ms"], "added_p99_ms_c1": p["p99_ms"] - d["p99_ms"]})
-        f = percentiles(lat["floor"])
-        results.update({"floor_p50_ms_c1": f["p50_ms"], "floor_added_p50_ms_c1": f["p50_ms"] - d["p50_ms"]})
+        for name in ("floor", "nginx"):
+            if name in lat:
+                r = percentiles(lat[name])
+                results.update({f"{name}_p50_ms_c1": r["p50_ms"], f"{name}_added_p50_ms_c1": r["p50_ms"] - d["p50_ms"]})
         for concurrency in (16, 64):
             per_round = (1500 if quick else 6000) // rounds
             elapsed = {name: 0.0 for name, _ in paths}
@@ -76,11 +88,14 @@ async def _measure(direct: str, proxied: str, floor: str, quick: bool, pids: dic
             results[f"direct_rps_c{concurrency}"] = rps["direct"]
             results[f"proxy_rps_c{concurrency}"] = rps["proxy"]
             results[f"throughput_ratio_c{concurrency}"] = rps["proxy"] / rps["direct"]
-            results[f"floor_rps_c{concurrency}"] = rps["floor"]
-            results[f"floor_throughput_ratio_c{concurrency}"] = rps["floor"] / rps["direct"]
-        ttfb: dict[str, list[float]] = {"direct": [], "proxy": []}
+            for name in ("floor", "nginx"):
+                if name in rps:
+                    results[f"{name}_rps_c{concurrency}"] = rps[name]
+                    results[f"{name}_throughput_ratio_c{concurrency}"] = rps[name] / rps["direct"]
+        streaming = [(name, base) for name, base in paths if name != "floor"]  # the floor does not stream
+        ttfb: dict[str, list[float]] = {name: [] for name, _ in streaming}
         for _ in range(20 if quick else 60):
-            for name, base in (("direct", direct), ("proxy", proxied)):
+            for name, base in streaming:
                 started = time.perf_counter()
                 async with session.post(base + "/v1/chat/completions", data=STREAM_BODY,
                                         headers={"Content-Type": "application/json"}) as response:
@@ -90,6 +105,9 @@ async def _measure(direct: str, proxied: str, floor: str, quick: bool, pids: dic
         results["stream_ttfb_direct_ms"] = percentiles(ttfb["direct"])["p50_ms"]
         results["stream_ttfb_proxy_ms"] = percentiles(ttfb["proxy"])["p50_ms"]
         results["stream_ttfb_added_ms"] = results["stream_ttfb_proxy_ms"] - results["stream_ttfb_direct_ms"]
+        if "nginx" in ttfb:
+            results["nginx_stream_ttfb_added_ms"] = (percentiles(ttfb["nginx"])["p50_ms"]
+                                                     - results["stream_ttfb_direct_ms"])
     return results
 
 
@@ -104,11 +122,19 @@ def main(argv: list[str]) -> int:
         env = {"RAGPROXY_UPSTREAMS__LLM": json.dumps([{"url": upstream}]), "RAGPROXY_CACHE__ENABLED": "false",
                "RAGPROXY_ADMIN__ENABLED": "false"}
         floor_port = free_port()
-        with proxy_child(env) as (proxied, proxy), \
-                child(["-m", "loadtest.bare_forwarder", "--port", str(floor_port), "--upstream", upstream],
-                      floor_port) as bare:
-            results = asyncio.run(_measure(upstream, proxied, f"http://127.0.0.1:{floor_port}", args.quick,
-                                           {"proxy": proxy.pid, "floor": bare.pid}))
+        with ExitStack() as stack:
+            proxied, proxy = stack.enter_context(proxy_child(env))
+            bare = stack.enter_context(child(["-m", "loadtest.bare_forwarder", "--port", str(floor_port),
+                                              "--upstream", upstream], floor_port))
+            bases = {"direct": upstream, "proxy": proxied, "floor": f"http://127.0.0.1:{floor_port}"}
+            pids = {"proxy": proxy.pid, "floor": bare.pid}
+            if nginx_available():
+                nginx_port = free_port()
+                nginx = stack.enter_context(nginx_proxy(nginx_port, f"127.0.0.1:{port}"))
+                bases["nginx"], pids["nginx"] = f"http://127.0.0.1:{nginx_port}", nginx.pid
+            else:
+                print("nginx not found (apt-get install nginx-light): no nginx_* reference figures", file=sys.stderr)
+            results = asyncio.run(_measure(bases, args.quick, pids))
     for key, value in results.items():
         print(f"{key:28s} {value:10.3f}")
     if args.json:
