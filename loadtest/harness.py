@@ -36,7 +36,14 @@ def wait_for_port(port: int, timeout: float = 30.0, host: str = "127.0.0.1") -> 
 @contextmanager
 def child(args: list[str], port: int, env: dict[str, str] | None = None) -> Iterator[subprocess.Popen[bytes]]:
     """A Python child process that listens on ``port``; stopped on exit."""
-    process = subprocess.Popen([sys.executable, *args], env={**os.environ, **(env or {})},
+    with listening([sys.executable, *args], port, env) as process:
+        yield process
+
+
+@contextmanager
+def listening(command: list[str], port: int, env: dict[str, str] | None = None) -> Iterator[subprocess.Popen[bytes]]:
+    """A process running ``command`` that listens on ``port``; stopped on exit."""
+    process = subprocess.Popen(command, env={**os.environ, **(env or {})},
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         wait_for_port(port)

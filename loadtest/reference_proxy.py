@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from loadtest.harness import wait_for_port
+from loadtest.harness import listening
 
 CONFIG = """\
 daemon off;
@@ -56,14 +56,5 @@ def nginx_proxy(port: int, upstream: str) -> Iterator[subprocess.Popen[bytes]]:
     with tempfile.TemporaryDirectory() as folder:
         config = Path(folder, "nginx.conf")
         config.write_text(CONFIG.format(dir=folder, upstream=upstream, port=port), encoding="utf-8")
-        process = subprocess.Popen(["nginx", "-c", str(config), "-p", folder], stdout=subprocess.DEVNULL,
-                                   stderr=subprocess.DEVNULL)
-        try:
-            wait_for_port(port)
+        with listening(["nginx", "-c", str(config), "-p", folder], port) as process:
             yield process
-        finally:
-            process.terminate()
-            try:
-                process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                process.kill()

@@ -15,10 +15,10 @@ It is what a hop through a proxy written in C costs on the machine at hand: the 
 proxy process avoids (two more wake-ups and four more socket calls per request). Without nginx the run says so on
 stderr and leaves these figures out.
 
-``proxy_cpu_us_c64`` and ``floor_cpu_us_c64``: CPU time (user + system, from ``/proc``) each forwarding process
-spent per request during the concurrency-64 rounds. Unlike throughput, which depends on how the three processes
-share the cores at that moment, CPU per request barely moves with the machine's load: it is the figure to compare
-across changes.
+``proxy_cpu_us_c64``, ``floor_cpu_us_c64`` (and ``nginx_cpu_us_c64``): CPU time (user + system, from ``/proc``)
+each forwarding process spent per request during the concurrency-64 rounds. Unlike throughput, which depends on how
+the processes share the cores at that moment, CPU per request moves less with the machine's load: it is the figure
+to compare across changes.
 """
 
 from __future__ import annotations
