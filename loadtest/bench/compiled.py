@@ -52,16 +52,9 @@ def compiled_modules(root: Path) -> list[str]:
     return modules
 
 
-def _instructions(cwd: Path, quick: bool) -> dict[str, float]:
-    """The ``instructions`` benchmark's figures for the packages under ``cwd``."""
-    command = [sys.executable, "-m", "loadtest.bench", "instructions", "--json", *(["--quick"] if quick else [])]
-    result = subprocess.run(command, cwd=cwd, capture_output=True, text=True, check=True)
-    return dict(json.loads(result.stdout.strip().splitlines()[-1]))
-
-
-def _overhead(cwd: Path) -> dict[str, float]:
-    """One quick run of the ``overhead`` benchmark on the packages under ``cwd``."""
-    command = [sys.executable, "-m", "loadtest.bench", "overhead", "--quick", "--json"]
+def _bench(cwd: Path, *args: str) -> dict[str, float]:
+    """The JSON figures of ``python -m loadtest.bench ARGS --json`` run on the packages under ``cwd``."""
+    command = [sys.executable, "-m", "loadtest.bench", *args, "--json"]
     result = subprocess.run(command, cwd=cwd, capture_output=True, text=True, check=True)
     return dict(json.loads(result.stdout.strip().splitlines()[-1]))
 
@@ -92,12 +85,13 @@ def main(argv: list[str]) -> int:
         if build.returncode != 0:
             print(build.stdout[-4000:], build.stderr[-4000:], sep="\n", file=sys.stderr)
             return 1
-        compiled = _instructions(copy, args.quick)
-        interpreted = _instructions(ROOT, args.quick)
+        instructions = ["instructions", *(["--quick"] if args.quick else [])]
+        compiled = _bench(copy, *instructions)
+        interpreted = _bench(ROOT, *instructions)
         runs: dict[str, list[dict[str, float]]] = {"compiled": [], "interpreted": []}
         for _ in range(args.timings):
-            runs["compiled"].append(_overhead(copy))
-            runs["interpreted"].append(_overhead(ROOT))
+            runs["compiled"].append(_bench(copy, "overhead", "--quick"))
+            runs["interpreted"].append(_bench(ROOT, "overhead", "--quick"))
     results = {"modules_compiled": float(len(modules))}
     for name in ("proxy", "floor"):
         key = f"{name}_instructions_per_request"
