@@ -263,8 +263,9 @@ def cache_policy(
     return _combine(said, defaults or CacheDefaults())
 
 
-def strip_proxy_fields(body: dict[str, Any]) -> dict[str, Any]:
-    """``body`` without the proxy's own fields (``cache``, ``ragproxy``); ``body`` itself when it has none."""
+def split_proxy_fields(body: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``(body without the proxy's own fields, those fields)``; ``(body, {})`` itself when it has none."""
     if PROXY_BODY_FIELDS.isdisjoint(body):
-        return body
-    return {key: value for key, value in body.items() if key not in PROXY_BODY_FIELDS}
+        return body, {}
+    return ({key: value for key, value in body.items() if key not in PROXY_BODY_FIELDS},
+            {key: value for key, value in body.items() if key in PROXY_BODY_FIELDS})

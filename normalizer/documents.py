@@ -50,7 +50,6 @@ from dataclasses import dataclass
 from typing import Any
 
 DOCUMENT_PART_TYPE = "document"
-BODY_FIELD = "ragproxy"
 
 _WORD = re.compile(r"\S+")
 
@@ -127,26 +126,32 @@ def _document_from(raw: Mapping[str, Any]) -> Document:
     )
 
 
-def _text_of(content: Any) -> str:
+def content_text(content: Any) -> str:
+    """The text of a message's ``content``: a string as is, the ``text`` parts of a list joined by newlines (as
+    chat templates join them); ``""`` when it has none. The one place message text is read."""
     if isinstance(content, str):
         return content
     if isinstance(content, list):
-        return "".join(
-            str(p.get("text", "")) for p in content if isinstance(p, dict) and p.get("type") == "text"
-        )
+        return "\n".join(p["text"] for p in content
+                         if isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str))
     return ""
 
 
-def extract_structured(body: Mapping[str, Any]) -> StructuredPrompt | None:
-    """Documents sent apart from the prompt, or ``None`` when the body carries none.
+def message_text(message: Mapping[str, Any]) -> str:
+    """The text of one chat message (:func:`content_text` of its ``content``)."""
+    return content_text(message.get("content"))
+
+
+def extract_structured(body: Mapping[str, Any], documents_field: Any = None) -> StructuredPrompt | None:
+    """Documents sent apart from the prompt (``documents_field``: the value of ``ragproxy.documents``, lifted out
+    of the body; and ``document`` content parts), or ``None`` when the request carries none.
 
     Raises :class:`ValueError` on a malformed document (the caller answers 400).
     """
     messages = body.get("messages")
     if not isinstance(messages, list):
         return None
-    extra = body.get(BODY_FIELD)
-    if extra is None:  # documents can then only be content parts: most prompts have none, found in one pass
+    if documents_field is None:  # documents can then only be content parts: most prompts have none, one pass
         for message in messages:
             if not isinstance(message, dict):
                 raise ValueError("each message must be an object")
@@ -155,8 +160,10 @@ def extract_structured(body: Mapping[str, Any]) -> StructuredPrompt | None:
         else:
             return None
     documents: list[Document] = []
-    if isinstance(extra, dict) and isinstance(extra.get("documents"), list):
-        for raw in extra["documents"]:
+    if documents_field is not None:
+        if not isinstance(documents_field, list):
+            raise ValueError("ragproxy.documents must be a list of documents")
+        for raw in documents_field:
             if not isinstance(raw, dict):
                 raise ValueError("each entry of ragproxy.documents must be an object")
             documents.append(_document_from(raw))
@@ -175,13 +182,10 @@ def extract_structured(body: Mapping[str, Any]) -> StructuredPrompt | None:
                     documents.append(_document_from(part))
                 else:
                     kept.append(part)
-            if all(isinstance(p, dict) and p.get("type") == "text" for p in kept):
-                content = "".join(str(p.get("text", "")) for p in kept)
-            else:
-                content = kept
-            message = {**message, "content": content}
+            only_text = all(isinstance(p, dict) and p.get("type") == "text" for p in kept)
+            message = {**message, "content": content_text(kept) if only_text else kept}
         if message.get("role") in ("system", "developer") and not rest:
-            system_parts.append(_text_of(message.get("content")))
+            system_parts.append(message_text(message))
         else:
             rest.append(message)
     if not documents:
@@ -366,6 +370,66 @@ def reorder_spans(text: str, spans: Sequence[Span], order: Sequence[str]) -> str
         cursor = span.end
     out.append(text[cursor:])
     return "".join(out)
+
+
+@dataclass(frozen=True, slots=True)
+class DetectedDocuments:
+    """Registered documents found inside one message's text (the message holding the most)."""
+
+    message: int
+    """Index of that message in ``messages``."""
+    text: str
+    spans: tuple[Span, ...]
+
+    def without_documents(self) -> str:
+        """The message's text with its documents cut out (what the app wrote around them)."""
+        pieces, cursor = [], 0
+        for span in self.spans:
+            pieces.append(self.text[cursor : span.start])
+            cursor = span.end
+        pieces.append(self.text[cursor:])
+        return " ".join(" ".join(pieces).split())
+
+
+@dataclass(frozen=True, slots=True)
+class PromptDocuments:
+    """The documents one chat request carries, read once before any cache tier: the exact key, the context
+    signature and the KV stages all read this one result. ``documents`` are in the client's order."""
+
+    documents: tuple[Document, ...] = ()
+    structured: StructuredPrompt | None = None
+    detected: DetectedDocuments | None = None
+
+    @property
+    def mode(self) -> str:
+        """``"structured"``, ``"detected"`` or ``"plain"`` (no documents)."""
+        return "structured" if self.structured else "detected" if self.detected else "plain"
+
+
+NO_DOCUMENTS = PromptDocuments()
+
+
+def read_prompt(body: Mapping[str, Any], documents_field: Any = None,
+                registry: DocumentRegistry | None = None) -> PromptDocuments:
+    """The documents of a chat body: sent apart (``ragproxy.documents``, ``document`` parts), else registered
+    documents recognised in a message's text, else none. :class:`ValueError` for a malformed document."""
+    structured = extract_structured(body, documents_field)
+    if structured is not None:
+        return PromptDocuments(structured.documents, structured=structured)
+    messages = body.get("messages")
+    if registry is None or not len(registry) or not isinstance(messages, list):
+        return NO_DOCUMENTS
+    best: DetectedDocuments | None = None
+    for index, message in enumerate(messages):
+        if not isinstance(message, dict) or not isinstance(message.get("content"), str):
+            continue
+        spans = registry.spans(message["content"])
+        if len(spans) > (len(best.spans) if best else 0):
+            best = DetectedDocuments(index, message["content"], tuple(spans))
+    if best is None or len({s.doc_id for s in best.spans}) != len(best.spans):
+        return NO_DOCUMENTS
+    documents = tuple(Document(s.doc_id, best.text[s.start : s.end]) for s in best.spans)
+    return PromptDocuments(documents, detected=best)
 
 
 TEXT_FIELDS = ("text", "content", "page_content", "document", "chunk")

@@ -73,7 +73,8 @@ class DataPlane:
             def current() -> Pipeline:  # looked up per request: a config patch may swap the pipelines
                 return getattr(rt.pipelines, name)  # type: ignore[no-any-return]
 
-            return make_handler(current, route, dialect, max_body=limit, json_body=json_body, observe=rt.observe)
+            return make_handler(current, route, dialect, max_body=limit, json_body=json_body,
+                                lift_proxy_fields=json_body and dialect is Dialect.OPENAI, observe=rt.observe)
 
         healthz, readyz = health_handlers(rt)
         self._exact: dict[tuple[str, str], Handler] = {

@@ -2,10 +2,12 @@
 
 Chat::
 
-    identify → credits (reserve … settle) → cache_control → canonicalize → [stale_if_error] → store (on the way
-    back) → L1 exact → L2 semantic → L3 cold → coalesce → shape → route → forward
+    identify → credits (reserve … settle) → prompt (its documents, read once) → cache_control → canonicalize →
+    [stale_if_error] → store (on the way back) → L1 exact → L3 exact → L2 semantic → coalesce → shape → route →
+    forward
 
-Legacy completions: the same without L2, shape and route.
+An exact repeat is answered by an exact tier before any embedding is computed; L2 also searches the cold tier's
+question vectors. Legacy completions: the same without prompt, L2, shape and route.
 
 Each stage wraps the ones after it: the way back (store in the tiers, settle credits) runs in reverse order.
 Embeddings: identify → credits → cache_control → per-item exact cache → forward.
@@ -28,6 +30,7 @@ from proxy.stages.cache_policy import ApplyCacheControl, Canonicalize
 from proxy.stages.coalesce import Coalesce
 from proxy.stages.embeddings import EmbeddingItemsCache
 from proxy.stages.forward import ForwardToLLM, ForwardToQdrant
+from proxy.stages.prompt import ReadPrompt
 from proxy.stages.retrieval import InvalidateSearches, RegisterDocuments, RetrievalLookup
 from proxy.stages.semantic import SemanticLookup
 from proxy.stages.stale import StaleIfError
@@ -60,7 +63,8 @@ def build_pipelines(rt: Runtime) -> Pipelines:
     billing = _billing(rt)
     tracer = rt.tracer
     return Pipelines(
-        chat=Pipeline([*identify, *billing, *_caching(rt, "chat"), *_kv(rt)], to_llm, tracer=tracer),
+        chat=Pipeline([*identify, *billing, *_prompt(rt), *_caching(rt, "chat"), *_kv(rt)], to_llm,
+                      tracer=tracer),
         completions=Pipeline([*identify, *billing, *_caching(rt, "completion")], to_llm, tracer=tracer),
         embeddings=Pipeline([*identify, *billing, *_embedding_caching(rt)], to_llm, tracer=tracer),
         llm_passthrough=Pipeline(identify, to_llm, tracer=tracer),
@@ -93,9 +97,14 @@ def _kv(rt: Runtime) -> list[Stage]:
     return [] if rt.kv is None else [rt.kv.shape, rt.kv.route]
 
 
+def _prompt(rt: Runtime) -> list[Stage]:
+    """prompt: the documents a chat prompt carries, read once for every cache tier and the KV stages."""
+    return [] if rt.documents is None else [ReadPrompt(rt.documents)]
+
+
 def _documents(rt: Runtime) -> list[Stage]:
     """documents: texts returned by searches are remembered, to be recognised inside later prompts."""
-    return [] if rt.kv is None else [RegisterDocuments(rt.kv.registry)]
+    return [] if rt.documents is None else [RegisterDocuments(rt.documents)]
 
 
 def _search_cache(rt: Runtime) -> list[Stage]:
@@ -126,7 +135,7 @@ def _embedding_caching(rt: Runtime) -> list[Stage]:
 
 
 def _caching(rt: Runtime, kind: RequestKind) -> list[Stage]:
-    """cache_control → canonicalize → store (on the way back) → L1 → L2 → L3 → coalesce, when caching is on."""
+    """cache_control → canonicalize → store (on the way back) → L1 → L3 → L2 → coalesce, when caching is on."""
     cache = rt.settings.cache
     if not cache.enabled:
         return []
@@ -140,11 +149,11 @@ def _caching(rt: Runtime, kind: RequestKind) -> list[Stage]:
     ]
     if cache.l1.enabled:
         stages.append(ExactLookup(rt.l1))
+    if rt.l3 is not None:
+        stages.append(ExactLookup(rt.l3, promote_into=[rt.l1]))
     if rt.semantic is not None and kind == "chat":
         sources = [rt.l1] if rt.l3 is None else [rt.l1, rt.l3]
         stages.append(SemanticLookup(rt.semantic, sources, rt.l1, expose_similarity=cache.l2.expose_similarity,
                                      cold=rt.l3))
-    if rt.l3 is not None:
-        stages.append(ExactLookup(rt.l3, promote_into=[rt.l1]))
     stages.append(Coalesce(kind=kind, wait_s=cache.coalesce_wait_s))
     return stages

@@ -13,15 +13,26 @@ protects finish callbacks from a client hanging up (two event-loop turns per req
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass, field
-from typing import Any
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from dataclasses import dataclass, field, fields
+from typing import TYPE_CHECKING, Any
 
 import orjson
 from multidict import CIMultiDict
 
 from proxy.errors import ProxyError
 from proxy.server.request import Request
+
+if TYPE_CHECKING:
+    from normalizer.cache_control import CachePolicy
+    from normalizer.canonical import KeyScope
+    from normalizer.documents import PromptDocuments
+    from proxy.credits.store import Reservation
+    from proxy.kv.stages import RoutedRequest, ShapedRequest
+    from proxy.stages.semantic import SemanticQuery
+    from proxy.tracing import RequestTrace
+    from proxy.upstream.backends import Backend
+    from tiers.entry import CachedResponse
 
 FinishCallback = Callable[["Reply", bool, bytes], Awaitable[None]]
 EndCallback = Callable[["Reply", bool], None]
@@ -79,25 +90,66 @@ class Reply:
 
 @dataclass(slots=True)
 class RequestContext:
-    """Everything the stages know about one data-plane request."""
+    """Everything the stages know about one data-plane request.
 
+    Stages hand results to later stages through these typed slots, each set by the one stage named next to it
+    (a stage declares the slots it reads and sets in ``needs``/``gives``; :class:`~proxy.pipeline.Pipeline` checks
+    at assembly that every slot a stage needs is set by an earlier one). ``None`` means "not decided for this
+    request" (the stage is not in the pipeline, or did not apply).
+    """
+
+    # the route handler (proxy.routes.handler): the parsed request
     request: Request
     route: str
     request_id: str
     raw_body: bytes = b""
     body: dict[str, Any] | None = None
+    proxy_fields: Mapping[str, Any] = field(default_factory=dict)
+    """The proxy's own body objects (``cache``, ``ragproxy``), lifted out of ``body`` before anything else."""
+    upstream_path: str = ""
+    method: str = "POST"
+    stream: bool = False
+    body_changed: bool = False
+    # identify
     tenant: str = "anonymous"
     user: str = "anonymous"
     api_key_id: str | None = None
+    # credits
+    reservation: Reservation | None = None
+    """The billing reservation held for this request (the upstream is then asked to report its usage)."""
+    # cache_control
+    cache_policy: CachePolicy | None = None
     namespace: str = "default"
-    upstream_path: str = ""
-    method: str = "POST"
-    body_changed: bool = False
-    stream: bool = False
-    state: dict[str, Any] = field(default_factory=dict)
-    response_headers: dict[str, str] = field(default_factory=dict)
+    # prompt
+    prompt: PromptDocuments | None = None
+    """The documents the prompt carries, read once before any cache tier."""
+    # canonicalize (user_scope and key_scope also by the embeddings items cache)
+    user_scope: str | None = None
+    """The user digest when the request's answers are user-scoped (private), set even when it is not cached."""
+    key_scope: KeyScope | None = None
+    cache_key: str | None = None
+    bypass_reason: str | None = None
+    # l2
+    semantic: SemanticQuery | None = None
+    # coalesce
+    follower: bool = False
+    """The request waited on another's identical upstream call: its answer is not stored a second time."""
+    # shape
+    shape: ShapedRequest | None = None
+    # route
+    routed: RoutedRequest | None = None
+    reported_cached_tokens: int | None = None
+    """Prompt tokens the backend reported as reused from its KV cache (read on the way back)."""
+    # forward
+    backend: Backend | None = None
+    upstream_seconds: float | None = None
+    # the outcome: set by the tier that answered, or by store for a new entry
     cache_status: str | None = None
     cache_tier: str | None = None
+    entry: CachedResponse | None = None
+    response_headers: dict[str, str] = field(default_factory=dict)
+    # tracing (proxy.tracing), when on
+    trace: RequestTrace | None = None
 
     def replace_body(self, body: dict[str, Any]) -> None:
         """Send ``body`` upstream instead of the client's bytes."""
@@ -113,3 +165,7 @@ class RequestContext:
                 message = "the request body nests too deeply to be forwarded"
                 raise ProxyError(400, message, code="invalid_json") from None
         return self.raw_body
+
+
+SLOTS = frozenset(f.name for f in fields(RequestContext))
+"""The names of the context's slots (what stages may declare in ``needs``/``gives``)."""

@@ -4,17 +4,21 @@ A stage is any object with a ``name`` and ``async __call__(ctx, call_next) -> Re
 (a cache hit, an error), or call ``call_next(ctx)`` and work on the reply on its way back (store it, settle credits).
 Work that needs the complete body of a streamed reply is registered with ``Reply.on_finish``.
 
+Stages talk through the typed slots of :class:`~proxy.context.RequestContext`. Each declares ``needs`` (slots it
+reads before calling the rest) and ``gives`` (slots it sets); building a :class:`Pipeline` fails when a stage
+needs a slot that no earlier stage gives, so a consumer placed before its producer is caught at assembly.
+
 The lists of stages for each kind of request are assembled in :mod:`proxy.assembly` — the one place that shows the
 order of the whole system.
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from functools import partial
 from typing import TYPE_CHECKING, Protocol
 
-from proxy.context import Reply, RequestContext
+from proxy.context import SLOTS, Reply, RequestContext
 
 if TYPE_CHECKING:
     from opentelemetry.trace import Tracer
@@ -22,12 +26,32 @@ if TYPE_CHECKING:
 Next = Callable[[RequestContext], Awaitable[Reply]]
 
 
+HANDLER_GIVES = frozenset({"request", "route", "request_id", "raw_body", "body", "proxy_fields", "upstream_path",
+                           "method", "stream"})
+"""The slots the route handler sets before the first stage runs."""
+
+
 class Stage(Protocol):
     """One step of the pipeline."""
 
     name: str
+    needs: frozenset[str]
+    gives: frozenset[str]
 
     async def __call__(self, ctx: RequestContext, call_next: Next) -> Reply: ...
+
+
+def check_slots(stages: Iterable[Stage]) -> None:
+    """``ValueError`` when a stage needs a slot no earlier stage gives, or names a slot the context lacks."""
+    given = set(HANDLER_GIVES)
+    for stage in stages:
+        unknown = (stage.needs | stage.gives) - SLOTS
+        if unknown:
+            raise ValueError(f"stage {stage.name!r} names unknown context slots {sorted(unknown)}")
+        missing = stage.needs - given
+        if missing:
+            raise ValueError(f"stage {stage.name!r} needs {sorted(missing)}, which no earlier stage gives")
+        given |= stage.gives
 
 
 class Pipeline:
@@ -35,6 +59,7 @@ class Pipeline:
 
     def __init__(self, stages: Sequence[Stage], terminal: Next, *, tracer: Tracer | None = None) -> None:
         self.stages = tuple(stages)
+        check_slots(self.stages)
         self._entry = terminal
         if tracer is not None:
             from proxy.tracing import traced_stage

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from opentelemetry.trace import Tracer
 
+from normalizer.documents import DocumentRegistry
 from proxy.config import Settings
 from proxy.context import RequestContext
 from proxy.credits.factory import CreditComponents, build_credits
@@ -20,7 +21,7 @@ from proxy.semantic_factory import build_semantic
 from proxy.shared import SharedMode, build_shared
 from proxy.stages.stale import StaleStore
 from proxy.stats import HIT_STATUSES, RequestStats
-from proxy.upstream.backends import Backend, BackendPool
+from proxy.upstream.backends import BackendPool
 from proxy.upstream.client import UpstreamClient
 from tiers.cold import ColdStore
 from tiers.demotion import Demoter
@@ -52,6 +53,8 @@ class Runtime:
     versions: VersionSource = field(init=False)
     retrieval: RetrievalCache | None = field(init=False)
     semantic: SemanticTier | None = field(init=False)
+    documents: DocumentRegistry | None = field(init=False)
+    """Documents from search results, recognised in later prompts (when caching or routing is on)."""
     metrics: Metrics = field(init=False)
     tracer: Tracer | None = field(init=False)
     credits: CreditComponents = field(init=False)
@@ -96,6 +99,9 @@ class Runtime:
             for collection, tolerance in search.collection_tolerances.items():
                 self.retrieval.set_tolerance(collection, tolerance)
         self.metrics = Metrics()
+        routing = self.settings.routing
+        self.documents = DocumentRegistry(routing.documents, max_bytes=routing.documents_max_bytes) \
+            if self.settings.cache.enabled or routing.enabled else None
         self.kv = build_kv(self.settings, self.backends)
         stale = self.settings.cache.stale
         self.stale = StaleStore(max_entries=stale.max_entries, max_bytes=stale.max_bytes,
@@ -135,28 +141,26 @@ class Runtime:
         metrics.per_request.answered(ctx.route, status, cache_status, seconds)
         if ctx.cache_tier:
             metrics.child(metrics.tier_lookups, ctx.cache_tier, "hit").inc()
-        backend = ctx.state.get("backend")
-        label = backend.label if isinstance(backend, Backend) else ("qdrant" if "qdrant" in ctx.route else "llm")
-        upstream_seconds = ctx.state.get("upstream_seconds")
-        if upstream_seconds is not None:
-            metrics.per_request.upstream(label, float(upstream_seconds))
-        cached_tokens = ctx.state.get("kv.cached_tokens_reported")
-        if cached_tokens:
-            metrics.child(metrics.prefix_tokens, label).inc(int(cached_tokens))
+        backend = ctx.backend
+        label = backend.label if backend is not None else ("qdrant" if "qdrant" in ctx.route else "llm")
+        if ctx.upstream_seconds is not None:
+            metrics.per_request.upstream(label, ctx.upstream_seconds)
+        if ctx.reported_cached_tokens:
+            metrics.child(metrics.prefix_tokens, label).inc(ctx.reported_cached_tokens)
         charged = ctx.response_headers.get("X-Credits-Charged")
         if charged:
             metrics.child(metrics.credits_charged, "hit" if ctx.cache_tier else "upstream").inc(float(charged))
-        if self.trace is not None and "entry_size" in ctx.state:
-            self.trace.record(ctx.state["key"], ctx.state["entry_size"], ctx.state["entry_cost"], time.time())
-        state = ctx.state
-        question = state.get("question")
+        entry = ctx.entry
+        if self.trace is not None and entry is not None and ctx.cache_key is not None:
+            self.trace.record(ctx.cache_key, len(entry.body), entry.cost, time.time())
         asked: dict[str, str] | None = None
         if cache_status in HIT_STATUSES:  # the top-entries list says who asked
+            semantic = ctx.semantic
             asked = {"tenant": ctx.tenant, "namespace": ctx.namespace,
-                     **({"question": question[:200]} if isinstance(question, str) else {})}
+                     **({"question": semantic.question[:200]} if semantic is not None else {})}
         saved = self.stats.record(
-            route=ctx.route, cache_status=ctx.cache_status, tier=ctx.cache_tier, key=state.get("key"),
-            upstream_seconds=state.get("upstream_seconds"), hit_cost=state.get("entry_cost"), label=asked)
+            route=ctx.route, cache_status=ctx.cache_status, tier=ctx.cache_tier, key=ctx.cache_key,
+            upstream_seconds=ctx.upstream_seconds, hit_cost=entry.cost if entry is not None else None, label=asked)
         if saved:
             metrics.child(metrics.cost_saved, ctx.cache_tier or "unknown").inc(saved)
         if ctx.cache_tier == "coalesced":

@@ -10,7 +10,7 @@ Counting rules (``ctx.cache_status`` → bucket): ``HIT``/``SEMANTIC_HIT`` → `
 in ``requests``. ``hit_ratio = hits / (hits + misses)`` — bypasses are not lookups.
 
 Cost saved is the sum of the hit entries' ``cost`` (upstream seconds the answer took when it was produced). The
-cost of a hit comes from ``ctx.state["entry_cost"]`` when a lookup stage records it; otherwise from the
+cost of a hit comes from the cost of the entry that answered (``ctx.entry``); otherwise from the
 ``upstream_seconds`` remembered when the same key missed in this process (a bounded map, :data:`COST_MEMORY`),
 otherwise it is counted as unknown (``hits_without_cost``) rather than guessed.
 

@@ -8,18 +8,28 @@ and the forwarded ``traceparent`` names the proxy's span, so backend spans join 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 from opentelemetry import trace
+from opentelemetry.context import Context
 from opentelemetry.propagate import extract
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
-from opentelemetry.trace import Tracer
+from opentelemetry.trace import Span, Tracer
 
 from proxy.context import Reply, RequestContext
 
 Next = Callable[[RequestContext], Awaitable[Reply]]
+
+
+@dataclass(frozen=True, slots=True)
+class RequestTrace:
+    """The request's span and the context its stage spans (and the forwarded ``traceparent``) descend from."""
+
+    span: Span
+    context: Context
 
 
 def make_tracer(endpoint: str | None, service_name: str = "ragproxy",
@@ -39,14 +49,13 @@ def traced_stage(tracer: Tracer, name: str, call: Next) -> Next:
     """``call`` inside a span named after the stage, with the cache outcome as attributes."""
 
     async def run(ctx: RequestContext) -> Reply:
-        parent = ctx.state.get("otel_context")
-        if parent is None:
+        request = ctx.trace
+        if request is None:
             parent = extract(dict(ctx.request.headers))
             span = tracer.start_span(f"ragproxy {ctx.route}", context=parent,
                                      attributes={"ragproxy.request_id": ctx.request_id, "ragproxy.route": ctx.route})
-            ctx.state["otel_context"] = trace.set_span_in_context(span, parent)
-            ctx.state["otel_request_span"] = span
-        with tracer.start_as_current_span(f"stage {name}", context=ctx.state["otel_context"]) as span:
+            request = ctx.trace = RequestTrace(span, trace.set_span_in_context(span, parent))
+        with tracer.start_as_current_span(f"stage {name}", context=request.context) as span:
             reply = await call(ctx)
             _attributes(span, ctx)
             return reply
@@ -63,8 +72,8 @@ def _attributes(span: Any, ctx: RequestContext) -> None:
 
 
 def end_request_span(ctx: RequestContext, status: int) -> None:
-    span = ctx.state.get("otel_request_span")
-    if span is not None:
+    if ctx.trace is not None:
+        span = ctx.trace.span
         span.set_attribute("http.status_code", status)
         _attributes(span, ctx)
         span.end()

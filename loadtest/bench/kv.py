@@ -73,6 +73,7 @@ from proxy.kv.stages import Replica, Route, Shape
 from proxy.kv.tree import KnowledgeTree
 from proxy.pipeline import Pipeline
 from proxy.server.request import Request
+from proxy.stages.prompt import ReadPrompt
 
 ROOT = Path(__file__).resolve().parents[2]
 CACHE = Path(os.environ.get("RAGPROXY_LLAMA_CACHE", Path.home() / ".cache" / "ragproxy"))
@@ -298,20 +299,19 @@ async def proxy_samples(
     async with httpx.AsyncClient(timeout=120) as client:
 
         async def send(ctx: RequestContext) -> Reply:
-            url = urls[ctx.state["backend_index"]]
+            routed = ctx.routed
+            assert routed is not None
             response = await client.post(
-                url + "/v1/chat/completions",
+                urls[routed.replica] + "/v1/chat/completions",
                 content=ctx.outgoing_body(),
-                headers={"Content-Type": "application/json", **ctx.state.get("upstream_headers", {})},
+                headers={"Content-Type": "application/json", **(routed.headers or {})},
             )
             return Reply(response.status_code, body=response.content)
 
-        pipeline = Pipeline(
-            [Shape(replicas, default_policy=policy), Route(replicas, router)], send
-        )
+        pipeline = Pipeline([ReadPrompt(None), Shape(replicas, default_policy=policy), Route(replicas, router)], send)
         for i, (indices, question) in enumerate(work.requests):
             body = _body([{"role": "system", "content": work.system}, {"role": "user", "content": question}])
-            body["ragproxy"] = {
+            documents = {
                 "documents": [
                     {
                         "id": work.documents[j].id,
@@ -327,6 +327,7 @@ async def proxy_samples(
                 request_id=f"kv-{i}",
                 raw_body=orjson.dumps(body),
                 body=body,
+                proxy_fields={"ragproxy": documents},
             )
             started = time.perf_counter()
             reply = await pipeline(ctx)

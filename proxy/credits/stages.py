@@ -56,7 +56,7 @@ from proxy.credits.store import (
     Reservation,
     Settlement,
 )
-from proxy.credits.streaming import METERED, UsageChunkFilter, client_asked_for_usage
+from proxy.credits.streaming import UsageChunkFilter, client_asked_for_usage
 from proxy.credits.usage import Usage, usage_from_body
 from proxy.errors import ProxyError
 from proxy.pipeline import Next
@@ -91,6 +91,8 @@ class Identify:
     """API key → user and tenant on the context; 401 without a valid key unless in open mode."""
 
     name = "identify"
+    needs: frozenset[str] = frozenset()
+    gives = frozenset({"tenant", "user", "api_key_id"})
 
     def __init__(
         self,
@@ -156,6 +158,8 @@ class Credits:
     """Reserve the worst case of an LLM request, settle its actual usage (see the module docstring)."""
 
     name = "credits"
+    needs: frozenset[str] = frozenset()
+    gives = frozenset({"reservation"})
 
     def __init__(
         self,
@@ -223,7 +227,7 @@ class Credits:
                 code="insufficient_quota",
             )
         client_wants_usage = client_asked_for_usage(ctx.body)
-        ctx.state[METERED] = True
+        ctx.reservation = reservation
         try:
             reply = await call_next(ctx)
         except BaseException:

@@ -30,19 +30,15 @@ def client_asked_for_usage(body: Mapping[str, Any] | None) -> bool:
     return isinstance(options, Mapping) and options.get("include_usage") is True
 
 
-METERED = "credits.metered"
-"""``ctx.state`` flag set by the credits stage: it reads (and, if not asked for, hides) the stream's usage."""
-
-
 def ask_upstream_for_usage(ctx: RequestContext) -> bool:
     """Add ``stream_options.include_usage=true`` to a streamed request lacking it; ``True`` if it was added.
 
     Call from the forward stage, unconditionally (after the cache stages have built their keys from the client's
-    own body). It acts only when the credits stage is in the pipeline (``ctx.state[METERED]``), because that stage
-    is what hides the extra chunk from a client that did not ask for it.
+    own body). It acts only when the credits stage holds a reservation (``ctx.reservation``), because that stage
+    is what reads the usage and hides the extra chunk from a client that did not ask for it.
     """
     body = ctx.body
-    if not ctx.state.get(METERED) or body is None or body.get("stream") is not True or client_asked_for_usage(body):
+    if ctx.reservation is None or body is None or body.get("stream") is not True or client_asked_for_usage(body):
         return False
     options = body.get("stream_options")
     merged = {**options, "include_usage": True} if isinstance(options, Mapping) else {"include_usage": True}

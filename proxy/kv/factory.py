@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from normalizer.documents import DocumentRegistry
 from proxy.config import Settings
 from proxy.kv.admission_queue import AdmissionQueue
 from proxy.kv.hints import BackendKind, SlotTable
@@ -23,7 +22,6 @@ class KVLayer:
 
     replicas: list[Replica]
     router: Router
-    registry: DocumentRegistry
     shape: Shape
     route: Route
 
@@ -57,11 +55,9 @@ def build_kv(settings: Settings, pool: BackendPool) -> KVLayer | None:
     router = Router([r.prefill for r in replicas], ttft_slo_s=routing.ttft_slo_s,
                     parallelism=[b.slots for b in settings.upstreams.llm],
                     affinity_headroom=routing.affinity_headroom)
-    registry = DocumentRegistry(routing.documents, max_bytes=routing.documents_max_bytes)
-    shape = Shape(replicas, registry=registry,
-                  policies={ns: OrderPolicy(order) for ns, order in routing.namespace_orders.items()},
+    shape = Shape(replicas, policies={ns: OrderPolicy(order) for ns, order in routing.namespace_orders.items()},
                   default_policy=OrderPolicy(routing.order), popularity=Popularity())
     salt = routing.salt_secret.get_secret_value() if routing.salt_secret else ""
     route = Route(replicas, router, salt_secret=salt, backend_objects=pool.backends,
                   expose_headers=routing.expose_headers, shift_min_tokens=routing.shift_min_tokens)
-    return KVLayer(replicas=replicas, router=router, registry=registry, shape=shape, route=route)
+    return KVLayer(replicas=replicas, router=router, shape=shape, route=route)

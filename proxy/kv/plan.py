@@ -1,12 +1,13 @@
 """A chat request as a KV prefix ``[prefix segment, D1, D2, ...] + tail``, and how to render any order of it.
 
-:func:`plan_request` builds a :class:`PromptPlan` from a chat-completions body:
+:func:`plan_request` builds a :class:`PromptPlan` from a chat-completions body and its documents, read once
+before the cache tiers (:func:`normalizer.documents.read_prompt`):
 
 * structured mode (documents sent apart, see :mod:`normalizer.documents`): the prefix segment is the system
   prompt, the documents are the sent ones (retrieval order), the tail is the rest of the conversation;
-* detection mode (a :class:`~normalizer.documents.DocumentRegistry` is given): registered documents are looked
-  for in each message's text; the message holding the most is the document message, the prefix segment is
-  everything before its first document (earlier messages included), the tail everything after its last;
+* detection mode (registered documents recognised in a message's text): the message holding the most is the
+  document message, the prefix segment is everything before its first document (earlier messages included), the
+  tail everything after its last;
   reordering permutes the documents in place and keeps the app's separators where they are;
 * otherwise the whole conversation but the last message is the prefix segment and there are no documents (a
   one-message prompt has an empty prefix and an empty path: nothing for the tree, no prefix hints).
@@ -25,12 +26,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from normalizer.documents import (
-    BODY_FIELD,
-    DocumentRegistry,
-    Span,
+    DetectedDocuments,
+    PromptDocuments,
     StructuredPrompt,
     content_id,
-    extract_structured,
+    message_text,
     render_document,
     reorder_spans,
 )
@@ -70,41 +70,25 @@ class PromptPlan:
         return self._render([s.key for s in order])
 
 
-def _message_text(message: Mapping[str, Any]) -> str:
-    content = message.get("content")
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        return "".join(
-            str(p.get("text", "")) for p in content if isinstance(p, dict) and p.get("type") == "text"
-        )
-    return ""
-
-
 def _conversation_text(messages: Sequence[Mapping[str, Any]]) -> str:
-    return "".join(f"\x1e{m.get('role', '')}\x1f{_message_text(m)}" for m in messages)
+    return "".join(f"\x1e{m.get('role', '')}\x1f{message_text(m)}" for m in messages)
 
 
 def plan_request(
     body: Mapping[str, Any],
+    prompt: PromptDocuments,
     *,
-    registry: DocumentRegistry | None = None,
     chars_per_token: float = 4.0,
 ) -> PromptPlan | None:
-    """The plan of a chat-completions body, or ``None`` when it has no ``messages`` list.
-
-    Raises :class:`ValueError` for malformed structured documents.
-    """
+    """The plan of a chat-completions body whose documents were read into ``prompt``, or ``None`` when it has no
+    ``messages`` list."""
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         return None
-    structured = extract_structured(body)
-    if structured is not None:
-        return _structured_plan(body, structured, chars_per_token)
-    if registry is not None and len(registry):
-        plan = _detected_plan(body, messages, registry, chars_per_token)
-        if plan is not None:
-            return plan
+    if prompt.structured is not None:
+        return _structured_plan(body, prompt.structured, chars_per_token)
+    if prompt.detected is not None:
+        return _detected_plan(body, messages, prompt.detected, chars_per_token)
     prefix_text = _conversation_text(messages[:-1]) if len(messages) > 1 else ""
     tail_text = _conversation_text(messages[-1:])
     prefix = Segment("p:" + content_id(prefix_text), estimate_tokens(prefix_text, chars_per_token)) \
@@ -124,10 +108,8 @@ def _structured_plan(
         "p:" + content_id("\x1esystem\x1f" + system), estimate_tokens(system, chars_per_token) + 2
     )
     tail_tokens = estimate_tokens(_conversation_text(structured.messages), chars_per_token)
-    base = {k: v for k, v in body.items() if k != BODY_FIELD}
-
     def render(order: Sequence[str]) -> dict[str, Any]:
-        return {**base, "messages": structured.render_messages([by_key[k] for k in order])}
+        return {**body, "messages": structured.render_messages([by_key[k] for k in order])}
 
     return PromptPlan(prefix, segments, tail_tokens, "structured", render)
 
@@ -135,20 +117,10 @@ def _structured_plan(
 def _detected_plan(
     body: Mapping[str, Any],
     messages: list[Any],
-    registry: DocumentRegistry,
+    detected: DetectedDocuments,
     chars_per_token: float,
-) -> PromptPlan | None:
-    best_index, best_text = -1, ""
-    best_spans: list[Span] = []
-    for index, message in enumerate(messages):
-        if not isinstance(message, dict) or not isinstance(message.get("content"), str):
-            continue
-        text = message["content"]
-        spans = registry.spans(text)
-        if len(spans) > len(best_spans):
-            best_index, best_spans, best_text = index, spans, text
-    if not best_spans or len({s.doc_id for s in best_spans}) != len(best_spans):
-        return None
+) -> PromptPlan:
+    best_index, best_text, best_spans = detected.message, detected.text, detected.spans
     doc_message = messages[best_index]
     before = _conversation_text(messages[:best_index]) + f"\x1e{doc_message.get('role', '')}\x1f"
     prefix_text = before + best_text[: best_spans[0].start]

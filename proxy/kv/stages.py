@@ -3,16 +3,15 @@
 Order in the pipeline: ``Shape`` then ``Route``, just before forward. The document order that reuses the most
 KV depends on the replica, and the best replica depends on the order, so the work is split this way:
 
-* :class:`Shape` builds the request's :class:`~proxy.kv.plan.PromptPlan` (structured documents rendered, or
-  registered documents detected in the prompt) and, for every replica, the document order of the namespace's
-  policy and the tokens that replica probably has cached for it; both go into ``ctx.state["kv.plan"]`` and
-  ``ctx.state["kv.orders"]``. A malformed structured document is a 400. It also counts document popularity
-  (the canonical order of ``reuse``).
+* :class:`Shape` builds the request's :class:`~proxy.kv.plan.PromptPlan` from the documents
+  :class:`~proxy.stages.prompt.ReadPrompt` read (``ctx.prompt``: structured documents to render, or registered
+  documents recognised in the prompt) and, for every replica, the document order of the namespace's policy and
+  the tokens that replica probably has cached for it: ``ctx.shape`` (:class:`ShapedRequest`). It also counts
+  document popularity (the canonical order of ``reuse``).
 * :class:`Route` asks the :class:`~proxy.kv.router.Router` for a replica (429 with ``Retry-After`` when no
-  replica can meet the TTFT SLO), renders the body with that replica's order and hints
-  (``ctx.replace_body``; hint headers for the upstream request go into ``ctx.state["upstream_headers"]``),
-  sets ``ctx.state["backend"]`` to the replica's entry of ``backend_objects`` (the forward stage's
-  ``Backend``; its index when not given) and ``ctx.state["backend_index"]`` to its index, records the path in
+  replica can meet the TTFT SLO), renders the body with that replica's order and hints (``ctx.replace_body``),
+  sets ``ctx.routed`` (:class:`RoutedRequest`: the replica's index, which the forward stage sends to, and the
+  hint headers for the upstream request), records the path in
   the replica's knowledge tree, waits for a concurrency slot (cache-aware order; 429 when the wait exceeds the
   queue's bound, or — with a TTFT SLO — once the request can no longer start in time), calls the rest of the
   pipeline, and when the reply is finished reads what the backend reported as cached (converted from the
@@ -28,7 +27,7 @@ tree is shared by every tenant of a replica: the estimate would tell a client wh
 same system prompt and documents.
 
 Isolation hints follow the cache scope: ``cache_salt`` is per tenant, and per user of a private namespace
-(``ctx.state["user_scope"]``, set by :class:`~proxy.stages.cache_policy.Canonicalize`).
+(``ctx.user_scope``, set by :class:`~proxy.stages.cache_policy.Canonicalize`).
 
 A plain prompt (no documents) keeps the client's body bytes unless a hint must go into the body: re-rendering
 and re-serializing an unchanged body would only cost time on the hot path.
@@ -44,7 +43,6 @@ from typing import Any, Protocol
 
 import aiohttp
 
-from normalizer.documents import DocumentRegistry
 from proxy.context import Reply, RequestContext
 from proxy.errors import ProxyError
 from proxy.kv.admission_queue import AdmissionQueue, DeadlineExceeded
@@ -66,13 +64,6 @@ from proxy.kv.prefill import PrefillModel
 from proxy.kv.router import Candidate, Reject, Router
 from proxy.kv.tree import KnowledgeTree, Match, Segment
 from proxy.pipeline import Next
-
-PLAN_KEY = "kv.plan"
-ORDERS_KEY = "kv.orders"
-POLICY_KEY = "kv.policy"
-BACKEND_KEY = "backend"
-BACKEND_INDEX_KEY = "backend_index"
-UPSTREAM_HEADERS_KEY = "upstream_headers"
 
 
 class PrefixBoard(Protocol):
@@ -116,23 +107,33 @@ class ReplicaOrder:
     cached_tokens: int
 
 
+@dataclass(slots=True)  # not frozen: built per request, and frozen fields cost about 5 times more to set
+class ShapedRequest:
+    """What :class:`Shape` decided: the prompt's plan, the order policy, and each replica's order."""
+
+    plan: PromptPlan
+    policy: OrderPolicy
+    orders: list[ReplicaOrder]
+    """One per replica, in index order."""
+
+
 class Shape:
     """Documents of the prompt and, per replica, their order and probably-cached tokens."""
 
     name = "shape"
+    needs = frozenset({"prompt"})
+    gives = frozenset({"shape"})
 
     def __init__(
         self,
         replicas: Sequence[Replica],
         *,
-        registry: DocumentRegistry | None = None,
         policies: Mapping[str, OrderPolicy] | None = None,
         default_policy: OrderPolicy = OrderPolicy.PRESERVE,
         chars_per_token: float = 4.0,
         popularity: Popularity | None = None,
     ) -> None:
         self.replicas = list(replicas)
-        self.registry = registry
         self.policies = dict(policies or {})
         self.default_policy = default_policy
         self.chars_per_token = chars_per_token
@@ -140,16 +141,10 @@ class Shape:
         self.shared: SharedPrefixes | None = None
 
     def shape(self, ctx: RequestContext) -> None:
-        """The pure part: fill ``ctx.state`` with the plan and the per-replica orders."""
-        if ctx.body is None:
+        """The pure part: ``ctx.shape``, the plan and the per-replica orders."""
+        if ctx.body is None or ctx.prompt is None:
             return
-        # the cache-control stage lifts the proxy's own ``ragproxy`` object out of the forwarded body
-        lifted = ctx.state.get("ragproxy")
-        body = ctx.body if lifted is None else {**ctx.body, "ragproxy": lifted}
-        try:
-            plan = plan_request(body, registry=self.registry, chars_per_token=self.chars_per_token)
-        except ValueError as error:
-            raise ProxyError(400, str(error), param="ragproxy.documents") from error
+        plan = plan_request(ctx.body, ctx.prompt, chars_per_token=self.chars_per_token)
         if plan is None:
             return
         policy = self.policies.get(ctx.namespace, self.default_policy)
@@ -172,12 +167,9 @@ class Shape:
                 cached = max(cached, self.shared.board.cached_tokens(self.shared.labels[replica.index],
                                                                      SharedPrefixes.hashes(path)))
             orders.append(ReplicaOrder(replica.index, tuple(order), cached))
-        ctx.state[PLAN_KEY] = plan
-        ctx.state[POLICY_KEY] = policy
-        if plan.documents:  # tags of the stored answer: invalidating a document finds every answer that used it
+        if plan.documents:
             self.popularity.observe([d.key for d in plan.documents])
-            ctx.state["document_ids"] = [d.key for d in plan.documents]
-        ctx.state[ORDERS_KEY] = orders
+        ctx.shape = ShapedRequest(plan, policy, orders)
 
     async def __call__(self, ctx: RequestContext, call_next: Next) -> Reply:
         self.shape(ctx)
@@ -186,7 +178,7 @@ class Shape:
 
 @dataclass(slots=True)  # not frozen: built per request, and frozen fields cost about 5 times more to set
 class RoutedRequest:
-    """What :meth:`Route.route` decided (kept in ``ctx.state["kv.routed"]``)."""
+    """What :meth:`Route.route` decided (``ctx.routed``)."""
 
     replica: int
     path: tuple[Segment, ...]
@@ -203,12 +195,16 @@ class RoutedRequest:
     shifted: bool = False
     """The backend was allowed to reuse chunks outside the common prefix (``shift`` policy): its report then
     counts more than the prefix, so it can show a shortfall but not a surplus."""
+    headers: dict[str, str] | None = None
+    """Hint headers for the upstream request."""
 
 
 class Route:
     """Replica choice by estimated TTFT, hints, concurrency slot, and tree correction from the reply."""
 
     name = "route"
+    needs = frozenset({"shape"})
+    gives = frozenset({"routed", "reported_cached_tokens"})
 
     def __init__(
         self,
@@ -241,10 +237,10 @@ class Route:
 
     def route(self, ctx: RequestContext) -> RoutedRequest | None:
         """The pure part: choose the replica, rewrite the body, attach hints. ``None`` without a plan."""
-        plan: PromptPlan | None = ctx.state.get(PLAN_KEY)
-        orders: list[ReplicaOrder] | None = ctx.state.get(ORDERS_KEY)
-        if plan is None or not orders:
+        shaped = ctx.shape
+        if shaped is None or not shaped.orders:
             return None
+        plan, orders = shaped.plan, shaped.orders
         total = plan.total_tokens
         if self._fixed and not plan.prefix.tokens and not plan.documents and self.shared is None:
             return self._fixed_route(ctx, total)
@@ -267,12 +263,12 @@ class Route:
             slot, pinned = choice.slot, (choice.slot if choice.pin else None)
             if not replica.slots.prompt_cache:  # the server reuses only what this slot holds
                 slot_match = _prefix_match(path, choice.shared_tokens)
-        shifted = _shifts(replica, ctx.state.get(POLICY_KEY))
+        shifted = _shifts(replica, shaped.policy)
         hints = build_hints(
             replica.kind,
             path,
             document_keys=[s.key for s in order],
-            tenant=f"{ctx.tenant}~{ctx.state['user_scope']}" if "user_scope" in ctx.state else ctx.tenant,
+            tenant=f"{ctx.tenant}~{ctx.user_scope}" if ctx.user_scope is not None else ctx.tenant,
             slot=pinned,
             salt_secret=self.salt_secret,
             shift_min_tokens=self.shift_min_tokens if shifted else 0,
@@ -283,12 +279,6 @@ class Route:
             ctx.replace_body(body)
         elif hints.body:  # a plain prompt is forwarded as the client sent it, plus body hints
             ctx.replace_body({**(ctx.body or {}), **hints.body})
-        if hints.headers:
-            ctx.state.setdefault(UPSTREAM_HEADERS_KEY, {}).update(hints.headers)
-        ctx.state[BACKEND_INDEX_KEY] = decision.replica
-        ctx.state[BACKEND_KEY] = (
-            self.backend_objects[decision.replica] if self.backend_objects is not None else decision.replica
-        )
         if self.expose_headers:
             ctx.response_headers["X-RagProxy-Replica"] = str(decision.replica)
             ctx.response_headers["X-RagProxy-Cached-Tokens-Estimate"] = str(decision.cached_tokens)
@@ -300,21 +290,18 @@ class Route:
                 prefixes.append((digest, tokens))
             self.shared.board.record(self.shared.labels[decision.replica], prefixes)
         self.router.admitted(ctx.request_id, decision)
-        routed = RoutedRequest(
+        routed = ctx.routed = RoutedRequest(
             decision.replica, path, predicted, slot, decision.estimated_ttft_s, decision.start_deadline, total,
-            slot_match, shifted,
+            slot_match, shifted, hints.headers or None,
         )
-        ctx.state["kv.routed"] = routed
         return routed
 
     def _fixed_route(self, ctx: RequestContext, total: int) -> RoutedRequest:
         """The route when nothing is left to decide: one replica that is neither compared, refused nor given hints
         for a prompt without a prefix (a single message), and nothing for its tree. Same result as the full path
         (which the tests check), without the router's and the hints' work on the hot path."""
-        ctx.state[BACKEND_INDEX_KEY] = 0
-        ctx.state[BACKEND_KEY] = self.backend_objects[0] if self.backend_objects is not None else 0
-        routed = RoutedRequest(0, (), Match(0, 0), None, self.replicas[0].prefill.seconds(total), None, total)
-        ctx.state["kv.routed"] = routed
+        routed = ctx.routed = RoutedRequest(0, (), Match(0, 0), None, self.replicas[0].prefill.seconds(total), None,
+                                            total)
         return routed
 
     def settle(self, ctx: RequestContext, routed: RoutedRequest, body: bytes | None) -> None:
@@ -333,7 +320,7 @@ class Route:
             if routed.shifted:  # shifted chunks are not prefix: no evidence of a larger cache
                 prefix_cached = min(prefix_cached, expected.tokens)
             replica.tree.correct(routed.path, prefix_cached, expected)
-            ctx.state["kv.cached_tokens_reported"] = cached
+            ctx.reported_cached_tokens = cached
         prefill = reported_prefill(objects)
         if prefill is not None:
             prompt_n, cache_n, prompt_ms = prefill

@@ -8,6 +8,7 @@ from typing import Any
 
 import orjson
 
+from normalizer.cache_control import split_proxy_fields
 from proxy.context import RequestContext
 from proxy.errors import Dialect, ProxyError
 from proxy.headers import request_id
@@ -44,13 +45,16 @@ def make_handler(
     *,
     max_body: int,
     json_body: bool,
+    lift_proxy_fields: bool = False,
     observe: Observer | None = None,
 ) -> Handler:
     """A data-plane handler that runs ``pipeline()`` (looked up per request, so a config patch can swap it) for
     ``route``.
 
     ``json_body``: the body must be a JSON object (chat, embeddings, Qdrant searches); otherwise a JSON body is only
-    checked for being well-formed when it claims to be JSON, and forwarded byte for byte.
+    checked for being well-formed when it claims to be JSON, and forwarded byte for byte. ``lift_proxy_fields``:
+    the proxy's own body objects (``cache``, ``ragproxy``) are taken out of the body into ``ctx.proxy_fields``
+    and never forwarded.
     """
 
     async def handle(request: Request, out: Responder) -> None:
@@ -74,6 +78,11 @@ def make_handler(
                 upstream_path=request.raw_path, method=request.method,
                 stream=bool(body.get("stream")) if body is not None else False,
             )
+            if lift_proxy_fields and body is not None:
+                forwarded, lifted = split_proxy_fields(body)
+                if lifted:
+                    ctx.proxy_fields = lifted
+                    ctx.replace_body(forwarded)
             reply = await pipeline()(ctx)
         except ProxyError as exc:
             if observe is not None:

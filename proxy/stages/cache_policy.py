@@ -4,10 +4,13 @@ Private (user-scoped) answers: in a namespace listed in ``cache.private_namespac
 sends ``Cache-Control: private``, the key's scope is narrowed to the requesting user (``ctx.user``, the API key's
 user; see :class:`~normalizer.canonical.KeyScope` for the key format). Everything keyed by the exact key follows
 — L1, L3, coalescing, stale-if-error, per-item embeddings — and the semantic stage partitions by the same user
-(``proxy.stages.semantic``). :data:`USER_SCOPE` in ``ctx.state`` carries the user digest for later stages (a
-per-user backend ``cache_salt``, for one); it is set even when the request itself bypasses the cache. A client can
-only narrow its own scope this way, never widen it. In open mode every caller is the same anonymous user, so
-user scoping needs API keys to tell users apart.
+(``proxy.stages.semantic``). ``ctx.user_scope`` carries the user digest for later stages (a per-user backend
+``cache_salt``, for one); it is set even when the request itself bypasses the cache. A client can only narrow its
+own scope this way, never widen it. In open mode every caller is the same anonymous user, so user scoping needs
+API keys to tell users apart.
+
+Structured documents (``ragproxy.documents``, read by :class:`~proxy.stages.prompt.ReadPrompt`) are part of the
+exact key: the same question over other documents is another request.
 """
 
 from __future__ import annotations
@@ -16,18 +19,14 @@ from collections.abc import Mapping
 from typing import Any
 
 from normalizer.bypass import BypassSettings, bypass_reason
-from normalizer.cache_control import CacheControlError, CacheDefaults, cache_policy, strip_proxy_fields
+from normalizer.cache_control import CacheControlError, CacheDefaults, cache_policy
 from normalizer.canonical import SHARED_TENANT, KeyScope, RequestKind, cache_key, canonical_request, user_digest
 from normalizer.canonical_json import CanonicalizationError
+from normalizer.documents import PromptDocuments
 from proxy.context import Reply, RequestContext
 from proxy.errors import ProxyError
 from proxy.pipeline import Next
 from tiers.versions import VersionSource
-
-PRIVATE_REQUEST = "private_request"
-"""``ctx.state`` flag: the request asked for a user-scoped answer (``Cache-Control: private``)."""
-USER_SCOPE = "user_scope"
-"""``ctx.state`` key: the :func:`~normalizer.canonical.user_digest` of a user-scoped request (absent otherwise)."""
 
 
 def asks_private(headers: Mapping[str, str]) -> bool:
@@ -39,30 +38,30 @@ def asks_private(headers: Mapping[str, str]) -> bool:
 
 
 class ApplyCacheControl:
-    """Headers and the body's ``cache``/``ragproxy`` objects → ``ctx.state["cache_policy"]``; proxy fields stripped."""
+    """Headers and the proxy's own body objects (``cache``, ``ragproxy``) → ``ctx.cache_policy``, the namespace."""
 
     name = "cache_control"
+    needs: frozenset[str] = frozenset()
+    gives = frozenset({"cache_policy", "namespace"})
 
     def __init__(self, defaults: CacheDefaults) -> None:
         self.defaults = defaults
 
     async def __call__(self, ctx: RequestContext, call_next: Next) -> Reply:
         try:
-            policy = cache_policy(ctx.request.headers, ctx.body, self.defaults)
+            policy = cache_policy(ctx.request.headers, ctx.proxy_fields, self.defaults)
         except CacheControlError as exc:
             raise ProxyError(400, str(exc), code="invalid_cache_control") from None
-        ctx.state["cache_policy"] = policy
+        ctx.cache_policy = policy
         ctx.namespace = policy.namespace
-        if asks_private(ctx.request.headers):
-            ctx.state[PRIVATE_REQUEST] = True
-        if ctx.body is not None:
-            proxy_fields = ctx.body.get("ragproxy")
-            if isinstance(proxy_fields, dict):
-                ctx.state["ragproxy"] = proxy_fields
-            stripped = strip_proxy_fields(ctx.body)
-            if stripped is not ctx.body:
-                ctx.replace_body(stripped)
         return await call_next(ctx)
+
+
+def _documents(prompt: PromptDocuments | None) -> list[dict[str, Any]] | None:
+    """Structured documents as the key holds them (sent apart from the messages, so not in the canonical body)."""
+    if prompt is None or prompt.structured is None:
+        return None
+    return [{"id": d.id, "title": d.title, "text": d.text} for d in prompt.documents]
 
 
 class Canonicalize:
@@ -70,33 +69,34 @@ class Canonicalize:
     user)."""
 
     name = "canonicalize"
+    gives = frozenset({"user_scope", "key_scope", "cache_key", "bypass_reason"})
 
     def __init__(self, kind: RequestKind, bypass: BypassSettings, versions: VersionSource,
                  shared_namespaces: frozenset[str], private_namespaces: frozenset[str] = frozenset()) -> None:
         self.kind = kind
+        self.needs = frozenset({"cache_policy", "prompt"} if kind == "chat" else {"cache_policy"})
         self.bypass = bypass
         self.versions = versions
         self.shared = shared_namespaces
         self.private = private_namespaces
 
     def user_scope(self, ctx: RequestContext) -> str | None:
-        """The user digest when this request's answers are user-scoped (also recorded in ``ctx.state``)."""
-        if ctx.namespace not in self.private and not ctx.state.get(PRIVATE_REQUEST):
-            return None
-        digest = ctx.state.get(USER_SCOPE)
-        if digest is None:
-            digest = ctx.state[USER_SCOPE] = user_digest(ctx.tenant, ctx.user)
-        return str(digest)
+        """The user digest when this request's answers are user-scoped (also set as ``ctx.user_scope``)."""
+        if ctx.user_scope is None and (ctx.namespace in self.private or asks_private(ctx.request.headers)):
+            ctx.user_scope = user_digest(ctx.tenant, ctx.user)
+        return ctx.user_scope
 
     def scope(self, ctx: RequestContext) -> KeyScope:
-        """Where this request's keys live; the version is read for the real (or shared) tenant, never per user."""
+        """Where this request's keys live (also set as ``ctx.key_scope``); the version is read for the real (or
+        shared) tenant, never per user."""
         tenant = SHARED_TENANT if ctx.namespace in self.shared else ctx.tenant
         version = self.versions.current(tenant, ctx.namespace)
-        return KeyScope(tenant, ctx.namespace, version, self.user_scope(ctx) or "")
+        scope = ctx.key_scope = KeyScope(tenant, ctx.namespace, version, self.user_scope(ctx) or "")
+        return scope
 
     async def __call__(self, ctx: RequestContext, call_next: Next) -> Reply:
-        self.user_scope(ctx)  # recorded for later stages even when this request is not cached
-        policy = ctx.state.get("cache_policy")
+        self.user_scope(ctx)  # set for later stages even when this request is not cached
+        policy = ctx.cache_policy
         if policy is None or not (policy.may_read or policy.may_store):
             ctx.cache_status = "BYPASS"
             return await call_next(ctx)
@@ -107,13 +107,11 @@ class Canonicalize:
             except CanonicalizationError as exc:
                 reason = f"not canonicalizable: {exc}"
         if reason is not None:
-            ctx.state["bypass"] = reason
+            ctx.bypass_reason = reason
             ctx.cache_status = "BYPASS"
             return await call_next(ctx)
-        documents = (ctx.state.get("ragproxy") or {}).get("documents")
+        documents = _documents(ctx.prompt)
         if documents is not None:
             canonical = {"request": canonical, "documents": documents}
-        scope = self.scope(ctx)
-        ctx.state["scope"] = scope
-        ctx.state["key"] = cache_key(self.kind, canonical, scope)
+        ctx.cache_key = cache_key(self.kind, canonical, self.scope(ctx))
         return await call_next(ctx)

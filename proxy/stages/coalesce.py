@@ -55,6 +55,8 @@ class Coalesce:
     """Share one upstream call among identical in-flight misses."""
 
     name = "coalesce"
+    needs = frozenset({"cache_key"})
+    gives = frozenset({"follower"})
 
     def __init__(self, *, kind: str, wait_s: float, max_flights: int = 10_000) -> None:
         self.kind = kind
@@ -65,8 +67,8 @@ class Coalesce:
         self.timeouts = 0
 
     async def __call__(self, ctx: RequestContext, call_next: Next) -> Reply:
-        key: str | None = ctx.state.get("key")
-        if key is None or ctx.state.get("no_store"):
+        key = ctx.cache_key
+        if key is None or ctx.follower:
             return await call_next(ctx)
         flight = self.flights.get(key)
         if flight is not None:
@@ -122,7 +124,7 @@ class Coalesce:
 
     async def _follow(self, ctx: RequestContext, flight: Flight) -> Reply | None:
         """The follower's reply, or ``None`` to go upstream on its own."""
-        ctx.state["no_store"] = True
+        ctx.follower = True
         flight.followers += 1
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.wait_s
@@ -139,7 +141,7 @@ class Coalesce:
             self.timeouts += 1
             return None
         if flight.failed or flight.body is None:
-            ctx.state.pop("no_store", None)
+            ctx.follower = False
             return None
         self.coalesced += 1
         entry = CachedResponse(body=flight.body, kind=self.kind)

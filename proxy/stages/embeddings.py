@@ -21,7 +21,6 @@ import orjson
 from multidict import CIMultiDict
 
 from normalizer.bypass import BypassSettings, bypass_reason
-from normalizer.cache_control import CachePolicy
 from normalizer.canonical import cache_key, canonical_embedding_items, embedding_inputs
 from normalizer.canonical_json import CanonicalizationError
 from proxy.context import Reply, RequestContext
@@ -49,6 +48,8 @@ class EmbeddingItemsCache:
     """Serve cached items, forward the missing ones in one upstream call, store them, assemble in order."""
 
     name = "embedding_items"
+    needs = frozenset({"cache_policy"})
+    gives = frozenset({"user_scope", "key_scope"})
 
     def __init__(self, tier: ResponseTier, scope: Canonicalize, bypass: BypassSettings) -> None:
         self.tier = tier
@@ -57,7 +58,7 @@ class EmbeddingItemsCache:
 
     async def __call__(self, ctx: RequestContext, call_next: Next) -> Reply:
         body = ctx.body or {}
-        policy: CachePolicy | None = ctx.state.get("cache_policy")
+        policy = ctx.cache_policy
         if policy is None or bypass_reason(body, self.bypass, kind="embedding", namespace=ctx.namespace):
             ctx.cache_status = "BYPASS"
             return await call_next(ctx)
@@ -68,7 +69,6 @@ class EmbeddingItemsCache:
             ctx.cache_status = "BYPASS"
             return await call_next(ctx)
         scope = self.scope.scope(ctx)
-        ctx.state["scope"] = scope
         keys = [cache_key("embedding", item, scope) for item in items]
         found: list[CachedResponse | None] = [None] * len(keys)
         if policy.may_read:
@@ -95,7 +95,7 @@ class EmbeddingItemsCache:
                 tokens = round(upstream_usage * lengths[position] / sum(lengths))
                 entry = CachedResponse(body=_vector(data[position]), kind="embedding",
                                        model=model if isinstance(model, str) else None,
-                                       cost=float(ctx.state.get("upstream_seconds", 1.0)) / len(missing),
+                                       cost=(ctx.upstream_seconds or 1.0) / len(missing),
                                        meta={"tokens": tokens})
                 found[i] = entry
                 if policy.may_store and policy.ttl != 0:

@@ -16,7 +16,7 @@ def _headers_for(ctx: RequestContext, auth: dict[str, str], trust_forwarded: boo
                  hints: dict[str, str] | None = None) -> list[tuple[str, str]]:
     request = ctx.request
     extra = hints
-    if "otel_context" in ctx.state:  # tracing on: the upstream's parent is the proxy's forward span
+    if ctx.trace is not None:  # tracing on: the upstream's parent is the proxy's forward span
         from opentelemetry.propagate import inject
 
         carrier: dict[str, str] = {}
@@ -43,6 +43,7 @@ class ForwardToLLM:
     """Send to the replica chosen by routing (or the first healthy one); retry only a refused connection."""
 
     name = "forward"
+    gives = frozenset({"backend", "upstream_seconds"})
 
     def __init__(self, client: UpstreamClient, pool: BackendPool, *, trust_forwarded: bool = False) -> None:
         self.client = client
@@ -50,9 +51,10 @@ class ForwardToLLM:
         self.trust_forwarded = trust_forwarded
 
     async def __call__(self, ctx: RequestContext) -> Reply:
-        chosen = ctx.state.get("backend")
+        routed = ctx.routed
+        chosen = self.pool.backends[routed.replica] if routed is not None else None
         # routing's choice stands unless that replica is down or its breaker is open
-        usable = isinstance(chosen, Backend) and chosen.healthy and chosen.breaker.allow()
+        usable = chosen is not None and chosen.healthy and chosen.breaker.allow()
         picked = chosen if usable else self.pool.first_healthy()
         if picked is None:
             raise ProxyError(503, "every LLM backend is failing; retrying shortly", code="upstream_circuit_open",
@@ -62,7 +64,7 @@ class ForwardToLLM:
         body = ctx.outgoing_body() if ctx.method not in ("GET", "HEAD") else None
         tried: set[int] = set()
         started = time.perf_counter()
-        hints = ctx.state.get("upstream_headers")
+        hints = routed.headers if routed is not None else None
         while True:
             headers = _headers_for(ctx, backend.auth_headers(), self.trust_forwarded, hints)
             backend.in_flight += 1
@@ -86,14 +88,14 @@ class ForwardToLLM:
             except BaseException:  # cancelled (the client hung up) or broken otherwise: no longer in flight
                 backend.in_flight -= 1
                 raise
-            ctx.state["backend"] = backend
+            ctx.backend = backend
             if reply.status in _REPLICA_FAILING:
                 backend.breaker.failure()
             else:
                 backend.breaker.success()
             streamed = reply.chunks is not None
             if not streamed:  # complete already: stages on the way back may price what they keep by it
-                ctx.state["upstream_seconds"] = time.perf_counter() - started
+                ctx.upstream_seconds = time.perf_counter() - started
             reply.on_end(_release(ctx, backend, started, streamed))
             return reply
 
@@ -102,7 +104,7 @@ def _release(ctx: RequestContext, backend: Backend, started: float, streamed: bo
     def done(_reply: Reply, ok: bool) -> None:
         backend.in_flight -= 1
         if streamed:  # until its last chunk
-            ctx.state["upstream_seconds"] = time.perf_counter() - started
+            ctx.upstream_seconds = time.perf_counter() - started
 
     return done
 

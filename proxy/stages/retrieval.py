@@ -36,6 +36,8 @@ class RetrievalLookup:
     """Answer searches from the vector-search cache; forward only the missing items."""
 
     name = "retrieval"
+    needs: frozenset[str] = frozenset()
+    gives: frozenset[str] = frozenset()
 
     def __init__(self, cache: RetrievalCache, fetch_collection: CollectionFetcher) -> None:
         self.cache = cache
@@ -65,7 +67,7 @@ class RetrievalLookup:
         reply = await call_next(ctx)
         if reply.status != 200 or reply.body is None:
             return reply
-        merged = await self.cache.store(plan, reply.body, cost=float(ctx.state.get("upstream_seconds", 1.0)))
+        merged = await self.cache.store(plan, reply.body, cost=ctx.upstream_seconds or 1.0)
         if merged is None:
             return reply
         ctx.cache_status = status if hits else "MISS"
@@ -86,6 +88,8 @@ class RegisterDocuments:
     """Remember the document texts search results carry, so they can be found later inside LLM prompts."""
 
     name = "documents"
+    needs: frozenset[str] = frozenset()
+    gives: frozenset[str] = frozenset()
 
     def __init__(self, registry: DocumentRegistry) -> None:
         self.registry = registry
@@ -106,6 +110,8 @@ class InvalidateSearches:
     """After a Qdrant write has been answered, drop the cached searches it could change."""
 
     name = "invalidate"
+    needs: frozenset[str] = frozenset()
+    gives: frozenset[str] = frozenset()
 
     def __init__(self, cache: RetrievalCache) -> None:
         self.cache = cache

@@ -1,11 +1,13 @@
 """L2 lookup: answer a differently worded but equivalent question from the semantic tier.
 
 Only chat requests whose final message is a user question take part. Everything but that question must match
-exactly (the :class:`~normalizer.signature.ContextSignature` digest, computed under the same knowledge version
-as the exact key); the question is compared by embedding under the namespace's threshold, with guards vetoing
-false friends. A match points at an entry key; the response bytes come from L1, or from L3 when L1 has let it go.
-The hit is promoted into L1 under the new request's own key. On a miss, the question is recorded against the
-new entry's key once the upstream answer has been stored.
+exactly (the :class:`~normalizer.signature.ContextSignature` digest over the request and the documents read by
+:class:`~proxy.stages.prompt.ReadPrompt`, computed under the same knowledge version as the exact key); the
+question is compared by embedding under the namespace's threshold, with guards vetoing false friends. It runs
+after the exact tiers (L1, L3 by key): an exact repeat never costs an embedding. A match points at an entry key;
+the response bytes come from L1, or from L3 when L1 has let it go. The hit is promoted into L1 under the new
+request's own key. On a miss, the question is recorded against the new entry's key once the upstream answer has
+been stored.
 
 In a user-scoped (private) request the index partition and the cold tier's signature tag carry the key scope's
 user digest too, so a paraphrase never reaches another user's answer.
@@ -18,13 +20,14 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from dataclasses import dataclass
 
-from normalizer.canonical import KeyScope
 from normalizer.canonical_json import CanonicalizationError
 from normalizer.signature import context_signature, final_question
 from proxy.context import Reply, RequestContext
 from proxy.pipeline import Next
 from proxy.stages.tiers import entry_tags, hit_reply
+from tiers.embedders.base import FloatArray
 from tiers.response_tier import ResponseTier
 from tiers.semantic import SemanticScope, SemanticTier
 
@@ -36,10 +39,24 @@ def signature_tag(where: SemanticScope, digest: str) -> str:
     return f"sig:{where.tenant}/{where.label}/{digest}"
 
 
+@dataclass(slots=True)
+class SemanticQuery:
+    """A question the L2 stage looked up: where, under which context signature, and its embedding once computed
+    (stored entries carry the question, the cold tier the vector)."""
+
+    question: str
+    where: SemanticScope
+    digest: str
+    tag: str
+    vector: FloatArray | None = None
+
+
 class SemanticLookup:
     """Serve semantic hits; teach the index on misses."""
 
     name = "l2"
+    needs = frozenset({"cache_key", "key_scope", "cache_policy", "prompt"})
+    gives = frozenset({"semantic", "entry"})
 
     def __init__(self, semantic: SemanticTier, sources: Sequence[ResponseTier], promote_into: ResponseTier,
                  *, expose_similarity: bool = False, cold: ResponseTier | None = None) -> None:
@@ -51,35 +68,33 @@ class SemanticLookup:
         self.failures = 0
 
     async def __call__(self, ctx: RequestContext, call_next: Next) -> Reply:
-        key: str | None = ctx.state.get("key")
-        scope: KeyScope | None = ctx.state.get("scope")
-        policy = ctx.state.get("cache_policy")
+        key, scope, policy, prompt = ctx.cache_key, ctx.key_scope, ctx.cache_policy, ctx.prompt
         body = ctx.body or {}
-        question = final_question(body) if key is not None else None
-        if key is None or scope is None or policy is None or not question:
+        if key is None or scope is None or policy is None or prompt is None:
+            return await call_next(ctx)
+        question = final_question(body, prompt)
+        if question is None:
             return await call_next(ctx)
         try:
-            signature = context_signature(body, document_ids=ctx.state.get("document_ids"),
-                                          knowledge_version=scope.knowledge_version)
+            signature = context_signature(body, prompt=prompt, knowledge_version=scope.knowledge_version)
         except CanonicalizationError:
             return await call_next(ctx)
         if signature is None:
             return await call_next(ctx)
-        ctx.state["question"] = question
         where = SemanticScope(scope.tenant, scope.namespace, scope.user)
-        ctx.state["signature_tag"] = signature_tag(where, signature.digest)
+        query = ctx.semantic = SemanticQuery(question, where, signature.digest, signature_tag(where, signature.digest))
         if policy.may_read:
-            reply = await self._lookup(ctx, where, signature.digest, question, key)
+            reply = await self._lookup(ctx, query, key)
             if reply is None and self.cold is not None:
-                reply = await self._lookup_cold(ctx, question, key)
+                reply = await self._lookup_cold(ctx, query, key)
             if reply is not None:
                 return reply
         reply = await call_next(ctx)
-        if policy.may_store and not ctx.state.get("no_store"):
+        if policy.may_store and not ctx.follower:
             async def learn(done: Reply, ok: bool, body_bytes: bytes) -> None:
                 if ok and done.status == 200 and ctx.cache_status in ("MISS", "REFRESH", None):
                     try:
-                        await self.semantic.add(where, signature.digest, question, key)
+                        await self.semantic.add(where, query.digest, question, key)
                     except Exception as exc:  # fail open: the index is an optimisation
                         self.failures += 1
                         log.warning("semantic index add failed: %s", exc)
@@ -87,20 +102,21 @@ class SemanticLookup:
             reply.on_finish(learn)
         return reply
 
-    async def _lookup_cold(self, ctx: RequestContext, question: str, key: str) -> Reply | None:
+    async def _lookup_cold(self, ctx: RequestContext, query: SemanticQuery, key: str) -> Reply | None:
         """L2 missed: search the cold tier's stored question vectors of the same context (threshold and guards
         as in L2). The embedding is cached, so this costs one vector scan, not a second model call."""
-        assert self.cold is not None
+        assert self.cold is not None and ctx.cache_policy is not None
+        question = query.question
         try:
             [vector] = await self.semantic.embedder.embed([question])
-            ctx.state["question_vector"] = vector
+            query.vector = vector
             nearest = await self.cold.store.nearest(vector, self.semantic.candidates,  # type: ignore[attr-defined]
-                                                    tag=ctx.state["signature_tag"])
+                                                    tag=query.tag)
         except Exception as exc:  # fail open
             self.failures += 1
             log.warning("cold semantic lookup failed: %s", exc)
             return None
-        policy = ctx.state["cache_policy"]
+        policy = ctx.cache_policy
         threshold = self.semantic.threshold_for(ctx.namespace)
         for candidate, similarity in nearest:
             if similarity < threshold or candidate == key:
@@ -116,17 +132,17 @@ class SemanticLookup:
             return hit_reply(ctx, entry, status="SEMANTIC_HIT", tier="l3", extra=extra)
         return None
 
-    async def _lookup(self, ctx: RequestContext, where: SemanticScope, digest: str, question: str,
-                      key: str) -> Reply | None:
+    async def _lookup(self, ctx: RequestContext, query: SemanticQuery, key: str) -> Reply | None:
+        assert ctx.cache_policy is not None
         try:
-            match = await self.semantic.lookup(where, digest, question)
+            match = await self.semantic.lookup(query.where, query.digest, query.question)
         except Exception as exc:  # embedding model or vector store down: fail open
             self.failures += 1
             log.warning("semantic lookup failed: %s", exc)
             return None
         if match is None:
             return None
-        policy = ctx.state["cache_policy"]
+        policy = ctx.cache_policy
         for tier in self.sources:
             entry = await tier.get(match.key)
             if entry is None or (policy.max_age is not None and entry.age() > policy.max_age):

@@ -38,7 +38,6 @@ from collections import OrderedDict
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
 
-from normalizer.cache_control import CachePolicy
 from proxy.context import FinishCallback, Reply, RequestContext
 from proxy.errors import ProxyError
 from proxy.pipeline import Next
@@ -115,6 +114,8 @@ class StaleIfError:
     """Serve the last good answer when the upstream fails, for stale-tolerant namespaces only."""
 
     name = "stale_if_error"
+    needs = frozenset({"cache_key", "cache_policy"})
+    gives: frozenset[str] = frozenset()
 
     def __init__(self, store: StaleStore, *, kind: str, namespaces: Collection[str],
                  on_status: Collection[int] = DEFAULT_ERROR_STATUSES) -> None:
@@ -125,9 +126,8 @@ class StaleIfError:
 
     def _applies(self, ctx: RequestContext) -> str | None:
         """The exact key when this request may be fed/served stale, else ``None``."""
-        key = ctx.state.get("key")
-        policy: CachePolicy | None = ctx.state.get("cache_policy")
-        if not isinstance(key, str) or policy is None or ctx.namespace not in self.namespaces:
+        key, policy = ctx.cache_key, ctx.cache_policy
+        if key is None or policy is None or ctx.namespace not in self.namespaces:
             return None
         if not policy.may_read or not policy.may_store or policy.max_age is not None:
             return None

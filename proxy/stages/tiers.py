@@ -40,22 +40,27 @@ def entry_tags(ctx: RequestContext, model: str | None) -> list[str]:
     ``all``; ``tenant:<t>``; ``ns:<t>/<namespace>``; ``route:<chat|completions|embeddings>``; ``model:<m>``;
     ``doc:<id>`` for every document the prompt carried (the document reverse index).
     """
-    scope = ctx.state.get("scope")
+    scope = ctx.key_scope
     tenant = scope.tenant if scope is not None else ctx.tenant
     tags = [ALL_ENTRIES, f"tenant:{tenant}", f"ns:{tenant}/{ctx.namespace}", f"route:{ctx.route}"]
     if model:
         tags.append(f"model:{model}")
-    tags.extend(f"doc:{doc}" for doc in ctx.state.get("document_ids") or ())
-    if "signature_tag" in ctx.state:  # lets the cold tier's vector search stay inside one context
-        tags.append(ctx.state["signature_tag"])
+    tags.extend(f"doc:{doc}" for doc in document_ids(ctx))
+    if ctx.semantic is not None:  # lets the cold tier's vector search stay inside one context
+        tags.append(ctx.semantic.tag)
     return tags
+
+
+def document_ids(ctx: RequestContext) -> list[str]:
+    """The ids of the documents the prompt carries (the document reverse index of stored entries)."""
+    return [document.id for document in ctx.prompt.documents] if ctx.prompt is not None else []
 
 
 def hit_reply(ctx: RequestContext, entry: CachedResponse, *, status: str, tier: str,
               extra: dict[str, str] | None = None) -> Reply:
     """A reply built from a cached entry, in the form the client asked for."""
     ctx.cache_status, ctx.cache_tier = status, tier
-    ctx.state["entry_size"], ctx.state["entry_cost"] = len(entry.body), entry.cost
+    ctx.entry = entry
     headers: CIMultiDict[str] = CIMultiDict()
     headers["X-Cache-Status"] = status
     headers["X-Cache-Tier"] = tier
@@ -93,6 +98,8 @@ class StoreResponse:
     """On the way back: store complete upstream answers in L1 (and queue them for L3)."""
 
     name = "store"
+    needs = frozenset({"cache_key", "cache_policy"})
+    gives = frozenset({"entry"})
 
     def __init__(self, l1: ResponseTier, *, kind: str,
                  write_behind: Callable[[str, CachedResponse, float | None, list[str], Any], None] | None = None,
@@ -103,18 +110,18 @@ class StoreResponse:
         self.expose_key = expose_key
 
     async def __call__(self, ctx: RequestContext, call_next: Next) -> Reply:
-        key: str | None = ctx.state.get("key")
+        key = ctx.cache_key
         reply = await call_next(ctx)
-        if key is None or ctx.cache_status in ("HIT", "SEMANTIC_HIT"):
+        policy = ctx.cache_policy
+        if key is None or policy is None or ctx.cache_status in ("HIT", "SEMANTIC_HIT"):
             if key is None and ctx.cache_status is None:
                 ctx.cache_status = "BYPASS"
             self._headers(ctx, reply, key)
             return reply
-        policy: CachePolicy = ctx.state["cache_policy"]
         if ctx.cache_status is None:
             ctx.cache_status = "REFRESH" if policy.force_refresh else "MISS"
         self._headers(ctx, reply, key)
-        if policy.may_store and policy.ttl != 0 and not ctx.state.get("no_store"):
+        if policy.may_store and policy.ttl != 0 and not ctx.follower:
             reply.on_finish(self._store(ctx, key, policy))
         return reply
 
@@ -131,19 +138,19 @@ class StoreResponse:
             if stored_body is None:
                 return
             model = (ctx.body or {}).get("model")
+            semantic, documents = ctx.semantic, document_ids(ctx)
             entry = CachedResponse(
                 body=stored_body, kind=self.kind, model=model if isinstance(model, str) else None,
-                cost=float(ctx.state.get("upstream_seconds", 1.0)),
+                cost=ctx.upstream_seconds if ctx.upstream_seconds is not None else 1.0,
                 meta={"tenant": ctx.tenant, "namespace": ctx.namespace, "route": ctx.route,
-                      **({"question": ctx.state["question"]} if "question" in ctx.state else {}),
-                      **({"documents": ctx.state["document_ids"]} if ctx.state.get("document_ids") else {})},
+                      **({"question": semantic.question} if semantic is not None else {}),
+                      **({"documents": documents} if documents else {})},
             )
             tags = entry_tags(ctx, entry.model)
-            stored = await self.l1.put(key, entry, ttl=policy.ttl, tags=tags)
-            ctx.state["stored"] = stored
-            ctx.state["entry_size"], ctx.state["entry_cost"] = len(entry.body), entry.cost
+            await self.l1.put(key, entry, ttl=policy.ttl, tags=tags)
+            ctx.entry = entry
             if self.write_behind is not None:
-                self.write_behind(key, entry, policy.ttl, tags, ctx.state.get("question_vector"))
+                self.write_behind(key, entry, policy.ttl, tags, semantic.vector if semantic is not None else None)
 
         return store
 
@@ -151,14 +158,16 @@ class StoreResponse:
 class ExactLookup:
     """Answer exact-key hits from one tier; promote them into ``promote_into`` (faster tiers)."""
 
+    needs = frozenset({"cache_key", "cache_policy"})
+    gives = frozenset({"entry"})
+
     def __init__(self, tier: ResponseTier, *, promote_into: Sequence[ResponseTier] = ()) -> None:
         self.tier = tier
         self.name = tier.name
         self.promote_into = tuple(promote_into)
 
     async def __call__(self, ctx: RequestContext, call_next: Next) -> Reply:
-        key: str | None = ctx.state.get("key")
-        policy: CachePolicy | None = ctx.state.get("cache_policy")
+        key, policy = ctx.cache_key, ctx.cache_policy
         if key is None or policy is None or not policy.may_read:
             return await call_next(ctx)
         entry = await self.tier.get(key)

@@ -12,7 +12,7 @@ from normalizer.cache_control import (
     CacheDefaults,
     CachePolicy,
     cache_policy,
-    strip_proxy_fields,
+    split_proxy_fields,
 )
 
 DEFAULTS = CacheDefaults(ttl=3600.0, max_ttl=86400.0, namespace="default")
@@ -285,10 +285,11 @@ def test_defaults_without_ttl_or_cap() -> None:
     assert cache_policy({"x-ragproxy-ttl": "7"}, None, CacheDefaults(ttl=None)).ttl == 7
 
 
-def test_strip_proxy_fields() -> None:
+def test_split_proxy_fields() -> None:
     body = {"model": "m", "cache": {"ttl": 1}, "ragproxy": {}, "messages": []}
-    stripped = strip_proxy_fields(body)
+    stripped, lifted = split_proxy_fields(body)
     assert stripped == {"model": "m", "messages": []}
+    assert lifted == {"cache": {"ttl": 1}, "ragproxy": {}}
     assert "cache" in body  # the original is left alone
     plain = {"model": "m"}
-    assert strip_proxy_fields(plain) is plain
+    assert split_proxy_fields(plain) == (plain, {}) and split_proxy_fields(plain)[0] is plain

@@ -56,9 +56,8 @@ def test_structured_body_field_and_document_parts_are_extracted_in_order() -> No
                 ],
             },
         ],
-        "ragproxy": {"documents": [{"id": "d1", "text": "first doc text", "title": "One"}]},
     }
-    prompt = extract_structured(body)
+    prompt = extract_structured(body, [{"id": "d1", "text": "first doc text", "title": "One"}])
     assert prompt is not None
     assert [d.id for d in prompt.documents] == ["d1", "d2"]
     assert prompt.system == "Be brief."
@@ -69,14 +68,16 @@ def test_structured_body_field_and_document_parts_are_extracted_in_order() -> No
 
 
 def test_structured_document_without_id_gets_its_content_hash() -> None:
-    body = {"messages": [{"role": "user", "content": "q"}], "ragproxy": {"documents": [{"text": "abc"}]}}
-    prompt = extract_structured(body)
+    body = {"messages": [{"role": "user", "content": "q"}]}
+    prompt = extract_structured(body, [{"text": "abc"}])
     assert prompt is not None and prompt.documents[0].id == content_id("abc")
 
 
 def test_malformed_structured_document_is_an_error_and_plain_bodies_are_none() -> None:
     with pytest.raises(ValueError):
-        extract_structured({"messages": [], "ragproxy": {"documents": [{"title": "no text"}]}})
+        extract_structured({"messages": []}, [{"title": "no text"}])
+    with pytest.raises(ValueError):
+        extract_structured({"messages": []}, {"id": "not a list"})
     assert extract_structured({"messages": [{"role": "user", "content": "hi"}]}) is None
 
 

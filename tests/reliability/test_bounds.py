@@ -68,7 +68,7 @@ def test_chunked_body_past_the_limit_is_413_without_reaching_upstream(fake_llm_t
 
 def _ctx(key: str) -> RequestContext:
     ctx = RequestContext(request=Request("POST", CHAT), route="chat", request_id=key)
-    ctx.state["key"] = key
+    ctx.cache_key = key
     return ctx
 
 

@@ -10,7 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from proxy.context import RequestContext
-from proxy.credits.streaming import METERED, UsageChunkFilter, ask_upstream_for_usage, client_asked_for_usage
+from proxy.credits.store import Reservation
+from proxy.credits.streaming import UsageChunkFilter, ask_upstream_for_usage, client_asked_for_usage
 from proxy.credits.usage import Usage, usage_from_body, usage_from_json, usage_from_stream
 from proxy.server.request import Request
 
@@ -117,7 +118,7 @@ def chat_context(body: dict[str, object], metered: bool) -> RequestContext:
         body=dict(body),
     )
     if metered:
-        ctx.state[METERED] = True
+        ctx.reservation = Reservation("r1", "u", amount=1, expires_at=0.0, available_after=0)
     return ctx
 
 

@@ -19,6 +19,7 @@ from proxy.kv.stages import Replica, Route, Shape
 from proxy.kv.tree import KnowledgeTree, Match, Segment
 from proxy.pipeline import Pipeline
 from proxy.server.request import Request
+from proxy.stages.prompt import ReadPrompt
 from tests.proxy.kv.clocks import Clock, models
 
 # --- the pure order ----------------------------------------------------------------------------------------
@@ -156,13 +157,15 @@ async def test_a_request_that_cannot_start_in_time_is_a_429_and_leaves_no_trace(
         await release.wait()
         return Reply(200, body=b'{"choices": []}')
 
-    pipeline = Pipeline([Shape([replica], default_policy=OrderPolicy.REUSE), Route([replica], router)], backend)
+    shape = Shape([replica], default_policy=OrderPolicy.REUSE)
+    pipeline = Pipeline([ReadPrompt(None), shape, Route([replica], router)], backend)
 
     def ctx(n: int, docs: str) -> RequestContext:
-        body = {"model": "m", "messages": [{"role": "user", "content": f"q{n}"}],
-                "ragproxy": {"documents": [{"id": x, "text": f"text of {x} " * 30} for x in docs]}}
-        return RequestContext(request=Request("POST", "/v1/chat/completions"), route="chat",
-                              request_id=f"r{n}", raw_body=orjson.dumps(body), body=body)
+        body = {"model": "m", "messages": [{"role": "user", "content": f"q{n}"}]}
+        documents = [{"id": x, "text": f"text of {x} " * 30} for x in docs]
+        return RequestContext(request=Request("POST", "/v1/chat/completions"), route="chat", request_id=f"r{n}",
+                              raw_body=orjson.dumps(body), body=body,
+                              proxy_fields={"ragproxy": {"documents": documents}})
 
     first = asyncio.create_task(pipeline(ctx(1, "ab")))
     await asyncio.sleep(0.01)

@@ -23,6 +23,7 @@ from proxy.kv.stages import Replica, Route, Shape
 from proxy.kv.tree import KnowledgeTree, Segment
 from proxy.pipeline import Pipeline
 from proxy.server.request import Request
+from proxy.stages.prompt import ReadPrompt
 
 SYS = Segment("p:s", 20)
 HOT = [SYS, Segment("hot1", 400), Segment("hot2", 400)]
@@ -188,7 +189,8 @@ class TwiceAsManyTokens:
         self.route = route
 
     async def __call__(self, ctx: RequestContext) -> Reply:
-        routed = ctx.state["kv.routed"]
+        routed = ctx.routed
+        assert routed is not None
         cached = 2 * routed.predicted.tokens
         computed = 2 * routed.total_tokens - cached
         timings = {"cache_n": cached, "prompt_n": computed, "prompt_ms": 10.0}
@@ -200,12 +202,13 @@ async def test_reports_in_backend_tokens_are_converted_before_correcting_the_tre
     tree = KnowledgeTree(100_000, prefill=model, grow_factor=2.0)
     replica = Replica(0, BackendKind.LLAMACPP, tree, model, AdmissionQueue(2), SlotTable(2))
     route = Route([replica], Router([model], ttft_slo_s=None))
-    pipeline = Pipeline([Shape([replica], default_policy=OrderPolicy.REUSE), route], TwiceAsManyTokens(route))
+    pipeline = Pipeline([ReadPrompt(None), Shape([replica], default_policy=OrderPolicy.REUSE), route],
+                        TwiceAsManyTokens(route))
     docs = [{"id": n, "text": " ".join(f"{n}{i}" for i in range(150))} for n in "ab"]
     for n in range(3):
-        body = {"model": "m", "messages": [{"role": "user", "content": f"q{n}"}], "ragproxy": {"documents": docs}}
-        ctx = RequestContext(request=Request("POST", "/v1/chat/completions"), route="chat",
-                             request_id=f"r{n}", raw_body=orjson.dumps(body), body=body)
+        body = {"model": "m", "messages": [{"role": "user", "content": f"q{n}"}]}
+        ctx = RequestContext(request=Request("POST", "/v1/chat/completions"), route="chat", request_id=f"r{n}",
+                             raw_body=orjson.dumps(body), body=body, proxy_fields={"ragproxy": {"documents": docs}})
         assert (await pipeline(ctx)).status == 200
-    assert ctx.state["kv.cached_tokens_reported"] > 0
+    assert ctx.reported_cached_tokens is not None and ctx.reported_cached_tokens > 0
     assert tree.capacity_tokens == 100_000  # neither a surplus nor a shortfall once converted

@@ -8,7 +8,8 @@ from typing import Any
 import orjson
 import pytest
 
-from normalizer.documents import DocumentRegistry
+from normalizer.cache_control import split_proxy_fields
+from normalizer.documents import DocumentRegistry, read_prompt
 from proxy.context import Reply, RequestContext
 from proxy.errors import ProxyError
 from proxy.kv.admission_queue import AdmissionQueue
@@ -20,6 +21,7 @@ from proxy.kv.stages import Replica, Route, Shape
 from proxy.kv.tree import KnowledgeTree
 from proxy.pipeline import Pipeline
 from proxy.server.request import Request
+from proxy.stages.prompt import ReadPrompt
 
 DOCS = {name: " ".join(f"{name}{i}" for i in range(200)) for name in "abcd"}
 
@@ -55,10 +57,11 @@ class LlamaDouble:
 
 
 def ctx_for(body: dict[str, Any], n: int) -> RequestContext:
+    """The context the route handler makes: the proxy's own fields lifted out of the body."""
     request = Request("POST", "/v1/chat/completions")
-    return RequestContext(
-        request=request, route="chat", request_id=f"r{n}", raw_body=orjson.dumps(body), body=body
-    )
+    forwarded, lifted = split_proxy_fields(body)
+    return RequestContext(request=request, route="chat", request_id=f"r{n}", raw_body=orjson.dumps(body),
+                          body=forwarded, proxy_fields=lifted, body_changed=bool(lifted))
 
 
 def structured(*names: str) -> dict[str, Any]:
@@ -79,18 +82,19 @@ def doc_order(body: dict[str, Any]) -> list[str]:
 async def test_same_documents_in_another_order_go_to_the_warm_replica_in_its_order() -> None:
     reps, router = replicas(2)
     backend = LlamaDouble()
-    pipeline = Pipeline([Shape(reps, default_policy=OrderPolicy.REUSE), Route(reps, router, expose_headers=True)],
-                        backend)
+    shape = Shape(reps, default_policy=OrderPolicy.REUSE)
+    pipeline = Pipeline([ReadPrompt(None), shape, Route(reps, router, expose_headers=True)], backend)
     first = ctx_for(structured("a", "b", "c"), 1)
     await pipeline(first)
-    warm = first.state["backend"]
+    assert first.routed is not None
+    warm = first.routed.replica
     second = ctx_for(structured("c", "a", "b"), 2)  # top-ranked is c
     await pipeline(second)
-    assert second.state["backend"] == warm
+    assert second.routed is not None and second.routed.replica == warm
     assert doc_order(backend.bodies[1]) == ["a", "b", "c"]  # cached path a, b; top c at the end
     assert "ragproxy" not in backend.bodies[1]
     assert backend.bodies[1]["cache_prompt"] is True and "id_slot" not in backend.bodies[1]  # server picks
-    assert second.state["upstream_headers"]["X-Prefix-Docs"] == "a,b,c"
+    assert second.routed.headers is not None and second.routed.headers["X-Prefix-Docs"] == "a,b,c"
     assert int(second.response_headers["X-RagProxy-Cached-Tokens-Estimate"]) > 0
     assert router.loads[warm].active == 0 and reps[warm].queue.active == 0
 
@@ -98,7 +102,7 @@ async def test_same_documents_in_another_order_go_to_the_warm_replica_in_its_ord
 async def test_preserve_keeps_the_client_order() -> None:
     reps, router = replicas(1)
     backend = LlamaDouble()
-    pipeline = Pipeline([Shape(reps), Route(reps, router)], backend)
+    pipeline = Pipeline([ReadPrompt(None), Shape(reps), Route(reps, router)], backend)
     await pipeline(ctx_for(structured("a", "b", "c"), 1))
     await pipeline(ctx_for(structured("c", "a", "b"), 2))
     assert doc_order(backend.bodies[1]) == ["c", "a", "b"]
@@ -110,9 +114,8 @@ async def test_detected_documents_are_reordered_in_place() -> None:
     for text in DOCS.values():
         registry.add(text)
     backend = LlamaDouble()
-    pipeline = Pipeline(
-        [Shape(reps, registry=registry, default_policy=OrderPolicy.REUSE), Route(reps, router)], backend
-    )
+    pipeline = Pipeline([ReadPrompt(registry), Shape(reps, default_policy=OrderPolicy.REUSE), Route(reps, router)],
+                        backend)
 
     def body(*names: str) -> dict[str, Any]:
         context = "\n".join(f"[{i + 1}] {DOCS[n]}" for i, n in enumerate(names))
@@ -129,7 +132,7 @@ async def test_detected_documents_are_reordered_in_place() -> None:
 
 async def test_no_replica_within_the_slo_is_a_429_with_retry_after() -> None:
     reps, router = replicas(2, slo=0.01)
-    pipeline = Pipeline([Shape(reps), Route(reps, router)], LlamaDouble())
+    pipeline = Pipeline([ReadPrompt(None), Shape(reps), Route(reps, router)], LlamaDouble())
     with pytest.raises(ProxyError) as error:
         await pipeline(ctx_for(structured("a", "b", "c", "d"), 1))
     assert error.value.status == 429 and int(error.value.headers["Retry-After"]) >= 1
@@ -137,7 +140,7 @@ async def test_no_replica_within_the_slo_is_a_429_with_retry_after() -> None:
 
 async def test_a_malformed_document_is_a_400() -> None:
     reps, router = replicas(1)
-    pipeline = Pipeline([Shape(reps), Route(reps, router)], LlamaDouble())
+    pipeline = Pipeline([ReadPrompt(None), Shape(reps), Route(reps, router)], LlamaDouble())
     body = {"messages": [{"role": "user", "content": "q"}], "ragproxy": {"documents": [{"id": "x"}]}}
     with pytest.raises(ProxyError) as error:
         await pipeline(ctx_for(body, 1))
@@ -147,13 +150,13 @@ async def test_a_malformed_document_is_a_400() -> None:
 async def test_reported_cache_shortfall_corrects_the_tree_and_feeds_the_prefill_model() -> None:
     reps, router = replicas(1)
     backend = LlamaDouble(cache_n=0)
-    pipeline = Pipeline([Shape(reps, default_policy=OrderPolicy.REUSE), Route(reps, router)], backend)
+    pipeline = Pipeline([ReadPrompt(None), Shape(reps, default_policy=OrderPolicy.REUSE), Route(reps, router)], backend)
     await pipeline(ctx_for(structured("a", "b"), 1))
     capacity = reps[0].tree.capacity_tokens = reps[0].tree.size_tokens  # a full tree
     reps[0].tree.min_capacity_tokens = 1
     ctx = ctx_for(structured("a", "b"), 2)
     await pipeline(ctx)
-    assert ctx.state["kv.cached_tokens_reported"] == 0
+    assert ctx.reported_cached_tokens == 0
     assert reps[0].tree.capacity_tokens < capacity
 
 
@@ -161,7 +164,7 @@ async def test_shift_orders_like_reuse_and_asks_llamacpp_for_chunk_reuse() -> No
     reps, router = replicas(1)
     backend = LlamaDouble()
     shape = Shape(reps, default_policy=OrderPolicy.REUSE, policies={"fast": OrderPolicy.SHIFT})
-    pipeline = Pipeline([shape, Route(reps, router, shift_min_tokens=32)], backend)
+    pipeline = Pipeline([ReadPrompt(None), shape, Route(reps, router, shift_min_tokens=32)], backend)
     await pipeline(ctx_for(structured("a", "b", "c"), 1))
     plain, shifted = ctx_for(structured("c", "a", "b"), 2), ctx_for(structured("c", "a", "b"), 3)
     shifted.namespace = "fast"
@@ -178,7 +181,7 @@ async def test_reuse_beyond_the_prefix_grows_the_tree_only_when_nothing_was_shif
 ) -> None:
     reps, router = replicas(1)
     backend = LlamaDouble(cache_n=10_000)  # the backend reused nearly all of a prompt the tree had never seen
-    pipeline = Pipeline([Shape(reps, default_policy=policy), Route(reps, router)], backend)
+    pipeline = Pipeline([ReadPrompt(None), Shape(reps, default_policy=policy), Route(reps, router)], backend)
     capacity = reps[0].tree.capacity_tokens
     await pipeline(ctx_for(structured("a", "b"), 1))
     assert (reps[0].tree.capacity_tokens > capacity) is grows
@@ -193,11 +196,13 @@ async def test_a_one_message_prompt_keeps_its_bytes_and_a_system_prompt_names_it
         sent.append(ctx)
         return Reply(200, body=b'{"choices":[],"usage":{"prompt_tokens":3}}')
 
-    pipeline = Pipeline([Shape([replica]), Route([replica], Router([model], ttft_slo_s=None))], backend)
+    route = Route([replica], Router([model], ttft_slo_s=None))
+    pipeline = Pipeline([ReadPrompt(None), Shape([replica]), route], backend)
     alone = {"model": "m", "messages": [{"role": "user", "content": "q?"}]}
     await pipeline(ctx_for(alone, 1))
     assert not sent[0].body_changed and sent[0].outgoing_body() == orjson.dumps(alone)
-    assert "prompt_cache_key" not in sent[0].body and not sent[0].state.get("upstream_headers")
+    assert sent[0].body is not None and sent[0].routed is not None
+    assert "prompt_cache_key" not in sent[0].body and not sent[0].routed.headers
     assert replica.tree.node_count == 0, "nothing before the question: nothing to remember"
     for n, question in enumerate(("q?", "another q?"), start=2):
         body = {"model": "m", "messages": [{"role": "system", "content": "Be brief."},
@@ -205,7 +210,8 @@ async def test_a_one_message_prompt_keeps_its_bytes_and_a_system_prompt_names_it
         await pipeline(ctx_for(body, n))
     keys = [orjson.loads(ctx.outgoing_body())["prompt_cache_key"] for ctx in sent[1:]]
     assert keys[0] == keys[1], "the same system prompt, the same prefix key"
-    assert sent[1].state["upstream_headers"]["X-Prefix-Hash"] == keys[0]
+    assert sent[1].routed is not None and sent[1].routed.headers is not None
+    assert sent[1].routed.headers["X-Prefix-Hash"] == keys[0]
     assert replica.tree.node_count == 1
 
 
@@ -213,19 +219,18 @@ async def test_a_one_message_prompt_keeps_its_bytes_and_a_system_prompt_names_it
 async def test_a_one_message_prompt_to_the_only_replica_routes_as_the_full_decision_would(kind: BackendKind) -> None:
     model = PrefillModel(PrefillCoefficients(0.01, 0.0001, 0.0))
     replica = Replica(0, kind, KnowledgeTree(100_000, prefill=model), model, AdmissionQueue(2))
-    backend = object()
-    route = Route([replica], Router([model], ttft_slo_s=None), backend_objects=[backend])
+    route = Route([replica], Router([model], ttft_slo_s=None))
     shape = Shape([replica])
     body = {"model": "m", "messages": [{"role": "user", "content": "What does a proxy do?"}]}
     decided = []
     for fixed in (True, False):
         route._fixed = fixed
         ctx = ctx_for(dict(body), 0)
+        ctx.prompt = read_prompt(body)
         shape.shape(ctx)
-        decided.append((route.route(ctx), ctx.state["backend"], ctx.state["backend_index"],
-                        ctx.state.get("upstream_headers"), ctx.body_changed, replica.tree.match([]).tokens))
+        decided.append((route.route(ctx), ctx.routed, ctx.body_changed, replica.tree.match([]).tokens))
     assert route._fixed is False and decided[0] == decided[1]
-    assert decided[0][1] is backend and decided[0][0] is not None and decided[0][0].estimated_ttft_s > 0
+    assert decided[0][0] is not None and decided[0][0].replica == 0 and decided[0][0].estimated_ttft_s > 0
 
 
 def test_the_fixed_route_is_only_taken_where_nothing_is_left_to_decide() -> None:
