@@ -342,7 +342,8 @@ def canonical_chat(body: Mapping[str, Any]) -> dict[str, JSONValue]:
     return out
 
 
-def _prompt(value: Any) -> list[JSONValue]:
+def _text_items(value: Any, field: str) -> list[JSONValue]:
+    """A ``prompt`` or ``input`` as a list of items: a string or a token list is a one-element list."""
     if isinstance(value, str):
         return [value]
     if isinstance(value, list):
@@ -350,7 +351,7 @@ def _prompt(value: Any) -> list[JSONValue]:
             return [list(value)]
         if all(isinstance(item, str | list) for item in value):
             return [canonical_value(item) for item in value]
-    raise CanonicalizationError("prompt must be a string, a token list, or a list of either")
+    raise CanonicalizationError(f"{field} must be a string, a token list, or a list of either")
 
 
 def canonical_completion(body: Mapping[str, Any]) -> dict[str, JSONValue]:
@@ -358,7 +359,7 @@ def canonical_completion(body: Mapping[str, Any]) -> dict[str, JSONValue]:
     fields = _require_dict(body, "the request body")
     out: dict[str, JSONValue] = {"model": _model(fields)}
     if "prompt" in fields:
-        out["prompt"] = _prompt(fields["prompt"])
+        out["prompt"] = _text_items(fields["prompt"], "prompt")
     _sampling(fields, out)
     out["max_tokens"] = _number(fields.get("max_tokens", 16), "max_tokens")
     out["echo"] = bool(fields.get("echo", False))
@@ -375,15 +376,7 @@ def canonical_completion(body: Mapping[str, Any]) -> dict[str, JSONValue]:
 
 def embedding_inputs(body: Mapping[str, Any]) -> list[JSONValue]:
     """The input items of an embeddings body in request order: strings or token-id lists."""
-    value = body.get("input")
-    if isinstance(value, str):
-        return [value]
-    if isinstance(value, list):
-        if value and all(isinstance(t, int) and not isinstance(t, bool) for t in value):
-            return [list(value)]
-        if all(isinstance(item, str | list) for item in value):
-            return [canonical_value(item) for item in value]
-    raise CanonicalizationError("input must be a string, a token list, or a list of either")
+    return _text_items(body.get("input"), "input")
 
 
 def canonical_embedding_items(body: Mapping[str, Any]) -> list[dict[str, JSONValue]]:

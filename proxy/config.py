@@ -62,7 +62,7 @@ class LLMBackend(_Section):
     @property
     def label(self) -> str:
         """The name, or the URL without any user:password (labels reach logs, metrics and error bodies)."""
-        return self.name or re.sub(r"^(https?://)[^/@]*@", r"\1", self.url)
+        return self.name or redact_url(self.url, mask="")
 
 
 class QdrantUpstream(_Section):
@@ -385,12 +385,13 @@ def parse_assignment(text: str) -> tuple[str, Any]:
     return key.strip(), _parse_scalar(raw, key.strip())
 
 
-_USERINFO = re.compile(r"^([a-z][a-z0-9+.-]*://)[^/@\s]*@", re.IGNORECASE)
+_URL_CREDENTIALS = re.compile(r"(?P<scheme>[a-z][a-z0-9+.-]*://)[^/@\s]*@", re.IGNORECASE)
 
 
-def redact_url(url: str) -> str:
-    """``url`` without a ``user:password@`` part (for logs, labels and printed configuration)."""
-    return _USERINFO.sub(r"\1***@", url)
+def redact_url(text: str, mask: str = "***@") -> str:
+    """``text`` with the ``user:password@`` of every URL in it replaced by ``mask`` (for logs, labels, errors and
+    printed configuration): the one credential scrubber."""
+    return _URL_CREDENTIALS.sub(lambda match: match["scheme"] + mask, text)
 
 
 def redacted(settings: Settings) -> dict[str, Any]:
@@ -459,11 +460,9 @@ def _describe(exc: ValidationError, merged: Mapping[str, Any]) -> str:
     ctx = error.get("ctx") or {}
     if "expected" in ctx:
         allowed = f"allowed: {ctx['expected']}"
-    return f"{key} = {_redact(key, error.get('input'))!r}: {_URL_CREDENTIALS.sub(_MASK_CREDENTIALS, str(allowed))}"
+    return f"{key} = {_redact(key, error.get('input'))!r}: {redact_url(str(allowed))}"
 
 
-_URL_CREDENTIALS = re.compile(r"(?P<scheme>[a-z][a-z0-9+.-]*://)(?P<userinfo>[^/@\s]*)@", re.IGNORECASE)
-_MASK_CREDENTIALS = r"\g<scheme>***@"
 _SECRET_KEYS = ("key", "secret", "token", "password")
 
 
@@ -473,4 +472,4 @@ def _redact(key: str, value: Any) -> Any:
         return value
     if any(word in key.rsplit(".", 1)[-1].lower() for word in _SECRET_KEYS):
         return "***"
-    return _URL_CREDENTIALS.sub(_MASK_CREDENTIALS, value)
+    return redact_url(value)

@@ -1,4 +1,11 @@
-"""Server-sent events in the OpenAI chunk format: assembling a stream into one response, and replaying one.
+"""Server-sent events: the one parser of the product, and the OpenAI chunk format (assembling a stream into one
+response, and replaying one).
+
+Parsing follows the SSE specification (WHATWG HTML, "Parsing an event stream"): lines end in CR LF, LF or CR; an
+event ends at a blank line; a ``data`` field's value drops one leading space and several ``data`` lines of one event
+are joined by LF; comments (``:``) and other fields are skipped. :func:`iter_events` reads a complete body,
+:class:`EventSplitter` cuts a stream that arrives in pieces into whole events (bytes kept as received, for
+relaying), :func:`event_data` reads one event.
 
 One stored form serves both kinds of request: a streamed miss is assembled into the ``chat.completion`` (or
 ``text_completion``) object a non-streamed call would have returned; a hit requested with ``stream: true`` is replayed
@@ -8,6 +15,7 @@ from that object as valid SSE — role chunk, content chunks, tool-call chunks, 
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from typing import Any
 
@@ -15,14 +23,70 @@ import orjson
 
 DONE = b"data: [DONE]\n\n"
 _CONTENT_PIECE = 48  # characters per replayed content chunk: small enough to look like a live stream
+_LINE_END = re.compile(rb"\r\n|\r|\n")
+_EVENT_END = re.compile(rb"(?:\r\n|\r(?!\n)|\n){2}")  # a blank line: two line ends (a CR LF is one)
+
+
+def event_data(event: bytes) -> bytes | None:
+    """The data of one event (its ``data`` values joined by LF), or ``None`` when it has no ``data`` field."""
+    values = []
+    for line in _LINE_END.split(event):
+        if line.startswith(b"data:"):
+            value = line[5:]
+            values.append(value[1:] if value.startswith(b" ") else value)
+        elif line == b"data":
+            values.append(b"")
+    return b"\n".join(values) if values else None
 
 
 def iter_events(raw: bytes) -> Iterator[bytes]:
-    """The ``data:`` payloads of an SSE byte stream, in order (multi-line data joined, comments skipped)."""
-    for block in raw.replace(b"\r\n", b"\n").split(b"\n\n"):
-        data = [line[5:].lstrip(b" ") for line in block.split(b"\n") if line.startswith(b"data:")]
-        if data:
-            yield b"\n".join(data)
+    """The data of each event of a complete SSE body, in order (events without data skipped)."""
+    for event in _EVENT_END.split(raw):
+        data = event_data(event)
+        if data is not None:
+            yield data
+
+
+def last_json_events(raw: bytes, count: int) -> list[dict[str, Any]]:
+    """The last ``count`` events of an SSE body whose data is a JSON object, last first (usage and timings ride on
+    the last one or two: only those are parsed)."""
+    found: list[dict[str, Any]] = []
+    for data in reversed(list(iter_events(raw))):
+        if not data.startswith(b"{"):
+            continue
+        try:
+            value = orjson.loads(data)
+        except orjson.JSONDecodeError:
+            continue
+        if isinstance(value, dict):
+            found.append(value)
+            if len(found) == count:
+                break
+    return found
+
+
+class EventSplitter:
+    """Cuts SSE bytes arriving in pieces into whole events, each with its terminating blank line, as received."""
+
+    def __init__(self) -> None:
+        self._pending = b""
+
+    def feed(self, chunk: bytes) -> list[bytes]:
+        """The events ``chunk`` completes (possibly none)."""
+        pending = self._pending + chunk
+        events, cut = [], 0
+        for end in _EVENT_END.finditer(pending):
+            if end.end() == len(pending) and pending.endswith(b"\r"):  # a CR LF may still be arriving
+                break
+            events.append(pending[cut : end.end()])
+            cut = end.end()
+        self._pending = pending[cut:]
+        return events
+
+    def rest(self) -> bytes:
+        """Bytes of an event the stream never finished."""
+        rest, self._pending = self._pending, b""
+        return rest
 
 
 def assemble(raw: bytes) -> dict[str, Any] | None:

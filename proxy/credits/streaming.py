@@ -12,7 +12,6 @@ event is complete, every other byte passes unchanged and without delay.
 
 from __future__ import annotations
 
-import re
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
@@ -20,8 +19,7 @@ import orjson
 
 from proxy.context import RequestContext
 from proxy.credits.usage import Usage, usage_from_json
-
-_EVENT_END = re.compile(rb"\r?\n\r?\n")
+from proxy.sse import EventSplitter, event_data
 
 
 def client_asked_for_usage(body: Mapping[str, Any] | None) -> bool:
@@ -54,21 +52,14 @@ class UsageChunkFilter:
         self.usage: Usage | None = None
 
     async def filter(self, chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
-        pending = b""
+        events = EventSplitter()
         async for chunk in chunks:
-            pending += chunk
-            cut = 0
-            out: list[bytes] = []
-            for end in _EVENT_END.finditer(pending):
-                event = pending[cut : end.end()]
-                cut = end.end()
-                if self._keep(event):
-                    out.append(event)
-            pending = pending[cut:]
+            out = [event for event in events.feed(chunk) if self._keep(event)]
             if out:
                 yield b"".join(out)
-        if pending and self._keep(pending):
-            yield pending
+        rest = events.rest()
+        if rest and self._keep(rest):
+            yield rest
 
     def _keep(self, event: bytes) -> bool:
         payload = _data_of(event)
@@ -83,8 +74,8 @@ class UsageChunkFilter:
 
 
 def _data_of(event: bytes) -> dict[str, Any] | None:
-    data = b"".join(line[5:].strip() for line in event.splitlines() if line.startswith(b"data:"))
-    if not data.startswith(b"{"):
+    data = event_data(event)
+    if data is None or not data.startswith(b"{"):
         return None
     try:
         payload = orjson.loads(data)

@@ -1,4 +1,4 @@
-"""Token usage as backends report it, read from a JSON reply or a finished server-sent-event stream. Pure.
+"""Token usage as backends report it, read from a JSON reply or a stream chunk. Pure.
 
 Two dialects are understood:
 
@@ -69,24 +69,3 @@ def usage_from_body(body: bytes) -> Usage | None:
     return usage_from_json(payload) if isinstance(payload, dict) else None
 
 
-def sse_payloads(stream: bytes) -> list[bytes]:
-    """The ``data:`` payloads of a complete SSE body, in order (``[DONE]`` included)."""
-    payloads = []
-    for line in stream.splitlines():
-        if line.startswith(b"data:"):
-            payloads.append(line[5:].strip())
-    return payloads
-
-
-def usage_from_stream(stream: bytes) -> Usage | None:
-    """The usage reported by the last chunk of a finished SSE stream that carries one."""
-    for payload in reversed(sse_payloads(stream)):
-        if not payload.startswith(b"{"):
-            continue
-        try:
-            chunk = orjson.loads(payload)
-        except orjson.JSONDecodeError:
-            continue
-        if isinstance(chunk, dict) and (found := usage_from_json(chunk)) is not None:
-            return found
-    return None

@@ -36,6 +36,7 @@ from typing import Any
 import orjson
 
 from proxy.kv.tree import Segment
+from proxy.sse import last_json_events
 
 
 class BackendKind(Enum):
@@ -259,23 +260,7 @@ def _last_json_objects(raw: bytes) -> list[dict[str, Any]]:
         except orjson.JSONDecodeError:
             return []
         return [value] if isinstance(value, dict) else []
-    objects = []
-    for line in reversed(raw.split(b"\n")):
-        line = line.strip()
-        if not line.startswith(b"data:"):
-            continue
-        payload = line[5:].strip()
-        if not payload.startswith(b"{"):
-            continue
-        try:
-            value = orjson.loads(payload)
-        except orjson.JSONDecodeError:
-            continue
-        if isinstance(value, dict):
-            objects.append(value)
-            if len(objects) == LAST_EVENTS:
-                break
-    return objects
+    return last_json_events(raw, LAST_EVENTS)
 
 
 def reported_cached_tokens(reply: Reported) -> int | None:

@@ -5,10 +5,11 @@ from __future__ import annotations
 from typing import Any
 
 import orjson
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from proxy.sse import DONE, assemble, iter_events, replay
+from proxy.sse import DONE, EventSplitter, assemble, event_data, iter_events, replay
 
 text = st.text(max_size=300)
 
@@ -74,6 +75,24 @@ def test_unfinished_or_failed_streams_are_not_assembled() -> None:
 def test_iter_events_handles_crlf_and_comments() -> None:
     raw = b": keep-alive\r\n\r\ndata: {\"a\": 1}\r\n\r\ndata: [DONE]\r\n\r\n"
     assert [orjson.loads(e) if e != b"[DONE]" else e for e in iter_events(raw)] == [{"a": 1}, b"[DONE]"]
+
+
+@pytest.mark.parametrize("end", [b"\n", b"\r\n", b"\r"], ids=["LF", "CRLF", "CR"])
+def test_events_are_parsed_as_the_sse_specification_says(end: bytes) -> None:
+    """Any line ending; one leading space dropped (not more); several data lines joined by LF; other fields and
+    comments skipped."""
+    raw = end.join([b"event: x", b"data:  two spaces", b"data:tight", b"id: 1", b"", b": c", b"data", b"", b""])
+    assert list(iter_events(raw)) == [b" two spaces\ntight", b""]
+
+
+def test_the_splitter_returns_whole_events_as_received_whatever_the_cuts() -> None:
+    raw = b"data: a\r\n\r\ndata: b\n\ndata: c\r\rdata: tail"
+    for cut in range(1, len(raw)):
+        splitter = EventSplitter()
+        events = splitter.feed(raw[:cut]) + splitter.feed(raw[cut:])
+        assert events == [b"data: a\r\n\r\n", b"data: b\n\n", b"data: c\r\r"], cut
+        assert splitter.rest() == b"data: tail"
+    assert [event_data(e) for e in events] == [b"a", b"b", b"c"]
 
 
 def test_fields_of_the_wrong_type_make_a_stream_unassemblable() -> None:

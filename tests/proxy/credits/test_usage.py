@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from proxy.context import RequestContext
 from proxy.credits.store import Reservation
 from proxy.credits.streaming import UsageChunkFilter, ask_upstream_for_usage, client_asked_for_usage
-from proxy.credits.usage import Usage, usage_from_body, usage_from_json, usage_from_stream
+from proxy.credits.usage import Usage, usage_from_body, usage_from_json
 from proxy.server.request import Request
 
 
@@ -61,11 +61,6 @@ USAGE_CHUNK = {
     "usage": {"prompt_tokens": 9, "completion_tokens": 2, "prompt_tokens_details": {"cached_tokens": 4}},
 }
 STREAM = sse(CHUNK, CHUNK, USAGE_CHUNK, b"[DONE]")
-
-
-def test_usage_from_a_finished_stream() -> None:
-    assert usage_from_stream(STREAM) == Usage(9, 2, 4)
-    assert usage_from_stream(sse(CHUNK, b"[DONE]")) is None
 
 
 def test_client_asked_for_usage() -> None:
