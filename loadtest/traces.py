@@ -1,4 +1,4 @@
-"""Cache traces: the request streams the policy simulator replays, as JSON lines ``{key, size, cost, time}``.
+"""Synthetic cache traces for the policy simulator (``ragproxy simulate``, ``python -m loadtest.simulate``).
 
 ``size`` is the bytes a cached entry occupies, ``cost`` what a miss on it costs (here: upstream latency in
 ms), ``time`` seconds since the trace began. Generators model what this proxy sees; every one is a pure
@@ -13,33 +13,20 @@ function of ``(requests, seed)`` so benchmarks are reproducible:
   (embeddings, vector searches, small-model answers, large-model answers).
 
 Entry kinds (size, cost) are drawn once per key from lognormal distributions; a key keeps its size and cost
-for the whole trace. ``TraceRecorder`` appends records in the same format (the proxy's trace-recording
-option).
+for the whole trace. Records and trace files are the product's (:mod:`tiers.policies.trace`).
 """
 
 from __future__ import annotations
 
 import bisect
 import itertools
-import json
 import math
 import random
 import sys
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import asdict, dataclass
-from pathlib import Path
-from types import TracebackType
-from typing import IO
+from dataclasses import dataclass
 
-
-@dataclass(frozen=True, slots=True)
-class Request:
-    """One cache lookup: key, bytes its entry occupies, what a miss costs, when it happened (seconds)."""
-
-    key: str
-    size: int
-    cost: float
-    time: float
+from tiers.policies.trace import TraceRecord, working_set_bytes, write_trace
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,12 +83,12 @@ class _Zipf:
         return bisect.bisect(self._cumulative, rng.random() * self._cumulative[-1])
 
 
-def _stamp(rng: random.Random, keys: Iterable[str], catalogue: _Catalogue) -> Iterator[Request]:
+def _stamp(rng: random.Random, keys: Iterable[str], catalogue: _Catalogue) -> Iterator[TraceRecord]:
     now = 0.0
     for key in keys:
         now += rng.expovariate(_ARRIVALS_PER_SECOND)
         size, cost = catalogue.entry(key)
-        yield Request(key, size, cost, round(now, 4))
+        yield TraceRecord(key, size, cost, round(now, 4))
 
 
 _LLM_KINDS = [(ANSWER_7B, 0.7), (ANSWER_70B, 0.3)]
@@ -115,14 +102,14 @@ def _paraphrased(rng: random.Random, question: int) -> str:
     return f"q{question}/p{variant}"
 
 
-def zipf(requests: int, seed: int) -> Iterator[Request]:
+def zipf(requests: int, seed: int) -> Iterator[TraceRecord]:
     rng = random.Random(seed)
     popularity = _Zipf(max(1, requests // 10), 0.9)
     keys = (_paraphrased(rng, popularity.draw(rng)) for _ in range(requests))
     return _stamp(rng, keys, _Catalogue(rng, _LLM_KINDS))
 
 
-def _one_hit_wonder(requests: int, seed: int, unique_share: float) -> Iterator[Request]:
+def _one_hit_wonder(requests: int, seed: int, unique_share: float) -> Iterator[TraceRecord]:
     rng = random.Random(seed)
     popularity = _Zipf(max(1, requests // 20), 0.8)
     unique = itertools.count()
@@ -137,15 +124,15 @@ def _one_hit_wonder(requests: int, seed: int, unique_share: float) -> Iterator[R
     return _stamp(rng, keys(), _Catalogue(rng, _RAG_KINDS))
 
 
-def ohw50(requests: int, seed: int) -> Iterator[Request]:
+def ohw50(requests: int, seed: int) -> Iterator[TraceRecord]:
     return _one_hit_wonder(requests, seed, unique_share=0.055)
 
 
-def ohw80(requests: int, seed: int) -> Iterator[Request]:
+def ohw80(requests: int, seed: int) -> Iterator[TraceRecord]:
     return _one_hit_wonder(requests, seed, unique_share=0.19)
 
 
-def scan(requests: int, seed: int) -> Iterator[Request]:
+def scan(requests: int, seed: int) -> Iterator[TraceRecord]:
     rng = random.Random(seed)
     popularity = _Zipf(max(1, requests // 10), 0.9)
     scan_length = max(1, requests // 10)
@@ -163,7 +150,7 @@ def scan(requests: int, seed: int) -> Iterator[Request]:
     return _stamp(rng, keys(), _Catalogue(rng, _RAG_KINDS))
 
 
-def shifting(requests: int, seed: int) -> Iterator[Request]:
+def shifting(requests: int, seed: int) -> Iterator[TraceRecord]:
     rng = random.Random(seed)
     items = max(1, requests // 10)
     popularity = _Zipf(items, 0.9)
@@ -179,14 +166,14 @@ def shifting(requests: int, seed: int) -> Iterator[Request]:
     return _stamp(rng, keys(), _Catalogue(rng, _LLM_KINDS))
 
 
-def mixed(requests: int, seed: int) -> Iterator[Request]:
+def mixed(requests: int, seed: int) -> Iterator[TraceRecord]:
     rng = random.Random(seed)
     popularity = _Zipf(max(1, requests // 5), 0.85)
     keys = (f"k{popularity.draw(rng)}" for _ in range(requests))
     return _stamp(rng, keys, _Catalogue(rng, _MIXED_KINDS))
 
 
-GENERATORS: dict[str, Callable[[int, int], Iterator[Request]]] = {
+GENERATORS: dict[str, Callable[[int, int], Iterator[TraceRecord]]] = {
     "zipf": zipf,
     "ohw50": ohw50,
     "ohw80": ohw80,
@@ -197,7 +184,7 @@ GENERATORS: dict[str, Callable[[int, int], Iterator[Request]]] = {
 ONE_HIT_WONDER_TRACES = ("ohw50", "ohw80")
 
 
-def generate(name: str, requests: int, seed: int = 0) -> list[Request]:
+def generate(name: str, requests: int, seed: int = 0) -> list[TraceRecord]:
     """The trace ``name`` (one of ``GENERATORS``) with ``requests`` lookups; ValueError if unknown."""
     generator = GENERATORS.get(name)
     if generator is None:
@@ -205,67 +192,12 @@ def generate(name: str, requests: int, seed: int = 0) -> list[Request]:
     return list(generator(requests, seed))
 
 
-def read_trace(path: str | Path) -> Iterator[Request]:
-    """Requests from a JSON-lines file (blank lines skipped)."""
-    with open(path, encoding="utf-8") as lines:
-        for line in lines:
-            if line.strip():
-                record = json.loads(line)
-                yield Request(str(record["key"]), int(record["size"]), float(record["cost"]),
-                              float(record["time"]))
-
-
-def write_trace(path: str | Path, requests: Iterable[Request]) -> None:
-    with TraceRecorder(path) as recorder:
-        for request in requests:
-            recorder.record(request.key, request.size, request.cost, request.time)
-
-
-def working_set_bytes(requests: Iterable[Request]) -> int:
-    """Bytes needed to hold every distinct key once (its first-seen size)."""
-    sizes: dict[str, int] = {}
-    for request in requests:
-        sizes.setdefault(request.key, request.size)
-    return sum(sizes.values())
-
-
-def one_hit_fraction(requests: Iterable[Request]) -> float:
+def one_hit_fraction(requests: Iterable[TraceRecord]) -> float:
     """Share of distinct keys that are requested exactly once."""
     counts: dict[str, int] = {}
     for request in requests:
         counts[request.key] = counts.get(request.key, 0) + 1
     return sum(1 for count in counts.values() if count == 1) / len(counts) if counts else 0.0
-
-
-class TraceRecorder:
-    """Appends ``{key, size, cost, time}`` lines to a trace file; the file opens on the first record.
-
-    Each record is one ``write`` of one line followed by a flush, so a trace read while it is being recorded
-    only ever misses the last line, and several recorders may append to one file.
-    """
-
-    def __init__(self, path: str | Path) -> None:
-        self.path = Path(path)
-        self._file: IO[str] | None = None
-
-    def record(self, key: str, size: int, cost: float, time: float) -> None:
-        if self._file is None:
-            self._file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - closed by close()
-        self._file.write(json.dumps(asdict(Request(key, size, cost, time)), separators=(",", ":")) + "\n")
-        self._file.flush()
-
-    def close(self) -> None:
-        if self._file is not None:
-            self._file.close()
-            self._file = None
-
-    def __enter__(self) -> TraceRecorder:
-        return self
-
-    def __exit__(
-        self, kind: type[BaseException] | None, error: BaseException | None, trace: TracebackType | None
-    ) -> None:
-        self.close()
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -57,7 +57,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.command == "simulate":
-        from loadtest.simulate import main as simulate_main
+        from tiers.policies.simulate import main as simulate_main
 
         return int(simulate_main(args.args))
     try:

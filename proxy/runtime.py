@@ -6,7 +6,7 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from opentelemetry.trace import Tracer
 
@@ -28,13 +28,11 @@ from tiers.demotion import Demoter
 from tiers.entry import CachedResponse
 from tiers.memory import MemoryStore
 from tiers.policies import make_policy
+from tiers.policies.trace import TraceRecorder
 from tiers.response_tier import ResponseTier
 from tiers.retrieval import RetrievalCache
 from tiers.semantic import SemanticTier
 from tiers.versions import KnowledgeVersions, VersionSource
-
-if TYPE_CHECKING:
-    from loadtest.traces import TraceRecorder
 
 access_log = logging.getLogger("ragproxy.access")
 log = logging.getLogger("ragproxy.runtime")
@@ -112,11 +110,8 @@ class Runtime:
             self.versions = self.shared.versions
             if self.kv is not None:
                 self.kv.share(SharedPrefixes(self.shared.board, [b.label for b in self.settings.upstreams.llm]))
-        self.trace: TraceRecorder | None = None
-        if self.settings.cache.trace_file is not None:
-            from loadtest.traces import TraceRecorder
-
-            self.trace = TraceRecorder(self.settings.cache.trace_file)
+        trace_file = self.settings.cache.trace_file
+        self.trace = TraceRecorder(trace_file) if trace_file is not None else None
         self.credits = build_credits(self.settings)
         self.credits.register_metrics(self.metrics)
         telemetry = self.settings.telemetry

@@ -27,7 +27,7 @@ from loadtest.simulate import replay
 from loadtest.traces import (
     GENERATORS,
     ONE_HIT_WONDER_TRACES,
-    Request,
+    TraceRecord,
     generate,
     one_hit_fraction,
     working_set_bytes,
@@ -54,7 +54,7 @@ def _label(share: float) -> str:
     return f"{share:.0%}"
 
 
-def _grid(traces: dict[str, list[Request]]) -> dict[str, Any]:
+def _grid(traces: dict[str, list[TraceRecord]]) -> dict[str, Any]:
     report: dict[str, Any] = {}
     for trace_name, trace in traces.items():
         working_set = working_set_bytes(trace)
@@ -79,7 +79,7 @@ def _grid(traces: dict[str, list[Request]]) -> dict[str, Any]:
     return report
 
 
-def _speed(trace: list[Request], repeats: int) -> dict[str, float]:
+def _speed(trace: list[TraceRecord], repeats: int) -> dict[str, float]:
     capacity = int(working_set_bytes(trace) * 0.05)
     speeds: dict[str, float] = {}
     for name, build in POLICIES.items():
@@ -87,7 +87,7 @@ def _speed(trace: list[Request], repeats: int) -> dict[str, float]:
     return speeds
 
 
-def _sweep(traces: dict[str, list[Request]], ratios: Sequence[float]) -> dict[str, dict[str, float]]:
+def _sweep(traces: dict[str, list[TraceRecord]], ratios: Sequence[float]) -> dict[str, dict[str, float]]:
     sweep: dict[str, dict[str, float]] = {}
     for ratio in ratios:
         row: dict[str, float] = {}

@@ -8,19 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from loadtest.simulate import main, parse_capacity, replay
-from loadtest.traces import (
-    GENERATORS,
-    ONE_HIT_WONDER_TRACES,
-    Request,
-    TraceRecorder,
-    generate,
-    one_hit_fraction,
-    read_trace,
-    working_set_bytes,
-    write_trace,
-)
+from loadtest.simulate import main
+from loadtest.traces import GENERATORS, ONE_HIT_WONDER_TRACES, generate, one_hit_fraction
 from tiers.policies import LRUPolicy
+from tiers.policies.simulate import parse_capacity, replay
+from tiers.policies.trace import TraceRecord, TraceRecorder, read_trace, working_set_bytes, write_trace
 
 
 @pytest.mark.parametrize("name", GENERATORS)
@@ -44,13 +36,13 @@ def test_recorder_appends_lines_that_read_back(tmp_path: Path) -> None:
     with TraceRecorder(path) as recorder:
         recorder.record("a", 10, 1.5, 0.25)
     TraceRecorder(path).record("b", 20, 2.0, 0.5)  # flushed per record, another writer appends
-    assert list(read_trace(path)) == [Request("a", 10, 1.5, 0.25), Request("b", 20, 2.0, 0.5)]
+    assert list(read_trace(path)) == [TraceRecord("a", 10, 1.5, 0.25), TraceRecord("b", 20, 2.0, 0.5)]
     assert json.loads(path.read_text().splitlines()[0]) == {"key": "a", "size": 10, "cost": 1.5, "time": 0.25}
 
 
 def test_replay_counts_hits_bytes_and_cost() -> None:
-    trace = [Request("a", 10, 1, 0), Request("b", 10, 2, 1), Request("a", 10, 1, 2), Request("c", 10, 4, 3),
-             Request("b", 10, 2, 4), Request("c", 10, 4, 5)]
+    trace = [TraceRecord(key, 10, cost, time) for time, (key, cost) in
+             enumerate([("a", 1), ("b", 2), ("a", 1), ("c", 4), ("b", 2), ("c", 4)])]
     result = replay(LRUPolicy(20), trace)  # hits: a (t=2), c (t=5); c evicts b, b evicts a
     assert result.hits == 2 and result.requests == 6
     assert result.object_hit_ratio == pytest.approx(2 / 6)
@@ -62,7 +54,7 @@ def test_capacity_is_bytes_or_share_of_working_set() -> None:
     assert parse_capacity("5%", 1000) == 50 and parse_capacity("4096", 1000) == 4096
     with pytest.raises(ValueError):
         parse_capacity("-1", 1000)
-    assert working_set_bytes([Request("a", 10, 1, 0), Request("a", 10, 1, 1), Request("b", 5, 1, 2)]) == 15
+    assert working_set_bytes([TraceRecord("a", 10, 1, 0), TraceRecord("a", 10, 1, 1), TraceRecord("b", 5, 1, 2)]) == 15
 
 
 def test_main_replays_a_file_and_reports_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

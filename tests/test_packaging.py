@@ -1,0 +1,27 @@
+"""The product's packages stand on their own: nothing in them imports the benchmarks or the tests."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PRODUCT = ("proxy", "tiers", "normalizer", "admin")
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _imported(path: Path) -> set[str]:
+    """Top-level package names imported anywhere in a module, lazy imports inside functions included."""
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            names.update(alias.name.split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            names.add(node.module.split(".")[0])
+    return names
+
+
+def test_the_product_imports_neither_loadtest_nor_tests() -> None:
+    offenders = {str(path.relative_to(ROOT)): sorted(found)
+                 for package in PRODUCT for path in sorted((ROOT / package).rglob("*.py"))
+                 if (found := _imported(path) & {"loadtest", "tests"})}
+    assert offenders == {}
