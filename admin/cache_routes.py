@@ -74,31 +74,10 @@ def _outcome(outcome: Outcome) -> dict[str, Any]:
 
 
 async def tier_report(rt: Runtime) -> dict[str, dict[str, Any]]:
+    """Per registered tier: its own report, and the requests it served."""
     served = rt.stats.snapshot(top_n=0)["served_by_tier"]
-    report: dict[str, dict[str, Any]] = {}
-    for tier in components.response_tiers(rt):
-        size = await tier.stats()
-        c = tier.counters
-        lookups = c.hits + c.misses
-        report[tier.name] = {
-            "entries": size.entries, "bytes": size.bytes,
-            "lookups": {"hits": c.hits, "misses": c.misses, "stores": c.stores, "rejected": c.rejected,
-                        "errors": c.errors, "corrupt": c.corrupt},
-            "hit_ratio": round(c.hits / lookups, 6) if lookups else 0.0,
-            "served": served.get(tier.name, {"requests": 0, "hits": 0, "cost_saved_s": 0.0}),
-        }
-    retrieval = components.retrieval_cache(rt)
-    results = getattr(retrieval, "results", None)
-    if results is not None and hasattr(results, "stats"):
-        size = await results.stats()
-        report["retrieval"] = {"entries": size.entries, "bytes": size.bytes,
-                               "served": served.get("retrieval", {"requests": 0, "hits": 0, "cost_saved_s": 0.0})}
-    semantic = components.semantic_tier(rt)
-    if semantic is not None and hasattr(semantic, "stats"):
-        s = semantic.stats
-        report["semantic"] = {"lookups": s.lookups, "hits": s.hits, "below_threshold": s.below_threshold,
-                              "vetoes": dict(s.vetoes), "served": served.get("l2", served.get("semantic", {}))}
-    return report
+    empty = {"requests": 0, "hits": 0, "cost_saved_s": 0.0}
+    return {tier.name: {**await tier.report(), "served": served.get(tier.name, empty)} for tier in rt.tiers}
 
 
 def latency(rt: Runtime) -> dict[str, dict[str, float | None]]:

@@ -8,9 +8,7 @@ callbacks registered with :meth:`Metrics.gauge_callback`, so the hot path never 
 
 from __future__ import annotations
 
-import math
-from bisect import bisect_left
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
@@ -18,7 +16,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
-LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+from tiers.latency import LatencyHistogram
 
 GaugeReader = Callable[[], Iterable[tuple[dict[str, str], float]]]
 M = TypeVar("M", Counter, Histogram)
@@ -36,14 +34,6 @@ class _CallbackGauges(Collector):
             yield family
 
 
-class _Histogram:
-    __slots__ = ("counts", "total")
-
-    def __init__(self) -> None:
-        self.counts = [0] * (len(LATENCY_BUCKETS) + 1)  # the last one is +Inf
-        self.total = 0.0
-
-
 class RequestSeries(Collector):
     """The series every request updates, as plain numbers turned into metric families at scrape time:
     ``ragproxy_requests_total`` (route, status, cache_status), ``ragproxy_request_duration_seconds`` (route,
@@ -58,8 +48,8 @@ class RequestSeries(Collector):
 
     def __init__(self) -> None:
         self.requests: dict[tuple[str, str, str], int] = {}
-        self.durations: dict[tuple[str, str], _Histogram] = {}
-        self.upstreams: dict[str, _Histogram] = {}
+        self.durations: dict[tuple[str, str], LatencyHistogram] = {}
+        self.upstreams: dict[str, LatencyHistogram] = {}
 
     def answered(self, route: str, status: int, cache_status: str, seconds: float) -> None:
         """Count one answered request and its time to the last byte."""
@@ -67,17 +57,15 @@ class RequestSeries(Collector):
         self.requests[key] = self.requests.get(key, 0) + 1
         histogram = self.durations.get((route, cache_status))
         if histogram is None:
-            histogram = self.durations[(route, cache_status)] = _Histogram()
-        histogram.counts[bisect_left(LATENCY_BUCKETS, seconds)] += 1
-        histogram.total += seconds
+            histogram = self.durations[(route, cache_status)] = LatencyHistogram()
+        histogram.observe(seconds)
 
     def upstream(self, upstream: str, seconds: float) -> None:
         """One upstream call's time."""
         histogram = self.upstreams.get(upstream)
         if histogram is None:
-            histogram = self.upstreams[upstream] = _Histogram()
-        histogram.counts[bisect_left(LATENCY_BUCKETS, seconds)] += 1
-        histogram.total += seconds
+            histogram = self.upstreams[upstream] = LatencyHistogram()
+        histogram.observe(seconds)
 
     def collect(self) -> Iterable[CounterMetricFamily | HistogramMetricFamily]:
         requests = CounterMetricFamily("ragproxy_requests", "Data-plane requests answered",
@@ -97,18 +85,33 @@ class RequestSeries(Collector):
         yield upstreams
 
 
-_LE = [floatToGoString(bound) for bound in (*LATENCY_BUCKETS, math.inf)]  # type: ignore[no-untyped-call]
-
-
-def _buckets(histogram: _Histogram) -> list[tuple[str, float]]:
+def _buckets(histogram: LatencyHistogram) -> list[tuple[str, float]]:
     """Cumulative ``(le, count)`` pairs, as the exposition wants them."""
-    running = 0
-    buckets = []
-    for le, count in zip(_LE, list(histogram.counts), strict=True):
-        running += count
-        buckets.append((le, float(running)))
-    return buckets
+    return [(floatToGoString(bound), float(count)) for bound, count in histogram.cumulative()]  # type: ignore[no-untyped-call]
 
+
+LookupReader = Callable[[], Iterable[tuple[str, Mapping[str, int], LatencyHistogram]]]
+"""Per cache tier: its name, lookups per result, and the lookups' durations."""
+
+
+class TierLookups(Collector):
+    """``ragproxy_cache_lookups_total`` (tier, result) and ``ragproxy_cache_lookup_duration_seconds`` (tier), read
+    from the tiers' own counters at scrape time (nothing on the request path but the tiers' counting)."""
+
+    def __init__(self, read: LookupReader) -> None:
+        self.read = read
+
+    def collect(self) -> Iterable[CounterMetricFamily | HistogramMetricFamily]:
+        lookups = CounterMetricFamily("ragproxy_cache_lookups", "Lookups per tier and result",
+                                      labels=["tier", "result"])
+        durations = HistogramMetricFamily("ragproxy_cache_lookup_duration_seconds", "Time of one tier lookup",
+                                          labels=["tier"])
+        for tier, results, seconds in self.read():
+            for result, count in results.items():
+                lookups.add_metric([tier, result], count)
+            durations.add_metric([tier], _buckets(seconds), seconds.total)
+        yield lookups
+        yield durations
 
 class Metrics:
     """Every metric the proxy exports."""
@@ -118,10 +121,6 @@ class Metrics:
         r = self.registry
         self.per_request = RequestSeries()
         r.register(self.per_request)
-        self.tier_lookups = Counter("ragproxy_cache_lookups_total", "Lookups per tier and result",
-                                    ["tier", "result"], registry=r)
-        self.tier_seconds = Histogram("ragproxy_cache_lookup_duration_seconds", "Time of one tier lookup",
-                                      ["tier"], buckets=LATENCY_BUCKETS, registry=r)
         self.events = Counter("ragproxy_cache_events_total",
                               "Admissions, evictions, bypasses, demotions, promotions, coalesced requests",
                               ["tier", "event"], registry=r)
@@ -132,8 +131,6 @@ class Metrics:
         self.prefix_tokens = Counter("ragproxy_kv_cached_prompt_tokens_total",
                                      "Prompt tokens the backends reported as served from their KV cache",
                                      ["backend"], registry=r)
-        self.failures = Counter("ragproxy_dependency_failures_total", "Failures of a cache dependency (fail-open)",
-                                ["dependency"], registry=r)
         self._gauges = _CallbackGauges()
         r.register(self._gauges)
         self._children: dict[tuple[int, tuple[str, ...]], Counter | Histogram] = {}

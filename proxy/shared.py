@@ -31,6 +31,7 @@ from typing import Any
 from urllib.parse import quote
 
 import redis.asyncio as aioredis
+from prometheus_client import Counter
 from redis.asyncio.cluster import RedisCluster
 
 from proxy.config import Settings
@@ -244,11 +245,15 @@ def build_shared(settings: Settings, metrics: Metrics | None = None,
     opts = options or SharedOptions.from_settings(settings)
     cluster = settings.redis.cluster or "+cluster://" in url
 
+    failures = None if metrics is None else Counter(  # declared where it is recorded: shared mode only
+        "ragproxy_dependency_failures_total", "Failures of a cache dependency (fail-open)", ["dependency"],
+        registry=metrics.registry)
+
     def on_event(event: str) -> None:
         if metrics is not None:
             metrics.events.labels("bus", event).inc()
-            if event == "lost":
-                metrics.failures.labels("redis_bus").inc()
+        if failures is not None and event == "lost":
+            failures.labels("redis_bus").inc()
 
     bus = InvalidationBus(url, cluster=cluster, prefix=opts.prefix, heartbeat_s=opts.bus_heartbeat_s,
                           lease_s=opts.bus_lease_s, ack_timeout_s=opts.bus_ack_timeout_s, on_event=on_event)

@@ -45,7 +45,7 @@ def replicas(fake_llm_thread: FakeLLM, redis_url: str, qdrant_shim: QdrantShim) 
         servers = [stack.enter_context(shared_replica(proxy_settings(fake_llm_thread.url, **overrides)))
                    for _ in range(2)]
         for server in servers:
-            ready = server.runtime.semantic_ready
+            ready = server.semantic.ready
             assert ready is not None, "the semantic tier is on"
             server.call(asyncio.wait_for(asyncio.shield(ready), 60))
         yield servers
@@ -61,7 +61,7 @@ def _ask(server: ProxyServer, key: str, question: str) -> httpx.Response:
 
 def _indexed(server: ProxyServer, count: int) -> None:
     """The index learns a question just after its answer was sent; wait until Qdrant holds it."""
-    semantic = server.runtime.semantic
+    semantic = server.semantic.semantic
     assert semantic is not None
     deadline = time.monotonic() + 30
     while server.call(semantic.store.count()) < count:
@@ -74,7 +74,7 @@ def test_paraphrase_at_another_replica_hits_the_shared_index_within_the_tenant_o
     a, b = replicas
     acme, globex = _keys(redis_url)
     for server in replicas:
-        semantic = server.runtime.semantic
+        semantic = server.semantic.semantic
         assert semantic is not None and semantic.store.name == "qdrant"
 
     first = _ask(a, acme, ORIGINAL)

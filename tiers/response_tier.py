@@ -13,11 +13,12 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TypeVar
 
 from tiers.breaker import CircuitBreaker
 from tiers.entry import CachedResponse, CorruptEntry
+from tiers.latency import LatencyHistogram
 from tiers.storage import KeyValueStore, StoreStats
 
 log = logging.getLogger("ragproxy.tiers")
@@ -37,6 +38,13 @@ class TierCounters:
     errors: int = 0
     corrupt: int = 0
     skipped: int = 0
+    lookup_seconds: LatencyHistogram = field(default_factory=LatencyHistogram)
+    """How long each ``get`` took, whatever its outcome."""
+
+    def lookups(self) -> dict[str, int]:
+        """Lookups per result (errors and skipped calls count every operation, not only lookups)."""
+        return {"hit": self.hits, "miss": self.misses, "error": self.errors, "skipped": self.skipped,
+                "corrupt": self.corrupt}
 
 
 class ResponseTier:
@@ -76,6 +84,7 @@ class ResponseTier:
                         exc.__class__.__name__, exc)
 
     async def get(self, key: str) -> CachedResponse | None:
+        started = time.perf_counter()
         try:
             raw = await self._call(self.store.get(key))
         except TierUnavailable:
@@ -83,6 +92,8 @@ class ResponseTier:
         except Exception as exc:  # fail open: any backend failure is a miss
             self._failed("get", exc)
             return None
+        finally:
+            self.counters.lookup_seconds.observe(time.perf_counter() - started)
         if raw is None:
             self.counters.misses += 1
             return None

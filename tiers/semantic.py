@@ -26,6 +26,7 @@ workload; see :data:`DEFAULT_THRESHOLD` and :data:`DEFAULT_GUARDS`.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -33,6 +34,7 @@ import numpy as np
 
 from normalizer.guards import veto as guard_veto
 from tiers.embedders.base import Embedder
+from tiers.latency import LatencyHistogram
 from tiers.vectors.base import VectorHit, VectorStore
 
 Veto = Callable[[str, str, Iterable[str]], "str | None"]
@@ -79,7 +81,11 @@ class SemanticStats:
     lookups: int = 0
     hits: int = 0
     below_threshold: int = 0
+    errors: int = 0
+    """Lookups that failed (model or vector store down): the request went on as a miss."""
     vetoes: dict[str, int] = field(default_factory=dict)
+    lookup_seconds: LatencyHistogram = field(default_factory=LatencyHistogram)
+    """How long each lookup took, the embedding included."""
 
 
 def partition_of(scope: SemanticScope, signature_digest: str) -> str:
@@ -149,6 +155,16 @@ class SemanticTier:
     async def lookup(self, scope: SemanticScope, signature_digest: str, question: str) -> SemanticMatch | None:
         """An equivalent cached question under the same context, or ``None``."""
         self.stats.lookups += 1
+        started = time.perf_counter()
+        try:
+            return await self._lookup(scope, signature_digest, question)
+        except Exception:
+            self.stats.errors += 1
+            raise
+        finally:
+            self.stats.lookup_seconds.observe(time.perf_counter() - started)
+
+    async def _lookup(self, scope: SemanticScope, signature_digest: str, question: str) -> SemanticMatch | None:
         partition = partition_of(scope, signature_digest)
         if await self.store.count(partition) == 0:
             return None

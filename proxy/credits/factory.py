@@ -8,8 +8,9 @@ keeps them in Redis so every replica sees the same balances. Either store is wra
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from prometheus_client.core import CounterMetricFamily
 from prometheus_client.registry import Collector
@@ -17,7 +18,7 @@ from prometheus_client.registry import Collector
 from proxy.config import Settings
 from proxy.credits.journal import SettlementJournal
 from proxy.credits.journaled_store import JournaledCreditStore
-from proxy.credits.keys import KeyStore
+from proxy.credits.keys import ApiKey, KeyStore
 from proxy.credits.outage import OutageAllowance
 from proxy.credits.pricing import ModelLimits, ModelPrice, PriceBook, to_micro
 from proxy.credits.reaper import ReservationReaper
@@ -35,6 +36,10 @@ class CreditComponents:
     prices: PriceBook
     reaper: ReservationReaper | None
     replayer: JournalReplayer | None = None
+    known_keys: dict[str, tuple[ApiKey, float]] = field(default_factory=dict)
+    """Keys verified lately (the identify stage's memory: it outlives a rebuilt stage)."""
+    settling: set[asyncio.Task[None]] = field(default_factory=set)
+    """Settlements the credits stage retries in the background (waited for at shutdown)."""
 
     @property
     def journaled(self) -> JournaledCreditStore | None:
@@ -56,7 +61,10 @@ class CreditComponents:
                                "credit store", [], lambda: [({}, float(journaled.journal.depth))])
         metrics.registry.register(_OutageCounters(journaled))
 
-    async def close(self) -> None:
+    async def stop(self) -> None:
+        """Wait for background settlements (each bounded by its retry window), then close the stores."""
+        if self.settling:
+            await asyncio.gather(*self.settling, return_exceptions=True)
         if self.reaper is not None:
             await self.reaper.stop()
         if self.replayer is not None:

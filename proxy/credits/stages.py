@@ -34,7 +34,6 @@ runs unbilled, counted in ``unbilled_requests`` and logged at most once per minu
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 import uuid
@@ -103,7 +102,9 @@ class Identify:
         key_cache_size: int = 10_000,
         retry_after_s: int = 5,
         clock: Callable[[], float] = time.monotonic,
+        known: dict[str, tuple[ApiKey, float]] | None = None,
     ) -> None:
+        """``known``: the verified keys remembered (kept by the runtime, so a rebuilt stage keeps them)."""
         if keys is None and not open_mode:
             raise ValueError("without a key store only open mode can identify anyone")
         self.keys = keys
@@ -112,7 +113,7 @@ class Identify:
         self.key_cache_size = key_cache_size
         self.retry_after_s = retry_after_s
         self.clock = clock
-        self._known: dict[str, tuple[ApiKey, float]] = {}
+        self._known = known if known is not None else {}
 
     async def __call__(self, ctx: RequestContext, call_next: Next) -> Reply:
         presented = presented_key(ctx.request.headers)
@@ -170,7 +171,10 @@ class Credits:
         fail_open: bool = False,
         retry_after_s: int = 5,
         settle_retry_window_s: float = 3600.0,
+        settling: set[asyncio.Task[None]] | None = None,
     ) -> None:
+        """``settling``: settlements retried in the background (kept by the runtime, which waits for them at
+        shutdown, so a rebuilt stage loses none)."""
         self.store = store
         self.prices = prices
         self.reservation_ttl_s = reservation_ttl_s
@@ -179,7 +183,7 @@ class Credits:
         self.settle_retry_window_s = settle_retry_window_s
         self.unbilled_requests = 0
         self._last_unbilled_log = float("-inf")
-        self._retries: set[asyncio.Task[None]] = set()
+        self._retries = settling if settling is not None else set()
 
     # -- what is priced (overridden for vector searches) --
 
@@ -319,13 +323,6 @@ class Credits:
                 self.unbilled_requests,
                 exc,
             )
-
-    async def close(self) -> None:
-        """Wait for background settlements to finish (they are bounded by ``settle_retry_window_s``)."""
-        for task in list(self._retries):
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-
 
 class SearchCredits(Credits):
     """Credits for vector searches: a fixed price per search (each search of a batch), discounted on a hit."""

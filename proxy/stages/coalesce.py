@@ -12,7 +12,8 @@ The first miss leads: its reply is teed into a :class:`Flight`. Followers with t
 
 Keys carry the tenant (and, for user-scoped requests in private namespaces, the user: see
 ``proxy.stages.cache_policy``), so coalescing never crosses tenants, nor users where answers are private. The
-table of flights is bounded (``max_flights``); beyond it requests simply go upstream uncoalesced.
+table of flights (:class:`Flights`, one per process, kept by the runtime so that rebuilt pipelines share it) is
+bounded (``max_flights``); beyond it requests simply go upstream uncoalesced.
 """
 
 from __future__ import annotations
@@ -51,6 +52,19 @@ class Flight:
         self.changed.set()
 
 
+@dataclass
+class Flights:
+    """The upstream calls in flight that identical requests may wait on (keys hold the request kind)."""
+
+    max_flights: int = 10_000
+    table: dict[str, Flight] = field(default_factory=dict)
+    timeouts: int = 0
+    """Followers that waited past the bound and went upstream on their own."""
+
+    def __len__(self) -> int:
+        return len(self.table)
+
+
 class Coalesce:
     """Share one upstream call among identical in-flight misses."""
 
@@ -58,31 +72,28 @@ class Coalesce:
     needs = frozenset({"cache_key"})
     gives = frozenset({"follower"})
 
-    def __init__(self, *, kind: str, wait_s: float, max_flights: int = 10_000) -> None:
+    def __init__(self, *, kind: str, wait_s: float, flights: Flights) -> None:
         self.kind = kind
         self.wait_s = wait_s
-        self.max_flights = max_flights
-        self.flights: dict[str, Flight] = {}
-        self.coalesced = 0
-        self.timeouts = 0
+        self.flights = flights
 
     async def __call__(self, ctx: RequestContext, call_next: Next) -> Reply:
         key = ctx.cache_key
         if key is None or ctx.follower:
             return await call_next(ctx)
-        flight = self.flights.get(key)
+        flight = self.flights.table.get(key)
         if flight is not None:
             reply = await self._follow(ctx, flight)
             if reply is not None:
                 return reply
             return await call_next(ctx)
-        if len(self.flights) >= self.max_flights:
+        if len(self.flights) >= self.flights.max_flights:
             return await call_next(ctx)
         return await self._lead(ctx, key, call_next)
 
     async def _lead(self, ctx: RequestContext, key: str, call_next: Next) -> Reply:
         flight = Flight()
-        self.flights[key] = flight
+        self.flights.table[key] = flight
         try:
             reply = await call_next(ctx)
         except BaseException:
@@ -112,8 +123,8 @@ class Coalesce:
         return reply
 
     def _land(self, key: str, flight: Flight) -> None:
-        if self.flights.get(key) is flight:
-            del self.flights[key]
+        if self.flights.table.get(key) is flight:
+            del self.flights.table[key]
 
     @staticmethod
     async def _tee(source: AsyncIterator[bytes], flight: Flight) -> AsyncIterator[bytes]:
@@ -131,19 +142,17 @@ class Coalesce:
         try:
             await asyncio.wait_for(flight.ready.wait(), self.wait_s)
             if flight.streamed and ctx.stream and not flight.failed:
-                self.coalesced += 1
                 ctx.cache_status, ctx.cache_tier = "MISS", "coalesced"
                 headers = CIMultiDict(flight.headers)
                 headers["X-Cache-Coalesced"] = "true"
                 return Reply(status=200, headers=headers, chunks=self._replay(flight, self.wait_s))
             await asyncio.wait_for(flight.done.wait(), max(0.0, deadline - loop.time()))
         except TimeoutError:
-            self.timeouts += 1
+            self.flights.timeouts += 1
             return None
         if flight.failed or flight.body is None:
             ctx.follower = False
             return None
-        self.coalesced += 1
         entry = CachedResponse(body=flight.body, kind=self.kind)
         reply = hit_reply(ctx, entry, status="MISS", tier="coalesced", extra={"X-Cache-Coalesced": "true"})
         ctx.cache_status = "MISS"

@@ -65,7 +65,6 @@ class SemanticLookup:
         self.promote_into = promote_into
         self.expose_similarity = expose_similarity
         self.cold = cold if cold is not None and callable(getattr(cold.store, "nearest", None)) else None
-        self.failures = 0
 
     async def __call__(self, ctx: RequestContext, call_next: Next) -> Reply:
         key, scope, policy, prompt = ctx.cache_key, ctx.key_scope, ctx.cache_policy, ctx.prompt
@@ -96,7 +95,7 @@ class SemanticLookup:
                     try:
                         await self.semantic.add(where, query.digest, question, key)
                     except Exception as exc:  # fail open: the index is an optimisation
-                        self.failures += 1
+                        self.semantic.stats.errors += 1
                         log.warning("semantic index add failed: %s", exc)
 
             reply.on_finish(learn)
@@ -113,7 +112,7 @@ class SemanticLookup:
             nearest = await self.cold.store.nearest(vector, self.semantic.candidates,  # type: ignore[attr-defined]
                                                     tag=query.tag)
         except Exception as exc:  # fail open
-            self.failures += 1
+            self.semantic.stats.errors += 1
             log.warning("cold semantic lookup failed: %s", exc)
             return None
         policy = ctx.cache_policy
@@ -136,8 +135,7 @@ class SemanticLookup:
         assert ctx.cache_policy is not None
         try:
             match = await self.semantic.lookup(query.where, query.digest, query.question)
-        except Exception as exc:  # embedding model or vector store down: fail open
-            self.failures += 1
+        except Exception as exc:  # embedding model or vector store down: fail open (counted by the tier)
             log.warning("semantic lookup failed: %s", exc)
             return None
         if match is None:

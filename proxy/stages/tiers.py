@@ -1,7 +1,8 @@
 """Serving from and storing into the response tiers.
 
 ``StoreResponse`` sits outside the lookups: when the answer came from upstream and ended normally, it stores the
-complete response (a streamed one assembled first) in L1 and hands a copy to the cold tier's write-behind queue.
+complete response (a streamed one assembled first) in the fastest answer tier (L1) and hands a copy to the tiers
+that keep one behind it (the cold tier's write-behind queue).
 ``ExactLookup`` answers an exact-key hit from one tier — as JSON, or replayed as SSE when the client asked for a
 stream — and promotes hits from slower tiers into the faster ones.
 
@@ -21,6 +22,7 @@ from multidict import CIMultiDict
 
 from normalizer.bypass import unstorable_reason
 from normalizer.cache_control import CachePolicy
+from normalizer.signature import final_question
 from proxy.context import Reply, RequestContext
 from proxy.pipeline import Next
 from proxy.sse import assemble, replay
@@ -29,6 +31,8 @@ from tiers.response_tier import ResponseTier
 
 log = logging.getLogger("ragproxy.cache")
 
+WriteBehind = Callable[[str, CachedResponse, "float | None", list[str], Any], None]
+"""Takes a copy of a new answer (key, entry, TTL, tags, the question's embedding or ``None``) without waiting."""
 ALL_ENTRIES = "all"  # the tag every entry carries: listing and flushing without knowing keys
 JSON = "application/json"
 SSE = "text/event-stream"
@@ -101,12 +105,13 @@ class StoreResponse:
     needs = frozenset({"cache_key", "cache_policy"})
     gives = frozenset({"entry"})
 
-    def __init__(self, l1: ResponseTier, *, kind: str,
-                 write_behind: Callable[[str, CachedResponse, float | None, list[str], Any], None] | None = None,
+    def __init__(self, into: ResponseTier | None, *, kind: str, write_behind: Sequence[WriteBehind] = (),
                  expose_key: bool = False) -> None:
-        self.l1 = l1
+        """``into``: where new answers are stored (``None``: no tier holds answers; only the headers are set);
+        ``write_behind``: takers of copies."""
+        self.into = into
         self.kind = kind
-        self.write_behind = write_behind
+        self.write_behind = tuple(write_behind)
         self.expose_key = expose_key
 
     async def __call__(self, ctx: RequestContext, call_next: Next) -> Reply:
@@ -121,8 +126,8 @@ class StoreResponse:
         if ctx.cache_status is None:
             ctx.cache_status = "REFRESH" if policy.force_refresh else "MISS"
         self._headers(ctx, reply, key)
-        if policy.may_store and policy.ttl != 0 and not ctx.follower:
-            reply.on_finish(self._store(ctx, key, policy))
+        if self.into is not None and policy.may_store and policy.ttl != 0 and not ctx.follower:
+            reply.on_finish(self._store(ctx, key, policy, self.into))
         return reply
 
     def _headers(self, ctx: RequestContext, reply: Reply, key: str | None) -> None:
@@ -130,27 +135,30 @@ class StoreResponse:
         if self.expose_key and key is not None:
             reply.headers["X-Cache-Key"] = key
 
-    def _store(self, ctx: RequestContext, key: str, policy: CachePolicy) -> Any:
+    def _store(self, ctx: RequestContext, key: str, policy: CachePolicy, into: ResponseTier) -> Any:
         async def store(reply: Reply, ok: bool, body: bytes) -> None:
             if unstorable_reason(reply.status, complete=ok) is not None:
                 return
             stored_body = complete_body(reply, body)
             if stored_body is None:
                 return
-            model = (ctx.body or {}).get("model")
+            request = ctx.body or {}
+            model = request.get("model")
             semantic, documents = ctx.semantic, document_ids(ctx)
+            question = semantic.question if semantic is not None else \
+                final_question(request, ctx.prompt) if ctx.prompt is not None else None
             entry = CachedResponse(
                 body=stored_body, kind=self.kind, model=model if isinstance(model, str) else None,
                 cost=ctx.upstream_seconds if ctx.upstream_seconds is not None else 1.0,
                 meta={"tenant": ctx.tenant, "namespace": ctx.namespace, "route": ctx.route,
-                      **({"question": semantic.question} if semantic is not None else {}),
+                      **({"question": question} if question else {}),
                       **({"documents": documents} if documents else {})},
             )
             tags = entry_tags(ctx, entry.model)
-            await self.l1.put(key, entry, ttl=policy.ttl, tags=tags)
+            await into.put(key, entry, ttl=policy.ttl, tags=tags)
             ctx.entry = entry
-            if self.write_behind is not None:
-                self.write_behind(key, entry, policy.ttl, tags, semantic.vector if semantic is not None else None)
+            for keep in self.write_behind:
+                keep(key, entry, policy.ttl, tags, semantic.vector if semantic is not None else None)
 
         return store
 

@@ -71,27 +71,6 @@ def only_key(admin: Admin, **filters: str) -> str:
     return str(entries[0]["key"])
 
 
-def record_documents(proxy: ProxyServer, key: str, documents: list[str], question: str) -> None:
-    """Give a stored entry the document tags and question the document-detection stage records.
-
-    The data plane does not put ``document_ids``/``question`` on the context yet (integration pending); this
-    re-stores the entry exactly as ``StoreResponse`` will once it does (same tags, same header fields).
-    """
-    from tiers.entry import CachedResponse
-
-    tier = proxy.runtime.l1
-    raw = proxy.call(tier.store.get(key))
-    assert raw is not None
-    entry = CachedResponse.decode(raw)
-    meta = {**entry.meta, "documents": documents, "question": question}
-    updated = CachedResponse(body=entry.body, kind=entry.kind, model=entry.model, cost=entry.cost,
-                             created=entry.created, meta=meta)
-    tenant, namespace = meta["tenant"], meta["namespace"]
-    tags = ["all", f"tenant:{tenant}", f"ns:{tenant}/{namespace}", f"route:{meta['route']}",
-            f"model:{entry.model}", *(f"doc:{d}" for d in documents)]
-    assert proxy.call(tier.put(key, updated, ttl=3600, tags=tags))
-
-
 @pytest.fixture
 def credits_proxy(fake_llm_thread: FakeLLM, qdrant_shim: QdrantShim, tmp_path: Any) -> Iterator[ProxyServer]:
     """A caching proxy with credits on (embedded SQLite stores under ``tmp_path``) and the admin app."""

@@ -8,7 +8,7 @@ import time
 import httpx
 import pytest
 
-from tests.admin.conftest import Admin, ask, only_key, record_documents
+from tests.admin.conftest import Admin, ask, only_key
 from tests.fakes.llm_server import FakeLLM
 from tests.support.proxy_server import ProxyServer
 
@@ -46,7 +46,8 @@ def test_entries_filter_paginate_show_delete(admin_proxy: ProxyServer, admin: Ad
     first = ask(admin_proxy, "question 0", namespace="alpha")
     for i in range(1, 5):
         ask(admin_proxy, f"question {i}", namespace="alpha")
-    ask(admin_proxy, "other", namespace="beta")
+    report = {"ragproxy": {"documents": [{"id": "doc-9", "text": "The Beta report, by the audit team."}]}}
+    ask(admin_proxy, "Who wrote the Beta report?", namespace="beta", **report)
     ask(admin_proxy, "model two", model="other-model")
     assert len(admin.get("/admin/entries", params={"namespace": "alpha"}).json()["entries"]) == 5
     assert len(admin.get("/admin/entries", params={"model": "other-model"}).json()["entries"]) == 1
@@ -63,7 +64,6 @@ def test_entries_filter_paginate_show_delete(admin_proxy: ProxyServer, admin: Ad
     assert admin.get("/admin/entries", params={"limit": 501}).status_code == 400
     assert admin.get("/admin/entries", params={"cursor": "%%%"}).status_code == 400
     key = only_key(admin, namespace="beta")
-    record_documents(admin_proxy, key, ["doc-9"], "Who wrote the Beta report?")
     assert [e["key"] for e in admin.get("/admin/entries", params={"q": "beta REPORT"}).json()["entries"]] == [key]
     assert [e["key"] for e in admin.get("/admin/entries", params={"doc": "doc-9"}).json()["entries"]] == [key]
     assert admin.get("/admin/entries", params={"min_age_s": 3600}).json()["entries"] == []
@@ -75,18 +75,18 @@ def test_entries_filter_paginate_show_delete(admin_proxy: ProxyServer, admin: Ad
     assert admin.delete(f"/admin/entries/{key}").json() == {"removed": {"l1": 1}, "total": 1}
     assert admin.delete(f"/admin/entries/{key}").status_code == 404
     assert admin.get(f"/admin/entries/{key}").status_code == 404
-    assert status(ask(admin_proxy, "other", namespace="beta")) == "MISS"
+    assert status(ask(admin_proxy, "Who wrote the Beta report?", namespace="beta", **report)) == "MISS"
 
 
 @pytest.mark.parametrize("selector", ["keys", "tenant+namespace", "namespace", "model", "documents", "age"])
 def test_invalidate_selector_makes_next_request_miss(admin_proxy: ProxyServer, admin: Admin,
                                                      selector: str) -> None:
-    ask(admin_proxy, "target", namespace="ns-a", model="fake-model")
+    documents = {"ragproxy": {"documents": [{"id": "doc-1", "text": "one"}, {"id": "doc-2", "text": "two"}]}}
+    ask(admin_proxy, "target", namespace="ns-a", model="fake-model", **documents)
     if selector == "age":
         time.sleep(1.2)
     ask(admin_proxy, "bystander", namespace="ns-b", model="other-model")
     target = only_key(admin, namespace="ns-a")
-    record_documents(admin_proxy, target, ["doc-1", "doc-2"], "target")
     body = {
         "keys": {"keys": [target]},
         "tenant+namespace": {"tenant": "anonymous", "namespace": "ns-a"},
@@ -97,7 +97,7 @@ def test_invalidate_selector_makes_next_request_miss(admin_proxy: ProxyServer, a
     }[selector]
     result = admin.post("/admin/invalidate", json=body).json()
     assert nonzero(result["removed"]) == {"l1": 1} and result["total"] == 1
-    assert status(ask(admin_proxy, "target", namespace="ns-a", model="fake-model")) == "MISS"
+    assert status(ask(admin_proxy, "target", namespace="ns-a", model="fake-model", **documents)) == "MISS"
     assert status(ask(admin_proxy, "bystander", namespace="ns-b", model="other-model")) == "HIT"
 
 
@@ -144,6 +144,10 @@ def test_collection_and_documents_drop_cached_searches(admin_proxy: ProxyServer,
     assert by_collection["removed"]["retrieval"] >= 1 and by_collection["removed"]["l1"] == 0
     assert search([0, 1, 0, 0.1]) == "MISS"
     assert status(ask(admin_proxy, "an answer")) == "HIT", "answers carry no collection tag: they stay"
+    assert search([1, 0, 0, 0.1]) == "MISS" and search([1, 0, 0, 0.1]) == "HIT"
+    without_collection = admin.post("/admin/invalidate", json={"documents": ["7"]}).json()
+    assert without_collection["removed"]["retrieval"] >= 1, "a document is looked for in every cached collection"
+    assert search([1, 0, 0, 0.1]) == "MISS"
     qdrant.close()
 
 

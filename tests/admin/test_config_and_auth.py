@@ -6,14 +6,16 @@ import hmac
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
 
 from admin import auth
 from proxy.config import load_settings
-from tests.admin.conftest import TOKEN, Admin, ask
+from tests.admin.conftest import CHAT, TOKEN, Admin, ask
 from tests.fakes.llm_server import FakeLLM
 from tests.fakes.qdrant_shim import QdrantShim
 from tests.support.processes import free_port
@@ -107,6 +109,21 @@ def test_config_patch_takes_effect_without_restart(admin_proxy: ProxyServer, adm
     assert admin.get("/admin/config").json()["config"]["cache"]["expose_key"] is True
     admin.patch("/admin/config", json={"cache.unknown_fields": "ignore"})
     assert ask(admin_proxy, "vendor", some_vendor_field=1).headers["X-Cache-Status"] == "MISS"
+
+
+def test_config_patch_keeps_requests_in_flight_coalesced(fake_llm_thread: FakeLLM, admin_proxy: ProxyServer,
+                                                         admin: Admin) -> None:
+    """A patch rebuilds the stages, not the process's state: a request identical to one still waiting on the
+    upstream shares that call after the patch, as it did before."""
+    fake_llm_thread.latency_s = 1.0
+    with ThreadPoolExecutor(2) as pool:
+        leader = pool.submit(ask, admin_proxy, "in flight")
+        time.sleep(0.3)
+        assert admin.patch("/admin/config", json={"cache.expose_key": True}).status_code == 200
+        follower = pool.submit(ask, admin_proxy, "in flight")
+        leader.result(), follower.result()
+    assert follower.result().headers.get("X-Cache-Coalesced") == "true"
+    assert fake_llm_thread.log.count(CHAT) == 1
 
 
 @pytest.mark.parametrize(("patch", "names"), [

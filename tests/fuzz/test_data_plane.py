@@ -72,7 +72,7 @@ def client(server: ProxyServer) -> Iterator[httpx.Client]:
 
 
 def _entries(server: ProxyServer) -> int:
-    return int(server.call(server.runtime.l1.stats()).entries)
+    return int(server.call(server.l1.stats()).entries)
 
 
 def _not_ours(response: httpx.Response, upstream_calls_before: int, upstream: FakeLLM | QdrantShim) -> None:
@@ -246,7 +246,7 @@ def test_bogus_sse_from_upstream_is_never_stored(garbage: tuple[GarbageStreamLLM
                                                  parts: list[bytes], stream: bool) -> None:
     llm, proxy, http = garbage
     llm.payload = b"".join(parts)
-    proxy.call(proxy.runtime.l1.store.clear())
+    proxy.call(proxy.l1.store.clear())
     body = {"model": "m", "stream": stream, "messages": [{"role": "user", "content": "x"}]}
     response = http.post("/v1/chat/completions", json=body)
     assert response.status_code < 500

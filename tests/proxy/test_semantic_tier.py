@@ -36,7 +36,7 @@ def semantic_proxy(fake_llm_thread: FakeLLM, tmp_path: Path) -> Iterator[ProxySe
 
 def _learned(server: ProxyServer, questions: int) -> None:
     """The index learns a question just after its answer was sent; wait for it."""
-    semantic = server.runtime.semantic
+    semantic = server.semantic.semantic
     assert semantic is not None
     deadline = time.monotonic() + 30
     while server.call(semantic.store.count()) < questions:
@@ -46,7 +46,7 @@ def _learned(server: ProxyServer, questions: int) -> None:
 
 def _demoted(server: ProxyServer, entries: int) -> None:
     """Entries reach the cold tier through its write-behind queue; wait for them."""
-    demoter = server.runtime.demoter
+    demoter = server.demoter
     assert demoter is not None
     deadline = time.monotonic() + 30
     while demoter.demoted < entries:
@@ -55,8 +55,8 @@ def _demoted(server: ProxyServer, entries: int) -> None:
 
 
 def _model_loaded(server: ProxyServer) -> None:
-    assert server.runtime.semantic_ready is not None
-    server.call(asyncio.wait_for(asyncio.shield(server.runtime.semantic_ready), 60))
+    assert server.semantic.ready is not None
+    server.call(asyncio.wait_for(asyncio.shield(server.semantic.ready), 60))
 
 
 def test_paraphrase_hits_and_near_miss_does_not(fake_llm_thread: FakeLLM, semantic_proxy: ProxyServer) -> None:
@@ -206,7 +206,7 @@ def test_an_exact_repeat_after_a_restart_is_an_exact_hit_from_the_cold_tier(fake
         _demoted(first, 1)
     with ProxyServer(proxy_settings(fake_llm_thread.url, **overrides)) as second:
         _model_loaded(second)
-        embedder = second.runtime.semantic.embedder  # type: ignore[union-attr]
+        embedder = second.semantic.semantic.embedder  # type: ignore[union-attr]
         before = embedder.misses + embedder.hits  # type: ignore[attr-defined]
         repeat = _ask(second, QUESTION)
         assert (repeat.headers["X-Cache-Status"], repeat.headers["X-Cache-Tier"]) == ("HIT", "l3")

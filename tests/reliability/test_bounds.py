@@ -21,7 +21,7 @@ from normalizer.documents import DocumentRegistry
 from normalizer.search_request import SearchItem
 from proxy.context import Reply, RequestContext
 from proxy.server.request import Request
-from proxy.stages.coalesce import Coalesce
+from proxy.stages.coalesce import Coalesce, Flights
 from proxy.stats import COST_MEMORY, RequestStats
 from tests.fakes.llm_server import FakeLLM
 from tests.support.proxy_server import ProxyServer, proxy_settings
@@ -47,9 +47,9 @@ def test_l1_entries_and_bytes_hold_through_the_data_plane(small_l1: ProxyServer)
         for i in range(40):
             body = {"model": "fake-model", "messages": [{"role": "user", "content": f"question {i} " * (i % 7 + 1)}]}
             assert client.post(CHAT, json=body).status_code == 200
-            stats = small_l1.call(small_l1.runtime.l1.stats())
+            stats = small_l1.call(small_l1.l1.stats())
             assert stats.entries <= 5 and stats.bytes <= 4000
-    assert small_l1.runtime.l1.counters.stores >= 5
+    assert small_l1.l1.counters.stores >= 5
 
 
 def test_chunked_body_past_the_limit_is_413_without_reaching_upstream(fake_llm_thread: FakeLLM) -> None:
@@ -73,7 +73,7 @@ def _ctx(key: str) -> RequestContext:
 
 
 async def test_coalescing_table_is_capped_by_max_flights() -> None:
-    stage = Coalesce(kind="chat", wait_s=5.0, max_flights=3)
+    stage = Coalesce(kind="chat", wait_s=5.0, flights=Flights(max_flights=3))
     release, all_in = asyncio.Event(), asyncio.Event()
     sizes: list[int] = []
 

@@ -61,7 +61,7 @@ def _kept(store: StaleStore, count: int = 1) -> None:
 
 def _expire_l1(server: ProxyServer) -> None:
     """What a passed TTL does: the tiers no longer hold the answer."""
-    server.call(server.runtime.l1.store.clear())
+    server.call(server.l1.store.clear())
 
 
 def test_upstream_error_serves_the_expired_answer_with_a_stale_header(
@@ -80,7 +80,7 @@ def test_upstream_error_serves_the_expired_answer_with_a_stale_header(
         assert stale.headers["Warning"].startswith("110")
         assert stale.json()["choices"] == fresh.json()["choices"]
     assert all(b.in_flight == 0 for b in server.runtime.backends.backends), "replaced replies are released"
-    assert server.call(server.runtime.l1.stats()).entries == 0, "a stale answer is not stored again as fresh"
+    assert server.call(server.l1.stats()).entries == 0, "a stale answer is not stored again as fresh"
 
 
 def test_stale_answer_replays_as_a_stream_for_the_sdk(
@@ -101,7 +101,7 @@ def test_other_namespaces_get_the_error(fake_llm_thread: FakeLLM, served: tuple[
     plain = {"X-Ragproxy-Namespace": "live"}
     assert _post(server, plain).status_code == 200
     deadline = time.monotonic() + 5
-    while server.call(server.runtime.l1.stats()).entries == 0 and time.monotonic() < deadline:
+    while server.call(server.l1.stats()).entries == 0 and time.monotonic() < deadline:
         time.sleep(0.01)  # the stale store would have been fed right after L1 (same finish callbacks)
     assert len(store) == 0, "answers of namespaces that are not stale-tolerant are not kept"
     _expire_l1(server)

@@ -150,7 +150,7 @@ def test_reset_mid_stream_is_never_stored(fake_llm_thread: FakeLLM) -> None:
                 else:
                     client.chat.completions.create(**BODY)  # type: ignore[call-overload]
         _drained(server)
-        assert server.call(server.runtime.l1.stats()).entries == 0
+        assert server.call(server.l1.stats()).entries == 0
         assert _post(server).headers["X-Cache-Status"] == "MISS", "the broken answers were not cached"
 
 

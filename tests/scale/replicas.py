@@ -48,7 +48,7 @@ def wait_stored(server: ProxyServer, key: str, timeout_s: float = 10.0) -> None:
     """Wait until ``key`` is in the shared Redis store seen by ``server``. A miss is stored after its answer
     was sent (so that storing never delays the client), so the next request of a fast client may arrive at
     another replica first."""
-    store = server.runtime.l1.store
+    store = server.l1.store
     assert isinstance(store, NearCachedStore)
     deadline = time.monotonic() + timeout_s
     while server.call(store.shared.read(key)) is None:

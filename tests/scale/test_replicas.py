@@ -72,7 +72,7 @@ def test_invalidation_by_document_reaches_every_near_cache(fake_llm_thread: Fake
         wait_stored(servers[0], key)
         for client in clients[1:]:
             ask(client, "about doc 7")  # near copies on the other two
-        outcome = servers[1].call(servers[1].runtime.l1.store.delete_tag("all"))
+        outcome = servers[1].call(servers[1].l1.store.delete_tag("all"))
         assert outcome == 1
         assert ask(clients[0], "about doc 7")[0] == "MISS"
         wait_stored(servers[0], key)

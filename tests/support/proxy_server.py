@@ -17,10 +17,14 @@ from typing import Any, Self
 from aiohttp import web
 
 from proxy.app import DataPlane, create_server
+from proxy.cache_tiers.cold import ColdTier
+from proxy.cache_tiers.semantic import SemanticCacheTier
 from proxy.config import Settings, load_settings
 from proxy.runtime import Runtime
 from proxy.server.connection import HttpServer
 from tests.support.processes import free_port, wait_for_port
+from tiers.demotion import Demoter
+from tiers.response_tier import ResponseTier
 
 
 def proxy_settings(llm_url: str | list[str] | None = None, qdrant_url: str | None = None,
@@ -66,6 +70,27 @@ class ProxyServer:
     def runtime(self) -> Runtime:
         assert self.plane is not None
         return self.plane.runtime
+
+    @property
+    def l1(self) -> ResponseTier:
+        """The fastest answer tier (L1)."""
+        first = self.runtime.tiers.first
+        assert first is not None, "this configuration has no answer tier"
+        return first
+
+    @property
+    def semantic(self) -> SemanticCacheTier:
+        """The registered L2 tier (its index, model and warm-up task)."""
+        tier = self.runtime.tiers.find(SemanticCacheTier)
+        assert tier is not None, "this configuration has no semantic tier"
+        return tier
+
+    @property
+    def demoter(self) -> Demoter:
+        """The cold tier's write-behind queue."""
+        tier = self.runtime.tiers.find(ColdTier)
+        assert tier is not None, "this configuration has no cold tier"
+        return tier.demoter
 
     def call(self, coro: Any) -> Any:
         """Run a coroutine on the proxy's loop from a test (e.g. inspect a tier)."""

@@ -16,7 +16,9 @@ from pathlib import Path
 import pytest
 
 from tiers.cold import ColdStore
+from tiers.invalidation_bus import InvalidationBus
 from tiers.memory import MemoryStore
+from tiers.near_cache import NearCachedStore
 from tiers.policies.lru import LRUPolicy
 from tiers.redis_store import RedisStore
 from tiers.storage import KeyValueStore, StoreStats
@@ -37,6 +39,8 @@ class Backend:
     store: KeyValueStore
     advance: Callable[[float], Awaitable[None]]
     exact_bytes: bool
+    close: Callable[[], Awaitable[None]] | None = None
+    """What else the backend runs (an invalidation bus), closed after the store."""
 
 
 def _clock_advancer(clock: FakeClock) -> Callable[[float], Awaitable[None]]:
@@ -63,10 +67,21 @@ async def _cold(request: pytest.FixtureRequest, tmp_path: Path) -> Backend:
     return Backend(store, _clock_advancer(clock), exact_bytes=False)
 
 
+async def _near(request: pytest.FixtureRequest, tmp_path: Path) -> Backend:
+    """Shared mode's L1: near copies in memory in front of Redis, kept coherent by the invalidation bus."""
+    url = request.getfixturevalue("redis_url")
+    bus = InvalidationBus(url, prefix="conformance")
+    assert await bus.start(), "the invalidation bus did not come up"
+    shared = RedisStore(url, prefix="conformance:l1", keep_evicted_s=31.0)
+    store = NearCachedStore(MemoryStore(LRUPolicy(1 << 30), max_entries=None), shared, bus, near_ttl_s=30.0)
+    return Backend(store, asyncio.sleep, exact_bytes=True, close=bus.stop)
+
+
 BACKENDS: dict[str, Callable[[pytest.FixtureRequest, Path], Awaitable[Backend]]] = {
     "memory": _memory,
     "redis": _redis,
     "cold": _cold,
+    "near+redis": _near,
 }
 
 
@@ -75,6 +90,8 @@ async def backend(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterat
     made = await BACKENDS[request.param](request, tmp_path)
     yield made
     await made.store.close()
+    if made.close is not None:
+        await made.close()
 
 
 async def test_is_a_key_value_store(backend: Backend) -> None:

@@ -36,6 +36,7 @@ from typing import Any
 import orjson
 
 from normalizer.search_request import Distance, SearchRequest, vector_metrics
+from tiers.latency import LatencyHistogram
 from tiers.memory import MemoryStore
 from tiers.policies.base import EvictionPolicy
 from tiers.policies.lru import LRUPolicy
@@ -104,8 +105,15 @@ class RetrievalCache:
         )
         self.ttl = ttl
         self._clock = clock
+        self.counts = {"hit": 0, "miss": 0}
+        """Searches (items of a batch) answered from the cache, and not."""
+        self.lookup_seconds = LatencyHistogram()
 
     # -- settings --------------------------------------------------------------------------------------------
+
+    def collections(self) -> list[str]:
+        """The collections that cached searches read (what a document invalidation without a collection visits)."""
+        return self.index.collections()
 
     def knows(self, collection: str) -> bool:
         """Whether the collection's metrics were learned (else fetch ``GET /collections/{c}`` once)."""
@@ -152,6 +160,9 @@ class RetrievalCache:
             plan.hits.clear()
             plan.cached.clear()
         plan.misses = batching.split([plan.cached.get(i) for i in range(len(request.items))]).misses
+        self.counts["hit"] += len(plan.hits)
+        self.counts["miss"] += len(request.items) - len(plan.hits)
+        self.lookup_seconds.observe(self._clock() - plan.started)
         return plan
 
     async def store(self, plan: SearchPlan, upstream: bytes | Mapping[str, Any], cost: float = 1.0) -> bytes | None:

@@ -109,6 +109,10 @@ class ProximityIndex:
         self._by_collection: dict[str, set[str]] = {}
         self._by_point: dict[tuple[str, PointId], set[str]] = {}
 
+    def collections(self) -> list[str]:
+        """The collections some cached search read."""
+        return list(self._by_collection)
+
     def __len__(self) -> int:
         return len(self._entries)
 

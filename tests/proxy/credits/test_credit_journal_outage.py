@@ -222,5 +222,5 @@ async def test_the_runtime_builds_a_journaled_store_and_exports_its_figures(tmp_
     assert "ragproxy_credit_journal_depth 1.0" in text
     assert 'ragproxy_credit_outage_admissions_total{result="refused"} 0.0' in text
     assert 'ragproxy_credit_journal_settlements_total{event="journaled",outcome=""} 0.0' in text
-    await components.close()  # the final drain settles it: the embedded store is up
+    await components.stop()  # the final drain settles it: the embedded store is up
     assert store.replayed == {"no_account": 1}

