@@ -21,6 +21,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, ValidationInfo, field_validator
 
+from proxy.kv.kinds import KINDS
 from tiers.redis_connect import check_url, is_sentinel
 
 ENV_PREFIX = "RAGPROXY_"
@@ -45,8 +46,9 @@ class LLMBackend(_Section):
 
     url: str = Field(description="Base URL without /v1, e.g. http://vllm:8000")
     name: str | None = Field(default=None, description="Label in metrics and admin; defaults to the URL")
-    kind: Literal["openai", "vllm", "sglang", "llamacpp"] = Field(
-        default="openai", description="Which prefix-cache hints the backend understands"
+    kind: str = Field(
+        default="openai", description=f"Which prefix-cache hints the backend understands: {', '.join(KINDS)} "
+        "(generic: none)"
     )
     api_key: SecretStr | None = Field(default=None, description="Key the proxy sends upstream (never the client's)")
     max_concurrency: int = Field(default=64, ge=1, description="Requests in flight to this replica at once")
@@ -58,6 +60,13 @@ class LLMBackend(_Section):
     def _url(cls, value: str) -> str:
         url = _http_url(value)
         return url[: -len("/v1")] if url.endswith("/v1") else url
+
+    @field_validator("kind")
+    @classmethod
+    def _kind(cls, value: str) -> str:
+        if value not in KINDS:
+            raise ValueError(f"allowed: {', '.join(KINDS)}")
+        return value
 
     @property
     def label(self) -> str:

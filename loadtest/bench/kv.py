@@ -65,7 +65,8 @@ from normalizer.documents import Document, render, render_document
 from proxy.context import Reply, RequestContext
 from proxy.kv.admission_queue import AdmissionQueue
 from proxy.kv.discovery import apply_slots, read_slots
-from proxy.kv.hints import BackendKind, SlotTable
+from proxy.kv.hints import SlotTable
+from proxy.kv.kinds import LLAMACPP
 from proxy.kv.order import OrderPolicy
 from proxy.kv.prefill import PrefillCoefficients, PrefillModel
 from proxy.kv.router import Router
@@ -282,7 +283,7 @@ async def proxy_samples(
     replicas = [
         Replica(
             index=i,
-            kind=BackendKind.LLAMACPP,
+            kind=LLAMACPP,
             tree=KnowledgeTree(slots * ctx_per_slot * 8, prefill=models[i]),
             prefill=models[i],
             queue=AdmissionQueue(limit=slots),

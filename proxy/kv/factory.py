@@ -7,7 +7,8 @@ from dataclasses import dataclass
 
 from proxy.config import Settings
 from proxy.kv.admission_queue import AdmissionQueue
-from proxy.kv.hints import BackendKind, SlotTable
+from proxy.kv.hints import SlotTable
+from proxy.kv.kinds import KINDS
 from proxy.kv.order import OrderPolicy, Popularity
 from proxy.kv.prefill import PrefillModel
 from proxy.kv.router import Router
@@ -31,7 +32,7 @@ class KVLayer:
 
     def summary(self) -> list[dict[str, object]]:
         """Per replica: knowledge-tree size and the queue, for /admin/backends."""
-        return [{"replica": r.index, "kind": r.kind.value, "tree_tokens": r.tree.size_tokens,
+        return [{"replica": r.index, "kind": r.kind.name, "tree_tokens": r.tree.size_tokens,
                  "tree_capacity_tokens": r.tree.capacity_tokens, "queued": r.queue.waiting,
                  "in_flight": r.queue.active} for r in self.replicas]
 
@@ -43,14 +44,14 @@ def build_kv(settings: Settings, pool: BackendPool) -> KVLayer | None:
     replicas: list[Replica] = []
     for index, backend in enumerate(settings.upstreams.llm):
         prefill = PrefillModel()
-        kind = BackendKind(backend.kind)
+        kind = KINDS[backend.kind]
         replicas.append(Replica(
             index=index, kind=kind, prefill=prefill,
             tree=KnowledgeTree(backend.kv_capacity_tokens, prefill=prefill),
             queue=AdmissionQueue(backend.max_concurrency, starvation_window_s=routing.starvation_window_s,
                                  max_wait_s=routing.queue_max_wait_s),
             slots=SlotTable(backend.slots, prompt_cache=routing.llama_prompt_cache)
-            if kind is BackendKind.LLAMACPP else None,
+            if kind.tracks_slots else None,
         ))
     router = Router([r.prefill for r in replicas], ttft_slo_s=routing.ttft_slo_s,
                     parallelism=[b.slots for b in settings.upstreams.llm],

@@ -1,10 +1,11 @@
 """Hints to the backend about prefix reuse, and reading back what the backend reused.
 
-What each backend kind gets (body fields are merged into the upstream JSON body; headers go on the upstream
-request):
+What each backend kind gets in the body is its adapter's (:mod:`proxy.kv.kinds`); every kind gets the headers
+``X-Prefix-Docs`` (comma-separated doc ids of the prefix, in order) and ``X-Prefix-Hash`` (hash of the path), for
+routers and gateways that understand them (:func:`proxy.kv.kinds.base.build_hints`):
 
 ==============  ==========================================================================================
-kind            hint
+kind            body hint
 ==============  ==========================================================================================
 ``llamacpp``    ``cache_prompt: true``; ``id_slot`` only for servers without a host-memory prompt cache
                 (:class:`SlotTable` explains why); ``n_cache_reuse`` under the ``shift`` order policy
@@ -12,8 +13,7 @@ kind            hint
 ``vllm``        ``cache_salt`` = hash of the tenant: prefix-cache isolation between tenants
 ``sglang``      same as ``vllm``
 ``openai``      ``prompt_cache_key`` = hash of the tree path (system prompt key + documents in order)
-all kinds       headers ``X-Prefix-Docs`` (comma-separated doc ids of the prefix, in order) and
-                ``X-Prefix-Hash`` (hash of the path), for routers and gateways that understand them
+``generic``     nothing (any other OpenAI-compatible server)
 ==============  ==========================================================================================
 
 Read back: :func:`reported_cached_tokens` takes a reply body (or the last SSE events of a stream) and returns
@@ -30,21 +30,12 @@ import hashlib
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from enum import Enum
 from typing import Any
 
 import orjson
 
 from proxy.kv.tree import Segment
 from proxy.sse import last_json_events
-
-
-class BackendKind(Enum):
-    LLAMACPP = "llamacpp"
-    VLLM = "vllm"
-    SGLANG = "sglang"
-    OPENAI = "openai"
-    GENERIC = "generic"
 
 
 def prefix_hashes(keys: Sequence[str]) -> list[str]:
@@ -64,51 +55,10 @@ def path_hash(keys: Sequence[str]) -> str:
     return hashlib.blake2b("\x1f".join(keys).encode("utf-8"), digest_size=16).hexdigest()
 
 
-def tenant_salt(tenant: str, secret: str = "") -> str:
-    return hashlib.blake2b(f"{secret}\x1f{tenant}".encode(), digest_size=16).hexdigest()
-
-
 @dataclass(slots=True)  # not frozen: built per request, and frozen fields cost about 5 times more to set
 class Hints:
     body: dict[str, Any] = field(default_factory=dict)
     headers: dict[str, str] = field(default_factory=dict)
-
-
-def build_hints(
-    kind: BackendKind,
-    path: Sequence[Segment],
-    *,
-    document_keys: Sequence[str] = (),
-    tenant: str = "anonymous",
-    slot: int | None = None,
-    salt_secret: str = "",
-    shift_min_tokens: int = 0,
-) -> Hints:
-    """Hints for a request whose prompt prefix is ``path`` (system prompt segment, then documents).
-
-    An empty ``path`` (a single message, nothing before it) has no prefix to name: no ``prompt_cache_key`` and no
-    ``X-Prefix-*`` headers — one key shared by every one-message prompt would send them all to one cache
-    machine of a hosted API. Isolation (``cache_salt``) and llama.cpp's slot hints still apply.
-    ``shift_min_tokens`` > 0 lets a llama.cpp server also reuse cached runs of at least that many tokens outside
-    the common prefix (``n_cache_reuse``)."""
-    body: dict[str, Any] = {}
-    if kind is BackendKind.LLAMACPP:
-        body["cache_prompt"] = True
-        if slot is not None:
-            body["id_slot"] = slot
-        if shift_min_tokens > 0:
-            body["n_cache_reuse"] = shift_min_tokens
-    elif kind in (BackendKind.VLLM, BackendKind.SGLANG):
-        body["cache_salt"] = tenant_salt(tenant, salt_secret)
-    if not path:
-        return Hints(body=body)
-    digest = path_hash([s.key for s in path])
-    if kind is BackendKind.OPENAI:
-        body["prompt_cache_key"] = digest
-    headers = {"X-Prefix-Hash": digest}
-    if document_keys:
-        headers["X-Prefix-Docs"] = ",".join(document_keys)
-    return Hints(body=body, headers=headers)
 
 
 @dataclass(frozen=True, slots=True)

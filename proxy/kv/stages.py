@@ -47,17 +47,8 @@ from proxy.context import Reply, RequestContext
 from proxy.errors import ProxyError
 from proxy.kv.admission_queue import AdmissionQueue, DeadlineExceeded
 from proxy.kv.discovery import apply_slots, read_slots
-from proxy.kv.hints import (
-    BackendKind,
-    SlotTable,
-    build_hints,
-    prefix_hashes,
-    reply_objects,
-    reported_cached_tokens,
-    reported_prefill,
-    reported_prompt_tokens,
-    reports_cache,
-)
+from proxy.kv.hints import SlotTable, prefix_hashes, reply_objects, reports_cache
+from proxy.kv.kinds import BackendKind, build_hints
 from proxy.kv.order import OrderPolicy, Popularity, order_documents, shift_reusable_tokens
 from proxy.kv.plan import PromptPlan, plan_request
 from proxy.kv.prefill import PrefillModel
@@ -223,7 +214,7 @@ class Route:
         if backend_objects is not None and len(backend_objects) != len(replicas):
             raise ValueError("one backend object per replica")
         self.backend_objects = list(backend_objects) if backend_objects is not None else None
-        self._undiscovered = {r.index for r in replicas if r.kind is BackendKind.LLAMACPP and r.slots is not None}
+        self._undiscovered = {r.index for r in replicas if r.kind.tracks_slots and r.slots is not None}
         self._next_discovery = 0.0
         self._discovery: asyncio.Task[None] | None = None
         self.shared: SharedPrefixes | None = None
@@ -232,7 +223,7 @@ class Route:
         self.salt_secret = salt_secret
         only = self.replicas[0]
         self._fixed = (len(self.replicas) == 1 and not router.tracks_load and only.slots is None
-                       and only.kind in _UNHINTED_WITHOUT_PREFIX and not expose_headers)
+                       and not build_hints(only.kind, (), tenant="").body and not expose_headers)
         """Whether a prompt without a prefix has a known route (:meth:`_fixed_route`)."""
 
     def route(self, ctx: RequestContext) -> RoutedRequest | None:
@@ -309,11 +300,11 @@ class Route:
         replica = self.replicas[routed.replica]
         if not body or not reports_cache(body):
             return
-        objects = reply_objects(body)  # parsed once for the three readers
+        report = replica.kind.report(reply_objects(body))  # parsed once for the kind's readers
         # the tree and the prefill model count estimated tokens; the backend reports its own
-        backend_total = reported_prompt_tokens(objects)
+        backend_total = report.prompt_tokens
         scale = routed.total_tokens / backend_total if backend_total and routed.total_tokens else 1.0
-        cached = reported_cached_tokens(objects)
+        cached = report.cached_tokens
         if cached is not None:
             expected = routed.slot_match if routed.slot_match is not None else routed.predicted
             prefix_cached = round(cached * scale)
@@ -321,9 +312,8 @@ class Route:
                 prefix_cached = min(prefix_cached, expected.tokens)
             replica.tree.correct(routed.path, prefix_cached, expected)
             ctx.reported_cached_tokens = cached
-        prefill = reported_prefill(objects)
-        if prefill is not None:
-            prompt_n, cache_n, prompt_ms = prefill
+        if report.prefill is not None:
+            prompt_n, cache_n, prompt_ms = report.prefill
             replica.prefill.observe(round(prompt_n * scale), round(cache_n * scale), prompt_ms / 1000)
 
     async def discover(self, timeout_s: float = 2.0) -> None:
@@ -420,14 +410,10 @@ class Route:
         return reply
 
 
-_UNHINTED_WITHOUT_PREFIX = frozenset({BackendKind.OPENAI, BackendKind.GENERIC})
-"""Kinds that :func:`build_hints` gives nothing for an empty path (vLLM and SGLang get a salt, llama.cpp its
-cache flags)."""
-
-
 def _shifts(replica: Replica, policy: OrderPolicy | None) -> bool:
-    """Whether the replica is asked to reuse cached chunks outside the prefix (only llama.cpp can)."""
-    return policy is OrderPolicy.SHIFT and replica.kind is BackendKind.LLAMACPP
+    """Whether the replica is asked to reuse cached chunks outside the prefix (only a server whose slots the proxy
+    follows can: llama.cpp)."""
+    return policy is OrderPolicy.SHIFT and replica.kind.tracks_slots
 
 
 def _prefix_match(path: Sequence[Segment], tokens: int) -> Match:

@@ -5,52 +5,47 @@ from __future__ import annotations
 import itertools
 
 import orjson
+import pytest
 
-from proxy.kv.hints import (
-    BackendKind,
-    SlotTable,
-    build_hints,
-    capacity_from_slots,
-    path_hash,
-    reported_cached_tokens,
-    reported_prefill,
-)
+from proxy.config import ConfigError, load_settings
+from proxy.kv.hints import SlotTable, capacity_from_slots, path_hash, reported_cached_tokens, reported_prefill
+from proxy.kv.kinds import GENERIC, KINDS, LLAMACPP, OPENAI, SGLANG, VLLM, build_hints
 from proxy.kv.tree import Segment
 
 PATH = [Segment("p:s", 10), Segment("d1", 100), Segment("d2", 100)]
 
 
 def test_llamacpp_gets_cache_prompt_and_slot() -> None:
-    hints = build_hints(BackendKind.LLAMACPP, PATH, document_keys=["d1", "d2"], slot=2)
+    hints = build_hints(LLAMACPP, PATH, document_keys=["d1", "d2"], slot=2)
     assert hints.body == {"cache_prompt": True, "id_slot": 2}
     assert hints.headers == {"X-Prefix-Hash": path_hash(["p:s", "d1", "d2"]), "X-Prefix-Docs": "d1,d2"}
 
 
 def test_shift_asks_llamacpp_to_reuse_chunks_outside_the_prefix_and_nobody_else() -> None:
-    assert build_hints(BackendKind.LLAMACPP, PATH, shift_min_tokens=64).body == {
+    assert build_hints(LLAMACPP, PATH, shift_min_tokens=64).body == {
         "cache_prompt": True, "n_cache_reuse": 64}
-    for kind in (BackendKind.VLLM, BackendKind.SGLANG, BackendKind.OPENAI, BackendKind.GENERIC):
+    for kind in (VLLM, SGLANG, OPENAI, GENERIC):
         assert "n_cache_reuse" not in build_hints(kind, PATH, shift_min_tokens=64).body
 
 
 def test_vllm_and_sglang_get_a_per_tenant_salt() -> None:
-    a = build_hints(BackendKind.VLLM, PATH, tenant="a").body["cache_salt"]
-    b = build_hints(BackendKind.SGLANG, PATH, tenant="b").body["cache_salt"]
-    assert a != b and a == build_hints(BackendKind.SGLANG, PATH, tenant="a").body["cache_salt"]
+    a = build_hints(VLLM, PATH, tenant="a").body["cache_salt"]
+    b = build_hints(SGLANG, PATH, tenant="b").body["cache_salt"]
+    assert a != b and a == build_hints(SGLANG, PATH, tenant="a").body["cache_salt"]
 
 
 def test_openai_gets_a_prompt_cache_key_from_the_path() -> None:
-    key = build_hints(BackendKind.OPENAI, PATH).body["prompt_cache_key"]
+    key = build_hints(OPENAI, PATH).body["prompt_cache_key"]
     assert key == path_hash(["p:s", "d1", "d2"])
-    assert key != build_hints(BackendKind.OPENAI, [PATH[0], PATH[2], PATH[1]]).body["prompt_cache_key"]
+    assert key != build_hints(OPENAI, [PATH[0], PATH[2], PATH[1]]).body["prompt_cache_key"]
 
 
 def test_an_empty_path_names_no_prefix_but_keeps_isolation_and_slot_hints() -> None:
-    assert build_hints(BackendKind.OPENAI, []).body == {}
-    assert build_hints(BackendKind.OPENAI, []).headers == {}
-    assert build_hints(BackendKind.LLAMACPP, [], slot=1).body == {"cache_prompt": True, "id_slot": 1}
-    salted = build_hints(BackendKind.VLLM, [], tenant="a").body["cache_salt"]
-    assert salted == build_hints(BackendKind.VLLM, PATH, tenant="a").body["cache_salt"]
+    assert build_hints(OPENAI, []).body == {}
+    assert build_hints(OPENAI, []).headers == {}
+    assert build_hints(LLAMACPP, [], slot=1).body == {"cache_prompt": True, "id_slot": 1}
+    salted = build_hints(VLLM, [], tenant="a").body["cache_salt"]
+    assert salted == build_hints(VLLM, PATH, tenant="a").body["cache_salt"]
 
 
 def test_slot_table_picks_longest_prefix_then_least_recently_used_idle_slot() -> None:
@@ -81,3 +76,15 @@ def test_reads_cached_tokens_from_openai_usage_llamacpp_timings_and_streams() ->
 
 def test_capacity_from_llamacpp_slots() -> None:
     assert capacity_from_slots([{"id": 0, "n_ctx": 4096}, {"id": 1, "n_ctx": 4096}]) == (2, 8192)
+
+
+def test_every_configurable_kind_is_an_adapter_and_generic_gets_no_body_hints() -> None:
+    assert set(KINDS) == {"openai", "vllm", "sglang", "llamacpp", "generic"}
+    assert all(KINDS[name].name == name for name in KINDS)
+    assert build_hints(GENERIC, PATH, tenant="a", slot=1, shift_min_tokens=64).body == {}
+    assert build_hints(GENERIC, PATH).headers["X-Prefix-Hash"] == path_hash(["p:s", "d1", "d2"])
+    assert [name for name, kind in KINDS.items() if kind.tracks_slots] == ["llamacpp"]
+    settings = load_settings(env={}, overrides={"upstreams.llm": [{"url": "http://gateway:8000", "kind": "generic"}]})
+    assert settings.upstreams.llm[0].kind == "generic"
+    with pytest.raises(ConfigError, match="allowed: openai, vllm, sglang, llamacpp, generic"):
+        load_settings(env={}, overrides={"upstreams.llm": [{"url": "http://x:1", "kind": "tgi"}]})

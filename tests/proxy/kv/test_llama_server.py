@@ -17,7 +17,8 @@ import pytest
 from loadtest.bench.kv import Servers, make_workload
 from proxy.context import Reply, RequestContext
 from proxy.kv.admission_queue import AdmissionQueue
-from proxy.kv.hints import BackendKind, SlotTable
+from proxy.kv.hints import SlotTable
+from proxy.kv.kinds import LLAMACPP
 from proxy.kv.order import OrderPolicy
 from proxy.kv.prefill import PrefillModel
 from proxy.kv.router import Router
@@ -49,7 +50,7 @@ class Asker:
     def __init__(self, url: str, client: httpx.AsyncClient, policy: OrderPolicy, system: str) -> None:
         model = PrefillModel()
         replica = Replica(
-            0, BackendKind.LLAMACPP, KnowledgeTree(16_000, prefill=model), model, AdmissionQueue(2), SlotTable(2)
+            0, LLAMACPP, KnowledgeTree(16_000, prefill=model), model, AdmissionQueue(2), SlotTable(2)
         )
         self.url, self.client, self.system = url, client, system
         self.sent: list[dict[str, Any]] = []

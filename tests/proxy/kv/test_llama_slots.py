@@ -24,7 +24,8 @@ from loadtest.bench.kv import Servers, make_workload
 from proxy.context import Reply, RequestContext
 from proxy.kv.admission_queue import AdmissionQueue
 from proxy.kv.discovery import apply_slots, read_slots
-from proxy.kv.hints import BackendKind, SlotTable
+from proxy.kv.hints import SlotTable
+from proxy.kv.kinds import LLAMACPP
 from proxy.kv.order import OrderPolicy
 from proxy.kv.prefill import PrefillModel
 from proxy.kv.router import Router
@@ -54,7 +55,7 @@ async def run_sequence(url: str, *, pinned: bool) -> list[dict[str, Any]]:
     work = make_workload(docs=10, requests=1, doc_words=120, seed=5)
     model = PrefillModel()
     slots = SlotTable(1, prompt_cache=not pinned)
-    replica = Replica(0, BackendKind.LLAMACPP, KnowledgeTree(100_000, prefill=model), model, AdmissionQueue(1), slots)
+    replica = Replica(0, LLAMACPP, KnowledgeTree(100_000, prefill=model), model, AdmissionQueue(1), slots)
     router = Router([model], ttft_slo_s=None)
     async with aiohttp.ClientSession() as session:
         answer = await read_slots(session, url, {})

@@ -11,7 +11,8 @@ import pytest
 from proxy.context import Reply, RequestContext
 from proxy.errors import ProxyError
 from proxy.kv.admission_queue import AdmissionQueue, CacheAwareOrder, DeadlineExceeded
-from proxy.kv.hints import BackendKind, SlotTable
+from proxy.kv.hints import SlotTable
+from proxy.kv.kinds import LLAMACPP
 from proxy.kv.order import OrderPolicy
 from proxy.kv.prefill import PrefillCoefficients, PrefillModel
 from proxy.kv.router import Candidate, RouteDecision, Router
@@ -148,7 +149,7 @@ def test_retract_keeps_nodes_a_later_request_used() -> None:
 
 async def test_a_request_that_cannot_start_in_time_is_a_429_and_leaves_no_trace() -> None:
     model = PrefillModel(PrefillCoefficients(0.0, 0.000001, 0.0))  # estimates far below the SLO
-    replica = Replica(0, BackendKind.LLAMACPP, KnowledgeTree(100_000, prefill=model), model,
+    replica = Replica(0, LLAMACPP, KnowledgeTree(100_000, prefill=model), model,
                       AdmissionQueue(limit=1), SlotTable(1))
     router = Router([model], ttft_slo_s=0.1)
     release = asyncio.Event()

@@ -15,7 +15,8 @@ from aiohttp.test_utils import TestServer
 from proxy.context import Reply, RequestContext
 from proxy.kv.admission_queue import AdmissionQueue
 from proxy.kv.discovery import apply_slots, read_slots
-from proxy.kv.hints import BackendKind, SlotTable
+from proxy.kv.hints import SlotTable
+from proxy.kv.kinds import LLAMACPP
 from proxy.kv.order import OrderPolicy
 from proxy.kv.prefill import PrefillCoefficients, PrefillModel
 from proxy.kv.router import ReplicaLoad, Router
@@ -167,7 +168,7 @@ async def test_route_reads_slots_of_llamacpp_backends_in_the_background() -> Non
             return {}
 
     model = PrefillModel()
-    replica = Replica(0, BackendKind.LLAMACPP, KnowledgeTree(10_000, prefill=model), model, AdmissionQueue(2),
+    replica = Replica(0, LLAMACPP, KnowledgeTree(10_000, prefill=model), model, AdmissionQueue(2),
                       SlotTable(1))
     router = Router([model], ttft_slo_s=None)
     route = Route([replica], router, backend_objects=[Backend()])
@@ -200,7 +201,7 @@ class TwiceAsManyTokens:
 async def test_reports_in_backend_tokens_are_converted_before_correcting_the_tree() -> None:
     model = PrefillModel(PrefillCoefficients(0.0, 0.0001, 0.0))
     tree = KnowledgeTree(100_000, prefill=model, grow_factor=2.0)
-    replica = Replica(0, BackendKind.LLAMACPP, tree, model, AdmissionQueue(2), SlotTable(2))
+    replica = Replica(0, LLAMACPP, tree, model, AdmissionQueue(2), SlotTable(2))
     route = Route([replica], Router([model], ttft_slo_s=None))
     pipeline = Pipeline([ReadPrompt(None), Shape([replica], default_policy=OrderPolicy.REUSE), route],
                         TwiceAsManyTokens(route))

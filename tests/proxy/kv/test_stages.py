@@ -13,7 +13,8 @@ from normalizer.documents import DocumentRegistry, read_prompt
 from proxy.context import Reply, RequestContext
 from proxy.errors import ProxyError
 from proxy.kv.admission_queue import AdmissionQueue
-from proxy.kv.hints import BackendKind, SlotTable
+from proxy.kv.hints import SlotTable
+from proxy.kv.kinds import GENERIC, LLAMACPP, OPENAI, SGLANG, VLLM, BackendKind
 from proxy.kv.order import OrderPolicy
 from proxy.kv.prefill import PrefillCoefficients, PrefillModel
 from proxy.kv.router import Router
@@ -32,7 +33,7 @@ def replicas(n: int, slo: float | None = None) -> tuple[list[Replica], Router]:
     reps = [
         Replica(
             i,
-            BackendKind.LLAMACPP,
+            LLAMACPP,
             KnowledgeTree(100_000, prefill=m, clock=clock),
             m,
             AdmissionQueue(2),
@@ -189,7 +190,7 @@ async def test_reuse_beyond_the_prefix_grows_the_tree_only_when_nothing_was_shif
 
 async def test_a_one_message_prompt_keeps_its_bytes_and_a_system_prompt_names_its_prefix() -> None:
     model = PrefillModel(PrefillCoefficients(0.0, 0.0001, 0.0))
-    replica = Replica(0, BackendKind.OPENAI, KnowledgeTree(100_000, prefill=model), model, AdmissionQueue(2), None)
+    replica = Replica(0, OPENAI, KnowledgeTree(100_000, prefill=model), model, AdmissionQueue(2), None)
     sent: list[RequestContext] = []
 
     async def backend(ctx: RequestContext) -> Reply:
@@ -215,7 +216,7 @@ async def test_a_one_message_prompt_keeps_its_bytes_and_a_system_prompt_names_it
     assert replica.tree.node_count == 1
 
 
-@pytest.mark.parametrize("kind", [BackendKind.OPENAI, BackendKind.GENERIC])
+@pytest.mark.parametrize("kind", [OPENAI, GENERIC])
 async def test_a_one_message_prompt_to_the_only_replica_routes_as_the_full_decision_would(kind: BackendKind) -> None:
     model = PrefillModel(PrefillCoefficients(0.01, 0.0001, 0.0))
     replica = Replica(0, kind, KnowledgeTree(100_000, prefill=model), model, AdmissionQueue(2))
@@ -239,8 +240,8 @@ def test_the_fixed_route_is_only_taken_where_nothing_is_left_to_decide() -> None
         reps = [Replica(i, kind, KnowledgeTree(1000, prefill=m), m, AdmissionQueue(2)) for i, m in enumerate(models)]
         return Route(reps, Router(models, ttft_slo_s=slo), expose_headers=expose)._fixed
 
-    assert fixed(BackendKind.OPENAI) and fixed(BackendKind.GENERIC)
-    assert not fixed(BackendKind.VLLM) and not fixed(BackendKind.SGLANG) and not fixed(BackendKind.LLAMACPP)
-    assert not fixed(BackendKind.OPENAI, n=2)
-    assert not fixed(BackendKind.OPENAI, slo=1.0)
-    assert not fixed(BackendKind.OPENAI, expose=True)
+    assert fixed(OPENAI) and fixed(GENERIC)
+    assert not fixed(VLLM) and not fixed(SGLANG) and not fixed(LLAMACPP)
+    assert not fixed(OPENAI, n=2)
+    assert not fixed(OPENAI, slo=1.0)
+    assert not fixed(OPENAI, expose=True)
