@@ -11,6 +11,7 @@ from proxy.pipeline import Stage
 from proxy.shared import SharedMode
 from proxy.stages.tiers import WriteBehind
 from tiers.latency import LatencyHistogram
+from tiers.memory import MemoryStore
 from tiers.response_tier import ResponseTier
 
 T = TypeVar("T")
@@ -116,10 +117,15 @@ async def answers_report(answers: ResponseTier) -> dict[str, Any]:
     size = await answers.stats()
     c = answers.counters
     lookups = c.hits + c.misses
-    return {"entries": size.entries, "bytes": size.bytes,
-            "lookups": {"hits": c.hits, "misses": c.misses, "stores": c.stores, "rejected": c.rejected,
-                        "errors": c.errors, "corrupt": c.corrupt},
-            "hit_ratio": round(c.hits / lookups, 6) if lookups else 0.0}
+    report: dict[str, Any] = {
+        "entries": size.entries, "bytes": size.bytes,
+        "lookups": {"hits": c.hits, "misses": c.misses, "stores": c.stores, "rejected": c.rejected,
+                    "errors": c.errors, "corrupt": c.corrupt, "skipped": c.skipped},
+        "hit_ratio": round(c.hits / lookups, 6) if lookups else 0.0,
+        "breaker": {"state": answers.breaker.state.value, "opened": answers.breaker.opened_count}}
+    if isinstance(answers.store, MemoryStore):
+        report["expired"] = answers.store.expirations
+    return report
 
 
 def build_tiers(builders: Sequence[Builder], settings: Settings, shared: SharedMode | None,

@@ -47,6 +47,12 @@ class ColdTier(ExactTier):
         await self.demoter.stop()
         await self.store.close()
 
+    async def report(self) -> dict[str, Any]:
+        demoter = self.demoter
+        return {**await super().report(), "write_behind": {
+            "offered": demoter.offered, "written": demoter.demoted, "dropped": demoter.dropped,
+            "failed": demoter.failed}}
+
 
 def build(b: Build) -> CacheTier | Off:
     cache = b.settings.cache

@@ -53,7 +53,9 @@ class CreditComponents:
             self.reaper.start()
 
     def register_metrics(self, metrics: Metrics) -> None:
-        """Export the journal's depth and the outage counters (read at scrape time)."""
+        """Export the reaped reservations, the journal's depth and the outage counters (read at scrape time)."""
+        if self.reaper is not None:
+            metrics.registry.register(_ReapedReservations(self.reaper))
         journaled = self.journaled
         if journaled is None:
             return
@@ -123,6 +125,17 @@ def build_credits(settings: Settings) -> CreditComponents:
         store = JournaledCreditStore(store, journal, OutageAllowance(to_micro(settings.credits.outage_allowance)))
         replayer = JournalReplayer(store, interval_s=settings.credits.journal_replay_interval_s)
     return CreditComponents(keys=keys, store=store, prices=price_book(settings), reaper=reaper, replayer=replayer)
+
+
+class _ReapedReservations(Collector):
+    """Reservations whose settlement never came (a dead proxy's), given back by the reaper."""
+
+    def __init__(self, reaper: ReservationReaper) -> None:
+        self.reaper = reaper
+
+    def collect(self) -> Iterable[CounterMetricFamily]:
+        yield CounterMetricFamily("ragproxy_credit_reservations_reaped", "Expired reservations given back",
+                                  value=self.reaper.reaped)
 
 
 class _OutageCounters(Collector):

@@ -217,7 +217,10 @@ def test_cold_tier_is_listed_invalidated_and_flushed(tiered_proxy: ProxyServer) 
         time.sleep(0.1)
     assert all(e["tiers"] == ["l1", "l3"] for e in admin.get("/admin/entries").json()["entries"])
     assert admin.get("/admin/entries", params={"tier": "l3"}).json()["entries"]
-    assert set(admin.get("/admin/stats").json()["tiers"]) >= {"l1", "l3"}
+    tiers = admin.get("/admin/stats").json()["tiers"]
+    assert list(tiers) == ["l1", "l3", "retrieval"], "every registered tier, in lookup order"
+    assert tiers["l3"]["write_behind"] == {"offered": 2, "written": 2, "dropped": 0, "failed": 0}
+    assert tiers["l1"]["breaker"] == {"state": "closed", "opened": 0} and tiers["l1"]["expired"] == 0
     result = admin.post("/admin/invalidate", json={"namespace": "c"}).json()
     assert result["removed"] == {"l1": 1, "l3": 1}
     assert status(ask(tiered_proxy, "cold", namespace="c")) == "MISS"
