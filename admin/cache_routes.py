@@ -98,6 +98,11 @@ async def tier_report(rt: Runtime) -> dict[str, dict[str, Any]]:
         s = semantic.stats
         report["semantic"] = {"lookups": s.lookups, "hits": s.hits, "below_threshold": s.below_threshold,
                               "vetoes": dict(s.vetoes), "served": served.get("l2", served.get("semantic", {}))}
+        calibrator = getattr(semantic, "calibrator", None)
+        if calibrator is not None:
+            report["semantic"].update({"max_wrong_hit_rate": calibrator.target, "verified": s.verified,
+                                       "compared": s.compared, "disagreed": s.disagreed,
+                                       "namespaces": calibrator.report()})
     return report
 
 

