@@ -13,7 +13,8 @@ Estimate at threshold ``t`` in a namespace (a Beta-style blend of a prior curve 
   answer of that question (free: the request is forwarded anyway); and a share ``verify_fraction`` of would-be hits
   is forwarded instead of served and compared the same way. Each comparison is one observation ``(score, agreed)``.
 
-The threshold is the lowest point of :data:`GRID` whose estimate is within the target; when none is, the namespace
+The threshold is the lowest point of :data:`GRID` whose estimate is within the target (and that the prior allows or
+the namespace observed at least :data:`MIN_EVIDENCE` times: no extrapolation below evidence); else the namespace
 serves no semantic hits (a miss costs money, a wrong answer costs trust) and reports the estimate at the strictest
 point. Namespaces are tracked in an LRU of :data:`MAX_NAMESPACES`. Pure: no I/O; the answer comparison that needs an
 embedding lives in :class:`tiers.semantic.SemanticTier`.
@@ -38,6 +39,9 @@ numbers+dates+entities (``ragproxy calibrate --half calibration --curve``)."""
 
 PRIOR_WEIGHT = 20.0
 """How many observations the prior counts for: a namespace's own evidence outweighs it after a few dozen."""
+
+MIN_EVIDENCE = 5
+"""Observations a grid cell needs before the namespace's own evidence may set the threshold there."""
 
 MAX_NAMESPACES = 4096
 UNREACHABLE = 1.01
@@ -85,11 +89,13 @@ def estimates(evidence: Evidence | None, prior: tuple[float, ...] = PRIOR_WRONG_
 
 
 def choose_threshold(target: float, evidence: Evidence | None) -> tuple[float, float]:
-    """(threshold, estimated wrong-hit share there): the lowest grid point within ``target``, else
-    (:data:`UNREACHABLE`, the estimate at the strictest point)."""
+    """(threshold, estimated wrong-hit share there): the lowest grid point within ``target`` that the prior alone
+    allows or where the namespace has at least :data:`MIN_EVIDENCE` observations of its own (the estimate never
+    extrapolates below what was observed), else (:data:`UNREACHABLE`, the estimate at the strictest point)."""
     shares = estimates(evidence)
-    for threshold, share in zip(GRID, shares, strict=True):
-        if share <= target:
+    for cell, (threshold, share) in enumerate(zip(GRID, shares, strict=True)):
+        observed = evidence.observed[cell] if evidence is not None else 0
+        if share <= target and (PRIOR_WRONG_SHARE[cell] <= target or observed >= MIN_EVIDENCE):
             return threshold, share
     return UNREACHABLE, shares[-1]
 

@@ -147,8 +147,14 @@ def int8_model_path(cache_dir: Path, model_dir: Path | None = None) -> Path:
         onnx.save_model(graph, str(fp32))
         int8 = Path(work) / "int8.onnx"
         activations_only = [n.name for n in graph.graph.node if n.name.endswith(("qk", "ctx4"))]
-        quantize_dynamic(str(fp32), str(int8), weight_type=QuantType.QInt8, per_channel=True,
-                         nodes_to_exclude=activations_only)
+        root = logging.getLogger()
+        level = root.level
+        root.setLevel(logging.ERROR)  # the quantizer advises "pre-processing" through the root logger
+        try:
+            quantize_dynamic(str(fp32), str(int8), weight_type=QuantType.QInt8, per_channel=True,
+                             nodes_to_exclude=activations_only)
+        finally:
+            root.setLevel(level)
         os.replace(int8, target)
     log.info("built the int8 embedding graph %s", target)
     return target
