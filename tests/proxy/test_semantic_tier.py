@@ -27,7 +27,8 @@ def _ask(server: ProxyServer, question: str, system: str = "Answer from the docu
 
 @pytest.fixture
 def semantic_proxy(fake_llm_thread: FakeLLM, tmp_path: Path) -> Iterator[ProxyServer]:
-    settings = proxy_settings(fake_llm_thread.url, **{"cache.l2.enabled": True, "data_dir": str(tmp_path)})
+    settings = proxy_settings(fake_llm_thread.url, **{"cache.l2.enabled": True, "cache.l2.threshold": 0.8,
+                                                      "data_dir": str(tmp_path)})
     with ProxyServer(settings) as server:
         _model_loaded(server)
         yield server
@@ -74,7 +75,7 @@ def test_context_must_match_exactly(fake_llm_thread: FakeLLM, semantic_proxy: Pr
 
 
 def test_index_survives_restart(fake_llm_thread: FakeLLM, tmp_path: Path) -> None:
-    overrides = {"cache.l2.enabled": True, "data_dir": str(tmp_path)}
+    overrides = {"cache.l2.enabled": True, "cache.l2.threshold": 0.8, "data_dir": str(tmp_path)}
     with ProxyServer(proxy_settings(fake_llm_thread.url, **overrides)) as first:
         _model_loaded(first)
         _ask(first, "how many moons does mars have")
@@ -91,7 +92,7 @@ def test_cold_tier_answers_when_the_semantic_index_lost_the_question(fake_llm_th
     """L3 keeps each entry's question vector: an L2 miss (here: the index was lost) still finds the answer there."""
     import shutil
 
-    overrides = {"cache.l2.enabled": True, "data_dir": str(tmp_path)}
+    overrides = {"cache.l2.enabled": True, "cache.l2.threshold": 0.8, "data_dir": str(tmp_path)}
     with ProxyServer(proxy_settings(fake_llm_thread.url, **overrides)) as first:
         _model_loaded(first)
         original = _ask(first, "what is the boiling point of ethanol")
