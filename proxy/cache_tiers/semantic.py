@@ -80,7 +80,9 @@ class SemanticCacheTier:
     async def report(self) -> dict[str, Any]:
         s = self.semantic.stats
         return {"lookups": s.lookups, "hits": s.hits, "below_threshold": s.below_threshold, "errors": s.errors,
-                "vetoes": dict(s.vetoes)}
+                "vetoes": dict(s.vetoes), "max_wrong_hit_rate": self.semantic.calibrator.target,
+                "verified": s.verified, "compared": s.compared, "disagreed": s.disagreed,
+                "namespaces": self.semantic.calibrator.report()}
 
     def lookup_stats(self) -> LookupStats:
         s = self.semantic.stats

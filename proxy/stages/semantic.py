@@ -24,12 +24,12 @@ from dataclasses import dataclass
 
 from normalizer.canonical_json import CanonicalizationError
 from normalizer.signature import context_signature, final_question
-from proxy.context import Reply, RequestContext
+from proxy.context import FinishCallback, Reply, RequestContext
 from proxy.pipeline import Next
 from proxy.stages.tiers import entry_tags, hit_reply
 from tiers.embedders.base import FloatArray
 from tiers.response_tier import ResponseTier
-from tiers.semantic import SemanticScope, SemanticTier
+from tiers.semantic import SemanticMatch, SemanticScope, SemanticTier, answer_text
 
 log = logging.getLogger("ragproxy.semantic")
 
@@ -82,13 +82,16 @@ class SemanticLookup:
             return await call_next(ctx)
         where = SemanticScope(scope.tenant, scope.namespace, scope.user)
         query = ctx.semantic = SemanticQuery(question, where, signature.digest, signature_tag(where, signature.digest))
+        probe: SemanticMatch | None = None
         if policy.may_read:
-            reply = await self._lookup(ctx, query, key)
+            reply, probe = await self._lookup(ctx, query, key)
             if reply is None and self.cold is not None:
                 reply = await self._lookup_cold(ctx, query, key)
             if reply is not None:
                 return reply
         reply = await call_next(ctx)
+        if probe is not None:
+            reply.on_finish(self._comparison(where.namespace, probe))
         if policy.may_store and not ctx.follower:
             async def learn(done: Reply, ok: bool, body_bytes: bytes) -> None:
                 if ok and done.status == 200 and ctx.cache_status in ("MISS", "REFRESH", None):
@@ -131,15 +134,37 @@ class SemanticLookup:
             return hit_reply(ctx, entry, status="SEMANTIC_HIT", tier="l3", extra=extra)
         return None
 
-    async def _lookup(self, ctx: RequestContext, query: SemanticQuery, key: str) -> Reply | None:
+    def _comparison(self, namespace: str, probe: SemanticMatch) -> FinishCallback:
+        """After forwarding: compare the fresh answer with the one cached for ``probe`` (calibration evidence)."""
+        async def compare(done: Reply, ok: bool, body_bytes: bytes) -> None:
+            fresh = answer_text(body_bytes) if ok and done.status == 200 else None
+            if fresh is None:
+                return
+            for tier in self.sources:
+                entry = await tier.get(probe.key)
+                cached = answer_text(entry.body) if entry is not None else None
+                if cached is None:
+                    continue
+                try:
+                    await self.semantic.compare(namespace, probe, cached, fresh)
+                except Exception as exc:  # fail open: evidence is an optimisation
+                    log.warning("semantic answer comparison failed: %s", exc)
+                return
+
+        return compare
+
+    async def _lookup(self, ctx: RequestContext, query: SemanticQuery,
+                      key: str) -> tuple[Reply | None, SemanticMatch | None]:
+        """A semantic hit, or a miss with the candidate whose answer to compare with the fresh one."""
         assert ctx.cache_policy is not None
         try:
-            match = await self.semantic.lookup(query.where, query.digest, query.question)
+            decision = await self.semantic.decide(query.where, query.digest, query.question)
         except Exception as exc:  # embedding model or vector store down: fail open (counted by the tier)
             log.warning("semantic lookup failed: %s", exc)
-            return None
+            return None, None
+        match = decision.match
         if match is None:
-            return None
+            return None, decision.probe
         policy = ctx.cache_policy
         for tier in self.sources:
             entry = await tier.get(match.key)
@@ -147,6 +172,6 @@ class SemanticLookup:
                 continue
             await self.promote_into.put(key, entry, ttl=policy.ttl, tags=entry_tags(ctx, entry.model))
             extra = {"X-Cache-Similarity": f"{match.similarity:.4f}"} if self.expose_similarity else None
-            return hit_reply(ctx, entry, status="SEMANTIC_HIT", tier="l2", extra=extra)
+            return hit_reply(ctx, entry, status="SEMANTIC_HIT", tier="l2", extra=extra), None
         await self.semantic.delete([match.key])  # the answer it pointed at is gone
-        return None
+        return None, None

