@@ -8,9 +8,9 @@ Chat::
 The tiers' lookups come from the registered cache tiers in order (:mod:`proxy.cache_tiers`): L1 exact → L3
 exact → L2 semantic, so an exact repeat is answered before any embedding is computed (L2 also searches the cold
 tier's question vectors). Legacy completions: the same without prompt, L2, shape and route. Responses API
-(``/v1/responses``): the same as chat without shape and route (the KV layer renders chat messages only), with its
-own credits (:class:`~proxy.credits.endpoints.ResponseCredits`) and its documents read from ``instructions`` and
-``input``.
+(``/v1/responses``): the same as chat (L2 included) without shape and route (the KV layer renders chat messages
+only), with its own credits (:class:`~proxy.credits.endpoints.ResponseCredits`) and its documents read from
+``instructions`` and ``input``.
 
 Each stage wraps the ones after it: the way back (store in the tiers, settle credits) runs in reverse order.
 Embeddings: identify → credits → cache_control → per-item exact cache → forward.

@@ -1,6 +1,7 @@
 """L2 lookup: answer a differently worded but equivalent question from the semantic tier.
 
-Only chat requests whose final message is a user question take part. Everything but that question must match
+Only chat and Responses API requests whose final message (input item) is a user question take part (read by the
+endpoint's :class:`~normalizer.signature.PromptReading`). Everything but that question must match
 exactly (the :class:`~normalizer.signature.ContextSignature` digest over the request and the documents read by
 :class:`~proxy.stages.prompt.ReadPrompt`, computed under the same knowledge version as the exact key); the
 question is compared by embedding under the namespace's threshold, with guards vetoing false friends. It runs
@@ -23,7 +24,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from normalizer.canonical_json import CanonicalizationError
-from normalizer.signature import context_signature, final_question
+from normalizer.signature import CHAT_READING, PromptReading
 from proxy.context import Reply, RequestContext
 from proxy.pipeline import Next
 from proxy.stages.tiers import entry_tags, hit_reply
@@ -59,8 +60,10 @@ class SemanticLookup:
     gives = frozenset({"semantic", "entry"})
 
     def __init__(self, semantic: SemanticTier, sources: Sequence[ResponseTier], promote_into: ResponseTier,
-                 *, expose_similarity: bool = False, cold: ResponseTier | None = None) -> None:
+                 *, expose_similarity: bool = False, cold: ResponseTier | None = None,
+                 reading: PromptReading = CHAT_READING) -> None:
         self.semantic = semantic
+        self.reading = reading
         self.sources = tuple(sources)
         self.promote_into = promote_into
         self.expose_similarity = expose_similarity
@@ -71,11 +74,11 @@ class SemanticLookup:
         body = ctx.body or {}
         if key is None or scope is None or policy is None or prompt is None:
             return await call_next(ctx)
-        question = final_question(body, prompt)
+        question = self.reading.question(body, prompt)
         if question is None:
             return await call_next(ctx)
         try:
-            signature = context_signature(body, prompt=prompt, knowledge_version=scope.knowledge_version)
+            signature = self.reading.signature(body, prompt, scope.knowledge_version)
         except CanonicalizationError:
             return await call_next(ctx)
         if signature is None:
