@@ -251,9 +251,11 @@ class FakeLLM(ServedApp):
                                           "previous_response_id")
                 return web.json_response(error, status=404)
             earlier = self.stored[previous][0]
-        early = await self._before_answer(request, self.faults.take())
+        fault = self.faults.take()
+        early = await self._before_answer(request, fault)
         if early is not None:
             return early
+        reset_after = fault.after_chunks if fault is not None and fault.kind == "reset" else None
         prompt = responses.prompt_of(body, earlier)
         output, incomplete, output_tokens = responses.output_items(body, self.answer, prompt)
         result = responses.response_object(body, str(body.get("model") or self.model), output, incomplete,
@@ -267,7 +269,10 @@ class FakeLLM(ServedApp):
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream; charset=utf-8"})
         await response.prepare(request)
         obfuscate = (body.get("stream_options") or {}).get("include_obfuscation", True) is not False
-        for event in responses.stream_events(result, obfuscate=obfuscate):
+        for index, event in enumerate(responses.stream_events(result, obfuscate=obfuscate)):
+            if reset_after is not None and index >= reset_after:
+                _reset_connection(request)
+                return response
             if self.chunk_latency_s > 0:
                 await asyncio.sleep(self.chunk_latency_s)
             await response.write(responses.encode(event))

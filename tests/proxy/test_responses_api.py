@@ -11,7 +11,9 @@ from typing import Any
 import httpx
 import openai
 import pytest
+from qdrant_client import QdrantClient, models
 
+from normalizer.documents import content_id
 from proxy.credits.pricing import MICRO, format_credits, to_micro
 from proxy.credits.store import ledger_entries
 from tests.fakes.llm_server import FakeLLM
@@ -236,3 +238,50 @@ def test_credits_settle_from_the_response_usage_plain_and_streamed(fake_llm_thre
             answer = httpx.post(proxy.url + "/v1/responses", headers={"Authorization": f"Bearer {small}"}, json=body,
                                 timeout=30)
             assert answer.status_code == status, "the worst case bounds the output by max_output_tokens"
+
+
+def test_a_stream_cut_upstream_raises_in_the_sdk_and_is_never_stored(
+        fake_llm_thread: FakeLLM, clients: tuple[openai.OpenAI, openai.OpenAI]) -> None:
+    _, proxied = clients
+    fake_llm_thread.faults.reset_after(4)
+    with pytest.raises(openai.APIError), proxied.responses.stream(model=MODEL, input="Cut me", store=False) as stream:
+        for _event in stream:
+            pass
+    assert _create(proxied, input="Cut me", store=False)[0] == "MISS", "the half stream was not stored"
+
+
+def test_documents_from_searches_are_recognised_in_the_input(fake_llm_thread: FakeLLM,
+                                                             qdrant_shim: QdrantShim) -> None:
+    """A Responses answer built on retrieved documents is tagged with them: invalidating one drops the answer."""
+    settings = proxy_settings(fake_llm_thread.url, qdrant_shim.url, **{"cache.l3.enabled": False})
+    texts = ["The Eiffel Tower is 330 metres tall and was finished in 1889.",
+             "The Louvre is the most visited museum in the world, in Paris."]
+    with ProxyServer(settings, admin=True) as proxy:
+        qdrant = QdrantClient(url=proxy.url, prefer_grpc=False, check_compatibility=False)
+        qdrant.create_collection("docs", vectors_config=models.VectorParams(size=2, distance=models.Distance.COSINE))
+        qdrant.upsert("docs", points=[models.PointStruct(id=i, vector=[1.0, float(i)], payload={"text": text})
+                                      for i, text in enumerate(texts)])
+        found = qdrant.query_points("docs", query=[1.0, 0.5], limit=2, with_payload=True).points
+        context = "\n\n".join(str((point.payload or {})["text"]) for point in found)
+        client = openai.OpenAI(base_url=proxy.url + "/v1", api_key="k", max_retries=0)
+        kwargs: Any = {"instructions": f"Answer from these documents:\n\n{context}", "input": "How tall is it?",
+                       "store": False}
+        assert _create(client, **kwargs)[0] == "MISS"
+        assert _create(client, **kwargs)[0] == "HIT"
+        removed = httpx.post(proxy.admin_url + "/admin/invalidate", json={"documents": [content_id(texts[1])]})
+        assert removed.json()["removed"]["l1"] == 1
+        assert _create(client, **kwargs)[0] == "MISS"
+        qdrant.close()
+
+
+def test_bad_input_is_a_clear_openai_shaped_4xx(clients: tuple[openai.OpenAI, openai.OpenAI]) -> None:
+    _, proxied = clients
+    with pytest.raises(openai.BadRequestError, match=r"ragproxy\.documents is not supported on /v1/responses"):
+        proxied.responses.create(model=MODEL, input="x", store=False,
+                                 extra_body={"ragproxy": {"documents": [{"text": "a document"}]}})
+    url = str(proxied.base_url) + "responses"
+    broken = httpx.post(url, content=b'{"model": ', headers={"Content-Type": "application/json"}, timeout=30)
+    assert broken.status_code == 400 and broken.json()["error"]["code"] == "invalid_json"
+    missing = httpx.post(url, json={"model": MODEL, "store": False}, timeout=30)
+    assert missing.status_code == 400 and missing.headers["X-Cache-Status"] == "BYPASS"
+    assert missing.json()["error"]["param"] == "input", "the upstream's own error, passed through"
