@@ -20,6 +20,7 @@ import orjson
 from multidict import CIMultiDict
 
 from normalizer.bypass import bypass_reason
+from normalizer.cache_control import CachePolicy
 from normalizer.canonical import cache_key
 from normalizer.canonical_json import CanonicalizationError
 from normalizer.rerank import (
@@ -72,51 +73,62 @@ class RerankItemsCache(ItemsCache):
         scope = self.scope.scope(ctx)
         keys = [cache_key("rerank", item, scope) for item in request.items()]
         found = await self.lookup(keys, policy)
-        cached = [i for i, entry in enumerate(found) if entry is not None]
-        cached_tokens = sum(int(entry.meta.get("tokens", 0)) for entry in found if entry is not None)
-        missing = list(dict.fromkeys(key for key, entry in zip(keys, found, strict=True) if entry is None))
+        cached = [entry for entry in found if entry is not None]
+        first: dict[str, int] = {}  # each missing key is asked for once, at its first position
+        for position, (key, entry) in enumerate(zip(keys, found, strict=True)):
+            if entry is None:
+                first.setdefault(key, position)
+        missing = list(first)
         ctx.rerank = RerankCount(scored=len(missing), cached=len(cached))
-        upstream_reply: Reply | None = None
-        envelope: dict[str, object] = {}
+        upstream: Reply | None = None
+        fresh: dict[str, CachedResponse] = {}
         if missing:
-            first = {key: keys.index(key) for key in missing}
-            ctx.replace_body(upstream_body(body, request, [first[key] for key in missing]))
-            reply = upstream_reply = await call_next(ctx)
-            if reply.status != 200 or reply.body is None:
-                return reply
-            try:
-                read = read_answer(request, orjson.loads(reply.body), len(missing))
-            except orjson.JSONDecodeError:
-                read = None
-            if read is None:
-                await reply.finish(False, reply.body)
-                raise ProxyError(502, "the reranker's answer does not hold one result per document sent",
-                                 code="upstream_invalid_answer")
-            results, envelope = read
-            shares = token_shares(request, [first[key] for key in missing], reported_tokens(envelope))
-            for position, key in enumerate(missing):
-                entry = CachedResponse(body=orjson.dumps(results[position].result), kind="rerank",
-                                       cost=(ctx.upstream_seconds or 1.0) / len(missing),
-                                       model=_model(body), meta={"score": results[position].score,
-                                                                 "tokens": shares[position],
-                                                                 "envelope": envelope})
-                for i, each in enumerate(keys):
-                    if each == key:
-                        found[i] = entry
-                if policy.may_store and policy.ttl != 0:
-                    await self.tier.put(key, entry, ttl=policy.ttl, tags=entry_tags(ctx, entry.model))
-        elif found[0] is not None:
-            envelope = dict(found[0].meta.get("envelope") or {})
-        scored = [Scored(orjson.loads(entry.body), float(entry.meta["score"])) for entry in found if entry is not None]
-        answer = render(request, scored, envelope, forwarded=bool(missing), cached_tokens=cached_tokens)
+            ctx.replace_body(upstream_body(body, request, list(first.values())))
+            upstream = await call_next(ctx)
+            if upstream.status != 200 or upstream.body is None:
+                return upstream
+            fresh = await self._store(ctx, request, first, upstream, policy)
+        entries = [entry or fresh[key] for key, entry in zip(keys, found, strict=True)]
+        shaped_by = fresh[missing[0]] if missing else entries[0]  # the upstream's envelope and content type
+        answer = render(request, [Scored(orjson.loads(e.body), float(e.meta["score"])) for e in entries],
+                        shaped_by.meta.get("envelope") or {}, forwarded=bool(missing),
+                        cached_tokens=sum(int(e.meta.get("tokens", 0)) for e in cached))
         ctx.cache_status = "MISS" if missing else "HIT"
         headers: CIMultiDict[str] = CIMultiDict({
-            "Content-Type": upstream_reply.headers.get("Content-Type", JSON) if upstream_reply else JSON,
+            "Content-Type": shaped_by.meta.get("json_type") or JSON,
             "X-Cache-Status": ctx.cache_status, "X-Cache-Hits": f"{len(cached)}/{len(keys)}"})
         if cached:
             ctx.cache_tier = headers["X-Cache-Tier"] = self.tier.name
         reply = Reply(status=200, headers=headers, body=orjson.dumps(answer))
-        return reply.take_over(upstream_reply) if upstream_reply is not None else reply
+        return reply.take_over(upstream) if upstream is not None else reply
+
+    async def _store(self, ctx: RequestContext, request: RerankRequest, first: dict[str, int], upstream: Reply,
+                     policy: CachePolicy) -> dict[str, CachedResponse]:
+        """The entries of the pairs the upstream just scored (``first``: their keys and positions, in the order
+        sent), by key, stored when the request may store; a 502 when the answer is not one result per pair sent."""
+        assert upstream.body is not None
+        try:
+            read = read_answer(request, orjson.loads(upstream.body), len(first))
+        except orjson.JSONDecodeError:
+            read = None
+        if read is None:
+            await upstream.finish(False, upstream.body)
+            raise ProxyError(502, "the reranker's answer does not hold one result per document sent",
+                             code="upstream_invalid_answer")
+        results, envelope = read
+        shares = token_shares(request, list(first.values()), reported_tokens(envelope))
+        content_type = upstream.headers.get("Content-Type", JSON)
+        model = (ctx.body or {}).get("model")
+        entries: dict[str, CachedResponse] = {}
+        for position, key in enumerate(first):
+            entry = entries[key] = CachedResponse(
+                body=orjson.dumps(results[position].result), kind="rerank",
+                model=model if isinstance(model, str) else None, cost=(ctx.upstream_seconds or 1.0) / len(first),
+                meta={"score": results[position].score, "tokens": shares[position], "envelope": envelope,
+                      **({"json_type": content_type} if content_type != JSON else {})})
+            if policy.may_store and policy.ttl != 0:
+                await self.tier.put(key, entry, ttl=policy.ttl, tags=entry_tags(ctx, entry.model))
+        return entries
 
     @staticmethod
     async def _bypass(ctx: RequestContext, reason: str | None, call_next: Next) -> Reply:
@@ -127,7 +139,3 @@ class RerankItemsCache(ItemsCache):
             reply.headers["X-Cache-Bypass-Reason"] = bypass_header(reason)
         return reply
 
-
-def _model(body: dict[str, object]) -> str | None:
-    model = body.get("model")
-    return model if isinstance(model, str) else None
