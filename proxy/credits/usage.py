@@ -1,6 +1,6 @@
 """Token usage as backends report it, read from a JSON reply or a stream chunk. Pure.
 
-Two dialects are understood:
+Three dialects are understood:
 
 * OpenAI (vLLM, SGLang, hosted APIs): ``usage.prompt_tokens``, ``usage.completion_tokens`` and
   ``usage.prompt_tokens_details.cached_tokens``; a stream carries it in a last chunk with empty ``choices``
