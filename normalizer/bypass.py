@@ -4,11 +4,15 @@
 logs and reports with ``X-Cache-Status: BYPASS``. Rules, in the order they are checked:
 
 1. the body is not a JSON object — the upstream gives its own error;
+1a. Responses API (``kind="response"``): the answer depends on state kept upstream, or the response is stored
+    there (:func:`normalizer.responses.state_reason`; stored responses are cached only with
+    ``cache_stored_responses``);
 2. ``n > 1`` — several sampled choices are asked for; replaying one stored set would fix the sample for
    everyone and defeat the point of asking for many;
 3. ``logprobs`` / ``top_logprobs`` (legacy ``logprobs`` as a number) — the client inspects the sampling;
-4. unknown top-level fields (not in :data:`normalizer.canonical.KNOWN_FIELDS` for the endpoint, nor in
-   ``BypassSettings.extra_known_fields``): with ``unknown_fields="bypass"`` (default) the request is not
+4. unknown top-level fields (not in :data:`normalizer.canonical.KNOWN_FIELDS` for the endpoint — for Responses
+   :data:`normalizer.responses.RESPONSE_KNOWN_FIELDS`, for rerankers :data:`normalizer.rerank.RERANK_KNOWN_FIELDS`
+   — nor in ``BypassSettings.extra_known_fields``): with ``unknown_fields="bypass"`` (default) the request is not
    cached, because the proxy cannot judge whether the field changes the answer. With ``"ignore"`` the proxy
    does not judge it either but caches anyway; the field still goes into the key verbatim (canonical
    ``extra``), so "ignore" never merges requests that differ in it — it costs hit rate, never correctness.
@@ -46,7 +50,12 @@ from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
 from typing import Any, Literal
 
-from normalizer.canonical import KNOWN_FIELDS, RequestKind
+from normalizer.canonical import EXCLUDED_FIELDS, KNOWN_FIELDS, RequestKind
+from normalizer.rerank import RERANK_KNOWN_FIELDS
+from normalizer.responses import RESPONSE_KNOWN_FIELDS, state_reason
+
+_KNOWN: Mapping[RequestKind, frozenset[str]] = {
+    **KNOWN_FIELDS, "response": RESPONSE_KNOWN_FIELDS, "rerank": RERANK_KNOWN_FIELDS | EXCLUDED_FIELDS.keys()}
 
 UnknownFieldPolicy = Literal["bypass", "ignore"]
 
@@ -61,6 +70,7 @@ class BypassSettings:
     cache_sampled_by_model: Mapping[str, bool] = field(default_factory=dict)
     cache_sampled_by_namespace: Mapping[str, bool] = field(default_factory=dict)
     cache_tool_calls: bool = True
+    cache_stored_responses: bool = False
 
 
 def _first_match(patterns: Mapping[str, bool], name: str | None) -> bool | None:
@@ -100,6 +110,9 @@ def _asks_for_logprobs(body: Mapping[str, Any], kind: RequestKind) -> str | None
         return "logprobs requested" if body.get("logprobs") is not None else None
     if body.get("logprobs"):
         return "logprobs requested"
+    include = body.get("include") if kind == "response" else None
+    if isinstance(include, list) and "message.output_text.logprobs" in include:
+        return "logprobs requested"
     if body.get("top_logprobs") is not None:
         return "top_logprobs requested"
     return None
@@ -116,17 +129,19 @@ def bypass_reason(
     settings = settings or BypassSettings()
     if not isinstance(body, dict):
         return "body is not a JSON object"
+    if kind == "response" and (state := state_reason(body, cache_stored=settings.cache_stored_responses)):
+        return state
     n = body.get("n")
     if isinstance(n, int | float) and not isinstance(n, bool) and n > 1:
         return f"n={n}: several sampled choices requested"
     logprobs = _asks_for_logprobs(body, kind)
     if logprobs:
         return logprobs
-    known = KNOWN_FIELDS[kind] | settings.extra_known_fields
+    known = _KNOWN[kind] | settings.extra_known_fields
     unknown = sorted(key for key in body if key not in known)
     if unknown and settings.unknown_fields == "bypass":
         return "unknown field(s): " + ", ".join(unknown)
-    if kind == "embedding":
+    if kind in ("embedding", "rerank"):
         return None
     temperature = _temperature(body)
     model = body.get("model") if isinstance(body.get("model"), str) else None

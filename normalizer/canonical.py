@@ -37,7 +37,8 @@ Key format (module :func:`cache_key`)::
 misread). Each scope component is percent-encoded (RFC 3986, nothing kept safe but ``A-Z a-z 0-9 _ . - ~``,
 and in the tenant component not ``~`` either), so a ``:`` in a tenant id cannot forge another scope, and a
 prefix such as ``rp1:acme:docs:`` selects exactly one tenant's namespace. ``kind`` is ``chat``,
-``completion`` or ``embedding`` (one key per embedding input item). The scope is a readable prefix rather
+``completion``, ``embedding`` (one key per embedding input item), ``response`` or ``rerank`` (one key per
+scored document). The scope is a readable prefix rather
 than hashed so stores can scan and drop a tenant, namespace or knowledge version by prefix. Namespaces shared
 across tenants use :data:`SHARED_TENANT` as the tenant (the identity layer must never issue it).
 
@@ -69,8 +70,9 @@ from normalizer.canonical_json import (
     encode_canonical,
 )
 
-RequestKind = Literal["chat", "completion", "embedding"]
-"""The endpoint a body was sent to: ``/v1/chat/completions``, ``/v1/completions`` or ``/v1/embeddings``."""
+RequestKind = Literal["chat", "completion", "embedding", "response", "rerank"]
+"""The endpoint a body was sent to: ``/v1/chat/completions``, ``/v1/completions``, ``/v1/embeddings``,
+``/v1/responses`` (:mod:`normalizer.responses`) or a reranker (:mod:`normalizer.rerank`)."""
 
 KEY_FORMAT_VERSION = "rp1"
 SHARED_TENANT = "*"
@@ -400,6 +402,10 @@ def canonical_request(kind: RequestKind, body: Mapping[str, Any]) -> list[dict[s
         return [canonical_chat(body)]
     if kind == "completion":
         return [canonical_completion(body)]
+    if kind == "response":
+        from normalizer.responses import canonical_response  # it builds on this module's helpers
+
+        return [canonical_response(body)]
     return canonical_embedding_items(body)
 
 

@@ -29,19 +29,29 @@ text with the documents cut out (:func:`final_question`): their text is in ``doc
 question it would drown the question itself.
 
 Digest: hex BLAKE2b-256 of the canonical JSON of ``{"format": "sig2", ...all fields above}``.
+
+Responses API requests (:func:`response_signature`, format ``rsig1``, so never equal to a chat signature): the
+same fields from :func:`normalizer.responses.canonical_response` — ``system`` is ``instructions`` with the leading
+system/developer input items, ``history`` the input items before the final one, which must be a user message
+(:func:`normalizer.responses.final_input_question`); ``parameters`` everything else the exact key covers
+(``text``, ``reasoning``, ``include``, ``max_output_tokens``, sampling...). :class:`PromptReading` names the
+question and signature functions of each endpoint for the semantic stage.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from normalizer.canonical import canonical_chat
 from normalizer.canonical_json import JSONValue, digest_hex, encode_canonical
 from normalizer.documents import NO_DOCUMENTS, PromptDocuments, content_id, message_text
+from normalizer.responses import canonical_response, final_input_question, split_prompt
 
 SIGNATURE_FORMAT = "sig2"
+RESPONSE_SIGNATURE_FORMAT = "rsig1"
+_TEXT_PARTS = frozenset({"text", "input_text"})
 
 _SYSTEM_ROLES = frozenset({"system", "developer"})
 _TOOL_FIELDS = ("tools", "tool_choice", "parallel_tool_calls", "functions", "function_call")
@@ -81,7 +91,7 @@ def _attachments(message: Mapping[str, JSONValue]) -> JSONValue:
     rest = {key: value for key, value in message.items() if key not in ("role", "content")}
     content = message.get("content")
     if isinstance(content, list):
-        non_text = [part for part in content if not (isinstance(part, dict) and part.get("type") == "text")]
+        non_text = [part for part in content if not (isinstance(part, dict) and part.get("type") in _TEXT_PARTS)]
         if non_text:
             rest["content"] = non_text
     return rest
@@ -110,15 +120,37 @@ def context_signature(
     leading = 0
     while leading < len(messages) and messages[leading]["role"] in _SYSTEM_ROLES:
         leading += 1
+    return _signed(SIGNATURE_FORMAT, canonical, {"model", "messages"}, messages[:leading], messages[leading:],
+                   final, prompt, knowledge_version)
+
+
+def response_signature(
+    body: Mapping[str, Any],
+    *,
+    prompt: PromptDocuments = NO_DOCUMENTS,
+    knowledge_version: str = "0",
+) -> ContextSignature | None:
+    """The signature of a Responses API request (see the module docstring), or ``None`` when its last input item
+    is not a user question. Raises :class:`~normalizer.canonical_json.CanonicalizationError` when malformed."""
+    if final_input_question(body, prompt) is None:
+        return None
+    canonical = canonical_response(body)
+    system, history, final = split_prompt(canonical)
+    return _signed(RESPONSE_SIGNATURE_FORMAT, canonical, {"model", "input", "instructions"}, system, history, final,
+                   prompt, knowledge_version)
+
+
+def _signed(signature_format: str, canonical: Mapping[str, JSONValue], consumed: set[str], system: JSONValue,
+            history: JSONValue, final: Mapping[str, JSONValue], prompt: PromptDocuments,
+            knowledge_version: str) -> ContextSignature:
     tools = {field: canonical[field] for field in _TOOL_FIELDS if field in canonical}
-    consumed = {"model", "messages", *_TOOL_FIELDS}
-    parameters = {key: value for key, value in canonical.items() if key not in consumed}
+    parameters = {key: value for key, value in canonical.items() if key not in consumed and key not in tools}
     fields: dict[str, JSONValue] = {
-        "format": SIGNATURE_FORMAT,
+        "format": signature_format,
         "model": canonical["model"],
-        "system": messages[:leading],
+        "system": system,
         "tools": tools,
-        "history": messages[leading:],
+        "history": history,
         "question_attachments": _attachments(final),
         "parameters": parameters,
         "documents": _documents(prompt),
@@ -126,12 +158,27 @@ def context_signature(
     }
     return ContextSignature(
         model=canonical["model"],
-        system=fields["system"],
+        system=system,
         tools=tools,
-        history=fields["history"],
+        history=history,
         question_attachments=fields["question_attachments"],
         parameters=parameters,
         documents=fields["documents"],
         knowledge_version=knowledge_version,
         digest=digest_hex(encode_canonical(fields)),
     )
+
+
+@dataclass(frozen=True, slots=True)
+class PromptReading:
+    """How the semantic stage reads one endpoint's body: its final question and its context signature."""
+
+    question: Callable[[Mapping[str, Any], PromptDocuments], str | None]
+    signature: Callable[[Mapping[str, Any], PromptDocuments, str], ContextSignature | None]
+
+
+CHAT_READING = PromptReading(
+    final_question, lambda body, prompt, version: context_signature(body, prompt=prompt, knowledge_version=version))
+RESPONSE_READING = PromptReading(
+    final_input_question,
+    lambda body, prompt, version: response_signature(body, prompt=prompt, knowledge_version=version))

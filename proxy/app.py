@@ -7,9 +7,11 @@ turns everything that is not a pipeline's answer — an unknown path (404), a wr
 exception (500, logged by the server) — into JSON in the route's dialect, never a traceback. The admin API, with
 its many routes and its authentication middleware, is an aiohttp application on its own port.
 
-Routes: ``POST /v1/chat/completions``, ``/v1/completions``, ``/v1/embeddings`` run their pipelines; any other
-``/v1/...`` is passed through (any method, those three paths with another method too); ``GET /healthz`` and
-``/readyz``; ``GET /`` and everything under the Qdrant prefixes below go to the Qdrant pipelines.
+Routes: ``POST /v1/chat/completions``, ``/v1/completions``, ``/v1/responses``, ``/v1/embeddings`` run their
+pipelines; rerankers ``POST /v1/rerank``, ``/v2/rerank``, ``/rerank`` (Cohere/Jina/vLLM, or TEI's shape) and
+``/v1/score``, ``/score`` (vLLM) run the rerank pipeline; any other ``/v1/...`` is passed through (any method, those
+paths with another method too: ``GET /v1/responses/{id}`` among them); ``GET /healthz`` and ``/readyz``; ``GET /``
+and everything under the Qdrant prefixes below go to the Qdrant pipelines.
 """
 
 from __future__ import annotations
@@ -33,8 +35,13 @@ _QDRANT_SEARCH = re.compile(r"^/collections/[^/]+/points/(search|query|recommend
 _QDRANT_WRITE_METHODS = frozenset({"PUT", "POST", "PATCH", "DELETE"})
 
 
+_RERANK_PATHS = ("/v1/rerank", "/v2/rerank", "/rerank")
+_SCORE_PATHS = ("/v1/score", "/score")
+_OPENAI_OUTSIDE_V1 = frozenset({"/v2/rerank", "/rerank", "/score"})
+
+
 def _dialect_for(path: str) -> Dialect:
-    return Dialect.OPENAI if path.startswith("/v1") else Dialect.QDRANT
+    return Dialect.OPENAI if path.startswith("/v1") or path in _OPENAI_OUTSIDE_V1 else Dialect.QDRANT
 
 
 def _error_body(path: str, status: int, message: str, code: str) -> bytes:
@@ -80,8 +87,13 @@ class DataPlane:
         self._exact: dict[tuple[str, str], Handler] = {
             ("POST", "/v1/chat/completions"): handler("chat", "chat", Dialect.OPENAI, True),
             ("POST", "/v1/completions"): handler("completions", "completions", Dialect.OPENAI, True),
+            ("POST", "/v1/responses"): handler("responses", "responses", Dialect.OPENAI, True),
             ("POST", "/v1/embeddings"): handler("embeddings", "embeddings", Dialect.OPENAI, True),
         }
+        rerank = handler("rerank", "rerank", Dialect.OPENAI, True)
+        score = handler("rerank", "score", Dialect.OPENAI, True)
+        self._exact.update({("POST", path): rerank for path in _RERANK_PATHS})
+        self._exact.update({("POST", path): score for path in _SCORE_PATHS})
         for method in ("GET", "HEAD"):
             self._exact[(method, "/healthz")] = healthz
             self._exact[(method, "/readyz")] = readyz

@@ -7,10 +7,15 @@ Chat::
 
 The tiers' lookups come from the registered cache tiers in order (:mod:`proxy.cache_tiers`): L1 exact → L3
 exact → L2 semantic, so an exact repeat is answered before any embedding is computed (L2 also searches the cold
-tier's question vectors). Legacy completions: the same without prompt, L2, shape and route.
+tier's question vectors). Legacy completions: the same without prompt, L2, shape and route. Responses API
+(``/v1/responses``): the same as chat (L2 included) without shape and route (the KV layer renders chat messages
+only), with its own credits (:class:`~proxy.credits.endpoints.ResponseCredits`) and its documents read from
+``instructions`` and ``input``.
 
 Each stage wraps the ones after it: the way back (store in the tiers, settle credits) runs in reverse order.
 Embeddings: identify → credits → cache_control → per-item exact cache → forward.
+Rerankers (``/v1/rerank``, ``/rerank``, ``/v2/rerank``, ``/v1/score``, ``/score``): identify → credits per
+document → cache_control → per-document exact cache → forward.
 Qdrant searches: identify → credits → documents (remembered for prompt detection) → the tiers' search stages (the
 search cache) → forward; Qdrant writes: identify → the tiers' write stages (invalidation) → forward;
 anything else: identify → forward.
@@ -18,12 +23,16 @@ anything else: identify → forward.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
 from normalizer.bypass import BypassSettings
 from normalizer.cache_control import CacheDefaults
 from normalizer.canonical import RequestKind
+from normalizer.documents import read_prompt
+from normalizer.responses import read_response_prompt
+from proxy.credits.endpoints import RerankCredits, ResponseCredits
 from proxy.credits.stages import Credits, Identify, SearchCredits
 from proxy.pipeline import Pipeline, Stage
 from proxy.runtime import Runtime
@@ -32,9 +41,11 @@ from proxy.stages.coalesce import Coalesce
 from proxy.stages.embeddings import EmbeddingItemsCache
 from proxy.stages.forward import ForwardToLLM, ForwardToQdrant
 from proxy.stages.prompt import ReadPrompt
+from proxy.stages.rerank import RerankItemsCache
 from proxy.stages.retrieval import RegisterDocuments
 from proxy.stages.stale import StaleIfError
 from proxy.stages.tiers import StoreResponse
+from tiers.response_tier import ResponseTier
 
 
 @dataclass(frozen=True)
@@ -43,7 +54,9 @@ class Pipelines:
 
     chat: Pipeline
     completions: Pipeline
+    responses: Pipeline
     embeddings: Pipeline
+    rerank: Pipeline
     llm_passthrough: Pipeline
     qdrant_search: Pipeline
     qdrant_write: Pipeline
@@ -66,7 +79,12 @@ def build_pipelines(rt: Runtime) -> Pipelines:
         chat=Pipeline([*identify, *billing, *_prompt(rt), *_caching(rt, "chat"), *_kv(rt)], to_llm,
                       tracer=tracer),
         completions=Pipeline([*identify, *billing, *_caching(rt, "completion")], to_llm, tracer=tracer),
-        embeddings=Pipeline([*identify, *billing, *_embedding_caching(rt)], to_llm, tracer=tracer),
+        responses=Pipeline([*identify, *_billing(rt, ResponseCredits), *_prompt(rt, "response"),
+                            *_caching(rt, "response")], to_llm, tracer=tracer),
+        embeddings=Pipeline([*identify, *billing, *_items_caching(rt, "embedding", EmbeddingItemsCache)], to_llm,
+                            tracer=tracer),
+        rerank=Pipeline([*identify, *_billing(rt, RerankCredits), *_items_caching(rt, "rerank", RerankItemsCache)],
+                        to_llm, tracer=tracer),
         llm_passthrough=Pipeline(identify, to_llm, tracer=tracer),
         qdrant_search=Pipeline([*identify, *_billing(rt, SearchCredits), *_documents(rt), *rt.tiers.stages("search")],
                                to_qdrant, tracer=tracer),
@@ -89,9 +107,12 @@ def _kv(rt: Runtime) -> list[Stage]:
     return [] if rt.kv is None else [rt.kv.shape, rt.kv.route]
 
 
-def _prompt(rt: Runtime) -> list[Stage]:
-    """prompt: the documents a chat prompt carries, read once for every cache tier and the KV stages."""
-    return [] if rt.documents is None else [ReadPrompt(rt.documents)]
+def _prompt(rt: Runtime, kind: RequestKind = "chat") -> list[Stage]:
+    """prompt: the documents a chat (or Responses) prompt carries, read once for every cache tier and the KV
+    stages."""
+    if rt.documents is None:
+        return []
+    return [ReadPrompt(rt.documents, read_response_prompt if kind == "response" else read_prompt)]
 
 
 def _documents(rt: Runtime) -> list[Stage]:
@@ -102,7 +123,8 @@ def _documents(rt: Runtime) -> list[Stage]:
 def _rules(rt: Runtime) -> tuple[CacheDefaults, BypassSettings]:
     cache = rt.settings.cache
     return (CacheDefaults(enabled=True, ttl=cache.l1.ttl_s),
-            BypassSettings(unknown_fields=cache.unknown_fields, cache_sampled=cache.cache_sampled))
+            BypassSettings(unknown_fields=cache.unknown_fields, cache_sampled=cache.cache_sampled,
+                           cache_stored_responses=cache.cache_stored_responses))
 
 
 def _canonicalize(rt: Runtime, kind: RequestKind, bypass: BypassSettings) -> Canonicalize:
@@ -111,16 +133,18 @@ def _canonicalize(rt: Runtime, kind: RequestKind, bypass: BypassSettings) -> Can
                         frozenset(cache.private_namespaces))
 
 
-def _embedding_caching(rt: Runtime) -> list[Stage]:
-    """cache_control → per-item exact cache in the fastest answer tier, when there is one."""
+def _items_caching(rt: Runtime, kind: RequestKind,
+                   stage: Callable[[ResponseTier, Canonicalize, BypassSettings], Stage]) -> list[Stage]:
+    """cache_control → per-item exact cache (embeddings inputs, reranker pairs) in the fastest answer tier, when
+    there is one."""
     first = rt.tiers.first
     if first is None:
         return []
     defaults, bypass = _rules(rt)
-    return [ApplyCacheControl(defaults), EmbeddingItemsCache(first, _canonicalize(rt, "embedding", bypass), bypass)]
+    return [ApplyCacheControl(defaults), stage(first, _canonicalize(rt, kind, bypass), bypass)]
 
 
-def _caching(rt: Runtime, kind: Literal["chat", "completion"]) -> list[Stage]:
+def _caching(rt: Runtime, kind: Literal["chat", "completion", "response"]) -> list[Stage]:
     """cache_control → canonicalize → [stale_if_error] → store (on the way back) → each tier's lookups → coalesce,
     when caching is on."""
     cache = rt.settings.cache

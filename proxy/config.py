@@ -233,6 +233,10 @@ class CacheSettings(_Section):
     unknown_fields: Literal["bypass", "ignore"] = Field(
         default="bypass", description="Requests with fields the key cannot judge are not cached"
     )
+    cache_stored_responses: bool = Field(
+        default=False, description="Cache /v1/responses requests whose answer is stored upstream (store: true, the "
+        "API's default); a hit hands out the id of a response stored for another request (normalizer.responses)"
+    )
     shared_namespaces: list[str] = Field(default_factory=list, description="Namespaces shared by all tenants")
     private_namespaces: list[str] = Field(
         default_factory=list, description="Namespaces whose answers are cached per user: never served to another user"
@@ -329,6 +333,7 @@ class CreditsSettings(_Section):
     default_prompt_per_1k: Decimal = Field(default=Decimal("0.001"), ge=0)
     default_completion_per_1k: Decimal = Field(default=Decimal("0.002"), ge=0)
     search_price: Decimal = Field(default=Decimal("0.0001"), ge=0, description="Credits per vector search")
+    rerank_price: Decimal = Field(default=Decimal("0.00002"), ge=0, description="Credits per document reranked")
     hit_multipliers: dict[str, Decimal] = Field(
         default_factory=_default_multipliers, description="Share of the full price a cache hit costs, per tier"
     )

@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from normalizer.documents import PromptDocuments
     from proxy.credits.store import Reservation
     from proxy.kv.stages import RoutedRequest, ShapedRequest
+    from proxy.stages.rerank import RerankCount
     from proxy.stages.semantic import SemanticQuery
     from proxy.tracing import RequestTrace
     from proxy.upstream.backends import Backend
@@ -131,6 +132,9 @@ class RequestContext:
     bypass_reason: str | None = None
     # l2
     semantic: SemanticQuery | None = None
+    # rerank_items
+    rerank: RerankCount | None = None
+    """How many of a reranker request's documents the upstream scored and how many came from the cache."""
     # coalesce
     follower: bool = False
     """The request waited on another's identical upstream call: its answer is not stored a second time."""

@@ -1,5 +1,5 @@
-"""Server-sent events: the one parser of the product, and the OpenAI chunk format (assembling a stream into one
-response, and replaying one).
+"""Server-sent events: the one parser of the product, and chat/completions streams assembled into one response and
+replayed from one.
 
 Parsing follows the SSE specification (WHATWG HTML, "Parsing an event stream"): lines end in CR LF, LF or CR; an
 event ends at a blank line; a ``data`` field's value drops one leading space and several ``data`` lines of one event
@@ -11,12 +11,22 @@ One stored form serves both kinds of request: a streamed miss is assembled into 
 ``text_completion``) object a non-streamed call would have returned; a hit requested with ``stream: true`` is replayed
 from that object as valid SSE — role chunk, content chunks, tool-call chunks, finish chunk, a usage chunk when
 ``stream_options.include_usage`` asked for one, then ``data: [DONE]``.
+
+Fields the proxy does not know survive both ways: unknown top-level fields of the chunks (``service_tier``,
+llama.cpp's ``timings``, vLLM's ``kv_transfer_params``...) and of the choices (vLLM's ``stop_reason``) are kept in
+the assembled object (the last value sent wins; ``null`` only when nothing else was), unknown delta fields are kept
+in the message (strings joined, as deltas, e.g. vLLM's ``reasoning``; anything else: the last value). A streamed
+miss also records its :class:`StreamShape` — the first delta as the upstream sent it (``content: null`` from
+llama.cpp, ``content: ""`` plus ``refusal: null`` from OpenAI) and which top-level fields rode on every chunk — and
+a replay follows it; a replay of an answer that arrived complete sends ``system_fingerprint`` and ``service_tier``
+on every chunk, other unknown top-level fields on the last one.
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
@@ -25,6 +35,12 @@ DONE = b"data: [DONE]\n\n"
 _CONTENT_PIECE = 48  # characters per replayed content chunk: small enough to look like a live stream
 _LINE_END = re.compile(rb"\r\n|\r|\n")
 _EVENT_END = re.compile(rb"(?:\r\n|\r(?!\n)|\n){2}")  # a blank line: two line ends (a CR LF is one)
+_CHUNK_FIELDS = frozenset({"id", "object", "created", "model", "choices", "usage"})
+_CHOICE_FIELDS = frozenset({"index", "delta", "text", "logprobs", "finish_reason", "message"})
+_TEXT_FIELDS = ("content", "refusal", "reasoning_content")
+_EVERY_CHUNK = ("system_fingerprint", "service_tier")
+_DEFAULT_FIRST_DELTA = {"role": "assistant", "content": ""}
+_REASONING = frozenset({"reasoning_content", "reasoning"})  # streamed before the answer, as upstreams do
 
 
 def event_data(event: bytes) -> bytes | None:
@@ -89,10 +105,40 @@ class EventSplitter:
         return rest
 
 
+@dataclass(frozen=True, slots=True)
+class StreamShape:
+    """How an upstream shaped a stream, beyond what the assembled object says (stored with the entry)."""
+
+    first_delta: dict[str, Any] = field(default_factory=lambda: dict(_DEFAULT_FIRST_DELTA))
+    """The first chunk's delta without its text (a replay opens each choice with it)."""
+    every_chunk: tuple[str, ...] = _EVERY_CHUNK
+    """Top-level fields sent on every chunk; other unknown top-level fields go on the last one."""
+
+    def as_meta(self) -> dict[str, Any]:
+        return {"first_delta": self.first_delta, "every_chunk": list(self.every_chunk)}
+
+    @classmethod
+    def from_meta(cls, meta: Any) -> StreamShape:
+        if not isinstance(meta, dict):
+            return cls()
+        first, every = meta.get("first_delta"), meta.get("every_chunk")
+        return cls(first if isinstance(first, dict) else dict(_DEFAULT_FIRST_DELTA),
+                   tuple(every) if isinstance(every, list) else _EVERY_CHUNK)
+
+
 def assemble(raw: bytes) -> dict[str, Any] | None:
     """The complete response a streamed body amounts to, or ``None`` if it is not a finished OpenAI stream."""
+    assembled = assemble_stream(raw)
+    return None if assembled is None else assembled[0]
+
+
+def assemble_stream(raw: bytes) -> tuple[dict[str, Any], StreamShape] | None:
+    """The complete response a streamed body amounts to and the stream's :class:`StreamShape`, or ``None`` if it
+    is not a finished OpenAI stream."""
     first: dict[str, Any] | None = None
+    first_delta: dict[str, Any] | None = None
     choices: dict[int, dict[str, Any]] = {}
+    extra: dict[str, Any] = {}
     usage: Any = None
     finished = False
     for data in iter_events(raw):
@@ -108,8 +154,12 @@ def assemble(raw: bytes) -> dict[str, Any] | None:
         first = first or chunk
         if chunk.get("usage"):
             usage = chunk["usage"]
+        _keep_unknown(extra, chunk, _CHUNK_FIELDS)
         try:
             for choice in chunk.get("choices") or ():
+                if first_delta is None and isinstance(choice.get("delta"), dict):
+                    first_delta = {k: "" if isinstance(v, str) and k != "role" else v
+                                   for k, v in choice["delta"].items() if v is None or isinstance(v, str)}
                 _merge_choice(choices.setdefault(int(choice.get("index", 0)), {}), choice)
         except (TypeError, ValueError, AttributeError):  # fields of the wrong type: not a stream we can assemble
             return None
@@ -122,12 +172,19 @@ def assemble(raw: bytes) -> dict[str, Any] | None:
         "created": first.get("created"),
         "model": first.get("model"),
         "choices": [_finish_choice(choices[i], i, chat) for i in sorted(choices)],
+        **extra,
     }
-    if first.get("system_fingerprint") is not None:
-        result["system_fingerprint"] = first["system_fingerprint"]
     if usage is not None:
         result["usage"] = usage
-    return result
+    every = tuple(k for k in first if k not in _CHUNK_FIELDS)
+    return result, StreamShape(first_delta or dict(_DEFAULT_FIRST_DELTA), every)
+
+
+def _keep_unknown(into: dict[str, Any], source: dict[str, Any], known: frozenset[str]) -> None:
+    """Copy ``source``'s unknown fields into ``into``: the last value sent wins, ``null`` only over nothing."""
+    for key, value in source.items():
+        if key not in known and (value is not None or key not in into):
+            into[key] = value
 
 
 def _merge_choice(into: dict[str, Any], choice: dict[str, Any]) -> None:
@@ -137,13 +194,18 @@ def _merge_choice(into: dict[str, Any], choice: dict[str, Any]) -> None:
         into["text"] = into.get("text", "") + (choice.get("text") or "")
     if choice.get("logprobs") is not None:
         into["logprobs"] = choice["logprobs"]
+    _keep_unknown(into, choice, _CHOICE_FIELDS)
     delta = choice.get("delta") or {}
     message = into.setdefault("message", {})
     if delta.get("role"):
         message["role"] = delta["role"]
-    for field in ("content", "refusal", "reasoning_content"):
-        if delta.get(field) is not None:
-            message[field] = message.get(field, "") + delta[field]
+    for name, value in delta.items():
+        if value is None or name in ("role", "tool_calls"):
+            continue
+        if name in _TEXT_FIELDS or isinstance(value, str):
+            message[name] = message.get(name, "") + value
+        else:
+            message[name] = value
     for call in delta.get("tool_calls") or ():
         calls = message.setdefault("tool_calls", {})
         slot = calls.setdefault(int(call.get("index", 0)), {"function": {"arguments": ""}})
@@ -157,10 +219,14 @@ def _merge_choice(into: dict[str, Any], choice: dict[str, Any]) -> None:
         slot["function"]["arguments"] += function.get("arguments") or ""
 
 
+_CHOICE_ORDER = ("index", "message", "text", "logprobs", "finish_reason")
+
+
 def _finish_choice(state: dict[str, Any], index: int, chat: bool) -> dict[str, Any]:
+    rest = {k: v for k, v in state.items() if k not in _CHOICE_ORDER}
     if not chat:
         return {"index": index, "text": state.get("text", ""), "logprobs": state.get("logprobs"),
-                "finish_reason": state.get("finish_reason")}
+                "finish_reason": state.get("finish_reason"), **rest}
     message = dict(state.get("message") or {})
     message.setdefault("role", "assistant")
     message.setdefault("content", None)
@@ -170,15 +236,17 @@ def _finish_choice(state: dict[str, Any], index: int, chat: bool) -> dict[str, A
             for _, c in sorted(message["tool_calls"].items())
         ]
     return {"index": index, "message": message, "logprobs": state.get("logprobs"),
-            "finish_reason": state.get("finish_reason")}
+            "finish_reason": state.get("finish_reason"), **rest}
 
 
 def _event(payload: dict[str, Any]) -> bytes:
     return b"data: " + orjson.dumps(payload) + b"\n\n"
 
 
-def replay(response: dict[str, Any], *, include_usage: bool) -> list[bytes]:
-    """SSE events that stream ``response`` (a chat.completion or text_completion object)."""
+def replay(response: dict[str, Any], *, include_usage: bool, shape: StreamShape | None = None) -> list[bytes]:
+    """SSE events that stream ``response`` (a chat.completion or text_completion object), shaped like ``shape``
+    (the upstream's own stream, when it was streamed)."""
+    shape = shape or StreamShape()
     chat = response.get("object") == "chat.completion"
     base = {
         "id": response.get("id"),
@@ -186,43 +254,55 @@ def replay(response: dict[str, Any], *, include_usage: bool) -> list[bytes]:
         "created": response.get("created"),
         "model": response.get("model"),
     }
-    if response.get("system_fingerprint") is not None:
-        base["system_fingerprint"] = response["system_fingerprint"]
+    unknown = {k: v for k, v in response.items() if k not in _CHUNK_FIELDS}
+    base.update((k, v) for k, v in unknown.items() if k in shape.every_chunk)
+    last = {k: v for k, v in unknown.items() if k not in shape.every_chunk}
     events: list[bytes] = []
 
-    def chunk(choices: list[dict[str, Any]], **extra: Any) -> bytes:
+    def chunk(choices: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
         payload = {**base, "choices": choices, **extra}
         if include_usage and "usage" not in extra:
             payload["usage"] = None
-        return _event(payload)
+        return payload
 
+    payloads: list[dict[str, Any]] = []
     for choice in response.get("choices") or ():
         index = choice.get("index", 0)
         if not chat:
             text = choice.get("text") or ""
-            for piece in _pieces(text) or [""]:
-                events.append(chunk([{"index": index, "text": piece, "logprobs": None, "finish_reason": None}]))
-            events.append(chunk([{"index": index, "text": "", "logprobs": None,
-                                  "finish_reason": choice.get("finish_reason")}]))
+            for piece in text_pieces(text) or [""]:
+                payloads.append(chunk([{"index": index, "text": piece, "logprobs": None, "finish_reason": None}]))
+            payloads.append(chunk([_final(choice, {"index": index, "text": ""})]))
             continue
         message = choice.get("message") or {}
-        events.append(chunk([{"index": index, "delta": {"role": message.get("role", "assistant"), "content": ""},
-                              "logprobs": None, "finish_reason": None}]))
-        for field in ("reasoning_content", "content", "refusal"):
-            for piece in _pieces(message.get(field) or ""):
-                events.append(chunk([{"index": index, "delta": {field: piece}, "logprobs": None,
-                                      "finish_reason": None}]))
+        opening = {**shape.first_delta, "role": message.get("role", "assistant")}
+        payloads.append(chunk([{"index": index, "delta": opening, "logprobs": None, "finish_reason": None}]))
+        for name, value in sorted(message.items(), key=lambda field: field[0] not in _REASONING):
+            if name in ("role", "tool_calls") or value is None:
+                continue
+            deltas = text_pieces(value) if isinstance(value, str) else [value]
+            payloads.extend(chunk([{"index": index, "delta": {name: piece}, "logprobs": None,
+                                    "finish_reason": None}]) for piece in deltas)
         for position, call in enumerate(message.get("tool_calls") or ()):
             delta = {"tool_calls": [{"index": position, "id": call.get("id"), "type": call.get("type", "function"),
                                      "function": call.get("function")}]}
-            events.append(chunk([{"index": index, "delta": delta, "logprobs": None, "finish_reason": None}]))
-        events.append(chunk([{"index": index, "delta": {}, "logprobs": None,
-                              "finish_reason": choice.get("finish_reason")}]))
+            payloads.append(chunk([{"index": index, "delta": delta, "logprobs": None, "finish_reason": None}]))
+        payloads.append(chunk([_final(choice, {"index": index, "delta": {}})]))
     if include_usage:
-        events.append(chunk([], usage=response.get("usage")))
+        payloads.append(chunk([], usage=response.get("usage")))
+    if payloads:
+        payloads[-1].update(last)
+    events.extend(_event(payload) for payload in payloads)
     events.append(DONE)
     return events
 
 
-def _pieces(text: str) -> list[str]:
+def _final(choice: dict[str, Any], opening: dict[str, Any]) -> dict[str, Any]:
+    """The finishing chunk's choice: its finish reason and the choice's fields the proxy does not know."""
+    rest = {k: v for k, v in choice.items() if k not in _CHOICE_FIELDS}
+    return {**opening, "logprobs": None, "finish_reason": choice.get("finish_reason"), **rest}
+
+
+def text_pieces(text: str) -> list[str]:
+    """``text`` in replay-sized pieces (none for an empty text)."""
     return [text[i:i + _CONTENT_PIECE] for i in range(0, len(text), _CONTENT_PIECE)]

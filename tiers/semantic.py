@@ -106,12 +106,25 @@ class SemanticStats:
 
 
 def answer_text(body: bytes) -> str | None:
-    """The assistant's text in a chat completion body (``choices[0].message.content``), else ``None``."""
+    """The assistant's text in a complete answer: a chat completion's ``choices[0].message.content``, or a
+    Responses API object's ``output_text`` parts; else ``None``."""
     try:
-        content = orjson.loads(body)["choices"][0]["message"]["content"]
-    except (orjson.JSONDecodeError, KeyError, IndexError, TypeError):
+        payload = orjson.loads(body)
+    except orjson.JSONDecodeError:
         return None
-    return content if isinstance(content, str) else None
+    if not isinstance(payload, dict):
+        return None
+    choices, output = payload.get("choices"), payload.get("output")
+    if isinstance(choices, list) and choices and isinstance(choices[0], dict):
+        message = choices[0].get("message")
+        content = message.get("content") if isinstance(message, dict) else None
+        return content if isinstance(content, str) else None
+    if isinstance(output, list):
+        texts = [part["text"] for item in output if isinstance(item, dict) and item.get("type") == "message"
+                 for part in item.get("content") or () if isinstance(part, dict)
+                 and part.get("type") == "output_text" and isinstance(part.get("text"), str)]
+        return "".join(texts) or None
+    return None
 
 
 def partition_of(scope: SemanticScope, signature_digest: str) -> str:

@@ -15,8 +15,9 @@ from tiers.memory import MemoryStore
 from tiers.response_tier import ResponseTier
 
 T = TypeVar("T")
-StageKind = Literal["chat", "completion", "search", "write"]
-"""The requests a tier may add stages to: LLM answers, Qdrant searches, Qdrant writes."""
+StageKind = Literal["chat", "completion", "response", "search", "write"]
+"""The requests a tier may add stages to: LLM answers (chat, completions, the Responses API), Qdrant searches,
+Qdrant writes."""
 CollectionFetcher = Callable[[str], Awaitable["bytes | None"]]
 """``GET /collections/{name}`` of the Qdrant upstream (``None`` when it cannot say)."""
 

@@ -14,7 +14,8 @@ from tiers.response_tier import ResponseTier
 
 
 class ExactTier:
-    """Answers exact repeats of chat and completion requests from its store (promoting them into faster tiers)."""
+    """Answers exact repeats of chat, completion and Responses API requests from its store (promoting them into
+    faster tiers)."""
 
     def __init__(self, answers: ResponseTier) -> None:
         self.name = answers.name
@@ -22,7 +23,7 @@ class ExactTier:
         self.write_behind: WriteBehind | None = None
 
     def stages(self, kind: StageKind, faster: Sequence[CacheTier]) -> list[Stage]:
-        if kind not in ("chat", "completion") or self.answers is None:
+        if kind not in ("chat", "completion", "response") or self.answers is None:
             return []
         return [ExactLookup(self.answers, promote_into=[t.answers for t in faster if t.answers is not None])]
 

@@ -9,6 +9,7 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
+from normalizer.signature import CHAT_READING, RESPONSE_READING
 from proxy.cache_tiers.base import Build, CacheTier, LookupStats, Off, StageKind
 from proxy.config import L2Settings
 from proxy.pipeline import Stage
@@ -22,7 +23,8 @@ log = logging.getLogger("ragproxy.semantic")
 
 
 class SemanticCacheTier:
-    """Finds the answer to an equivalent question of a chat request; loads, saves and warms its index and model."""
+    """Finds the answer to an equivalent question of a chat or Responses API request; loads, saves and warms its
+    index and model."""
 
     name = "l2"
     answers: ResponseTier | None = None
@@ -37,11 +39,12 @@ class SemanticCacheTier:
 
     def stages(self, kind: StageKind, faster: Sequence[CacheTier]) -> list[Stage]:
         sources = [t.answers for t in faster if t.answers is not None]
-        if kind != "chat" or not sources:
+        if kind not in ("chat", "response") or not sources:
             return []
         # the slowest answer tier is searched by question vector too, when its store keeps them (L3)
         return [SemanticLookup(self.semantic, sources, sources[0], expose_similarity=self.settings.expose_similarity,
-                               cold=sources[-1] if len(sources) > 1 else None)]
+                               cold=sources[-1] if len(sources) > 1 else None,
+                               reading=RESPONSE_READING if kind == "response" else CHAT_READING, kind=kind)]
 
     async def start(self) -> None:
         load = getattr(self.semantic.store, "load", None)  # a persisted index (hnswlib) reloads; Qdrant's is remote

@@ -86,6 +86,7 @@ def price_book(settings: Settings) -> PriceBook:
         default_price=ModelPrice(credits.default_prompt_per_1k, credits.default_completion_per_1k),
         limits={name: ModelLimits(p.context_tokens, p.max_completion_tokens) for name, p in credits.models.items()},
         search_price=credits.search_price,
+        rerank_price=credits.rerank_price,
         hit_multipliers=dict(credits.hit_multipliers),
     )
 

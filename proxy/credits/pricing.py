@@ -15,14 +15,19 @@ Worst case (reserved before forwarding):
   template's special tokens); images sent as base64 are over-counted, never under-counted. A value of 4 gives
   the usual English average instead: smaller reservations, and a settlement that then draws any excess from
   the free balance (never below 0). The bound is capped at the model's context size.
-* completion tokens = ``max_completion_tokens`` or ``max_tokens`` when given, else the model's completion
-  limit (itself at most its context size), times ``max(n, best_of)``. Embedding requests (``input`` without
-  ``messages`` or ``prompt``) produce no completion tokens.
+* completion tokens = ``max_completion_tokens`` or ``max_tokens`` when given (a Responses API request:
+  ``max_output_tokens``), else the model's completion limit (itself at most its context size), times
+  ``max(n, best_of)``. Embedding requests (``input`` without ``messages`` or ``prompt``, unless the caller says
+  the body is a Responses request) produce no completion tokens.
 * priced at the higher of the prompt and cached-prompt rates, with no hit discount.
 
 Actual cost: uncached prompt tokens at the prompt rate, cached prompt tokens at the cached rate, completion
 tokens at the completion rate; a reply served from a cache tier costs that amount times the tier's hit
 multiplier.
+
+Rerankers are priced per document scored (``rerank_price``, each query-document pair of a score request): the
+worst case is every document of the request, the actual cost counts the documents the upstream scored at the full
+price and those answered from the cache at the cache tier's hit multiplier.
 """
 
 from __future__ import annotations
@@ -109,6 +114,8 @@ class PriceBook:
     default_limits: ModelLimits = ModelLimits()
     search_price: Decimal = Decimal("0.0001")
     """Credits per vector search (each search of a batch counts)."""
+    rerank_price: Decimal = Decimal("0.00002")
+    """Credits per document a reranker scores."""
     hit_multipliers: Mapping[str, Decimal] = field(default_factory=lambda: dict(DEFAULT_HIT_MULTIPLIERS))
     default_hit_multiplier: Decimal = Decimal("0.1")
     """Multiplier of a tier absent from ``hit_multipliers``."""
@@ -126,15 +133,16 @@ class PriceBook:
             return Decimal(1)
         return self.hit_multipliers.get(tier.lower(), self.default_hit_multiplier)
 
-    def worst_case(self, body: Mapping[str, Any], raw_size: int | None = None) -> int:
-        """The most a request with this JSON ``body`` may cost in µcr (``raw_size``: its wire size)."""
+    def worst_case(self, body: Mapping[str, Any], raw_size: int | None = None, *, response: bool = False) -> int:
+        """The most a request with this JSON ``body`` may cost in µcr (``raw_size``: its wire size; ``response``:
+        the body is a Responses API request)."""
         model = body.get("model")
         model = model if isinstance(model, str) else None
         limits = self.limits_of(model)
         size = raw_size if raw_size is not None else len(orjson.dumps(body))
         prompt = int((Decimal(size) / self.prompt_bytes_per_token).to_integral_value(rounding=ROUND_CEILING))
         prompt = min(prompt, limits.context_tokens)
-        completion = _completion_bound(body, limits)
+        completion = _completion_bound(body, limits, response)
         price = self.price_of(model)
         rate = max(price.prompt_per_1k, price.cached_rate)
         exact = (prompt * rate + completion * price.completion_per_1k) / _THOUSAND
@@ -148,6 +156,10 @@ class PriceBook:
         """µcr of ``searches`` vector searches (``tier="retrieval"`` when the retrieval cache answered)."""
         return to_micro(self.search_price * searches * self.hit_multiplier(tier))
 
+    def rerank_cost(self, scored: int, cached: int = 0, tier: str | None = None) -> int:
+        """µcr of a rerank: ``scored`` documents scored upstream, ``cached`` ones answered by cache ``tier``."""
+        return to_micro(self.rerank_price * (scored + cached * self.hit_multiplier(tier)))
+
 
 def _positive_int(value: Any) -> int | None:
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
@@ -155,12 +167,15 @@ def _positive_int(value: Any) -> int | None:
     return value
 
 
-def _completion_bound(body: Mapping[str, Any], limits: ModelLimits) -> int:
-    if "input" in body and "messages" not in body and "prompt" not in body:
+def _completion_bound(body: Mapping[str, Any], limits: ModelLimits, response: bool) -> int:
+    if response:
+        requested = _positive_int(body.get("max_output_tokens"))
+    elif "input" in body and "messages" not in body and "prompt" not in body:
         return 0  # an embedding request
-    requested = _positive_int(body.get("max_completion_tokens"))
-    if requested is None:
-        requested = _positive_int(body.get("max_tokens"))
+    else:
+        requested = _positive_int(body.get("max_completion_tokens"))
+        if requested is None:
+            requested = _positive_int(body.get("max_tokens"))
     per_choice = limits.completion_cap if requested is None else min(requested, limits.completion_cap)
     choices = max(_positive_int(body.get("n")) or 1, _positive_int(body.get("best_of")) or 1)
     return per_choice * choices

@@ -21,6 +21,9 @@ from proxy.context import RequestContext
 from proxy.credits.usage import Usage, usage_from_json
 from proxy.sse import EventSplitter, event_data
 
+_REPORTS_ON_REQUEST = frozenset({"chat", "completions"})
+"""Routes whose streams report usage only when ``stream_options.include_usage`` asks for it."""
+
 
 def client_asked_for_usage(body: Mapping[str, Any] | None) -> bool:
     """Whether the client's own request has ``stream_options.include_usage`` set."""
@@ -37,6 +40,8 @@ def ask_upstream_for_usage(ctx: RequestContext) -> bool:
     """
     body = ctx.body
     if ctx.reservation is None or body is None or body.get("stream") is not True or client_asked_for_usage(body):
+        return False
+    if ctx.route not in _REPORTS_ON_REQUEST:  # a Responses stream always reports usage; its API has no such option
         return False
     options = body.get("stream_options")
     merged = {**options, "include_usage": True} if isinstance(options, Mapping) else {"include_usage": True}
@@ -69,7 +74,7 @@ class UsageChunkFilter:
         if usage is None:
             return True
         self.usage = usage
-        usage_only = not payload.get("choices")
+        usage_only = "type" not in payload and not payload.get("choices")  # typed events are Responses events
         return not (self.strip and usage_only)
 
 

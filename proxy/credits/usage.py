@@ -1,6 +1,6 @@
 """Token usage as backends report it, read from a JSON reply or a stream chunk. Pure.
 
-Two dialects are understood:
+Three dialects are understood:
 
 * OpenAI (vLLM, SGLang, hosted APIs): ``usage.prompt_tokens``, ``usage.completion_tokens`` and
   ``usage.prompt_tokens_details.cached_tokens``; a stream carries it in a last chunk with empty ``choices``
@@ -8,6 +8,9 @@ Two dialects are understood:
 * llama.cpp server: ``timings.prompt_n`` (prompt tokens evaluated now), ``timings.cache_n`` (prompt tokens
   reused from its KV cache) and ``timings.predicted_n``; used for what ``usage`` leaves out (it rarely reports
   cached tokens), including the cached count when ``prompt_tokens_details`` is absent.
+* OpenAI Responses API: ``usage.input_tokens``, ``usage.output_tokens`` and
+  ``usage.input_tokens_details.cached_tokens``, in the response object; a stream carries it in the response of
+  its terminal event (``response.completed`` or ``response.incomplete``), always (no option asks for it).
 """
 
 from __future__ import annotations
@@ -34,26 +37,36 @@ def _count(value: Any) -> int | None:
     return value
 
 
+def _first(*values: Any) -> int | None:
+    """The first of ``values`` that is a token count."""
+    for value in values:
+        if (count := _count(value)) is not None:
+            return count
+    return None
+
+
 def _mapping(value: Any) -> Mapping[str, Any]:
     return value if isinstance(value, Mapping) else {}
 
 
+_RESPONSE_TERMINAL = frozenset({"response.completed", "response.incomplete"})
+
+
 def usage_from_json(payload: Mapping[str, Any]) -> Usage | None:
-    """The usage in a reply object or stream chunk, or ``None`` when it reports none."""
+    """The usage in a reply object or stream chunk (or Responses event), or ``None`` when it reports none."""
+    if payload.get("type") in _RESPONSE_TERMINAL:
+        payload = _mapping(payload.get("response"))
     usage = _mapping(payload.get("usage"))
     timings = _mapping(payload.get("timings"))
     if not usage and not timings:
         return None
     prompt_n, cache_n = _count(timings.get("prompt_n")), _count(timings.get("cache_n"))
-    prompt = _count(usage.get("prompt_tokens"))
+    prompt = _first(usage.get("prompt_tokens"), usage.get("input_tokens"))
     if prompt is None and (prompt_n is not None or cache_n is not None):
         prompt = (prompt_n or 0) + (cache_n or 0)
-    completion = _count(usage.get("completion_tokens"))
-    if completion is None:
-        completion = _count(timings.get("predicted_n"))
-    cached = _count(_mapping(usage.get("prompt_tokens_details")).get("cached_tokens"))
-    if cached is None:
-        cached = cache_n
+    completion = _first(usage.get("completion_tokens"), usage.get("output_tokens"), timings.get("predicted_n"))
+    cached = _first(_mapping(usage.get("prompt_tokens_details")).get("cached_tokens"),
+                    _mapping(usage.get("input_tokens_details")).get("cached_tokens"), cache_n)
     if prompt is None and completion is None:
         return None
     prompt = prompt or 0

@@ -26,7 +26,7 @@ from multidict import CIMultiDict
 
 from proxy.context import Reply, RequestContext
 from proxy.pipeline import Next
-from proxy.stages.tiers import complete_body, hit_reply
+from proxy.stages.tiers import Complete, complete_body, hit_reply
 from proxy.upstream.client import UpstreamStreamError
 from tiers.entry import CachedResponse
 
@@ -42,7 +42,7 @@ class Flight:
     streamed: bool = False
     failed: bool = False
     chunks: list[bytes] = field(default_factory=list)
-    body: bytes | None = None
+    answer: Complete | None = None
     followers: int = 0
 
     def fail(self) -> None:
@@ -111,8 +111,8 @@ class Coalesce:
 
         async def finished(done_reply: Reply, ok: bool, body: bytes) -> None:
             self._land(key, flight)
-            flight.body = complete_body(done_reply, body) if ok else None
-            if flight.body is None:
+            flight.answer = complete_body(done_reply, body, self.kind) if ok else None
+            if flight.answer is None:
                 flight.fail()
             else:
                 flight.done.set()
@@ -150,10 +150,10 @@ class Coalesce:
         except TimeoutError:
             self.flights.timeouts += 1
             return None
-        if flight.failed or flight.body is None:
+        if flight.failed or flight.answer is None:
             ctx.follower = False
             return None
-        entry = CachedResponse(body=flight.body, kind=self.kind)
+        entry = CachedResponse(body=flight.answer.body, kind=self.kind, meta=flight.answer.meta)
         reply = hit_reply(ctx, entry, status="MISS", tier="coalesced", extra={"X-Cache-Coalesced": "true"})
         ctx.cache_status = "MISS"
         return reply

@@ -9,6 +9,10 @@ private namespace or for ``Cache-Control: private``).
 Usage: an item's stored token count is its share of the upstream batch's ``prompt_tokens`` (split by input length;
 exact when it was forwarded alone). A partly cached batch reports the upstream usage plus the stored counts of the
 cached items, so ``usage`` stays the cost of the whole batch.
+
+The answer keeps the upstream's shape: each item's fields the proxy does not know (an item's ``encoding_format``
+then names the encoding the client asked for) and the answer's own (vLLM's ``id`` and ``created``, the other
+``usage`` fields) are stored with the items and answered on hits.
 """
 
 from __future__ import annotations
@@ -20,15 +24,14 @@ import numpy as np
 import orjson
 from multidict import CIMultiDict
 
-from normalizer.bypass import BypassSettings, bypass_reason
+from normalizer.bypass import bypass_reason
 from normalizer.canonical import cache_key, canonical_embedding_items, embedding_inputs
 from normalizer.canonical_json import CanonicalizationError
 from proxy.context import Reply, RequestContext
 from proxy.pipeline import Next
-from proxy.stages.cache_policy import Canonicalize
+from proxy.stages.items import ItemsCache
 from proxy.stages.tiers import entry_tags
 from tiers.entry import CachedResponse
-from tiers.response_tier import ResponseTier
 
 
 def _vector(item: dict[str, Any]) -> bytes:
@@ -44,17 +47,26 @@ def _render(vector: bytes, encoding: str) -> Any:
     return np.frombuffer(vector, dtype="<f4").tolist()
 
 
-class EmbeddingItemsCache:
+_ITEM = {"object": "embedding", "index": None, "embedding": None}
+
+
+def _item(entry: CachedResponse, index: int, encoding: str) -> dict[str, Any]:
+    """One item of the answer, in the field order and with the extra fields the upstream sent it."""
+    shape = entry.meta.get("item") or _ITEM
+    rendered = {"index": index, "embedding": _render(entry.body, encoding), "encoding_format": encoding}
+    return {key: rendered.get(key, value) for key, value in shape.items()}
+
+
+def _usage(envelope: dict[str, Any], tokens: int) -> dict[str, Any]:
+    usage = envelope.get("usage")
+    return {**(usage if isinstance(usage, dict) else {}), "prompt_tokens": tokens, "total_tokens": tokens}
+
+
+class EmbeddingItemsCache(ItemsCache):
     """Serve cached items, forward the missing ones in one upstream call, store them, assemble in order."""
 
     name = "embedding_items"
-    needs = frozenset({"cache_policy"})
     gives = frozenset({"user_scope", "key_scope"})
-
-    def __init__(self, tier: ResponseTier, scope: Canonicalize, bypass: BypassSettings) -> None:
-        self.tier = tier
-        self.scope = scope
-        self.bypass = bypass
 
     async def __call__(self, ctx: RequestContext, call_next: Next) -> Reply:
         body = ctx.body or {}
@@ -70,15 +82,13 @@ class EmbeddingItemsCache:
             return await call_next(ctx)
         scope = self.scope.scope(ctx)
         keys = [cache_key("embedding", item, scope) for item in items]
-        found: list[CachedResponse | None] = [None] * len(keys)
-        if policy.may_read:
-            for i, key in enumerate(keys):
-                found[i] = await self.tier.get(key)
+        found = await self.lookup(keys, policy)
         missing = [i for i, entry in enumerate(found) if entry is None]
         encoding = body.get("encoding_format") or "float"
         model = body.get("model")
         upstream_usage = 0
         upstream_reply: Reply | None = None
+        envelope: dict[str, Any] = {"object": "list", "data": None, "model": model}
         if missing:
             ctx.replace_body({**body, "input": [inputs[i] for i in missing], "encoding_format": "base64"})
             reply = upstream_reply = await call_next(ctx)
@@ -89,28 +99,28 @@ class EmbeddingItemsCache:
             if len(data) != len(missing):
                 return reply
             model = answer.get("model", model)
+            envelope = {**answer, "data": None}
             upstream_usage = int((answer.get("usage") or {}).get("prompt_tokens") or 0)
             lengths = [max(1, len(str(inputs[i]))) for i in missing]
             for position, i in enumerate(missing):
                 tokens = round(upstream_usage * lengths[position] / sum(lengths))
+                item = {key: None if key in ("index", "embedding") else value
+                        for key, value in data[position].items()}
                 entry = CachedResponse(body=_vector(data[position]), kind="embedding",
                                        model=model if isinstance(model, str) else None,
                                        cost=(ctx.upstream_seconds or 1.0) / len(missing),
-                                       meta={"tokens": tokens})
+                                       meta={"tokens": tokens, "item": item, "envelope": envelope})
                 found[i] = entry
                 if policy.may_store and policy.ttl != 0:
                     await self.tier.put(keys[i], entry, ttl=policy.ttl, tags=entry_tags(ctx, entry.model))
         forwarded = set(missing)
         cached_tokens = sum(int(entry.meta.get("tokens", 0)) for i, entry in enumerate(found)
                             if entry is not None and i not in forwarded)
-        result = {
-            "object": "list",
-            "data": [{"object": "embedding", "index": i, "embedding": _render(entry.body, encoding)}
-                     for i, entry in enumerate(found) if entry is not None],
-            "model": model,
-            "usage": {"prompt_tokens": upstream_usage + cached_tokens,
-                      "total_tokens": upstream_usage + cached_tokens},
-        }
+        if not missing and found and found[0] is not None:
+            envelope = found[0].meta.get("envelope") or envelope
+        result = {**envelope,
+                  "data": [_item(entry, i, encoding) for i, entry in enumerate(found) if entry is not None],
+                  "model": model, "usage": _usage(envelope, upstream_usage + cached_tokens)}
         hits = len(keys) - len(missing)
         ctx.cache_status = "HIT" if not missing else "MISS"
         if hits:

@@ -8,12 +8,16 @@ context signature and the KV stages all read this one result. A malformed docume
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
-from normalizer.documents import DocumentRegistry, read_prompt
+from normalizer.documents import DocumentRegistry, PromptDocuments, read_prompt
 from proxy.context import Reply, RequestContext
 from proxy.errors import ProxyError
 from proxy.pipeline import Next
+
+PromptReader = Callable[[Mapping[str, Any], Any, DocumentRegistry | None], PromptDocuments]
+"""Reads a body's documents (``read_prompt`` for chat, ``normalizer.responses.read_response_prompt``)."""
 
 
 class ReadPrompt:
@@ -23,14 +27,15 @@ class ReadPrompt:
     needs: frozenset[str] = frozenset()
     gives = frozenset({"prompt"})
 
-    def __init__(self, registry: DocumentRegistry | None) -> None:
+    def __init__(self, registry: DocumentRegistry | None, read: PromptReader = read_prompt) -> None:
         self.registry = registry
+        self.read = read
 
     async def __call__(self, ctx: RequestContext, call_next: Next) -> Reply:
         own = ctx.proxy_fields.get("ragproxy")
         documents = own.get("documents") if isinstance(own, Mapping) else None
         try:
-            ctx.prompt = read_prompt(ctx.body or {}, documents, self.registry)
+            ctx.prompt = self.read(ctx.body or {}, documents, self.registry)
         except ValueError as error:
             raise ProxyError(400, str(error), param="ragproxy.documents") from error
         return await call_next(ctx)

@@ -1,6 +1,7 @@
 """L2 lookup: answer a differently worded but equivalent question from the semantic tier.
 
-Only chat requests whose final message is a user question take part. Everything but that question must match
+Only chat and Responses API requests whose final message (input item) is a user question take part (read by the
+endpoint's :class:`~normalizer.signature.PromptReading`). Everything but that question must match
 exactly (the :class:`~normalizer.signature.ContextSignature` digest over the request and the documents read by
 :class:`~proxy.stages.prompt.ReadPrompt`, computed under the same knowledge version as the exact key); the
 question is compared by embedding under the namespace's threshold, with guards vetoing false friends. It runs
@@ -23,10 +24,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from normalizer.canonical_json import CanonicalizationError
-from normalizer.signature import context_signature, final_question
+from normalizer.signature import CHAT_READING, PromptReading
 from proxy.context import FinishCallback, Reply, RequestContext
 from proxy.pipeline import Next
-from proxy.stages.tiers import entry_tags, hit_reply
+from proxy.stages.tiers import complete_body, entry_tags, hit_reply
 from tiers.embedders.base import FloatArray
 from tiers.response_tier import ResponseTier
 from tiers.semantic import SemanticMatch, SemanticScope, SemanticTier, answer_text
@@ -59,8 +60,12 @@ class SemanticLookup:
     gives = frozenset({"semantic", "entry"})
 
     def __init__(self, semantic: SemanticTier, sources: Sequence[ResponseTier], promote_into: ResponseTier,
-                 *, expose_similarity: bool = False, cold: ResponseTier | None = None) -> None:
+                 *, expose_similarity: bool = False, cold: ResponseTier | None = None,
+                 reading: PromptReading = CHAT_READING, kind: str = "chat") -> None:
+        """``reading`` and ``kind``: how this endpoint's requests are read, and its answers assembled."""
         self.semantic = semantic
+        self.reading = reading
+        self.kind = kind
         self.sources = tuple(sources)
         self.promote_into = promote_into
         self.expose_similarity = expose_similarity
@@ -71,11 +76,11 @@ class SemanticLookup:
         body = ctx.body or {}
         if key is None or scope is None or policy is None or prompt is None:
             return await call_next(ctx)
-        question = final_question(body, prompt)
+        question = self.reading.question(body, prompt)
         if question is None:
             return await call_next(ctx)
         try:
-            signature = context_signature(body, prompt=prompt, knowledge_version=scope.knowledge_version)
+            signature = self.reading.signature(body, prompt, scope.knowledge_version)
         except CanonicalizationError:
             return await call_next(ctx)
         if signature is None:
@@ -137,7 +142,8 @@ class SemanticLookup:
     def _comparison(self, namespace: str, probe: SemanticMatch) -> FinishCallback:
         """After forwarding: compare the fresh answer with the one cached for ``probe`` (calibration evidence)."""
         async def compare(done: Reply, ok: bool, body_bytes: bytes) -> None:
-            fresh = answer_text(body_bytes) if ok and done.status == 200 else None
+            complete = complete_body(done, body_bytes, self.kind) if ok and done.status == 200 else None
+            fresh = answer_text(complete.body) if complete is not None else None
             if fresh is None:
                 return
             for tier in self.sources:

@@ -169,11 +169,11 @@ class StaleIfError:
         async def keep(reply: Reply, ok: bool, body: bytes) -> None:
             if not ok:
                 return
-            stored = complete_body(reply, body)
+            stored = complete_body(reply, body, self.kind)
             if stored is None:
                 return
             model = (ctx.body or {}).get("model")
-            self.store.keep(key, CachedResponse(body=stored, kind=self.kind,
+            self.store.keep(key, CachedResponse(body=stored.body, kind=self.kind, meta=stored.meta,
                                                 model=model if isinstance(model, str) else None))
 
         return keep

@@ -7,7 +7,15 @@ that keep one behind it (the cold tier's write-behind queue).
 stream — and promotes hits from slower tiers into the faster ones.
 
 Response headers: ``X-Cache-Status`` (HIT, SEMANTIC_HIT, MISS, BYPASS, REFRESH), ``X-Cache-Tier`` on hits, ``Age``
-(whole seconds since the entry was produced), ``X-Cache-Key`` only when ``cache.expose_key`` is on.
+(whole seconds since the entry was produced), ``X-Cache-Key`` only when ``cache.expose_key`` is on, and
+``X-Cache-Bypass-Reason`` with BYPASS when a rule of :func:`normalizer.bypass.bypass_reason` decided it (printable
+ASCII, at most 200 characters: the reason may quote the request's own field names).
+
+A hit keeps the upstream's shape: the body as stored, with the ``Content-Type`` the upstream sent for that form
+(``application/json; charset=utf-8``, say), a stream replayed in the upstream's own stream shape
+(:class:`proxy.sse.StreamShape`) when it was streamed. Responses API entries (kind ``response``) echo the request's
+own fields outside the key (:func:`normalizer.responses.echo_request`) and replay as typed events
+(:mod:`proxy.response_events`).
 """
 
 from __future__ import annotations
@@ -15,6 +23,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
@@ -22,10 +31,12 @@ from multidict import CIMultiDict
 
 from normalizer.bypass import unstorable_reason
 from normalizer.cache_control import CachePolicy
+from normalizer.responses import echo_request, final_input_question
 from normalizer.signature import final_question
 from proxy.context import Reply, RequestContext
 from proxy.pipeline import Next
-from proxy.sse import assemble, replay
+from proxy.response_events import assemble_response, replay_response
+from proxy.sse import StreamShape, assemble_stream, replay
 from tiers.entry import CachedResponse
 from tiers.response_tier import ResponseTier
 
@@ -71,14 +82,25 @@ def hit_reply(ctx: RequestContext, entry: CachedResponse, *, status: str, tier: 
     headers["Age"] = str(math.floor(entry.age()))
     if extra:
         headers.update(extra)
+    body = entry.body
+    if entry.kind == "response":
+        response = orjson.loads(body)
+        if echo_request(response, ctx.body or {}):
+            body = orjson.dumps(response)
+        if ctx.stream:
+            return _streamed(headers, entry, replay_response(response))
     if ctx.stream and entry.kind in ("chat", "completion"):
-        headers["Content-Type"] = SSE
-        headers["Cache-Control"] = "no-cache"
         include_usage = bool(((ctx.body or {}).get("stream_options") or {}).get("include_usage"))
-        events = replay(orjson.loads(entry.body), include_usage=include_usage)
-        return Reply(status=200, headers=headers, chunks=_iterate(events))
-    headers["Content-Type"] = JSON
-    return Reply(status=200, headers=headers, body=entry.body)
+        shape = StreamShape.from_meta(entry.meta.get("stream"))
+        return _streamed(headers, entry, replay(orjson.loads(body), include_usage=include_usage, shape=shape))
+    headers["Content-Type"] = entry.meta.get("json_type") or JSON
+    return Reply(status=200, headers=headers, body=body)
+
+
+def _streamed(headers: CIMultiDict[str], entry: CachedResponse, events: list[bytes]) -> Reply:
+    headers["Content-Type"] = entry.meta.get("sse_type") or SSE
+    headers["Cache-Control"] = "no-cache"
+    return Reply(status=200, headers=headers, chunks=_iterate(events))
 
 
 async def _iterate(events: list[bytes]) -> AsyncIterator[bytes]:
@@ -86,16 +108,42 @@ async def _iterate(events: list[bytes]) -> AsyncIterator[bytes]:
         yield event
 
 
-def complete_body(reply: Reply, body: bytes) -> bytes | None:
-    """The JSON body to store: as received, or assembled from a finished stream; ``None`` if unusable."""
+@dataclass(frozen=True, slots=True)
+class Complete:
+    """An answer as it is stored: the JSON body, and how the upstream shaped it (entry metadata read by
+    :func:`hit_reply`: ``json_type``/``sse_type``, the upstream's ``Content-Type`` when not the plain one;
+    ``stream``, a chat stream's :class:`~proxy.sse.StreamShape`)."""
+
+    body: bytes
+    meta: dict[str, Any] = field(default_factory=dict)
+
+
+def complete_body(reply: Reply, body: bytes, kind: str) -> Complete | None:
+    """The answer to store: as received, or assembled from a finished stream; ``None`` if unusable."""
+    content_type = reply.headers.get("Content-Type", "")
     if reply.streamed:
-        assembled = assemble(body)
-        return None if assembled is None else orjson.dumps(assembled)
+        meta: dict[str, Any] = {"sse_type": content_type} if content_type not in ("", SSE) else {}
+        if kind == "response":
+            response = assemble_response(body)
+            return None if response is None else Complete(orjson.dumps(response), meta)
+        assembled = assemble_stream(body)
+        if assembled is None:
+            return None
+        return Complete(orjson.dumps(assembled[0]), {**meta, "stream": assembled[1].as_meta()})
     try:
         parsed = orjson.loads(body)
     except orjson.JSONDecodeError:
         return None
-    return None if not isinstance(parsed, dict) or "error" in parsed else body
+    if not isinstance(parsed, dict) or ("error" in parsed and parsed["error"] is not None):
+        return None
+    if kind == "response" and parsed.get("status") not in ("completed", "incomplete"):
+        return None  # failed, or still queued or running (a background response): not an answer
+    return Complete(body, {"json_type": content_type} if content_type not in ("", JSON) else {})
+
+
+def bypass_header(reason: str) -> str:
+    """A bypass reason as a header value: printable ASCII only, at most 200 characters."""
+    return "".join(c if " " <= c <= "~" else "?" for c in reason[:200])
 
 
 class StoreResponse:
@@ -132,6 +180,8 @@ class StoreResponse:
 
     def _headers(self, ctx: RequestContext, reply: Reply, key: str | None) -> None:
         reply.headers["X-Cache-Status"] = ctx.cache_status or "BYPASS"
+        if ctx.bypass_reason is not None and ctx.cache_status == "BYPASS":
+            reply.headers["X-Cache-Bypass-Reason"] = bypass_header(ctx.bypass_reason)
         if self.expose_key and key is not None:
             reply.headers["X-Cache-Key"] = key
 
@@ -139,20 +189,21 @@ class StoreResponse:
         async def store(reply: Reply, ok: bool, body: bytes) -> None:
             if unstorable_reason(reply.status, complete=ok) is not None:
                 return
-            stored_body = complete_body(reply, body)
-            if stored_body is None:
+            stored = complete_body(reply, body, self.kind)
+            if stored is None:
                 return
             request = ctx.body or {}
             model = request.get("model")
             semantic, documents = ctx.semantic, document_ids(ctx)
+            read = final_input_question if self.kind == "response" else final_question
             question = semantic.question if semantic is not None else \
-                final_question(request, ctx.prompt) if ctx.prompt is not None else None
+                read(request, ctx.prompt) if ctx.prompt is not None else None
             entry = CachedResponse(
-                body=stored_body, kind=self.kind, model=model if isinstance(model, str) else None,
+                body=stored.body, kind=self.kind, model=model if isinstance(model, str) else None,
                 cost=ctx.upstream_seconds if ctx.upstream_seconds is not None else 1.0,
                 meta={"tenant": ctx.tenant, "namespace": ctx.namespace, "route": ctx.route,
                       **({"question": question} if question else {}),
-                      **({"documents": documents} if documents else {})},
+                      **({"documents": documents} if documents else {}), **stored.meta},
             )
             tags = entry_tags(ctx, entry.model)
             await into.put(key, entry, ttl=policy.ttl, tags=tags)

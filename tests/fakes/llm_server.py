@@ -1,9 +1,12 @@
 """FakeLLM: a test double of an OpenAI-compatible inference server (aiohttp), optionally modelling a KV cache.
 
 Routes: ``POST /v1/chat/completions``, ``POST /v1/completions`` (both streaming and not), ``POST
-/v1/embeddings`` (float or base64), ``GET /v1/models``, ``GET /v1/models/{id}``, ``GET /health``, ``GET
-/slots`` (llama.cpp-style, with a KV model); other ``/v1/*`` answer an OpenAI-shaped 404. One choice per
-request (``n`` is ignored); no tool calls. Bodies follow :mod:`tests.fakes.openai_shapes`.
+/v1/responses`` (streaming and not, function calls, reasoning summaries; stored responses continue with
+``previous_response_id`` and are read back with ``GET /v1/responses/{id}``: see
+:mod:`tests.fakes.openai_responses`), ``POST /v1/embeddings`` (float or base64), ``GET /v1/models``, ``GET
+/v1/models/{id}``, ``GET /health``, ``GET /slots`` (llama.cpp-style, with a KV model); other ``/v1/*`` answer an
+OpenAI-shaped 404. One choice per request (``n`` is ignored); no tool calls in chat. Bodies follow
+:mod:`tests.fakes.openai_shapes`.
 
 Per request: faults armed in ``faults`` (:mod:`tests.fakes.llm_faults`), then ``latency_s`` before the
 response headers, then (when ``kv`` is set) a slot from ``slots`` parallel slots and the prefill time the
@@ -13,8 +16,13 @@ carries llama.cpp-style ``timings`` (``cache_n``, ``prompt_n``, ``prompt_ms``, `
 ``predicted_ms``, ``queue_ms``). ``cache_prompt``/``id_slot`` hints are honoured as documented in
 :mod:`tests.fakes.kv_cache`.
 
+``flavor`` shapes answers like one real server: ``"openai"`` (default), ``"llamacpp"`` (first stream delta
+``content: null``, ``timings`` on every answer and on the finishing chunk, ``Content-Type: application/json;
+charset=utf-8``), ``"vllm"`` (``prompt_logprobs``/``kv_transfer_params`` on chat answers, ``stop_reason`` on
+choices, embeddings answers with ``id``, ``created`` and vLLM's longer ``usage``).
+
 Everything is an attribute a test may change while the server runs: ``latency_s``, ``chunk_latency_s``,
-``answer`` (a ``prompt -> text`` callable), ``kv``, ``faults``; ``log`` records every request.
+``answer`` (a ``prompt -> text`` callable), ``kv``, ``faults``, ``flavor``; ``log`` records every request.
 
 Process: ``python -m tests.fakes.llm_server --port 8001 --kv-blocks 4096 --slots 2``.
 """
@@ -34,6 +42,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
+from tests.fakes import openai_responses as responses
 from tests.fakes import openai_shapes as shapes
 from tests.fakes.kv_cache import KVCacheModel, tokenize
 from tests.fakes.llm_faults import Fault, FaultPlan
@@ -132,6 +141,7 @@ class FakeLLM(ServedApp):
         end_latency_s: float = 0.0,
         kv: KVCacheModel | None = None,
         slots: int = 1,
+        flavor: str = "openai",
         host: str = "127.0.0.1",
         port: int = 0,
     ) -> None:
@@ -145,7 +155,9 @@ class FakeLLM(ServedApp):
         self.end_latency_s = end_latency_s  # pause between a stream's [DONE] event and the end of the response
         self.kv = kv
         self.slots = slots
+        self.flavor = flavor
         self.faults = FaultPlan()
+        self.stored: dict[str, tuple[list[dict[str, str]], dict[str, Any]]] = {}  # response id → (turns, object)
         self.in_flight = 0  # generation requests being answered now
         self.disconnects = 0  # generation requests whose client went away before the end
         self._pool: SlotPool | None = None
@@ -162,6 +174,8 @@ class FakeLLM(ServedApp):
     def add_routes(self, app: web.Application) -> None:
         app.router.add_post("/v1/chat/completions", self._chat)
         app.router.add_post("/v1/completions", self._completions)
+        app.router.add_post("/v1/responses", self._responses)
+        app.router.add_get("/v1/responses/{response_id}", self._stored_response)
         app.router.add_post("/v1/embeddings", self._embeddings)
         app.router.add_get("/v1/models", self._models)
         app.router.add_get("/v1/models/{model_id}", self._model)
@@ -221,6 +235,57 @@ class FakeLLM(ServedApp):
             return _bad_request("'prompt' must be a string or an array of strings", "prompt")
         return await self._generate(request, body, prompt, chat=False)
 
+    async def _responses(self, request: web.Request) -> web.StreamResponse:
+        body = await self._json_body(request)
+        if isinstance(body, web.Response):
+            return body
+        items = body.get("input")
+        if not (isinstance(items, str) or (isinstance(items, list) and items)):
+            return _bad_request("'input' must be a string or a non-empty array", "input")
+        earlier: list[dict[str, str]] = []
+        previous = body.get("previous_response_id")
+        if previous is not None:
+            if previous not in self.stored:
+                error = shapes.error_body(f"Previous response with id '{previous}' not found.",
+                                          "invalid_request_error", "previous_response_not_found",
+                                          "previous_response_id")
+                return web.json_response(error, status=404)
+            earlier = self.stored[previous][0]
+        fault = self.faults.take()
+        early = await self._before_answer(request, fault)
+        if early is not None:
+            return early
+        reset_after = fault.after_chunks if fault is not None and fault.kind == "reset" else None
+        prompt = responses.prompt_of(body, earlier)
+        output, incomplete, output_tokens = responses.output_items(body, self.answer, prompt)
+        result = responses.response_object(body, str(body.get("model") or self.model), output, incomplete,
+                                           shapes.count_tokens(prompt), output_tokens)
+        if body.get("store", True):
+            said = " ".join(part["text"] for item in output if item["type"] == "message" for part in item["content"])
+            turns = [{"role": "user", "text": line} for line in prompt.splitlines()]
+            self.stored[result["id"]] = ([*turns, {"role": "assistant", "text": said}], result)
+        if not body.get("stream"):
+            return web.json_response(result, dumps=_dumps)
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream; charset=utf-8"})
+        await response.prepare(request)
+        obfuscate = (body.get("stream_options") or {}).get("include_obfuscation", True) is not False
+        for index, event in enumerate(responses.stream_events(result, obfuscate=obfuscate)):
+            if reset_after is not None and index >= reset_after:
+                _reset_connection(request)
+                return response
+            if self.chunk_latency_s > 0:
+                await asyncio.sleep(self.chunk_latency_s)
+            await response.write(responses.encode(event))
+        await response.write_eof()
+        return response
+
+    async def _stored_response(self, request: web.Request) -> web.Response:
+        stored = self.stored.get(request.match_info["response_id"])
+        if stored is None:
+            error = shapes.error_body("No response found.", "invalid_request_error", None, "response_id")
+            return web.json_response(error, status=404)
+        return web.json_response(stored[1], dumps=_dumps)
+
     async def _embeddings(self, request: web.Request) -> web.StreamResponse:
         body = await self._json_body(request)
         if isinstance(body, web.Response):
@@ -243,7 +308,15 @@ class FakeLLM(ServedApp):
         if encoding not in ("float", "base64") or not isinstance(dimensions, int) or dimensions < 1:
             return _bad_request("invalid 'encoding_format' or 'dimensions'")
         model = str(body.get("model") or self.model)
-        return web.json_response(shapes.embeddings(model, inputs, dimensions, encoding), dumps=_dumps)
+        result = shapes.embeddings(model, inputs, dimensions, encoding)
+        if self.flavor == "vllm":
+            result = {"id": shapes.new_id("embd"), "created": int(time.time()), **result,
+                      "usage": {**result["usage"], "completion_tokens": 0, "prompt_tokens_details": None}}
+        return self._json(result)
+
+    def _json(self, result: Any) -> web.Response:
+        charset = "; charset=utf-8" if self.flavor == "llamacpp" else ""
+        return web.Response(body=orjson.dumps(result), headers={"Content-Type": "application/json" + charset})
 
     # -- the generation path ---------------------------------------------------------------------------------
     async def _json_body(self, request: web.Request) -> dict[str, Any] | web.Response:
@@ -314,9 +387,12 @@ class FakeLLM(ServedApp):
             use = shapes.usage(report.prompt_tokens, len(pieces), report.cached)
             make = shapes.chat_completion if chat else shapes.text_completion
             result = make(shapes.new_id("chatcmpl" if chat else "cmpl"), model, text, finish, use)
-            if self.kv is not None:
+            if self.kv is not None or self.flavor == "llamacpp":
                 result["timings"] = report.timings(len(pieces), self.chunk_latency_s * len(pieces))
-            return web.json_response(result, dumps=_dumps)
+            if self.flavor == "vllm":
+                result["choices"][0]["stop_reason"] = None
+                result.update({"prompt_logprobs": None, "kv_transfer_params": None})
+            return self._json(result)
 
     @asynccontextmanager
     async def _slot(self, wanted: int | None) -> AsyncIterator[None]:
@@ -356,7 +432,8 @@ class FakeLLM(ServedApp):
         events: list[dict[str, Any]] = []
         if chat:
             events.append(
-                shapes.chat_chunk(completion_id, model, created, {"role": "assistant", "content": ""})
+                shapes.chat_chunk(completion_id, model, created,
+                                  {"role": "assistant", "content": None if self.flavor == "llamacpp" else ""})
             )
             events += [shapes.chat_chunk(completion_id, model, created, {"content": p}) for p in pieces]
             events.append(shapes.chat_chunk(completion_id, model, created, {}, finish))
@@ -372,8 +449,10 @@ class FakeLLM(ServedApp):
         finish_index = len(events) - (2 if include_usage else 1)
         payloads: list[bytes] = []
         for index, event in enumerate(events):
-            if index == finish_index and self.kv is not None:
+            if index == finish_index and (self.kv is not None or self.flavor == "llamacpp"):
                 event["timings"] = report.timings(len(pieces), self.chunk_latency_s * len(pieces))
+            if index == finish_index and self.flavor == "vllm":
+                event["choices"][0]["stop_reason"] = None
             payloads.append(b"data: " + _dumps(event).encode() + b"\n\n")
         payloads.append(b"data: [DONE]\n\n")
         try:

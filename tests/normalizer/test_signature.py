@@ -158,3 +158,28 @@ def test_no_signature_without_a_final_question_and_errors_on_malformed_bodies() 
     assert context_signature({"model": "m", "messages": [{"role": "assistant", "content": "x"}]}) is None
     with pytest.raises(CanonicalizationError):
         context_signature({"messages": [{"role": "user", "content": "x"}]})
+
+
+def test_response_signature_covers_everything_but_the_question() -> None:
+    from normalizer.signature import response_signature
+
+    def sig(**fields: Any) -> str | None:
+        body = {"model": "m", "input": "What is RAG?", "instructions": "Be brief.", "store": False, **fields}
+        signature = response_signature(body)
+        return None if signature is None else signature.digest
+
+    base = sig()
+    assert base is not None and sig(input="what's rag") == base, "only the question differs"
+    assert sig(metadata={"run": 2}, store=True) == base, "fields outside the key are outside the context too"
+    for other in ({"instructions": "Be long."}, {"temperature": 0.2}, {"max_output_tokens": 9},
+                  {"tools": [{"type": "function", "name": "f"}]}, {"text": {"format": {"type": "json_object"}}},
+                  {"model": "n"}, {"reasoning": {"effort": "high"}},
+                  {"input": [{"role": "assistant", "content": "Earlier."},
+                             {"role": "user", "content": "What is RAG?"}]},
+                  {"input": [{"role": "user", "content": [{"type": "input_text", "text": "What is RAG?"},
+                                                          {"type": "input_image", "file_id": "file_1"}]}]}):
+        assert sig(**other) not in (None, base), other
+    assert sig(input=[{"type": "function_call_output", "call_id": "c", "output": "1"}]) is None
+    chat = context_signature({"model": "m", "messages": [{"role": "system", "content": "Be brief."},
+                                                          {"role": "user", "content": "What is RAG?"}]})
+    assert chat is not None and chat.digest != base, "a chat question never shares a Responses context"

@@ -38,6 +38,25 @@ def test_default_bound_compares_instead_of_guessing(fake_llm_thread: FakeLLM, tm
         assert f'ragproxy_semantic_threshold{{namespace="default"}} {UNREACHABLE}' in metrics
 
 
+def test_streamed_answers_are_compared_too(fake_llm_thread: FakeLLM, tmp_path: Path) -> None:
+    """A streamed miss is assembled before its answer is compared with the candidate's: evidence comes from streaming
+    clients as well (as most chat UIs are)."""
+    settings = proxy_settings(fake_llm_thread.url, **{"cache.l2.enabled": True, "data_dir": str(tmp_path)})
+    body = {"model": "fake-model", "temperature": 0, "stream": True, "messages": [
+        {"role": "system", "content": "Answer from the documents."},
+        {"role": "user", "content": "Tell me who wrote the novel Pride and Prejudice?"}]}
+    with ProxyServer(settings, admin=True) as server:
+        _model_loaded(server)
+        _ask(server, "who wrote the novel pride and prejudice")
+        _learned(server, 1)
+        streamed = httpx.post(server.url + "/v1/chat/completions", json=body, timeout=60)
+        assert streamed.headers["X-Cache-Status"] == "MISS" and "data: [DONE]" in streamed.text
+        deadline = time.monotonic() + 30
+        while httpx.get(server.admin_url + "/admin/stats").json()["tiers"]["l2"]["compared"] < 1:
+            assert time.monotonic() < deadline, "the streamed answer was never compared"
+            time.sleep(0.05)
+
+
 def test_a_fixed_threshold_reports_the_prior_estimate(fake_llm_thread: FakeLLM, tmp_path: Path) -> None:
     settings = proxy_settings(fake_llm_thread.url, **{"cache.l2.enabled": True, "cache.l2.threshold": 0.9,
                                                       "data_dir": str(tmp_path)})

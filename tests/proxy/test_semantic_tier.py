@@ -214,3 +214,27 @@ def test_an_exact_repeat_after_a_restart_is_an_exact_hit_from_the_cold_tier(fake
         assert (repeat.headers["X-Cache-Status"], repeat.headers["X-Cache-Tier"]) == ("HIT", "l3")
         assert embedder.misses + embedder.hits == before, "no embedding for an exact repeat"  # type: ignore[attr-defined]
     assert fake_llm_thread.log.count(CHAT) == 1
+
+
+def test_responses_paraphrases_hit_within_their_own_context(semantic_proxy: ProxyServer) -> None:
+    import openai
+
+    client = openai.OpenAI(base_url=semantic_proxy.url + "/v1", api_key="k", max_retries=0)
+
+    def ask(question: str, **extra: Any) -> tuple[str | None, Any]:
+        raw = client.responses.with_raw_response.create(model="fake-model", input=question, store=False,
+                                                        instructions="Answer from the documents.", **extra)
+        return raw.headers.get("X-Cache-Status"), raw.parse()
+
+    status, first = ask("who wrote the novel pride and prejudice")
+    assert status == "MISS"
+    _learned(semantic_proxy, 1)
+    status, paraphrase = ask("Tell me who wrote the novel Pride and Prejudice?")
+    assert status == "SEMANTIC_HIT" and paraphrase.output_text == first.output_text
+    with client.responses.stream(model="fake-model", input="Who wrote the novel Pride and Prejudice",
+                                 store=False, instructions="Answer from the documents.") as stream:
+        assert stream.get_final_response().output_text == first.output_text, "a streamed semantic hit"
+    assert ask("who wrote the novel pride and prejudice", temperature=0.2)[0] == "MISS", "another context"
+    assert ask("who wrote the novel sense and sensibility")[0] == "MISS"
+    chat = _ask(semantic_proxy, "Tell me who wrote the novel Pride and Prejudice?")
+    assert chat.headers["X-Cache-Status"] == "MISS", "a chat question never matches a Responses answer"

@@ -9,6 +9,7 @@ from qdrant_client import QdrantClient, models
 
 from tests.fakes.llm_server import FakeLLM
 from tests.fakes.qdrant_shim import QdrantShim
+from tests.support.objects import without
 from tests.support.proxy_server import ProxyServer
 
 VOLATILE = {"id", "created", "system_fingerprint"}
@@ -16,11 +17,7 @@ MESSAGES: Any = [{"role": "system", "content": "Be brief."}, {"role": "user", "c
 
 
 def _stable(obj: Any) -> Any:
-    if isinstance(obj, dict):
-        return {k: _stable(v) for k, v in obj.items() if k not in VOLATILE}
-    if isinstance(obj, list):
-        return [_stable(v) for v in obj]
-    return obj
+    return without(obj, VOLATILE)
 
 
 def _clients(fake: FakeLLM, proxy: ProxyServer) -> tuple[openai.OpenAI, openai.OpenAI]:

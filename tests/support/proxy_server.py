@@ -34,6 +34,8 @@ def proxy_settings(llm_url: str | list[str] | None = None, qdrant_url: str | Non
                               "upstreams.health_interval_s": 0.5,
                               # the semantic tier loads a model; its own tests switch it on
                               "cache.l2.enabled": False,
+                              # no would-be hit forwarded at random to check it: a test of a hit must see the hit
+                              "cache.l2.verify_fraction": 0.0,
                               "data_dir": tempfile.mkdtemp(prefix="ragproxy-test-")}
     if llm_url is not None:
         urls = [llm_url] if isinstance(llm_url, str) else llm_url

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 
+import orjson
 import pytest
 
 from tiers.calibration import (
@@ -18,6 +19,7 @@ from tiers.calibration import (
     choose_threshold,
     estimates,
 )
+from tiers.semantic import answer_text
 
 
 def test_without_evidence_the_prior_decides() -> None:
@@ -71,3 +73,15 @@ def test_grid_cells() -> None:
     assert [cell_of(s) for s in (0.69, 0.70, 0.705, 0.99, 1.0)] == [None, 0, 0, 29, 29]
     assert answers_agree_exactly("Paris  is the capital.", "paris is the capital.")
     assert not answers_agree_exactly("Paris", "Lyon")
+
+
+def test_answer_text_reads_chat_completions_and_responses_objects() -> None:
+    chat = {"choices": [{"index": 0, "message": {"role": "assistant", "content": "Paris."}}]}
+    response = {"object": "response", "output": [
+        {"type": "reasoning", "summary": []},
+        {"type": "message", "content": [{"type": "output_text", "text": "Par"}, {"type": "output_text", "text": "is."},
+                                        {"type": "refusal", "refusal": "no"}]}]}
+    assert answer_text(orjson.dumps(chat)) == "Paris."
+    assert answer_text(orjson.dumps(response)) == "Paris."
+    assert answer_text(b"data: not json") is None and answer_text(b"[1]") is None
+    assert answer_text(orjson.dumps({"choices": [{"message": {"content": None}}]})) is None

@@ -137,3 +137,19 @@ def test_the_worst_case_covers_any_usage_within_the_request_s_bounds(
     prompt_tokens = len(text.encode())  # at most one token per byte of the text
     usage = Usage(prompt_tokens, min(completion, max_tokens), min(cached, prompt_tokens))
     assert BOOK.actual_cost("gpt", usage) <= BOOK.worst_case(body)
+
+
+def test_a_responses_request_is_bounded_by_max_output_tokens_never_priced_as_an_embedding() -> None:
+    body = {"model": "plain", "input": "abc"}
+    assert BOOK.worst_case(body, raw_size=1000) == MICRO, "read as an embedding without the hint"
+    limits = BOOK.default_limits.completion_cap
+    assert BOOK.worst_case(body, raw_size=1000, response=True) == to_micro(Decimal(1) + limits * Decimal(2) / 1000)
+    bounded = {**body, "max_output_tokens": 100}
+    assert BOOK.worst_case(bounded, raw_size=1000, response=True) == to_micro(Decimal(1) + Decimal("0.2"))
+
+
+def test_rerank_price_per_document_with_cached_documents_discounted() -> None:
+    book = PriceBook(rerank_price=Decimal("0.01"), hit_multipliers={"l1": Decimal("0.1")})
+    assert book.rerank_cost(4) == 40_000
+    assert book.rerank_cost(1, 2, "l1") == 12_000
+    assert book.rerank_cost(0, 3, "l1") == 3_000

@@ -14,6 +14,7 @@ from proxy.credits.store import Reservation
 from proxy.credits.streaming import UsageChunkFilter, ask_upstream_for_usage, client_asked_for_usage
 from proxy.credits.usage import Usage, usage_from_body, usage_from_json
 from proxy.server.request import Request
+from proxy.sse import last_json_events
 
 
 def test_openai_usage_with_cached_tokens() -> None:
@@ -127,3 +128,30 @@ def test_usage_is_requested_upstream_only_for_metered_streams_that_lack_it() -> 
     asked = chat_context({"stream": True, "stream_options": {"include_usage": True}}, metered=True)
     assert ask_upstream_for_usage(asked) is False and not asked.body_changed
     assert ask_upstream_for_usage(chat_context({"model": "m"}, metered=True)) is False
+
+
+def test_responses_api_usage_in_the_object_and_in_its_terminal_event() -> None:
+    response = {"object": "response", "status": "completed", "usage": {
+        "input_tokens": 30, "input_tokens_details": {"cached_tokens": 12}, "output_tokens": 7,
+        "output_tokens_details": {"reasoning_tokens": 2}, "total_tokens": 37}}
+    assert usage_from_json(response) == Usage(30, 7, 12)
+    for terminal in ("response.completed", "response.incomplete"):
+        assert usage_from_json({"type": terminal, "sequence_number": 9, "response": response}) == Usage(30, 7, 12)
+    assert usage_from_json({"type": "response.created", "response": {**response, "usage": None}}) is None
+    events = b"".join(b"event: " + e["type"].encode() + b"\ndata: " + orjson.dumps(e) + b"\n\n" for e in (
+        {"type": "response.created", "sequence_number": 0, "response": {**response, "usage": None}},
+        {"type": "response.completed", "sequence_number": 1, "response": response}))
+    assert usage_from_json(last_json_events(events, 1)[0]) == Usage(30, 7, 12)
+
+
+async def test_the_filter_never_strips_a_responses_event() -> None:
+    completed = {"type": "response.completed", "sequence_number": 1, "response": {"usage": {
+        "input_tokens": 3, "output_tokens": 1}}}
+    raw = b"event: response.completed\ndata: " + orjson.dumps(completed) + b"\n\n"
+
+    async def source() -> AsyncIterator[bytes]:
+        yield raw
+
+    meter = UsageChunkFilter(strip=True)
+    assert b"".join([chunk async for chunk in meter.filter(source())]) == raw
+    assert meter.usage == Usage(3, 1, 0)

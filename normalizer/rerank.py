@@ -1,0 +1,220 @@
+"""Reranker requests in the shapes of the common servers, as (query, document) pairs each with its own exact key,
+and their answers reassembled in the upstream's own shape. Pure: the cache stage is
+:class:`proxy.stages.rerank.RerankItemsCache`.
+
+Shapes (``form``):
+
+- ``rerank`` — Cohere/Jina-style, also vLLM's ``/v1/rerank`` and ``/v2/rerank`` and llama.cpp's ``/v1/rerank``:
+  ``{model, query, documents, top_n, return_documents}``, a document a string or an object with ``text``;
+  answers ``{..., results: [{index, relevance_score, document?}]}`` sorted by score, best first, cut to ``top_n``
+  (none or 0: all);
+- ``tei`` — Hugging Face text-embeddings-inference's ``POST /rerank``: ``{query, texts, raw_scores,
+  return_text, truncate, truncation_direction}``; answers a list ``[{index, score, text?}]``, best first;
+- ``score`` — vLLM's ``/v1/score``: ``{model, text_1, text_2}`` where ``text_1`` is one query for every
+  ``text_2`` or a list paired with ``text_2`` item by item; answers ``{..., data: [{index, object, score}]}`` in
+  the client's order.
+
+A pair's key (kind ``rerank``, in the request's key scope) covers the form, the model, the query, the document
+(a string and ``{"text": same string}`` are one document) and every other field of the request except
+:data:`UNKEYED_FIELDS` (they order, cut or schedule the answer; they cannot change a score). ``return_documents``
+and ``return_text`` are keyed: a stored result holds the document text exactly when the upstream sent it. Unknown
+fields are keyed verbatim; whether such a request is cached at all follows ``cache.unknown_fields`` through
+:func:`normalizer.bypass.bypass_reason`, as for every endpoint (:data:`RERANK_KNOWN_FIELDS`).
+
+Reassembly: the results of cached pairs (stored as the upstream sent them, without their ``index``) and of the
+pairs just scored are put together with indices into the client's own list, sorted by score (ties keep the
+client's order, as a stable sort upstream does) and cut to ``top_n`` — after merging, since the upstream only saw
+the missing documents. The envelope (``id``, ``model``, ``usage``, ``meta``...) is the upstream's answer's, or the
+stored one when everything was cached; ``usage.prompt_tokens``/``total_tokens`` add each cached pair's share of
+the batch it was scored in.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import orjson
+
+from normalizer.canonical_json import CanonicalizationError, JSONValue, canonical_value
+
+RerankForm = Literal["rerank", "tei", "score"]
+
+UNKEYED_FIELDS = frozenset({"top_n", "priority", "user", "cache", "ragproxy"})
+"""Fields that cannot change a score: the cut of the answer, scheduling, end-user ids, the proxy's own options."""
+
+_PAIR_FIELDS: Mapping[RerankForm, frozenset[str]] = {
+    "rerank": frozenset({"query", "documents"}),
+    "tei": frozenset({"query", "texts"}),
+    "score": frozenset({"text_1", "text_2"}),
+}
+RERANK_KNOWN_FIELDS = frozenset(
+    {
+        "model", "query", "documents", "texts", "text_1", "text_2", "top_n", "return_documents", "return_text",
+        "raw_scores", "truncate", "truncation_direction", "max_tokens_per_doc", "max_chunks_per_doc",
+        "rank_fields", "truncate_prompt_tokens", "instruction", "use_activation", "priority", "user",
+    }
+)  # fmt: skip
+"""Fields some reranker documents (the rest are unknown: keyed, and cached only as ``cache.unknown_fields`` says)."""
+
+_SCORE_FIELD: Mapping[RerankForm, str] = {"rerank": "relevance_score", "tei": "score", "score": "score"}
+_USAGE_COUNTS = ("prompt_tokens", "total_tokens")
+
+
+@dataclass(frozen=True, slots=True)
+class RerankRequest:
+    """A reranker request read into pairs."""
+
+    form: RerankForm
+    pairs: tuple[tuple[JSONValue, JSONValue], ...]
+    """(query, document) as the client sent them, in its order."""
+    options: dict[str, JSONValue]
+    """Everything a score may depend on besides the pair (the model included)."""
+    top_n: int | None
+
+    def items(self) -> list[dict[str, JSONValue]]:
+        """One canonical request per pair (each gets its own key)."""
+        return [{"form": self.form, "query": canonical_value(query), "document": _document(document),
+                 "options": self.options} for query, document in self.pairs]
+
+
+def _document(document: JSONValue) -> JSONValue:
+    if isinstance(document, dict) and set(document) == {"text"} and isinstance(document["text"], str):
+        return document["text"]
+    return canonical_value(document)
+
+
+def _list(value: Any, field: str) -> list[Any]:
+    if not isinstance(value, list) or not value:
+        raise CanonicalizationError(f"{field} must be a non-empty list")
+    return value
+
+
+def read_rerank(body: Mapping[str, Any], route: str) -> RerankRequest:
+    """The pairs of a reranker body sent to ``route`` (``"rerank"`` or ``"score"``); :class:`CanonicalizationError`
+    when it is in none of the shapes."""
+    form: RerankForm = "score" if route == "score" else "tei" if "texts" in body else "rerank"
+    if form == "score":
+        first, second = body.get("text_1"), body.get("text_2")
+        documents = _list(second, "text_2") if isinstance(second, list) else [second]
+        queries = _list(first, "text_1") if isinstance(first, list) else [first] * len(documents)
+        if len(queries) != len(documents) or not all(isinstance(q, str) for q in queries):
+            raise CanonicalizationError("text_1 must be a string, or a list as long as text_2")
+    else:
+        query = body.get("query")
+        if not isinstance(query, str):
+            raise CanonicalizationError("query must be a string")
+        documents = _list(body.get("texts" if form == "tei" else "documents"), "documents")
+        queries = [query] * len(documents)
+    if not all(isinstance(d, str) or (isinstance(d, dict) and isinstance(d.get("text"), str)) for d in documents):
+        raise CanonicalizationError("each document must be a string or an object with a string `text`")
+    top_n = body.get("top_n")
+    if top_n is not None and (isinstance(top_n, bool) or not isinstance(top_n, int) or top_n < 0):
+        raise CanonicalizationError("top_n must be a non-negative integer")
+    options = {key: canonical_value(value) for key, value in body.items()
+               if key not in UNKEYED_FIELDS and key not in _PAIR_FIELDS[form] and value is not None}
+    return RerankRequest(form, tuple(zip(queries, documents, strict=True)), options, top_n or None)
+
+
+def upstream_body(body: Mapping[str, Any], request: RerankRequest, positions: Sequence[int]) -> dict[str, Any]:
+    """The body that asks the upstream for the pairs at ``positions`` only, every one of them scored (no
+    ``top_n``)."""
+    out = {key: value for key, value in body.items() if key != "top_n"}
+    documents = [request.pairs[i][1] for i in positions]
+    if request.form == "score":
+        out["text_2"] = documents
+        if isinstance(body.get("text_1"), list):
+            out["text_1"] = [request.pairs[i][0] for i in positions]
+    else:
+        out["texts" if request.form == "tei" else "documents"] = documents
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class Scored:
+    """One pair's result as the upstream sent it (without its ``index``), and its score."""
+
+    result: dict[str, JSONValue]
+    score: float
+
+
+def read_answer(request: RerankRequest, answer: Any, count: int) -> tuple[list[Scored], dict[str, Any]] | None:
+    """The results of an upstream answer to ``count`` pairs, by position in what was sent, and its envelope (the
+    answer without its results); ``None`` when the answer is not one result per pair."""
+    if request.form == "tei":
+        results, envelope = answer, {}
+    elif isinstance(answer, dict):
+        field = "data" if request.form == "score" else "results"
+        results, envelope = answer.get(field), {k: v for k, v in answer.items() if k != field}
+    else:
+        return None
+    if not isinstance(results, list) or len(results) != count:
+        return None
+    found: dict[int, Scored] = {}
+    name = _SCORE_FIELD[request.form]
+    for result in results:
+        if not isinstance(result, dict):
+            return None
+        index, score = result.get("index"), result.get(name)
+        if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < count or index in found:
+            return None
+        if isinstance(score, bool) or not isinstance(score, int | float):
+            return None
+        found[index] = Scored({k: v for k, v in result.items() if k != "index"}, float(score))
+    return [found[i] for i in range(count)], envelope
+
+
+def render(request: RerankRequest, scored: Sequence[Scored], envelope: Mapping[str, Any], *,
+           forwarded: bool, cached_tokens: int) -> JSONValue:
+    """The answer to the client's whole request, in the upstream's shape (see the module docstring).
+
+    ``envelope`` is the upstream's answer's when ``forwarded``, else a stored one (its token counts are then
+    not this request's: the reported usage is the cached pairs' ``cached_tokens`` alone)."""
+    order = list(range(len(scored)))
+    if request.form != "score":
+        order.sort(key=lambda i: -scored[i].score)
+        if request.top_n is not None:
+            order = order[: request.top_n]
+    results = [{"index": i, **scored[i].result} for i in order]
+    if request.form == "tei":
+        return results
+    out = {**envelope, "data" if request.form == "score" else "results": results}
+    usage = envelope.get("usage")
+    if isinstance(usage, dict):
+        out["usage"] = {key: (value if forwarded else 0) + cached_tokens
+                        if key in _USAGE_COUNTS and isinstance(value, int) else value for key, value in usage.items()}
+    return out
+
+
+def reported_tokens(envelope: Mapping[str, Any]) -> int:
+    """The tokens an answer reports scoring (``usage.prompt_tokens``, else ``total_tokens``; 0 without usage)."""
+    usage = envelope.get("usage")
+    if not isinstance(usage, dict):
+        return 0
+    for key in _USAGE_COUNTS:
+        value = usage.get(key)
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    return 0
+
+
+def token_shares(request: RerankRequest, positions: Sequence[int], total: int) -> list[int]:
+    """``total`` tokens split among the pairs at ``positions`` by their length in UTF-8 bytes (largest remainders
+    round, so the shares add up to ``total`` exactly: a full hit reports the batch's own usage)."""
+    weights = [len(orjson.dumps([request.pairs[i][0], request.pairs[i][1]])) for i in positions]
+    exact = [total * weight / sum(weights) for weight in weights]
+    shares = [int(share) for share in exact]
+    by_remainder = sorted(range(len(exact)), key=lambda i: shares[i] - exact[i])
+    for i in by_remainder[: total - sum(shares)]:
+        shares[i] += 1
+    return shares
+
+
+def document_count(body: Mapping[str, Any]) -> int:
+    """How many documents a reranker body asks to score (at least 1: a malformed body is priced as one)."""
+    for field in ("documents", "texts", "text_2"):
+        value = body.get(field)
+        if isinstance(value, list):
+            return max(1, len(value))
+    return 1

@@ -1,0 +1,36 @@
+"""Credit stages of the endpoints priced unlike chat: the Responses API (its output limit is ``max_output_tokens``)
+and rerankers (a price per document, :meth:`~proxy.credits.pricing.PriceBook.rerank_cost`). Reserving, settling and
+releasing are :class:`~proxy.credits.stages.Credits`'s; only what is priced differs."""
+
+from __future__ import annotations
+
+from normalizer.rerank import document_count
+from proxy.context import RequestContext
+from proxy.credits.stages import Credits
+from proxy.credits.store import ChargeDetails
+from proxy.credits.usage import Usage
+
+
+class ResponseCredits(Credits):
+    """Credits for ``/v1/responses``: the worst case bounds the output by ``max_output_tokens``."""
+
+    def estimate(self, ctx: RequestContext) -> int:
+        assert ctx.body is not None
+        return self.prices.worst_case(ctx.body, raw_size=len(ctx.raw_body) or None, response=True)
+
+
+class RerankCredits(Credits):
+    """Credits for rerankers: every document reserved; settled per document scored upstream, and per document
+    answered from the cache at that tier's hit multiplier (usage reported in tokens is recorded, not priced)."""
+
+    def estimate(self, ctx: RequestContext) -> int:
+        return self.prices.rerank_cost(document_count(ctx.body or {}))
+
+    def cost(self, ctx: RequestContext, usage: Usage | None, reserved: int) -> tuple[int, ChargeDetails]:
+        model = (ctx.body or {}).get("model")
+        counted = ctx.rerank  # None when the request bypassed the cache: every document went upstream
+        scored, cached = (counted.scored, counted.cached) if counted else (document_count(ctx.body or {}), 0)
+        details = ChargeDetails(tenant=ctx.tenant, model=model if isinstance(model, str) else "",
+                                tier=ctx.cache_tier or "upstream", usage_source="documents",
+                                prompt_tokens=usage.prompt_tokens if usage is not None else 0)
+        return self.prices.rerank_cost(scored, cached, ctx.cache_tier), details

@@ -1,0 +1,141 @@
+"""Per-document caching of rerankers (``/v1/rerank``, ``/rerank``, ``/v2/rerank``, ``/v1/score``, ``/score``):
+a repeated query over an overlapping candidate set forwards only the documents not scored before.
+
+Each (query, document) pair has its own exact key (:mod:`normalizer.rerank`: the shapes, what the key covers, how
+answers are reassembled) in the request's key scope (tenant, namespace, knowledge version, and the user when
+private), like the embeddings items cache (:mod:`proxy.stages.embeddings`). Missing pairs go upstream in one call
+(duplicates once, without ``top_n``); the answer is rebuilt in the upstream's shape over the client's whole list.
+``ctx.rerank`` tells the credits stage how many documents were scored upstream and how many came from the cache.
+
+Response headers: ``X-Cache-Status`` (HIT when every document was cached, MISS otherwise, BYPASS), ``X-Cache-Hits``
+(``cached/total``), ``X-Cache-Tier`` when any was cached. An upstream answer that is not one result per document
+sent is a 502 (its indices could not be mapped back to the client's list).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import orjson
+from multidict import CIMultiDict
+
+from normalizer.bypass import bypass_reason
+from normalizer.cache_control import CachePolicy
+from normalizer.canonical import cache_key
+from normalizer.canonical_json import CanonicalizationError
+from normalizer.rerank import (
+    RerankRequest,
+    Scored,
+    read_answer,
+    read_rerank,
+    render,
+    reported_tokens,
+    token_shares,
+    upstream_body,
+)
+from proxy.context import Reply, RequestContext
+from proxy.errors import ProxyError
+from proxy.pipeline import Next
+from proxy.stages.items import ItemsCache
+from proxy.stages.tiers import bypass_header, entry_tags
+from tiers.entry import CachedResponse
+
+JSON = "application/json"
+
+
+@dataclass(frozen=True, slots=True)
+class RerankCount:
+    """Documents of one reranker request: scored upstream, and answered from the cache."""
+
+    scored: int
+    cached: int
+
+
+class RerankItemsCache(ItemsCache):
+    """Serve cached pairs, score the missing ones in one upstream call, store them, answer the whole request."""
+
+    name = "rerank_items"
+    gives = frozenset({"user_scope", "key_scope", "bypass_reason", "rerank"})
+
+    async def __call__(self, ctx: RequestContext, call_next: Next) -> Reply:
+        body = ctx.body or {}
+        policy = ctx.cache_policy
+        request: RerankRequest | None = None
+        reason: str | None = None
+        if policy is not None and (policy.may_read or policy.may_store):
+            reason = bypass_reason(body, self.bypass, kind="rerank", namespace=ctx.namespace)
+            try:
+                request = read_rerank(body, ctx.route) if reason is None else None
+            except CanonicalizationError as exc:
+                reason = f"not canonicalizable: {exc}"
+        if request is None or policy is None:
+            return await self._bypass(ctx, reason, call_next)
+        scope = self.scope.scope(ctx)
+        keys = [cache_key("rerank", item, scope) for item in request.items()]
+        found = await self.lookup(keys, policy)
+        cached = [entry for entry in found if entry is not None]
+        first: dict[str, int] = {}  # each missing key is asked for once, at its first position
+        for position, (key, entry) in enumerate(zip(keys, found, strict=True)):
+            if entry is None:
+                first.setdefault(key, position)
+        missing = list(first)
+        ctx.rerank = RerankCount(scored=len(missing), cached=len(cached))
+        upstream: Reply | None = None
+        fresh: dict[str, CachedResponse] = {}
+        if missing:
+            ctx.replace_body(upstream_body(body, request, list(first.values())))
+            upstream = await call_next(ctx)
+            if upstream.status != 200 or upstream.body is None:
+                return upstream
+            fresh = await self._store(ctx, request, first, upstream, policy)
+        entries = [entry or fresh[key] for key, entry in zip(keys, found, strict=True)]
+        shaped_by = fresh[missing[0]] if missing else entries[0]  # the upstream's envelope and content type
+        answer = render(request, [Scored(orjson.loads(e.body), float(e.meta["score"])) for e in entries],
+                        shaped_by.meta.get("envelope") or {}, forwarded=bool(missing),
+                        cached_tokens=sum(int(e.meta.get("tokens", 0)) for e in cached))
+        ctx.cache_status = "MISS" if missing else "HIT"
+        headers: CIMultiDict[str] = CIMultiDict({
+            "Content-Type": shaped_by.meta.get("json_type") or JSON,
+            "X-Cache-Status": ctx.cache_status, "X-Cache-Hits": f"{len(cached)}/{len(keys)}"})
+        if cached:
+            ctx.cache_tier = headers["X-Cache-Tier"] = self.tier.name
+        reply = Reply(status=200, headers=headers, body=orjson.dumps(answer))
+        return reply.take_over(upstream) if upstream is not None else reply
+
+    async def _store(self, ctx: RequestContext, request: RerankRequest, first: dict[str, int], upstream: Reply,
+                     policy: CachePolicy) -> dict[str, CachedResponse]:
+        """The entries of the pairs the upstream just scored (``first``: their keys and positions, in the order
+        sent), by key, stored when the request may store; a 502 when the answer is not one result per pair sent."""
+        assert upstream.body is not None
+        try:
+            read = read_answer(request, orjson.loads(upstream.body), len(first))
+        except orjson.JSONDecodeError:
+            read = None
+        if read is None:
+            await upstream.finish(False, upstream.body)
+            raise ProxyError(502, "the reranker's answer does not hold one result per document sent",
+                             code="upstream_invalid_answer")
+        results, envelope = read
+        shares = token_shares(request, list(first.values()), reported_tokens(envelope))
+        content_type = upstream.headers.get("Content-Type", JSON)
+        model = (ctx.body or {}).get("model")
+        entries: dict[str, CachedResponse] = {}
+        for position, key in enumerate(first):
+            entry = entries[key] = CachedResponse(
+                body=orjson.dumps(results[position].result), kind="rerank",
+                model=model if isinstance(model, str) else None, cost=(ctx.upstream_seconds or 1.0) / len(first),
+                meta={"score": results[position].score, "tokens": shares[position], "envelope": envelope,
+                      **({"json_type": content_type} if content_type != JSON else {})})
+            if policy.may_store and policy.ttl != 0:
+                await self.tier.put(key, entry, ttl=policy.ttl, tags=entry_tags(ctx, entry.model))
+        return entries
+
+    @staticmethod
+    async def _bypass(ctx: RequestContext, reason: str | None, call_next: Next) -> Reply:
+        ctx.cache_status, ctx.bypass_reason = "BYPASS", reason
+        reply = await call_next(ctx)
+        reply.headers["X-Cache-Status"] = "BYPASS"
+        if reason is not None:
+            reply.headers["X-Cache-Bypass-Reason"] = bypass_header(reason)
+        return reply
+

@@ -1,0 +1,157 @@
+"""Rerankers through the proxy, against doubles of the real servers: the same answers as directly, in each server's
+own shape, with a repeated query over an overlapping candidate set forwarding only the documents not scored yet."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from proxy.credits.pricing import MICRO
+from proxy.credits.store import CreditStore, LedgerEntry, ledger_entries
+from tests.fakes.rerankers import FakeReranker
+from tests.support.objects import without
+from tests.support.proxy_server import ProxyServer, proxy_settings
+
+QUERY = "how tall is the eiffel tower"
+DOCS = ["The Eiffel Tower is 330 metres tall.", "Paris is the capital of France.",
+        "The tower was built for the 1889 fair.", "Bananas are rich in potassium."]
+MORE = [DOCS[2], "Gustave Eiffel's company built the tower.", DOCS[0]]
+VOLATILE = {"id", "created", "usage"}
+
+
+def _stable(obj: Any) -> Any:
+    return without(obj, VOLATILE)
+
+
+def _served(flavor: str, **overrides: Any) -> Iterator[tuple[FakeReranker, ProxyServer]]:
+    with FakeReranker(flavor) as fake, ProxyServer(proxy_settings(fake.url, **overrides)) as proxy:
+        yield fake, proxy
+
+
+@pytest.fixture(params=["vllm", "jina", "cohere"])
+def rerank_server(request: pytest.FixtureRequest) -> Iterator[tuple[FakeReranker, ProxyServer, str]]:
+    path = {"vllm": "/v1/rerank", "jina": "/v1/rerank", "cohere": "/v2/rerank"}[request.param]
+    for fake, proxy in _served(request.param):
+        yield fake, proxy, path
+
+
+def _post(url: str, body: Any) -> httpx.Response:
+    return httpx.post(url, json=body, timeout=30)
+
+
+async def _charges(store: CreditStore, user: str) -> list[LedgerEntry]:
+    return [e async for e in ledger_entries(store) if e.user == user and e.kind == "charge"]
+
+
+def _sent_documents(fake: FakeReranker, path: str) -> list[Any]:
+    body = fake.log.for_path(path)[-1].json()
+    assert "top_n" not in body, "every document sent is scored: top_n is applied after merging"
+    return list(body.get("documents") or body.get("texts") or body.get("text_2"))
+
+
+def test_rerank_shapes_round_trip_and_forward_only_new_documents(
+        rerank_server: tuple[FakeReranker, ProxyServer, str]) -> None:
+    fake, proxy, path = rerank_server
+    body = {"model": "fake-reranker", "query": QUERY, "documents": DOCS, "top_n": 3}
+    direct = _post(fake.url + path, body).json()
+    miss = _post(proxy.url + path, body)
+    assert miss.headers["X-Cache-Status"] == "MISS" and miss.headers["X-Cache-Hits"] == "0/4"
+    assert _stable(miss.json()) == _stable(direct)
+    assert len(miss.json()["results"]) == 3 and miss.json()["results"][0]["index"] == 0
+    hit = _post(proxy.url + path, body)
+    assert hit.headers["X-Cache-Status"] == "HIT" and hit.headers["X-Cache-Hits"] == "4/4"
+    assert hit.json()["results"] == miss.json()["results"]
+    calls = len(fake.log.for_path(path))
+    overlapping = {"model": "fake-reranker", "query": QUERY, "documents": MORE}
+    partial = _post(proxy.url + path, overlapping)
+    assert partial.headers["X-Cache-Status"] == "MISS" and partial.headers["X-Cache-Hits"] == "2/3"
+    assert _sent_documents(fake, path) == [MORE[1]], "only the document not scored before"
+    assert len(fake.log.for_path(path)) == calls + 1
+    assert _stable(partial.json()) == _stable(_post(fake.url + path, overlapping).json())
+
+
+def test_vllm_usage_counts_every_document_and_objects_equal_strings() -> None:
+    for fake, proxy in _served("vllm"):
+        body = {"model": "fake-reranker", "query": QUERY, "documents": DOCS}
+        first = _post(proxy.url + "/rerank", body).json()
+        as_objects = {**body, "documents": [{"text": d} for d in DOCS]}
+        again = _post(proxy.url + "/v1/rerank", as_objects)
+        assert again.headers["X-Cache-Status"] == "HIT"
+        assert again.json()["usage"] == first["usage"] == _post(fake.url + "/rerank", body).json()["usage"]
+        partial = _post(proxy.url + "/v2/rerank", {**body, "documents": MORE}).json()["usage"]
+        direct = _post(fake.url + "/v2/rerank", {**body, "documents": MORE}).json()["usage"]
+        assert abs(partial["total_tokens"] - direct["total_tokens"]) <= 3, "cached pairs: their share, by length"
+
+
+def test_jina_documents_are_kept_apart_from_answers_without_them() -> None:
+    for fake, proxy in _served("jina"):
+        body = {"model": "fake-reranker", "query": QUERY, "documents": DOCS}
+        shown = _post(proxy.url + "/v1/rerank", body).json()
+        assert all("document" in result for result in shown["results"])
+        hidden = _post(proxy.url + "/v1/rerank", {**body, "return_documents": False})
+        assert hidden.headers["X-Cache-Status"] == "MISS", "return_documents is keyed: the stored results differ"
+        assert _stable(hidden.json()) == _stable(_post(fake.url + "/v1/rerank",
+                                                       {**body, "return_documents": False}).json())
+
+
+def test_tei_list_shape_raw_scores_and_texts() -> None:
+    for fake, proxy in _served("tei"):
+        for options in ({}, {"raw_scores": True}, {"return_text": True}):
+            body = {"query": QUERY, "texts": DOCS, **options}
+            direct = _post(fake.url + "/rerank", body).json()
+            assert _post(proxy.url + "/rerank", body).json() == direct
+            hit = _post(proxy.url + "/rerank", body)
+            assert hit.headers["X-Cache-Status"] == "HIT" and hit.json() == direct
+        partial = _post(proxy.url + "/rerank", {"query": QUERY, "texts": MORE})
+        assert partial.headers["X-Cache-Hits"] == "2/3" and _sent_documents(fake, "/rerank") == [MORE[1]]
+        assert partial.json() == _post(fake.url + "/rerank", {"query": QUERY, "texts": MORE}).json()
+        error = _post(proxy.url + "/rerank", {"query": QUERY, "texts": []})
+        assert error.status_code == 422 and error.headers["X-Cache-Status"] == "BYPASS", "the server's own error"
+
+
+def test_vllm_score_pairs_in_request_order() -> None:
+    for fake, proxy in _served("vllm"):
+        body = {"model": "fake-reranker", "text_1": QUERY, "text_2": DOCS}
+        direct = _post(fake.url + "/v1/score", body).json()
+        assert _stable(_post(proxy.url + "/v1/score", body).json()) == _stable(direct)
+        assert [d["index"] for d in direct["data"]] == [0, 1, 2, 3]
+        pairs = {"model": "fake-reranker", "text_1": [QUERY, "fruit"], "text_2": [DOCS[0], DOCS[3]]}
+        answer = _post(proxy.url + "/score", pairs)
+        assert answer.headers["X-Cache-Hits"] == "1/2", "the first pair was scored above, under the same query"
+        assert fake.log.for_path("/score")[-1].json()["text_1"] == ["fruit"]
+        assert _stable(answer.json()) == _stable(_post(fake.url + "/score", pairs).json())
+
+
+def test_unknown_fields_and_malformed_bodies_bypass_with_a_reason() -> None:
+    for _fake, proxy in _served("vllm"):
+        unknown = _post(proxy.url + "/v1/rerank", {"query": QUERY, "documents": DOCS, "novel": 1})
+        assert unknown.headers["X-Cache-Status"] == "BYPASS"
+        assert unknown.headers["X-Cache-Bypass-Reason"] == "unknown field(s): novel"
+        malformed = _post(proxy.url + "/v1/rerank", {"query": QUERY, "documents": "one"})
+        assert malformed.status_code == 400 and malformed.headers["X-Cache-Status"] == "BYPASS"
+        assert malformed.json()["error"]["message"], "the upstream's own error, passed through"
+        not_json = httpx.post(proxy.url + "/rerank", content=b"{", headers={"Content-Type": "application/json"})
+        assert not_json.status_code == 400 and not_json.json()["error"]["code"] == "invalid_json"
+
+
+def test_reranking_is_billed_per_document_with_cached_ones_at_the_hit_price(tmp_path: Path) -> None:
+    for _fake, proxy in _served("vllm", **{"auth.mode": "keys", "credits.enabled": True, "data_dir": str(tmp_path),
+                                           "credits.sqlite_synchronous": "NORMAL", "credits.rerank_price": "0.01"}):
+        keys, store = proxy.runtime.credits.keys, proxy.runtime.credits.store
+        assert keys is not None and store is not None
+        key = proxy.call(keys.create("rita", "acme")).plaintext
+        proxy.call(store.top_up("rita", 1 * MICRO, tenant="acme"))
+        headers = {"Authorization": f"Bearer {key}"}
+        body = {"model": "fake-reranker", "query": QUERY, "documents": DOCS}
+        miss = httpx.post(proxy.url + "/v1/rerank", json=body, headers=headers, timeout=30)
+        assert miss.headers["X-Credits-Charged"] == "0.04", "4 documents scored"
+        partial = httpx.post(proxy.url + "/v1/rerank", json={**body, "documents": MORE}, headers=headers, timeout=30)
+        assert partial.headers["X-Credits-Charged"] == "0.012", "1 scored + 2 cached at a tenth"
+
+        entries = proxy.call(_charges(store, "rita"))
+        assert [e.usage_source for e in entries] == ["documents", "documents"]
+        assert [e.tier for e in entries] == ["upstream", "l1"]
