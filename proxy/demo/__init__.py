@@ -1,0 +1,102 @@
+"""``ragproxy demo``: the proxy in front of two built-in TEST upstreams, a short tour that shows each cache tier
+at work, then exit 0 (1 when a step did not get the cache status it should); ``--serve`` keeps everything running
+for the newcomer's own requests and prints curl lines to try.
+
+The upstreams are doubles, named as such wherever they show: :mod:`proxy.demo.llm` (canned OpenAI-compatible
+answers) and :mod:`proxy.demo.qdrant` (a few Qdrant REST routes over qdrant-client's local mode). They listen on
+sockets bound before the settings are built, so their addresses are known and cannot be taken in between. The proxy
+runs as ``serve`` runs it (:func:`proxy.serve.running`), in a temporary data directory (every run starts cold), on
+free ports, or on the configured ports (8080 and 8081 by default) with ``--serve``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import socket
+import tempfile
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+
+from proxy.config import Settings
+from proxy.demo.llm import DemoLLM
+from proxy.demo.qdrant import DemoQdrant
+from proxy.demo.tour import Tour, curl_lines
+from proxy.serve import running
+from proxy.startup_report import gather, http_url, render
+
+_DEFAULTS = {"logging.format": "text", "logging.level": "warning"}
+
+
+def _bound() -> socket.socket:
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(128)
+    return sock
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@dataclass
+class Demo:
+    overrides: dict[str, Any]
+    keep_serving: bool
+    sockets: tuple[socket.socket, socket.socket]
+    data_dir: tempfile.TemporaryDirectory[str] = field(
+        default_factory=lambda: tempfile.TemporaryDirectory(prefix="ragproxy-demo-"))
+
+    @classmethod
+    def prepare(cls, overrides: dict[str, Any], *, keep_serving: bool) -> Demo:
+        """Bind the doubles' sockets and work out the proxy's settings (``overrides`` as given on the command
+        line; the upstreams and the data directory are the demo's own)."""
+        llm, qdrant = _bound(), _bound()
+        demo = cls({}, keep_serving, (llm, qdrant))
+        ports = {} if keep_serving else {"server.port": _free_port(), "admin.port": _free_port()}
+        demo.overrides = {**_DEFAULTS, **ports, **overrides,
+                          "upstreams.llm": [{"url": http_url(*llm.getsockname())}],
+                          "upstreams.qdrant.url": http_url(*qdrant.getsockname()),
+                          "data_dir": demo.data_dir.name}
+        return demo
+
+    async def run(self, settings: Settings) -> int:
+        llm, qdrant = DemoLLM(), DemoQdrant()
+        runners = [web.AppRunner(llm.app, access_log=None), web.AppRunner(qdrant.app, access_log=None)]
+        passed = False
+        try:
+            for runner, sock in zip(runners, self.sockets, strict=True):
+                await runner.setup()
+                await web.SockSite(runner, sock).start()
+            async with running(settings) as runtime, aiohttp.ClientSession() as session:
+                if runtime.semantic_ready is not None:
+                    await runtime.semantic_ready  # the embedding model is loaded in the background
+                print("ragproxy demo: the proxy in front of two TEST upstreams built into ragproxy "
+                      f"(not real services): a canned OpenAI-compatible LLM at {settings.upstreams.llm[0].url}, "
+                      f"a Qdrant double over qdrant-client's local mode at {settings.upstreams.qdrant.url}\n")
+                report = await gather(settings, runtime)
+                print(render(report))
+                tour = Tour(settings, runtime, llm, qdrant)
+                passed = await tour.run(session, None if runtime.semantic else report.features["L2 semantic"])
+                if self.keep_serving:
+                    print("\nTry it yourself: the proxy and its test upstreams keep running (Ctrl-C stops them)\n")
+                    print("\n".join(curl_lines(settings, tour.api_key)), flush=True)
+                    await _until_signal()
+        finally:
+            for runner in runners:
+                await runner.cleanup()
+            self.data_dir.cleanup()
+        return 0 if passed else 1
+
+
+async def _until_signal() -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()

@@ -1,0 +1,185 @@
+"""The one start-up summary of ``ragproxy serve``: where it listens, its upstreams (each probed once), which tiers
+are on and why one is off, where its data lives, the admin URL and whether it needs a token.
+
+Who reads it decides its form (:func:`announce`): with ``logging.format=text``, or when stderr is a terminal, a
+plain block on stderr; otherwise one log record carrying the same facts under ``startup``. JSON logs usually go to
+a collector that parses every line of stderr, where a plain block would arrive as a dozen broken records. The
+facts are gathered by :func:`gather` (the only I/O: one probe per upstream) and shaped by pure functions.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import importlib.metadata
+import logging
+import sys
+from dataclasses import asdict, dataclass
+from typing import Any, TextIO
+
+import aiohttp
+
+from proxy.config import Settings, redact_url
+from proxy.runtime import Runtime
+from proxy.semantic_factory import unavailable
+
+log = logging.getLogger("ragproxy")
+
+PROBE_TIMEOUT_S = 2.0
+
+
+@dataclass(frozen=True)
+class Upstream:
+    role: str  # "LLM" or "Qdrant"
+    url: str  # without credentials
+    state: str  # "reachable, models: ..." or "unreachable: connection refused"
+
+
+@dataclass(frozen=True)
+class StartupReport:
+    version: str
+    data_plane: str
+    admin: str
+    upstreams: list[Upstream]
+    features: dict[str, str]  # tier or layer → "on: ..." or "off: why"
+    data_dir: str
+
+    def record(self) -> dict[str, Any]:
+        """The facts as one JSON-ready object (the ``startup`` field of the log record)."""
+        return asdict(self)
+
+
+def version() -> str:
+    try:
+        return importlib.metadata.version("ragproxy")
+    except importlib.metadata.PackageNotFoundError:  # run from a source tree that was never installed
+        return "(not installed)"
+
+
+def http_url(host: str, port: int) -> str:
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
+def admin_line(settings: Settings) -> str:
+    admin = settings.admin
+    if not admin.enabled:
+        return "off (admin.enabled is false)"
+    access = "token required (Authorization: Bearer <admin.token>)" if admin.token is not None \
+        else "no token needed: loopback only"
+    return f"{http_url(admin.host, admin.port)}/admin/ui  ({access})"
+
+
+def data_plane_line(settings: Settings) -> str:
+    base = http_url(settings.server.host, settings.server.port)
+    everywhere = "  (all interfaces)" if settings.server.host in ("0.0.0.0", "::", "") else ""
+    qdrant = f", Qdrant URL {base}" if settings.upstreams.qdrant.url else ""
+    return f"{base}{everywhere}  (OpenAI base URL {base}/v1{qdrant})"
+
+
+def _off(switches: list[tuple[str, bool]]) -> str | None:
+    """``off: <key> is false`` for the first switch that is off, or ``None``."""
+    return next((f"off: {key} is false" for key, on in switches if not on), None)
+
+
+def describe_features(settings: Settings, runtime: Runtime) -> dict[str, str]:
+    """Each cache tier and layer: ``on: what it runs on`` or ``off: why``."""
+    cache = settings.cache
+    master = ("cache.enabled", cache.enabled)
+    l2_reason = unavailable(cache.l2)
+    return {
+        "L1 exact": _off([master, ("cache.l1.enabled", cache.l1.enabled)])
+        or ("on: shared in Redis, near copies in memory" if runtime.shared is not None
+            else f"on: in memory, up to {_size(cache.l1.max_bytes)}"),
+        "L2 semantic": _off([master, ("cache.l2.enabled", cache.l2.enabled)])
+        or (f"off: {l2_reason}" if runtime.semantic is None and l2_reason else None)
+        or f"on: {cache.l2.embedder} embedder, {cache.l2.vector_store} index, threshold {cache.l2.threshold}",
+        "L3 cold": _off([master, ("cache.l3.enabled", cache.l3.enabled)])
+        or f"on: {settings.data_dir / 'cold'}, up to {_size(cache.l3.max_bytes)}",
+        "search cache": _off([master, ("cache.retrieval.enabled", cache.retrieval.enabled)])
+        or ("on" if settings.upstreams.qdrant.url else "on (idle: no Qdrant upstream)"),
+        "KV routing": _off([("routing.enabled", settings.routing.enabled)]) or "on",
+        "credits": _off([("credits.enabled", settings.credits.enabled)]) or "on",
+        "auth": "keys: Authorization: Bearer <API key> required" if settings.auth.mode == "keys"
+        else "open: one anonymous tenant, no API keys",
+    }
+
+
+def _size(count: int) -> str:
+    for unit, scale in (("GiB", 1024**3), ("MiB", 1024**2), ("KiB", 1024)):
+        if count >= scale:
+            return f"{count / scale:g} {unit}"
+    return f"{count} bytes"
+
+
+async def probe(session: aiohttp.ClientSession, url: str, headers: dict[str, str]) -> tuple[str, Any]:
+    """``(state, parsed JSON body or None)`` of one GET, never raising."""
+    try:
+        async with session.get(url, headers=headers,
+                               timeout=aiohttp.ClientTimeout(total=PROBE_TIMEOUT_S)) as response:
+            if response.status != 200:
+                return f"reachable, but answers HTTP {response.status}", None
+            try:
+                return "reachable", await response.json(content_type=None)
+            except ValueError:
+                return "reachable", None
+    except TimeoutError:
+        return f"unreachable: no answer within {PROBE_TIMEOUT_S:g} s", None
+    except aiohttp.ClientConnectorError as exc:
+        refused = exc.os_error.errno == errno.ECONNREFUSED
+        return f"unreachable: {'connection refused' if refused else exc.os_error.strerror or exc}", None
+    except aiohttp.ClientError as exc:
+        return f"unreachable: {exc.__class__.__name__}", None
+
+
+def _llm_state(state: str, body: Any) -> str:
+    models = [item.get("id") for item in body.get("data", []) if isinstance(item, dict)] \
+        if isinstance(body, dict) and isinstance(body.get("data"), list) else []
+    return f"{state}, models: {', '.join(map(str, models[:3]))}{' ...' if len(models) > 3 else ''}" if models \
+        else state
+
+
+def _qdrant_state(state: str, body: Any) -> str:
+    release = body.get("version") if isinstance(body, dict) else None
+    return f"{state}, Qdrant {release}" if release else state
+
+
+async def gather(settings: Settings, runtime: Runtime) -> StartupReport:
+    """Probe every upstream once (concurrently) and put the report together."""
+    session = runtime.client.session
+    backends = runtime.backends.backends
+    qdrant = settings.upstreams.qdrant
+    calls = [probe(session, f"{b.url}/v1/models", b.auth_headers()) for b in backends]
+    if qdrant.url is not None:
+        calls.append(probe(session, f"{qdrant.url}/", {"api-key": qdrant.api_key.get_secret_value()}
+                           if qdrant.api_key else {}))
+    results = await asyncio.gather(*calls)
+    upstreams = [Upstream(f"LLM ({b.config.kind})", b.label, _llm_state(*result))
+                 for b, result in zip(backends, results, strict=False)]
+    if qdrant.url is not None:
+        upstreams.append(Upstream("Qdrant", redact_url(qdrant.url), _qdrant_state(*results[-1])))
+    else:
+        upstreams.append(Upstream("Qdrant", "-", "not configured (--qdrant-upstream URL); Qdrant routes answer 502"))
+    return StartupReport(version=version(), data_plane=data_plane_line(settings), admin=admin_line(settings),
+                         upstreams=upstreams, features=describe_features(settings, runtime),
+                         data_dir=str(settings.data_dir.resolve()))
+
+
+def render(report: StartupReport) -> str:
+    """The plain-text block."""
+    rows = [("data plane", report.data_plane), ("admin", report.admin),
+            *((up.role, f"{up.url}  {up.state}" if up.url != "-" else up.state) for up in report.upstreams),
+            *report.features.items(), ("data", report.data_dir)]
+    width = max(len(label) for label, _ in rows)
+    lines = [f"ragproxy {report.version} ready", *(f"  {label:<{width}}  {value}" for label, value in rows)]
+    return "\n".join(lines) + "\n"
+
+
+def announce(report: StartupReport, log_format: str, stream: TextIO | None = None) -> None:
+    """Write the report for whoever reads stderr (see the module docstring)."""
+    out = stream or sys.stderr
+    if log_format == "text" or out.isatty():
+        out.write(render(report))
+        out.flush()
+    else:
+        log.info("ragproxy %s ready on %s", report.version, report.data_plane.split()[0],
+                 extra={"startup": report.record()})
