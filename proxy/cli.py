@@ -19,6 +19,7 @@ from typing import Any
 import yaml
 
 from proxy.config import ConfigError, LLMBackend, Settings, load_settings, parse_assignment, redacted
+from proxy.kv.kinds import KINDS
 
 LLM_OPTIONS = tuple(name for name in LLMBackend.model_fields if name not in ("url", "api_key"))
 _REFUSED = {"check-config": "invalid configuration", "serve": "refusing to start", "demo": "refusing to start"}
@@ -31,8 +32,8 @@ def _settings_flags(command: argparse.ArgumentParser, *, upstreams: bool) -> Non
     command.add_argument("--port", help="data-plane port (server.port)")
     if upstreams:
         command.add_argument("--llm-upstream", action="append", metavar="URL[,kind=KIND]",
-                             help="an OpenAI-compatible backend, repeat for replicas (upstreams.llm); options after "
-                                  "commas: kind=openai|vllm|sglang|llamacpp, name=, slots=, max_concurrency=, "
+                             help=f"an OpenAI-compatible backend, repeat for replicas (upstreams.llm); options "
+                                  f"after commas: kind={'|'.join(KINDS)}, name=, slots=, max_concurrency=, "
                                   "kv_capacity_tokens=")
         command.add_argument("--qdrant-upstream", metavar="URL", help="Qdrant REST URL (upstreams.qdrant.url)")
     command.add_argument("--admin-port", help="admin API port (admin.port)")

@@ -21,7 +21,6 @@ import aiohttp
 
 from proxy.config import Settings, redact_url
 from proxy.runtime import Runtime
-from proxy.semantic_factory import unavailable
 
 log = logging.getLogger("ragproxy")
 
@@ -76,32 +75,32 @@ def data_plane_line(settings: Settings) -> str:
     return f"{base}{everywhere}  (OpenAI base URL {base}/v1{qdrant})"
 
 
-def _off(switches: list[tuple[str, bool]]) -> str | None:
-    """``off: <key> is false`` for the first switch that is off, or ``None``."""
-    return next((f"off: {key} is false" for key, on in switches if not on), None)
+TIER_LABELS = {"l1": "L1 exact", "l2": "L2 semantic", "l3": "L3 cold", "retrieval": "search cache"}
+
+
+def _tier_detail(name: str, settings: Settings, shared: bool) -> str:
+    cache = settings.cache
+    details = {
+        "l1": "shared in Redis, near copies in memory" if shared else f"in memory, up to {_size(cache.l1.max_bytes)}",
+        "l2": f"{cache.l2.embedder} embedder, {cache.l2.vector_store} index, threshold {cache.l2.threshold}",
+        "l3": f"{settings.data_dir / 'cold'}, up to {_size(cache.l3.max_bytes)}",
+        "retrieval": "" if settings.upstreams.qdrant.url else "idle until a Qdrant upstream is configured",
+    }
+    return details.get(name, "")
 
 
 def describe_features(settings: Settings, runtime: Runtime) -> dict[str, str]:
     """Each cache tier and layer: ``on: what it runs on`` or ``off: why``."""
-    cache = settings.cache
-    master = ("cache.enabled", cache.enabled)
-    l2_reason = unavailable(cache.l2)
-    return {
-        "L1 exact": _off([master, ("cache.l1.enabled", cache.l1.enabled)])
-        or ("on: shared in Redis, near copies in memory" if runtime.shared is not None
-            else f"on: in memory, up to {_size(cache.l1.max_bytes)}"),
-        "L2 semantic": _off([master, ("cache.l2.enabled", cache.l2.enabled)])
-        or (f"off: {l2_reason}" if runtime.semantic is None and l2_reason else None)
-        or f"on: {cache.l2.embedder} embedder, {cache.l2.vector_store} index, threshold {cache.l2.threshold}",
-        "L3 cold": _off([master, ("cache.l3.enabled", cache.l3.enabled)])
-        or f"on: {settings.data_dir / 'cold'}, up to {_size(cache.l3.max_bytes)}",
-        "search cache": _off([master, ("cache.retrieval.enabled", cache.retrieval.enabled)])
-        or ("on" if settings.upstreams.qdrant.url else "on (idle: no Qdrant upstream)"),
-        "KV routing": _off([("routing.enabled", settings.routing.enabled)]) or "on",
-        "credits": _off([("credits.enabled", settings.credits.enabled)]) or "on",
-        "auth": "keys: Authorization: Bearer <API key> required" if settings.auth.mode == "keys"
-        else "open: one anonymous tenant, no API keys",
-    }
+    states = {tier.name: f"on: {detail}" if (detail := _tier_detail(tier.name, settings, runtime.shared is not None))
+              else "on" for tier in runtime.tiers}
+    states.update({off.name: f"off: {off.reason}" for off in runtime.tiers.off})
+    order = [*TIER_LABELS, *sorted(set(states) - set(TIER_LABELS))]
+    features = {TIER_LABELS.get(name, name): states[name] for name in order if name in states}
+    features["KV routing"] = "on" if settings.routing.enabled else "off: routing.enabled is off"
+    features["credits"] = "on" if settings.credits.enabled else "off: credits.enabled is off"
+    features["auth"] = "keys: Authorization: Bearer <API key> required" if settings.auth.mode == "keys" \
+        else "open: one anonymous tenant, no API keys"
+    return features
 
 
 def _size(count: int) -> str:

@@ -21,6 +21,7 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
+from proxy.cache_tiers.semantic import SemanticCacheTier
 from proxy.config import Settings
 from proxy.demo.llm import DemoLLM
 from proxy.demo.qdrant import DemoQdrant
@@ -74,15 +75,16 @@ class Demo:
                 await runner.setup()
                 await web.SockSite(runner, sock).start()
             async with running(settings) as runtime, aiohttp.ClientSession() as session:
-                if runtime.semantic_ready is not None:
-                    await runtime.semantic_ready  # the embedding model is loaded in the background
+                semantic = runtime.tiers.find(SemanticCacheTier)
+                if semantic is not None and semantic.ready is not None:
+                    await semantic.ready  # the embedding model is loaded in the background
                 print("ragproxy demo: the proxy in front of two TEST upstreams built into ragproxy "
                       f"(not real services): a canned OpenAI-compatible LLM at {settings.upstreams.llm[0].url}, "
                       f"a Qdrant double over qdrant-client's local mode at {settings.upstreams.qdrant.url}\n")
                 report = await gather(settings, runtime)
                 print(render(report))
-                tour = Tour(settings, runtime, llm, qdrant)
-                passed = await tour.run(session, None if runtime.semantic else report.features["L2 semantic"])
+                tour = Tour(settings, semantic, llm, qdrant)
+                passed = await tour.run(session, report.features["L2 semantic"])
                 if self.keep_serving:
                     print("\nTry it yourself: the proxy and its test upstreams keep running (Ctrl-C stops them)\n")
                     print("\n".join(curl_lines(settings, tour.api_key)), flush=True)

@@ -16,9 +16,9 @@ from typing import Any, Protocol
 import aiohttp
 import orjson
 
+from proxy.cache_tiers.semantic import SemanticCacheTier
 from proxy.config import Settings
 from proxy.demo.llm import MODEL
-from proxy.runtime import Runtime
 from proxy.startup_report import http_url
 
 COLLECTION = "demo"
@@ -84,9 +84,9 @@ def gist(body: bytes) -> str:
 class Tour:
     """Sends the steps through the proxy at ``settings.server`` and prints one line per step."""
 
-    def __init__(self, settings: Settings, runtime: Runtime, llm: Counted, qdrant: Counted) -> None:
+    def __init__(self, settings: Settings, semantic: SemanticCacheTier | None, llm: Counted, qdrant: Counted) -> None:
         self.settings = settings
-        self.runtime = runtime
+        self.semantic = semantic
         self.upstreams = {"/v1": llm, "/collections": qdrant}
         self.base = http_url(settings.server.host, settings.server.port)
         self.admin = http_url(settings.admin.host, settings.admin.port)
@@ -96,16 +96,17 @@ class Tour:
         self.failures = 0
         self.width = max(len(step.what) for step in (*llm_steps(True), *qdrant_steps()))
 
-    async def run(self, session: aiohttp.ClientSession, semantic_off: str | None) -> bool:
-        """Every step; ``semantic_off``: why the paraphrase step is skipped. True when all got what they expect."""
+    async def run(self, session: aiohttp.ClientSession, semantic_off: str) -> bool:
+        """Every step (``semantic_off``: why there is no paraphrase step, when there is no semantic tier); True
+        when each got the cache status it should."""
         if self.settings.auth.mode == "keys":
             await self._make_key(session)
         print("LLM requests (the test upstream answers 'Demo answer #N to: <question>'):")
-        for step in llm_steps(semantic_off is None):
+        for step in llm_steps(self.semantic is not None):
             await self._send(session, step)
-            if step.expect == "MISS" and self.runtime.semantic is not None:
-                await self._index_learned()
-        if semantic_off is not None:
+            if step.expect == "MISS" and self.semantic is not None:
+                await self._index_learned(self.semantic)
+        if self.semantic is None:
             print(f"  (no paraphrase step: L2 semantic {semantic_off})")
         print("Qdrant requests (the search cache reuses results for equal or nearby query vectors):")
         for step in qdrant_steps():
@@ -147,12 +148,11 @@ class Tour:
         if step.expect is not None:
             print(f"      -> {gist(body)}")
 
-    async def _index_learned(self) -> None:
+    @staticmethod
+    async def _index_learned(tier: SemanticCacheTier) -> None:
         """The semantic index learns a question just after its answer was sent; wait for that (a few ms)."""
-        semantic = self.runtime.semantic
-        assert semantic is not None
         for _ in range(200):
-            if await semantic.store.count() > 0:
+            if await tier.semantic.store.count() > 0:
                 return
             await asyncio.sleep(0.025)
 
