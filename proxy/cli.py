@@ -18,7 +18,7 @@ from typing import Any
 
 import yaml
 
-from proxy.config import ConfigError, LLMBackend, Settings, load_settings, parse_assignment, redacted
+from proxy.config import ConfigError, LLMBackend, Settings, load_settings, parse_assignment, redact_url, redacted
 from proxy.kv.kinds import KINDS
 
 LLM_OPTIONS = tuple(name for name in LLMBackend.model_fields if name not in ("url", "api_key"))
@@ -64,11 +64,12 @@ def llm_upstream(text: str) -> dict[str, Any]:
     url, *options = text.split(",")
     entry: dict[str, Any] = {"url": url.strip()}
     for option in options:
-        key, sep, value = option.partition("=")
-        if not sep or key.strip() not in LLM_OPTIONS:
-            raise ConfigError(f"--llm-upstream {text!r}: expected URL[,OPTION=VALUE...] with options "
-                              f"{', '.join(LLM_OPTIONS)} (an api_key belongs in the environment or the config file)")
-        entry[key.strip()] = value.strip()
+        key, sep, value = (part.strip() for part in option.partition("="))
+        if not sep or key not in LLM_OPTIONS:  # (the value is not shown: it may be a secret)
+            hint = " (an api_key belongs in the environment or the config file)" if key == "api_key" else ""
+            raise ConfigError(f"--llm-upstream {redact_url(entry['url'])}: {key!r} is not OPTION=VALUE with an "
+                              f"OPTION of {', '.join(LLM_OPTIONS)}{hint}")
+        entry[key] = value
     return entry
 
 

@@ -30,6 +30,8 @@ from proxy.serve import running
 from proxy.startup_report import gather, http_url, render
 
 _DEFAULTS = {"logging.format": "text", "logging.level": "warning"}
+INTRO = ("ragproxy demo: the proxy in front of two TEST upstreams built into ragproxy, not real services:\n"
+         "a canned OpenAI-compatible LLM, and a Qdrant double over qdrant-client's local mode.\n")
 
 
 def _bound() -> socket.socket:
@@ -78,9 +80,7 @@ class Demo:
                 semantic = runtime.tiers.find(SemanticCacheTier)
                 if semantic is not None and semantic.ready is not None:
                     await semantic.ready  # the embedding model is loaded in the background
-                print("ragproxy demo: the proxy in front of two TEST upstreams built into ragproxy "
-                      f"(not real services): a canned OpenAI-compatible LLM at {settings.upstreams.llm[0].url}, "
-                      f"a Qdrant double over qdrant-client's local mode at {settings.upstreams.qdrant.url}\n")
+                print(INTRO)
                 report = await gather(settings, runtime)
                 print(render(report))
                 tour = Tour(settings, semantic, llm, qdrant)

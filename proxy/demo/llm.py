@@ -42,8 +42,8 @@ class DemoLLM:
         self.app.router.add_route("*", "/{tail:.*}", self._not_found)
 
     async def _models(self, _: web.Request) -> web.Response:
-        body = {"object": "list", "data": [{"id": MODEL, "object": "model", "created": 0, "owned_by": "ragproxy-demo"}]}
-        return web.json_response(body, dumps=lambda value: orjson.dumps(value).decode())
+        listing = {"object": "list", "data": [{"id": MODEL, "object": "model", "created": 0, "owned_by": "ragproxy"}]}
+        return web.Response(body=orjson.dumps(listing), content_type="application/json")
 
     async def _not_found(self, request: web.Request) -> web.Response:
         return _error(404, f"{request.method} {request.path} is not served by the demo upstream", "not_found_error")
@@ -63,21 +63,23 @@ class DemoLLM:
                                       if isinstance(m, dict)),
                  "completion_tokens": len(answer.split())}
         usage["total_tokens"] = usage["prompt_tokens"] + usage["completion_tokens"]
-        head = {"id": f"chatcmpl-demo-{self.calls}", "created": int(time.time()), "model": model}
+        made = {"id": f"chatcmpl-demo-{self.calls}", "created": int(time.time()), "model": model}
         if body.get("stream"):
             include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
-            return await self._stream(request, head, answer, usage if include_usage else None)
+            return await self._stream(request, made, answer, usage if include_usage else None)
         choice = {"index": 0, "message": {"role": "assistant", "content": answer}, "logprobs": None,
                   "finish_reason": "stop"}
-        return web.Response(body=orjson.dumps({**head, "object": "chat.completion", "choices": [choice],
-                                               "usage": usage}), content_type="application/json")
+        completion = {"id": made["id"], "object": "chat.completion", "created": made["created"], "model": model,
+                      "choices": [choice], "usage": usage}
+        return web.Response(body=orjson.dumps(completion), content_type="application/json")
 
     @staticmethod
-    async def _stream(request: web.Request, head: dict[str, Any], answer: str,
+    async def _stream(request: web.Request, made: dict[str, Any], answer: str,
                       usage: dict[str, int] | None) -> web.StreamResponse:
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
         await response.prepare(request)
-        chunk = {**head, "object": "chat.completion.chunk"}
+        chunk = {"id": made["id"], "object": "chat.completion.chunk", "created": made["created"],
+                 "model": made["model"]}
         words = answer.split(" ")
         deltas = [{"role": "assistant", "content": ""}, *({"content": w if i == 0 else " " + w}
                                                           for i, w in enumerate(words))]

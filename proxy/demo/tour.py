@@ -163,20 +163,20 @@ def curl_lines(settings: Settings, api_key: str | None) -> list[str]:
     admin = http_url(settings.admin.host, settings.admin.port)
     auth = f" -H {shlex.quote('Authorization: Bearer ' + api_key)}" if api_key else ""
     admin_auth = " -H 'Authorization: Bearer <admin.token>'" if settings.admin.token else ""
-    question = chat("What is a semantic cache?")
-    search = {"query": [0.1, 0.8, 0.1, 0.0], "limit": 1, "with_payload": True}
+    question = chat("What does ragproxy cache?")
+    search = {"query": [0.0, 0.1, 0.9, 0.0], "limit": 1, "with_payload": True}
     json = " -H 'Content-Type: application/json'"
     lines = [
         "# ask twice: the first is a MISS, the second a HIT (look at X-Cache-Status)",
-        f"curl -si {base}/v1/chat/completions{json}{auth} -d {shlex.quote(orjson.dumps(question).decode())}",
-        "# streamed (run it twice: the second answer is replayed from the cache as server-sent events)",
-        f"curl -sN {base}/v1/chat/completions{json}{auth} "
+        f"curl -si -w '\\n' {base}/v1/chat/completions{json}{auth} -d {shlex.quote(orjson.dumps(question).decode())}",
+        "# the same question streamed: the cached answer is replayed as server-sent events",
+        f"curl -siN {base}/v1/chat/completions{json}{auth} "
         f"-d {shlex.quote(orjson.dumps({**question, 'stream': True}).decode())}",
         "# a vector search through the search cache (run it twice)",
-        f"curl -si {base}/collections/{COLLECTION}/points/query{json}{auth} "
+        f"curl -si -w '\\n' {base}/collections/{COLLECTION}/points/query{json}{auth} "
         f"-d {shlex.quote(orjson.dumps(search).decode())}",
     ]
     if settings.admin.enabled:
         lines += ["# hit ratios per tier, then the dashboard in a browser",
-                  f"curl -s{admin_auth} {admin}/admin/stats", f"# {admin}/admin/ui"]
+                  f"curl -s -w '\\n'{admin_auth} {admin}/admin/stats", f"# {admin}/admin/ui"]
     return lines
