@@ -113,6 +113,8 @@ def _run(main: Coroutine[Any, Any, int | None]) -> int:
     except CannotListen as exc:
         print(f"ragproxy: {exc}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:  # Ctrl-C before the signal handlers were installed (start-up, the demo's tour)
+        return 130
 
 
 def main(argv: list[str] | None = None) -> int:

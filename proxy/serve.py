@@ -72,13 +72,19 @@ async def running(settings: Settings) -> AsyncIterator[Runtime]:
         await runtime.stop()
 
 
+def stop_signal() -> asyncio.Event:
+    """An event set at the first SIGTERM or SIGINT (from now on, instead of their default actions)."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    return stop
+
+
 async def serve(settings: Settings) -> None:
     """Serve until SIGTERM/SIGINT, then stop accepting and drain in-flight requests up to the grace period."""
     async with running(settings) as runtime:
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, stop.set)
+        stop = stop_signal()
         announce(await gather(settings, runtime), settings.logging.format)
         gc.freeze()  # see the module docstring
         await stop.wait()

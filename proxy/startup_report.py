@@ -19,8 +19,10 @@ from typing import Any, TextIO
 
 import aiohttp
 
-from proxy.config import Settings, redact_url
+from proxy.config import QdrantUpstream, Settings, redact_url
+from proxy.kv.kinds import KINDS
 from proxy.runtime import Runtime
+from proxy.upstream.backends import Backend
 
 log = logging.getLogger("ragproxy")
 
@@ -29,8 +31,8 @@ PROBE_TIMEOUT_S = 2.0
 
 @dataclass(frozen=True)
 class Upstream:
-    role: str  # "LLM" or "Qdrant"
-    url: str  # without credentials
+    role: str  # "LLM (<kind>)" or "Qdrant"
+    url: str | None  # without credentials; None: not configured
     state: str  # "reachable, models: ..." or "unreachable: connection refused"
 
 
@@ -62,7 +64,7 @@ def http_url(host: str, port: int) -> str:
 def admin_line(settings: Settings) -> str:
     admin = settings.admin
     if not admin.enabled:
-        return "off (admin.enabled is false)"
+        return "off: admin.enabled is off"
     access = "token required (Authorization: Bearer <admin.token>)" if admin.token is not None \
         else "no token needed: loopback only"
     return f"{http_url(admin.host, admin.port)}/admin/ui  ({access})"
@@ -83,7 +85,7 @@ def _tier_detail(name: str, settings: Settings, shared: bool) -> str:
     details = {
         "l1": "shared in Redis, near copies in memory" if shared else f"in memory, up to {_size(cache.l1.max_bytes)}",
         "l2": f"{cache.l2.embedder} embedder, {cache.l2.vector_store} index, threshold {cache.l2.threshold}",
-        "l3": f"{settings.data_dir / 'cold'}, up to {_size(cache.l3.max_bytes)}",
+        "l3": f"{settings.data_dir.resolve() / 'cold'}, up to {_size(cache.l3.max_bytes)}",
         "retrieval": "" if settings.upstreams.qdrant.url else "idle until a Qdrant upstream is configured",
     }
     return details.get(name, "")
@@ -130,43 +132,43 @@ async def probe(session: aiohttp.ClientSession, url: str, headers: dict[str, str
         return f"unreachable: {exc.__class__.__name__}", None
 
 
-def _llm_state(state: str, body: Any) -> str:
-    models = [item.get("id") for item in body.get("data", []) if isinstance(item, dict)] \
-        if isinstance(body, dict) and isinstance(body.get("data"), list) else []
-    return f"{state}, models: {', '.join(map(str, models[:3]))}{' ...' if len(models) > 3 else ''}" if models \
-        else state
+def _models(body: Any) -> list[str]:
+    """The model ids of a ``/v1/models`` answer."""
+    data = body.get("data") if isinstance(body, dict) else None
+    return [str(item.get("id")) for item in data if isinstance(item, dict)] if isinstance(data, list) else []
 
 
-def _qdrant_state(state: str, body: Any) -> str:
+async def _llm(session: aiohttp.ClientSession, backend: Backend) -> Upstream:
+    state, body = await probe(session, backend.url + KINDS[backend.config.kind].health_path, backend.auth_headers())
+    models = _models(body)
+    if models:
+        state += f", models: {', '.join(models[:3])}{' ...' if len(models) > 3 else ''}"
+    return Upstream(f"LLM ({backend.config.kind})", backend.label, state)
+
+
+async def _qdrant(session: aiohttp.ClientSession, qdrant: QdrantUpstream) -> Upstream:
+    if qdrant.url is None:
+        return Upstream("Qdrant", None, "not configured (--qdrant-upstream URL); Qdrant routes answer 502")
+    headers = {"api-key": qdrant.api_key.get_secret_value()} if qdrant.api_key else {}
+    state, body = await probe(session, qdrant.url + "/", headers)  # Qdrant's root names its version
     release = body.get("version") if isinstance(body, dict) else None
-    return f"{state}, Qdrant {release}" if release else state
+    return Upstream("Qdrant", redact_url(qdrant.url), f"{state}, Qdrant {release}" if release else state)
 
 
 async def gather(settings: Settings, runtime: Runtime) -> StartupReport:
     """Probe every upstream once (concurrently) and put the report together."""
     session = runtime.client.session
-    backends = runtime.backends.backends
-    qdrant = settings.upstreams.qdrant
-    calls = [probe(session, f"{b.url}/v1/models", b.auth_headers()) for b in backends]
-    if qdrant.url is not None:
-        calls.append(probe(session, f"{qdrant.url}/", {"api-key": qdrant.api_key.get_secret_value()}
-                           if qdrant.api_key else {}))
-    results = await asyncio.gather(*calls)
-    upstreams = [Upstream(f"LLM ({b.config.kind})", b.label, _llm_state(*result))
-                 for b, result in zip(backends, results, strict=False)]
-    if qdrant.url is not None:
-        upstreams.append(Upstream("Qdrant", redact_url(qdrant.url), _qdrant_state(*results[-1])))
-    else:
-        upstreams.append(Upstream("Qdrant", "-", "not configured (--qdrant-upstream URL); Qdrant routes answer 502"))
+    upstreams = await asyncio.gather(*(_llm(session, backend) for backend in runtime.backends.backends),
+                                     _qdrant(session, settings.upstreams.qdrant))
     return StartupReport(version=version(), data_plane=data_plane_line(settings), admin=admin_line(settings),
-                         upstreams=upstreams, features=describe_features(settings, runtime),
+                         upstreams=list(upstreams), features=describe_features(settings, runtime),
                          data_dir=str(settings.data_dir.resolve()))
 
 
 def render(report: StartupReport) -> str:
     """The plain-text block."""
     rows = [("data plane", report.data_plane), ("admin", report.admin),
-            *((up.role, f"{up.url}  {up.state}" if up.url != "-" else up.state) for up in report.upstreams),
+            *((up.role, f"{up.url}  {up.state}" if up.url else up.state) for up in report.upstreams),
             *report.features.items(), ("data", report.data_dir)]
     width = max(len(label) for label, _ in rows)
     lines = [f"ragproxy {report.version} ready", *(f"  {label:<{width}}  {value}" for label, value in rows)]

@@ -11,11 +11,9 @@ free ports, or on the configured ports (8080 and 8081 by default) with ``--serve
 
 from __future__ import annotations
 
-import asyncio
-import signal
 import socket
 import tempfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
@@ -26,7 +24,7 @@ from proxy.config import Settings
 from proxy.demo.llm import DemoLLM
 from proxy.demo.qdrant import DemoQdrant
 from proxy.demo.tour import Tour, curl_lines
-from proxy.serve import running
+from proxy.serve import running, stop_signal
 from proxy.startup_report import gather, http_url, render
 
 _DEFAULTS = {"logging.format": "text", "logging.level": "warning"}
@@ -50,23 +48,20 @@ def _free_port() -> int:
 @dataclass
 class Demo:
     overrides: dict[str, Any]
+    """The proxy's settings: the command line's, over the demo's defaults, under its upstreams and data directory."""
     keep_serving: bool
     sockets: tuple[socket.socket, socket.socket]
-    data_dir: tempfile.TemporaryDirectory[str] = field(
-        default_factory=lambda: tempfile.TemporaryDirectory(prefix="ragproxy-demo-"))
+    data_dir: tempfile.TemporaryDirectory[str]
 
     @classmethod
     def prepare(cls, overrides: dict[str, Any], *, keep_serving: bool) -> Demo:
-        """Bind the doubles' sockets and work out the proxy's settings (``overrides`` as given on the command
-        line; the upstreams and the data directory are the demo's own)."""
+        """Bind the doubles' sockets and work out the proxy's settings."""
         llm, qdrant = _bound(), _bound()
-        demo = cls({}, keep_serving, (llm, qdrant))
+        data_dir = tempfile.TemporaryDirectory(prefix="ragproxy-demo-")
         ports = {} if keep_serving else {"server.port": _free_port(), "admin.port": _free_port()}
-        demo.overrides = {**_DEFAULTS, **ports, **overrides,
-                          "upstreams.llm": [{"url": http_url(*llm.getsockname())}],
-                          "upstreams.qdrant.url": http_url(*qdrant.getsockname()),
-                          "data_dir": demo.data_dir.name}
-        return demo
+        own = {"upstreams.llm": [{"url": http_url(*llm.getsockname())}],
+               "upstreams.qdrant.url": http_url(*qdrant.getsockname()), "data_dir": data_dir.name}
+        return cls({**_DEFAULTS, **ports, **overrides, **own}, keep_serving, (llm, qdrant), data_dir)
 
     async def run(self, settings: Settings) -> int:
         llm, qdrant = DemoLLM(), DemoQdrant()
@@ -88,17 +83,9 @@ class Demo:
                 if self.keep_serving:
                     print("\nTry it yourself: the proxy and its test upstreams keep running (Ctrl-C stops them)\n")
                     print("\n".join(curl_lines(settings, tour.api_key)), flush=True)
-                    await _until_signal()
+                    await stop_signal().wait()
         finally:
             for runner in runners:
                 await runner.cleanup()
             self.data_dir.cleanup()
         return 0 if passed else 1
-
-
-async def _until_signal() -> None:
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    await stop.wait()
