@@ -18,6 +18,7 @@ from tiers.semantic import SemanticTier
 from tiers.vectors.base import VectorStore
 from tiers.vectors.hnsw import HnswVectorStore
 
+
 def model_cache_dir(data_dir: Path) -> Path:
     """Where files derived from the model package (the int8 graph) are kept: the user's cache, so they are built
     once per machine, or under ``data_dir`` where that is not writable (a read-only home in a container)."""

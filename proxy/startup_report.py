@@ -84,7 +84,9 @@ def _tier_detail(name: str, settings: Settings, shared: bool) -> str:
     cache = settings.cache
     details = {
         "l1": "shared in Redis, near copies in memory" if shared else f"in memory, up to {_size(cache.l1.max_bytes)}",
-        "l2": f"{cache.l2.embedder} embedder, {cache.l2.vector_store} index, threshold {cache.l2.threshold}",
+        "l2": f"{cache.l2.embedder} embedder, {cache.l2.vector_store} index, " + (
+            f"threshold {cache.l2.threshold:g} (fixed)" if cache.l2.threshold is not None else
+            f"threshold calibrated per namespace for at most {cache.l2.max_wrong_hit_rate:.0%} wrong hits"),
         "l3": f"{settings.data_dir.resolve() / 'cold'}, up to {_size(cache.l3.max_bytes)}",
         "retrieval": "" if settings.upstreams.qdrant.url else "idle until a Qdrant upstream is configured",
     }

@@ -6,7 +6,9 @@ The upstreams are doubles, named as such wherever they show: :mod:`proxy.demo.ll
 answers) and :mod:`proxy.demo.qdrant` (a few Qdrant REST routes over qdrant-client's local mode). They listen on
 sockets bound before the settings are built, so their addresses are known and cannot be taken in between. The proxy
 runs as ``serve`` runs it (:func:`proxy.serve.running`), in a temporary data directory (every run starts cold), on
-free ports, or on the configured ports (8080 and 8081 by default) with ``--serve``.
+free ports, or on the configured ports (8080 and 8081 by default) with ``--serve``; with one difference, said in
+its output: L2 runs at a fixed threshold (see ``_DEFAULTS``), since a calibrated one serves no semantic hit on a
+first run.
 """
 
 from __future__ import annotations
@@ -27,9 +29,16 @@ from proxy.demo.tour import Tour, curl_lines
 from proxy.serve import running, stop_signal
 from proxy.startup_report import gather, http_url, render
 
-_DEFAULTS = {"logging.format": "text", "logging.level": "warning"}
+_DEFAULTS: dict[str, Any] = {
+    "logging.format": "text", "logging.level": "warning",
+    # L2's default threshold is calibrated per namespace from answer comparisons and serves no semantic hit before
+    # the evidence meets its error bound; a first run has none, so the demo fixes the threshold and verifies no hits
+    "cache.l2.threshold": 0.8, "cache.l2.verify_fraction": 0.0,
+}
 INTRO = ("ragproxy demo: the proxy in front of two TEST upstreams built into ragproxy, not real services:\n"
-         "a canned OpenAI-compatible LLM, and a Qdrant double over qdrant-client's local mode.\n")
+         "a canned OpenAI-compatible LLM, and a Qdrant double over qdrant-client's local mode. The demo fixes\n"
+         "L2's threshold at 0.8 (cache.l2.threshold); by default it is calibrated per namespace from answer\n"
+         "comparisons, and semantic hits start once they meet cache.l2.max_wrong_hit_rate.\n")
 
 
 def _bound() -> socket.socket:
