@@ -20,6 +20,12 @@ from admin.state import RUNTIME
 from proxy.runtime import Runtime
 
 MAX_BODY = 4 * 1024 * 1024
+DASHBOARD = "/admin/ui"
+
+
+async def to_dashboard(_: web.Request) -> web.Response:
+    """``/``: a browser pointed at the admin port lands on the dashboard."""
+    raise web.HTTPFound(DASHBOARD)
 
 
 def create_admin_app(rt: Runtime) -> web.Application:
@@ -32,4 +38,5 @@ def create_admin_app(rt: Runtime) -> web.Application:
     app.router.add_routes(cache_routes.routes)
     app.router.add_routes(credit_routes.routes)
     app.router.add_routes(system_routes.routes)
+    app.router.add_get("/", to_dashboard)
     return app

@@ -6,7 +6,7 @@ Rules (also enforced at start-up by :func:`bind_problem`):
 - with no token, the API is open only when it listens on a loopback address (``127.0.0.0/8``, ``::1``,
   ``localhost``); the proxy refuses to start otherwise, and an app built anyway answers 401 to everything;
 - ``/admin/ui`` (a static page holding no data) is served without a token so a browser can load it; the page asks
-  for the token and sends it with every data request.
+  for the token and sends it with every data request. ``/`` (a redirect to it) needs no token either.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from aiohttp import web
 from admin.errors import Handler, error_response
 from proxy.config import Settings
 
-PUBLIC_PATHS = frozenset({"/admin/ui", "/admin/ui/"})
+PUBLIC_PATHS = frozenset({"/", "/admin/ui", "/admin/ui/"})
 
 
 def is_loopback(host: str) -> bool:

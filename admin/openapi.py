@@ -226,6 +226,9 @@ def _paths() -> dict[str, Any]:
         "/admin/ui": {"get": {"summary": "The dashboard page (static; it asks for the token)", "tags": ["system"],
                               "security": [], "responses": {"200": {"description": "HTML", "content": {
                                   "text/html": {"schema": _str}}}}}},
+        "/": {"get": {"summary": "Redirects to the dashboard page", "tags": ["system"], "security": [],
+                      "responses": {"302": {"description": "To /admin/ui", "headers": {
+                          "Location": {"schema": {"type": "string", "const": "/admin/ui"}}}}}}},
     }
 
 

@@ -10,8 +10,10 @@ its many routes and its authentication middleware, is an aiohttp application on 
 Routes: ``POST /v1/chat/completions``, ``/v1/completions``, ``/v1/responses``, ``/v1/embeddings`` run their
 pipelines; rerankers ``POST /v1/rerank``, ``/v2/rerank``, ``/rerank`` (Cohere/Jina/vLLM, or TEI's shape) and
 ``/v1/score``, ``/score`` (vLLM) run the rerank pipeline; any other ``/v1/...`` is passed through (any method, those
-paths with another method too: ``GET /v1/responses/{id}`` among them); ``GET /healthz`` and ``/readyz``; ``GET /``
-and everything under the Qdrant prefixes below go to the Qdrant pipelines.
+paths with another method too: ``GET /v1/responses/{id}`` among them); ``GET /healthz`` and ``/readyz``; everything
+under the Qdrant prefixes below goes to the Qdrant pipelines, and so does ``GET /`` when a Qdrant upstream is
+configured (qdrant-client reads the server version there); without one, ``GET /`` describes the proxy
+(:mod:`proxy.routes.about`).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from proxy.assembly import build_pipelines
 from proxy.config import Settings
 from proxy.errors import Dialect, ProxyError
 from proxy.pipeline import Pipeline
+from proxy.routes.about import about_handler
 from proxy.routes.handler import Handler, make_handler
 from proxy.routes.health import health_handlers
 from proxy.runtime import Runtime
@@ -94,10 +97,11 @@ class DataPlane:
         score = handler("rerank", "score", Dialect.OPENAI, True)
         self._exact.update({("POST", path): rerank for path in _RERANK_PATHS})
         self._exact.update({("POST", path): score for path in _SCORE_PATHS})
+        root = self._qdrant if settings.upstreams.qdrant.url else about_handler(settings)
         for method in ("GET", "HEAD"):
             self._exact[(method, "/healthz")] = healthz
             self._exact[(method, "/readyz")] = readyz
-            self._exact[(method, "/")] = self._qdrant
+            self._exact[(method, "/")] = root
         self._get_only = frozenset({"/healthz", "/readyz", "/"})
         self._llm_passthrough = handler("llm_passthrough", "llm_passthrough", Dialect.OPENAI, False)
         self._qdrant_search = handler("qdrant_search", "qdrant_search", Dialect.QDRANT, True)

@@ -16,12 +16,23 @@ import re
 from collections.abc import Mapping
 from decimal import Decimal
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, ValidationInfo, field_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from proxy.kv.kinds import KINDS
+from tiers.policies import POLICY_NAMES
 from tiers.redis_connect import check_url, is_sentinel
 
 ENV_PREFIX = "RAGPROXY_"
@@ -33,6 +44,15 @@ class ConfigError(ValueError):
 
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+def _known_policy(name: str) -> str:
+    if name not in POLICY_NAMES:
+        raise ValueError(f"unknown eviction policy; allowed: {', '.join(POLICY_NAMES)}")
+    return name
+
+
+PolicyName = Annotated[str, AfterValidator(_known_policy)]
 
 
 def _http_url(value: str) -> str:
@@ -150,7 +170,9 @@ class L1Settings(_Section):
     max_bytes: int = Field(default=256 * 1024 * 1024, ge=0, description="Bytes of cached responses in memory")
     max_entries: int = Field(default=200_000, ge=1, description="Entries in memory")
     ttl_s: float = Field(default=3600.0, gt=0, description="Default entry lifetime (every tier)")
-    policy: str = Field(default="bpcache", description="Eviction policy: lru, fifo, s3fifo, gdsf, landlord, bpcache")
+    policy: PolicyName = Field(
+        default="bpcache", description="Eviction policy: lru, fifo, s3fifo, gdsf, landlord, bpcache"
+    )
 
 
 class L2Settings(_Section):
@@ -191,11 +213,19 @@ class L2Settings(_Section):
     expose_similarity: bool = Field(default=False, description="Send X-Cache-Similarity (tells how close a hit was)")
     persist_interval_s: float = Field(default=60.0, gt=0, description="How often the hnsw index is saved")
 
+    @model_validator(mode="after")
+    def _complete(self) -> L2Settings:
+        if self.enabled and self.embedder == "upstream" and self.upstream_url is None:
+            raise ValueError("embedder is upstream but upstream_url is not set")
+        if self.enabled and self.vector_store == "qdrant" and self.qdrant_url is None:
+            raise ValueError("vector_store is qdrant but qdrant_url is not set")
+        return self
+
 
 class L3Settings(_Section):
     enabled: bool = Field(default=True, description="Persistent lz4-compressed cold tier under data_dir/cold")
     max_bytes: int = Field(default=8 * 1024**3, ge=1024 * 1024, description="Disk bytes the cold tier may use")
-    policy: str = Field(default="bpcache", description="Eviction policy of the cold tier")
+    policy: PolicyName = Field(default="bpcache", description="Eviction policy of the cold tier")
     write_queue: int = Field(default=1024, ge=1, description="Pending cold writes; beyond it writes are dropped")
     warmup_entries: int = Field(default=0, ge=0, description="Hottest cold entries copied into L1 at start")
 
@@ -207,7 +237,7 @@ class RetrievalSettings(_Section):
         default_factory=dict, description="Per collection, in the collection's own metric"
     )
     max_bytes: int = Field(default=64 * 1024 * 1024, ge=1024, description="Memory for cached search results")
-    policy: str = Field(default="lru", description="Eviction policy of the search cache")
+    policy: PolicyName = Field(default="lru", description="Eviction policy of the search cache")
     ttl_s: float | None = Field(default=None, gt=0, description="Lifetime of a cached search (none: until a write)")
 
 
@@ -303,6 +333,13 @@ class RedisSettings(_Section):
     def _url(cls, value: str | None) -> str | None:
         return None if value is None else check_url(value)
 
+    @field_validator("prefix")
+    @classmethod
+    def _prefix(cls, value: str) -> str:
+        if "{" in value or "}" in value:
+            raise ValueError("must not contain braces (they are Redis Cluster hash tags)")
+        return value
+
     @field_validator("cluster")
     @classmethod
     def _cluster(cls, value: bool, info: ValidationInfo) -> bool:
@@ -382,6 +419,12 @@ class Settings(_Section):
     telemetry: TelemetrySettings = Field(default_factory=TelemetrySettings)
     routing: RoutingSettings = Field(default_factory=RoutingSettings)
     data_dir: Path = Field(default=Path("./ragproxy-data"), description="Where embedded stores keep their files")
+
+    @model_validator(mode="after")
+    def _complete(self) -> Settings:
+        if self.credits.store == "redis" and self.redis.url is None:
+            raise ValueError("credits.store is redis but redis.url is not set")
+        return self
 
 
 def load_settings(
@@ -485,7 +528,9 @@ def _describe(exc: ValidationError, merged: Mapping[str, Any]) -> str:
     key = ".".join(str(part) for part in error["loc"])
     if error["type"] == "extra_forbidden":
         return f"{key}: unknown setting (check the spelling; see `ragproxy check-config` for all keys)"
-    allowed = error["msg"]
+    allowed = error["msg"].removeprefix("Value error, ")
+    if error["type"] == "value_error" and isinstance(error.get("input"), Mapping):  # a rule across a section
+        return f"{key}: {allowed}" if key else allowed
     ctx = error.get("ctx") or {}
     if "expected" in ctx:
         allowed = f"allowed: {ctx['expected']}"

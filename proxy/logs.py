@@ -8,7 +8,7 @@ import time
 
 import orjson
 
-_FIELDS = ("request_id", "tenant", "route", "tier", "status", "latency_ms")
+_FIELDS = ("request_id", "tenant", "route", "tier", "status", "latency_ms", "startup")
 
 
 class JsonFormatter(logging.Formatter):

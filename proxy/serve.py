@@ -1,7 +1,9 @@
 """Running the proxy: the data-plane site, the admin site next to it, graceful drain on SIGTERM/SIGINT.
 
-With ``admin.enabled`` the admin API listens on ``admin.host:admin.port``; the process refuses to start (exit code 2,
-one line on stderr) when that bind is not loopback and no ``admin.token`` is set.
+:func:`running` starts the runtime and both sites and always stops and closes everything again, also when a port
+cannot be bound (:class:`CannotListen`: one line for the CLI, no half-started process and no unclosed sessions).
+:func:`serve` adds the start-up summary (:mod:`proxy.startup_report`) and waits for a signal. The settings were
+checked before (:func:`proxy.cli.checked_settings`: what ``check-config`` refuses, ``serve`` refuses).
 
 Once both sites listen, everything allocated so far (modules, settings, the runtime's components: a few hundred
 thousand objects) is moved out of the cyclic garbage collector's reach with :func:`gc.freeze`. Under load, objects
@@ -16,51 +18,75 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
+import os
 import signal
-import sys
+from collections.abc import AsyncIterator, Awaitable
+from contextlib import asynccontextmanager
 
 from aiohttp import web
 
 from proxy.app import DataPlane, create_server
 from proxy.config import Settings
+from proxy.runtime import Runtime
+from proxy.startup_report import announce, gather, http_url
 
 log = logging.getLogger("ragproxy")
 
 
-async def serve(settings: Settings, *, ready: asyncio.Event | None = None) -> None:
-    """Serve until SIGTERM/SIGINT, then stop accepting and drain in-flight requests up to the grace period."""
-    from admin.auth import bind_problem
+class CannotListen(Exception):
+    """An address of the settings cannot be bound (in use, not permitted, not an address of this machine)."""
 
-    problem = bind_problem(settings)
-    if problem is not None:
-        print(f"ragproxy: refusing to start: {problem}", file=sys.stderr)
-        raise SystemExit(2)
+
+async def _listen(start: Awaitable[None], host: str, port: int, key: str) -> None:
+    try:
+        await start
+    except OSError as exc:
+        reason = os.strerror(exc.errno) if exc.errno else str(exc)
+        raise CannotListen(f"cannot listen on {http_url(host, port)} ({key}): {reason}") from None
+
+
+@asynccontextmanager
+async def running(settings: Settings) -> AsyncIterator[Runtime]:
+    """The runtime started and both sites listening; on exit, drain in-flight requests and close everything."""
     plane = DataPlane(settings)
     runtime = plane.runtime
-    await runtime.start()
     server = create_server(plane)
+    admin_runner: web.AppRunner | None = None
+    try:
+        await runtime.start()
+        await _listen(server.start(settings.server.host, settings.server.port),
+                      settings.server.host, settings.server.port, "server.port")
+        if settings.admin.enabled:
+            from admin.app import create_admin_app
+
+            admin_runner = web.AppRunner(create_admin_app(runtime), handle_signals=False, access_log=None)
+            await admin_runner.setup()
+            site = web.TCPSite(admin_runner, settings.admin.host, settings.admin.port, reuse_address=True)
+            await _listen(site.start(), settings.admin.host, settings.admin.port, "admin.port")
+        yield runtime
+    finally:
+        runtime.draining = True
+        if admin_runner is not None:
+            await admin_runner.cleanup()
+        await server.shutdown(settings.server.shutdown_grace_s)
+        await runtime.stop()
+
+
+def stop_signal() -> asyncio.Event:
+    """An event set at the first SIGTERM or SIGINT (from now on, instead of their default actions)."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    await server.start(settings.server.host, settings.server.port)
-    log.info("ragproxy listening on http://%s:%d", settings.server.host, settings.server.port)
-    admin_runner: web.AppRunner | None = None
-    if settings.admin.enabled:
-        from admin.app import create_admin_app
+    return stop
 
-        admin_runner = web.AppRunner(create_admin_app(runtime), handle_signals=False, access_log=None)
-        await admin_runner.setup()
-        await web.TCPSite(admin_runner, settings.admin.host, settings.admin.port, reuse_address=True).start()
-        log.info("admin API on http://%s:%d", settings.admin.host, settings.admin.port)
-    gc.freeze()  # see the module docstring
-    if ready is not None:
-        ready.set()
-    await stop.wait()
-    log.info("draining (up to %.0fs)", settings.server.shutdown_grace_s)
-    runtime.draining = True
-    if admin_runner is not None:
-        await admin_runner.cleanup()
-    await server.shutdown(settings.server.shutdown_grace_s)
-    await runtime.stop()
+
+async def serve(settings: Settings) -> None:
+    """Serve until SIGTERM/SIGINT, then stop accepting and drain in-flight requests up to the grace period."""
+    async with running(settings) as runtime:
+        stop = stop_signal()
+        announce(await gather(settings, runtime), settings.logging.format)
+        gc.freeze()  # see the module docstring
+        await stop.wait()
+        log.info("draining (up to %.0fs)", settings.server.shutdown_grace_s)
     log.info("stopped")

