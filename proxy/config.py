@@ -116,6 +116,10 @@ class Upstreams(_Section):
     connect_timeout_s: float = Field(default=5.0, gt=0, description="TCP connect timeout to any upstream")
     read_timeout_s: float = Field(default=300.0, gt=0, description="Longest silence from an upstream")
     health_interval_s: float = Field(default=5.0, gt=0, description="Background health-check period")
+    health_interval_down_s: float = Field(
+        default=0.5, gt=0, description="Health-check period of a replica that is down (its first success half-opens "
+                                       "its breaker: recovery is as quick as the replica)"
+    )
     pool_size: int = Field(default=256, ge=1, description="Keep-alive connections per upstream host")
     breaker_failures: int = Field(default=5, ge=1, description="Consecutive failures that open a replica's breaker")
     breaker_open_s: float = Field(default=5.0, gt=0, description="Seconds an open breaker waits before a probe")
