@@ -132,6 +132,14 @@ class Server(_Section):
     read_timeout_s: float = Field(
         default=60.0, gt=0, description="Longest silence from a client in the middle of sending a request (then 408)"
     )
+    head_timeout_s: float = Field(
+        default=10.0, gt=0, description="Longest time to receive a whole request head, however steadily it trickles "
+                                        "in (then 408); a new connection's first head counts from the connect"
+    )
+    max_connections: int = Field(
+        default=10_000, ge=1, description="Client connections per process, at most 3/4 of the open-file limit; past "
+                                          "it the connection idle the longest is closed"
+    )
     shutdown_grace_s: float = Field(default=30.0, ge=0, description="Drain time for in-flight requests on SIGTERM")
     trust_forwarded: bool = Field(default=False, description="Keep incoming X-Forwarded-* chains")
 
