@@ -87,8 +87,7 @@ class HttpServer:
         self.max_connections = max_connections
         self.error_body = error_body
         self.connections: set[Connection] = set()
-        self.idle: dict[Connection, None] = {}
-        """Connections answering nothing, the one idle the longest first."""
+        self._shed_order: list[tuple[float, Connection]] = []  # idle connections, the one idle the longest last
         self.shutting_down = False
         self._servers: list[asyncio.AbstractServer] = []
         self._all_closed = asyncio.Event()
@@ -120,20 +119,28 @@ class HttpServer:
             await server.wait_closed()
         self._servers.clear()
 
-    def admit(self, connection: Connection) -> bool:
-        """Make room for a new connection past the cap by closing the one idle the longest; ``False``: none is."""
-        if len(self.connections) <= self.max_connections:
+    def admit(self) -> bool:
+        """Make room for a new connection past the cap by closing the one idle the longest; ``False``: none is.
+
+        Nothing is tracked per request: past the cap the idle connections are sorted once by how long they have
+        been idle, and that order serves the next connections too (an entry whose connection was used since, or
+        closed, is skipped), so a flood of new connections costs O(log n) each."""
+        if len(self.connections) < self.max_connections:
             return True
-        oldest = next(iter(self.idle), None)
-        if oldest is None:
-            return False
-        oldest.abort()
-        return True
+        while True:
+            if not self._shed_order:
+                idle = sorted((c for c in self.connections if c.idle), key=lambda c: c.idle_since, reverse=True)
+                if not idle:
+                    return False
+                self._shed_order = [(c.idle_since, c) for c in idle]
+            since, oldest = self._shed_order.pop()
+            if oldest.idle and oldest.idle_since == since:
+                oldest.abort()
+                return True
 
     def forget(self, connection: Connection) -> None:
         """``connection`` is closed."""
         self.connections.discard(connection)
-        self.idle.pop(connection, None)
         if self.shutting_down and not self.connections:
             self._all_closed.set()
 
@@ -175,11 +182,11 @@ class Connection(asyncio.Protocol):
         self.transport = cast(asyncio.Transport, transport)  # uvloop's transports do not subclass asyncio's
         peer = transport.get_extra_info("peername")
         self.peer = peer[0] if isinstance(peer, tuple) else None
-        self.server.connections.add(self)
-        if not self.server.admit(self):  # every other connection is busy: say so and close
+        if not self.server.admit():  # every other connection is busy: say so and close
             self._error_response(503, "the proxy has too many connections; retry shortly", "too_many_connections")
             self._shut()
             return
+        self.server.connections.add(self)
         self._arm_idle()
         self._head_since = self._idle_since
 
@@ -327,7 +334,6 @@ class Connection(asyncio.Protocol):
         if self._read_paused and len(self._queue) <= MAX_QUEUED // 2 and self.transport is not None:
             self._read_paused = False
             self.transport.resume_reading()
-        self.server.idle.pop(self, None)
         item = self._queue.popleft()
         if isinstance(item, _Reject):  # the byte stream is out of step: answer and close, parse nothing more
             self._queue.clear()
@@ -378,7 +384,6 @@ class Connection(asyncio.Protocol):
         """Note that the connection went idle; the one timer (not one per request) checks it later: for the
         keep-alive limit, or for the client's pace if a request is arriving by then."""
         self._idle_since = time.monotonic()
-        self.server.idle[self] = None
         if self._idle is None:
             server = self.server
             self._idle = self.loop.call_later(min(server.keepalive_s, server.read_timeout_s, server.head_timeout_s),
@@ -443,6 +448,16 @@ class Connection(asyncio.Protocol):
         self._close_when_idle = True
         if self._task is None and not self._queue and self._message_done:  # a request arriving is still served
             self._close()
+
+    @property
+    def idle(self) -> bool:
+        """Answering nothing (keep-alive, or a request still arriving), and not closing."""
+        return self._task is None and not self._queue and not self.closing and self._lingering is None
+
+    @property
+    def idle_since(self) -> float:
+        """When it last went idle: connected, or answered its last request."""
+        return self._idle_since
 
     @property
     def task(self) -> asyncio.Task[None] | None:

@@ -251,7 +251,8 @@ class Response:
     async def read(self, silence_s: float) -> bytes:
         """The whole body."""
         self._whole = True
-        self._connection.resume()
+        if self._connection.paused:
+            self._connection.resume()
         while not self._done:
             await self._wait(silence_s)
         if self._error is not None:
@@ -362,8 +363,7 @@ class _Connection(asyncio.Protocol):
 
     # -- used by the pool and the response --
 
-    async def exchange(self, head: bytes, body: bytes | None, head_only: bool, silence_s: float) -> Response:
-        """Send one request and wait for its response head (the connection is closed if that fails)."""
+    def send(self, head: bytes, body: bytes | None, head_only: bool) -> Response:
         assert self.transport is not None
         response = self.response = Response(self, head_only)
         self._head_bytes = self._field_bytes = 0
@@ -372,11 +372,6 @@ class _Connection(asyncio.Protocol):
             self.transport.writelines((head, body))
         else:
             self.transport.write(head + body if body else head)
-        try:
-            await response.wait_head(silence_s)
-        except BaseException:
-            response.close()
-            raise
         return response
 
     def watch(self, silence_s: float) -> None:
@@ -559,16 +554,23 @@ class Http1Client:
         pool, target = self._pool(url)
         head = _request_head(method, target, pool.origin, headers, body)
         head_only = method == "HEAD"
-        connection = await pool.acquire()
-        try:
-            return await connection.exchange(head, body, head_only, self.read_timeout)
-        except ConnectionReset:
-            if not (connection.reused and connection.silent) \
-                    or not (method in _IDEMPOTENT if idempotent is None else idempotent):
+        fresh = False
+        while True:
+            connection = await pool.acquire(fresh=fresh)
+            response = connection.send(head, body, head_only)
+            try:
+                await response.wait_head(self.read_timeout)
+            except ConnectionReset:
+                response.close()
+                if fresh or not (connection.reused and connection.silent) \
+                        or not (method in _IDEMPOTENT if idempotent is None else idempotent):
+                    raise
+                fresh = True  # the server closed the pooled connection as the request went out: once more
+                continue
+            except BaseException:
+                response.close()
                 raise
-        # the server closed the pooled connection as the request went out: once more, on a new connection
-        fresh = await pool.acquire(fresh=True)
-        return await fresh.exchange(head, body, head_only, self.read_timeout)
+            return response
 
     async def close(self) -> None:
         for pool, _ in self._pools.values():
