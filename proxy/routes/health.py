@@ -41,8 +41,8 @@ def health_handlers(rt: Runtime) -> tuple[Handler, Handler]:
             except (OSError, ValueError) as exc:
                 checks["qdrant"] = f"unreachable ({exc.__class__.__name__})"
         degraded = {f"llm {b.label}": "breaker open" for b in backends if b.breaker.state is BreakerState.OPEN}
-        degraded.update({tier.name: "breaker open" for tier in (rt.l1, rt.l3)
-                         if tier is not None and tier.breaker.state is BreakerState.OPEN})
+        degraded.update({tier.name: "breaker open" for tier in rt.tiers.answers
+                         if tier.breaker.state is BreakerState.OPEN})
         ready = all(value == "ok" for value in checks.values())
         out.send(200 if ready else 503, _JSON,
                  orjson.dumps({"status": "ready" if ready else "not ready", "checks": checks,

@@ -94,7 +94,7 @@ class UpstreamClient:
             raise UpstreamError(503, f"the proxy is out of resources ({exc.strerror}); retry shortly",
                                 code="proxy_overloaded", upstream_fault=False, headers={"Retry-After": "1"}) from None
         except ConnectFailed as exc:
-            raise UpstreamError(502, f"{label} is unreachable: {exc}", code="upstream_unreachable",
+            raise UpstreamError(502, f"{label} is unreachable: {exc.strerror}", code="upstream_unreachable",
                                 retryable=True) from None
         except ConnectionReset as exc:
             raise UpstreamError(502, f"{label} closed the connection ({exc})", code="upstream_reset") from None

@@ -1,13 +1,14 @@
-"""A lean HTTP/1.1 client for the forwarding hot path: pooled keep-alive connections, responses parsed by httptools.
+"""The proxy's HTTP/1.1 transport: pooled keep-alive connections, responses parsed by httptools. Every outbound call
+goes through it (:class:`~proxy.upstream.client.UpstreamClient` is the one client on top).
 
-Why not aiohttp's client here: forwarding is most of what a pass-through request costs the proxy, and aiohttp's
-client (request and response objects, tracing hooks, cookies, redirects, its own stream readers) cost more per request
-than the rest of the proxy together; ``python -m loadtest.bench overhead`` measures the difference. Forwarding needs
-a narrow subset of HTTP/1.1 — send one request whose body is already in memory, read a response that is either
-complete or streamed, keep the connection for the next request — so this module does only that: connection pooling,
-timeouts and flow control. Parsing is httptools' (the llhttp binding uvicorn uses): chunked transfer coding,
-keep-alive rules and malformed responses are llhttp's job, not ours. Everything off the hot path (health probes,
-collection lookups) still uses aiohttp's client.
+Why not aiohttp's client: forwarding is most of what a pass-through request costs the proxy, and with aiohttp's
+client (request and response objects, tracing hooks, cookies, redirects, its own stream readers) behind the same
+boundary the proxy spent 84% more instructions per request and twice the CPU time (``python -m loadtest.bench
+instructions`` and ``overhead``, BENCHMARKS.md). The proxy needs a narrow subset of HTTP/1.1 — send one request
+whose body is already in memory, read a response that is either complete or streamed, keep the connection for the
+next request — so this module does only that: connection pooling, timeouts, flow control and the one resend on a
+stale connection. Parsing is httptools' (the llhttp binding uvicorn uses): chunked transfer coding, keep-alive
+rules and malformed responses are llhttp's job, not ours.
 
 Semantics:
 
@@ -482,7 +483,7 @@ class _Pool:
             self.gone(connection)
             if exc.errno in _LOCAL_ERRNOS:
                 raise LocalResourceError(exc.errno, f"no connection opened: {exc.strerror}") from None
-            raise ConnectFailed(exc.strerror or exc.__class__.__name__) from None
+            raise ConnectFailed(exc.errno, exc.strerror or exc.__class__.__name__) from None
         except BaseException:
             self.gone(connection)
             raise
