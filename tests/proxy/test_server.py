@@ -28,6 +28,14 @@ async def echo(request: Request, out: Responder) -> None:
                                       "body": request.body.decode(), "too_large": request.body_too_large}))
 
 
+def answer_when(release: asyncio.Event) -> Handler:
+    """A handler that answers each request once ``release`` is set."""
+    async def answer(request: Request, out: Responder) -> None:
+        await release.wait()
+        out.send(200, JSON, b"{}")
+    return answer
+
+
 class Served:
     def __init__(self, server: HttpServer, port: int) -> None:
         self.server = server
@@ -211,12 +219,7 @@ async def test_past_the_connection_cap_the_connection_idle_the_longest_is_closed
 async def test_past_the_cap_with_every_connection_busy_a_new_one_gets_a_503(
         serve: Callable[..., Awaitable[Served]]) -> None:
     release = asyncio.Event()
-
-    async def slow(request: Request, out: Responder) -> None:
-        await release.wait()
-        out.send(200, JSON, b"{}")
-
-    served = await serve(slow, max_connections=2)
+    served = await serve(answer_when(release), max_connections=2)
     busy = [await served.connect() for _ in range(2)]
     for _, writer in busy:
         writer.write(b"GET /a HTTP/1.1\r\nHost: t\r\n\r\n")
@@ -447,12 +450,7 @@ async def test_a_client_hanging_up_cancels_its_handler(serve: Callable[..., Awai
 async def test_shutdown_finishes_requests_in_flight_and_closes_idle_connections(
         serve: Callable[..., Awaitable[Served]]) -> None:
     release = asyncio.Event()
-
-    async def waiting(request: Request, out: Responder) -> None:
-        await release.wait()
-        out.send(200, JSON, b"{}")
-
-    served = await serve(waiting)
+    served = await serve(answer_when(release))
     idle_reader, idle_writer = await served.connect()
     busy_reader, busy_writer = await served.connect()
     busy_writer.write(b"GET / HTTP/1.1\r\nHost: t\r\n\r\n")

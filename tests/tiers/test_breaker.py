@@ -66,11 +66,17 @@ def test_never_allows_while_open_before_the_timeout(events: list[str]) -> None:
             assert not breaker.allow()
 
 
-def test_a_probe_that_ends_without_a_verdict_lets_the_next_call_probe() -> None:
+def half_open(open_seconds: float) -> tuple[Clock, CircuitBreaker]:
+    """A breaker opened by one failure, ``open_seconds`` ago: half-open, its probe not yet taken."""
     clock = Clock()
-    breaker = CircuitBreaker(failures_to_open=1, open_seconds=5, clock=clock)
+    breaker = CircuitBreaker(failures_to_open=1, open_seconds=open_seconds, clock=clock)
     breaker.failure()
-    clock.now = 5
+    clock.now = open_seconds
+    return clock, breaker
+
+
+def test_a_probe_that_ends_without_a_verdict_lets_the_next_call_probe() -> None:
+    _, breaker = half_open(5)
     assert breaker.allow() and not breaker.allow()
     breaker.release()  # the probe's caller was cancelled
     assert breaker.allow(), "a cancelled probe does not keep the breaker half-open forever"
@@ -79,10 +85,7 @@ def test_a_probe_that_ends_without_a_verdict_lets_the_next_call_probe() -> None:
 
 
 def test_a_probe_that_never_reports_frees_its_slot_after_open_seconds() -> None:
-    clock = Clock()
-    breaker = CircuitBreaker(failures_to_open=1, open_seconds=5, clock=clock)
-    breaker.failure()
-    clock.now = 5
+    clock, breaker = half_open(5)
     assert breaker.allow()
     clock.now = 9.9
     assert not breaker.allow()
