@@ -555,9 +555,9 @@ class Http1Client:
         pool, target = self._pool(url)
         head = _request_head(method, target, pool.origin, headers, body)
         head_only = method == "HEAD"
+        connection = await pool.acquire()
         fresh = False
         while True:
-            connection = await pool.acquire(fresh=fresh)
             response = connection.send(head, body, head_only)
             try:
                 await response.wait_head(self.read_timeout)
@@ -567,6 +567,7 @@ class Http1Client:
                         or not (method in _IDEMPOTENT if idempotent is None else idempotent):
                     raise
                 fresh = True  # the server closed the pooled connection as the request went out: once more
+                connection = await pool.acquire(fresh=True)
                 continue
             except BaseException:
                 response.close()
