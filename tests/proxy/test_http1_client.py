@@ -1,4 +1,5 @@
-"""The forwarding client (:mod:`proxy.upstream.http1`) against a raw TCP peer that writes exact HTTP/1.1 bytes.
+"""The transport (:mod:`proxy.upstream.http1`, and ``UpstreamClient.fetch`` on it) against a raw TCP peer that
+writes exact HTTP/1.1 bytes.
 
 The peer is a test double of an upstream server: each test scripts what it answers, byte for byte, so framing
 (Content-Length, chunked, read-until-close), keep-alive, resets and stalls are what the test says they are.
@@ -13,6 +14,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
 
+from proxy.upstream.client import UpstreamClient
 from proxy.upstream.http1 import ConnectFailed, ConnectionReset, Http1Client, split_url
 
 Script = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
@@ -484,3 +486,27 @@ async def test_a_fresh_connection_that_fails_is_not_retried(client: Http1Client)
         with pytest.raises(ConnectionReset):
             await client.request("GET", peer.url + "/x", {}, None)
         assert peer.connections == 1
+
+
+async def test_fetch_bounds_the_whole_exchange_and_frees_the_connection() -> None:
+    """``UpstreamClient.fetch``'s ``timeout_s`` bounds the whole call, even when the server is never silent long
+    enough for the read timeout; the connection it gave up on is not reused."""
+    async def trickle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await peer.read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n")
+        for _ in range(100):
+            writer.write(b"x")
+            await writer.drain()
+            await asyncio.sleep(0.1)
+
+    client = UpstreamClient(connect_timeout=1, read_timeout=1, pool_size=2)
+    try:
+        async with RawPeer(trickle) as peer:
+            loop = asyncio.get_running_loop()
+            started = loop.time()
+            with pytest.raises(TimeoutError):
+                await client.fetch("GET", peer.url + "/slow", timeout_s=0.5)
+            assert 0.45 < loop.time() - started < 1.0
+            assert not any(pool.idle for pool, _ in client.transport._pools.values())
+    finally:
+        await client.close()
