@@ -77,7 +77,6 @@ class DataPlane:
         rt.pipelines = build_pipelines(rt)
         self.runtime = rt
         limit = self.max_body = settings.server.max_body_bytes
-        self.read_timeout_s = settings.server.read_timeout_s
 
         def handler(name: str, route: str, dialect: Dialect, json_body: bool) -> Handler:
             def current() -> Pipeline:  # looked up per request: a config patch may swap the pipelines
@@ -139,4 +138,6 @@ class DataPlane:
 
 def create_server(plane: DataPlane) -> HttpServer:
     """The data plane's server around ``plane``; a client that hangs up cancels its request's handler."""
-    return HttpServer(plane, max_body=plane.max_body, error_body=_error_body, read_timeout_s=plane.read_timeout_s)
+    server = plane.runtime.settings.server
+    return HttpServer(plane, max_body=plane.max_body, error_body=_error_body, read_timeout_s=server.read_timeout_s,
+                      head_timeout_s=server.head_timeout_s, max_connections=server.max_connections)

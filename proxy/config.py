@@ -116,6 +116,10 @@ class Upstreams(_Section):
     connect_timeout_s: float = Field(default=5.0, gt=0, description="TCP connect timeout to any upstream")
     read_timeout_s: float = Field(default=300.0, gt=0, description="Longest silence from an upstream")
     health_interval_s: float = Field(default=5.0, gt=0, description="Background health-check period")
+    health_interval_down_s: float = Field(
+        default=0.5, gt=0, description="Health-check period of a replica that is down (its first success half-opens "
+                                       "its breaker: recovery is as quick as the replica)"
+    )
     pool_size: int = Field(default=256, ge=1, description="Keep-alive connections per upstream host")
     breaker_failures: int = Field(default=5, ge=1, description="Consecutive failures that open a replica's breaker")
     breaker_open_s: float = Field(default=5.0, gt=0, description="Seconds an open breaker waits before a probe")
@@ -127,6 +131,14 @@ class Server(_Section):
     max_body_bytes: int = Field(default=16 * 1024 * 1024, ge=1024, description="Largest request body accepted")
     read_timeout_s: float = Field(
         default=60.0, gt=0, description="Longest silence from a client in the middle of sending a request (then 408)"
+    )
+    head_timeout_s: float = Field(
+        default=10.0, gt=0, description="Longest time to receive a whole request head, however steadily it trickles "
+                                        "in (then 408); a new connection's first head counts from the connect"
+    )
+    max_connections: int = Field(
+        default=10_000, ge=1, description="Client connections per process, at most 3/4 of the open-file limit; past "
+                                          "it the connection idle the longest is closed"
     )
     shutdown_grace_s: float = Field(default=30.0, ge=0, description="Drain time for in-flight requests on SIGTERM")
     trust_forwarded: bool = Field(default=False, description="Keep incoming X-Forwarded-* chains")

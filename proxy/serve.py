@@ -19,6 +19,7 @@ import asyncio
 import gc
 import logging
 import os
+import resource
 import signal
 from collections.abc import AsyncIterator, Awaitable
 from contextlib import asynccontextmanager
@@ -48,6 +49,7 @@ async def _listen(start: Awaitable[None], host: str, port: int, key: str) -> Non
 @asynccontextmanager
 async def running(settings: Settings) -> AsyncIterator[Runtime]:
     """The runtime started and both sites listening; on exit, drain in-flight requests and close everything."""
+    raise_open_file_limit()
     plane = DataPlane(settings)
     runtime = plane.runtime
     server = create_server(plane)
@@ -90,3 +92,14 @@ async def serve(settings: Settings) -> None:
         await stop.wait()
         log.info("draining (up to %.0fs)", settings.server.shutdown_grace_s)
     log.info("stopped")
+
+
+def raise_open_file_limit() -> None:
+    """Lift the soft limit on open files to the hard one: every client and upstream connection holds a descriptor
+    (the server caps its connections below the limit in force, :mod:`proxy.server.connection`)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != hard:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+        except (ValueError, OSError) as exc:  # e.g. an unlimited hard limit the system does not accept
+            log.warning("open-file limit left at %d: %s", soft, exc)

@@ -17,12 +17,12 @@ import sys
 from dataclasses import asdict, dataclass
 from typing import Any, TextIO
 
-import aiohttp
-
 from proxy.config import QdrantUpstream, Settings, redact_url
 from proxy.kv.kinds import KINDS
 from proxy.runtime import Runtime
 from proxy.upstream.backends import Backend
+from proxy.upstream.client import UpstreamClient
+from proxy.upstream.http1 import ConnectFailed
 
 log = logging.getLogger("ragproxy")
 
@@ -114,24 +114,22 @@ def _size(count: int) -> str:
     return f"{count} bytes"
 
 
-async def probe(session: aiohttp.ClientSession, url: str, headers: dict[str, str]) -> tuple[str, Any]:
+async def probe(client: UpstreamClient, url: str, headers: dict[str, str]) -> tuple[str, Any]:
     """``(state, parsed JSON body or None)`` of one GET, never raising."""
     try:
-        async with session.get(url, headers=headers,
-                               timeout=aiohttp.ClientTimeout(total=PROBE_TIMEOUT_S)) as response:
-            if response.status != 200:
-                return f"reachable, but answers HTTP {response.status}", None
-            try:
-                return "reachable", await response.json(content_type=None)
-            except ValueError:
-                return "reachable", None
+        answer = await client.fetch("GET", url, headers=headers, timeout_s=PROBE_TIMEOUT_S)
     except TimeoutError:
         return f"unreachable: no answer within {PROBE_TIMEOUT_S:g} s", None
-    except aiohttp.ClientConnectorError as exc:
-        refused = exc.os_error.errno == errno.ECONNREFUSED
-        return f"unreachable: {'connection refused' if refused else exc.os_error.strerror or exc}", None
-    except aiohttp.ClientError as exc:
+    except ConnectFailed as exc:
+        return f"unreachable: {'connection refused' if exc.errno == errno.ECONNREFUSED else exc.strerror}", None
+    except (OSError, ValueError) as exc:
         return f"unreachable: {exc.__class__.__name__}", None
+    if answer.status != 200:
+        return f"reachable, but answers HTTP {answer.status}", None
+    try:
+        return "reachable", answer.json()
+    except ValueError:
+        return "reachable", None
 
 
 def _models(body: Any) -> list[str]:
@@ -140,28 +138,28 @@ def _models(body: Any) -> list[str]:
     return [str(item.get("id")) for item in data if isinstance(item, dict)] if isinstance(data, list) else []
 
 
-async def _llm(session: aiohttp.ClientSession, backend: Backend) -> Upstream:
-    state, body = await probe(session, backend.url + KINDS[backend.config.kind].health_path, backend.auth_headers())
+async def _llm(client: UpstreamClient, backend: Backend) -> Upstream:
+    state, body = await probe(client, backend.url + KINDS[backend.config.kind].health_path, backend.auth_headers())
     models = _models(body)
     if models:
         state += f", models: {', '.join(models[:3])}{' ...' if len(models) > 3 else ''}"
     return Upstream(f"LLM ({backend.config.kind})", backend.label, state)
 
 
-async def _qdrant(session: aiohttp.ClientSession, qdrant: QdrantUpstream) -> Upstream:
+async def _qdrant(client: UpstreamClient, qdrant: QdrantUpstream) -> Upstream:
     if qdrant.url is None:
         return Upstream("Qdrant", None, "not configured (--qdrant-upstream URL); Qdrant routes answer 502")
     headers = {"api-key": qdrant.api_key.get_secret_value()} if qdrant.api_key else {}
-    state, body = await probe(session, qdrant.url + "/", headers)  # Qdrant's root names its version
+    state, body = await probe(client, qdrant.url + "/", headers)  # Qdrant's root names its version
     release = body.get("version") if isinstance(body, dict) else None
     return Upstream("Qdrant", redact_url(qdrant.url), f"{state}, Qdrant {release}" if release else state)
 
 
 async def gather(settings: Settings, runtime: Runtime) -> StartupReport:
     """Probe every upstream once (concurrently) and put the report together."""
-    session = runtime.client.session
-    upstreams = await asyncio.gather(*(_llm(session, backend) for backend in runtime.backends.backends),
-                                     _qdrant(session, settings.upstreams.qdrant))
+    client = runtime.client
+    upstreams = await asyncio.gather(*(_llm(client, backend) for backend in runtime.backends.backends),
+                                     _qdrant(client, settings.upstreams.qdrant))
     return StartupReport(version=version(), data_plane=data_plane_line(settings), admin=admin_line(settings),
                          upstreams=list(upstreams), features=describe_features(settings, runtime),
                          data_dir=str(settings.data_dir.resolve()))

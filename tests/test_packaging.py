@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import ast
+import re
+import tomllib
 from pathlib import Path
 
 PRODUCT = ("proxy", "tiers", "normalizer", "admin")
@@ -25,3 +27,25 @@ def test_the_product_imports_neither_loadtest_nor_tests() -> None:
                  for package in PRODUCT for path in sorted((ROOT / package).rglob("*.py"))
                  if (found := _imported(path) & {"loadtest", "tests"})}
     assert offenders == {}
+
+
+def test_the_product_has_one_http_client() -> None:
+    """Every outbound HTTP call goes through :mod:`proxy.upstream` (aiohttp serves the admin API and the demo's test
+    upstreams, and is no client); httpx is for the tests and benchmarks only."""
+    clients = ("aiohttp", "httpx", "requests", "urllib3")
+    offenders: dict[str, list[str]] = {}
+    for package in PRODUCT:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            tree = ast.parse(path.read_text(encoding="utf-8"))
+            found = {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names
+                     if alias.name.split(".")[0] in clients}
+            found |= {f"{node.module}.{alias.name}" for node in ast.walk(tree)
+                      if isinstance(node, ast.ImportFrom) and node.module and not node.level
+                      and node.module.split(".")[0] in clients
+                      for alias in node.names if f"{node.module}.{alias.name}" != "aiohttp.web"}
+            if found:
+                offenders[str(path.relative_to(ROOT))] = sorted(found)
+    assert offenders == {}
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]
+    runtime = {re.split(r"[<>=;\[ ]", spec, maxsplit=1)[0] for spec in project["dependencies"]}
+    assert "httpx" not in runtime and "httpx" in str(project["optional-dependencies"]["dev"])

@@ -72,6 +72,9 @@ class ResponseTier:
         except Exception:
             self.breaker.failure()
             raise
+        except BaseException:  # cancelled (the client hung up): no verdict on the store
+            self.breaker.release()
+            raise
         self.breaker.success()
         return result
 

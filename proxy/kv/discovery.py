@@ -16,27 +16,22 @@ import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import aiohttp
-
 from proxy.kv.hints import SlotTable, capacity_from_slots
 from proxy.kv.router import ReplicaLoad
 from proxy.kv.tree import KnowledgeTree
+from proxy.upstream.client import UpstreamClient
 
 log = logging.getLogger("ragproxy.kv")
 
 
 async def read_slots(
-    session: aiohttp.ClientSession, base_url: str, headers: Mapping[str, str], timeout_s: float = 2.0
+    client: UpstreamClient, base_url: str, headers: Mapping[str, str], timeout_s: float = 2.0
 ) -> list[dict[str, Any]] | None:
     """The server's ``/slots`` answer, or ``None`` when it has none or does not answer in time."""
     try:
-        async with session.get(
-            base_url.rstrip("/") + "/slots", headers=dict(headers), timeout=aiohttp.ClientTimeout(total=timeout_s)
-        ) as response:
-            if response.status != 200:
-                return None
-            body = await response.json(content_type=None)
-    except (aiohttp.ClientError, TimeoutError, ValueError):
+        answer = await client.fetch("GET", base_url.rstrip("/") + "/slots", headers=headers, timeout_s=timeout_s)
+        body = answer.json() if answer.status == 200 else None
+    except (OSError, ValueError):
         return None
     if not isinstance(body, list) or not body or not all(isinstance(s, dict) for s in body):
         return None

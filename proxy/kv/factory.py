@@ -15,6 +15,7 @@ from proxy.kv.router import Router
 from proxy.kv.stages import Replica, Route, Shape, SharedPrefixes
 from proxy.kv.tree import KnowledgeTree
 from proxy.upstream.backends import BackendPool
+from proxy.upstream.client import UpstreamClient
 
 
 @dataclass
@@ -37,7 +38,7 @@ class KVLayer:
                  "in_flight": r.queue.active} for r in self.replicas]
 
 
-def build_kv(settings: Settings, pool: BackendPool) -> KVLayer | None:
+def build_kv(settings: Settings, pool: BackendPool, client: UpstreamClient | None = None) -> KVLayer | None:
     routing = settings.routing
     if not routing.enabled:
         return None
@@ -60,5 +61,5 @@ def build_kv(settings: Settings, pool: BackendPool) -> KVLayer | None:
                   default_policy=OrderPolicy(routing.order), popularity=Popularity())
     salt = routing.salt_secret.get_secret_value() if routing.salt_secret else ""
     route = Route(replicas, router, salt_secret=salt, backend_objects=pool.backends,
-                  expose_headers=routing.expose_headers, shift_min_tokens=routing.shift_min_tokens)
+                  expose_headers=routing.expose_headers, shift_min_tokens=routing.shift_min_tokens, client=client)
     return KVLayer(replicas=replicas, router=router, shape=shape, route=route)

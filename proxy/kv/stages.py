@@ -41,8 +41,6 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-import aiohttp
-
 from proxy.context import Reply, RequestContext
 from proxy.errors import ProxyError
 from proxy.kv.admission_queue import AdmissionQueue, DeadlineExceeded
@@ -55,6 +53,7 @@ from proxy.kv.prefill import PrefillModel
 from proxy.kv.router import Candidate, Reject, Router
 from proxy.kv.tree import KnowledgeTree, Match, Segment
 from proxy.pipeline import Next
+from proxy.upstream.client import UpstreamClient
 
 
 class PrefixBoard(Protocol):
@@ -206,6 +205,7 @@ class Route:
         backend_objects: Sequence[Any] | None = None,
         expose_headers: bool = False,
         shift_min_tokens: int = 64,
+        client: UpstreamClient | None = None,
     ) -> None:
         self.expose_headers = expose_headers
         self.shift_min_tokens = shift_min_tokens
@@ -216,6 +216,7 @@ class Route:
         self.backend_objects = list(backend_objects) if backend_objects is not None else None
         self._undiscovered = {r.index for r in replicas if r.kind.tracks_slots and r.slots is not None}
         self._next_discovery = 0.0
+        self.client = client  # reads /slots (discovery is off without one)
         self._discovery: asyncio.Task[None] | None = None
         self.shared: SharedPrefixes | None = None
         self.replicas = list(replicas)
@@ -318,23 +319,22 @@ class Route:
 
     async def discover(self, timeout_s: float = 2.0) -> None:
         """Read ``GET /slots`` of the llama.cpp replicas not read yet (:mod:`proxy.kv.discovery`)."""
-        if self.backend_objects is None or not self._undiscovered:
+        if self.backend_objects is None or self.client is None or not self._undiscovered:
             return
-        async with aiohttp.ClientSession() as session:
-            for index in sorted(self._undiscovered):
-                backend = self.backend_objects[index]
-                url = getattr(backend, "url", None)
-                if not isinstance(url, str):
-                    self._undiscovered.discard(index)
-                    continue
-                auth = getattr(backend, "auth_headers", None)
-                headers = auth() if callable(auth) else {}
-                answer = await read_slots(session, url, headers, timeout_s)
-                replica = self.replicas[index]
-                if answer is not None and apply_slots(
-                    answer, tree=replica.tree, load=self.router.loads[index], slot_table=replica.slots
-                ):
-                    self._undiscovered.discard(index)
+        for index in sorted(self._undiscovered):
+            backend = self.backend_objects[index]
+            url = getattr(backend, "url", None)
+            if not isinstance(url, str):
+                self._undiscovered.discard(index)
+                continue
+            auth = getattr(backend, "auth_headers", None)
+            headers = auth() if callable(auth) else {}
+            answer = await read_slots(self.client, url, headers, timeout_s)
+            replica = self.replicas[index]
+            if answer is not None and apply_slots(
+                answer, tree=replica.tree, load=self.router.loads[index], slot_table=replica.slots
+            ):
+                self._undiscovered.discard(index)
 
     def _maybe_discover(self) -> None:
         """Start :meth:`discover` in the background: at the first request, then at most once a minute while some

@@ -24,6 +24,13 @@ Semantics:
   and answered with a 500.
 * A client that falls silent for ``read_timeout_s`` in the middle of sending a request gets a 408 and the
   connection closes (a request trickled in forever would otherwise hold its connection for good).
+* A request head must be complete within ``head_timeout_s`` of its first byte, however steadily it trickles in
+  (slowloris), and a new connection's first head within ``head_timeout_s`` of connecting: a 408 (or, when nothing
+  came at all, a plain close) otherwise.
+* At most ``max_connections`` connections, and at most 3/4 of the process's open-file limit (the rest is for
+  upstream connections, Redis and files): past it, a new connection closes the one idle the longest (no request
+  being answered: keep-alive, or a request still arriving); with none idle, it gets a 503 and is closed. So a
+  flood of idle connections cannot exhaust the descriptors, and a health check still gets through.
 * Idle keep-alive connections close after ``keepalive_s``. :meth:`HttpServer.shutdown` stops listening, closes
   idle connections, lets in-flight requests finish within the grace period and cancels what is left.
 """
@@ -34,6 +41,7 @@ import asyncio
 import collections
 import contextlib
 import logging
+import resource
 import time
 from collections.abc import Awaitable, Callable
 from typing import cast
@@ -68,19 +76,26 @@ class HttpServer:
     """Listens on one address and serves every connection with ``handler``."""
 
     def __init__(self, handler: Handler, *, max_body: int, error_body: ErrorBody, max_head: int = 64 * 1024,
-                 keepalive_s: float = 75.0, read_timeout_s: float = 60.0) -> None:
+                 keepalive_s: float = 75.0, read_timeout_s: float = 60.0, head_timeout_s: float = 10.0,
+                 max_connections: int = 10_000) -> None:
         self.handler = handler
         self.max_body = max_body
         self.max_head = max_head
         self.keepalive_s = keepalive_s
         self.read_timeout_s = read_timeout_s
+        self.head_timeout_s = head_timeout_s
+        self.max_connections = max_connections
         self.error_body = error_body
         self.connections: set[Connection] = set()
+        self._shed_order: list[tuple[float, Connection]] = []  # idle connections, the one idle the longest last
         self.shutting_down = False
         self._servers: list[asyncio.AbstractServer] = []
         self._all_closed = asyncio.Event()
 
     async def start(self, host: str, port: int) -> None:
+        open_files = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+        if open_files != resource.RLIM_INFINITY:
+            self.max_connections = max(1, min(self.max_connections, open_files * 3 // 4))
         loop = asyncio.get_running_loop()
         self._servers.append(await loop.create_server(lambda: Connection(self), host, port, reuse_address=True,
                                                       backlog=1024))
@@ -103,6 +118,25 @@ class HttpServer:
         for server in self._servers:
             await server.wait_closed()
         self._servers.clear()
+
+    def admit(self) -> bool:
+        """Make room for a new connection past the cap by closing the one idle the longest; ``False``: none is.
+
+        Nothing is tracked per request: past the cap the idle connections are sorted once by how long they have
+        been idle, and that order serves the next connections too (an entry whose connection was used since, or
+        closed, is skipped), so a flood of new connections costs O(log n) each."""
+        if len(self.connections) < self.max_connections:
+            return True
+        while True:
+            if not self._shed_order:
+                idle = sorted((c for c in self.connections if c.idle), key=lambda c: c.idle_since, reverse=True)
+                if not idle:
+                    return False
+                self._shed_order = [(c.idle_since, c) for c in idle]
+            since, oldest = self._shed_order.pop()
+            if oldest.idle and oldest.idle_since == since:
+                oldest.abort()
+                return True
 
     def forget(self, connection: Connection) -> None:
         """``connection`` is closed."""
@@ -134,6 +168,7 @@ class Connection(asyncio.Protocol):
         self._task: asyncio.Task[None] | None = None
         self._idle: asyncio.TimerHandle | None = None
         self._idle_since = 0.0
+        self._head_since: float | None = None  # when the head now due began (None: no head due)
         self._last_read = 0.0  # when bytes of a request still arriving last came
         self._lingering: asyncio.TimerHandle | None = None
         self._write_paused: asyncio.Future[None] | None = None
@@ -147,8 +182,13 @@ class Connection(asyncio.Protocol):
         self.transport = cast(asyncio.Transport, transport)  # uvloop's transports do not subclass asyncio's
         peer = transport.get_extra_info("peername")
         self.peer = peer[0] if isinstance(peer, tuple) else None
+        if not self.server.admit():  # every other connection is busy: say so and close
+            self._error_response(503, "the proxy has too many connections; retry shortly", "too_many_connections")
+            self._shut()
+            return
         self.server.connections.add(self)
         self._arm_idle()
+        self._head_since = self._idle_since
 
     def data_received(self, data: bytes) -> None:
         if self._broken or (self._lingering is not None and self._message_done):
@@ -158,6 +198,8 @@ class Connection(asyncio.Protocol):
             if not self._message_done:  # a request still arriving (most come whole, in one piece)
                 self._last_read = time.monotonic()
                 if self._in_head:  # llhttp holds a partial field: bound what the head may take
+                    if self._head_since is None:
+                        self._head_since = self._last_read
                     self._head_bytes += len(data)
                     if self._head_bytes > self.server.max_head:
                         self._enqueue(self._head_too_large())
@@ -217,6 +259,7 @@ class Connection(asyncio.Protocol):
 
     def on_headers_complete(self) -> None:
         self._in_head = False
+        self._head_since = None
         if self._field_bytes > self.server.max_head:
             raise self._head_too_large()
         declared = expect = None
@@ -339,29 +382,39 @@ class Connection(asyncio.Protocol):
 
     def _arm_idle(self) -> None:
         """Note that the connection went idle; the one timer (not one per request) checks it later: for the
-        keep-alive limit, or for the client's silence if a request is arriving by then."""
+        keep-alive limit, or for the client's pace if a request is arriving by then."""
         self._idle_since = time.monotonic()
         if self._idle is None:
-            self._idle = self.loop.call_later(min(self.server.keepalive_s, self.server.read_timeout_s),
+            server = self.server
+            self._idle = self.loop.call_later(min(server.keepalive_s, server.read_timeout_s, server.head_timeout_s),
                                               self._check_idle)
 
     def _check_idle(self) -> None:
         self._idle = None
         if self.closing or self._task is not None or self._queue or self._broken or self._lingering is not None:
             return  # a request is being answered (the timer is armed again once it is), or the connection ends
+        server = self.server
         now = time.monotonic()
-        if not self._message_done:  # a request is arriving
-            left = max(self._last_read, self._idle_since) + self.server.read_timeout_s - now
-            if left <= 0:
-                self._enqueue(_Reject(408, f"no request bytes for {self.server.read_timeout_s:g}s",
+        if self._head_since is not None and now - self._head_since >= server.head_timeout_s:
+            if self._message_done:  # a new connection that sent nothing
+                self._close()
+            else:
+                self._enqueue(_Reject(408, f"the request head took over {server.head_timeout_s:g}s",
                                       "request_timeout"))
+            return
+        if not self._message_done:  # a request is arriving
+            left = max(self._last_read, self._idle_since) + server.read_timeout_s - now
+            if left <= 0:
+                self._enqueue(_Reject(408, f"no request bytes for {server.read_timeout_s:g}s", "request_timeout"))
                 return
         else:
-            left = self._idle_since + self.server.keepalive_s - now
+            left = self._idle_since + server.keepalive_s - now
             if left <= 0:
                 self._close()
                 return
-        self._idle = self.loop.call_later(min(left, self.server.read_timeout_s), self._check_idle)
+        if self._head_since is not None:
+            left = min(left, self._head_since + server.head_timeout_s - now)
+        self._idle = self.loop.call_later(min(left, server.read_timeout_s), self._check_idle)
 
     def _close(self) -> None:
         """Close after what was written; a request whose body is still arriving is read and dropped first."""
@@ -395,6 +448,16 @@ class Connection(asyncio.Protocol):
         self._close_when_idle = True
         if self._task is None and not self._queue and self._message_done:  # a request arriving is still served
             self._close()
+
+    @property
+    def idle(self) -> bool:
+        """Answering nothing (keep-alive, or a request still arriving), and not closing."""
+        return self._task is None and not self._queue and not self.closing and self._lingering is None
+
+    @property
+    def idle_since(self) -> float:
+        """When it last went idle: connected, or answered its last request."""
+        return self._idle_since
 
     @property
     def task(self) -> asyncio.Task[None] | None:

@@ -51,6 +51,8 @@ class ForwardToLLM:
         self.trust_forwarded = trust_forwarded
 
     async def __call__(self, ctx: RequestContext) -> Reply:
+        ask_upstream_for_usage(ctx)
+        body = ctx.outgoing_body() if ctx.method not in ("GET", "HEAD") else None
         routed = ctx.routed
         chosen = self.pool.backends[routed.replica] if routed is not None else None
         # routing's choice stands unless that replica is down or its breaker is open
@@ -59,22 +61,23 @@ class ForwardToLLM:
         if picked is None:
             raise ProxyError(503, "every LLM backend is failing; retrying shortly", code="upstream_circuit_open",
                              headers={"Retry-After": "2"})
-        backend: Backend = picked
-        ask_upstream_for_usage(ctx)
-        body = ctx.outgoing_body() if ctx.method not in ("GET", "HEAD") else None
+        backend: Backend = picked  # its breaker let this call through: it hears how the call ended, whatever happens
         tried: set[int] = set()
         started = time.perf_counter()
         hints = routed.headers if routed is not None else None
         while True:
-            headers = _headers_for(ctx, backend.auth_headers(), self.trust_forwarded, hints)
             backend.in_flight += 1
             try:
+                headers = _headers_for(ctx, backend.auth_headers(), self.trust_forwarded, hints)
                 reply = await self.client.send(
                     ctx.method, backend.url + ctx.upstream_path, headers, body,
                     label=backend.described,
                 )
             except UpstreamError as exc:
                 backend.in_flight -= 1
+                if not exc.upstream_fault:  # this process failed (out of descriptors): no verdict on the replica
+                    backend.breaker.release()
+                    raise
                 backend.breaker.failure()
                 if not exc.retryable:
                     raise
@@ -87,6 +90,7 @@ class ForwardToLLM:
                 continue
             except BaseException:  # cancelled (the client hung up) or broken otherwise: no longer in flight
                 backend.in_flight -= 1
+                backend.breaker.release()
                 raise
             ctx.backend = backend
             if reply.status in _REPLICA_FAILING:

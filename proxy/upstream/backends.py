@@ -1,8 +1,11 @@
 """The LLM replicas and what the proxy knows of their health.
 
 Health is learnt two ways: passively (a connection refused marks a replica down at once) and actively (a background
-probe of each replica's ``/v1/models`` every ``interval`` seconds brings it back). ``first_healthy`` is the default
-choice until the KV-aware router picks replicas.
+probe of each replica's ``/v1/models``: every ``interval`` seconds, every ``down_interval`` seconds while the replica
+is down). The first probe that succeeds brings a down replica back and half-opens its breaker, so the next request
+tries it at once instead of waiting out the breaker's open time: recovery takes as long as the replica's restart.
+A probe that fails for want of a local resource (``EMFILE``) says nothing about the replica and changes nothing.
+``first_healthy`` is the default choice until the KV-aware router picks replicas.
 """
 
 from __future__ import annotations
@@ -13,9 +16,9 @@ import logging
 import time
 from dataclasses import dataclass, field
 
-import aiohttp
-
 from proxy.config import LLMBackend
+from proxy.upstream.client import UpstreamClient
+from proxy.upstream.http1 import LocalResourceError
 from tiers.breaker import CircuitBreaker
 
 log = logging.getLogger("ragproxy.backends")
@@ -76,33 +79,34 @@ class BackendPool:
         backend.healthy = False
         backend.last_error = reason
 
-    async def probe(self, session: aiohttp.ClientSession, wait_s: float = 2.0) -> None:
-        """Check every replica once."""
-        await asyncio.gather(*(self._probe_one(session, b, wait_s) for b in self.backends))
-
-    async def _probe_one(self, session: aiohttp.ClientSession, backend: Backend, wait_s: float) -> None:
+    async def _probe_one(self, client: UpstreamClient, backend: Backend, wait_s: float) -> None:
         try:
-            async with session.get(
-                f"{backend.url}/v1/models", headers=backend.auth_headers(),
-                timeout=aiohttp.ClientTimeout(total=wait_s),
-            ) as response:
-                ok = response.status < 500
-                reason = f"status {response.status}"
-        except (aiohttp.ClientError, TimeoutError) as exc:
+            answer = await client.fetch("GET", f"{backend.url}/v1/models", headers=backend.auth_headers(),
+                                        timeout_s=wait_s)
+            ok, reason = answer.status < 500, f"status {answer.status}"
+        except LocalResourceError as exc:
+            log.warning("backend %s not probed: %s", backend.label, exc.strerror)
+            return
+        except (OSError, ValueError) as exc:
             ok, reason = False, exc.__class__.__name__
         backend.checked_at = time.monotonic()
         if ok and not backend.healthy:
             log.info("backend %s is back", backend.label)
+            backend.breaker.half_open()
         if ok:
             backend.healthy, backend.last_error = True, None
         else:
             self.mark_down(backend, reason)
 
-    def start(self, session: aiohttp.ClientSession, interval: float) -> None:
+    def start(self, client: UpstreamClient, interval: float, down_interval: float) -> None:
+        """Probe a replica every ``interval`` seconds, one that is down every ``down_interval`` seconds."""
         async def loop() -> None:
             while True:
-                await self.probe(session)
-                await asyncio.sleep(interval)
+                now = time.monotonic()
+                due = [b for b in self.backends
+                       if now - b.checked_at >= (interval if b.healthy else down_interval)]
+                await asyncio.gather(*(self._probe_one(client, b, 2.0) for b in due))
+                await asyncio.sleep(min(interval, down_interval))
 
         self._probe_task = asyncio.create_task(loop(), name="backend-probe")
 

@@ -1,72 +1,100 @@
-"""The one HTTP client the proxy uses to reach upstreams (LLM replicas, Qdrant).
+"""The one HTTP client of the proxy: every outbound call goes through :class:`UpstreamClient`.
 
-Forwarding goes through :class:`~proxy.upstream.http1.Http1Client`: pooled keep-alive connections and bounded waits
-(a connect timeout, and a read timeout that bounds every silence: time to headers and each gap between streamed
-chunks). Failures become
-:class:`UpstreamError` with the status the client should see: 502 unreachable/reset, 504 timeout. ``retryable`` is
-true only when nothing reached the upstream (connection refused), the one case where resending a POST is safe.
+Its transport is :class:`~proxy.upstream.http1.Http1Client` (one pool of keep-alive connections per origin, shared by
+every caller); :meth:`Http1Client.request` is the single boundary every call crosses. Two ways in:
+
+* :meth:`UpstreamClient.send` forwards a client's request (LLM replicas, Qdrant): a text/event-stream answer comes
+  back streamed, anything else complete. Failures become :class:`UpstreamError` with the status the client should
+  see: 502 unreachable/reset, 504 timeout, 503 when this process is out of descriptors (not the upstream's fault:
+  ``upstream_fault`` is false, and the replica is not blamed). ``retryable`` is true only when nothing reached the
+  upstream (connection refused), the one case where resending a POST is safe.
+* :meth:`UpstreamClient.fetch` is every other call, read whole within an overall ``timeout_s``: health probes,
+  llama.cpp ``/slots`` discovery, the upstream embedder, the retrieval cache's collection lookup, ``/readyz``'s
+  Qdrant check and the semantic index's Qdrant store. Failures raise :class:`OSError` (``ConnectFailed``,
+  ``ConnectionReset``, ``TimeoutError``, ``LocalResourceError``) or ``ValueError`` for a URL that cannot be sent.
+
+A connect timeout bounds every connect; the read timeout bounds every silence (time to headers, each gap between
+body chunks).
 """
 
 from __future__ import annotations
 
+import asyncio
 import ssl
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
 
-import aiohttp
+import orjson
+from multidict import CIMultiDict
 
 from proxy.context import Reply
 from proxy.errors import ProxyError
 from proxy.headers import client_response_headers
-from proxy.upstream.http1 import ConnectFailed, ConnectionReset, Headers, Http1Client, Response
+from proxy.upstream.http1 import ConnectFailed, ConnectionReset, Headers, Http1Client, LocalResourceError, Response
 
 
 class UpstreamError(ProxyError):
     """An upstream that could not be reached, reset the connection or timed out."""
 
-    def __init__(self, status: int, message: str, *, code: str, retryable: bool = False) -> None:
-        super().__init__(status, message, code=code)
+    def __init__(self, status: int, message: str, *, code: str, retryable: bool = False,
+                 upstream_fault: bool = True, headers: dict[str, str] | None = None) -> None:
+        super().__init__(status, message, code=code, headers=headers)
         self.retryable = retryable
+        self.upstream_fault = upstream_fault
+
+
+@dataclass(frozen=True, slots=True)
+class Fetched:
+    """A complete answer of :meth:`UpstreamClient.fetch`."""
+
+    status: int
+    headers: CIMultiDict[str]
+    body: bytes
+
+    def json(self) -> Any:
+        """The body parsed as JSON (``orjson.JSONDecodeError``, a ``ValueError``, when it is not)."""
+        return orjson.loads(self.body)
 
 
 class UpstreamClient:
-    """Pooled HTTP clients for every upstream: the lean one of :mod:`proxy.upstream.http1` forwards requests,
-    an aiohttp session serves everything off the hot path (health probes, metadata lookups)."""
+    """Pooled HTTP/1.1 requests to every upstream, through one transport."""
 
     def __init__(self, *, connect_timeout: float, read_timeout: float, pool_size: int,
                  ssl_context: ssl.SSLContext | None = None) -> None:
-        self.connect_timeout = connect_timeout
         self.read_timeout = read_timeout
-        self.pool_size = pool_size
-        self.http = Http1Client(connect_timeout=connect_timeout, read_timeout=read_timeout, limit=pool_size,
-                                ssl_context=ssl_context)
-        self._session: aiohttp.ClientSession | None = None
-
-    @property
-    def session(self) -> aiohttp.ClientSession:
-        if self._session is None:
-            connector = aiohttp.TCPConnector(limit=0, limit_per_host=self.pool_size, keepalive_timeout=30)
-            timeout = aiohttp.ClientTimeout(
-                total=None, connect=self.connect_timeout, sock_read=self.read_timeout
-            )
-            self._session = aiohttp.ClientSession(
-                connector=connector, timeout=timeout, skip_auto_headers=("User-Agent",), auto_decompress=True
-            )
-        return self._session
+        self.transport = Http1Client(connect_timeout=connect_timeout, read_timeout=read_timeout, limit=pool_size,
+                                     ssl_context=ssl_context)
 
     async def close(self) -> None:
-        await self.http.close()
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
+        await self.transport.close()
+
+    async def fetch(self, method: str, url: str, *, headers: Headers = (), body: bytes | None = None,
+                    timeout_s: float | None = None, idempotent: bool | None = None) -> Fetched:
+        """One complete exchange, bounded by ``timeout_s`` in all (``None``: the connect and read timeouts only).
+
+        ``idempotent`` (default: by method) allows one resend on a pooled connection the server had closed."""
+        async with asyncio.timeout(timeout_s):
+            response = await self.transport.request(method, url, headers, body, idempotent=idempotent)
+            try:
+                data = await response.read(self.read_timeout)
+            except BaseException:
+                response.close()
+                raise
+        response.release()
+        return Fetched(response.status, response.headers, data)
 
     async def send(
         self, method: str, url: str, headers: Headers, body: bytes | None, *, label: str = "upstream"
     ) -> Reply:
-        """Send one request; a text/event-stream answer comes back streamed, anything else complete."""
+        """Forward one request; a text/event-stream answer comes back streamed, anything else complete."""
         try:
-            response = await self.http.request(method, url, headers, body)
+            response = await self.transport.request(method, url, headers, body)
+        except LocalResourceError as exc:
+            raise UpstreamError(503, f"the proxy is out of resources ({exc.strerror}); retry shortly",
+                                code="proxy_overloaded", upstream_fault=False, headers={"Retry-After": "1"}) from None
         except ConnectFailed as exc:
-            raise UpstreamError(502, f"{label} is unreachable: {exc}", code="upstream_unreachable",
+            raise UpstreamError(502, f"{label} is unreachable: {exc.strerror}", code="upstream_unreachable",
                                 retryable=True) from None
         except ConnectionReset as exc:
             raise UpstreamError(502, f"{label} closed the connection ({exc})", code="upstream_reset") from None

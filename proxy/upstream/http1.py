@@ -1,13 +1,14 @@
-"""A lean HTTP/1.1 client for the forwarding hot path: pooled keep-alive connections, responses parsed by httptools.
+"""The proxy's HTTP/1.1 transport: pooled keep-alive connections, responses parsed by httptools. Every outbound call
+goes through it (:class:`~proxy.upstream.client.UpstreamClient` is the one client on top).
 
-Why not aiohttp's client here: forwarding is most of what a pass-through request costs the proxy, and aiohttp's
-client (request and response objects, tracing hooks, cookies, redirects, its own stream readers) cost more per request
-than the rest of the proxy together; ``python -m loadtest.bench overhead`` measures the difference. Forwarding needs
-a narrow subset of HTTP/1.1 — send one request whose body is already in memory, read a response that is either
-complete or streamed, keep the connection for the next request — so this module does only that: connection pooling,
-timeouts and flow control. Parsing is httptools' (the llhttp binding uvicorn uses): chunked transfer coding,
-keep-alive rules and malformed responses are llhttp's job, not ours. Everything off the hot path (health probes,
-collection lookups) still uses aiohttp's client.
+Why not aiohttp's client: forwarding is most of what a pass-through request costs the proxy, and with aiohttp's
+client (request and response objects, tracing hooks, cookies, redirects, its own stream readers) behind the same
+boundary the proxy spent 84% more instructions per request and twice the CPU time (``python -m loadtest.bench
+instructions`` and ``overhead``, BENCHMARKS.md). The proxy needs a narrow subset of HTTP/1.1 — send one request
+whose body is already in memory, read a response that is either complete or streamed, keep the connection for the
+next request — so this module does only that: connection pooling, timeouts, flow control and the one resend on a
+stale connection. Parsing is httptools' (the llhttp binding uvicorn uses): chunked transfer coding, keep-alive
+rules and malformed responses are llhttp's job, not ours.
 
 Semantics:
 
@@ -21,11 +22,15 @@ Semantics:
   head): counted while it arrives, since llhttp would otherwise hold a never-ending header field without limit.
   Beyond it the response fails as malformed (:class:`ConnectionReset`, a 502 for the client).
 * Streamed bodies queue at most ``HIGH_WATER`` bytes; beyond that the socket stops being read until the consumer
-  catches up (backpressure instead of unbounded buffering).
+  catches up (backpressure instead of unbounded buffering). A body read whole (:meth:`Response.read`) is read at the
+  socket's pace, whatever its size: the caller asked for all of it.
+* A pooled connection the server closed just as a request went out on it (nothing came back) is replaced by a new
+  one and the request sent once more, when the request is idempotent (by method, or as the caller says).
 * ``Content-Encoding: gzip``/``deflate`` bodies are decoded (no ``Accept-Encoding`` is sent, so servers rarely use
   them); :attr:`Response.decoded` says so, and the caller drops the header.
-* Failures: :class:`ConnectFailed` (nothing was sent: the one case where resending is safe), :class:`ConnectionReset`
-  (closed, reset or malformed after the request was sent), :class:`TimeoutError`.
+* Failures, all :class:`OSError`: :class:`ConnectFailed` (nothing was sent: the one case where resending is safe),
+  :class:`ConnectionReset` (closed, reset or malformed after the request was sent), :class:`TimeoutError`, and
+  :class:`LocalResourceError` (this process is out of descriptors or memory: no fault of the upstream's).
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import collections
+import errno
 import re
 import ssl
 import time
@@ -51,6 +57,8 @@ _UNSAFE_TARGET = re.compile(r"[ \r\n\t]")
 HIGH_WATER = 256 * 1024
 LOW_WATER = 64 * 1024
 _NO_BODY_STATUSES = frozenset({204, 304})
+_IDEMPOTENT = frozenset({"GET", "HEAD", "PUT", "DELETE", "OPTIONS", "TRACE"})
+_LOCAL_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
 
 
 class ConnectFailed(OSError):
@@ -59,6 +67,10 @@ class ConnectFailed(OSError):
 
 class ConnectionReset(ConnectionError):
     """The connection closed, reset, or carried a malformed response after the request was sent."""
+
+
+class LocalResourceError(OSError):
+    """No connection could be opened for want of a local resource (file descriptors, buffers, memory)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,6 +133,7 @@ class Response:
         self._chunks: collections.deque[bytes] = collections.deque()
         self._buffered = 0
         self._done = False
+        self._whole = False  # read() wants the whole body: no backpressure
         self._until_close = False
         self._error: BaseException | None = None
         self._waiter: asyncio.Future[None] | None = None
@@ -175,7 +188,7 @@ class Response:
             return
         self._chunks.append(data)
         self._buffered += len(data)
-        if self._buffered > HIGH_WATER:
+        if self._buffered > HIGH_WATER and not self._whole:
             self._connection.pause()
         self._wake()
 
@@ -238,6 +251,9 @@ class Response:
 
     async def read(self, silence_s: float) -> bytes:
         """The whole body."""
+        self._whole = True
+        if self._connection.paused:
+            self._connection.resume()
         while not self._done:
             await self._wait(silence_s)
         if self._error is not None:
@@ -269,6 +285,8 @@ class _Connection(asyncio.Protocol):
         self.keep_alive = True
         self.informational = False
         self.idle_since = 0.0
+        self.reused = False  # it carried an earlier response
+        self.silent = True  # nothing came back yet for the request in flight
         self._head_bytes = 0  # raw bytes received while the response head is incomplete
         self._field_bytes = 0  # the complete header fields' sizes
         self._deadline = 0.0  # when the consumer waiting for the response gives up on the upstream's silence
@@ -285,6 +303,7 @@ class _Connection(asyncio.Protocol):
         if response is None:  # bytes while idle: the server is out of step; never reuse this connection
             self.close()
             return
+        self.silent = False
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserError as exc:
@@ -347,13 +366,14 @@ class _Connection(asyncio.Protocol):
 
     def send(self, head: bytes, body: bytes | None, head_only: bool) -> Response:
         assert self.transport is not None
-        self.response = Response(self, head_only)
+        response = self.response = Response(self, head_only)
         self._head_bytes = self._field_bytes = 0
+        self.silent = True
         if body and len(body) > 16 * 1024:
             self.transport.writelines((head, body))
         else:
             self.transport.write(head + body if body else head)
-        return self.response
+        return response
 
     def watch(self, silence_s: float) -> None:
         """The response's consumer starts waiting: fail the wait after ``silence_s`` seconds without news.
@@ -397,6 +417,7 @@ class _Connection(asyncio.Protocol):
         self.response = None
         if reusable and self.keep_alive and not self.closed and not self.paused:  # llhttp parses the next one
             self.idle_since = time.monotonic()
+            self.reused = True
             self.pool.put(self)
         else:
             self.close()
@@ -419,9 +440,12 @@ class _Pool:
         self.open: set[_Connection] = set()
         self.waiters: collections.deque[asyncio.Future[None]] = collections.deque()
 
-    async def acquire(self) -> _Connection:
+    async def acquire(self, *, fresh: bool = False) -> _Connection:
+        """An idle connection, or a new one (``fresh``: always a new one)."""
         while True:
             now = time.monotonic()
+            while self.idle and fresh:  # make room: these may be as stale as the one that failed
+                self.idle.pop().close()
             while self.idle:
                 connection = self.idle.pop()
                 transport = connection.transport
@@ -457,7 +481,9 @@ class _Pool:
             raise ConnectFailed(f"connect timed out after {self.client.connect_timeout:g}s") from None
         except OSError as exc:
             self.gone(connection)
-            raise ConnectFailed(exc.strerror or exc.__class__.__name__) from None
+            if exc.errno in _LOCAL_ERRNOS:
+                raise LocalResourceError(exc.errno, f"no connection opened: {exc.strerror}") from None
+            raise ConnectFailed(exc.errno, exc.strerror or exc.__class__.__name__) from None
         except BaseException:
             self.gone(connection)
             raise
@@ -517,22 +543,36 @@ class Http1Client:
             raise ValueError(f"not a forwardable request target: {target!r}")
         return cached[0], target
 
-    async def request(self, method: str, url: str, headers: Headers, body: bytes | None) -> Response:
+    async def request(self, method: str, url: str, headers: Headers, body: bytes | None, *,
+                      idempotent: bool | None = None) -> Response:
         """Send a request and wait for the response head (the body is read from the :class:`Response`).
 
-        Raises :class:`ConnectFailed` (safe to retry), :class:`ConnectionReset`, :class:`TimeoutError`, or
-        ``ValueError`` for a URL or header that cannot be sent.
+        This is the transport boundary: every outbound HTTP call of the proxy passes here. ``idempotent``
+        (default: by method) allows the one resend on a pooled connection found closed. Raises
+        :class:`ConnectFailed` (safe to retry), :class:`ConnectionReset`, :class:`TimeoutError`,
+        :class:`LocalResourceError`, or ``ValueError`` for a URL or header that cannot be sent.
         """
         pool, target = self._pool(url)
         head = _request_head(method, target, pool.origin, headers, body)
+        head_only = method == "HEAD"
         connection = await pool.acquire()
-        response = connection.send(head, body, head_only=method == "HEAD")
-        try:
-            await response.wait_head(self.read_timeout)
-        except BaseException:
-            response.close()
-            raise
-        return response
+        fresh = False
+        while True:
+            response = connection.send(head, body, head_only)
+            try:
+                await response.wait_head(self.read_timeout)
+            except ConnectionReset:
+                response.close()
+                if fresh or not (connection.reused and connection.silent) \
+                        or not (method in _IDEMPOTENT if idempotent is None else idempotent):
+                    raise
+                fresh = True  # the server closed the pooled connection as the request went out: once more
+                connection = await pool.acquire(fresh=True)
+                continue
+            except BaseException:
+                response.close()
+                raise
+            return response
 
     async def close(self) -> None:
         for pool, _ in self._pools.values():

@@ -1,4 +1,5 @@
-"""The forwarding client (:mod:`proxy.upstream.http1`) against a raw TCP peer that writes exact HTTP/1.1 bytes.
+"""The transport (:mod:`proxy.upstream.http1`, and ``UpstreamClient.fetch`` on it) against a raw TCP peer that
+writes exact HTTP/1.1 bytes.
 
 The peer is a test double of an upstream server: each test scripts what it answers, byte for byte, so framing
 (Content-Length, chunked, read-until-close), keep-alive, resets and stalls are what the test says they are.
@@ -13,6 +14,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
 
+from proxy.upstream.client import UpstreamClient
 from proxy.upstream.http1 import ConnectFailed, ConnectionReset, Http1Client, split_url
 
 Script = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
@@ -393,3 +395,118 @@ def test_split_url() -> None:
     for bad in ("ftp://x/", "no-scheme", "http:///x", "http://h/a b"):
         with pytest.raises(ValueError):
             split_url(bad)
+
+
+@pytest.mark.parametrize("size", [670_000, 10 * 2**20, 64 * 2**20], ids=["670KB", "10MB", "64MB"])
+@pytest.mark.parametrize("framing", ["content-length", "chunked"])
+async def test_a_complete_body_of_any_size_is_read_whole(client: Http1Client, size: int, framing: str) -> None:
+    """Reading past the flow-control mark (256 KiB) resumes the socket: no body waits for the silence limit."""
+    body = bytes(range(256)) * (size // 256)
+
+    async def script(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await peer.read_request(reader)
+        if framing == "chunked":
+            writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
+            for start in range(0, len(body), 1 << 20):
+                piece = body[start:start + (1 << 20)]
+                writer.write(b"%x\r\n%b\r\n" % (len(piece), piece))
+                await writer.drain()
+            writer.write(b"0\r\n\r\n")
+        else:
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+        await writer.drain()
+        await peer.read_request(reader)  # the connection is reused for the next request
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+        await writer.drain()
+
+    async with RawPeer(script) as peer:
+        response = await client.request("GET", peer.url + "/big", {}, None)
+        assert await response.read(1) == body
+        response.release()
+        again = await client.request("GET", peer.url + "/small", {}, None)
+        assert await again.read(1) == b"ok"
+        again.release()
+        assert peer.connections == 1
+
+
+@pytest.mark.parametrize("size", [670_000, 64 * 2**20], ids=["670KB", "64MB"])
+async def test_a_large_request_body_is_sent_whole(client: Http1Client, size: int) -> None:
+    body = bytes(range(256)) * (size // 256)
+
+    async def script(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        received = await peer.read_request(reader)
+        digest = str(len(received.partition(b"\r\n\r\n")[2])).encode()
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%b" % (len(digest), digest))
+        await writer.drain()
+
+    async with RawPeer(script) as peer:
+        response = await client.request("POST", peer.url + "/upload", {}, body)
+        assert await response.read(2) == str(len(body)).encode()
+        response.release()
+        assert peer.requests[0].endswith(body[-1000:])
+
+
+def closes_the_second_request_unanswered(peer_box: list[RawPeer]) -> Script:
+    """Answers one request per connection with keep-alive, then closes when a second request arrives on it: a
+    server whose idle timeout fired just as the client reused the connection."""
+    async def script(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await peer_box[0].read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+        await writer.drain()
+        await reader.readuntil(b"\r\n\r\n")
+    return script
+
+
+@pytest.mark.parametrize(("method", "idempotent", "resent"), [
+    ("GET", None, True), ("PUT", None, True), ("POST", None, False), ("POST", True, True)])
+async def test_a_pooled_connection_closed_by_the_server_is_retried_once_when_idempotent(
+        client: Http1Client, method: str, idempotent: bool | None, resent: bool) -> None:
+    box: list[RawPeer] = []
+    async with RawPeer(closes_the_second_request_unanswered(box)) as peer:
+        box.append(peer)
+        first = await client.request(method, peer.url + "/x", {}, b"{}")
+        assert await first.read(1) == b"ok"
+        first.release()
+        if resent:
+            again = await client.request(method, peer.url + "/x", {}, b"{}", idempotent=idempotent)
+            assert await again.read(1) == b"ok"
+            again.release()
+            assert peer.connections == 2
+        else:
+            with pytest.raises(ConnectionReset):  # it may have reached the server: never sent twice
+                await client.request(method, peer.url + "/x", {}, b"{}", idempotent=idempotent)
+            assert peer.connections == 1
+
+
+async def test_a_fresh_connection_that_fails_is_not_retried(client: Http1Client) -> None:
+    async def script(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")  # closes every request unanswered
+
+    async with RawPeer(script) as peer:
+        with pytest.raises(ConnectionReset):
+            await client.request("GET", peer.url + "/x", {}, None)
+        assert peer.connections == 1
+
+
+async def test_fetch_bounds_the_whole_exchange_and_frees_the_connection() -> None:
+    """``UpstreamClient.fetch``'s ``timeout_s`` bounds the whole call, even when the server is never silent long
+    enough for the read timeout; the connection it gave up on is not reused."""
+    async def trickle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await peer.read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n")
+        for _ in range(100):
+            writer.write(b"x")
+            await writer.drain()
+            await asyncio.sleep(0.1)
+
+    client = UpstreamClient(connect_timeout=1, read_timeout=1, pool_size=2)
+    try:
+        async with RawPeer(trickle) as peer:
+            loop = asyncio.get_running_loop()
+            started = loop.time()
+            with pytest.raises(TimeoutError):
+                await client.fetch("GET", peer.url + "/slow", timeout_s=0.5)
+            assert 0.45 < loop.time() - started < 1.0
+            assert not any(pool.idle for pool, _ in client.transport._pools.values())
+    finally:
+        await client.close()

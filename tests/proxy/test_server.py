@@ -4,6 +4,7 @@ flow control and shutdown, driven over raw sockets so every byte is visible."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 import orjson
@@ -25,6 +26,14 @@ def error_body(path: str, status: int, message: str, code: str) -> bytes:
 async def echo(request: Request, out: Responder) -> None:
     out.send(200, JSON, orjson.dumps({"method": request.method, "path": request.path, "raw": request.raw_path,
                                       "body": request.body.decode(), "too_large": request.body_too_large}))
+
+
+def answer_when(release: asyncio.Event) -> Handler:
+    """A handler that answers each request once ``release`` is set."""
+    async def answer(request: Request, out: Responder) -> None:
+        await release.wait()
+        out.send(200, JSON, b"{}")
+    return answer
 
 
 class Served:
@@ -148,6 +157,80 @@ async def test_a_slow_client_that_keeps_sending_is_served(serve: Callable[..., A
         await asyncio.sleep(0.1)
     status, _, body = await read_response(reader)
     assert status == 200 and orjson.loads(body)["body"] == "0123456789"
+    writer.close()
+
+
+async def test_a_head_trickled_in_steadily_is_cut_off_at_the_head_timeout(
+        serve: Callable[..., Awaitable[Served]]) -> None:
+    served = await serve(read_timeout_s=5, head_timeout_s=0.6)
+    reader, writer = await served.connect()
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    writer.write(b"GET /v1/x HTTP/1.1\r\nHost: t\r\nX-Slow: ")
+
+    async def trickle() -> None:  # one byte every 0.1 s: never silent for the read timeout
+        with contextlib.suppress(ConnectionError):
+            while True:
+                await asyncio.sleep(0.1)
+                writer.write(b"x")
+
+    trickling = asyncio.create_task(trickle())
+    status, _, body = await read_response(reader)
+    trickling.cancel()
+    assert status == 408 and orjson.loads(body)["code"] == "request_timeout"
+    assert 0.55 < loop.time() - started < 2
+    writer.close()
+
+
+async def test_a_new_connection_that_sends_nothing_is_closed_at_the_head_timeout_but_keep_alive_waits(
+        serve: Callable[..., Awaitable[Served]]) -> None:
+    served = await serve(head_timeout_s=0.4, keepalive_s=5)
+    silent_reader, silent_writer = await served.connect()
+    reader, writer = await served.connect()
+    writer.write(b"GET /a HTTP/1.1\r\nHost: t\r\n\r\n")
+    assert (await read_response(reader))[0] == 200
+    assert await asyncio.wait_for(silent_reader.read(), 2) == b""  # closed, no answer to a request never sent
+    await asyncio.sleep(0.6)
+    writer.write(b"GET /b HTTP/1.1\r\nHost: t\r\n\r\n")  # idle between requests: the keep-alive limit holds
+    assert (await read_response(reader))[0] == 200
+    silent_writer.close()
+    writer.close()
+
+
+async def test_past_the_connection_cap_the_connection_idle_the_longest_is_closed(
+        serve: Callable[..., Awaitable[Served]]) -> None:
+    served = await serve(max_connections=3)
+    connections = [await served.connect() for _ in range(3)]
+    for reader, writer in connections[1:]:  # the first stays idle the longest
+        writer.write(b"GET /a HTTP/1.1\r\nHost: t\r\n\r\n")
+        assert (await read_response(reader))[0] == 200
+    reader, writer = await served.connect()
+    writer.write(b"GET /healthz HTTP/1.1\r\nHost: t\r\n\r\n")
+    assert (await read_response(reader))[0] == 200
+    assert await asyncio.wait_for(connections[0][0].read(), 2) == b""
+    assert len(served.server.connections) == 3
+    for other_reader, other_writer in connections[1:]:  # the others are still served
+        other_writer.write(b"GET /a HTTP/1.1\r\nHost: t\r\n\r\n")
+        assert (await read_response(other_reader))[0] == 200
+    for _, other_writer in [*connections, (reader, writer)]:
+        other_writer.close()
+
+
+async def test_past_the_cap_with_every_connection_busy_a_new_one_gets_a_503(
+        serve: Callable[..., Awaitable[Served]]) -> None:
+    release = asyncio.Event()
+    served = await serve(answer_when(release), max_connections=2)
+    busy = [await served.connect() for _ in range(2)]
+    for _, writer in busy:
+        writer.write(b"GET /a HTTP/1.1\r\nHost: t\r\n\r\n")
+    await asyncio.sleep(0.1)
+    reader, writer = await served.connect()
+    status, _, body = await read_response(reader)
+    assert status == 503 and orjson.loads(body)["code"] == "too_many_connections"
+    release.set()
+    for busy_reader, busy_writer in busy:
+        assert (await read_response(busy_reader))[0] == 200
+        busy_writer.close()
     writer.close()
 
 
@@ -367,12 +450,7 @@ async def test_a_client_hanging_up_cancels_its_handler(serve: Callable[..., Awai
 async def test_shutdown_finishes_requests_in_flight_and_closes_idle_connections(
         serve: Callable[..., Awaitable[Served]]) -> None:
     release = asyncio.Event()
-
-    async def waiting(request: Request, out: Responder) -> None:
-        await release.wait()
-        out.send(200, JSON, b"{}")
-
-    served = await serve(waiting)
+    served = await serve(answer_when(release))
     idle_reader, idle_writer = await served.connect()
     busy_reader, busy_writer = await served.connect()
     busy_writer.write(b"GET / HTTP/1.1\r\nHost: t\r\n\r\n")

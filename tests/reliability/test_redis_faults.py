@@ -127,3 +127,24 @@ async def test_first_failure_is_logged_then_silent_for_the_interval(
     for _ in range(10):
         assert await tier.get("k") is None
     assert len(_tier_warnings(caplog)) == 1
+
+
+async def test_a_cancelled_half_open_probe_does_not_keep_the_tier_off(
+        own_redis: RedisServer, tier: ResponseTier) -> None:
+    """The one probe after an outage is cancelled (its client hung up): the next lookup may probe again."""
+    assert await tier.put("k", _entry("kept"), ttl=60, tags=[])
+    stall = threading.Thread(target=lambda: redis.Redis(port=own_redis.port).execute_command("DEBUG", "SLEEP", 2))
+    stall.start()
+    await asyncio.sleep(0.1)
+    for _ in range(FAILURES_TO_OPEN):  # each times out: the breaker opens
+        assert await tier.get("k") is None
+    assert tier.breaker.state is BreakerState.OPEN
+    await asyncio.sleep(OPEN_S * 1.2)
+    probe = asyncio.create_task(tier.get("k"))  # the half-open probe, stuck behind the stalled Redis
+    await asyncio.sleep(0.1)
+    probe.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await probe
+    await asyncio.to_thread(stall.join)
+    entry = await _until_closed(tier, "k")
+    assert entry is not None and entry.body == _entry("kept").body

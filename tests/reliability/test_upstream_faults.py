@@ -15,6 +15,7 @@ import httpx
 import openai
 import pytest
 
+from loadtest.harness import child
 from tests.fakes.llm_server import FakeLLM
 from tests.support.processes import free_port
 from tests.support.proxy_server import ProxyServer, proxy_settings
@@ -171,3 +172,56 @@ def test_qdrant_down_is_a_quick_502_in_qdrant_shape_and_not_ready(fake_llm_threa
         ready = httpx.get(server.url + "/readyz")
         assert ready.status_code == 503 and ready.json()["checks"]["qdrant"].startswith("unreachable")
         assert _post(server).status_code == 200, "the LLM side is unaffected"
+
+
+def test_readyz_reports_an_open_breaker(pair: tuple[FakeLLM, FakeLLM]) -> None:
+    first, second = pair
+    with _proxy([first.url, second.url], **{"upstreams.breaker_failures": 1, "upstreams.breaker_open_s": 30}) as server:
+        first.faults.fail_next(503)
+        assert _post(server).status_code == 503
+        ready = httpx.get(server.url + "/readyz")
+        assert ready.status_code == 200, "the other replica still serves"
+        assert ready.json()["degraded"] == {f"llm {first.url}": "breaker open"}
+        second.faults.fail_next(503)
+        assert _post(server).status_code == 503
+        ready = httpx.get(server.url + "/readyz")
+        assert ready.status_code == 503 and ready.json()["checks"]["llm"] == "breaker open"
+        assert len(ready.json()["degraded"]) == 2
+
+
+def test_a_cancelled_half_open_probe_does_not_keep_the_replica_refused(fake_llm_thread: FakeLLM) -> None:
+    """The one request let through after an outage is abandoned by its client: the replica is tried again at once
+    (not refused for good while /readyz says ready)."""
+    overrides = {"upstreams.breaker_failures": 1, "upstreams.breaker_open_s": 2.0}
+    with _proxy([fake_llm_thread.url], **overrides) as server:
+        fake_llm_thread.faults.fail_next(503)
+        assert _post(server).status_code == 503
+        time.sleep(2.1)
+        fake_llm_thread.latency_s = 5.0
+        with pytest.raises(httpx.ReadTimeout):  # the probe: its client hangs up
+            httpx.post(server.url + CHAT, json=BODY, timeout=0.3)
+        fake_llm_thread.latency_s = 0.0
+        time.sleep(0.1)
+        assert _post(server).status_code == 200
+        assert server.runtime.backends.backends[0].breaker.state.value == "closed"
+        _drained(server)
+
+
+def test_a_restarted_replica_serves_as_soon_as_it_is_back() -> None:
+    """The only replica is killed, its breaker opens, and it comes back: the first health check that succeeds
+    half-opens the breaker, so requests succeed within a probe period, not a breaker period (5 s by default)."""
+    port = free_port()
+    command = ["-m", "tests.fakes.llm_server", "--port", str(port)]
+    overrides = {"upstreams.health_interval_s": 5.0}  # the defaults: 5 s health checks, breaker open for 5 s
+    with child(command, port) as first, _proxy([f"http://127.0.0.1:{port}"], **overrides) as server:
+        assert _post(server).status_code == 200
+        first.kill()
+        first.wait()
+        statuses = [_post(server).status_code for _ in range(8)]
+        assert statuses[-1] == 503 and set(statuses) <= {502, 503}, statuses  # refused, then the breaker is open
+        with child(command, port):
+            back = time.monotonic()
+            while (status := _post(server).status_code) != 200 and time.monotonic() - back < 10:
+                time.sleep(0.05)
+            assert status == 200 and time.monotonic() - back < 1.5, time.monotonic() - back
+            assert [_post(server).status_code for _ in range(10)] == [200] * 10

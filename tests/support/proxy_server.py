@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import resource
 import signal
 import subprocess
 import sys
@@ -132,15 +133,18 @@ class ProxyServer:
 
 
 class ProxyProcess:
-    """``ragproxy serve`` as a child process, configured through the environment."""
+    """``ragproxy serve`` as a child process, configured through the environment; ``open_files``: its
+    ``(soft, hard)`` limit on open files."""
 
-    def __init__(self, settings_env: dict[str, str], port: int | None = None, cwd: Path | None = None) -> None:
+    def __init__(self, settings_env: dict[str, str], port: int | None = None, cwd: Path | None = None,
+                 open_files: tuple[int, int] | None = None) -> None:
         self.port = port or free_port()
         self.env = {**os.environ, **settings_env, "RAGPROXY_SERVER__PORT": str(self.port),
                     "RAGPROXY_LOGGING__FORMAT": "text"}
         self.env.setdefault("RAGPROXY_ADMIN__PORT", str(free_port()))
         self.env.setdefault("RAGPROXY_DATA_DIR", tempfile.mkdtemp(prefix="ragproxy-test-"))
         self.cwd = cwd
+        self.open_files = open_files
         self.process: subprocess.Popen[bytes] | None = None
 
     @property
@@ -148,9 +152,15 @@ class ProxyProcess:
         return f"http://127.0.0.1:{self.port}"
 
     def start(self) -> Self:
+        limits = self.open_files
+
+        def limit_open_files() -> None:
+            if limits is not None:
+                resource.setrlimit(resource.RLIMIT_NOFILE, limits)
+
         self.process = subprocess.Popen(
             [sys.executable, "-m", "proxy.cli", "serve"], env=self.env, cwd=self.cwd,
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, preexec_fn=limit_open_files,
         )
         wait_for_port(self.port, timeout=30)
         return self

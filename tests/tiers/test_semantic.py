@@ -8,9 +8,10 @@ from pathlib import Path
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from qdrant_client import AsyncQdrantClient
 
 from normalizer.signature import context_signature
+from proxy.upstream.client import UpstreamClient
+from tests.fakes.qdrant_shim import QdrantShim
 from tiers.embedders.cached import CachedEmbedder
 from tiers.embedders.local import LocalEmbedder
 from tiers.embedders.minilm import MiniLMEncoder
@@ -34,13 +35,15 @@ def encoder() -> MiniLMEncoder:
 
 @pytest.fixture(params=["hnsw", "qdrant"])
 async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[VectorStore]:
-    instance: VectorStore
     if request.param == "hnsw":
         instance = HnswVectorStore(384, tmp_path)
-    else:
-        instance = QdrantVectorStore(AsyncQdrantClient(":memory:"), 384)
-    yield instance
-    await instance.close()
+        yield instance
+        await instance.close()
+        return
+    client = UpstreamClient(connect_timeout=2, read_timeout=10, pool_size=4)
+    with QdrantShim() as shim:  # Qdrant's REST API over qdrant-client's local mode
+        yield QdrantVectorStore(client, shim.url, 384)
+    await client.close()
 
 
 @pytest.fixture

@@ -13,7 +13,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from tiers.embedders.base import Embedder, FloatArray, normalize_rows
 from tiers.embedders.cached import CachedEmbedder
@@ -34,6 +34,9 @@ __all__ = [
     "normalize_rows",
 ]
 
+if TYPE_CHECKING:
+    from proxy.upstream.client import UpstreamClient
+
 
 def build_embedder(
     kind: Literal["local", "upstream"] = "local",
@@ -43,6 +46,7 @@ def build_embedder(
     upstream_model: str = "text-embedding-3-small",
     upstream_dim: int = 1536,
     upstream_api_key: str | None = None,
+    upstream_client: UpstreamClient | None = None,
     max_batch: int = 32,
     max_wait_s: float = 0.0,
     runtime: Literal["auto", "onnx", "numpy"] = "auto",
@@ -54,12 +58,13 @@ def build_embedder(
         local = local_embedder(runtime, model_cache_dir, max_batch=max_batch, max_wait_s=max_wait_s)
         return CachedEmbedder(local, capacity=cache_capacity, case_insensitive=local.case_insensitive)
     if kind == "upstream":
-        if not upstream_url:
-            raise ValueError("the upstream embedder needs upstream_url")
+        if not upstream_url or upstream_client is None:
+            raise ValueError("the upstream embedder needs upstream_url and upstream_client")
         upstream = UpstreamEmbedder(
             upstream_url,
             upstream_model,
             upstream_dim,
+            client=upstream_client,
             api_key=upstream_api_key,
             max_batch=max_batch,
             max_wait_s=max_wait_s,

@@ -1,4 +1,5 @@
-"""The ``upstream`` backend: an OpenAI-compatible ``POST /v1/embeddings`` endpoint over aiohttp.
+"""The ``upstream`` backend: an OpenAI-compatible ``POST /v1/embeddings`` endpoint, called through the proxy's one
+upstream client (:class:`proxy.upstream.client.UpstreamClient`, given by the caller).
 
 Concurrent requests are micro-batched into one HTTP call (the endpoint accepts a list of inputs). Rows are
 put back in input order by their ``index`` and L2-normalized, whatever the server returns, so that dot
@@ -8,13 +9,16 @@ product = cosine. Failures raise :class:`UpstreamEmbeddingError`; the semantic t
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import aiohttp
 import numpy as np
+import orjson
 
 from tiers.embedders.base import FloatArray, normalize_rows
 from tiers.embedders.batching import MicroBatcher
+
+if TYPE_CHECKING:
+    from proxy.upstream.client import UpstreamClient
 
 
 class UpstreamEmbeddingError(RuntimeError):
@@ -32,19 +36,22 @@ class UpstreamEmbedder:
         model: str,
         dim: int,
         *,
+        client: UpstreamClient,
         api_key: str | None = None,
         timeout_s: float = 10.0,
         max_batch: int = 64,
         max_wait_s: float = 0.001,
     ) -> None:
         """``url``: the full endpoint (``http://host:port/v1/embeddings``); ``dim``: the model's output length
-        (checked against every answer); ``timeout_s``: bound on one HTTP call."""
+        (checked against every answer); ``client``: the HTTP client (not closed here); ``timeout_s``: bound on one
+        HTTP call."""
         self.url = url
         self.model = model
         self._dim = dim
-        self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        self._timeout = aiohttp.ClientTimeout(total=timeout_s)
-        self._session: aiohttp.ClientSession | None = None
+        self._client = client
+        self._headers = {"Content-Type": "application/json",
+                         **({"Authorization": f"Bearer {api_key}"} if api_key else {})}
+        self._timeout_s = timeout_s
         self._batcher = MicroBatcher(self._request, max_batch=max_batch, max_wait_s=max_wait_s)
 
     @property
@@ -61,17 +68,19 @@ class UpstreamEmbedder:
         return await self._batcher.embed(texts)
 
     async def _request(self, texts: list[str]) -> FloatArray:
-        if self._session is None or self._session.closed:
-            self._session = aiohttp.ClientSession(timeout=self._timeout, headers=self._headers)
-        payload = {"model": self.model, "input": texts, "encoding_format": "float"}
-        try:
-            async with self._session.post(self.url, json=payload) as response:
-                if response.status != 200:
-                    detail = (await response.text())[:200]
-                    raise UpstreamEmbeddingError(f"{self.url} answered {response.status}: {detail}")
-                body: Any = await response.json(content_type=None)
-        except (aiohttp.ClientError, TimeoutError) as error:
+        payload = orjson.dumps({"model": self.model, "input": texts, "encoding_format": "float"})
+        try:  # computing embeddings changes nothing: safe to resend on a connection the server had closed
+            answer = await self._client.fetch("POST", self.url, headers=self._headers, body=payload,
+                                              timeout_s=self._timeout_s, idempotent=True)
+        except (OSError, ValueError) as error:
             raise UpstreamEmbeddingError(f"{self.url}: {error!r}") from error
+        if answer.status != 200:
+            detail = answer.body[:200].decode("utf-8", "replace")
+            raise UpstreamEmbeddingError(f"{self.url} answered {answer.status}: {detail}")
+        try:
+            body: Any = answer.json()
+        except ValueError as error:
+            raise UpstreamEmbeddingError(f"{self.url}: the answer is not JSON ({error})") from error
         return self._rows(body, len(texts))
 
     def _rows(self, body: Any, expected: int) -> FloatArray:
@@ -87,5 +96,3 @@ class UpstreamEmbedder:
 
     async def close(self) -> None:
         await self._batcher.close()
-        if self._session is not None:
-            await self._session.close()

@@ -15,7 +15,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 import httpx
 import orjson
 import pytest
@@ -33,6 +32,7 @@ from proxy.kv.stages import Replica, Route, Shape
 from proxy.kv.tree import KnowledgeTree
 from proxy.pipeline import Pipeline
 from proxy.server.request import Request
+from proxy.upstream.client import UpstreamClient
 
 CACHE = Path.home() / ".cache" / "ragproxy"
 pytestmark = pytest.mark.llama
@@ -57,8 +57,11 @@ async def run_sequence(url: str, *, pinned: bool) -> list[dict[str, Any]]:
     slots = SlotTable(1, prompt_cache=not pinned)
     replica = Replica(0, LLAMACPP, KnowledgeTree(100_000, prefill=model), model, AdmissionQueue(1), slots)
     router = Router([model], ttft_slo_s=None)
-    async with aiohttp.ClientSession() as session:
-        answer = await read_slots(session, url, {})
+    client = UpstreamClient(connect_timeout=5, read_timeout=10, pool_size=1)
+    try:
+        answer = await read_slots(client, url, {})
+    finally:
+        await client.close()
     assert answer is not None
     assert apply_slots(answer, tree=replica.tree, load=router.loads[0], slot_table=slots) == (2, 8192)
     assert len(slots) == 2

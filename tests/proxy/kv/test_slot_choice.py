@@ -6,7 +6,6 @@ from __future__ import annotations
 import itertools
 from typing import Any
 
-import aiohttp
 import orjson
 import pytest
 from aiohttp import web
@@ -25,6 +24,7 @@ from proxy.kv.tree import KnowledgeTree, Segment
 from proxy.pipeline import Pipeline
 from proxy.server.request import Request
 from proxy.stages.prompt import ReadPrompt
+from proxy.upstream.client import UpstreamClient
 
 SYS = Segment("p:s", 20)
 HOT = [SYS, Segment("hot1", 400), Segment("hot2", 400)]
@@ -144,13 +144,14 @@ async def test_read_slots_returns_the_answer_or_none_when_the_server_has_no_slot
         return web.json_response({"error": {"message": "This server does not support slots endpoint."}}, status=501)
 
     good, off = await _serve(slots), await _serve(disabled)
+    client = UpstreamClient(connect_timeout=1, read_timeout=2, pool_size=2)
     try:
-        async with aiohttp.ClientSession() as session:
-            answer = await read_slots(session, str(good.make_url("/")), {"Authorization": "Bearer k"})
-            assert answer is not None and len(answer) == 2
-            assert await read_slots(session, str(off.make_url("/")), {}) is None
-            assert await read_slots(session, "http://127.0.0.1:9", {}, timeout_s=0.5) is None
+        answer = await read_slots(client, str(good.make_url("/")), {"Authorization": "Bearer k"})
+        assert answer is not None and len(answer) == 2
+        assert await read_slots(client, str(off.make_url("/")), {}) is None
+        assert await read_slots(client, "http://127.0.0.1:9", {}, timeout_s=0.5) is None
     finally:
+        await client.close()
         await good.close()
         await off.close()
 
@@ -171,10 +172,12 @@ async def test_route_reads_slots_of_llamacpp_backends_in_the_background() -> Non
     replica = Replica(0, LLAMACPP, KnowledgeTree(10_000, prefill=model), model, AdmissionQueue(2),
                       SlotTable(1))
     router = Router([model], ttft_slo_s=None)
-    route = Route([replica], router, backend_objects=[Backend()])
+    client = UpstreamClient(connect_timeout=1, read_timeout=2, pool_size=2)
+    route = Route([replica], router, backend_objects=[Backend()], client=client)
     try:
         await route.discover()
     finally:
+        await client.close()
         await server.close()
     assert len(replica.slots or []) == 4 and router.loads[0].parallelism == 4
     assert replica.tree.capacity_tokens == 200_000

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from proxy.upstream.client import UpstreamClient
 from tiers.embedders import CachedEmbedder, LocalEmbedder, UpstreamEmbedder, build_embedder, client_vector
 
 
@@ -14,12 +15,17 @@ async def test_local_is_cached_case_insensitively() -> None:
     await embedder.close()
 
 
-async def test_upstream_needs_a_url_and_keeps_case() -> None:
+async def test_upstream_needs_a_url_and_a_client_and_keeps_case() -> None:
+    client = UpstreamClient(connect_timeout=1, read_timeout=1, pool_size=1)
     with pytest.raises(ValueError, match="upstream_url"):
-        build_embedder("upstream")
-    embedder = build_embedder("upstream", upstream_url="http://127.0.0.1:9/v1/embeddings", upstream_dim=8)
+        build_embedder("upstream", upstream_client=client)
+    with pytest.raises(ValueError, match="upstream_client"):
+        build_embedder("upstream", upstream_url="http://127.0.0.1:9/v1/embeddings")
+    embedder = build_embedder("upstream", upstream_url="http://127.0.0.1:9/v1/embeddings", upstream_dim=8,
+                              upstream_client=client)
     assert isinstance(embedder.inner, UpstreamEmbedder) and not embedder.case_insensitive and embedder.dim == 8
     await embedder.close()
+    await client.close()
 
 
 def test_unknown_kinds_are_rejected() -> None:

@@ -1,4 +1,5 @@
-"""The upstream backend against a test double of an OpenAI-compatible embeddings server (aiohttp)."""
+"""The upstream backend, through the proxy's upstream client, against a test double of an OpenAI-compatible
+embeddings server (aiohttp)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import numpy as np
 import pytest
 from aiohttp import web
 
+from proxy.upstream.client import UpstreamClient
 from tests.support.processes import free_port
 from tiers.embedders.upstream import UpstreamEmbedder, UpstreamEmbeddingError
 
@@ -41,6 +43,13 @@ class FakeEmbeddingsServer:
 
 
 @pytest.fixture
+async def client() -> AsyncIterator[UpstreamClient]:
+    http = UpstreamClient(connect_timeout=2, read_timeout=5, pool_size=4)
+    yield http
+    await http.close()
+
+
+@pytest.fixture
 async def server() -> AsyncIterator[tuple[FakeEmbeddingsServer, str]]:
     fake = FakeEmbeddingsServer()
     app = web.Application()
@@ -54,9 +63,10 @@ async def server() -> AsyncIterator[tuple[FakeEmbeddingsServer, str]]:
     await runner.cleanup()
 
 
-async def test_rows_come_back_in_input_order_normalized(server: tuple[FakeEmbeddingsServer, str]) -> None:
+async def test_rows_come_back_in_input_order_normalized(server: tuple[FakeEmbeddingsServer, str],
+                                                        client: UpstreamClient) -> None:
     fake, url = server
-    embedder = UpstreamEmbedder(url, "emb-model", DIM, api_key="sk-test")
+    embedder = UpstreamEmbedder(url, "emb-model", DIM, client=client, api_key="sk-test")
     rows = await embedder.embed(["a", "abc"])
     expected = np.array([[1, 1, 0, 0], [3, 1, 0, 0]], dtype=np.float32)
     expected /= np.linalg.norm(expected, axis=1, keepdims=True)
@@ -67,9 +77,10 @@ async def test_rows_come_back_in_input_order_normalized(server: tuple[FakeEmbedd
     await embedder.close()
 
 
-async def test_concurrent_requests_share_one_http_call(server: tuple[FakeEmbeddingsServer, str]) -> None:
+async def test_concurrent_requests_share_one_http_call(server: tuple[FakeEmbeddingsServer, str],
+                                                      client: UpstreamClient) -> None:
     fake, url = server
-    embedder = UpstreamEmbedder(url, "m", DIM, max_wait_s=0.005)
+    embedder = UpstreamEmbedder(url, "m", DIM, client=client, max_wait_s=0.005)
     results = await asyncio.gather(*(embedder.embed(["x" * n]) for n in range(1, 6)))
     assert len(fake.requests) == 1
     assert fake.requests[0]["json"]["input"] == ["x", "xx", "xxx", "xxxx", "xxxxx"]
@@ -77,9 +88,10 @@ async def test_concurrent_requests_share_one_http_call(server: tuple[FakeEmbeddi
     await embedder.close()
 
 
-async def test_errors_and_malformed_answers_raise(server: tuple[FakeEmbeddingsServer, str]) -> None:
+async def test_errors_and_malformed_answers_raise(server: tuple[FakeEmbeddingsServer, str],
+                                                 client: UpstreamClient) -> None:
     fake, url = server
-    embedder = UpstreamEmbedder(url, "m", DIM)
+    embedder = UpstreamEmbedder(url, "m", DIM, client=client)
     fake.status = 500
     with pytest.raises(UpstreamEmbeddingError, match="500"):
         await embedder.embed(["a"])
@@ -93,8 +105,9 @@ async def test_errors_and_malformed_answers_raise(server: tuple[FakeEmbeddingsSe
     await embedder.close()
 
 
-async def test_an_unreachable_upstream_raises() -> None:
-    embedder = UpstreamEmbedder(f"http://127.0.0.1:{free_port()}/v1/embeddings", "m", DIM, timeout_s=2)
+async def test_an_unreachable_upstream_raises(client: UpstreamClient) -> None:
+    embedder = UpstreamEmbedder(f"http://127.0.0.1:{free_port()}/v1/embeddings", "m", DIM, client=client,
+                                timeout_s=2)
     with pytest.raises(UpstreamEmbeddingError):
         await embedder.embed(["a"])
     await embedder.close()

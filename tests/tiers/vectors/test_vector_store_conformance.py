@@ -3,30 +3,40 @@
 from __future__ import annotations
 
 import os
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from pathlib import Path
 
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from qdrant_client import AsyncQdrantClient
 
+from proxy.upstream.client import UpstreamClient
+from tests.fakes.qdrant_shim import QdrantShim
 from tiers.embedders.base import normalize_rows
 from tiers.vectors.base import VectorStore
 from tiers.vectors.hnsw import HnswVectorStore
 from tiers.vectors.qdrant import QdrantVectorStore
 
 DIM = 16
-StoreFactory = Callable[[Path], Awaitable[VectorStore]]
+StoreFactory = Callable[[Path], AbstractAsyncContextManager[VectorStore]]
 
 
-async def _hnsw(directory: Path) -> VectorStore:
-    return HnswVectorStore(DIM, directory, model="test", initial_capacity=4)
+@asynccontextmanager
+async def _hnsw(directory: Path) -> AsyncIterator[VectorStore]:
+    yield HnswVectorStore(DIM, directory, model="test", initial_capacity=4)
 
 
-async def _qdrant(directory: Path) -> VectorStore:
-    return QdrantVectorStore(AsyncQdrantClient(":memory:"), DIM)
+@asynccontextmanager
+async def _qdrant(directory: Path) -> AsyncIterator[VectorStore]:
+    """Over REST, against the Qdrant shim (qdrant-client's local mode behind Qdrant's HTTP API)."""
+    client = UpstreamClient(connect_timeout=2, read_timeout=10, pool_size=4)
+    try:
+        with QdrantShim() as shim:
+            yield QdrantVectorStore(client, shim.url, DIM)
+    finally:
+        await client.close()
 
 
 BACKENDS: dict[str, StoreFactory] = {"hnsw": _hnsw, "qdrant": _qdrant}
@@ -34,9 +44,9 @@ BACKENDS: dict[str, StoreFactory] = {"hnsw": _hnsw, "qdrant": _qdrant}
 
 @pytest.fixture(params=sorted(BACKENDS))
 async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[VectorStore]:
-    instance = await BACKENDS[request.param](tmp_path)
-    yield instance
-    await instance.close()
+    async with BACKENDS[request.param](tmp_path) as instance:
+        yield instance
+        await instance.close()
 
 
 def unit(rng: np.random.Generator, n: int) -> np.ndarray:
