@@ -151,7 +151,7 @@ def _rules(rt: Runtime) -> tuple[CacheDefaults, BypassSettings]:
 def _canonicalize(rt: Runtime, kind: RequestKind, bypass: BypassSettings) -> Canonicalize:
     cache = rt.settings.cache
     return Canonicalize(kind, bypass, rt.versions, frozenset(cache.shared_namespaces),
-                        frozenset(cache.private_namespaces))
+                        frozenset(cache.private_namespaces), tuple(cache.key_headers))
 
 
 def _items_caching(rt: Runtime, kind: RequestKind,
