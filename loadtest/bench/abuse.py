@@ -49,7 +49,7 @@ from typing import Any
 import httpx
 import orjson
 
-from loadtest.harness import free_port, listening, proxy_child
+from loadtest.harness import free_port, ledger_charges, listening, proxy_child
 
 USER, TENANT = "abuse-user", "abuse-tenant"
 CHAT, EMBEDDINGS = "/v1/chat/completions", "/v1/embeddings"
@@ -267,26 +267,12 @@ def _proxy_env(redis_url: str, llm_url: str, qdrant_url: str, data_dir: Path) ->
             "RAGPROXY_LOGGING__FORMAT": "text"}
 
 
-def _charges(admin: httpx.Client) -> list[dict[str, Any]]:
-    entries: list[dict[str, Any]] = []
-    cursor: str | None = None
-    while True:
-        params: dict[str, Any] = {"user": USER, "kind": "charge", "limit": 500}
-        if cursor:
-            params["cursor"] = cursor
-        page = admin.get("/admin/ledger", params=params).json()
-        entries.extend(page["entries"])
-        cursor = page.get("next_cursor")
-        if not cursor:
-            return entries
-
-
 def _settled(admin: httpx.Client, timeout_s: float = 15.0) -> list[dict[str, Any]]:
     """The ledger once it stopped growing (abandoned streams settle after the client left)."""
-    charges, deadline = _charges(admin), time.monotonic() + timeout_s
+    charges, deadline = ledger_charges(admin, USER), time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         time.sleep(1.0)
-        again = _charges(admin)
+        again = ledger_charges(admin, USER)
         if len(again) == len(charges):
             return again
         charges = again

@@ -54,7 +54,7 @@ from typing import Any
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from loadtest.harness import free_port, wait_for_port
+from loadtest.harness import free_port, ledger_charges, wait_for_port
 
 ROOT = Path(__file__).resolve().parents[2]
 USER, TENANT = "chaos-user", "chaos-tenant"
@@ -196,20 +196,6 @@ async def _chaos(start: float, duration: float, redis: Redis, replica: Replica, 
             downtime.up(name, time.monotonic())
 
 
-def _ledger(admin: httpx.Client, since: float) -> list[dict[str, Any]]:
-    entries: list[dict[str, Any]] = []
-    cursor: str | None = None
-    while True:
-        params: dict[str, Any] = {"user": USER, "kind": "charge", "since": since, "limit": 500}
-        if cursor:
-            params["cursor"] = cursor
-        page = admin.get("/admin/ledger", params=params).json()
-        entries.extend(page["entries"])
-        cursor = page.get("next_cursor")
-        if not cursor:
-            return entries
-
-
 def _samples(admin: httpx.Client, family: str) -> list[tuple[dict[str, str], float]]:
     """The samples of one metric family scraped from the admin ``/metrics``."""
     return [(sample.labels, sample.value) for metric in text_string_to_metric_families(admin.get("/metrics").text)
@@ -289,7 +275,7 @@ def run(duration: float, workers: int, fail_open: bool) -> dict[str, Any]:
             journal_left, drain_s = _wait_for_journal(admin)
             outage_counters = _outage_counters(admin)
             after = admin.get(f"/admin/credits/{USER}").json()
-            charges = _ledger(admin, since)
+            charges = ledger_charges(admin, USER, since)
     finally:
         if proxy is not None:
             proxy.send_signal(signal.SIGTERM)
