@@ -49,17 +49,16 @@ class Exceeded:
 def json_depth(value: Any, stop_after: int) -> int:
     """Nesting depth of a parsed JSON value (a scalar is 0), counted up to ``stop_after + 1`` at most."""
     deepest = 0
-    pending: list[tuple[Any, int]] = [(value, 1)]
+    pending: list[tuple[Any, int]] = [(value, 1)] if isinstance(value, dict | list) else []
     while pending:
         node, depth = pending.pop()
         if depth > stop_after:
             return depth
-        children = node.values() if isinstance(node, dict) else node
-        for child in children:
+        for child in node.values() if isinstance(node, dict) else node:
             if isinstance(child, dict | list):
                 pending.append((child, depth + 1))
         deepest = max(deepest, depth)
-    return deepest if isinstance(value, dict | list) else 0
+    return deepest
 
 
 def _too_deep(raw: bytes, body: Any, limit: int) -> Exceeded | None:
