@@ -167,3 +167,24 @@ async def test_a_repeat_while_the_first_runs_is_409_and_a_failed_first_frees_the
         retried = await client.post(CHAT, json=_body("retry me"), headers=failing)
         assert retried.status_code == 200 and "Idempotent-Replayed" not in retried.headers
     assert fake_llm_thread.log.count(CHAT) == 3
+
+
+def test_an_abandoned_responses_stream_is_charged_what_was_produced(
+        fake_llm_thread: FakeLLM, billed: ProxyServer) -> None:
+    fake_llm_thread.answer = lambda prompt: " ".join(f"w{n}" for n in range(26))
+    fake_llm_thread.chunk_latency_s = 0.05
+    key = _key(billed, "ann", 100 * MICRO)
+    client = openai.OpenAI(base_url=billed.url + "/v1", api_key=key, max_retries=0)
+    stream = client.responses.create(model="fake-model", input="tell me a long story", stream=True)
+    pieces = 0
+    for event in stream:
+        if event.type == "response.output_text.delta":
+            pieces += 1
+            if pieces == 10:
+                break
+    stream.close()
+    deadline = time.monotonic() + 10
+    while not (charges := _charges(billed, "ann")) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    [charge] = charges
+    assert charge.usage_source == "relayed" and 10 <= charge.completion_tokens <= 26
