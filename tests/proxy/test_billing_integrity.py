@@ -53,7 +53,7 @@ def _body(question: str, **extra: Any) -> dict[str, Any]:
 
 async def test_concurrent_calls_under_one_request_id_are_each_charged_and_never_more_served_than_paid(
         fake_llm_thread: FakeLLM, billed: ProxyServer) -> None:
-    fake_llm_thread.latency_s = 0.3
+    fake_llm_thread.latency_s = 2.0  # every call arrives while the first five are still held
     probe = _body("question 0")
     worst = billed.runtime.credits.prices.worst_case(probe, raw_size=len(httpx.Request("POST", "/", json=probe)
                                                                          .content))
