@@ -153,10 +153,11 @@ async def test_a_repeat_while_the_first_runs_is_409_and_a_failed_first_frees_the
         fake_llm_thread: FakeLLM, billed: ProxyServer) -> None:
     key = _key(billed, "ann", 100 * MICRO)
     headers = {"Authorization": f"Bearer {key}", "Idempotency-Key": "slow"}
-    fake_llm_thread.latency_s = 0.5
+    fake_llm_thread.latency_s = 2.0
     async with httpx.AsyncClient(base_url=billed.url, timeout=30, headers=headers) as client:
         first = asyncio.ensure_future(client.post(CHAT, json=_body("slow one")))
-        await asyncio.sleep(0.2)
+        while fake_llm_thread.log.count(CHAT) == 0:  # the first call is upstream: its key is held
+            await asyncio.sleep(0.01)
         busy = await client.post(CHAT, json=_body("slow one"))
         assert busy.status_code == 409 and busy.headers["Retry-After"] == "1"
         assert (await first).status_code == 200
