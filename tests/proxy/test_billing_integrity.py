@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +45,13 @@ def _charges(server: ProxyServer, user: str) -> list[LedgerEntry]:
         return [e async for e in ledger_entries(store, LedgerFilter(user=user, kind="charge"))]
 
     return list(server.call(read()))
+
+
+def _until(condition: Callable[[], bool], timeout_s: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "never happened"
+        time.sleep(0.01)
 
 
 def _body(question: str, **extra: Any) -> dict[str, Any]:
@@ -156,8 +163,7 @@ async def test_a_repeat_while_the_first_runs_is_409_and_a_failed_first_frees_the
     fake_llm_thread.latency_s = 2.0
     async with httpx.AsyncClient(base_url=billed.url, timeout=30, headers=headers) as client:
         first = asyncio.ensure_future(client.post(CHAT, json=_body("slow one")))
-        while fake_llm_thread.log.count(CHAT) == 0:  # the first call is upstream: its key is held
-            await asyncio.sleep(0.01)
+        await asyncio.to_thread(_until, lambda: fake_llm_thread.log.count(CHAT) > 0)  # upstream: its key is held
         busy = await client.post(CHAT, json=_body("slow one"))
         assert busy.status_code == 409 and busy.headers["Retry-After"] == "1"
         assert (await first).status_code == 200
