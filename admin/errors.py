@@ -1,4 +1,5 @@
-"""Admin errors: every failure answers ``{"error": {"code": ..., "message": ...}}`` with a fitting status.
+"""Admin errors: every failure answers ``{"error": {"code": ..., "message": ...}}`` with a fitting status (and the
+router's own headers, such as the ``Allow`` of a 405).
 
 Admin operations fail loudly: an unexpected exception is a 500 with its class name (never a traceback in the body,
 but logged with one).
@@ -16,6 +17,8 @@ from pydantic import ValidationError
 log = logging.getLogger("ragproxy.admin")
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+_BODY_HEADERS = frozenset({"content-type", "content-length"})
+"""Headers of a router error that describe its own body (replaced); the rest (``Allow`` of a 405) are kept."""
 
 
 class AdminError(Exception):
@@ -56,7 +59,8 @@ async def json_errors(request: web.Request, handler: Handler) -> web.StreamRespo
     except web.HTTPException as exc:
         if exc.status < 400:
             raise
-        return error_response(exc.status, exc.reason.lower().replace(" ", "_"), exc.reason)
+        kept = {name: value for name, value in exc.headers.items() if name.lower() not in _BODY_HEADERS}
+        return error_response(exc.status, exc.reason.lower().replace(" ", "_"), exc.reason, kept)
     except Exception as exc:
         log.exception("admin request failed: %s %s", request.method, request.path)
         return error_response(500, "internal_error", f"admin operation failed ({exc.__class__.__name__})")

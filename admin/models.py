@@ -26,7 +26,9 @@ class InvalidateBody(_Body):
     namespace: str | None = Field(default=None, min_length=1)
     model: str | None = Field(default=None, min_length=1)
     documents: list[str] = Field(default_factory=list, max_length=10_000)
-    collection: str | None = Field(default=None, min_length=1)
+    collection: str | None = Field(
+        default=None, min_length=1, description="A Qdrant collection: alone, drops every cached search of it on every "
+        "replica (after a change made directly in Qdrant); with documents, the searches whose results held them")
     near: NearBody | None = None
     older_than_s: float | None = Field(default=None, ge=0)
     newer_than_s: float | None = Field(default=None, ge=0)

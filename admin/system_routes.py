@@ -16,7 +16,7 @@ from admin.errors import AdminError
 from admin.openapi import openapi_document
 from admin.state import RUNTIME, json_response
 from proxy.assembly import build_pipelines
-from proxy.config import redacted
+from proxy.config import redact_url, redacted
 from proxy.runtime import Runtime
 
 routes = web.RouteTableDef()
@@ -55,8 +55,8 @@ def _breaker_state(backend: Any) -> str:
 
 
 def backends_report(rt: Runtime) -> list[dict[str, Any]]:
-    return [{"name": b.label, "url": b.url, "kind": b.config.kind, "healthy": b.healthy, "in_flight": b.in_flight,
-             "max_concurrency": b.config.max_concurrency, "last_error": b.last_error,
+    return [{"name": b.label, "url": redact_url(b.url), "kind": b.config.kind, "healthy": b.healthy,
+             "in_flight": b.in_flight, "max_concurrency": b.config.max_concurrency, "last_error": b.last_error,
              "breaker": _breaker_state(b)}
             for b in rt.backends.backends]
 
@@ -85,8 +85,9 @@ async def dashboard(request: web.Request) -> web.Response:
     page = resources.files("admin").joinpath("dashboard.html").read_bytes()
     return web.Response(body=page, content_type="text/html", charset="utf-8",
                         headers={"Cache-Control": "no-store", "X-Content-Type-Options": "nosniff",
+                                 "X-Frame-Options": "DENY",  # for browsers without CSP frame-ancestors
                                  "Content-Security-Policy": "default-src 'self'; style-src 'self' 'unsafe-inline'; "
-                                 "script-src 'self' 'unsafe-inline'; img-src 'self' data:"})
+                                 "script-src 'self' 'unsafe-inline'; img-src 'self' data:; frame-ancestors 'none'"})
 
 
 TIER_SIZES = web.AppKey("tier_sizes", dict)

@@ -1,4 +1,4 @@
-"""Benchmark plumbing: child processes on loopback ports, latency percentiles, closed-loop load."""
+"""Benchmark plumbing: child processes on loopback ports, latency percentiles, closed-loop load, the admin ledger."""
 
 from __future__ import annotations
 
@@ -10,7 +10,9 @@ import sys
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
+from typing import Any
 
+import httpx
 import numpy as np
 
 
@@ -102,3 +104,20 @@ async def closed_loop(call: Callable[[], Awaitable[None]], concurrency: int, tot
     started = time.perf_counter()
     await asyncio.gather(*(worker() for _ in range(concurrency)))
     return total / (time.perf_counter() - started), latencies
+
+
+def ledger_charges(admin: httpx.Client, user: str, since: float | None = None) -> list[dict[str, Any]]:
+    """Every charge of ``user`` in the ledger (``since``: epoch seconds), page by page through the admin API."""
+    entries: list[dict[str, Any]] = []
+    cursor: str | None = None
+    while True:
+        params: dict[str, Any] = {"user": user, "kind": "charge", "limit": 500}
+        if since is not None:
+            params["since"] = since
+        if cursor:
+            params["cursor"] = cursor
+        page = admin.get("/admin/ledger", params=params).json()
+        entries.extend(page["entries"])
+        cursor = page.get("next_cursor")
+        if not cursor:
+            return entries

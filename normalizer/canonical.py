@@ -29,21 +29,34 @@ verbatim under ``extra`` (whether such a request is cached at all is :mod:`norma
 
 Excluded fields (they cannot change the answer) are listed with their reason in :data:`EXCLUDED_FIELDS`.
 
+What is hashed (:func:`keyed_request`): the canonical body alone, or — when there is any — an object holding it
+with the documents sent apart from the messages (``documents``) and the request's variant (``variant``,
+:func:`request_variant`): the URL query string verbatim (``?api-version=…`` as Azure-style upstreams use) and the
+values of the configured request headers the upstream may answer by (``cache.key_headers``: ``OpenAI-Organization``,
+``OpenAI-Project``, ``OpenAI-Beta`` by default). Both are forwarded upstream, so two requests differing in them are
+two requests.
+
+Numbers: an integral float of magnitude 2**53 or more is not keyed (:class:`CanonicalizationError`, so the
+request bypasses the cache): the JSON parser reads an integer literal beyond 64 bits as such a float, so
+``"seed": 18446744073709551616`` and ``…617`` would share a key while an upstream that reads integers exactly
+answers them differently. Integers within 64 bits stay exact ints.
+
 Key format (module :func:`cache_key`)::
 
-    rp1:<tenant>:<namespace>:<knowledge_version>:<kind>:<hex BLAKE2b-256 of the canonical JSON bytes>
+    rp2:<tenant>:<namespace>:<knowledge_version>:<kind>:<hex BLAKE2b-256 of the canonical JSON bytes>
 
-``rp1`` is the key-format version (bump it whenever canonicalization changes so old entries are never
-misread). Each scope component is percent-encoded (RFC 3986, nothing kept safe but ``A-Z a-z 0-9 _ . - ~``,
-and in the tenant component not ``~`` either), so a ``:`` in a tenant id cannot forge another scope, and a
-prefix such as ``rp1:acme:docs:`` selects exactly one tenant's namespace. ``kind`` is ``chat``,
+``rp2`` is the key-format version (bump it whenever canonicalization changes so old entries are never
+misread; ``rp1`` keys did not cover the query string, the keyed headers or beyond-64-bit integers). Each scope
+component is percent-encoded (RFC 3986, nothing kept safe but ``A-Z a-z 0-9 _ . - ~``, and in the tenant
+component not ``~`` either), so a ``:`` in a tenant id cannot forge another scope, and a
+prefix such as ``rp2:acme:docs:`` selects exactly one tenant's namespace. ``kind`` is ``chat``,
 ``completion``, ``embedding`` (one key per embedding input item), ``response`` or ``rerank`` (one key per
 scored document). The scope is a readable prefix rather
 than hashed so stores can scan and drop a tenant, namespace or knowledge version by prefix. Namespaces shared
 across tenants use :data:`SHARED_TENANT` as the tenant (the identity layer must never issue it).
 
 User-scoped keys (private namespaces, ``cache.private_namespaces``, or a request's ``Cache-Control:
-private``): the tenant component becomes ``<tenant>~<user digest>``, e.g. ``rp1:acme~3f…9a:docs:4:chat:…``,
+private``): the tenant component becomes ``<tenant>~<user digest>``, e.g. ``rp2:acme~3f…9a:docs:4:chat:…``,
 where the digest is :func:`user_digest` (32 hex digits of BLAKE2b of the tenant and user id; user ids never
 appear in keys, and equal ids in two tenants get different digests). A ``~`` in the tenant id itself is
 written ``%7E``, so the first raw ``~`` always separates the digest and no tenant name can forge another
@@ -55,7 +68,7 @@ tenant and namespace, so invalidating a tenant or namespace also drops its user-
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 from urllib.parse import quote
@@ -74,7 +87,7 @@ RequestKind = Literal["chat", "completion", "embedding", "response", "rerank"]
 """The endpoint a body was sent to: ``/v1/chat/completions``, ``/v1/completions``, ``/v1/embeddings``,
 ``/v1/responses`` (:mod:`normalizer.responses`) or a reranker (:mod:`normalizer.rerank`)."""
 
-KEY_FORMAT_VERSION = "rp1"
+KEY_FORMAT_VERSION = "rp2"
 SHARED_TENANT = "*"
 """Tenant component for namespaces configured as shared across tenants (percent-encoded as ``%2A``)."""
 
@@ -435,7 +448,7 @@ class KeyScope:
         return f"{tenant}{USER_SEPARATOR}{self.user}" if self.user else tenant
 
     def prefix(self) -> str:
-        """``rp1:<tenant>:<namespace>:<knowledge_version>:`` with each component percent-encoded."""
+        """``rp2:<tenant>:<namespace>:<knowledge_version>:`` with each component percent-encoded."""
         parts = (quote(self.namespace, safe=""), quote(self.knowledge_version, safe=""))
         return f"{KEY_FORMAT_VERSION}:{self.owner()}:" + "".join(part + ":" for part in parts)
 
@@ -452,3 +465,44 @@ def request_digest(canonical: JSONValue) -> str:
 def cache_key(kind: RequestKind, canonical: JSONValue, scope: KeyScope) -> str:
     """The exact-cache key of one canonical request (format in the module docstring)."""
     return f"{scope.prefix()}{kind}:{request_digest(canonical)}"
+
+
+def cache_keys(kind: RequestKind, canonicals: Iterable[JSONValue], scope: KeyScope) -> list[str]:
+    """The keys of many canonical requests in one scope (its prefix encoded once: embeddings items)."""
+    prefix = f"{scope.prefix()}{kind}:"
+    return [prefix + request_digest(canonical) for canonical in canonicals]
+
+
+DEFAULT_KEY_HEADERS = ("OpenAI-Organization", "OpenAI-Project", "OpenAI-Beta")
+"""Request headers an OpenAI-compatible upstream may answer by (``cache.key_headers``)."""
+
+
+def request_variant(query_string: str, headers: Mapping[str, str], keyed: Iterable[str]) -> JSONValue | None:
+    """What besides the body the upstream may answer by: the query string verbatim and the values of the ``keyed``
+    headers (names lower-cased, every value of a repeated header in order); ``None`` when there is neither."""
+    variant: dict[str, JSONValue] = {}
+    if query_string:
+        variant["query"] = query_string
+    getall = getattr(headers, "getall", None)
+    found: dict[str, JSONValue] = {}
+    for name in keyed:
+        values = getall(name, []) if getall is not None else [v for v in [headers.get(name)] if v is not None]
+        if values:
+            found[name.lower()] = list(values)
+    if found:
+        variant["headers"] = found
+    return variant or None
+
+
+def keyed_request(canonical: JSONValue, *, documents: JSONValue | None = None,
+                  variant: JSONValue | None = None) -> JSONValue:
+    """What a key is hashed from: the canonical body, with the documents sent apart and the request's variant when
+    there are any (see the module docstring)."""
+    if documents is None and variant is None:
+        return canonical
+    keyed: dict[str, JSONValue] = {"request": canonical}
+    if documents is not None:
+        keyed["documents"] = documents
+    if variant is not None:
+        keyed["variant"] = variant
+    return keyed

@@ -9,6 +9,10 @@ Two JSON documents that mean the same thing must produce the same bytes here:
   (orjson prints the shortest repr); ``-0.0`` becomes ``0``. Booleans stay booleans (``True`` is not ``1``
   here, even though Python says it is).
 
+A float of magnitude 2**53 or more is refused (:class:`CanonicalizationError`): orjson parses an integer literal
+beyond 64 bits as the nearest float, so distinct integers (``18446744073709551616`` and ``…617``) would become
+one value. Such a request is not keyed at all rather than keyed wrongly. Integers within 64 bits stay ints.
+
 Non-finite floats (NaN, Infinity) are not JSON; orjson refuses to parse them, so they never reach the proxy
 from the wire. :func:`canonical_value` rejects them with :class:`CanonicalizationError` instead of guessing.
 
@@ -40,14 +44,17 @@ class CanonicalizationError(ValueError):
 
 
 def canonical_number(value: int | float) -> int | float:
-    """The canonical form of a JSON number: integral floats below 2**53 as ``int``, ``-0.0`` as ``0``."""
+    """The canonical form of a JSON number: integral floats as ``int``, ``-0.0`` as ``0``; a float of magnitude
+    2**53 or more is refused (see the module docstring)."""
     if isinstance(value, bool):
         raise CanonicalizationError("a boolean is not a number")
     if isinstance(value, int):
         return value
     if not math.isfinite(value):
         raise CanonicalizationError(f"non-finite number {value!r} is not valid JSON")
-    if value.is_integer() and abs(value) < _MAX_EXACT_FLOAT_INT:
+    if abs(value) >= _MAX_EXACT_FLOAT_INT:
+        raise CanonicalizationError(f"{value!r} may be an integer beyond 64 bits, rounded by the JSON parser")
+    if value.is_integer():
         return int(value)
     return value
 

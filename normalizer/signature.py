@@ -22,15 +22,18 @@ What is in it:
   recognised in its text from earlier searches — as ``[id, BLAKE2b of the text, title]`` in the client's order
   (the order is rendered into the prompt, so it can change the answer); a document whose text changed under the
   same id is another context;
-- ``knowledge_version``: the knowledge version the answer was produced under.
+- ``knowledge_version``: the knowledge version the answer was produced under;
+- ``variant``: what besides the body the upstream may answer by — the query string and the keyed headers
+  (:func:`normalizer.canonical.request_variant`), as the exact key covers them.
 
 When recognised documents sit inside the final user message, the question compared by embedding is that message's
 text with the documents cut out (:func:`final_question`): their text is in ``documents``, and left in the
 question it would drown the question itself.
 
-Digest: hex BLAKE2b-256 of the canonical JSON of ``{"format": "sig2", ...all fields above}``.
+Digest: hex BLAKE2b-256 of the canonical JSON of ``{"format": "sig3", ...all fields above}`` (``sig2`` did not
+cover the variant).
 
-Responses API requests (:func:`response_signature`, format ``rsig1``, so never equal to a chat signature): the
+Responses API requests (:func:`response_signature`, format ``rsig2``, so never equal to a chat signature): the
 same fields from :func:`normalizer.responses.canonical_response` — ``system`` is ``instructions`` with the leading
 system/developer input items, ``history`` the input items before the final one, which must be a user message
 (:func:`normalizer.responses.final_input_question`); ``parameters`` everything else the exact key covers
@@ -49,8 +52,8 @@ from normalizer.canonical_json import JSONValue, digest_hex, encode_canonical
 from normalizer.documents import NO_DOCUMENTS, PromptDocuments, content_id, message_text
 from normalizer.responses import canonical_response, final_input_question, split_prompt
 
-SIGNATURE_FORMAT = "sig2"
-RESPONSE_SIGNATURE_FORMAT = "rsig1"
+SIGNATURE_FORMAT = "sig3"
+RESPONSE_SIGNATURE_FORMAT = "rsig2"
 _TEXT_PARTS = frozenset({"text", "input_text"})
 
 _SYSTEM_ROLES = frozenset({"system", "developer"})
@@ -69,6 +72,7 @@ class ContextSignature:
     parameters: JSONValue
     documents: JSONValue
     knowledge_version: str
+    variant: JSONValue
     digest: str
 
 
@@ -106,6 +110,7 @@ def context_signature(
     *,
     prompt: PromptDocuments = NO_DOCUMENTS,
     knowledge_version: str = "0",
+    variant: JSONValue = None,
 ) -> ContextSignature | None:
     """The signature of a chat request whose documents were read into ``prompt``, or ``None`` when its last message
     is not a user question.
@@ -121,7 +126,7 @@ def context_signature(
     while leading < len(messages) and messages[leading]["role"] in _SYSTEM_ROLES:
         leading += 1
     return _signed(SIGNATURE_FORMAT, canonical, {"model", "messages"}, messages[:leading], messages[leading:],
-                   final, prompt, knowledge_version)
+                   final, prompt, knowledge_version, variant)
 
 
 def response_signature(
@@ -129,6 +134,7 @@ def response_signature(
     *,
     prompt: PromptDocuments = NO_DOCUMENTS,
     knowledge_version: str = "0",
+    variant: JSONValue = None,
 ) -> ContextSignature | None:
     """The signature of a Responses API request (see the module docstring), or ``None`` when its last input item
     is not a user question. Raises :class:`~normalizer.canonical_json.CanonicalizationError` when malformed."""
@@ -137,12 +143,12 @@ def response_signature(
     canonical = canonical_response(body)
     system, history, final = split_prompt(canonical)
     return _signed(RESPONSE_SIGNATURE_FORMAT, canonical, {"model", "input", "instructions"}, system, history, final,
-                   prompt, knowledge_version)
+                   prompt, knowledge_version, variant)
 
 
 def _signed(signature_format: str, canonical: Mapping[str, JSONValue], consumed: set[str], system: JSONValue,
             history: JSONValue, final: Mapping[str, JSONValue], prompt: PromptDocuments,
-            knowledge_version: str) -> ContextSignature:
+            knowledge_version: str, variant: JSONValue) -> ContextSignature:
     tools = {field: canonical[field] for field in _TOOL_FIELDS if field in canonical}
     parameters = {key: value for key, value in canonical.items() if key not in consumed and key not in tools}
     fields: dict[str, JSONValue] = {
@@ -155,6 +161,7 @@ def _signed(signature_format: str, canonical: Mapping[str, JSONValue], consumed:
         "parameters": parameters,
         "documents": _documents(prompt),
         "knowledge_version": knowledge_version,
+        "variant": variant,
     }
     return ContextSignature(
         model=canonical["model"],
@@ -165,6 +172,7 @@ def _signed(signature_format: str, canonical: Mapping[str, JSONValue], consumed:
         parameters=parameters,
         documents=fields["documents"],
         knowledge_version=knowledge_version,
+        variant=variant,
         digest=digest_hex(encode_canonical(fields)),
     )
 
@@ -174,11 +182,13 @@ class PromptReading:
     """How the semantic stage reads one endpoint's body: its final question and its context signature."""
 
     question: Callable[[Mapping[str, Any], PromptDocuments], str | None]
-    signature: Callable[[Mapping[str, Any], PromptDocuments, str], ContextSignature | None]
+    signature: Callable[[Mapping[str, Any], PromptDocuments, str, JSONValue], ContextSignature | None]
+    """``(body, prompt, knowledge version, variant)`` → the signature."""
 
 
 CHAT_READING = PromptReading(
-    final_question, lambda body, prompt, version: context_signature(body, prompt=prompt, knowledge_version=version))
+    final_question, lambda body, prompt, version, variant: context_signature(
+        body, prompt=prompt, knowledge_version=version, variant=variant))
 RESPONSE_READING = PromptReading(
-    final_input_question,
-    lambda body, prompt, version: response_signature(body, prompt=prompt, knowledge_version=version))
+    final_input_question, lambda body, prompt, version, variant: response_signature(
+        body, prompt=prompt, knowledge_version=version, variant=variant))

@@ -2,8 +2,9 @@
 
 Chat::
 
-    identify → credits (reserve … settle) → prompt (its documents, read once) → cache_control → canonicalize →
-    [stale_if_error] → store (on the way back) → the tiers' lookups → coalesce → shape → route → forward
+    identify → limits → idempotency → credits (reserve … settle) → prompt (its documents, read once) →
+    cache_control → canonicalize → [stale_if_error] → store (on the way back) → the tiers' lookups → coalesce →
+    shape → route → forward
 
 The tiers' lookups come from the registered cache tiers in order (:mod:`proxy.cache_tiers`): L1 exact → L3
 exact → L2 semantic, so an exact repeat is answered before any embedding is computed (L2 also searches the cold
@@ -13,11 +14,11 @@ only), with its own credits (:class:`~proxy.credits.endpoints.ResponseCredits`) 
 ``instructions`` and ``input``.
 
 Each stage wraps the ones after it: the way back (store in the tiers, settle credits) runs in reverse order.
-Embeddings: identify → credits → cache_control → per-item exact cache → forward.
-Rerankers (``/v1/rerank``, ``/rerank``, ``/v2/rerank``, ``/v1/score``, ``/score``): identify → credits per
-document → cache_control → per-document exact cache → forward.
-Qdrant searches: identify → credits → documents (remembered for prompt detection) → the tiers' search stages (the
-search cache) → forward; Qdrant writes: identify → the tiers' write stages (invalidation) → forward;
+Embeddings: identify → limits → idempotency → credits → cache_control → per-item exact cache → forward.
+Rerankers (``/v1/rerank``, ``/rerank``, ``/v2/rerank``, ``/v1/score``, ``/score``): identify → limits → idempotency
+→ credits per document → cache_control → per-document exact cache → forward.
+Qdrant searches: identify → limits → credits → documents (remembered for prompt detection) → the tiers' search
+stages (the search cache) → forward; Qdrant writes: identify → the tiers' write stages (invalidation) → forward;
 anything else: identify → forward.
 """
 
@@ -31,8 +32,10 @@ from normalizer.bypass import BypassSettings
 from normalizer.cache_control import CacheDefaults
 from normalizer.canonical import RequestKind
 from normalizer.documents import read_prompt
+from normalizer.limits import RequestLimits
 from normalizer.responses import read_response_prompt
 from proxy.credits.endpoints import RerankCredits, ResponseCredits
+from proxy.credits.idempotency import Idempotency
 from proxy.credits.stages import Credits, Identify, SearchCredits
 from proxy.pipeline import Pipeline, Stage
 from proxy.runtime import Runtime
@@ -40,6 +43,7 @@ from proxy.stages.cache_policy import ApplyCacheControl, Canonicalize
 from proxy.stages.coalesce import Coalesce
 from proxy.stages.embeddings import EmbeddingItemsCache
 from proxy.stages.forward import ForwardToLLM, ForwardToQdrant
+from proxy.stages.limits import EnforceLimits
 from proxy.stages.prompt import ReadPrompt
 from proxy.stages.rerank import RerankItemsCache
 from proxy.stages.retrieval import RegisterDocuments
@@ -73,24 +77,41 @@ def build_pipelines(rt: Runtime) -> Pipelines:
     )
     identify: list[Stage] = [Identify(rt.credits.keys, open_mode=rt.settings.auth.mode == "open",
                                       key_cache_ttl_s=rt.settings.auth.key_cache_ttl_s, known=rt.credits.known_keys)]
-    billing = _billing(rt, Credits)
+    limits = _limits(rt)
+    guard: list[Stage] = [*identify, EnforceLimits(limits), *_idempotency(rt)]
+    billing = [*guard, *_billing(rt, Credits)]
     tracer = rt.tracer
     return Pipelines(
-        chat=Pipeline([*identify, *billing, *_prompt(rt), *_caching(rt, "chat"), *_kv(rt)], to_llm,
-                      tracer=tracer),
-        completions=Pipeline([*identify, *billing, *_caching(rt, "completion")], to_llm, tracer=tracer),
-        responses=Pipeline([*identify, *_billing(rt, ResponseCredits), *_prompt(rt, "response"),
+        chat=Pipeline([*billing, *_prompt(rt), *_caching(rt, "chat"), *_kv(rt)], to_llm, tracer=tracer),
+        completions=Pipeline([*billing, *_caching(rt, "completion")], to_llm, tracer=tracer),
+        responses=Pipeline([*guard, *_billing(rt, ResponseCredits), *_prompt(rt, "response"),
                             *_caching(rt, "response")], to_llm, tracer=tracer),
-        embeddings=Pipeline([*identify, *billing, *_items_caching(rt, "embedding", EmbeddingItemsCache)], to_llm,
+        embeddings=Pipeline([*billing, *_items_caching(rt, "embedding", EmbeddingItemsCache)], to_llm,
                             tracer=tracer),
-        rerank=Pipeline([*identify, *_billing(rt, RerankCredits), *_items_caching(rt, "rerank", RerankItemsCache)],
+        rerank=Pipeline([*guard, *_billing(rt, RerankCredits), *_items_caching(rt, "rerank", RerankItemsCache)],
                         to_llm, tracer=tracer),
         llm_passthrough=Pipeline(identify, to_llm, tracer=tracer),
-        qdrant_search=Pipeline([*identify, *_billing(rt, SearchCredits), *_documents(rt), *rt.tiers.stages("search")],
-                               to_qdrant, tracer=tracer),
+        qdrant_search=Pipeline([*identify, EnforceLimits(limits, search=True), *_billing(rt, SearchCredits),
+                                *_documents(rt), *rt.tiers.stages("search")], to_qdrant, tracer=tracer),
         qdrant_write=Pipeline([*identify, *rt.tiers.stages("write")], to_qdrant, tracer=tracer),
         qdrant_passthrough=Pipeline(identify, to_qdrant, tracer=tracer),
     )
+
+
+def _limits(rt: Runtime) -> RequestLimits:
+    """limits: outsized or overly deep bodies are refused before any stage reads them."""
+    limits = rt.settings.limits
+    return RequestLimits(json_depth=limits.json_depth, embedding_inputs=limits.embedding_inputs,
+                         search_batch=limits.search_batch, prefetch_depth=limits.prefetch_depth)
+
+
+def _idempotency(rt: Runtime) -> list[Stage]:
+    """idempotency: a repeated Idempotency-Key gets the first answer, charged once."""
+    store, settings = rt.credits.idempotency, rt.settings.idempotency
+    if store is None:
+        return []
+    return [Idempotency(store, ttl_s=settings.ttl_s, running_ttl_s=settings.running_ttl_s,
+                        max_response_bytes=settings.max_response_bytes)]
 
 
 def _billing(rt: Runtime, stage: type[Credits]) -> list[Stage]:
@@ -130,7 +151,7 @@ def _rules(rt: Runtime) -> tuple[CacheDefaults, BypassSettings]:
 def _canonicalize(rt: Runtime, kind: RequestKind, bypass: BypassSettings) -> Canonicalize:
     cache = rt.settings.cache
     return Canonicalize(kind, bypass, rt.versions, frozenset(cache.shared_namespaces),
-                        frozenset(cache.private_namespaces))
+                        frozenset(cache.private_namespaces), tuple(cache.key_headers))
 
 
 def _items_caching(rt: Runtime, kind: RequestKind,

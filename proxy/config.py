@@ -250,7 +250,10 @@ class RetrievalSettings(_Section):
     )
     max_bytes: int = Field(default=64 * 1024 * 1024, ge=1024, description="Memory for cached search results")
     policy: PolicyName = Field(default="lru", description="Eviction policy of the search cache")
-    ttl_s: float | None = Field(default=None, gt=0, description="Lifetime of a cached search (none: until a write)")
+    ttl_s: float | None = Field(
+        default=300.0, gt=0, description="Lifetime of a cached search: bounds how long a change made directly in "
+        "Qdrant (not through the proxy) can go unseen (none: until a write through the proxy; see operations.md)"
+    )
 
 
 class StaleSettings(_Section):
@@ -285,6 +288,11 @@ class CacheSettings(_Section):
     )
     coalesce_wait_s: float = Field(default=30.0, gt=0, description="Longest a duplicate miss waits for the leader")
     expose_key: bool = Field(default=False, description="Send X-Cache-Key on responses (a probing oracle)")
+    key_headers: list[str] = Field(
+        default_factory=lambda: ["OpenAI-Organization", "OpenAI-Project", "OpenAI-Beta"],
+        description="Request headers forwarded upstream that may change its answer: part of every cache key and "
+        "context signature (the query string always is)",
+    )
     trace_file: Path | None = Field(
         default=None, description="Append key/size/cost/time of every cached or stored answer (for ragproxy simulate)"
     )
@@ -301,6 +309,29 @@ class CacheSettings(_Section):
         if both:
             raise ValueError(f"{both} cannot be both shared by all tenants and private to each user")
         return value
+
+
+class LimitsSettings(_Section):
+    json_depth: int = Field(
+        default=128, ge=2, le=255, description="Deepest nesting of a JSON request body, 400 beyond (Qdrant's JSON "
+        "parser refuses more than 128 levels; the proxy re-encodes at most 255)"
+    )
+    embedding_inputs: int = Field(default=2048, ge=1, description="Items in one embeddings input, 413 beyond "
+                                  "(OpenAI's limit)")
+    search_batch: int = Field(default=1000, ge=1, description="Searches in one Qdrant batch request, 413 beyond")
+    prefetch_depth: int = Field(default=64, ge=1, description="Nesting of prefetch in a Qdrant query, 400 beyond "
+                                "(Qdrant's own limit)")
+
+
+class IdempotencySettings(_Section):
+    enabled: bool = Field(default=True, description="Honour Idempotency-Key on LLM calls: a repeat gets the first "
+                          "answer and is charged once")
+    ttl_s: float = Field(default=86_400.0, gt=0, description="How long a finished call's answer serves repeats")
+    running_ttl_s: float = Field(default=600.0, gt=0, description="Longest a key stays held by an unfinished call")
+    max_response_bytes: int = Field(default=4 * 1024 * 1024, ge=0, description="Larger answers are not kept (a "
+                                    "repeat runs again)")
+    max_entries: int = Field(default=10_000, ge=1, description="Keys kept in memory (embedded mode; in Redis when "
+                             "redis.url is set)")
 
 
 class AuthSettings(_Section):
@@ -425,6 +456,8 @@ class Settings(_Section):
     cache: CacheSettings = Field(default_factory=CacheSettings)
     auth: AuthSettings = Field(default_factory=AuthSettings)
     credits: CreditsSettings = Field(default_factory=CreditsSettings)
+    idempotency: IdempotencySettings = Field(default_factory=IdempotencySettings)
+    limits: LimitsSettings = Field(default_factory=LimitsSettings)
     redis: RedisSettings = Field(default_factory=RedisSettings)
     admin: AdminSettings = Field(default_factory=AdminSettings)
     logging: LoggingSettings = Field(default_factory=LoggingSettings)

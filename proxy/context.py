@@ -128,6 +128,8 @@ class RequestContext:
     user_scope: str | None = None
     """The user digest when the request's answers are user-scoped (private), set even when it is not cached."""
     key_scope: KeyScope | None = None
+    key_variant: Any = None
+    """What besides the body the upstream may answer by (query string, keyed headers): in the key and signature."""
     cache_key: str | None = None
     bypass_reason: str | None = None
     # l2

@@ -17,7 +17,11 @@ Figures (the last line with ``--json`` is one JSON object):
 - ``failed_requests_servable``: failed requests while at least one replica was up (goal 0);
 - ``credit_mismatches``: (a) 1 if the balance change differs from the sum of the ledger's charges, plus (b) every
   200 answer with no charge in the ledger, plus (c) every charge in the ledger for a request the client did not
-  get a 200 for, plus (d) 1 if credit is still held in reservations once the load has stopped (goal 0). The
+  get a 200 for, plus (d) 1 if credit is still held in reservations once the load has stopped (goal 0). Answers and
+  charges are matched by the ledger id each answer names (``X-Credits-Request-ID``, the proxy's own id);
+- ``unbilled_upstream_calls``: 200 answers that came from an upstream call (``X-Cache-Status`` ``MISS``,
+  ``BYPASS`` or ``REFRESH``) with no charge in the ledger (goal 0; with ``--credits-fail-open`` the requests
+  served while Redis was down are expected here); The
   books are read once the proxy's settlement journal has drained into Redis (the bench polls
   ``ragproxy_credit_journal_depth`` on the admin ``/metrics`` until it reads 0, for up to 60 s):
   ``journal_left_after_drain`` (what was still waiting; 0 expected) and ``journal_drain_wait_s``;
@@ -50,7 +54,7 @@ from typing import Any
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from loadtest.harness import free_port, wait_for_port
+from loadtest.harness import free_port, ledger_charges, wait_for_port
 
 ROOT = Path(__file__).resolve().parents[2]
 USER, TENANT = "chaos-user", "chaos-tenant"
@@ -64,6 +68,9 @@ class Outcome:
     status: int
     request_id: str
     error: str = ""
+    ledger_id: str = ""
+    """``X-Credits-Request-ID``: the ledger entry the answer is charged under."""
+    cache_status: str = ""
 
 
 @dataclass
@@ -166,7 +173,9 @@ async def _load(url: str, key: str, until: float, workers: int, outcomes: list[O
                 try:
                     response = await client.post("/v1/chat/completions", json=body, headers={"X-Request-ID": rid})
                     outcomes.append(Outcome(started, time.monotonic(), response.status_code, rid,
-                                            "" if response.status_code == 200 else response.text[:200]))
+                                            "" if response.status_code == 200 else response.text[:200],
+                                            response.headers.get("X-Credits-Request-ID", ""),
+                                            response.headers.get("X-Cache-Status", "")))
                 except httpx.HTTPError as exc:
                     outcomes.append(Outcome(started, time.monotonic(), 0, rid, exc.__class__.__name__))
 
@@ -185,20 +194,6 @@ async def _chaos(start: float, duration: float, redis: Redis, replica: Replica, 
         else:
             await asyncio.to_thread(target.start)
             downtime.up(name, time.monotonic())
-
-
-def _ledger(admin: httpx.Client, since: float) -> list[dict[str, Any]]:
-    entries: list[dict[str, Any]] = []
-    cursor: str | None = None
-    while True:
-        params: dict[str, Any] = {"user": USER, "kind": "charge", "since": since, "limit": 500}
-        if cursor:
-            params["cursor"] = cursor
-        page = admin.get("/admin/ledger", params=params).json()
-        entries.extend(page["entries"])
-        cursor = page.get("next_cursor")
-        if not cursor:
-            return entries
 
 
 def _samples(admin: httpx.Client, family: str) -> list[tuple[dict[str, str], float]]:
@@ -280,7 +275,7 @@ def run(duration: float, workers: int, fail_open: bool) -> dict[str, Any]:
             journal_left, drain_s = _wait_for_journal(admin)
             outage_counters = _outage_counters(admin)
             after = admin.get(f"/admin/credits/{USER}").json()
-            charges = _ledger(admin, since)
+            charges = ledger_charges(admin, USER, since)
     finally:
         if proxy is not None:
             proxy.send_signal(signal.SIGTERM)
@@ -302,8 +297,10 @@ def _figures(outcomes: list[Outcome], downtime: Downtime, before: dict[str, Any]
     failed = [o for o in outcomes if o.status != 200]
     servable = [o for o in failed if not (downtime.overlaps("replica-a", o.started, o.ended)
                                           and downtime.overlaps("replica-b", o.started, o.ended))]
-    ok_ids = {o.request_id for o in outcomes if o.status == 200}
+    ok_ids = {o.ledger_id for o in outcomes if o.status == 200}
     charged_ids = {str(c["request_id"]) for c in charges}
+    unbilled = [o for o in outcomes if o.status == 200 and o.cache_status in ("MISS", "BYPASS", "REFRESH")
+                and o.ledger_id not in charged_ids]
     spent = int(before["available_micro"]) - int(after["available_micro"])
     charged = -sum(int(c["amount"]) for c in charges)
     mismatch_parts = {
@@ -333,6 +330,7 @@ def _figures(outcomes: list[Outcome], downtime: Downtime, before: dict[str, Any]
         "failed_requests_servable": len(servable), "failures_by_status": by_status, "failures_by_phase": by_phase,
         "failure_samples": sorted({o.error for o in failed})[:5],
         "credit_mismatches": sum(mismatch_parts.values()), "credit_mismatch_parts": mismatch_parts,
+        "unbilled_upstream_calls": len(unbilled),
         "spent_micro": spent, "ledger_charged_micro": charged, "ledger_charges": len(charges),
         "latency_by_phase": phases,
     }

@@ -1,5 +1,5 @@
 """The search cache: Qdrant searches whose query vector is within a tolerance of a cached one reuse its results;
-writes through the proxy drop the searches they could change."""
+writes through the proxy drop the searches they could change (on every replica in shared mode)."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from proxy.stages.tiers import WriteBehind
 from tiers.policies import make_policy
 from tiers.response_tier import ResponseTier
 from tiers.retrieval import RetrievalCache
+from tiers.retrieval.shared import share_invalidations
 
 
 class SearchTier:
@@ -56,4 +57,6 @@ def build(b: Build) -> CacheTier | Off:
                              default_tolerance=search.tolerance, ttl=search.ttl_s)
     for collection, tolerance in search.collection_tolerances.items():
         results.set_tolerance(collection, tolerance)
+    if b.shared is not None:  # each replica caches its own searches: invalidations reach them all
+        share_invalidations(results, b.shared.bus)
     return SearchTier(results, b.fetch_collection)

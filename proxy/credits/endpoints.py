@@ -26,7 +26,8 @@ class RerankCredits(Credits):
     def estimate(self, ctx: RequestContext) -> int:
         return self.prices.rerank_cost(document_count(ctx.body or {}))
 
-    def cost(self, ctx: RequestContext, usage: Usage | None, reserved: int) -> tuple[int, ChargeDetails]:
+    def cost(self, ctx: RequestContext, usage: Usage | None, reserved: int,
+             source: str = "reported") -> tuple[int, ChargeDetails]:
         model = (ctx.body or {}).get("model")
         counted = ctx.rerank  # None when the request bypassed the cache: every document went upstream
         scored, cached = (counted.scored, counted.cached) if counted else (document_count(ctx.body or {}), 0)

@@ -1,8 +1,8 @@
 """Building the credit components from the settings: key store, credit store, price book, reaper, journal.
 
-Embedded mode keeps keys and the ledger in one SQLite file under ``data_dir``; shared mode (``redis.url`` set)
-keeps them in Redis so every replica sees the same balances. Either store is wrapped in a
-:class:`~proxy.credits.journaled_store.JournaledCreditStore`, whose settlement journal
+Embedded mode keeps keys and the ledger in one SQLite file under ``data_dir`` (idempotency keys in memory); shared
+mode (``redis.url`` set) keeps them all in Redis so every replica sees the same balances and keys. Either credit
+store is wrapped in a :class:`~proxy.credits.journaled_store.JournaledCreditStore`, whose settlement journal
 (``data_dir/credit-journal.sqlite3``) and outage allowance carry billing through an outage of the store.
 """
 
@@ -16,6 +16,7 @@ from prometheus_client.core import CounterMetricFamily
 from prometheus_client.registry import Collector
 
 from proxy.config import Settings
+from proxy.credits.idempotency import IdempotencyStore, MemoryIdempotencyStore
 from proxy.credits.journal import SettlementJournal
 from proxy.credits.journaled_store import JournaledCreditStore
 from proxy.credits.keys import ApiKey, KeyStore
@@ -40,6 +41,7 @@ class CreditComponents:
     """Keys verified lately (the identify stage's memory: it outlives a rebuilt stage)."""
     settling: set[asyncio.Task[None]] = field(default_factory=set)
     """Settlements the credits stage retries in the background (waited for at shutdown)."""
+    idempotency: IdempotencyStore | None = None
 
     @property
     def journaled(self) -> JournaledCreditStore | None:
@@ -72,7 +74,7 @@ class CreditComponents:
         if self.replayer is not None:
             await self.replayer.stop()
         closed: set[int] = set()
-        for resource in (self.store, self.keys):
+        for resource in (self.store, self.keys, self.idempotency):
             if resource is not None and id(resource) not in closed:
                 closed.add(id(resource))
                 await resource.close()
@@ -125,7 +127,19 @@ def build_credits(settings: Settings) -> CreditComponents:
                                     synchronous=settings.credits.sqlite_synchronous)
         store = JournaledCreditStore(store, journal, OutageAllowance(to_micro(settings.credits.outage_allowance)))
         replayer = JournalReplayer(store, interval_s=settings.credits.journal_replay_interval_s)
-    return CreditComponents(keys=keys, store=store, prices=price_book(settings), reaper=reaper, replayer=replayer)
+    return CreditComponents(keys=keys, store=store, prices=price_book(settings), reaper=reaper, replayer=replayer,
+                            idempotency=idempotency_store(settings))
+
+
+def idempotency_store(settings: Settings) -> IdempotencyStore | None:
+    """Redis when ``redis.url`` is set (every replica sees every key), else this process's memory."""
+    if not settings.idempotency.enabled:
+        return None
+    if settings.redis.url is not None:
+        from proxy.credits.redis_idempotency import RedisIdempotencyStore
+
+        return RedisIdempotencyStore.from_url(settings.redis.url, cluster=settings.redis.cluster)
+    return MemoryIdempotencyStore(settings.idempotency.max_entries)
 
 
 class _ReapedReservations(Collector):

@@ -139,14 +139,19 @@ class PriceBook:
         model = body.get("model")
         model = model if isinstance(model, str) else None
         limits = self.limits_of(model)
-        size = raw_size if raw_size is not None else len(orjson.dumps(body))
-        prompt = int((Decimal(size) / self.prompt_bytes_per_token).to_integral_value(rounding=ROUND_CEILING))
-        prompt = min(prompt, limits.context_tokens)
+        prompt = self.prompt_bound(body, raw_size)
         completion = _completion_bound(body, limits, response)
         price = self.price_of(model)
         rate = max(price.prompt_per_1k, price.cached_rate)
         exact = (prompt * rate + completion * price.completion_per_1k) / _THOUSAND
         return to_micro(exact)
+
+    def prompt_bound(self, body: Mapping[str, Any], raw_size: int | None = None) -> int:
+        """The most prompt tokens a request with this JSON ``body`` can have (see the module docstring)."""
+        model = body.get("model")
+        size = raw_size if raw_size is not None else len(orjson.dumps(body))
+        prompt = int((Decimal(size) / self.prompt_bytes_per_token).to_integral_value(rounding=ROUND_CEILING))
+        return min(prompt, self.limits_of(model if isinstance(model, str) else None).context_tokens)
 
     def actual_cost(self, model: str | None, usage: Usage, tier: str | None = None) -> int:
         """What the reply costs in µcr: usage at the model's rates, times the hit multiplier of ``tier``."""

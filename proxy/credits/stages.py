@@ -19,7 +19,15 @@ it), then settles what the reply used:
 * a reply from a cache tier (``ctx.cache_tier``) costs its usage times that tier's hit multiplier;
 * a reply with no usage at all is charged its reservation (times the hit multiplier for a cache hit), recorded
   with ``usage_source="reserved"``;
-* an upstream error status, an exception or an aborted stream releases the whole reservation.
+* a stream the client abandons (hangs up, or stops reading) is charged what the upstream produced: its usage when
+  it arrived, else the prompt as the reservation bounds it plus the completion tokens relayed so far
+  (:attr:`~proxy.credits.streaming.UsageChunkFilter.relayed_completion_tokens`), recorded with
+  ``usage_source="relayed"``;
+* an upstream error status, an exception or a stream the upstream broke off releases the whole reservation.
+
+The ledger key of every call is the proxy's own id (32 random hex digits), sent back as ``X-Credits-Request-ID``;
+a client's ``X-Request-ID`` is for tracing only and never decides whether or under which id a call is charged.
+Retries that must not be charged twice carry an ``Idempotency-Key`` instead (:mod:`proxy.credits.idempotency`).
 
 The runtime hands these stages a :class:`~proxy.credits.journaled_store.JournaledCreditStore`: while the
 real store is down it admits requests on the outage allowance and journals their settlements durably on local
@@ -51,7 +59,6 @@ from proxy.credits.store import (
     CreditStore,
     CreditStoreUnavailable,
     InsufficientCredit,
-    RequestClosed,
     Reservation,
     Settlement,
 )
@@ -65,6 +72,7 @@ log = logging.getLogger("ragproxy.credits")
 CHARGED = "X-Credits-Charged"
 REMAINING = "X-Credits-Remaining"
 RESERVED = "X-Credits-Reserved"
+LEDGER_ID = "X-Credits-Request-ID"
 
 
 def presented_key(headers: CIMultiDictProxy[str]) -> str | None:
@@ -192,12 +200,14 @@ class Credits:
         assert ctx.body is not None
         return self.prices.worst_case(ctx.body, raw_size=len(ctx.raw_body) or None)
 
-    def cost(self, ctx: RequestContext, usage: Usage | None, reserved: int) -> tuple[int, ChargeDetails]:
-        """What the finished request costs, and what the ledger records about it."""
+    def cost(self, ctx: RequestContext, usage: Usage | None, reserved: int,
+             source: str = "reported") -> tuple[int, ChargeDetails]:
+        """What the finished request costs, and what the ledger records about it (``source``: where ``usage``
+        came from)."""
         model = ctx.body.get("model") if ctx.body else None
         model = model if isinstance(model, str) else ""
         tier = ctx.cache_tier
-        details = ChargeDetails(tenant=ctx.tenant, model=model, tier=tier or "upstream")
+        details = ChargeDetails(tenant=ctx.tenant, model=model, tier=tier or "upstream", usage_source=source)
         if usage is None:
             amount = to_micro(Decimal(reserved) * self.prices.hit_multiplier(tier) / 1_000_000)
             return amount, replace(details, usage_source="reserved")
@@ -215,8 +225,8 @@ class Credits:
         if ctx.body is None:
             return await call_next(ctx)
         estimate = self.estimate(ctx)
-        try:
-            reservation = await self._reserve(ctx, estimate)
+        try:  # the ledger key is the proxy's own id, never the client's (see the module docstring)
+            reservation = await self.store.reserve(uuid.uuid4().hex, ctx.user, estimate, self.reservation_ttl_s)
         except CreditStoreUnavailable as exc:
             if not self.fail_open:
                 raise _unavailable("the credit store", self.retry_after_s) from exc
@@ -232,6 +242,7 @@ class Credits:
             )
         client_wants_usage = client_asked_for_usage(ctx.body)
         ctx.reservation = reservation
+        ctx.response_headers[LEDGER_ID] = reservation.request_id
         try:
             reply = await call_next(ctx)
         except BaseException:
@@ -254,25 +265,22 @@ class Credits:
             ctx.response_headers[REMAINING] = format_credits(settlement.available)
         return reply
 
-    async def _reserve(self, ctx: RequestContext, estimate: int) -> Reservation | InsufficientCredit:
-        try:
-            return await self.store.reserve(ctx.request_id, ctx.user, estimate, self.reservation_ttl_s)
-        except RequestClosed:
-            # A request id seen before (a client-chosen X-Request-ID): bill this request under a fresh one.
-            billing_id = f"{ctx.request_id}-{uuid.uuid4().hex[:8]}"
-            return await self.store.reserve(billing_id, ctx.user, estimate, self.reservation_ttl_s)
-
     def _settle_stream(self, ctx: RequestContext, reservation: Reservation, meter: UsageChunkFilter) -> FinishCallback:
         async def settle(reply: Reply, ok: bool, body: bytes) -> None:
-            if not ok:
+            if ok or meter.usage is not None:
+                await self._settle(ctx, reservation, meter.usage)
+            elif meter.upstream_broke:
                 await self._release(reservation)
-                return
-            await self._settle(ctx, reservation, meter.usage)
+            else:  # the client went away: what the upstream produced until then is billed
+                prompt = self.prices.prompt_bound(ctx.body or {}, len(ctx.raw_body) or None)
+                relayed = Usage(prompt_tokens=prompt, completion_tokens=meter.relayed_completion_tokens)
+                await self._settle(ctx, reservation, relayed, source="relayed")
 
         return settle
 
-    async def _settle(self, ctx: RequestContext, reservation: Reservation, usage: Usage | None) -> Settlement | None:
-        actual, details = self.cost(ctx, usage, reservation.amount)
+    async def _settle(self, ctx: RequestContext, reservation: Reservation, usage: Usage | None,
+                      source: str = "reported") -> Settlement | None:
+        actual, details = self.cost(ctx, usage, reservation.amount, source)
         try:
             return await self.store.settle(reservation.request_id, reservation.user, actual, details)
         except CreditStoreUnavailable as exc:
@@ -336,7 +344,8 @@ class SearchCredits(Credits):
     def estimate(self, ctx: RequestContext) -> int:
         return self.prices.search_cost(self._searches(ctx))
 
-    def cost(self, ctx: RequestContext, usage: Usage | None, reserved: int) -> tuple[int, ChargeDetails]:
+    def cost(self, ctx: RequestContext, usage: Usage | None, reserved: int,
+             source: str = "reported") -> tuple[int, ChargeDetails]:
         tier = ctx.cache_tier
         details = ChargeDetails(
             tenant=ctx.tenant, model="vector-search", tier=tier or "upstream", usage_source="searches"

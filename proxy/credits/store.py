@@ -95,7 +95,9 @@ class ChargeDetails:
     completion_tokens: int = 0
     cached_tokens: int = 0
     usage_source: str = "reported"
-    """``reported`` (usage from the backend) or ``reserved`` (none reported: the reservation was charged)."""
+    """``reported`` (usage from the backend), ``reserved`` (none reported: the reservation was charged),
+    ``relayed`` (a stream the client abandoned: the bounded prompt and the completion relayed until then) or
+    ``searches`` (vector searches, priced per search)."""
 
 
 @dataclass(frozen=True, slots=True)

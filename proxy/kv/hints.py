@@ -1,8 +1,9 @@
 """Hints to the backend about prefix reuse, and reading back what the backend reused.
 
 What each backend kind gets in the body is its adapter's (:mod:`proxy.kv.kinds`); every kind gets the headers
-``X-Prefix-Docs`` (comma-separated doc ids of the prefix, in order) and ``X-Prefix-Hash`` (hash of the path), for
-routers and gateways that understand them (:func:`proxy.kv.kinds.base.build_hints`):
+``X-Prefix-Docs`` (comma-separated doc ids of the prefix, in order, each percent-encoded; the leading ids that fit
+in :data:`MAX_PREFIX_DOCS_BYTES`, :func:`prefix_docs_header`) and ``X-Prefix-Hash`` (hash of the path), for routers
+and gateways that understand them (:func:`proxy.kv.kinds.base.build_hints`):
 
 ==============  ==========================================================================================
 kind            body hint
@@ -31,11 +32,29 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import quote
 
 import orjson
 
 from proxy.kv.tree import Segment
 from proxy.sse import last_json_events
+
+MAX_PREFIX_DOCS_BYTES = 1024
+"""Longest ``X-Prefix-Docs`` value: the headers the proxy adds stay far below the 8 KB that servers accept in all."""
+
+
+def prefix_docs_header(document_keys: Sequence[str]) -> str:
+    """The ``X-Prefix-Docs`` value: the leading doc ids (percent-encoded, so any id is header-safe and comma-free)
+    that fit in :data:`MAX_PREFIX_DOCS_BYTES` (a leading run still names a prefix)."""
+    kept: list[str] = []
+    size = -1
+    for key in document_keys:
+        encoded = quote(key, safe="")
+        size += len(encoded) + 1
+        if size > MAX_PREFIX_DOCS_BYTES:
+            break
+        kept.append(encoded)
+    return ",".join(kept)
 
 
 def prefix_hashes(keys: Sequence[str]) -> list[str]:

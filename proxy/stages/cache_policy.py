@@ -10,7 +10,9 @@ own scope this way, never widen it. In open mode every caller is the same anonym
 API keys to tell users apart.
 
 Structured documents (``ragproxy.documents``, read by :class:`~proxy.stages.prompt.ReadPrompt`) are part of the
-exact key: the same question over other documents is another request.
+exact key: the same question over other documents is another request. So are the query string and the configured
+headers the upstream may answer by (``cache.key_headers``; :func:`~normalizer.canonical.request_variant`), set as
+``ctx.key_variant`` for the semantic signature too.
 """
 
 from __future__ import annotations
@@ -20,7 +22,17 @@ from typing import Any
 
 from normalizer.bypass import BypassSettings, bypass_reason
 from normalizer.cache_control import CacheControlError, CacheDefaults, cache_policy
-from normalizer.canonical import SHARED_TENANT, KeyScope, RequestKind, cache_key, canonical_request, user_digest
+from normalizer.canonical import (
+    DEFAULT_KEY_HEADERS,
+    SHARED_TENANT,
+    KeyScope,
+    RequestKind,
+    cache_key,
+    canonical_request,
+    keyed_request,
+    request_variant,
+    user_digest,
+)
 from normalizer.canonical_json import CanonicalizationError
 from normalizer.documents import PromptDocuments
 from proxy.context import Reply, RequestContext
@@ -69,11 +81,13 @@ class Canonicalize:
     user)."""
 
     name = "canonicalize"
-    gives = frozenset({"user_scope", "key_scope", "cache_key", "bypass_reason"})
+    gives = frozenset({"user_scope", "key_scope", "key_variant", "cache_key", "bypass_reason"})
 
     def __init__(self, kind: RequestKind, bypass: BypassSettings, versions: VersionSource,
-                 shared_namespaces: frozenset[str], private_namespaces: frozenset[str] = frozenset()) -> None:
+                 shared_namespaces: frozenset[str], private_namespaces: frozenset[str] = frozenset(),
+                 key_headers: tuple[str, ...] = DEFAULT_KEY_HEADERS) -> None:
         self.kind = kind
+        self.key_headers = key_headers
         self.needs = frozenset({"cache_policy", "prompt"} if kind == "chat" else {"cache_policy"})
         self.bypass = bypass
         self.versions = versions
@@ -94,6 +108,11 @@ class Canonicalize:
         scope = ctx.key_scope = KeyScope(tenant, ctx.namespace, version, self.user_scope(ctx) or "")
         return scope
 
+    def variant(self, ctx: RequestContext) -> Any:
+        """The request's variant (also set as ``ctx.key_variant``)."""
+        variant = ctx.key_variant = request_variant(ctx.request.query_string, ctx.request.headers, self.key_headers)
+        return variant
+
     async def __call__(self, ctx: RequestContext, call_next: Next) -> Reply:
         self.user_scope(ctx)  # set for later stages even when this request is not cached
         policy = ctx.cache_policy
@@ -103,15 +122,12 @@ class Canonicalize:
         reason = bypass_reason(ctx.body, self.bypass, kind=self.kind, namespace=ctx.namespace)
         if reason is None:
             try:
-                canonical: Any = canonical_request(self.kind, ctx.body or {})[0]
+                canonical = canonical_request(self.kind, ctx.body or {})[0]
+                keyed = keyed_request(canonical, documents=_documents(ctx.prompt), variant=self.variant(ctx))
+                ctx.cache_key = cache_key(self.kind, keyed, self.scope(ctx))
             except CanonicalizationError as exc:
                 reason = f"not canonicalizable: {exc}"
         if reason is not None:
             ctx.bypass_reason = reason
             ctx.cache_status = "BYPASS"
-            return await call_next(ctx)
-        documents = _documents(ctx.prompt)
-        if documents is not None:
-            canonical = {"request": canonical, "documents": documents}
-        ctx.cache_key = cache_key(self.kind, canonical, self.scope(ctx))
         return await call_next(ctx)

@@ -1,7 +1,8 @@
 """Per-item caching of ``/v1/embeddings``: a batch with some cached inputs forwards only the missing ones.
 
-Each input item has its own exact key (model, dimensions, the item; the encoding format is not part of it because
-the vector is stored raw, as little-endian float32, and rendered as the client asked: a float list or base64). The
+Each input item has its own exact key (model, dimensions, the item, the request's variant: query string and keyed
+headers; the encoding format is not part of it because the vector is stored raw, as little-endian float32, and
+rendered as the client asked: a float list or base64). The
 answer is assembled in the original order with the original indices. Keys live in the request's scope
 (:meth:`~proxy.stages.cache_policy.Canonicalize.scope`: tenant, namespace, knowledge version, and the user in a
 private namespace or for ``Cache-Control: private``).
@@ -25,7 +26,7 @@ import orjson
 from multidict import CIMultiDict
 
 from normalizer.bypass import bypass_reason
-from normalizer.canonical import cache_key, canonical_embedding_items, embedding_inputs
+from normalizer.canonical import canonical_embedding_items, embedding_inputs
 from normalizer.canonical_json import CanonicalizationError
 from proxy.context import Reply, RequestContext
 from proxy.pipeline import Next
@@ -66,7 +67,7 @@ class EmbeddingItemsCache(ItemsCache):
     """Serve cached items, forward the missing ones in one upstream call, store them, assemble in order."""
 
     name = "embedding_items"
-    gives = frozenset({"user_scope", "key_scope"})
+    gives = frozenset({"user_scope", "key_scope", "key_variant"})
 
     async def __call__(self, ctx: RequestContext, call_next: Next) -> Reply:
         body = ctx.body or {}
@@ -76,12 +77,10 @@ class EmbeddingItemsCache(ItemsCache):
             return await call_next(ctx)
         try:
             inputs = embedding_inputs(body)
-            items = canonical_embedding_items({**body, "encoding_format": "float"})
+            keys = self.keys(ctx, "embedding", canonical_embedding_items({**body, "encoding_format": "float"}))
         except CanonicalizationError:
             ctx.cache_status = "BYPASS"
             return await call_next(ctx)
-        scope = self.scope.scope(ctx)
-        keys = [cache_key("embedding", item, scope) for item in items]
         found = await self.lookup(keys, policy)
         missing = [i for i, entry in enumerate(found) if entry is None]
         encoding = body.get("encoding_format") or "float"
@@ -102,8 +101,9 @@ class EmbeddingItemsCache(ItemsCache):
             envelope = {**answer, "data": None}
             upstream_usage = int((answer.get("usage") or {}).get("prompt_tokens") or 0)
             lengths = [max(1, len(str(inputs[i]))) for i in missing]
+            total_length = sum(lengths)
             for position, i in enumerate(missing):
-                tokens = round(upstream_usage * lengths[position] / sum(lengths))
+                tokens = round(upstream_usage * lengths[position] / total_length)
                 item = {key: None if key in ("index", "embedding") else value
                         for key, value in data[position].items()}
                 entry = CachedResponse(body=_vector(data[position]), kind="embedding",

@@ -1,12 +1,16 @@
 """What the per-item exact caches share (embeddings inputs, :mod:`proxy.stages.embeddings`; reranker pairs,
-:mod:`proxy.stages.rerank`): a tier, the request's key scope, the bypass rule, and looking up many keys."""
+:mod:`proxy.stages.rerank`): a tier, the request's key scope and variant, the bypass rule, keying and looking up
+many items."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 from normalizer.bypass import BypassSettings
 from normalizer.cache_control import CachePolicy
+from normalizer.canonical import RequestKind, cache_keys, keyed_request
+from normalizer.canonical_json import JSONValue
+from proxy.context import RequestContext
 from proxy.stages.cache_policy import Canonicalize
 from tiers.entry import CachedResponse
 from tiers.response_tier import ResponseTier
@@ -21,6 +25,12 @@ class ItemsCache:
         self.tier = tier
         self.scope = scope
         self.bypass = bypass
+
+    def keys(self, ctx: RequestContext, kind: RequestKind, items: Iterable[JSONValue]) -> list[str]:
+        """The exact key of each canonical item, in the request's scope and variant (also set on the context);
+        :class:`~normalizer.canonical_json.CanonicalizationError` when an item cannot be keyed."""
+        variant = self.scope.variant(ctx)
+        return cache_keys(kind, (keyed_request(item, variant=variant) for item in items), self.scope.scope(ctx))
 
     async def lookup(self, keys: Sequence[str], policy: CachePolicy) -> list[CachedResponse | None]:
         """The stored entry of each key (``None`` where there is none, or the request may not read)."""

@@ -21,7 +21,6 @@ from multidict import CIMultiDict
 
 from normalizer.bypass import bypass_reason
 from normalizer.cache_control import CachePolicy
-from normalizer.canonical import cache_key
 from normalizer.canonical_json import CanonicalizationError
 from normalizer.rerank import (
     RerankRequest,
@@ -55,7 +54,7 @@ class RerankItemsCache(ItemsCache):
     """Serve cached pairs, score the missing ones in one upstream call, store them, answer the whole request."""
 
     name = "rerank_items"
-    gives = frozenset({"user_scope", "key_scope", "bypass_reason", "rerank"})
+    gives = frozenset({"user_scope", "key_scope", "key_variant", "bypass_reason", "rerank"})
 
     async def __call__(self, ctx: RequestContext, call_next: Next) -> Reply:
         body = ctx.body or {}
@@ -66,12 +65,11 @@ class RerankItemsCache(ItemsCache):
             reason = bypass_reason(body, self.bypass, kind="rerank", namespace=ctx.namespace)
             try:
                 request = read_rerank(body, ctx.route) if reason is None else None
+                keys = self.keys(ctx, "rerank", request.items()) if request is not None else []
             except CanonicalizationError as exc:
-                reason = f"not canonicalizable: {exc}"
+                reason, request = f"not canonicalizable: {exc}", None
         if request is None or policy is None:
             return await self._bypass(ctx, reason, call_next)
-        scope = self.scope.scope(ctx)
-        keys = [cache_key("rerank", item, scope) for item in request.items()]
         found = await self.lookup(keys, policy)
         cached = [entry for entry in found if entry is not None]
         first: dict[str, int] = {}  # each missing key is asked for once, at its first position

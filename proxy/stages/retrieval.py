@@ -10,6 +10,11 @@ approximately, ``MISS`` otherwise; ``X-Cache-Hits: k/n`` counts cached items of 
 
 Writes (upserts, deletes, payload and collection changes) invalidate the cached searches they could change once the
 upstream has answered, whatever the status.
+
+A writer that changes a collection directly in Qdrant (not through the proxy) sends ``X-Cache-Invalidate:
+collection`` on its next search or write of that collection through the proxy: every cached search of the
+collection is dropped (on every replica) before the request runs, and the response says how many went here
+(``X-Cache-Invalidated``). ``POST /admin/invalidate {"collection": ...}`` does the same from the admin API.
 """
 
 from __future__ import annotations
@@ -25,11 +30,28 @@ from normalizer.documents import DocumentRegistry, payload_texts
 from normalizer.search_request import parse_search
 from proxy.context import Reply, RequestContext
 from proxy.pipeline import Next
-from tiers.retrieval import RetrievalCache, write_effect
+from tiers.retrieval import RetrievalCache, WriteEffect, WriteScope, write_effect
 
 log = logging.getLogger("ragproxy.retrieval")
 
 CollectionFetcher = Callable[[str], Awaitable[bytes | None]]
+INVALIDATE = "X-Cache-Invalidate"
+
+
+def asked_invalidation(ctx: RequestContext) -> WriteEffect | None:
+    """The collection-wide invalidation a request asks for with ``X-Cache-Invalidate: collection``, if any."""
+    path = ctx.request.path
+    if not path.startswith("/collections/") or ctx.request.headers.get(INVALIDATE, "").strip().lower() != "collection":
+        return None
+    name = path.split("/")[2]
+    return WriteEffect(WriteScope.COLLECTION, name) if name else None
+
+
+async def honour_invalidation(cache: RetrievalCache, ctx: RequestContext) -> None:
+    """Apply an ``X-Cache-Invalidate`` header before the request runs."""
+    effect = asked_invalidation(ctx)
+    if effect is not None:
+        ctx.response_headers["X-Cache-Invalidated"] = str(await cache.invalidate(effect))
 
 
 class RetrievalLookup:
@@ -44,6 +66,7 @@ class RetrievalLookup:
         self.fetch_collection = fetch_collection
 
     async def __call__(self, ctx: RequestContext, call_next: Next) -> Reply:
+        await honour_invalidation(self.cache, ctx)
         try:
             request = parse_search(ctx.request.path, ctx.body or {}, dict(ctx.request.query))
         except Exception:  # the parser never guesses; anything odd is simply not cached
@@ -117,6 +140,7 @@ class InvalidateSearches:
         self.cache = cache
 
     async def __call__(self, ctx: RequestContext, call_next: Next) -> Reply:
+        await honour_invalidation(self.cache, ctx)
         body: Any = None
         if ctx.raw_body:
             try:

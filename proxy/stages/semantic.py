@@ -56,7 +56,7 @@ class SemanticLookup:
     """Serve semantic hits; teach the index on misses."""
 
     name = "l2"
-    needs = frozenset({"cache_key", "key_scope", "cache_policy", "prompt"})
+    needs = frozenset({"cache_key", "key_scope", "key_variant", "cache_policy", "prompt"})
     gives = frozenset({"semantic", "entry"})
 
     def __init__(self, semantic: SemanticTier, sources: Sequence[ResponseTier], promote_into: ResponseTier,
@@ -80,7 +80,7 @@ class SemanticLookup:
         if question is None:
             return await call_next(ctx)
         try:
-            signature = self.reading.signature(body, prompt, scope.knowledge_version)
+            signature = self.reading.signature(body, prompt, scope.knowledge_version, ctx.key_variant)
         except CanonicalizationError:
             return await call_next(ctx)
         if signature is None:

@@ -152,7 +152,7 @@ class QdrantShim(ServedApp):
                 return _error(error.status, error.message, started)
             except orjson.JSONDecodeError as error:
                 return _error(400, f"Format error in JSON body: {error}", started)
-            except (ValidationError, ValueError, TypeError, KeyError, AssertionError) as error:
+            except (ValidationError, ValueError, TypeError, KeyError, AttributeError, AssertionError) as error:
                 return _error(400, f"Bad request: {error}", started)
             envelope = {"result": result, "status": "ok", "time": time.perf_counter() - started}
             return web.Response(body=orjson.dumps(envelope), content_type="application/json")

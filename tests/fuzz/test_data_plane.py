@@ -128,8 +128,11 @@ def test_wrong_types_never_500(server: ProxyServer, client: httpx.Client, upstre
         assert _entries(server) == before, "an error is never stored"
 
 
+NESTING_PLACES = ["content", "part", "tool", "cache", "top"]
+
+
 @FUZZ
-@given(depth=st.integers(1, 3000), kind=st.sampled_from("[{"), where=st.sampled_from(["content", "cache", "top"]))
+@given(depth=st.integers(1, 3000), kind=st.sampled_from("[{"), where=st.sampled_from(NESTING_PLACES))
 def test_deep_nesting(server: ProxyServer, client: httpx.Client, upstreams: tuple[FakeLLM, QdrantShim], depth: int,
                       kind: str, where: str) -> None:
     calls = upstreams[0].log.count()
@@ -137,6 +140,12 @@ def test_deep_nesting(server: ProxyServer, client: httpx.Client, upstreams: tupl
     nested = (kind if kind == "[" else '{"a":') * depth + "1" + close * depth
     if where == "content":
         text = '{"model": "fake-model", "messages": [{"role": "user", "content": ' + nested + "}]}"
+    elif where == "part":  # inside a content part: the part is valid, one of its values nests
+        text = ('{"model": "fake-model", "messages": [{"role": "user", "content": [{"type": "text", "text": "hi", '
+                '"x": ' + nested + "}]}]}")
+    elif where == "tool":  # a tool's parameter schema
+        text = ('{"model": "fake-model", "messages": [{"role": "user", "content": "hi"}], "tools": [{"type": '
+                '"function", "function": {"name": "f", "parameters": {"type": "object", "x": ' + nested + "}}}]}")
     elif where == "cache":
         text = '{"model": "fake-model", "messages": [{"role": "user", "content": "hi"}], "metadata": ' + nested + "}"
     else:
@@ -225,6 +234,40 @@ def test_qdrant_search_body_garbage(server: ProxyServer, client: httpx.Client,
     if not isinstance(value, dict):
         _qdrant_error(response)
         assert shim.log.count() == seen, "a body that is not a JSON object never reaches Qdrant"
+
+
+@FUZZ
+@given(searches=json_values, endpoint=st.sampled_from(["search", "query", "recommend"]))
+def test_qdrant_batch_of_any_shape(server: ProxyServer, client: httpx.Client, upstreams: tuple[FakeLLM, QdrantShim],
+                                   searches: Any, endpoint: str) -> None:
+    _, shim = upstreams
+    seen = shim.log.count()
+    response = client.post(f"/collections/c1/points/{endpoint}/batch", json={"searches": searches})
+    if not (isinstance(searches, list) and all(isinstance(search, dict) for search in searches)):
+        _qdrant_error(response)
+        assert shim.log.count() == seen, "a batch that is not a list of objects never reaches Qdrant"
+    else:
+        _not_ours(response, seen, shim)
+
+
+@FUZZ
+@given(depth=st.integers(1, 1000), prefetch=st.booleans())
+def test_qdrant_deep_filters_and_prefetch(server: ProxyServer, client: httpx.Client,
+                                          upstreams: tuple[FakeLLM, QdrantShim], depth: int, prefetch: bool) -> None:
+    _, shim = upstreams
+    seen = shim.log.count()
+    if prefetch:
+        inner = '{"query": [1, 0], "limit": 2}'
+        body = '{"prefetch": ' * depth + inner + ', "query": [1, 0]}' * depth
+        path = "/collections/c1/points/query"
+    else:
+        body = '{"vector": [1, 0], "filter": ' + '{"must": ' * depth + '{"key": "a", "match": {"value": 1}}' \
+            + "}" * depth + "}"
+        path = "/collections/c1/points/search"
+    response = client.post(path, content=body.encode(), headers={"Content-Type": "application/json"})
+    _not_ours(response, seen, shim)
+    if 400 <= response.status_code < 500:
+        _qdrant_error(response)
 
 
 sse_junk = st.lists(st.sampled_from([b"data: ", b"data: [DONE]", b"\n\n", b"\n", b"{", b"}", b'"choices"', b":",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import orjson
 import pytest
 
 from normalizer.canonical import (
@@ -182,11 +183,19 @@ def test_schema_keywords_other_than_properties_are_order_free() -> None:
 
 
 @pytest.mark.parametrize(
-    ("value", "expected"), [(1.0, 1), (-0.0, 0), (2.5, 2.5), (1e20, 1e20), (3, 3), (2.0**53, 2.0**53)]
+    ("value", "expected"), [(1.0, 1), (-0.0, 0), (2.5, 2.5), (2.0**53 - 1, 2**53 - 1), (3, 3), (2**64 - 1, 2**64 - 1)]
 )
 def test_canonical_numbers(value: float, expected: float) -> None:
     result = canonical_number(value)
     assert result == expected and type(result) is type(expected)
+
+
+@pytest.mark.parametrize("literal", [b"18446744073709551616", b"-9223372036854775809", b"1e20", b"9007199254740992.0"])
+def test_a_float_that_may_be_a_rounded_big_integer_is_not_keyed(literal: bytes) -> None:
+    value = orjson.loads(literal)  # orjson reads an integer beyond 64 bits as the nearest float
+    assert isinstance(value, float)
+    with pytest.raises(CanonicalizationError):
+        canonical_number(value)
 
 
 def test_booleans_stay_booleans() -> None:

@@ -32,6 +32,7 @@ def proxy() -> Iterator[ProxyProcess]:
                "RAGPROXY_UPSTREAMS__QDRANT__URL": f"http://127.0.0.1:{qdrant_port}",
                "RAGPROXY_UPSTREAMS__READ_TIMEOUT_S": str(READ_TIMEOUT_S),
                "RAGPROXY_SERVER__MAX_BODY_BYTES": str(80 * MB),
+               "RAGPROXY_LIMITS__EMBEDDING_INPUTS": "5000",  # the answer's size is the subject, not the input limit
                "RAGPROXY_CACHE__ENABLED": "false", "RAGPROXY_ADMIN__ENABLED": "false"}
         with ProxyProcess(env) as server:
             yield server

@@ -142,3 +142,15 @@ def test_namespaces_of_one_tenant_do_not_share_entries(caching_proxy: ProxyServe
         return str(response.headers["X-Cache-Status"])
 
     assert [status("a"), status("b"), status("a"), status("b")] == ["MISS", "MISS", "HIT", "HIT"]
+
+
+def test_backend_credentials_never_reach_error_bodies_logs_or_metrics(caplog: pytest.LogCaptureFixture) -> None:
+    url = f"http://llm-user:hunter2-secret@127.0.0.1:{free_port()}"
+    settings = proxy_settings(url, **{"cache.enabled": False, "upstreams.connect_timeout_s": 0.5})
+    with caplog.at_level(logging.DEBUG), ProxyServer(settings, admin=True) as server:
+        reply = httpx.post(server.url + CHAT, json=BODY, timeout=30)
+        metrics = httpx.get(server.admin_url + "/metrics", timeout=30).text
+        backends = httpx.get(server.admin_url + "/admin/backends", timeout=30).text
+    assert reply.status_code in (502, 503)
+    for seen in (reply.text, metrics, backends, caplog.text):
+        assert "hunter2-secret" not in seen and "llm-user" not in seen

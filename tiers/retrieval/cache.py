@@ -29,7 +29,7 @@ writing is skipped.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -105,6 +105,8 @@ class RetrievalCache:
         )
         self.ttl = ttl
         self._clock = clock
+        self.announce: Callable[[WriteEffect], Awaitable[object]] | None = None
+        """Tells the other replicas about an invalidation (shared mode: :mod:`tiers.retrieval.shared`)."""
         self.counts = {"hit": 0, "miss": 0}
         """Searches (items of a batch) answered from the cache, and not."""
         self.lookup_seconds = LatencyHistogram()
@@ -191,10 +193,13 @@ class RetrievalCache:
         ordered = batching.reassemble(len(request.items), plan.cached, fetched, plan.misses)
         return batching.response_bytes(ordered, request.batch, self._clock() - plan.started)
 
-    async def invalidate(self, effect: WriteEffect) -> int:
-        """Apply a write that went through the proxy; the number of cached searches dropped."""
+    async def invalidate(self, effect: WriteEffect, *, announce: bool = True) -> int:
+        """Apply a write that went through the proxy (or an explicit invalidation), here and — when ``announce``
+        and in shared mode — on every replica; the number of cached searches dropped here."""
         dropped = self.index.invalidate(effect)
         await self._delete(dropped)
+        if announce and self.announce is not None:
+            await self.announce(effect)
         return len(dropped)
 
     async def _put(self, key: str, value: bytes, collection: str) -> None:

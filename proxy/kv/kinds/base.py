@@ -12,6 +12,7 @@ from proxy.kv.hints import (
     Hints,
     Reported,
     path_hash,
+    prefix_docs_header,
     reported_cached_tokens,
     reported_prefill,
     reported_prompt_tokens,
@@ -88,6 +89,7 @@ def build_hints(
     if digest is None:
         return Hints(body=body)
     headers = {"X-Prefix-Hash": digest}
-    if document_keys:
-        headers["X-Prefix-Docs"] = ",".join(document_keys)
+    docs = prefix_docs_header(document_keys)
+    if docs:
+        headers["X-Prefix-Docs"] = docs
     return Hints(body=body, headers=headers)

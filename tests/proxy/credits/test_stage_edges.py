@@ -80,12 +80,15 @@ async def test_a_reply_without_usage_is_charged_its_reservation(store: CreditSto
     assert (entry.cost, entry.usage_source) == (reserved, "reserved")
 
 
-async def test_a_reused_request_id_is_billed_under_a_fresh_one(store: CreditStore) -> None:
+async def test_the_client_s_request_id_never_becomes_the_ledger_key(store: CreditStore) -> None:
     await store.reserve("dup", "ann", 1, 60)
     await store.settle("dup", "ann", 1, ChargeDetails())
     body = {"model": "m", "messages": [], "max_tokens": 1}
     usage = {"usage": {"prompt_tokens": 1000, "completion_tokens": 0}}
-    await Pipeline([Credits(store, PRICES)], answering(usage))(context(body, "dup"))
+    contexts = [context(body, "dup") for _ in range(2)]
+    for ctx in contexts:
+        await Pipeline([Credits(store, PRICES)], answering(usage))(ctx)
     entries = [e async for e in ledger_entries(store, LedgerFilter(kind="charge"))]
-    assert [e.cost for e in entries] == [1, CREDIT]
-    assert entries[1].request_id.startswith("dup-")
+    assert [e.cost for e in entries] == [1, CREDIT, CREDIT]
+    assert [e.request_id for e in entries[1:]] == [ctx.response_headers["X-Credits-Request-ID"] for ctx in contexts]
+    assert "dup" not in {e.request_id for e in entries[1:]}

@@ -221,7 +221,7 @@ async def test_a_reply_is_charged_its_usage_with_headers(make_proxy: Callable[..
         entry.completion_tokens,
         entry.cached_tokens,
     ) == ("acme", "m", "upstream", 1000, 500, 400)
-    assert entry.request_id == raw.headers["X-Request-ID"]
+    assert entry.request_id == raw.headers["X-Credits-Request-ID"] != raw.headers["X-Request-ID"]
 
 
 @pytest.mark.parametrize(("tier", "multiplier"), [("l1", Decimal("0.1")), ("l2", Decimal("0.25"))])

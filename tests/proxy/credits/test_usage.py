@@ -4,14 +4,21 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from itertools import pairwise
+from typing import Any
 
 import orjson
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from proxy.context import RequestContext
 from proxy.credits.store import Reservation
-from proxy.credits.streaming import UsageChunkFilter, ask_upstream_for_usage, client_asked_for_usage
+from proxy.credits.streaming import (
+    UsageChunkFilter,
+    ask_upstream_for_usage,
+    client_asked_for_usage,
+    generated_chars,
+)
 from proxy.credits.usage import Usage, usage_from_body, usage_from_json
 from proxy.server.request import Request
 from proxy.sse import last_json_events
@@ -155,3 +162,16 @@ async def test_the_filter_never_strips_a_responses_event() -> None:
     meter = UsageChunkFilter(strip=True)
     assert b"".join([chunk async for chunk in meter.filter(source())]) == raw
     assert meter.usage == Usage(3, 1, 0)
+
+
+@pytest.mark.parametrize(("chunk", "chars"), [
+    ({"choices": [{"index": 0, "delta": {"content": "hello"}}]}, 5),
+    ({"choices": [{"index": 0, "delta": {"tool_calls": [{"function": {"arguments": '{"a":'}}]}}]}, 5),
+    ({"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]}, 0),
+    ({"choices": [{"index": 0, "text": "legacy"}]}, 6),
+    ({"type": "response.output_text.delta", "delta": "typed"}, 5),
+    ({"type": "response.completed", "response": {"usage": {"output_tokens": 3}}}, 0),
+    ({"choices": [], "usage": {"prompt_tokens": 1, "completion_tokens": 2}}, 0),
+])
+def test_generated_characters_of_a_stream_chunk(chunk: dict[str, Any], chars: int) -> None:
+    assert generated_chars(chunk) == chars

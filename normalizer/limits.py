@@ -1,0 +1,120 @@
+"""Request limits: pure checks that a parsed request stays within what the proxy and its upstreams accept.
+
+Every JSON request of a keyed route (chat, completions, embeddings, Qdrant searches) is checked before anything
+else reads it, so that an outsized or malformed request is answered at once with a 4xx in the route's own error
+shape instead of costing seconds of event-loop time or failing deep inside a stage:
+
+========================  =======  ===========================================================================
+limit (``limits.*``)      default  why this default
+========================  =======  ===========================================================================
+``json_depth``            128      Qdrant's JSON parser (serde_json) refuses deeper bodies; the proxy re-encodes a
+                                   body at most 255 levels deep (orjson) and keys recurse over it → 400
+``embedding_inputs``      2048     OpenAI's limit on the items of one embeddings ``input`` → 413
+``search_batch``          1000     Qdrant sets no count by default (its bodies are bounded at 32 MB); each search
+                                   costs the proxy about 0.3 ms of parsing and caching on its event loop → 413
+``prefetch_depth``        64       Qdrant's own limit on nested ``prefetch`` in a query → 400
+========================  =======  ===========================================================================
+
+A batch request's ``searches`` must also be a list of JSON objects (400): it is what the proxy counts, bills and
+caches per item. Depth is counted in containers (the body object is level 1); a body with fewer brackets than the
+limit is not walked at all.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True, slots=True)
+class RequestLimits:
+    """The configured limits (``limits.*``)."""
+
+    json_depth: int = 128
+    embedding_inputs: int = 2048
+    search_batch: int = 1000
+    prefetch_depth: int = 64
+
+
+@dataclass(frozen=True, slots=True)
+class Exceeded:
+    """Why a request is refused: the status (400 or 413), a message for the client, an error code."""
+
+    status: int
+    message: str
+    code: str
+
+
+def json_depth(value: Any, stop_after: int) -> int:
+    """Nesting depth of a parsed JSON value (a scalar is 0), counted up to ``stop_after + 1`` at most."""
+    deepest = 0
+    pending: list[tuple[Any, int]] = [(value, 1)] if isinstance(value, dict | list) else []
+    while pending:
+        node, depth = pending.pop()
+        if depth > stop_after:
+            return depth
+        for child in node.values() if isinstance(node, dict) else node:
+            if isinstance(child, dict | list):
+                pending.append((child, depth + 1))
+        deepest = max(deepest, depth)
+    return deepest
+
+
+def _too_deep(raw: bytes, body: Any, limit: int) -> Exceeded | None:
+    if raw.count(b"{") + raw.count(b"[") <= limit:  # C-speed bound: fewer brackets than levels allowed
+        return None
+    if json_depth(body, limit) <= limit:
+        return None
+    return Exceeded(400, f"the request body nests deeper than {limit} levels", "nesting_too_deep")
+
+
+def _embedding_items(body: Mapping[str, Any]) -> int:
+    value = body.get("input")
+    if not isinstance(value, list):
+        return 1
+    if value and all(isinstance(item, int) and not isinstance(item, bool) for item in value):
+        return 1  # one token list
+    return len(value)
+
+
+def _prefetch_depth(query: Mapping[str, Any], stop_after: int) -> int:
+    deepest = 0
+    pending: list[tuple[Any, int]] = [(query.get("prefetch"), 1)]
+    while pending and deepest <= stop_after:
+        prefetch, depth = pending.pop()
+        for item in prefetch if isinstance(prefetch, list) else [prefetch]:
+            if isinstance(item, Mapping):
+                deepest = max(deepest, depth)
+                pending.append((item.get("prefetch"), depth + 1))
+    return deepest
+
+
+def check_llm(route: str, body: Mapping[str, Any], raw: bytes, limits: RequestLimits) -> Exceeded | None:
+    """The limits of an OpenAI-style request (``route``: ``chat``, ``completions``, ``embeddings``...)."""
+    too_deep = _too_deep(raw, body, limits.json_depth)
+    if too_deep is not None:
+        return too_deep
+    if route == "embeddings" and _embedding_items(body) > limits.embedding_inputs:
+        return Exceeded(413, f"'input' holds {_embedding_items(body)} items; at most {limits.embedding_inputs} are "
+                        "accepted in one request", "too_many_inputs")
+    return None
+
+
+def check_search(batch: bool, body: Mapping[str, Any], raw: bytes, limits: RequestLimits) -> Exceeded | None:
+    """The limits of a Qdrant search (``batch``: a ``/batch`` endpoint, whose body is ``{"searches": [...]}``)."""
+    too_deep = _too_deep(raw, body, limits.json_depth)
+    if too_deep is not None:
+        return too_deep
+    searches: Any = [body]
+    if batch:
+        searches = body.get("searches")
+        if not isinstance(searches, list) or not all(isinstance(item, dict) for item in searches):
+            return Exceeded(400, "'searches' must be a list of search objects", "invalid_batch")
+        if len(searches) > limits.search_batch:
+            return Exceeded(413, f"the batch holds {len(searches)} searches; at most {limits.search_batch} are "
+                            "accepted in one request", "batch_too_large")
+    for search in searches:
+        if "prefetch" in search and _prefetch_depth(search, limits.prefetch_depth) > limits.prefetch_depth:
+            return Exceeded(400, f"prefetch nests deeper than {limits.prefetch_depth} levels", "prefetch_too_deep")
+    return None

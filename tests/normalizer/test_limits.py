@@ -1,0 +1,58 @@
+"""The pure limit checks (normalizer.limits): depth counting, item counts, batch shapes, prefetch depth."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+import pytest
+
+from normalizer.limits import RequestLimits, check_llm, check_search, json_depth
+
+LIMITS = RequestLimits(json_depth=5, embedding_inputs=3, search_batch=2, prefetch_depth=2)
+
+
+def nested(depth: int) -> Any:
+    value: Any = 1
+    for n in range(depth):
+        value = [value] if n % 2 else {"a": value}
+    return value
+
+
+@pytest.mark.parametrize("depth", [0, 1, 2, 7])
+def test_json_depth_counts_containers(depth: int) -> None:
+    assert json_depth(nested(depth), 100) == depth
+
+
+def test_json_depth_stops_counting_past_the_limit() -> None:
+    assert json_depth(nested(500), 5) == 6
+
+
+def _llm(route: str, body: dict[str, Any]) -> tuple[int, str] | None:
+    exceeded = check_llm(route, body, orjson.dumps(body), LIMITS)
+    return None if exceeded is None else (exceeded.status, exceeded.code)
+
+
+def test_llm_bodies() -> None:
+    assert _llm("chat", {"messages": [{"content": nested(2)}]}) is None  # body, messages, message + 2 levels
+    assert _llm("chat", {"messages": [{"content": nested(3)}]}) == (400, "nesting_too_deep")
+    assert _llm("embeddings", {"input": ["a", "b", "c"]}) is None
+    assert _llm("embeddings", {"input": [1, 2, 3, 4, 5]}) is None, "one token list is one input"
+    assert _llm("embeddings", {"input": ["a", "b", "c", "d"]}) == (413, "too_many_inputs")
+    assert _llm("chat", {"input": ["a", "b", "c", "d"]}) is None, "the item count is the embeddings route's"
+
+
+def _search(batch: bool, body: dict[str, Any]) -> tuple[int, str] | None:
+    exceeded = check_search(batch, body, orjson.dumps(body), RequestLimits(json_depth=20, search_batch=2,
+                                                                           prefetch_depth=2))
+    return None if exceeded is None else (exceeded.status, exceeded.code)
+
+
+def test_search_bodies() -> None:
+    assert _search(True, {"searches": [{"vector": [1]}, {"vector": [2]}]}) is None
+    assert _search(True, {"searches": [{}, {}, {}]}) == (413, "batch_too_large")
+    for searches in ("abc", [1, 2], None, [{"vector": [1]}, "x"]):
+        assert _search(True, {"searches": searches}) == (400, "invalid_batch")
+    assert _search(False, {"prefetch": {"prefetch": {"limit": 1}}}) is None
+    assert _search(False, {"prefetch": [{"limit": 1}, {"prefetch": {"prefetch": {}}}]}) == (400, "prefetch_too_deep")
+    assert _search(True, {"searches": [{"prefetch": {"prefetch": {"prefetch": {}}}}]}) == (400, "prefetch_too_deep")

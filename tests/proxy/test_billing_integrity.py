@@ -1,0 +1,197 @@
+"""Nothing for free: a reused X-Request-ID, an abandoned stream and Idempotency-Key repeats, through the real data
+plane (embedded credit store) with the official openai SDK and httpx as clients."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+from proxy.credits.pricing import MICRO
+from proxy.credits.store import LedgerEntry, LedgerFilter, ledger_entries
+from tests.fakes.llm_server import FakeLLM
+from tests.support.proxy_server import ProxyServer, proxy_settings
+
+CHAT = "/v1/chat/completions"
+PRICES = {"fake-model": {"prompt_per_1k": 1, "completion_per_1k": 2, "context_tokens": 4096}}
+
+
+@pytest.fixture
+def billed(fake_llm_thread: FakeLLM, tmp_path: Path) -> Iterator[ProxyServer]:
+    settings = proxy_settings(fake_llm_thread.url, **{
+        "auth.mode": "keys", "credits.enabled": True, "data_dir": str(tmp_path),
+        "credits.sqlite_synchronous": "NORMAL", "credits.models": PRICES, "cache.enabled": False,
+    })
+    with ProxyServer(settings) as server:
+        yield server
+
+
+def _key(server: ProxyServer, user: str, micro: int) -> str:
+    created = server.call(server.runtime.credits.keys.create(user, "acme"))  # type: ignore[union-attr]
+    server.call(server.runtime.credits.store.top_up(user, micro, tenant="acme"))  # type: ignore[union-attr]
+    return str(created.plaintext)
+
+
+def _charges(server: ProxyServer, user: str) -> list[LedgerEntry]:
+    async def read() -> list[LedgerEntry]:
+        store = server.runtime.credits.store
+        assert store is not None
+        return [e async for e in ledger_entries(store, LedgerFilter(user=user, kind="charge"))]
+
+    return list(server.call(read()))
+
+
+def _until(condition: Callable[[], bool], timeout_s: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "never happened"
+        time.sleep(0.01)
+
+
+def _body(question: str, **extra: Any) -> dict[str, Any]:
+    return {"model": "fake-model", "messages": [{"role": "user", "content": question}], "max_tokens": 50, **extra}
+
+
+async def test_concurrent_calls_under_one_request_id_are_each_charged_and_never_more_served_than_paid(
+        fake_llm_thread: FakeLLM, billed: ProxyServer) -> None:
+    fake_llm_thread.latency_s = 2.0  # every call arrives while the first five are still held
+    probe = _body("question 0")
+    worst = billed.runtime.credits.prices.worst_case(probe, raw_size=len(httpx.Request("POST", "/", json=probe)
+                                                                         .content))
+    balance = 5 * worst + worst // 2  # holds five reservations at once, not six
+    key = _key(billed, "ann", balance)
+    headers = {"Authorization": f"Bearer {key}", "X-Request-ID": "same-id-for-all"}
+    async with httpx.AsyncClient(base_url=billed.url, timeout=30, headers=headers) as client:
+        replies = await asyncio.gather(*(client.post(CHAT, json=_body(f"question {n}")) for n in range(100)))
+    served = [r for r in replies if r.status_code == 200]
+    assert {r.status_code for r in replies} <= {200, 402}
+    assert all(r.headers["X-Request-ID"] == "same-id-for-all" for r in replies), "still echoed for tracing"
+    charges = _charges(billed, "ann")
+    assert len(served) == len(charges) == fake_llm_thread.log.count(CHAT)
+    assert sorted(e.request_id for e in charges) == sorted(r.headers["X-Credits-Request-ID"] for r in served)
+    assert 1 <= len(served) <= 5, "at most what the balance could reserve at once"
+    assert sum(e.cost for e in charges) <= balance
+
+
+def test_a_stream_abandoned_after_24_of_26_pieces_is_charged_what_was_produced(
+        fake_llm_thread: FakeLLM, billed: ProxyServer) -> None:
+    fake_llm_thread.answer = lambda prompt: " ".join(f"w{n}" for n in range(26))
+    fake_llm_thread.chunk_latency_s = 0.05
+    key = _key(billed, "ann", 100 * MICRO)
+    client = openai.OpenAI(base_url=billed.url + "/v1", api_key=key, max_retries=0)
+    stream = client.chat.completions.create(**_body("tell me a long story", max_tokens=100), stream=True)
+    pieces = 0
+    for chunk in stream:
+        if chunk.choices and chunk.choices[0].delta.content:
+            pieces += 1
+            if pieces == 24:
+                break
+    stream.close()  # hang up before the last two pieces
+    deadline = time.monotonic() + 10
+    while not (charges := _charges(billed, "ann")) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    [charge] = charges
+    assert charge.usage_source == "relayed"
+    assert 24 <= charge.completion_tokens <= 26
+    assert charge.prompt_tokens > 0 and charge.cost > 0
+    account = billed.call(billed.runtime.credits.store.balance("ann"))  # type: ignore[union-attr]
+    assert account.held == 0 and account.available == 100 * MICRO - charge.cost
+
+
+def test_a_stream_the_upstream_breaks_off_is_not_charged(fake_llm_thread: FakeLLM, billed: ProxyServer) -> None:
+    key = _key(billed, "ann", 100 * MICRO)
+    fake_llm_thread.faults.reset_after(3)
+    client = openai.OpenAI(base_url=billed.url + "/v1", api_key=key, max_retries=0)
+    with pytest.raises(openai.APIError):
+        for _ in client.chat.completions.create(**_body("a broken story"), stream=True):
+            pass
+    time.sleep(0.3)
+    assert _charges(billed, "ann") == []
+    account = billed.call(billed.runtime.credits.store.balance("ann"))  # type: ignore[union-attr]
+    assert (account.available, account.held) == (100 * MICRO, 0)
+
+
+def test_a_repeated_idempotency_key_gets_the_first_answer_and_is_charged_once(
+        fake_llm_thread: FakeLLM, billed: ProxyServer) -> None:
+    key = _key(billed, "ann", 100 * MICRO)
+    client = openai.OpenAI(base_url=billed.url + "/v1", api_key=key, max_retries=0)
+    calls = [client.chat.completions.with_raw_response.create(
+        **_body("charge me once"), extra_headers={"Idempotency-Key": "order-17"}) for _ in range(3)]
+    first, *repeats = calls
+    assert "Idempotent-Replayed" not in first.headers
+    for repeat in repeats:
+        assert repeat.headers["Idempotent-Replayed"] == "true"
+        assert repeat.parse().model_dump() == first.parse().model_dump()
+        assert repeat.headers["X-Credits-Request-ID"] == first.headers["X-Credits-Request-ID"]
+    assert fake_llm_thread.log.count(CHAT) == 1
+    assert len(_charges(billed, "ann")) == 1
+    streamed = [client.chat.completions.create(**_body("stream me once"), stream=True,
+                                               extra_headers={"Idempotency-Key": "order-18"}) for _ in range(2)]
+    texts = ["".join(c.choices[0].delta.content or "" for c in s if c.choices) for s in streamed]
+    assert texts[0] == texts[1] != ""
+    assert fake_llm_thread.log.count(CHAT) == 2 and len(_charges(billed, "ann")) == 2
+
+
+def test_an_idempotency_key_is_tied_to_its_request_and_scoped_per_user(
+        fake_llm_thread: FakeLLM, billed: ProxyServer) -> None:
+    ann, bob = _key(billed, "ann", 100 * MICRO), _key(billed, "bob", 100 * MICRO)
+
+    def post(api_key: str, question: str) -> httpx.Response:
+        return httpx.post(billed.url + CHAT, json=_body(question), timeout=30,
+                          headers={"Authorization": f"Bearer {api_key}", "Idempotency-Key": "k1"})
+
+    assert post(ann, "first").status_code == 200
+    reused = post(ann, "another question")
+    assert reused.status_code == 422
+    assert reused.json()["error"]["code"] == "idempotency_key_reused"
+    assert post(bob, "another question").status_code == 200, "another user's k1 is another key"
+    invalid = httpx.post(billed.url + CHAT, json=_body("x"), timeout=30,
+                         headers={"Authorization": f"Bearer {ann}", "Idempotency-Key": "x" * 256})
+    assert invalid.status_code == 400 and invalid.json()["error"]["code"] == "invalid_idempotency_key"
+
+
+async def test_a_repeat_while_the_first_runs_is_409_and_a_failed_first_frees_the_key(
+        fake_llm_thread: FakeLLM, billed: ProxyServer) -> None:
+    key = _key(billed, "ann", 100 * MICRO)
+    headers = {"Authorization": f"Bearer {key}", "Idempotency-Key": "slow"}
+    fake_llm_thread.latency_s = 2.0
+    async with httpx.AsyncClient(base_url=billed.url, timeout=30, headers=headers) as client:
+        first = asyncio.ensure_future(client.post(CHAT, json=_body("slow one")))
+        await asyncio.to_thread(_until, lambda: fake_llm_thread.log.count(CHAT) > 0)  # upstream: its key is held
+        busy = await client.post(CHAT, json=_body("slow one"))
+        assert busy.status_code == 409 and busy.headers["Retry-After"] == "1"
+        assert (await first).status_code == 200
+        fake_llm_thread.latency_s = 0.0
+        fake_llm_thread.faults.fail_next(500)
+        failing = {**headers, "Idempotency-Key": "fails-once"}
+        assert (await client.post(CHAT, json=_body("retry me"), headers=failing)).status_code == 500
+        retried = await client.post(CHAT, json=_body("retry me"), headers=failing)
+        assert retried.status_code == 200 and "Idempotent-Replayed" not in retried.headers
+    assert fake_llm_thread.log.count(CHAT) == 3
+
+
+def test_an_abandoned_responses_stream_is_charged_what_was_produced(
+        fake_llm_thread: FakeLLM, billed: ProxyServer) -> None:
+    fake_llm_thread.answer = lambda prompt: " ".join(f"w{n}" for n in range(26))
+    fake_llm_thread.chunk_latency_s = 0.05
+    key = _key(billed, "ann", 100 * MICRO)
+    client = openai.OpenAI(base_url=billed.url + "/v1", api_key=key, max_retries=0)
+    stream = client.responses.create(model="fake-model", input="tell me a long story", stream=True)
+    pieces = 0
+    for event in stream:
+        if event.type == "response.output_text.delta":
+            pieces += 1
+            if pieces == 10:
+                break
+    stream.close()
+    deadline = time.monotonic() + 10
+    while not (charges := _charges(billed, "ann")) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    [charge] = charges
+    assert charge.usage_source == "relayed" and 10 <= charge.completion_tokens <= 26
