@@ -36,6 +36,7 @@ and re-serializing an unchanged body would only cost time on the hot path.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -187,6 +188,9 @@ class RoutedRequest:
     counts more than the prefix, so it can show a shortfall but not a surplus."""
     headers: dict[str, str] | None = None
     """Hint headers for the upstream request."""
+    ticket: str = ""
+    """The router's name for this request while it is in flight: the proxy's own, unique among requests in flight
+    (a client's ``X-Request-ID`` is not: clients reuse them)."""
 
 
 class Route:
@@ -221,6 +225,7 @@ class Route:
         self.shared: SharedPrefixes | None = None
         self.replicas = list(replicas)
         self.router = router
+        self._tickets = itertools.count()
         self.salt_secret = salt_secret
         only = self.replicas[0]
         self._fixed = (len(self.replicas) == 1 and not router.tracks_load and only.slots is None
@@ -281,11 +286,11 @@ class Route:
                 tokens += segment.tokens
                 prefixes.append((digest, tokens))
             self.shared.board.record(self.shared.labels[decision.replica], prefixes)
-        self.router.admitted(ctx.request_id, decision)
         routed = ctx.routed = RoutedRequest(
             decision.replica, path, predicted, slot, decision.estimated_ttft_s, decision.start_deadline, total,
-            slot_match, shifted, hints.headers or None,
+            slot_match, shifted, hints.headers or None, ticket=str(next(self._tickets)),
         )
+        self.router.admitted(routed.ticket, decision)
         return routed
 
     def _fixed_route(self, ctx: RequestContext, total: int) -> RoutedRequest:
@@ -293,7 +298,7 @@ class Route:
         for a prompt without a prefix (a single message), and nothing for its tree. Same result as the full path
         (which the tests check), without the router's and the hints' work on the hot path."""
         routed = ctx.routed = RoutedRequest(0, (), Match(0, 0), None, self.replicas[0].prefill.seconds(total), None,
-                                            total)
+                                            total, ticket=str(next(self._tickets)))
         return routed
 
     def settle(self, ctx: RequestContext, routed: RoutedRequest, body: bytes | None) -> None:
@@ -360,7 +365,7 @@ class Route:
             if not replica.queue.try_acquire():
                 await replica.queue.acquire(decision_cached, compute, routed.start_deadline)
         except DeadlineExceeded as error:
-            self.router.finished(ctx.request_id, routed.replica)
+            self.router.finished(routed.ticket, routed.replica)
             replica.tree.retract(routed.path, routed.predicted)
             raise ProxyError(
                 429,
@@ -369,21 +374,21 @@ class Route:
                 headers={"Retry-After": "1"},
             ) from error
         except TimeoutError as error:
-            self.router.finished(ctx.request_id, routed.replica)
+            self.router.finished(routed.ticket, routed.replica)
             replica.tree.retract(routed.path, routed.predicted)
             raise ProxyError(
                 429, "the backend queue is full", code="queue_timeout", headers={"Retry-After": "1"}
             ) from error
         except BaseException:
-            self.router.finished(ctx.request_id, routed.replica)
+            self.router.finished(routed.ticket, routed.replica)
             replica.tree.retract(routed.path, routed.predicted)
             raise
-        self.router.started(ctx.request_id, routed.replica)
+        self.router.started(routed.ticket, routed.replica)
         if replica.slots is not None and routed.slot is not None:
             replica.slots.assign(routed.slot, routed.path)
 
         def release() -> None:
-            self.router.finished(ctx.request_id, routed.replica)
+            self.router.finished(routed.ticket, routed.replica)
             replica.queue.release()
             if replica.slots is not None and routed.slot is not None:
                 replica.slots.release(routed.slot)
@@ -393,7 +398,7 @@ class Route:
         except BaseException:
             release()
             raise
-        self.router.first_token(ctx.request_id, routed.replica)
+        self.router.first_token(routed.ticket, routed.replica)
         if not reply.streamed:
             self.settle(ctx, routed, reply.body)
             release()

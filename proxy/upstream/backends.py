@@ -1,11 +1,12 @@
 """The LLM replicas and what the proxy knows of their health.
 
 Health is learnt two ways: passively (a connection refused marks a replica down at once) and actively (a background
-probe of each replica's ``/v1/models``: every ``interval`` seconds, every ``down_interval`` seconds while the replica
-is down). The first probe that succeeds brings a down replica back and half-opens its breaker, so the next request
-tries it at once instead of waiting out the breaker's open time: recovery takes as long as the replica's restart.
-A probe that fails for want of a local resource (``EMFILE``) says nothing about the replica and changes nothing.
-``first_healthy`` is the default choice until the KV-aware router picks replicas.
+probe of each replica's health path, its kind's (:mod:`proxy.kv.kinds`: ``/v1/models``), every ``interval`` seconds,
+every ``down_interval`` seconds while the replica is down). The first probe that succeeds brings a down replica back
+and half-opens its breaker, so the next request tries it at once instead of waiting out the breaker's open time:
+recovery takes as long as the replica's restart. A probe that fails for want of a local resource (``EMFILE``) says
+nothing about the replica and changes nothing. ``first_healthy`` is the default choice until the KV-aware router
+picks replicas.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import time
 from dataclasses import dataclass, field
 
 from proxy.config import LLMBackend
+from proxy.kv.kinds import KINDS
 from proxy.upstream.client import UpstreamClient
 from proxy.upstream.http1 import LocalResourceError
 from tiers.breaker import CircuitBreaker
@@ -81,7 +83,8 @@ class BackendPool:
 
     async def _probe_one(self, client: UpstreamClient, backend: Backend, wait_s: float) -> None:
         try:
-            answer = await client.fetch("GET", f"{backend.url}/v1/models", headers=backend.auth_headers(),
+            answer = await client.fetch("GET", backend.url + KINDS[backend.config.kind].health_path,
+                                        headers=backend.auth_headers(),
                                         timeout_s=wait_s)
             ok, reason = answer.status < 500, f"status {answer.status}"
         except LocalResourceError as exc:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import itertools
+from dataclasses import replace
 from typing import Any
 
 import orjson
@@ -229,9 +231,31 @@ async def test_a_one_message_prompt_to_the_only_replica_routes_as_the_full_decis
         ctx = ctx_for(dict(body), 0)
         ctx.prompt = read_prompt(body)
         shape.shape(ctx)
-        decided.append((route.route(ctx), ctx.routed, ctx.body_changed, replica.tree.match([]).tokens))
+        routed = route.route(ctx)
+        assert routed is not None and routed is ctx.routed
+        decided.append((replace(routed, ticket=""), ctx.body_changed, replica.tree.match([]).tokens))
     assert route._fixed is False and decided[0] == decided[1]
-    assert decided[0][0] is not None and decided[0][0].replica == 0 and decided[0][0].estimated_ttft_s > 0
+    assert decided[0][0].replica == 0 and decided[0][0].estimated_ttft_s > 0
+
+
+async def test_requests_sharing_a_client_request_id_are_counted_apart() -> None:
+    """Clients reuse X-Request-ID: the router's load must count each request in flight, and forget each one."""
+    reps, router = replicas(2)  # (one replica without an SLO tracks no load)
+    release = asyncio.Event()
+
+    async def slow(ctx: RequestContext) -> Reply:
+        await release.wait()
+        return Reply(200, body=b'{"choices": []}')
+
+    pipeline = Pipeline([ReadPrompt(None), Shape(reps), Route(reps, router)], slow)
+    same = [ctx_for(structured("a", "b"), 1) for _ in range(3)]  # three on two replicas: two share one
+    assert len({ctx.request_id for ctx in same}) == 1
+    flights = [asyncio.create_task(pipeline(ctx)) for ctx in same]
+    await asyncio.sleep(0.01)
+    assert sum(len(load.outstanding) for load in router.loads) == 3
+    release.set()
+    await asyncio.gather(*flights)
+    assert not any(load.outstanding for load in router.loads)
 
 
 def test_the_fixed_route_is_only_taken_where_nothing_is_left_to_decide() -> None:
