@@ -92,10 +92,15 @@ class HttpServer:
         self._servers: list[asyncio.AbstractServer] = []
         self._all_closed = asyncio.Event()
 
-    async def start(self, host: str, port: int) -> None:
+    def cap(self) -> int:
+        """``max_connections``, and at most 3/4 of the open-file limit as it is now (read at each new connection, not
+        per request: the limit of a running process can be lowered from outside, e.g. ``prlimit``)."""
         open_files = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
-        if open_files != resource.RLIM_INFINITY:
-            self.max_connections = max(1, min(self.max_connections, open_files * 3 // 4))
+        if open_files == resource.RLIM_INFINITY:
+            return self.max_connections
+        return max(1, min(self.max_connections, open_files * 3 // 4))
+
+    async def start(self, host: str, port: int) -> None:
         loop = asyncio.get_running_loop()
         self._servers.append(await loop.create_server(lambda: Connection(self), host, port, reuse_address=True,
                                                       backlog=1024))
@@ -125,7 +130,7 @@ class HttpServer:
         Nothing is tracked per request: past the cap the idle connections are sorted once by how long they have
         been idle, and that order serves the next connections too (an entry whose connection was used since, or
         closed, is skipped), so a flood of new connections costs O(log n) each."""
-        if len(self.connections) < self.max_connections:
+        if len(self.connections) < self.cap():
             return True
         while True:
             if not self._shed_order:

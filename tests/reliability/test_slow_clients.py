@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import resource
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -77,9 +78,8 @@ async def _probe(port: int) -> bool:
         writer.close()
 
 
-async def test_healthz_answers_through_a_slowloris_attack_and_trickled_heads_are_cut(
-        slowloris_target: ProxyProcess) -> None:
-    port = slowloris_target.port
+async def _attack(port: int) -> tuple[list[bool], list[float]]:
+    """300 trickled heads for a little longer than the head timeout, and a health probe every 0.3 s meanwhile."""
     loop = asyncio.get_running_loop()
     until = loop.time() + HEAD_TIMEOUT_S + 3
     lifetimes: list[float] = []
@@ -89,8 +89,24 @@ async def test_healthz_answers_through_a_slowloris_attack_and_trickled_heads_are
         probes.append(await _probe(port))
         await asyncio.sleep(0.3)
     await asyncio.gather(*attack)
+    return probes, lifetimes
+
+
+async def test_healthz_answers_through_a_slowloris_attack_and_trickled_heads_are_cut(
+        slowloris_target: ProxyProcess) -> None:
+    probes, lifetimes = await _attack(slowloris_target.port)
     assert probes.count(False) == 0, f"{probes.count(False)} of {len(probes)} health probes failed"
     assert max(lifetimes) < HEAD_TIMEOUT_S + 1.5, "a trickled head held its connection past the head timeout"
+
+
+async def test_the_connection_cap_follows_a_limit_lowered_while_running() -> None:
+    """The open-file limit of a running proxy can be lowered from outside (``prlimit``, a container runtime): the
+    cap follows it, so the attack still cannot take the descriptors the health check needs."""
+    with _proxy(f"http://127.0.0.1:{free_port()}", (4096, 4096)) as proxy:
+        assert proxy.process is not None
+        resource.prlimit(proxy.process.pid, resource.RLIMIT_NOFILE, (256, 256))
+        probes, _ = await _attack(proxy.port)
+    assert probes.count(False) == 0, f"{probes.count(False)} of {len(probes)} health probes failed"
 
 
 def test_the_soft_open_file_limit_is_raised_to_the_hard_one() -> None:
