@@ -114,6 +114,11 @@ def register_gauges(rt: Runtime, sizes: dict[str, dict[str, Any]]) -> None:
                                   lambda: [({"namespace": name}, float(row["estimated_wrong_hit_rate"]))
                                            for name, row in calibrator.report().items()
                                            if row["estimated_wrong_hit_rate"] is not None])
+        rt.metrics.gauge_callback("ragproxy_semantic_wrong_hit_rate_bound", "One-sided 95% upper bound of that "
+                                  "estimate (what a calibrated threshold must keep within the target)", ["namespace"],
+                                  lambda: [({"namespace": name}, float(row["wrong_hit_rate_bound"]))
+                                           for name, row in calibrator.report().items()
+                                           if row["wrong_hit_rate_bound"] is not None])
         rt.metrics.gauge_callback("ragproxy_semantic_threshold", "Cosine threshold each namespace runs at (above 1: "
                                   "no threshold meets cache.l2.max_wrong_hit_rate, no semantic hits)", ["namespace"],
                                   lambda: [({"namespace": name}, calibrator.threshold(name))

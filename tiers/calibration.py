@@ -13,15 +13,21 @@ Estimate at threshold ``t`` in a namespace (a Beta-style blend of a prior curve 
   answer of that question (free: the request is forwarded anyway); and a share ``verify_fraction`` of would-be hits
   is forwarded instead of served and compared the same way. Each comparison is one observation ``(score, agreed)``.
 
-The threshold is the lowest point of :data:`GRID` whose estimate is within the target (and that the prior allows or
-the namespace observed at least :data:`MIN_EVIDENCE` times: no extrapolation below evidence); else the namespace
-serves no semantic hits (a miss costs money, a wrong answer costs trust) and reports the estimate at the strictest
-point. Namespaces are tracked in an LRU of :data:`MAX_NAMESPACES`. Pure: no I/O; the answer comparison that needs an
+The threshold is the lowest point of :data:`GRID` where the estimate's one-sided 95% upper bound (:func:`bounds`) is
+within the target (and that the prior allows or the namespace observed at least :data:`MIN_EVIDENCE` times: no
+extrapolation below evidence); else the namespace serves no semantic hits (a miss costs money, a wrong answer costs
+trust) and reports the estimate at the strictest point. Why the bound and not the estimate: above the threshold the
+only evidence is the sampled verification, so there the estimate is mostly the prior, measured on other traffic; on
+one shared context (``loadtest.bench fidelity --mode population``) the point estimate said 14.5% while 23% of the
+hits were wrong. Thin evidence keeps the threshold up, and while it is up every near miss is compared (free
+evidence), so a namespace whose traffic is clean earns lower thresholds and one whose traffic is not never does.
+Namespaces are tracked in an LRU of :data:`MAX_NAMESPACES`. Pure: no I/O; the answer comparison that needs an
 embedding lives in :class:`tiers.semantic.SemanticTier`.
 """
 
 from __future__ import annotations
 
+import math
 import random
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -39,6 +45,9 @@ numbers+dates+entities (``ragproxy calibrate --half calibration --curve``)."""
 
 PRIOR_WEIGHT = 20.0
 """How many observations the prior counts for: a namespace's own evidence outweighs it after a few dozen."""
+
+CONFIDENCE_Z = 1.645
+"""One-sided 95% normal quantile of the upper bound a threshold must meet."""
 
 MIN_EVIDENCE = 5
 """Observations a grid cell needs before the namespace's own evidence may set the threshold there."""
@@ -88,16 +97,31 @@ def estimates(evidence: Evidence | None, prior: tuple[float, ...] = PRIOR_WRONG_
     return result
 
 
-def choose_threshold(target: float, evidence: Evidence | None) -> tuple[float, float]:
-    """(threshold, estimated wrong-hit share there): the lowest grid point within ``target`` that the prior alone
-    allows or where the namespace has at least :data:`MIN_EVIDENCE` observations of its own (the estimate never
-    extrapolates below what was observed), else (:data:`UNREACHABLE`, the estimate at the strictest point)."""
-    shares = estimates(evidence)
-    for cell, (threshold, share) in enumerate(zip(GRID, shares, strict=True)):
+def bounds(evidence: Evidence | None, prior: tuple[float, ...] = PRIOR_WRONG_SHARE,
+           weight: float = PRIOR_WEIGHT) -> list[float]:
+    """The one-sided 95% upper bound of the wrong-hit share at every :data:`GRID` threshold (normal approximation,
+    the prior counted as ``weight`` observations)."""
+    shares = estimates(evidence, prior, weight)
+    counted = [weight] * len(GRID)
+    if evidence is not None:
+        above = 0
+        for cell in reversed(range(len(GRID))):
+            above += evidence.observed[cell]
+            counted[cell] += above
+    return [share + CONFIDENCE_Z * math.sqrt(share * (1 - share) / n) for share, n in zip(shares, counted, strict=True)]
+
+
+def choose_threshold(target: float, evidence: Evidence | None) -> tuple[float, float, float]:
+    """(threshold, estimated wrong-hit share there, its upper bound): the lowest grid point whose bound is within
+    ``target`` that the prior alone allows or where the namespace has at least :data:`MIN_EVIDENCE` observations of
+    its own (never extrapolated below what was observed), else (:data:`UNREACHABLE`, the figures at the strictest
+    point)."""
+    shares, uppers = estimates(evidence), bounds(evidence)
+    for cell, threshold in enumerate(GRID):
         observed = evidence.observed[cell] if evidence is not None else 0
-        if share <= target and (PRIOR_WRONG_SHARE[cell] <= target or observed >= MIN_EVIDENCE):
-            return threshold, share
-    return UNREACHABLE, shares[-1]
+        if uppers[cell] <= target and (PRIOR_WRONG_SHARE[cell] <= target or observed >= MIN_EVIDENCE):
+            return threshold, shares[cell], uppers[cell]
+    return UNREACHABLE, shares[-1], uppers[-1]
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,6 +130,8 @@ class Operating:
 
     threshold: float
     estimated_wrong_hit_rate: float | None
+    wrong_hit_rate_bound: float | None
+    """The estimate's one-sided 95% upper bound."""
     observations: int
     source: str  # "calibrated" | "fixed"
 
@@ -135,11 +161,11 @@ class Calibrator:
         evidence = self._evidence.get(namespace)
         observations = evidence.total if evidence is not None else 0
         if fixed is not None:
-            share = estimates(evidence)[cell_of(fixed) or 0] if fixed >= GRID[0] else None
-            found = Operating(fixed, share, observations, "fixed")
+            cell = cell_of(fixed)
+            share, upper = (estimates(evidence)[cell], bounds(evidence)[cell]) if cell is not None else (None, None)
+            found = Operating(fixed, share, upper, observations, "fixed")
         else:
-            threshold, share = choose_threshold(self.target, evidence)
-            found = Operating(threshold, share, observations, "calibrated")
+            found = Operating(*choose_threshold(self.target, evidence), observations, "calibrated")
         self._operating[namespace] = found
         return found
 
@@ -168,6 +194,8 @@ class Calibrator:
         return {name: {"threshold": (o := self.operating(name)).threshold,
                        "estimated_wrong_hit_rate": None if o.estimated_wrong_hit_rate is None
                        else round(o.estimated_wrong_hit_rate, 4),
+                       "wrong_hit_rate_bound": None if o.wrong_hit_rate_bound is None
+                       else round(o.wrong_hit_rate_bound, 4),
                        "observations": o.observations, "source": o.source} for name in sorted(names)}
 
 

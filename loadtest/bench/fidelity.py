@@ -294,7 +294,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         asyncio.run(_warm(url))
         runner = run_pairwise if args.mode == "pairwise" else run_population
         tally = asyncio.run(runner(url, pairs, by_question))
-        stats = asyncio.run(admin_stats(admin_port)).get("tiers", {}).get("semantic", {})
+        stats = asyncio.run(admin_stats(admin_port)).get("tiers", {}).get("l2", {})
     vectors = asyncio.run(embed_all(list(dict.fromkeys(q for p in pairs for q in (p.question1, p.question2)))))
     build = frontier_pairwise if args.mode == "pairwise" else frontier_population
     frontier = build(pairs, vectors, by_question)

@@ -35,6 +35,8 @@ def test_default_bound_compares_instead_of_guessing(fake_llm_thread: FakeLLM, tm
         assert row["estimated_wrong_hit_rate"] > 0.05
         metrics = httpx.get(server.admin_url + "/metrics").text
         assert 'ragproxy_semantic_estimated_wrong_hit_rate{namespace="default"}' in metrics
+        assert 'ragproxy_semantic_wrong_hit_rate_bound{namespace="default"}' in metrics
+        assert row["wrong_hit_rate_bound"] > row["estimated_wrong_hit_rate"]
         assert f'ragproxy_semantic_threshold{{namespace="default"}} {UNREACHABLE}' in metrics
 
 

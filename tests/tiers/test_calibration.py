@@ -15,6 +15,7 @@ from tiers.calibration import (
     Calibrator,
     Evidence,
     answers_agree_exactly,
+    bounds,
     cell_of,
     choose_threshold,
     estimates,
@@ -22,11 +23,26 @@ from tiers.calibration import (
 from tiers.semantic import answer_text
 
 
-def test_without_evidence_the_prior_decides() -> None:
-    expected = next(t for t, share in zip(GRID, PRIOR_WRONG_SHARE, strict=True) if share <= 0.20)
-    assert choose_threshold(0.20, None) == (expected, PRIOR_WRONG_SHARE[GRID.index(expected)])
-    threshold, share = choose_threshold(0.05, None)
+def test_without_evidence_the_prior_decides_through_its_upper_bound() -> None:
+    uppers = bounds(None)
+    assert all(upper > share for upper, share in zip(uppers, PRIOR_WRONG_SHARE, strict=True))
+    cell = next(i for i, upper in enumerate(uppers) if upper <= 0.25)
+    assert choose_threshold(0.25, None) == pytest.approx((GRID[cell], PRIOR_WRONG_SHARE[cell], uppers[cell]))
+    assert PRIOR_WRONG_SHARE[cell - 1] <= 0.25, "the point estimate alone would have gone lower"
+    threshold, share, _ = choose_threshold(0.05, None)
     assert threshold == UNREACHABLE and share == PRIOR_WRONG_SHARE[-1], "no prior point meets 5%: no hits"
+
+
+def test_thin_evidence_above_the_threshold_cannot_lower_it() -> None:
+    """A few agreeing verifications above a threshold move the point estimate under the target, not the bound."""
+    thin, enough = Evidence(), Evidence()
+    for _ in range(10):
+        thin.add(0.95, agreed=True)
+    for _ in range(150):
+        enough.add(0.95, agreed=True)
+    assert estimates(thin)[GRID.index(0.95)] < 0.10 < bounds(thin)[GRID.index(0.95)]
+    assert choose_threshold(0.10, thin)[0] > 0.95
+    assert choose_threshold(0.10, enough)[0] == 0.95
 
 
 def test_agreeing_answers_lower_the_threshold_and_disagreeing_ones_raise_it() -> None:
@@ -35,8 +51,10 @@ def test_agreeing_answers_lower_the_threshold_and_disagreeing_ones_raise_it() ->
     for _ in range(200):
         calibrator.observe("faq", 0.86, agreed=True)
     assert calibrator.threshold("faq") == 0.86
-    assert calibrator.operating("faq").estimated_wrong_hit_rate == pytest.approx(
+    operating = calibrator.operating("faq")
+    assert operating.estimated_wrong_hit_rate == pytest.approx(
         PRIOR_WEIGHT * PRIOR_WRONG_SHARE[GRID.index(0.86)] / (PRIOR_WEIGHT + 200))
+    assert operating.estimated_wrong_hit_rate < operating.wrong_hit_rate_bound <= 0.05  # type: ignore[operator]
     for _ in range(30):
         calibrator.observe("faq", 0.86, agreed=False)
     assert calibrator.threshold("faq") == UNREACHABLE, "above 0.86 nothing was observed and the prior is too high"
