@@ -23,10 +23,14 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def wait_for_port(port: int, timeout: float = 30.0, host: str = "127.0.0.1") -> None:
-    """Block until something accepts connections on ``port``."""
+def wait_for_port(port: int, timeout: float = 30.0, host: str = "127.0.0.1",
+                  process: subprocess.Popen[bytes] | None = None) -> None:
+    """Block until something accepts connections on ``port``; fail at once if ``process`` (the one that should
+    listen) has exited."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
+        if process is not None and process.poll() is not None:
+            raise RuntimeError(f"{process.args!r} exited with {process.returncode} before listening on {port}")
         try:
             with socket.create_connection((host, port), timeout=0.2):
                 return
@@ -48,7 +52,7 @@ def listening(command: list[str], port: int, env: dict[str, str] | None = None) 
     process = subprocess.Popen(command, env={**os.environ, **(env or {})},
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        wait_for_port(port)
+        wait_for_port(port, process=process)
         yield process
     finally:
         process.terminate()

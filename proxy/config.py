@@ -200,8 +200,9 @@ class L2Settings(_Section):
         default="auto", description="local embedder: onnx (int8 graph on onnxruntime, a few ms), numpy (no onnxruntime "
         "needed, 10-30 ms); auto: onnx when onnxruntime and onnx are installed")
     max_wrong_hit_rate: float = Field(
-        default=0.05, gt=0, lt=1, description="Error bound: per namespace, the lowest threshold whose estimated "
-        "share of wrong semantic hits is within it (see tiers/calibration.py); reported in /admin/stats and /metrics")
+        default=0.05, gt=0, lt=1, description="Error bound: per namespace, the lowest threshold where the 95% upper "
+        "bound of the estimated share of wrong semantic hits is within it (see tiers/calibration.py); reported in "
+        "/admin/stats and /metrics")
     verify_fraction: float = Field(
         default=0.02, ge=0, le=1, description="Share of would-be semantic hits forwarded and compared with the cached "
         "answer to keep the estimate honest (misses with a near candidate are compared for free)")

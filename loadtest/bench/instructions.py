@@ -13,7 +13,9 @@ the instruction count does not see.
 Why this benchmark next to ``overhead``: on a shared machine, throughput and CPU time per request move by 10-20%
 from one run to the next, more than most single changes to the hot path are worth. Instruction counts repeat to
 within about 1%, so a change can be judged in one run; ``overhead`` then says what it buys in time. Needs
-``valgrind`` (``apt-get install valgrind``); a run takes about a minute.
+``valgrind`` (``apt-get install valgrind``); a run takes about a minute. valgrind lacks AVX-512: where pip built
+hnswlib from source for such a CPU, rebuild it portable first (``HNSWLIB_NO_NATIVE=1 pip install --force-reinstall
+--no-deps --no-binary hnswlib hnswlib``).
 """
 
 from __future__ import annotations
@@ -56,10 +58,15 @@ def _instructions(args: list[str], port: int, env: dict[str, str], warm: int, co
     with tempfile.TemporaryDirectory() as out:
         command = ["valgrind", "--tool=callgrind", "--instr-atstart=no",
                    f"--callgrind-out-file={out}/callgrind.out", sys.executable, *args]
-        process = subprocess.Popen(command, env={**os.environ, **env}, stdout=subprocess.DEVNULL,
-                                   stderr=subprocess.DEVNULL)
+        log = Path(out, "valgrind.log")
+        with log.open("wb") as stderr:
+            process = subprocess.Popen(command, env={**os.environ, **env}, stdout=subprocess.DEVNULL, stderr=stderr)
         try:
-            wait_for_port(port, timeout=300)  # start-up under valgrind is slow
+            try:
+                wait_for_port(port, timeout=300, process=process)  # start-up under valgrind is slow
+            except RuntimeError:
+                tail = log.read_text(encoding="utf-8", errors="replace").splitlines()[-15:]
+                raise RuntimeError("the program died under valgrind:\n" + "\n".join(tail)) from None
             asyncio.run(_send(port, warm))
             subprocess.run(["callgrind_control", "--instr=on", str(process.pid)], check=True, capture_output=True)
             asyncio.run(_send(port, count))
@@ -81,7 +88,7 @@ def _system_calls(args: list[str], port: int, env: dict[str, str], warm: int, co
         process = subprocess.Popen([sys.executable, *args], env={**os.environ, **env}, stdout=subprocess.DEVNULL,
                                    stderr=subprocess.DEVNULL)
         try:
-            wait_for_port(port, timeout=60)
+            wait_for_port(port, timeout=60, process=process)
             asyncio.run(_send(port, warm))
             tracer = subprocess.Popen(["strace", "-c", "-f", "-o", f"{out}/counts", "-p", str(process.pid)],
                                       stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
