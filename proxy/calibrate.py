@@ -126,7 +126,9 @@ def write_thresholds(path: Path, thresholds: dict[str, float]) -> None:
 def main(argv: list[str]) -> int:
     from proxy.config import ConfigError, load_settings
 
-    parser = argparse.ArgumentParser(prog="ragproxy calibrate", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="ragproxy calibrate",
+                                     description="Fixed L2 thresholds from labelled question pairs, with the recall "
+                                     "each buys.")
     parser.add_argument("pairs", type=Path, help="CSV: question1,question2,is_duplicate[,namespace]")
     parser.add_argument("--config", help="YAML config whose guards and embedder runtime to use "
                         "(default: $RAGPROXY_CONFIG)")

@@ -118,15 +118,17 @@ def _run(main: Coroutine[Any, Any, int | None]) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
-    if args.command == "simulate":
+    given = sys.argv[1:] if argv is None else argv
+    # simulate and calibrate parse their own arguments (argparse's REMAINDER would swallow neither --help nor options)
+    if given[:1] == ["simulate"]:
         from tiers.policies.simulate import main as simulate_main
 
-        return int(simulate_main(args.args))
-    if args.command == "calibrate":
+        return int(simulate_main(given[1:]))
+    if given[:1] == ["calibrate"]:
         from proxy.calibrate import main as calibrate_main
 
-        return calibrate_main(args.args)
+        return calibrate_main(given[1:])
+    args = _parser().parse_args(given)
     demo = None
     try:
         overrides = _overrides(args)

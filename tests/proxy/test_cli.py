@@ -81,3 +81,17 @@ def test_a_bad_llm_upstream_flag_is_one_line(value: str, reason: str) -> None:
     assert done.returncode == 2
     assert done.stderr.count("\n") == 1 and reason in done.stderr
     assert "sk-1" not in done.stderr
+
+
+@pytest.mark.parametrize(("command", "option"), [("calibrate", "--target"), ("simulate", "--policy")])
+def test_subcommands_with_their_own_options_show_them_in_help(command: str, option: str) -> None:
+    done = _cli(command, "--help")
+    assert done.returncode == 0, done.stderr
+    assert f"ragproxy {command}" in done.stdout and option in done.stdout
+
+
+def test_calibrate_takes_its_options_before_the_file(tmp_path: Path) -> None:
+    pairs = tmp_path / "pairs.csv"
+    pairs.write_text("question1,question2,is_duplicate\n")
+    done = _cli("calibrate", "--target", "0.1", str(pairs))
+    assert "unrecognized arguments" not in done.stderr, done.stderr
