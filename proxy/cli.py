@@ -115,6 +115,9 @@ def _run(main: Coroutine[Any, Any, int | None]) -> int:
         return 1
     except KeyboardInterrupt:  # Ctrl-C before the signal handlers were installed (start-up, the demo's tour)
         return 130
+    except BrokenPipeError:  # stdout closed early (``ragproxy demo | head``): stop quietly, as a pipeline expects
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # the flush at exit must not fail again
+        return 1
 
 
 def main(argv: list[str] | None = None) -> int:

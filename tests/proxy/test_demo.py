@@ -43,6 +43,13 @@ def test_demo_shows_each_tier_and_exits_0() -> None:
     assert "Traceback" not in done.stderr
 
 
+def test_demo_into_a_pipe_closed_early_stops_without_a_traceback() -> None:
+    """``ragproxy demo | head -3``: the closed pipe ends the demo quietly."""
+    done = subprocess.run(["bash", "-o", "pipefail", "-c", shlex.join(ragproxy("demo")) + " | head -3"],
+                          capture_output=True, text=True, timeout=110)
+    assert len(done.stdout.splitlines()) == 3
+    assert "Traceback" not in done.stderr and "BrokenPipeError" not in done.stderr, done.stderr
+
 def test_demo_without_the_model_package_says_so_and_skips_the_paraphrase(tmp_path: Path) -> None:
     done = _demo(site=site_without_model(tmp_path))
     assert done.returncode == 0, done.stdout + done.stderr
