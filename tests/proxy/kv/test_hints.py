@@ -8,9 +8,17 @@ import orjson
 import pytest
 
 from proxy.config import ConfigError, load_settings
-from proxy.kv.hints import SlotTable, capacity_from_slots, path_hash, reported_cached_tokens, reported_prefill
+from proxy.kv.hints import (
+    SlotTable,
+    capacity_from_slots,
+    path_hash,
+    reported_cached_tokens,
+    reported_prefill,
+    reported_prompt_tokens,
+)
 from proxy.kv.kinds import GENERIC, KINDS, LLAMACPP, OPENAI, SGLANG, VLLM, build_hints
 from proxy.kv.tree import Segment
+from tests.fakes.openai_responses import encode, response_object, stream_events
 
 PATH = [Segment("p:s", 10), Segment("d1", 100), Segment("d2", 100)]
 
@@ -72,6 +80,17 @@ def test_reads_cached_tokens_from_openai_usage_llamacpp_timings_and_streams() ->
     assert reported_cached_tokens(stream) == 9
     assert reported_prefill(stream) == (4, 9, 12.0)
     assert reported_cached_tokens(orjson.dumps({"timings": {"cache_n": 1}})) == 1
+
+
+def test_reports_are_read_from_a_responses_object_and_from_its_completed_event() -> None:
+    result = response_object({"input": "q"}, "m", [], None, 120, 5)
+    result["usage"]["input_tokens_details"]["cached_tokens"] = 96
+    assert reported_cached_tokens(orjson.dumps(result)) == 96
+    assert reported_prompt_tokens(orjson.dumps(result)) == 120
+    stream = b"".join(encode(event) for event in stream_events(result))
+    assert reported_cached_tokens(stream) == 96 and reported_prompt_tokens(stream) == 120
+    result["usage"] = {"input_tokens": 120, "output_tokens": 5, "total_tokens": 125}
+    assert reported_cached_tokens(orjson.dumps(result)) is None, "no details: the backend did not say"
 
 
 def test_capacity_from_llamacpp_slots() -> None:
