@@ -17,6 +17,10 @@ kind            body hint
 ``generic``     nothing (any other OpenAI-compatible server)
 ==============  ==========================================================================================
 
+``/v1/responses`` gets the same body hints as chat (vLLM's and SGLang's ``ResponsesRequest`` take ``cache_salt``;
+llama.cpp's server turns a Responses body into a chat body keeping every other field) except ``prompt_cache_key``:
+the API takes it, but its response object echoes it, so the client would see the proxy's key instead of its own.
+
 Read back: :func:`reported_cached_tokens` takes a reply body (or the last SSE events of a stream) and returns
 ``usage.prompt_tokens_details.cached_tokens`` (Responses: ``usage.input_tokens_details.cached_tokens``, streamed
 in the ``response.completed`` event; :func:`usage_object` finds either) or llama.cpp's ``timings.cache_n``;

@@ -48,6 +48,15 @@ def test_openai_gets_a_prompt_cache_key_from_the_path() -> None:
     assert key != build_hints(OPENAI, [PATH[0], PATH[2], PATH[1]]).body["prompt_cache_key"]
 
 
+def test_a_responses_body_gets_every_body_hint_but_prompt_cache_key() -> None:
+    """A Responses object echoes ``prompt_cache_key``; the other kinds' servers take their hints on that endpoint."""
+    assert build_hints(OPENAI, PATH, responses=True).body == {}
+    for kind in (VLLM, SGLANG, LLAMACPP, GENERIC):
+        assert build_hints(kind, PATH, tenant="t", slot=1, responses=True).body == build_hints(
+            kind, PATH, tenant="t", slot=1).body
+    assert build_hints(OPENAI, PATH, responses=True).headers == build_hints(OPENAI, PATH).headers
+
+
 def test_an_empty_path_names_no_prefix_but_keeps_isolation_and_slot_hints() -> None:
     assert build_hints(OPENAI, []).body == {}
     assert build_hints(OPENAI, []).headers == {}
