@@ -9,9 +9,9 @@ Chat::
 The tiers' lookups come from the registered cache tiers in order (:mod:`proxy.cache_tiers`): L1 exact → L3
 exact → L2 semantic, so an exact repeat is answered before any embedding is computed (L2 also searches the cold
 tier's question vectors). Legacy completions: the same without prompt, L2, shape and route. Responses API
-(``/v1/responses``): the same as chat (L2 included) without shape and route (the KV layer renders chat messages
-only), with its own credits (:class:`~proxy.credits.endpoints.ResponseCredits`) and its documents read from
-``instructions`` and ``input``.
+(``/v1/responses``): the same as chat (L2, shape and route included), with its own credits
+(:class:`~proxy.credits.endpoints.ResponseCredits`) and its documents read from ``instructions`` and ``input``
+(shape plans from that chat view but never reorders: the body goes out as the client wrote it, plus hints).
 
 Each stage wraps the ones after it: the way back (store in the tiers, settle credits) runs in reverse order.
 Embeddings: identify → limits → idempotency → credits → cache_control → per-item exact cache → forward.
@@ -85,7 +85,7 @@ def build_pipelines(rt: Runtime) -> Pipelines:
         chat=Pipeline([*billing, *_prompt(rt), *_caching(rt, "chat"), *_kv(rt)], to_llm, tracer=tracer),
         completions=Pipeline([*billing, *_caching(rt, "completion")], to_llm, tracer=tracer),
         responses=Pipeline([*guard, *_billing(rt, ResponseCredits), *_prompt(rt, "response"),
-                            *_caching(rt, "response")], to_llm, tracer=tracer),
+                            *_caching(rt, "response"), *_kv(rt)], to_llm, tracer=tracer),
         embeddings=Pipeline([*billing, *_items_caching(rt, "embedding", EmbeddingItemsCache)], to_llm,
                             tracer=tracer),
         rerank=Pipeline([*guard, *_billing(rt, RerankCredits), *_items_caching(rt, "rerank", RerankItemsCache)],

@@ -281,7 +281,8 @@ class CacheSettings(_Section):
     )
     cache_stored_responses: bool = Field(
         default=False, description="Cache /v1/responses requests whose answer is stored upstream (store: true, the "
-        "API's default); a hit hands out the id of a response stored for another request (normalizer.responses)"
+        "API's default), and route them across LLM replicas; a hit hands out the id of a response stored for "
+        "another request (normalizer.responses)"
     )
     shared_namespaces: list[str] = Field(default_factory=list, description="Namespaces shared by all tenants")
     private_namespaces: list[str] = Field(

@@ -17,9 +17,15 @@ kind            body hint
 ``generic``     nothing (any other OpenAI-compatible server)
 ==============  ==========================================================================================
 
+``/v1/responses`` gets the same body hints as chat (vLLM's and SGLang's ``ResponsesRequest`` take ``cache_salt``;
+llama.cpp's server turns a Responses body into a chat body keeping every other field) except ``prompt_cache_key``:
+the API takes it, but its response object echoes it, so the client would see the proxy's key instead of its own.
+
 Read back: :func:`reported_cached_tokens` takes a reply body (or the last SSE events of a stream) and returns
-``usage.prompt_tokens_details.cached_tokens`` or llama.cpp's ``timings.cache_n``; :func:`reported_prompt_tokens`
-the prompt's length in the backend's tokens (to convert reports into the tree's estimated tokens);
+``usage.prompt_tokens_details.cached_tokens`` (Responses: ``usage.input_tokens_details.cached_tokens``, streamed
+in the ``response.completed`` event; :func:`usage_object` finds either) or llama.cpp's ``timings.cache_n``;
+:func:`reported_prompt_tokens` the prompt's length in the backend's tokens (to convert reports into the tree's
+estimated tokens);
 :func:`reported_prefill`
 returns llama.cpp's ``(prompt_n, cache_n, prompt_ms)`` for the prefill-time model. :func:`capacity_from_slots`
 reads the KV capacity of a llama.cpp server from its ``/slots`` answer.
@@ -232,13 +238,27 @@ def _last_json_objects(raw: bytes) -> list[dict[str, Any]]:
     return last_json_events(raw, LAST_EVENTS)
 
 
+_RESPONSE_TERMINAL = frozenset({"response.completed", "response.incomplete"})
+
+
+def usage_object(obj: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The ``usage`` object of a reply or stream event: a chat completion's or chunk's, a Responses object's, or
+    that of the response a streamed Responses reply's terminal event (``response.completed``) carries."""
+    if obj.get("type") in _RESPONSE_TERMINAL:
+        response = obj.get("response")
+        obj = response if isinstance(response, dict) else {}
+    usage = obj.get("usage")
+    return usage if isinstance(usage, dict) else None
+
+
 def reported_cached_tokens(reply: Reported) -> int | None:
-    """Cached prompt tokens the backend reported, or ``None`` when it did not say."""
+    """Cached prompt tokens the backend reported (``prompt_tokens_details.cached_tokens``, or the Responses API's
+    ``input_tokens_details.cached_tokens``), or ``None`` when it did not say."""
     objects = reply_objects(reply)
     for obj in objects:
-        usage = obj.get("usage")
-        if isinstance(usage, dict):
-            details = usage.get("prompt_tokens_details")
+        usage = usage_object(obj)
+        if usage is not None:
+            details = usage.get("prompt_tokens_details", usage.get("input_tokens_details"))
             if isinstance(details, dict) and isinstance(details.get("cached_tokens"), int):
                 return int(details["cached_tokens"])
         timings = obj.get("timings")
@@ -248,13 +268,14 @@ def reported_cached_tokens(reply: Reported) -> int | None:
 
 
 def reported_prompt_tokens(reply: Reported) -> int | None:
-    """The prompt's length in the backend's own tokens (``usage.prompt_tokens``, or llama.cpp's
+    """The prompt's length in the backend's own tokens (``usage.prompt_tokens`` or ``input_tokens``, or llama.cpp's
     ``timings.prompt_n + cache_n``), or ``None`` when it did not say."""
     objects = reply_objects(reply)
     for obj in objects:
-        usage = obj.get("usage")
-        if isinstance(usage, dict) and isinstance(usage.get("prompt_tokens"), int) and usage["prompt_tokens"] > 0:
-            return int(usage["prompt_tokens"])
+        usage = usage_object(obj)
+        prompt = usage.get("prompt_tokens", usage.get("input_tokens")) if usage is not None else None
+        if isinstance(prompt, int) and prompt > 0:
+            return prompt
         timings = obj.get("timings")
         if isinstance(timings, dict) and isinstance(timings.get("prompt_n"), int):
             return int(timings["prompt_n"]) + int(timings.get("cache_n") or 0)

@@ -12,6 +12,9 @@ before the cache tiers (:func:`normalizer.documents.read_prompt`):
 * otherwise the whole conversation but the last message is the prefix segment and there are no documents (a
   one-message prompt has an empty prefix and an empty path: nothing for the tree, no prefix hints).
 
+:func:`plan_response` plans a Responses body (``/v1/responses``) from its chat view, with the same segments, but
+never rewrites it: the body goes out in its own shape, documents in the order sent.
+
 Segment keys: ``"p:" + hash`` of the prefix text (with roles), documents by their doc id. Token sizes are
 estimated as UTF-8 bytes / ``chars_per_token`` (the tree only needs sizes that are consistent; the backend's
 reported counts correct the tree's capacity).
@@ -34,6 +37,7 @@ from normalizer.documents import (
     render_document,
     reorder_spans,
 )
+from normalizer.responses import prompt_messages
 from proxy.kv.tree import Segment
 
 EMPTY_PREFIX = Segment("p:", 0)
@@ -55,6 +59,9 @@ class PromptPlan:
     mode: str
     """``"structured"``, ``"detected"`` or ``"plain"``."""
     _render: Callable[[Sequence[str]], dict[str, Any]]
+    rewrites: bool = True
+    """Whether :meth:`render_body` can change the body; when not, the client's body is forwarded (plus body hints)
+    and its documents keep the order sent."""
 
     @property
     def total_tokens(self) -> int:
@@ -94,8 +101,24 @@ def plan_request(
     prefix = Segment("p:" + content_id(prefix_text), estimate_tokens(prefix_text, chars_per_token)) \
         if prefix_text else EMPTY_PREFIX
     return PromptPlan(
-        prefix, (), estimate_tokens(tail_text, chars_per_token), "plain", lambda _order: dict(body)
+        prefix, (), estimate_tokens(tail_text, chars_per_token), "plain", lambda _order: dict(body), rewrites=False
     )
+
+
+def plan_response(
+    body: Mapping[str, Any],
+    prompt: PromptDocuments,
+    *,
+    chars_per_token: float = 4.0,
+) -> PromptPlan | None:
+    """The plan of a Responses body whose documents were read from its chat view
+    (:func:`normalizer.responses.read_response_prompt`): the chat view's segments, the body unchanged by
+    :meth:`PromptPlan.render_body` (so its documents keep the order sent)."""
+    plan = plan_request({"messages": prompt_messages(body)}, prompt, chars_per_token=chars_per_token)
+    if plan is not None:
+        plan.rewrites = False
+        plan._render = lambda _order: dict(body)
+    return plan
 
 
 def _structured_plan(

@@ -1,7 +1,8 @@
 """Pipeline stages of the KV layer: ``Shape`` (documents, per-replica order) and ``Route`` (replica, hints).
 
-Order in the pipeline: ``Shape`` then ``Route``, just before forward. The document order that reuses the most
-KV depends on the replica, and the best replica depends on the order, so the work is split this way:
+Order in the pipeline: ``Shape`` then ``Route``, just before forward, in the chat and the Responses pipelines. The
+document order that reuses the most KV depends on the replica, and the best replica depends on the order, so the
+work is split this way:
 
 * :class:`Shape` builds the request's :class:`~proxy.kv.plan.PromptPlan` from the documents
   :class:`~proxy.stages.prompt.ReadPrompt` read (``ctx.prompt``: structured documents to render, or registered
@@ -31,6 +32,14 @@ Isolation hints follow the cache scope: ``cache_salt`` is per tenant, and per us
 
 A plain prompt (no documents) keeps the client's body bytes unless a hint must go into the body: re-rendering
 and re-serializing an unchanged body would only cost time on the hot path.
+
+Responses requests (``ctx.route == "responses"``) are planned from their chat view
+(:func:`~proxy.kv.plan.plan_response`) and forwarded as the client wrote them, plus body hints: the documents keep
+the order sent (the ``preserve`` policy whatever the namespace's), so the path in the tree is the order the backend
+saw. The backend's report is read from the response object's ``usage``, or from the ``response.completed`` event's.
+Only stateless ones are routed (:func:`normalizer.responses.state_reason`): a stored response, or one continuing
+state kept upstream, must find that state on the replica where it was made, so those go to the first healthy
+replica as before (stored ones are routed too with ``stored_responses``).
 """
 
 from __future__ import annotations
@@ -42,6 +51,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from normalizer.responses import state_reason
 from proxy.context import Reply, RequestContext
 from proxy.errors import ProxyError
 from proxy.kv.admission_queue import AdmissionQueue, DeadlineExceeded
@@ -49,12 +59,15 @@ from proxy.kv.discovery import apply_slots, read_slots
 from proxy.kv.hints import SlotTable, prefix_hashes, reply_objects, reports_cache
 from proxy.kv.kinds import BackendKind, build_hints
 from proxy.kv.order import OrderPolicy, Popularity, order_documents, shift_reusable_tokens
-from proxy.kv.plan import PromptPlan, plan_request
+from proxy.kv.plan import PromptPlan, plan_request, plan_response
 from proxy.kv.prefill import PrefillModel
 from proxy.kv.router import Candidate, Reject, Router
 from proxy.kv.tree import KnowledgeTree, Match, Segment
 from proxy.pipeline import Next
 from proxy.upstream.client import UpstreamClient
+
+RESPONSES = "responses"
+"""The route name of ``POST /v1/responses`` (``ctx.route``): planned from its chat view, never reordered."""
 
 
 class PrefixBoard(Protocol):
@@ -123,7 +136,11 @@ class Shape:
         default_policy: OrderPolicy = OrderPolicy.PRESERVE,
         chars_per_token: float = 4.0,
         popularity: Popularity | None = None,
+        stored_responses: bool = False,
     ) -> None:
+        self.stored_responses = stored_responses
+        """Whether Responses requests stored upstream (``store`` true, the API's default) are routed too: only
+        where nobody fetches or continues responses by id (``cache.cache_stored_responses``)."""
         self.replicas = list(replicas)
         self.policies = dict(policies or {})
         self.default_policy = default_policy
@@ -135,10 +152,16 @@ class Shape:
         """The pure part: ``ctx.shape``, the plan and the per-replica orders."""
         if ctx.body is None or ctx.prompt is None:
             return
-        plan = plan_request(ctx.body, ctx.prompt, chars_per_token=self.chars_per_token)
+        if ctx.route == RESPONSES:  # forwarded in its own shape: documents keep the order sent (preserve)
+            if state_reason(ctx.body, cache_stored=self.stored_responses) is not None:
+                return  # its state lives on one replica: not routed (the first healthy one, as before)
+            plan = plan_response(ctx.body, ctx.prompt, chars_per_token=self.chars_per_token)
+            policy = OrderPolicy.PRESERVE
+        else:
+            plan = plan_request(ctx.body, ctx.prompt, chars_per_token=self.chars_per_token)
+            policy = self.policies.get(ctx.namespace, self.default_policy)
         if plan is None:
             return
-        policy = self.policies.get(ctx.namespace, self.default_policy)
         orders = []
         for replica in self.replicas:
             order = order_documents(
@@ -269,12 +292,13 @@ class Route:
             slot=pinned,
             salt_secret=self.salt_secret,
             shift_min_tokens=self.shift_min_tokens if shifted else 0,
+            responses=ctx.route == RESPONSES,
         )
-        if plan.mode != "plain":
+        if plan.rewrites:
             body = plan.render_body(order)
             body.update(hints.body)
             ctx.replace_body(body)
-        elif hints.body:  # a plain prompt is forwarded as the client sent it, plus body hints
+        elif hints.body:  # a plain prompt or a Responses body is forwarded as the client sent it, plus body hints
             ctx.replace_body({**(ctx.body or {}), **hints.body})
         if self.expose_headers:
             ctx.response_headers["X-RagProxy-Replica"] = str(decision.replica)

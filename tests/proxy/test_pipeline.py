@@ -49,3 +49,12 @@ def test_every_assembled_pipeline_passes_the_slot_check(overrides: dict[str, Any
     settings = load_settings(env={}, overrides={"data_dir": str(tmp_path), "cache.l2.enabled": False, **overrides})
     pipelines = build_pipelines(Runtime(settings))
     assert "prompt" in pipelines.chat.names or not (settings.cache.enabled or settings.routing.enabled)
+
+
+@pytest.mark.parametrize("routing", [True, False], ids=["routing", "no routing"])
+def test_responses_requests_take_the_kv_stages_where_chat_does(routing: bool, tmp_path: Path) -> None:
+    settings = load_settings(env={}, overrides={"data_dir": str(tmp_path), "cache.l2.enabled": False,
+                                                "routing.enabled": routing})
+    pipelines = build_pipelines(Runtime(settings))
+    for pipeline in (pipelines.chat, pipelines.responses):
+        assert (pipeline.names[-2:] == ["shape", "route"]) is routing

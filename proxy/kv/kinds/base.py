@@ -27,13 +27,15 @@ def tenant_salt(tenant: str, secret: str = "") -> str:
 @dataclass(frozen=True, slots=True)
 class HintRequest:
     """What a body hint may depend on: the prefix (its path hash; ``None`` for a prompt with nothing before its
-    question), the cache scope (tenant, or tenant and user), the pinned slot, the chunk-reuse threshold."""
+    question), the cache scope (tenant, or tenant and user), the pinned slot, the chunk-reuse threshold, and whether
+    the body is a Responses one (``/v1/responses``)."""
 
     path_digest: str | None
     tenant: str
     salt_secret: str = ""
     slot: int | None = None
     shift_min_tokens: int = 0
+    responses: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,15 +79,17 @@ def build_hints(
     slot: int | None = None,
     salt_secret: str = "",
     shift_min_tokens: int = 0,
+    responses: bool = False,
 ) -> Hints:
     """Hints for a request whose prompt prefix is ``path`` (system prompt segment, then documents): the kind's body
     fields and, when there is a prefix, the ``X-Prefix-*`` headers.
 
     An empty ``path`` (a single message, nothing before it) has no prefix to name: no ``X-Prefix-*`` headers, no
     ``prompt_cache_key``. Isolation (``cache_salt``) and llama.cpp's slot hints still apply. ``shift_min_tokens``
-    > 0 lets a llama.cpp server also reuse cached runs of at least that many tokens outside the common prefix."""
+    > 0 lets a llama.cpp server also reuse cached runs of at least that many tokens outside the common prefix.
+    ``responses``: the body goes to ``/v1/responses`` (:mod:`proxy.kv.hints` says what each kind gets there)."""
     digest = path_hash([s.key for s in path]) if path else None
-    body = dict(kind.body_hints(HintRequest(digest, tenant, salt_secret, slot, shift_min_tokens)))
+    body = dict(kind.body_hints(HintRequest(digest, tenant, salt_secret, slot, shift_min_tokens, responses)))
     if digest is None:
         return Hints(body=body)
     headers = {"X-Prefix-Hash": digest}

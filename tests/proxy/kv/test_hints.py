@@ -8,9 +8,17 @@ import orjson
 import pytest
 
 from proxy.config import ConfigError, load_settings
-from proxy.kv.hints import SlotTable, capacity_from_slots, path_hash, reported_cached_tokens, reported_prefill
+from proxy.kv.hints import (
+    SlotTable,
+    capacity_from_slots,
+    path_hash,
+    reported_cached_tokens,
+    reported_prefill,
+    reported_prompt_tokens,
+)
 from proxy.kv.kinds import GENERIC, KINDS, LLAMACPP, OPENAI, SGLANG, VLLM, build_hints
 from proxy.kv.tree import Segment
+from tests.fakes.openai_responses import encode, response_object, stream_events
 
 PATH = [Segment("p:s", 10), Segment("d1", 100), Segment("d2", 100)]
 
@@ -38,6 +46,15 @@ def test_openai_gets_a_prompt_cache_key_from_the_path() -> None:
     key = build_hints(OPENAI, PATH).body["prompt_cache_key"]
     assert key == path_hash(["p:s", "d1", "d2"])
     assert key != build_hints(OPENAI, [PATH[0], PATH[2], PATH[1]]).body["prompt_cache_key"]
+
+
+def test_a_responses_body_gets_every_body_hint_but_prompt_cache_key() -> None:
+    """A Responses object echoes ``prompt_cache_key``; the other kinds' servers take their hints on that endpoint."""
+    assert build_hints(OPENAI, PATH, responses=True).body == {}
+    for kind in (VLLM, SGLANG, LLAMACPP, GENERIC):
+        assert build_hints(kind, PATH, tenant="t", slot=1, responses=True).body == build_hints(
+            kind, PATH, tenant="t", slot=1).body
+    assert build_hints(OPENAI, PATH, responses=True).headers == build_hints(OPENAI, PATH).headers
 
 
 def test_an_empty_path_names_no_prefix_but_keeps_isolation_and_slot_hints() -> None:
@@ -72,6 +89,17 @@ def test_reads_cached_tokens_from_openai_usage_llamacpp_timings_and_streams() ->
     assert reported_cached_tokens(stream) == 9
     assert reported_prefill(stream) == (4, 9, 12.0)
     assert reported_cached_tokens(orjson.dumps({"timings": {"cache_n": 1}})) == 1
+
+
+def test_reports_are_read_from_a_responses_object_and_from_its_completed_event() -> None:
+    result = response_object({"input": "q"}, "m", [], None, 120, 5)
+    result["usage"]["input_tokens_details"]["cached_tokens"] = 96
+    assert reported_cached_tokens(orjson.dumps(result)) == 96
+    assert reported_prompt_tokens(orjson.dumps(result)) == 120
+    stream = b"".join(encode(event) for event in stream_events(result))
+    assert reported_cached_tokens(stream) == 96 and reported_prompt_tokens(stream) == 120
+    result["usage"] = {"input_tokens": 120, "output_tokens": 5, "total_tokens": 125}
+    assert reported_cached_tokens(orjson.dumps(result)) is None, "no details: the backend did not say"
 
 
 def test_capacity_from_llamacpp_slots() -> None:

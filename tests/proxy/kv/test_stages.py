@@ -59,12 +59,14 @@ class LlamaDouble:
         return Reply(200, body=orjson.dumps({"choices": [], "timings": timings}))
 
 
-def ctx_for(body: dict[str, Any], n: int) -> RequestContext:
-    """The context the route handler makes: the proxy's own fields lifted out of the body."""
-    request = Request("POST", "/v1/chat/completions")
+def ctx_for(body: dict[str, Any], n: int, route: str = "chat") -> RequestContext:
+    """The context the route handler makes for ``route`` (``chat`` or ``responses``): the proxy's own fields lifted
+    out of the body."""
+    request = Request("POST", "/v1/responses" if route == "responses" else "/v1/chat/completions")
     forwarded, lifted = split_proxy_fields(body)
-    return RequestContext(request=request, route="chat", request_id=f"r{n}", raw_body=orjson.dumps(body),
-                          body=forwarded, proxy_fields=lifted, body_changed=bool(lifted))
+    return RequestContext(request=request, route=route, request_id=f"r{n}", raw_body=orjson.dumps(body),
+                          body=forwarded, proxy_fields=lifted, body_changed=bool(lifted),
+                          stream=bool(body.get("stream")))
 
 
 def structured(*names: str) -> dict[str, Any]:
