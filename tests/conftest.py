@@ -5,10 +5,15 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
+from hypothesis import settings
 
 from tests.support.processes import RedisServer
 
 pytest_plugins = ["tests.fakes.fixtures"]
+
+# Property tests check results, not speed: on a shared machine a per-example time limit only adds flaky failures.
+settings.register_profile("results-not-speed", deadline=None)
+settings.load_profile("results-not-speed")
 
 
 @pytest.fixture(scope="session")

@@ -25,7 +25,7 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from normalizer.documents import (
@@ -115,10 +115,7 @@ def plan_response(
     (:func:`normalizer.responses.read_response_prompt`): the chat view's segments, the body unchanged by
     :meth:`PromptPlan.render_body` (so its documents keep the order sent)."""
     plan = plan_request({"messages": prompt_messages(body)}, prompt, chars_per_token=chars_per_token)
-    if plan is not None:
-        plan.rewrites = False
-        plan._render = lambda _order: dict(body)
-    return plan
+    return None if plan is None else replace(plan, _render=lambda _order: dict(body), rewrites=False)
 
 
 def _structured_plan(
