@@ -212,45 +212,61 @@ class Idempotency:
         if isinstance(claim, Mismatch):
             raise ProxyError(422, f"this {HEADER} was already used for a different request",
                              code="idempotency_key_reused")
-        try:
-            reply = await call_next(ctx)
-        except BaseException:
-            await asyncio.shield(self.store.free(scope, key, print_))
-            raise
-        if not 200 <= reply.status < 300:
-            await self.store.free(scope, key, print_)
-            return reply
+        async def free() -> None:
+            try:
+                await self.store.free(scope, key, print_)
+            except CreditStoreUnavailable as exc:  # the claim expires after running_ttl_s
+                log.warning("idempotency store unavailable, %s's key stays claimed until it expires: %s",
+                            ctx.request_id, exc)
 
         async def keep(body: bytes) -> bool:
             if len(body) > self.max_response_bytes:
                 return False
             headers = CIMultiDict(reply.headers)
             headers.update(ctx.response_headers)
-            await self.store.keep(scope, key, print_, encode_answer(reply.status, list(headers.items()), body),
-                                  self.ttl_s)
+            try:
+                await self.store.keep(scope, key, print_, encode_answer(reply.status, list(headers.items()), body),
+                                      self.ttl_s)
+            except CreditStoreUnavailable as exc:  # the answer was produced (and charged): it still goes out
+                log.warning("idempotency store unavailable, %s's answer is not kept: %s", ctx.request_id, exc)
+                return False
             return True
 
+        try:
+            reply = await call_next(ctx)
+        except BaseException:
+            await asyncio.shield(free())
+            raise
+        if not 200 <= reply.status < 300:
+            await free()
+            return reply
         if reply.chunks is None:  # kept before it is sent: a client that has the answer finds it kept
             if not await keep(reply.body or b""):
-                await self.store.free(scope, key, print_)
+                await free()
             return reply
         kept = False
 
         async def relay(chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
-            """Keep a stream just before its final event reaches the client (SDKs hang up right after it)."""
+            """Keep a stream just before its final event reaches the client (SDKs hang up right after it); past
+            ``max_response_bytes`` it is no longer collected (it would not be kept)."""
             nonlocal kept
-            collected: list[bytes] = []
+            collected: list[bytes] | None = []
+            size = 0
             tail = b""
             async for chunk in chunks:
-                collected.append(chunk)
+                size += len(chunk)
+                if collected is not None:
+                    collected.append(chunk)
+                    if size > self.max_response_bytes:
+                        collected = None
                 tail = (tail + chunk)[-len(DONE):]
-                if tail == DONE and not kept:
+                if tail == DONE and not kept and collected is not None:
                     kept = await keep(b"".join(collected))
                 yield chunk
 
         async def finish(done: Reply, ok: bool, body: bytes) -> None:
             if not kept and not (ok and await keep(body)):
-                await self.store.free(scope, key, print_)
+                await free()
 
         reply.chunks = relay(reply.chunks)
         reply.on_finish(finish)
