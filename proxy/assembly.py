@@ -100,9 +100,7 @@ def build_pipelines(rt: Runtime) -> Pipelines:
 
 def _limits(rt: Runtime) -> RequestLimits:
     """limits: outsized or overly deep bodies are refused before any stage reads them."""
-    limits = rt.settings.limits
-    return RequestLimits(json_depth=limits.json_depth, embedding_inputs=limits.embedding_inputs,
-                         search_batch=limits.search_batch, prefetch_depth=limits.prefetch_depth)
+    return RequestLimits(**rt.settings.limits.model_dump())
 
 
 def _idempotency(rt: Runtime) -> list[Stage]:

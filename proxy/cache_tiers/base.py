@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol, TypeVar
 
 from proxy.config import Settings
 from proxy.pipeline import Stage
 from proxy.shared import SharedMode
+from proxy.stages.retrieval import CollectionFetcher
 from proxy.stages.tiers import WriteBehind
 from proxy.upstream.client import UpstreamClient
 from tiers.latency import LatencyHistogram
@@ -19,10 +20,6 @@ T = TypeVar("T")
 StageKind = Literal["chat", "completion", "response", "search", "write"]
 """The requests a tier may add stages to: LLM answers (chat, completions, the Responses API), Qdrant searches,
 Qdrant writes."""
-CollectionFetcher = Callable[[str], Awaitable["bytes | None"]]
-"""``GET /collections/{name}`` of the Qdrant upstream (``None`` when it cannot say)."""
-
-
 class CacheTier(Protocol):
     """What the assembly, the lifecycle and the admin plane need of a tier."""
 

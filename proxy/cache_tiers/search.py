@@ -6,9 +6,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from proxy.cache_tiers.base import Build, CacheTier, CollectionFetcher, LookupStats, Off, StageKind
+from proxy.cache_tiers.base import Build, CacheTier, LookupStats, Off, StageKind
 from proxy.pipeline import Stage
-from proxy.stages.retrieval import InvalidateSearches, RetrievalLookup
+from proxy.stages.retrieval import CollectionFetcher, InvalidateSearches, RetrievalLookup
 from proxy.stages.tiers import WriteBehind
 from tiers.policies import make_policy
 from tiers.response_tier import ResponseTier

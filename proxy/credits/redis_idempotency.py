@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from proxy.credits.idempotency import Claim, Claimed, Kept, Mismatch, Running
-from proxy.credits.redis_store import RedisClient, connect, unavailable_on_failure
+from proxy.credits.redis_store import RedisClient, _text, connect, unavailable_on_failure
 
 CLAIM = """
 -- KEYS: the record ; ARGV: fingerprint, running TTL ms
@@ -62,7 +62,7 @@ class RedisIdempotencyStore:
     async def claim(self, scope: str, key: str, print_: str, running_ttl_s: float) -> Claim:
         async with unavailable_on_failure("idempotency claim"):
             result = await self._claim(keys=[self._key(scope, key)], args=[print_, int(running_ttl_s * 1000)])
-        outcome = result[0].decode() if isinstance(result[0], bytes) else str(result[0])
+        outcome = _text(result[0])
         if outcome == "kept":
             return Kept(bytes(result[1]))
         if outcome == "claimed":

@@ -88,7 +88,7 @@ class Canonicalize:
                  key_headers: tuple[str, ...] = DEFAULT_KEY_HEADERS) -> None:
         self.kind = kind
         self.key_headers = key_headers
-        self.needs = frozenset({"cache_policy", "prompt"} if kind == "chat" else {"cache_policy"})
+        self.needs = frozenset({"cache_policy", "prompt"} if kind in ("chat", "response") else {"cache_policy"})
         self.bypass = bypass
         self.versions = versions
         self.shared = shared_namespaces

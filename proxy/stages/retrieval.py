@@ -35,6 +35,7 @@ from tiers.retrieval import RetrievalCache, WriteEffect, WriteScope, write_effec
 log = logging.getLogger("ragproxy.retrieval")
 
 CollectionFetcher = Callable[[str], Awaitable[bytes | None]]
+"""``GET /collections/{name}`` of the Qdrant upstream (``None`` when it cannot say)."""
 INVALIDATE = "X-Cache-Invalidate"
 
 
