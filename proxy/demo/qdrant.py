@@ -24,9 +24,13 @@ _INSERT: TypeAdapter[models.PointInsertOperations] = TypeAdapter(models.PointIns
 Route = Callable[[str, Any], Any]
 
 
+def _jsonable(value: Any) -> Any:
+    """What orjson cannot encode: qdrant-client's models as their JSON form, anything else as its text."""
+    return value.model_dump(mode="json") if isinstance(value, BaseModel) else str(value)
+
+
 def _envelope(status: int, payload: dict[str, Any], started: float) -> web.Response:
-    body = orjson.dumps({**payload, "time": time.perf_counter() - started},
-                        default=lambda value: value.model_dump(mode="json") if isinstance(value, BaseModel) else str)
+    body = orjson.dumps({**payload, "time": time.perf_counter() - started}, default=_jsonable)
     return web.Response(status=status, body=body, content_type="application/json")
 
 

@@ -92,6 +92,9 @@ def test_subcommands_with_their_own_options_show_them_in_help(command: str, opti
 
 def test_calibrate_takes_its_options_before_the_file(tmp_path: Path) -> None:
     pairs = tmp_path / "pairs.csv"
-    pairs.write_text("question1,question2,is_duplicate\n")
-    done = _cli("calibrate", "--target", "0.1", str(pairs))
-    assert "unrecognized arguments" not in done.stderr, done.stderr
+    pairs.write_text("question1,question2,is_duplicate\n"
+                     "How tall is the Eiffel tower?,What is the height of the Eiffel tower?,1\n"
+                     "Who painted the Mona Lisa?,Who painted the Night Watch?,0\n")
+    done = _cli("calibrate", "--target", "0.5", str(pairs))
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("default: threshold ") and "(2 pairs)" in done.stdout

@@ -109,3 +109,17 @@ def test_demo_serve_stops_cleanly_on_sigterm() -> None:
     process.send_signal(signal.SIGTERM)
     assert process.wait(timeout=30) == 0
     assert err.text() == ""
+
+
+def test_the_demo_qdrant_writes_values_json_cannot_hold_as_text() -> None:
+    """A payload value orjson has no encoding for (a set, an object) is sent as its text, not an encoder error."""
+    from uuid import UUID
+
+    from proxy.demo.qdrant import _envelope
+
+    class Tag:
+        def __str__(self) -> str:
+            return "tag-1"
+
+    body = _envelope(200, {"result": {"id": UUID(int=1), "tag": Tag()}}, 0.0).body
+    assert isinstance(body, bytes) and b'"tag":"tag-1"' in body

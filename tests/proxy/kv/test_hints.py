@@ -108,7 +108,6 @@ def test_capacity_from_llamacpp_slots() -> None:
 
 def test_every_configurable_kind_is_an_adapter_and_generic_gets_no_body_hints() -> None:
     assert set(KINDS) == {"openai", "vllm", "sglang", "llamacpp", "generic"}
-    assert all(KINDS[name].name == name for name in KINDS)
     assert build_hints(GENERIC, PATH, tenant="a", slot=1, shift_min_tokens=64).body == {}
     assert build_hints(GENERIC, PATH).headers["X-Prefix-Hash"] == path_hash(["p:s", "d1", "d2"])
     assert [name for name, kind in KINDS.items() if kind.tracks_slots] == ["llamacpp"]
