@@ -56,12 +56,14 @@ class PromptPlan:
     documents: tuple[Segment, ...]
     """Retrieval order, best first."""
     tail_tokens: int
-    mode: str
-    """``"structured"``, ``"detected"`` or ``"plain"``."""
-    _render: Callable[[Sequence[str]], dict[str, Any]]
-    rewrites: bool = True
-    """Whether :meth:`render_body` can change the body; when not, the client's body is forwarded (plus body hints)
-    and its documents keep the order sent."""
+    _render: Callable[[Sequence[str]], dict[str, Any]] | None = None
+    """Renders the body for an order of the documents; ``None`` when the body is forwarded as the client sent it
+    (plus body hints), its documents in the order sent: a plain prompt, a Responses body."""
+
+    @property
+    def rewrites(self) -> bool:
+        """Whether the body is rendered anew (:meth:`render_body`)."""
+        return self._render is not None
 
     @property
     def total_tokens(self) -> int:
@@ -74,6 +76,7 @@ class PromptPlan:
 
     def render_body(self, order: Sequence[Segment]) -> dict[str, Any]:
         """The request body with the documents in ``order`` (a permutation of :attr:`documents`)."""
+        assert self._render is not None, "a plan that does not rewrite has no body to render"
         return self._render([s.key for s in order])
 
 
@@ -100,9 +103,7 @@ def plan_request(
     tail_text = _conversation_text(messages[-1:])
     prefix = Segment("p:" + content_id(prefix_text), estimate_tokens(prefix_text, chars_per_token)) \
         if prefix_text else EMPTY_PREFIX
-    return PromptPlan(
-        prefix, (), estimate_tokens(tail_text, chars_per_token), "plain", lambda _order: dict(body), rewrites=False
-    )
+    return PromptPlan(prefix, (), estimate_tokens(tail_text, chars_per_token))
 
 
 def plan_response(
@@ -112,10 +113,10 @@ def plan_response(
     chars_per_token: float = 4.0,
 ) -> PromptPlan | None:
     """The plan of a Responses body whose documents were read from its chat view
-    (:func:`normalizer.responses.read_response_prompt`): the chat view's segments, the body unchanged by
-    :meth:`PromptPlan.render_body` (so its documents keep the order sent)."""
+    (:func:`normalizer.responses.read_response_prompt`): the chat view's segments, and no renderer: the body goes
+    out as sent, its documents in the order sent."""
     plan = plan_request({"messages": prompt_messages(body)}, prompt, chars_per_token=chars_per_token)
-    return None if plan is None else replace(plan, _render=lambda _order: dict(body), rewrites=False)
+    return None if plan is None else replace(plan, _render=None)
 
 
 def _structured_plan(
@@ -131,7 +132,7 @@ def _structured_plan(
     def render(order: Sequence[str]) -> dict[str, Any]:
         return {**body, "messages": structured.render_messages([by_key[k] for k in order])}
 
-    return PromptPlan(prefix, segments, tail_tokens, "structured", render)
+    return PromptPlan(prefix, segments, tail_tokens, render)
 
 
 def _detected_plan(
@@ -159,5 +160,5 @@ def _detected_plan(
         return {**body, "messages": new_messages}
 
     return PromptPlan(
-        prefix, tuple(segments), estimate_tokens(tail_text, chars_per_token), "detected", render
+        prefix, tuple(segments), estimate_tokens(tail_text, chars_per_token), render
     )
