@@ -126,14 +126,18 @@ def _document_from(raw: Mapping[str, Any]) -> Document:
     )
 
 
+TEXT_PARTS = frozenset({"text", "input_text", "output_text"})
+"""Content part types that carry text: chat's ``text``, the Responses API's ``input_text`` and ``output_text``."""
+
+
 def content_text(content: Any) -> str:
-    """The text of a message's ``content``: a string as is, the ``text`` parts of a list joined by newlines (as
-    chat templates join them); ``""`` when it has none. The one place message text is read."""
+    """The text of a message's ``content``: a string as is, the text parts (:data:`TEXT_PARTS`) of a list joined by
+    newlines (as chat templates join them); ``""`` when it has none. The one place message text is read."""
     if isinstance(content, str):
         return content
     if isinstance(content, list):
         return "\n".join(p["text"] for p in content
-                         if isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str))
+                         if isinstance(p, dict) and p.get("type") in TEXT_PARTS and isinstance(p.get("text"), str))
     return ""
 
 

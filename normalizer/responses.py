@@ -46,7 +46,7 @@ from typing import Any
 
 from normalizer.canonical import EXCLUDED_FIELDS, _model, _number, _require_dict
 from normalizer.canonical_json import CanonicalizationError, JSONValue, canonical_schema, canonical_value
-from normalizer.documents import DocumentRegistry, PromptDocuments, read_prompt
+from normalizer.documents import DocumentRegistry, PromptDocuments, content_text, read_prompt
 
 RESPONSE_KEYED_FIELDS = frozenset(
     {
@@ -193,17 +193,6 @@ def canonical_response(body: Mapping[str, Any]) -> dict[str, JSONValue]:
     return out
 
 
-def _text_of(content: Any) -> str:
-    """The text of a message's content: a string, or its text parts joined by newlines."""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        return "\n".join(part["text"] for part in content if isinstance(part, dict)
-                         and part.get("type") in ("input_text", "output_text", "text")
-                         and isinstance(part.get("text"), str))
-    return ""
-
-
 def prompt_messages(body: Mapping[str, Any]) -> list[dict[str, Any]]:
     """The prompt as chat-like messages with text content, for reading documents and the final question:
     ``instructions`` as a system message, then one message per input item (an item that is not a message becomes
@@ -217,7 +206,7 @@ def prompt_messages(body: Mapping[str, Any]) -> list[dict[str, Any]]:
         return [*messages, {"role": "user", "content": items}]
     for item in items if isinstance(items, list) else ():
         if isinstance(item, dict) and isinstance(item.get("role"), str) and item.get("type", "message") == "message":
-            messages.append({"role": item["role"], "content": _text_of(item.get("content"))})
+            messages.append({"role": item["role"], "content": content_text(item.get("content"))})
         else:
             messages.append({"role": str(item.get("type")) if isinstance(item, dict) else "item"})
     return messages

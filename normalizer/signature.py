@@ -49,12 +49,11 @@ from typing import Any
 
 from normalizer.canonical import canonical_chat
 from normalizer.canonical_json import JSONValue, digest_hex, encode_canonical
-from normalizer.documents import NO_DOCUMENTS, PromptDocuments, content_id, message_text
+from normalizer.documents import NO_DOCUMENTS, TEXT_PARTS, PromptDocuments, content_id, message_text
 from normalizer.responses import canonical_response, final_input_question, split_prompt
 
 SIGNATURE_FORMAT = "sig3"
 RESPONSE_SIGNATURE_FORMAT = "rsig2"
-_TEXT_PARTS = frozenset({"text", "input_text"})
 
 _SYSTEM_ROLES = frozenset({"system", "developer"})
 _TOOL_FIELDS = ("tools", "tool_choice", "parallel_tool_calls", "functions", "function_call")
@@ -95,7 +94,7 @@ def _attachments(message: Mapping[str, JSONValue]) -> JSONValue:
     rest = {key: value for key, value in message.items() if key not in ("role", "content")}
     content = message.get("content")
     if isinstance(content, list):
-        non_text = [part for part in content if not (isinstance(part, dict) and part.get("type") in _TEXT_PARTS)]
+        non_text = [part for part in content if not (isinstance(part, dict) and part.get("type") in TEXT_PARTS)]
         if non_text:
             rest["content"] = non_text
     return rest

@@ -183,3 +183,14 @@ def test_response_signature_covers_everything_but_the_question() -> None:
     chat = context_signature({"model": "m", "messages": [{"role": "system", "content": "Be brief."},
                                                           {"role": "user", "content": "What is RAG?"}]})
     assert chat is not None and chat.digest != base, "a chat question never shares a Responses context"
+
+
+def test_every_text_part_of_the_question_counts() -> None:
+    """A final message's ``input_text`` part (the Responses spelling some chat servers accept) is text: two questions
+    that differ only there never share both question and signature."""
+    def body(detail: str) -> dict[str, Any]:
+        return {"model": "m", "messages": [{"role": "user", "content": [
+            {"type": "text", "text": "Summarise the report"}, {"type": "input_text", "text": detail}]}]}
+
+    one, other = body("for 2023"), body("for 2024")
+    assert (final_question(one), context_signature(one)) != (final_question(other), context_signature(other))
