@@ -72,15 +72,16 @@ class EmbeddingItemsCache(ItemsCache):
     async def __call__(self, ctx: RequestContext, call_next: Next) -> Reply:
         body = ctx.body or {}
         policy = ctx.cache_policy
-        if policy is None or bypass_reason(body, self.bypass, kind="embedding", namespace=ctx.namespace):
-            ctx.cache_status = "BYPASS"
-            return await call_next(ctx)
+        if policy is None:
+            return await self.bypassed(ctx, None, call_next)
+        reason = bypass_reason(body, self.bypass, kind="embedding", namespace=ctx.namespace)
+        if reason is not None:
+            return await self.bypassed(ctx, reason, call_next)
         try:
             inputs = embedding_inputs(body)
             keys = self.keys(ctx, "embedding", canonical_embedding_items({**body, "encoding_format": "float"}))
-        except CanonicalizationError:
-            ctx.cache_status = "BYPASS"
-            return await call_next(ctx)
+        except CanonicalizationError as exc:
+            return await self.bypassed(ctx, f"not canonicalizable: {exc}", call_next)
         found = await self.lookup(keys, policy)
         missing = [i for i, entry in enumerate(found) if entry is None]
         encoding = body.get("encoding_format") or "float"

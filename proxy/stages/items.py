@@ -10,8 +10,10 @@ from normalizer.bypass import BypassSettings
 from normalizer.cache_control import CachePolicy
 from normalizer.canonical import RequestKind, cache_keys, keyed_request
 from normalizer.canonical_json import JSONValue
-from proxy.context import RequestContext
+from proxy.context import Reply, RequestContext
+from proxy.pipeline import Next
 from proxy.stages.cache_policy import Canonicalize
+from proxy.stages.tiers import bypass_header
 from tiers.entry import CachedResponse
 from tiers.response_tier import ResponseTier
 
@@ -31,6 +33,17 @@ class ItemsCache:
         :class:`~normalizer.canonical_json.CanonicalizationError` when an item cannot be keyed."""
         variant = self.scope.variant(ctx)
         return cache_keys(kind, (keyed_request(item, variant=variant) for item in items), self.scope.scope(ctx))
+
+    @staticmethod
+    async def bypassed(ctx: RequestContext, reason: str | None, call_next: Next) -> Reply:
+        """Forward the request uncached, its answer marked ``X-Cache-Status: BYPASS`` (with the reason when there is
+        one)."""
+        ctx.cache_status, ctx.bypass_reason = "BYPASS", reason
+        reply = await call_next(ctx)
+        reply.headers["X-Cache-Status"] = "BYPASS"
+        if reason is not None:
+            reply.headers["X-Cache-Bypass-Reason"] = bypass_header(reason)
+        return reply
 
     async def lookup(self, keys: Sequence[str], policy: CachePolicy) -> list[CachedResponse | None]:
         """The stored entry of each key (``None`` where there is none, or the request may not read)."""

@@ -36,7 +36,7 @@ from proxy.context import Reply, RequestContext
 from proxy.errors import ProxyError
 from proxy.pipeline import Next
 from proxy.stages.items import ItemsCache
-from proxy.stages.tiers import bypass_header, entry_tags
+from proxy.stages.tiers import entry_tags
 from tiers.entry import CachedResponse
 
 JSON = "application/json"
@@ -69,7 +69,7 @@ class RerankItemsCache(ItemsCache):
             except CanonicalizationError as exc:
                 reason, request = f"not canonicalizable: {exc}", None
         if request is None or policy is None:
-            return await self._bypass(ctx, reason, call_next)
+            return await self.bypassed(ctx, reason, call_next)
         found = await self.lookup(keys, policy)
         cached = [entry for entry in found if entry is not None]
         first: dict[str, int] = {}  # each missing key is asked for once, at its first position
@@ -127,13 +127,4 @@ class RerankItemsCache(ItemsCache):
             if policy.may_store and policy.ttl != 0:
                 await self.tier.put(key, entry, ttl=policy.ttl, tags=entry_tags(ctx, entry.model))
         return entries
-
-    @staticmethod
-    async def _bypass(ctx: RequestContext, reason: str | None, call_next: Next) -> Reply:
-        ctx.cache_status, ctx.bypass_reason = "BYPASS", reason
-        reply = await call_next(ctx)
-        reply.headers["X-Cache-Status"] = "BYPASS"
-        if reason is not None:
-            reply.headers["X-Cache-Bypass-Reason"] = bypass_header(reason)
-        return reply
 

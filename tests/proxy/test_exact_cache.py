@@ -166,3 +166,11 @@ def test_embedding_batch_forwards_only_missing_items(fake_llm_thread: FakeLLM, c
     assert forwarded[:2] == [["alpha", "beta"], ["gamma", "delta"]]
     floats = client.embeddings.create(model="fake-model", input="alpha", encoding_format="float")
     assert floats.data[0].embedding == pytest.approx(expected.data[1].embedding)
+
+
+def test_an_embeddings_request_that_bypasses_says_so_and_why(fake_llm_thread: FakeLLM,
+                                                             caching_proxy: ProxyServer) -> None:
+    answer = httpx.post(caching_proxy.url + "/v1/embeddings", json={"model": "fake-model", "input": "x", "novel": 1})
+    assert answer.status_code == 200
+    assert answer.headers["X-Cache-Status"] == "BYPASS"
+    assert answer.headers["X-Cache-Bypass-Reason"] == "unknown field(s): novel"
