@@ -109,19 +109,19 @@ def register_gauges(rt: Runtime, sizes: dict[str, dict[str, Any]]) -> None:
     semantic = components.semantic_tier(rt)
     if semantic is not None:
         calibrator = semantic.calibrator
+
+        def points(field: str) -> list[tuple[dict[str, str], float]]:
+            return [({"namespace": name}, float(value)) for name, point in calibrator.points().items()
+                    if (value := getattr(point, field)) is not None]
+
         rt.metrics.gauge_callback("ragproxy_semantic_estimated_wrong_hit_rate", "Estimated share of wrong semantic "
-                                  "hits at the threshold each namespace runs at", ["namespace"],
-                                  lambda: [({"namespace": name}, float(row["estimated_wrong_hit_rate"]))
-                                           for name, row in calibrator.report().items()
-                                           if row["estimated_wrong_hit_rate"] is not None])
+                                  "hits at the threshold each namespace runs at (tenant/namespace: a tenant's own "
+                                  "evidence)", ["namespace"], lambda: points("estimated_wrong_hit_rate"))
         rt.metrics.gauge_callback("ragproxy_semantic_wrong_hit_rate_bound", "One-sided 95% upper bound of that "
                                   "estimate (what a calibrated threshold must keep within the target)", ["namespace"],
-                                  lambda: [({"namespace": name}, float(row["wrong_hit_rate_bound"]))
-                                           for name, row in calibrator.report().items()
-                                           if row["wrong_hit_rate_bound"] is not None])
+                                  lambda: points("wrong_hit_rate_bound"))
         rt.metrics.gauge_callback("ragproxy_semantic_threshold", "Cosine threshold each namespace runs at (above 1: "
                                   "no threshold meets cache.l2.max_wrong_hit_rate, no semantic hits)", ["namespace"],
-                                  lambda: [({"namespace": name}, calibrator.threshold(name))
-                                           for name in calibrator.report()])
+                                  lambda: points("threshold"))
     rt.metrics.gauge_callback("ragproxy_coalesced_requests", "Requests answered by another request's upstream "
                               "call since start", [], lambda: [({}, float(rt.stats.coalesced))])

@@ -10,7 +10,8 @@ Estimate at threshold ``t`` in a namespace (a Beta-style blend of a prior curve 
   halves by :func:`proxy.calibrate.half_of`) with the default embedder and guards; see BENCHMARKS.md.
 - evidence (vCache-style feedback, Schroeder et al. 2025): when a request misses L2 although a cached question of
   the same context scored at least :data:`GRID` ``[0]``, the upstream's fresh answer is compared with the cached
-  answer of that question (free: the request is forwarded anyway); and a share ``verify_fraction`` of would-be hits
+  answer of that question (no extra upstream call: the request is forwarded anyway; the comparison runs in the
+  background, :data:`tiers.semantic.MAX_COMPARISONS` at a time); and a share ``verify_fraction`` of would-be hits
   is forwarded instead of served and compared the same way. Each comparison is one observation ``(score, agreed)``.
 
 The threshold is the lowest point of :data:`GRID` where the estimate's one-sided 95% upper bound (:func:`bounds`) is
@@ -19,10 +20,10 @@ extrapolation below evidence); else the namespace serves no semantic hits (a mis
 trust) and reports the estimate at the strictest point. Why the bound and not the estimate: above the threshold the
 only evidence is the sampled verification, so there the estimate is mostly the prior, measured on other traffic; on
 one shared context (``loadtest.bench fidelity --mode population``) the point estimate said 14.5% while 23% of the
-hits were wrong. Thin evidence keeps the threshold up, and while it is up every near miss is compared (free
-evidence), so a namespace whose traffic is clean earns lower thresholds and one whose traffic is not never does.
-Namespaces are tracked in an LRU of :data:`MAX_NAMESPACES`. Pure: no I/O; the answer comparison that needs an
-embedding lives in :class:`tiers.semantic.SemanticTier`.
+hits were wrong. Thin evidence keeps the threshold up, and while it is up near misses are compared (evidence
+without an extra upstream call), so a namespace whose traffic is clean earns lower thresholds and one whose traffic
+is not never does. Evidence is kept per tenant and namespace, in an LRU of :data:`MAX_NAMESPACES`. Pure: no I/O; the
+answer comparison that needs an embedding lives in :class:`tiers.semantic.SemanticTier`.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ import math
 import random
 from collections import OrderedDict
 from dataclasses import dataclass, field
+from typing import Literal
 
 GRID: tuple[float, ...] = tuple(round(0.70 + 0.01 * i, 2) for i in range(30))
 """Thresholds considered: 0.70, 0.71, ..., 0.99."""
@@ -133,11 +135,24 @@ class Operating:
     wrong_hit_rate_bound: float | None
     """The estimate's one-sided 95% upper bound."""
     observations: int
-    source: str  # "calibrated" | "fixed"
+    source: Literal["calibrated", "fixed"]
+
+    def as_dict(self) -> dict[str, float | int | str | None]:
+        """The JSON form of the admin API (shares rounded to 4 places)."""
+        return {"threshold": self.threshold, "observations": self.observations, "source": self.source,
+                "estimated_wrong_hit_rate": _rounded(self.estimated_wrong_hit_rate),
+                "wrong_hit_rate_bound": _rounded(self.wrong_hit_rate_bound)}
+
+
+def _rounded(value: float | None) -> float | None:
+    return None if value is None else round(value, 4)
 
 
 class Calibrator:
-    """Per-namespace thresholds meeting ``target``, or the operator's fixed ones; feeds on observations."""
+    """Per-namespace thresholds meeting ``target``, or the operator's fixed ones; feeds on observations.
+
+    Evidence is kept per tenant and namespace (a shared namespace's tenant is the shared one): a tenant's traffic
+    moves its own thresholds, never another tenant's. Without evidence a namespace runs on the prior alone."""
 
     def __init__(self, target: float, *, fixed: float | None = None, namespace_fixed: dict[str, float] | None = None,
                  verify_fraction: float = 0.0, rng: random.Random | None = None) -> None:
@@ -149,54 +164,67 @@ class Calibrator:
         self.namespace_fixed = dict(namespace_fixed or {})
         self.verify_fraction = verify_fraction
         self._rng = rng or random.Random()
-        self._evidence: OrderedDict[str, Evidence] = OrderedDict()
-        self._operating: dict[str, Operating] = {}
+        self._evidence: OrderedDict[tuple[str, str], tuple[Evidence, Operating | None]] = OrderedDict()
+        """(tenant, namespace) → its evidence and the operating point computed from it (``None``: not yet)."""
+        self._prior_only: dict[float | None, Operating] = {}
+        """The operating point without evidence, per fixed threshold (``None``: calibrated)."""
 
-    def operating(self, namespace: str) -> Operating:
-        """The threshold ``namespace`` runs at now."""
-        found = self._operating.get(namespace)
-        if found is not None:
-            return found
-        fixed = self.namespace_fixed.get(namespace, self.fixed)
-        evidence = self._evidence.get(namespace)
-        observations = evidence.total if evidence is not None else 0
-        if fixed is not None:
-            cell = cell_of(fixed)
-            share, upper = (estimates(evidence)[cell], bounds(evidence)[cell]) if cell is not None else (None, None)
-            found = Operating(fixed, share, upper, observations, "fixed")
-        else:
-            found = Operating(*choose_threshold(self.target, evidence), observations, "calibrated")
-        self._operating[namespace] = found
+    def operating(self, namespace: str, tenant: str = "") -> Operating:
+        """The threshold ``namespace`` runs at now for ``tenant``."""
+        held = self._evidence.get((tenant, namespace))
+        if held is None:
+            return self.prior_point(namespace)
+        evidence, found = held
+        if found is None:
+            found = self._operating(self.namespace_fixed.get(namespace, self.fixed), evidence)
+            self._evidence[(tenant, namespace)] = (evidence, found)
         return found
 
-    def threshold(self, namespace: str) -> float:
-        return self.operating(namespace).threshold
+    def prior_point(self, namespace: str) -> Operating:
+        """Where ``namespace`` runs for a tenant without evidence of its own."""
+        fixed = self.namespace_fixed.get(namespace, self.fixed)
+        found = self._prior_only.get(fixed)
+        if found is None:
+            found = self._prior_only[fixed] = self._operating(fixed, None)
+        return found
+
+    def _operating(self, fixed: float | None, evidence: Evidence | None) -> Operating:
+        observations = evidence.total if evidence is not None else 0
+        if fixed is None:
+            return Operating(*choose_threshold(self.target, evidence), observations, "calibrated")
+        cell = cell_of(fixed)
+        share, upper = (estimates(evidence)[cell], bounds(evidence)[cell]) if cell is not None else (None, None)
+        return Operating(fixed, share, upper, observations, "fixed")
+
+    def threshold(self, namespace: str, tenant: str = "") -> float:
+        return self.operating(namespace, tenant).threshold
 
     def should_verify(self) -> bool:
         """Whether to forward this would-be hit and compare answers instead of serving it."""
         return self.verify_fraction > 0 and self._rng.random() < self.verify_fraction
 
-    def observe(self, namespace: str, score: float, agreed: bool) -> None:
+    def observe(self, namespace: str, score: float, agreed: bool, tenant: str = "") -> None:
         """One comparison of a cached answer with the fresh answer to a question that scored ``score``."""
-        evidence = self._evidence.get(namespace)
-        if evidence is None:
-            evidence = self._evidence[namespace] = Evidence()
-            while len(self._evidence) > MAX_NAMESPACES:
-                forgotten, _ = self._evidence.popitem(last=False)
-                self._operating.pop(forgotten, None)
-        self._evidence.move_to_end(namespace)
+        slot = (tenant, namespace)
+        held = self._evidence.pop(slot, None)
+        evidence = held[0] if held is not None else Evidence()
         evidence.add(score, agreed)
-        self._operating.pop(namespace, None)
+        self._evidence[slot] = (evidence, None)  # the most recent last; its operating point is recomputed
+        while len(self._evidence) > MAX_NAMESPACES:
+            self._evidence.popitem(last=False)
+
+    def points(self) -> dict[str, Operating]:
+        """Every namespace seen so far (plus ``default``) on the prior alone, then each tenant's namespace with
+        evidence as ``tenant/namespace``."""
+        names = {"default", *self.namespace_fixed, *(namespace for _, namespace in self._evidence)}
+        found = {name: self.prior_point(name) for name in sorted(names)}
+        for tenant, namespace in sorted(self._evidence):
+            found[f"{tenant}/{namespace}"] = self.operating(namespace, tenant)
+        return found
 
     def report(self) -> dict[str, dict[str, float | int | str | None]]:
-        """Every namespace seen so far (plus ``default``): threshold, estimate, observations, source."""
-        names = {"default", *self._evidence, *self.namespace_fixed}
-        return {name: {"threshold": (o := self.operating(name)).threshold,
-                       "estimated_wrong_hit_rate": None if o.estimated_wrong_hit_rate is None
-                       else round(o.estimated_wrong_hit_rate, 4),
-                       "wrong_hit_rate_bound": None if o.wrong_hit_rate_bound is None
-                       else round(o.wrong_hit_rate_bound, 4),
-                       "observations": o.observations, "source": o.source} for name in sorted(names)}
+        """:meth:`points` in the admin API's JSON form."""
+        return {name: point.as_dict() for name, point in self.points().items()}
 
 
 def answers_agree_exactly(cached: str, fresh: str) -> bool:

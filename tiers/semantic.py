@@ -28,8 +28,11 @@ Defaults (error bound, guards) come from ``python -m loadtest.bench fidelity`` o
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import logging
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -40,6 +43,12 @@ from tiers.calibration import GRID, Calibrator, answers_agree_exactly
 from tiers.embedders.base import Embedder
 from tiers.latency import LatencyHistogram
 from tiers.vectors.base import VectorHit, VectorStore
+
+log = logging.getLogger(__name__)
+
+MAX_COMPARISONS = 1
+"""Answer comparisons running at once. They embed two answers on the embedder that lookups use, so more are dropped
+(and counted): calibration evidence may wait, a lookup should not."""
 
 Veto = Callable[[str, str, Iterable[str]], "str | None"]
 
@@ -103,6 +112,10 @@ class SemanticStats:
     verified: int = 0
     compared: int = 0
     disagreed: int = 0
+    comparisons_dropped: int = 0
+    """Comparisons skipped because :data:`MAX_COMPARISONS` were running."""
+    index_errors: int = 0
+    """Questions that could not be added to the index, and failed cold-tier vector lookups (not lookups)."""
 
 
 def answer_text(body: bytes) -> str | None:
@@ -174,31 +187,30 @@ class SemanticTier:
         guards: Iterable[str] = DEFAULT_GUARDS,
         candidates: int = 4,
         veto: Veto = guard_veto,
-        calibrator: Calibrator | None = None,
     ) -> None:
         """``threshold``/``namespace_thresholds``: fixed cosine thresholds (overrides of the calibrated ones);
         ``max_wrong_hit_rate``: the error bound calibrated thresholds meet (:mod:`tiers.calibration`);
         ``verify_fraction``: share of would-be hits forwarded to check them; ``answer_agreement``: cosine of two
         answers' embeddings above which differently worded answers agree; ``guards``: names of the enabled guards
         (see :mod:`normalizer.guards`); ``candidates``: neighbours examined per lookup; ``veto``: the guard function
-        (injectable for experiments); ``calibrator``: a prepared one (tests), instead of the arguments above."""
+        (injectable for experiments)."""
         if embedder.dim != store.dim:
             raise ValueError(f"embedder dim {embedder.dim} != vector store dim {store.dim}")
         self.embedder = embedder
         self.store = store
-        self.calibrator = calibrator or Calibrator(max_wrong_hit_rate, fixed=threshold,
-                                                   namespace_fixed=dict(namespace_thresholds or {}),
-                                                   verify_fraction=verify_fraction)
+        self.calibrator = Calibrator(max_wrong_hit_rate, fixed=threshold,
+                                     namespace_fixed=dict(namespace_thresholds or {}), verify_fraction=verify_fraction)
         self.answer_agreement = answer_agreement
         self.guards = tuple(guards)
         veto("", "", self.guards)  # unknown guard names fail here, at start-up
         self.candidates = max(1, candidates)
         self.veto = veto
         self.stats = SemanticStats()
+        self._comparing: set[asyncio.Task[None]] = set()
 
-    def threshold_for(self, namespace: str) -> float:
-        """The cosine threshold ``namespace`` runs at now."""
-        return self.calibrator.threshold(namespace)
+    def threshold_for(self, scope: SemanticScope) -> float:
+        """The cosine threshold ``scope``'s namespace runs at now, for its tenant."""
+        return self.calibrator.threshold(scope.namespace, scope.tenant)
 
     async def lookup(self, scope: SemanticScope, signature_digest: str, question: str) -> SemanticMatch | None:
         """An equivalent cached question under the same context, or ``None``."""
@@ -222,7 +234,7 @@ class SemanticTier:
             return SemanticDecision()
         [vector] = await self.embedder.embed([question])
         hits = await self.store.search(partition, vector, k=self.candidates)
-        threshold = self.threshold_for(scope.namespace)
+        threshold = self.threshold_for(scope)
         best = choose_match(question, hits, min(threshold, GRID[0]), self.guards, self.veto, self._count_veto)
         if best is None or best.similarity < threshold:
             self.stats.below_threshold += 1
@@ -233,7 +245,7 @@ class SemanticTier:
         self.stats.hits += 1
         return SemanticDecision(match=best)
 
-    async def compare(self, namespace: str, probe: SemanticMatch, cached_answer: str, fresh_answer: str) -> bool:
+    async def compare(self, scope: SemanticScope, probe: SemanticMatch, cached_answer: str, fresh_answer: str) -> bool:
         """Record whether the answer cached for ``probe`` agrees with the fresh one (same text, or embeddings at
         least ``answer_agreement`` apart); the result."""
         agreed = answers_agree_exactly(cached_answer, fresh_answer)
@@ -242,8 +254,32 @@ class SemanticTier:
             agreed = float(np.dot(cached, fresh)) >= self.answer_agreement
         self.stats.compared += 1
         self.stats.disagreed += not agreed
-        self.calibrator.observe(namespace, probe.similarity, agreed)
+        self.calibrator.observe(scope.namespace, probe.similarity, agreed, scope.tenant)
         return agreed
+
+    def compare_later(self, comparison: Callable[[], Coroutine[None, None, None]]) -> None:
+        """Run ``comparison`` (which ends in :meth:`compare`) in the background, off the request's path; dropped
+        when :data:`MAX_COMPARISONS` already run."""
+        if len(self._comparing) >= MAX_COMPARISONS:
+            self.stats.comparisons_dropped += 1
+            return
+        task = asyncio.create_task(self._logged(comparison()), name="semantic-compare")
+        self._comparing.add(task)
+        task.add_done_callback(self._comparing.discard)
+
+    @staticmethod
+    async def _logged(comparison: Coroutine[None, None, None]) -> None:
+        try:
+            await comparison
+        except Exception as exc:  # fail open: evidence is an optimisation
+            log.warning("semantic answer comparison failed: %s", exc)
+
+    async def stop_comparisons(self) -> None:
+        """Cancel the comparisons still running (at shutdown)."""
+        for task in list(self._comparing):
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
 
     def _count_veto(self, reason: str) -> None:
         guard = reason.split(":", 1)[0]

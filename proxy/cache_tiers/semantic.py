@@ -69,6 +69,7 @@ class SemanticCacheTier:
             log.warning("embedding model failed to load: %s; the semantic tier fails open", exc)
 
     async def stop(self) -> None:
+        await self.semantic.stop_comparisons()
         for task in (self.ready, self._persist):
             if task is not None:
                 task.cancel()
@@ -83,8 +84,9 @@ class SemanticCacheTier:
     async def report(self) -> dict[str, Any]:
         s = self.semantic.stats
         return {"lookups": s.lookups, "hits": s.hits, "below_threshold": s.below_threshold, "errors": s.errors,
-                "vetoes": dict(s.vetoes), "max_wrong_hit_rate": self.semantic.calibrator.target,
-                "verified": s.verified, "compared": s.compared, "disagreed": s.disagreed,
+                "index_errors": s.index_errors, "vetoes": dict(s.vetoes),
+                "max_wrong_hit_rate": self.semantic.calibrator.target, "verified": s.verified, "compared": s.compared,
+                "disagreed": s.disagreed, "comparisons_dropped": s.comparisons_dropped,
                 "namespaces": self.semantic.calibrator.report()}
 
     def lookup_stats(self) -> LookupStats:

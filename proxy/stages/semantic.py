@@ -96,14 +96,14 @@ class SemanticLookup:
                 return reply
         reply = await call_next(ctx)
         if probe is not None:
-            reply.on_finish(self._comparison(where.namespace, probe))
+            reply.on_finish(self._comparison(where, probe))
         if policy.may_store and not ctx.follower:
             async def learn(done: Reply, ok: bool, body_bytes: bytes) -> None:
                 if ok and done.status == 200 and ctx.cache_status in ("MISS", "REFRESH", None):
                     try:
                         await self.semantic.add(where, query.digest, question, key)
                     except Exception as exc:  # fail open: the index is an optimisation
-                        self.semantic.stats.errors += 1
+                        self.semantic.stats.index_errors += 1
                         log.warning("semantic index add failed: %s", exc)
 
             reply.on_finish(learn)
@@ -120,11 +120,11 @@ class SemanticLookup:
             nearest = await self.cold.store.nearest(vector, self.semantic.candidates,  # type: ignore[attr-defined]
                                                     tag=query.tag)
         except Exception as exc:  # fail open
-            self.semantic.stats.errors += 1
+            self.semantic.stats.index_errors += 1
             log.warning("cold semantic lookup failed: %s", exc)
             return None
         policy = ctx.cache_policy
-        threshold = self.semantic.threshold_for(ctx.namespace)
+        threshold = self.semantic.threshold_for(query.where)
         for candidate, similarity in nearest:
             if similarity < threshold or candidate == key:
                 continue
@@ -139,23 +139,24 @@ class SemanticLookup:
             return hit_reply(ctx, entry, status="SEMANTIC_HIT", tier="l3", extra=extra)
         return None
 
-    def _comparison(self, namespace: str, probe: SemanticMatch) -> FinishCallback:
-        """After forwarding: compare the fresh answer with the one cached for ``probe`` (calibration evidence)."""
+    def _comparison(self, where: SemanticScope, probe: SemanticMatch) -> FinishCallback:
+        """After forwarding: compare the fresh answer with the one cached for ``probe`` (calibration evidence), in
+        the background (:meth:`SemanticTier.compare_later`)."""
         async def compare(done: Reply, ok: bool, body_bytes: bytes) -> None:
             complete = complete_body(done, body_bytes, self.kind) if ok and done.status == 200 else None
             fresh = answer_text(complete.body) if complete is not None else None
             if fresh is None:
                 return
-            for tier in self.sources:
-                entry = await tier.get(probe.key)
-                cached = answer_text(entry.body) if entry is not None else None
-                if cached is None:
-                    continue
-                try:
-                    await self.semantic.compare(namespace, probe, cached, fresh)
-                except Exception as exc:  # fail open: evidence is an optimisation
-                    log.warning("semantic answer comparison failed: %s", exc)
-                return
+
+            async def comparison() -> None:
+                for tier in self.sources:
+                    entry = await tier.get(probe.key)
+                    cached = answer_text(entry.body) if entry is not None else None
+                    if cached is not None:
+                        await self.semantic.compare(where, probe, cached, fresh)
+                        return
+
+            self.semantic.compare_later(comparison)
 
         return compare
 

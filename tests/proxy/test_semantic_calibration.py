@@ -30,14 +30,17 @@ def test_default_bound_compares_instead_of_guessing(fake_llm_thread: FakeLLM, tm
             assert time.monotonic() < deadline, "the fresh answer was never compared with the cached one"
             time.sleep(0.05)
         assert semantic["max_wrong_hit_rate"] == 0.05
-        row = semantic["namespaces"]["default"]
+        namespaces = semantic["namespaces"]
+        assert namespaces["default"]["observations"] == 0, "a tenant without evidence runs on the prior"
+        [own] = [name for name in namespaces if name.endswith("/default")]  # this tenant's evidence
+        row = namespaces[own]
         assert (row["threshold"], row["source"], row["observations"]) == (UNREACHABLE, "calibrated", 1)
         assert row["estimated_wrong_hit_rate"] > 0.05
         metrics = httpx.get(server.admin_url + "/metrics").text
-        assert 'ragproxy_semantic_estimated_wrong_hit_rate{namespace="default"}' in metrics
-        assert 'ragproxy_semantic_wrong_hit_rate_bound{namespace="default"}' in metrics
+        assert f'ragproxy_semantic_estimated_wrong_hit_rate{{namespace="{own}"}}' in metrics
+        assert f'ragproxy_semantic_wrong_hit_rate_bound{{namespace="{own}"}}' in metrics
         assert row["wrong_hit_rate_bound"] > row["estimated_wrong_hit_rate"]
-        assert f'ragproxy_semantic_threshold{{namespace="default"}} {UNREACHABLE}' in metrics
+        assert f'ragproxy_semantic_threshold{{namespace="{own}"}} {UNREACHABLE}' in metrics
 
 
 def test_streamed_answers_are_compared_too(fake_llm_thread: FakeLLM, tmp_path: Path) -> None:

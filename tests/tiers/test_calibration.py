@@ -103,3 +103,22 @@ def test_answer_text_reads_chat_completions_and_responses_objects() -> None:
     assert answer_text(orjson.dumps(response)) == "Paris."
     assert answer_text(b"data: not json") is None and answer_text(b"[1]") is None
     assert answer_text(orjson.dumps({"choices": [{"message": {"content": None}}]})) is None
+
+
+def test_evidence_moves_its_own_tenants_threshold_only() -> None:
+    """One tenant's comparisons cannot lower (or raise) another tenant's threshold in a namespace of the same name."""
+    calibrator = Calibrator(0.10)
+    for _ in range(200):
+        calibrator.observe("default", 0.86, agreed=True, tenant="mallory")
+    assert calibrator.threshold("default", "mallory") == 0.86
+    assert calibrator.threshold("default", "alice") == calibrator.threshold("default") == UNREACHABLE
+    assert calibrator.report()["mallory/default"]["observations"] == 200
+    assert calibrator.report()["default"]["observations"] == 0
+
+
+def test_namespaces_asked_about_hold_no_memory() -> None:
+    """Clients name namespaces: asking about many without evidence keeps nothing per name."""
+    calibrator = Calibrator(0.10)
+    for i in range(1000):
+        calibrator.threshold(f"ns{i}", tenant=f"t{i}")
+    assert len(calibrator.points()) == 1  # default
