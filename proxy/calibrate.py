@@ -3,8 +3,9 @@ labelled question pairs.
 
 The CSV has a header with ``question1``, ``question2``, ``is_duplicate`` (1/0) and, optionally, ``namespace``
 (``--namespace`` names the namespace of a file without one). For each namespace it embeds the questions with the
-configured local model, applies the configured guards, and prints the lowest threshold whose share of wrong hits
-(non-duplicate pairs at or above it, guard-vetoed pairs excluded) is within ``--target``, and the recall it buys
+configured local model, applies the configured guards, and prints the lowest threshold where the one-sided 95% upper
+bound of the share of wrong hits (non-duplicate pairs at or above it, guard-vetoed pairs excluded) is within
+``--target`` (the rule the proxy's own calibration follows, :mod:`tiers.calibration`), and the recall it buys
 (duplicate pairs at or above it / duplicate pairs). ``--write`` puts them into ``cache.l2.namespace_thresholds`` of a
 YAML config file (created if missing, other keys kept). ``--curve`` also prints the wrong-hit share at every
 threshold of :data:`tiers.calibration.GRID` (the form of :data:`tiers.calibration.PRIOR_WRONG_SHARE`);
@@ -28,7 +29,7 @@ import numpy as np
 import yaml
 
 from normalizer.guards import veto
-from tiers.calibration import GRID
+from tiers.calibration import GRID, upper_bound
 
 HALVES = ("calibration", "held-out")
 
@@ -75,24 +76,28 @@ class Choice:
     recall: float
     pairs: int
     curve: tuple[tuple[float, float | None, float], ...]  # (threshold, wrong-hit share, recall)
+    wrong_hit_rate_bound: float | None = None
+    """The share's one-sided 95% upper bound (:func:`tiers.calibration.upper_bound`) at the threshold."""
 
 
 def choose(namespace: str, scores: Sequence[float], duplicate: Sequence[bool], target: float,
            grid: Iterable[float] = GRID) -> Choice:
-    """The lowest threshold of ``grid`` whose wrong-hit share is within ``target``, from pair scores (vetoed pairs
-    scored 0)."""
+    """The lowest threshold of ``grid`` where the upper bound of the wrong-hit share is within ``target`` (the rule
+    the proxy's own calibration follows), from pair scores (vetoed pairs scored 0)."""
     score = np.asarray(scores, dtype=np.float64)
     same = np.asarray(duplicate, dtype=bool)
     positives = max(int(same.sum()), 1)
     curve = []
+    counts = []
     for threshold in grid:
         hits = score >= threshold
         count = int(hits.sum())
         share = float((hits & ~same).sum() / count) if count else None
         curve.append((threshold, share, float((hits & same).sum() / positives)))
-    for threshold, share, recall in curve:
-        if share is not None and share <= target:
-            return Choice(namespace, threshold, share, recall, len(score), tuple(curve))
+        counts.append(count)
+    for (threshold, share, recall), count in zip(curve, counts, strict=True):
+        if share is not None and (bound := upper_bound(share, count)) <= target:
+            return Choice(namespace, threshold, share, recall, len(score), tuple(curve), bound)
     return Choice(namespace, None, None, 0.0, len(score), tuple(curve))
 
 
@@ -165,8 +170,8 @@ def main(argv: list[str]) -> int:
                   "nothing written for it")
         else:
             chosen[namespace] = result.threshold
-            print(f"{namespace}: threshold {result.threshold:.2f}: wrong-hit share {result.wrong_hit_rate:.4f}, "
-                  f"recall {result.recall:.4f} ({result.pairs} pairs)")
+            print(f"{namespace}: threshold {result.threshold:.2f}: wrong-hit share {result.wrong_hit_rate:.4f} "
+                  f"(95% bound {result.wrong_hit_rate_bound:.4f}), recall {result.recall:.4f} ({result.pairs} pairs)")
         if args.curve:
             for threshold, share, recall in result.curve:
                 shown = "-" if share is None else f"{share:.3f}"

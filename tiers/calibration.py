@@ -99,10 +99,21 @@ def estimates(evidence: Evidence | None, prior: tuple[float, ...] = PRIOR_WRONG_
     return result
 
 
+def upper_bound(share: float, n: float) -> float:
+    """One-sided 95% upper bound of a share observed over ``n`` trials (Wilson's score interval: sound at a share of
+    0 or a handful of trials, where the normal approximation claims certainty)."""
+    if n <= 0:
+        return 1.0
+    z2 = CONFIDENCE_Z * CONFIDENCE_Z
+    centre = share + z2 / (2 * n)
+    spread = CONFIDENCE_Z * math.sqrt(share * (1 - share) / n + z2 / (4 * n * n))
+    return min(1.0, (centre + spread) / (1 + z2 / n))
+
+
 def bounds(evidence: Evidence | None, prior: tuple[float, ...] = PRIOR_WRONG_SHARE,
            weight: float = PRIOR_WEIGHT) -> list[float]:
-    """The one-sided 95% upper bound of the wrong-hit share at every :data:`GRID` threshold (normal approximation,
-    the prior counted as ``weight`` observations)."""
+    """The one-sided 95% upper bound (:func:`upper_bound`) of the wrong-hit share at every :data:`GRID` threshold,
+    the prior counted as ``weight`` observations."""
     shares = estimates(evidence, prior, weight)
     counted = [weight] * len(GRID)
     if evidence is not None:
@@ -110,7 +121,7 @@ def bounds(evidence: Evidence | None, prior: tuple[float, ...] = PRIOR_WRONG_SHA
         for cell in reversed(range(len(GRID))):
             above += evidence.observed[cell]
             counted[cell] += above
-    return [share + CONFIDENCE_Z * math.sqrt(share * (1 - share) / n) for share, n in zip(shares, counted, strict=True)]
+    return [upper_bound(share, n) for share, n in zip(shares, counted, strict=True)]
 
 
 def choose_threshold(target: float, evidence: Evidence | None) -> tuple[float, float, float]:

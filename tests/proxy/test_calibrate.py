@@ -12,9 +12,15 @@ from proxy.cli import main
 
 
 def test_the_lowest_threshold_within_the_target_and_its_recall() -> None:
-    result = choose("docs", [0.99, 0.97, 0.95, 0.93, 0.91], [True, True, False, True, False], 0.25)
-    assert (result.threshold, result.wrong_hit_rate, result.recall) == (0.92, 0.25, 1.0)
-    assert choose("docs", [0.99, 0.98], [False, False], 0.1).threshold is None
+    # 100 duplicates at 0.99; at 0.95 90 duplicates and 10 not; at 0.90 100 duplicates and 100 not
+    scores = [0.99] * 100 + [0.95] * 100 + [0.90] * 200
+    duplicate = [True] * 100 + [True] * 90 + [False] * 10 + [True] * 100 + [False] * 100
+    loose = choose("docs", scores, duplicate, 0.10)
+    assert (loose.threshold, loose.wrong_hit_rate, loose.recall) == (0.91, 0.05, 190 / 290)
+    assert loose.wrong_hit_rate_bound is not None and 0.05 < loose.wrong_hit_rate_bound <= 0.10
+    strict = choose("docs", scores, duplicate, 0.06)
+    assert (strict.threshold, strict.wrong_hit_rate) == (0.96, 0.0), "5% observed, but its bound exceeds 6%"
+    assert choose("docs", [0.99, 0.98], [True, True], 0.1).threshold is None, "two pairs prove nothing"
 
 
 def test_pairs_are_read_and_split_deterministically(tmp_path: Path) -> None:
@@ -22,7 +28,9 @@ def test_pairs_are_read_and_split_deterministically(tmp_path: Path) -> None:
     path.write_text("question1,question2,is_duplicate,namespace\nhow tall,what height,1,docs\nwho,when,0,\n")
     pairs = read_pairs(path, namespace="faq")
     assert pairs == [LabelledPair("how tall", "what height", True, "docs"), LabelledPair("who", "when", False, "faq")]
-    assert [half_of(p) for p in pairs] == [half_of(p) for p in read_pairs(path)]
+    assert [half_of(p) for p in pairs] == ["held-out", "calibration"]  # a pair's half never changes
+    halves = [half_of(LabelledPair(f"q{i}", f"r{i}", True, "d")) for i in range(1000)]
+    assert 450 < halves.count("calibration") < 550
     (tmp_path / "bad.csv").write_text("q1,q2\n")
     with pytest.raises(PairsError, match="missing column"):
         read_pairs(tmp_path / "bad.csv")

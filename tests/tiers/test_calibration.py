@@ -19,6 +19,7 @@ from tiers.calibration import (
     cell_of,
     choose_threshold,
     estimates,
+    upper_bound,
 )
 from tiers.semantic import answer_text
 
@@ -58,7 +59,7 @@ def test_agreeing_answers_lower_the_threshold_and_disagreeing_ones_raise_it() ->
     for _ in range(30):
         calibrator.observe("faq", 0.86, agreed=False)
     assert calibrator.threshold("faq") == UNREACHABLE, "above 0.86 nothing was observed and the prior is too high"
-    for _ in range(100):
+    for _ in range(150):
         calibrator.observe("faq", 0.93, agreed=True)
     assert calibrator.threshold("faq") == 0.93
     assert calibrator.threshold("other") == UNREACHABLE, "evidence stays in its namespace"
@@ -103,6 +104,13 @@ def test_answer_text_reads_chat_completions_and_responses_objects() -> None:
     assert answer_text(orjson.dumps(response)) == "Paris."
     assert answer_text(b"data: not json") is None and answer_text(b"[1]") is None
     assert answer_text(orjson.dumps({"choices": [{"message": {"content": None}}]})) is None
+
+
+def test_the_bound_is_sound_for_a_share_of_zero_and_few_trials() -> None:
+    assert upper_bound(0.0, 2) > 0.5, "two clean trials prove little"
+    assert upper_bound(0.0, 0) == 1.0
+    assert 0.10 < upper_bound(0.10, 1000) < 0.12
+    assert upper_bound(0.10, 100) > upper_bound(0.10, 1000)
 
 
 def test_evidence_moves_its_own_tenants_threshold_only() -> None:
