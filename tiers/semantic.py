@@ -53,10 +53,10 @@ MAX_COMPARISONS = 1
 Veto = Callable[[str, str, Iterable[str]], "str | None"]
 
 DEFAULT_GUARDS: tuple[str, ...] = ("numbers", "dates", "negations", "entities")
-"""Guards on by default: ``numbers``, ``dates`` and ``entities`` lower the wrong-hit share at equal recall on real
-question pairs (calibration half of Quora Question Pairs; BENCHMARKS.md); ``negations`` is neutral there (such pairs
-are rare) and kept because a negated question is never the same question. ``quantities``, ``units`` and ``quoted``
-changed it by less than half a point and ``content_words`` capped recall at 0.1; they stay available."""
+"""Guards on by default: ``numbers``, ``dates`` and ``entities`` lowered the wrong-hit share at equal recall on real
+question pairs in exploratory runs (calibration half of Quora Question Pairs; BENCHMARKS.md, "L2 on real question
+pairs"); ``negations`` is kept because a negated question is never the same question. The others stay available;
+``ragproxy calibrate --half calibration --curve --config C`` shows a guard set's curve."""
 
 DEFAULT_MAX_WRONG_HIT_RATE = 0.05
 
