@@ -33,9 +33,9 @@ from typing import Any
 
 import orjson
 
+from proxy.credits.usage import RESPONSE_TERMINAL
 from proxy.sse import iter_events, text_pieces
 
-_TERMINAL = frozenset({"response.completed", "response.incomplete"})
 _CLEARED_WHILE_RUNNING = ("incomplete_details", "completed_at", "error")
 
 
@@ -57,7 +57,7 @@ def assemble_response(raw: bytes) -> dict[str, Any] | None:
         kind = event.get("type")
         if kind == "response.output_item.done" and isinstance(event.get("output_index"), int):
             items[event["output_index"]] = event.get("item")
-        elif kind in _TERMINAL and isinstance(event.get("response"), dict):
+        elif kind in RESPONSE_TERMINAL and isinstance(event.get("response"), dict):
             final = event["response"]
     if final is None:
         return None

@@ -309,7 +309,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "ratio_to_frontier": None if not baseline else round(tally.wrong_share / baseline, 3),
         "hit_p50_ms": hit["p50_ms"], "hit_p99_ms": hit["p99_ms"], "exact_hit_p50_ms": exact["p50_ms"],
         "semantic_hits_timed": len(tally.hit_s),
-        "proxy_estimate": {name: row for name, row in stats.get("namespaces", {}).items() if name == "default"},
+        "proxy_estimate": {name: row for name, row in stats.get("namespaces", {}).items()
+                           if name.split("/")[-1] == "default"},  # the prior, then the tenant's own evidence
         "proxy_compared": stats.get("compared"), "proxy_disagreed": stats.get("disagreed"),
         "frontier": [{k: round(v, 4) for k, v in row.items()} for row in frontier],
         "elapsed_s": round(time.perf_counter() - started, 1),

@@ -49,13 +49,19 @@ def _mapping(value: Any) -> Mapping[str, Any]:
     return value if isinstance(value, Mapping) else {}
 
 
-_RESPONSE_TERMINAL = frozenset({"response.completed", "response.incomplete"})
+RESPONSE_TERMINAL = frozenset({"response.completed", "response.incomplete"})
+"""The events that end a streamed Responses reply, carrying the whole response object."""
+
+
+def reply_object(payload: Mapping[str, Any]) -> Mapping[str, Any]:
+    """The object holding ``usage`` (and llama.cpp's ``timings``): a reply or stream chunk itself, or the response a
+    Responses stream's terminal event carries."""
+    return _mapping(payload.get("response")) if payload.get("type") in RESPONSE_TERMINAL else payload
 
 
 def usage_from_json(payload: Mapping[str, Any]) -> Usage | None:
     """The usage in a reply object or stream chunk (or Responses event), or ``None`` when it reports none."""
-    if payload.get("type") in _RESPONSE_TERMINAL:
-        payload = _mapping(payload.get("response"))
+    payload = reply_object(payload)
     usage = _mapping(payload.get("usage"))
     timings = _mapping(payload.get("timings"))
     if not usage and not timings:

@@ -42,6 +42,7 @@ from urllib.parse import quote
 
 import orjson
 
+from proxy.credits.usage import reply_object
 from proxy.kv.tree import Segment
 from proxy.sse import last_json_events
 
@@ -238,16 +239,9 @@ def _last_json_objects(raw: bytes) -> list[dict[str, Any]]:
     return last_json_events(raw, LAST_EVENTS)
 
 
-_RESPONSE_TERMINAL = frozenset({"response.completed", "response.incomplete"})
-
-
 def usage_object(obj: Mapping[str, Any]) -> dict[str, Any] | None:
-    """The ``usage`` object of a reply or stream event: a chat completion's or chunk's, a Responses object's, or
-    that of the response a streamed Responses reply's terminal event (``response.completed``) carries."""
-    if obj.get("type") in _RESPONSE_TERMINAL:
-        response = obj.get("response")
-        obj = response if isinstance(response, dict) else {}
-    usage = obj.get("usage")
+    """The ``usage`` object of a reply or stream event (:func:`proxy.credits.usage.reply_object`)."""
+    usage = reply_object(obj).get("usage")
     return usage if isinstance(usage, dict) else None
 
 
