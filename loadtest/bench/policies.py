@@ -2,7 +2,7 @@
 capacity.
 
 For each generated trace (``loadtest.traces``) and each capacity (1%, 5%, 10% of the trace's working set)
-every policy replays the same requests (``loadtest.simulate.replay``); the figure of merit is the cost-saved
+every policy replays the same requests (``tiers.policies.simulate.replay``); the figure of merit is the cost-saved
 ratio (cost of the hits / cost of all requests). ``bpcache-strict`` is BP-Cache with ``unread_credit=None``
 (entries never read in the small queue are always dropped), kept in the table to show what the unread discount
 buys.
@@ -23,7 +23,6 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from loadtest.simulate import replay
 from loadtest.traces import (
     GENERATORS,
     ONE_HIT_WONDER_TRACES,
@@ -33,6 +32,7 @@ from loadtest.traces import (
     working_set_bytes,
 )
 from tiers.policies import EvictionPolicy, make_policy
+from tiers.policies.simulate import replay
 
 BASELINES = ("lru", "fifo", "s3fifo", "gdsf", "landlord")
 CANDIDATE = "bpcache"
