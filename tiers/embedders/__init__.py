@@ -13,13 +13,14 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 from tiers.embedders.base import Embedder, FloatArray, normalize_rows
 from tiers.embedders.cached import CachedEmbedder
 from tiers.embedders.client import client_vector
 from tiers.embedders.local import LocalEmbedder
 from tiers.embedders.upstream import UpstreamEmbedder, UpstreamEmbeddingError
+from tiers.fetch import Fetcher
 
 __all__ = [
     "CachedEmbedder",
@@ -34,10 +35,6 @@ __all__ = [
     "normalize_rows",
 ]
 
-if TYPE_CHECKING:
-    from proxy.upstream.client import UpstreamClient
-
-
 def build_embedder(
     kind: Literal["local", "upstream"] = "local",
     *,
@@ -46,7 +43,7 @@ def build_embedder(
     upstream_model: str = "text-embedding-3-small",
     upstream_dim: int = 1536,
     upstream_api_key: str | None = None,
-    upstream_client: UpstreamClient | None = None,
+    upstream_client: Fetcher | None = None,
     max_batch: int = 32,
     max_wait_s: float = 0.0,
     runtime: Literal["auto", "onnx", "numpy"] = "auto",

@@ -1,5 +1,5 @@
 """The ``upstream`` backend: an OpenAI-compatible ``POST /v1/embeddings`` endpoint, called through the proxy's one
-upstream client (:class:`proxy.upstream.client.UpstreamClient`, given by the caller).
+upstream client (a :class:`~tiers.fetch.Fetcher`, given by the caller).
 
 Concurrent requests are micro-batched into one HTTP call (the endpoint accepts a list of inputs). Rows are
 put back in input order by their ``index`` and L2-normalized, whatever the server returns, so that dot
@@ -9,16 +9,14 @@ product = cosine. Failures raise :class:`UpstreamEmbeddingError`; the semantic t
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import orjson
 
 from tiers.embedders.base import FloatArray, normalize_rows
 from tiers.embedders.batching import MicroBatcher
-
-if TYPE_CHECKING:
-    from proxy.upstream.client import UpstreamClient
+from tiers.fetch import Fetcher
 
 
 class UpstreamEmbeddingError(RuntimeError):
@@ -36,7 +34,7 @@ class UpstreamEmbedder:
         model: str,
         dim: int,
         *,
-        client: UpstreamClient,
+        client: Fetcher,
         api_key: str | None = None,
         timeout_s: float = 10.0,
         max_batch: int = 64,

@@ -12,7 +12,7 @@ Re-adding an id overwrites its point, moving it when the partition differs. Qdra
 :meth:`QdrantVectorStore.persist` does nothing. Failures propagate (:class:`QdrantError` for an error answer,
 ``OSError`` when Qdrant cannot be reached) and the semantic tier counts them as misses.
 
-Why REST through the proxy's own client (:class:`proxy.upstream.client.UpstreamClient`) rather than qdrant-client:
+Why REST through the proxy's own client (passed as a :class:`~tiers.fetch.Fetcher`) rather than qdrant-client:
 the store needs eight plain JSON calls, and qdrant-client would bring a second HTTP stack (httpx, and gRPC) into
 the product for them; with one client, Qdrant calls share its pools, timeouts and failure handling.
 """
@@ -21,16 +21,14 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 import orjson
 
+from tiers.fetch import Fetcher
 from tiers.vectors.base import Payload, VectorHit, check_batch
-
-if TYPE_CHECKING:
-    from proxy.upstream.client import UpstreamClient
 
 NAMESPACE = uuid.UUID("6f1d3c52-9a43-4c1e-8f5e-2b7a1c0d9e11")
 """uuid5 namespace of point ids; fixed forever (changing it orphans every stored point)."""
@@ -54,7 +52,7 @@ class QdrantVectorStore:
 
     name = "qdrant"
 
-    def __init__(self, client: UpstreamClient, url: str, dim: int, *, collection: str = "ragproxy_semantic",
+    def __init__(self, client: Fetcher, url: str, dim: int, *, collection: str = "ragproxy_semantic",
                  api_key: str | None = None, timeout_s: float = 5.0) -> None:
         """``client``: the HTTP client (not closed here); ``url``: Qdrant's base URL; ``dim``: vector length;
         ``collection``: the collection to use, created on demand; ``timeout_s``: bound on one call."""
