@@ -1,6 +1,6 @@
 """Who may use the admin API: a Bearer token, compared in constant time.
 
-Rules (also enforced at start-up by :func:`bind_problem`):
+Rules (also enforced at start-up by :meth:`proxy.config.AdminSettings.bind_problem`):
 
 - a configured ``admin.token`` is always required (``Authorization: Bearer <token>``), whatever the bind;
 - with no token, the API is open only when it listens on a loopback address (``127.0.0.0/8``, ``::1``,
@@ -12,33 +12,13 @@ Rules (also enforced at start-up by :func:`bind_problem`):
 from __future__ import annotations
 
 import hmac
-import ipaddress
 
 from aiohttp import web
 
 from admin.errors import Handler, error_response
-from proxy.config import Settings
+from proxy.config import Settings, is_loopback
 
 PUBLIC_PATHS = frozenset({"/", "/admin/ui", "/admin/ui/"})
-
-
-def is_loopback(host: str) -> bool:
-    """Whether binding ``host`` only accepts connections from this machine."""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
-
-
-def bind_problem(settings: Settings) -> str | None:
-    """Why the admin API must not start with these settings, or ``None``."""
-    admin = settings.admin
-    if admin.enabled and admin.token is None and not is_loopback(admin.host):
-        return (f"admin API on {admin.host}:{admin.port} without admin.token: set admin.token "
-                "(RAGPROXY_ADMIN__TOKEN) or bind admin.host to 127.0.0.1")
-    return None
 
 
 def token_matches(presented: str | None, expected: str) -> bool:

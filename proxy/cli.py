@@ -89,10 +89,8 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
 
 def checked_settings(config_file: str | None, overrides: dict[str, Any]) -> Settings:
     """The settings ``serve`` would run with; :class:`ConfigError` for anything it would refuse."""
-    from admin.auth import bind_problem
-
     settings = load_settings(config_file or os.environ.get("RAGPROXY_CONFIG"), overrides=overrides)
-    problem = bind_problem(settings)
+    problem = settings.admin.bind_problem()
     if problem is not None:
         raise ConfigError(problem)
     return settings

@@ -11,6 +11,7 @@ one-line message and exit code 2.
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import re
 from collections.abc import Mapping
@@ -431,11 +432,29 @@ class CreditsSettings(_Section):
     )
 
 
+def is_loopback(host: str) -> bool:
+    """Whether binding ``host`` only accepts connections from this machine."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
 class AdminSettings(_Section):
     enabled: bool = True
     host: str = "127.0.0.1"
     port: int = Field(default=8081, ge=1, le=65535)
     token: SecretStr | None = Field(default=None, description="Bearer token; required unless bound to loopback")
+
+    def bind_problem(self) -> str | None:
+        """Why the admin API must not start with these settings (``serve`` and ``check-config`` refuse them), or
+        ``None``."""
+        if self.enabled and self.token is None and not is_loopback(self.host):
+            return (f"admin API on {self.host}:{self.port} without admin.token: set admin.token "
+                    "(RAGPROXY_ADMIN__TOKEN) or bind admin.host to 127.0.0.1")
+        return None
 
 
 class TelemetrySettings(_Section):

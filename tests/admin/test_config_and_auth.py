@@ -13,7 +13,6 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 
-from admin import auth
 from proxy.config import load_settings
 from tests.admin.conftest import CHAT, TOKEN, Admin, ask
 from tests.fakes.llm_server import FakeLLM
@@ -85,7 +84,7 @@ def test_open_on_loopback_without_token(open_admin_proxy: ProxyServer) -> None:
     ("10.1.2.3", None, True), ("0.0.0.0", "t", False)])
 def test_bind_rule(host: str, token: str | None, problem: bool) -> None:
     settings = load_settings(env={}, overrides={"admin.host": host, **({"admin.token": token} if token else {})})
-    assert (auth.bind_problem(settings) is not None) == problem
+    assert (settings.admin.bind_problem() is not None) == problem
 
 
 def test_refuses_to_start_public_admin_without_token() -> None:
