@@ -409,19 +409,6 @@ def canonical_embedding_items(body: Mapping[str, Any]) -> list[dict[str, JSONVal
     return [{**shared, "input": item} for item in embedding_inputs(fields)]
 
 
-def canonical_request(kind: RequestKind, body: Mapping[str, Any]) -> list[dict[str, JSONValue]]:
-    """Canonical requests for ``kind``: one for chat/completion, one per input item for embeddings."""
-    if kind == "chat":
-        return [canonical_chat(body)]
-    if kind == "completion":
-        return [canonical_completion(body)]
-    if kind == "response":
-        from normalizer.responses import canonical_response  # it builds on this module's helpers
-
-        return [canonical_response(body)]
-    return canonical_embedding_items(body)
-
-
 USER_SEPARATOR = "~"
 """Separates the tenant from the user digest in a user-scoped tenant component (``%7E`` inside a tenant id)."""
 

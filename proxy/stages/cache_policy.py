@@ -28,12 +28,12 @@ from normalizer.canonical import (
     KeyScope,
     RequestKind,
     cache_key,
-    canonical_request,
     keyed_request,
     request_variant,
     user_digest,
 )
 from normalizer.canonical_json import CanonicalizationError
+from normalizer.canonical_request import canonical_request
 from normalizer.documents import PromptDocuments
 from proxy.context import Reply, RequestContext
 from proxy.errors import ProxyError

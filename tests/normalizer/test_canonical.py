@@ -14,9 +14,9 @@ from normalizer.canonical import (
     canonical_chat,
     canonical_completion,
     canonical_embedding_items,
-    canonical_request,
 )
 from normalizer.canonical_json import CanonicalizationError, canonical_bytes, canonical_number
+from normalizer.canonical_request import canonical_request
 
 SCOPE = KeyScope("acme")
 USER = {"role": "user", "content": "What is RAG?"}

@@ -7,8 +7,9 @@ from typing import Any
 import pytest
 
 from normalizer.bypass import BypassSettings, bypass_reason
-from normalizer.canonical import KeyScope, cache_key, canonical_request
+from normalizer.canonical import KeyScope, cache_key
 from normalizer.canonical_json import CanonicalizationError
+from normalizer.canonical_request import canonical_request
 from normalizer.documents import DocumentRegistry
 from normalizer.responses import (
     RESPONSE_EXCLUDED_FIELDS,

@@ -1,0 +1,25 @@
+"""The canonical request(s) of every kind, in one call.
+
+Apart from :mod:`normalizer.canonical` because the Responses API's canonical form (:mod:`normalizer.responses`)
+builds on that module's helpers: the one function that needs both sits above them, so imports run one way.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from normalizer.canonical import RequestKind, canonical_chat, canonical_completion, canonical_embedding_items
+from normalizer.canonical_json import JSONValue
+from normalizer.responses import canonical_response
+
+
+def canonical_request(kind: RequestKind, body: Mapping[str, Any]) -> list[dict[str, JSONValue]]:
+    """Canonical requests for ``kind``: one for chat/completion/response, one per input item for embeddings."""
+    if kind == "chat":
+        return [canonical_chat(body)]
+    if kind == "completion":
+        return [canonical_completion(body)]
+    if kind == "response":
+        return [canonical_response(body)]
+    return canonical_embedding_items(body)
