@@ -25,7 +25,6 @@ anything else: identify → forward.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Literal
 
 from normalizer.bypass import BypassSettings
@@ -37,7 +36,7 @@ from normalizer.responses import read_response_prompt
 from proxy.credits.endpoints import RerankCredits, ResponseCredits
 from proxy.credits.idempotency import Idempotency
 from proxy.credits.stages import Credits, Identify, SearchCredits
-from proxy.pipeline import Pipeline, Stage
+from proxy.pipeline import Pipeline, Pipelines, Stage
 from proxy.runtime import Runtime
 from proxy.stages.cache_policy import ApplyCacheControl, Canonicalize
 from proxy.stages.coalesce import Coalesce
@@ -50,21 +49,6 @@ from proxy.stages.retrieval import RegisterDocuments
 from proxy.stages.stale import StaleIfError
 from proxy.stages.tiers import StoreResponse
 from tiers.response_tier import ResponseTier
-
-
-@dataclass(frozen=True)
-class Pipelines:
-    """One pipeline per kind of data-plane request."""
-
-    chat: Pipeline
-    completions: Pipeline
-    responses: Pipeline
-    embeddings: Pipeline
-    rerank: Pipeline
-    llm_passthrough: Pipeline
-    qdrant_search: Pipeline
-    qdrant_write: Pipeline
-    qdrant_passthrough: Pipeline
 
 
 def build_pipelines(rt: Runtime) -> Pipelines:

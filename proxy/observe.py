@@ -9,18 +9,28 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import Protocol
 
+from opentelemetry.trace import Tracer
+
+from proxy.config import Settings
 from proxy.context import RequestContext
 from proxy.metrics import Metrics
 from proxy.stats import HIT_STATUSES, RequestStats
 from tiers.policies.trace import TraceRecorder
 
-if TYPE_CHECKING:
-    from proxy.runtime import Runtime
-
 Observer = Callable[[RequestContext, int, float], None]
 access_log = logging.getLogger("ragproxy.access")
+
+
+class Observed(Protocol):
+    """What the observers read from the runtime (:class:`proxy.runtime.Runtime`)."""
+
+    settings: Settings
+    metrics: Metrics
+    stats: RequestStats
+    trace: TraceRecorder | None
+    tracer: Tracer | None
 
 
 def record_metrics(metrics: Metrics) -> Observer:
@@ -86,7 +96,7 @@ def log_access(ctx: RequestContext, status: int, seconds: float) -> None:
         "status": status, "latency_ms": round(seconds * 1000, 3)})
 
 
-def observer(rt: Runtime) -> Observer:
+def observer(rt: Observed) -> Observer:
     """The runtime's observers, composed (metrics and statistics always; the rest as configured)."""
     parts = [record_metrics(rt.metrics), record_stats(rt.stats, rt.metrics)]
     if rt.trace is not None:

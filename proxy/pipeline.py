@@ -15,6 +15,7 @@ order of the whole system.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Iterable, Sequence
+from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING, Protocol
 
@@ -76,6 +77,21 @@ class Pipeline:
 
     def __call__(self, ctx: RequestContext) -> Awaitable[Reply]:
         return self._entry(ctx)
+
+
+@dataclass(frozen=True)
+class Pipelines:
+    """One pipeline per kind of data-plane request."""
+
+    chat: Pipeline
+    completions: Pipeline
+    responses: Pipeline
+    embeddings: Pipeline
+    rerank: Pipeline
+    llm_passthrough: Pipeline
+    qdrant_search: Pipeline
+    qdrant_write: Pipeline
+    qdrant_passthrough: Pipeline
 
 
 def _bind(stage: Stage, call_next: Next) -> Next:

@@ -13,7 +13,6 @@ from __future__ import annotations
 import logging
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 from opentelemetry.trace import Tracer
 
@@ -26,6 +25,7 @@ from proxy.kv.factory import KVLayer, build_kv
 from proxy.kv.stages import SharedPrefixes
 from proxy.metrics import Metrics, TierLookups
 from proxy.observe import Observer, observer
+from proxy.pipeline import Pipelines
 from proxy.shared import SharedMode, build_shared
 from proxy.stages.coalesce import Flights
 from proxy.stages.stale import StaleStore
@@ -34,9 +34,6 @@ from proxy.upstream.backends import BackendPool
 from proxy.upstream.client import UpstreamClient
 from tiers.policies.trace import TraceRecorder
 from tiers.versions import KnowledgeVersions, VersionSource
-
-if TYPE_CHECKING:
-    from proxy.assembly import Pipelines
 
 log = logging.getLogger("ragproxy.runtime")
 
