@@ -1,26 +1,19 @@
-"""What travels through the pipeline: the per-request context and the reply the stages hand back.
+"""What travels through the pipeline: the per-request context, and the reply the stages hand back.
 
-A :class:`Reply` is either complete (``body``) or streamed (``chunks``). Stages that need the whole body once the
-client has it (store in a tier, settle credits) register a callback with :meth:`Reply.on_finish`; the route calls
-:meth:`Reply.finish` after the last byte was written, with ``ok=False`` when the stream was aborted (client gone,
-upstream reset), so nothing half-received is ever stored or billed as complete.
-
-Work that needs neither the body nor any I/O (giving back a backend's in-flight count, timing the upstream) is
-registered with :meth:`Reply.on_end` instead: a plain function, run inline when the transfer ends, before the
-finish callbacks. A reply with only such work is sent without collecting its stream and without the task that
-protects finish callbacks from a client hanging up (two event-loop turns per request).
+:class:`Reply` (and its callbacks) is defined in :mod:`proxy.reply` and is part of the vocabulary stages import from
+here; the values the stages hand on through the context's slots are defined in :mod:`proxy.slots`.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any
 
 import orjson
-from multidict import CIMultiDict
 
 from proxy.errors import ProxyError
+from proxy.reply import EndCallback, FinishCallback, Reply
 from proxy.server.request import Request
 
 if TYPE_CHECKING:
@@ -28,65 +21,11 @@ if TYPE_CHECKING:
     from normalizer.canonical import KeyScope
     from normalizer.documents import PromptDocuments
     from proxy.credits.store import Reservation
-    from proxy.kv.stages import RoutedRequest, ShapedRequest
-    from proxy.stages.rerank import RerankCount
-    from proxy.stages.semantic import SemanticQuery
-    from proxy.tracing import RequestTrace
+    from proxy.slots import RequestTrace, RerankCount, RoutedRequest, SemanticQuery, ShapedRequest
     from proxy.upstream.backends import Backend
     from tiers.entry import CachedResponse
 
-FinishCallback = Callable[["Reply", bool, bytes], Awaitable[None]]
-EndCallback = Callable[["Reply", bool], None]
-
-
-@dataclass(slots=True)
-class Reply:
-    """A response on its way to the client."""
-
-    status: int
-    headers: CIMultiDict[str] = field(default_factory=CIMultiDict)
-    body: bytes | None = None
-    chunks: AsyncIterator[bytes] | None = None
-    _callbacks: list[FinishCallback] = field(default_factory=list)
-    _enders: list[EndCallback] = field(default_factory=list)
-
-    @property
-    def streamed(self) -> bool:
-        return self.chunks is not None
-
-    @property
-    def wants_body(self) -> bool:
-        """Whether someone needs the full body at the end (so a stream must be collected while it passes)."""
-        return bool(self._callbacks)
-
-    def on_finish(self, callback: FinishCallback) -> None:
-        """Call ``callback(reply, ok, body)`` once the client has received everything (or the transfer failed)."""
-        self._callbacks.append(callback)
-
-    def on_end(self, callback: EndCallback) -> None:
-        """Call ``callback(reply, ok)`` inline once the transfer ended (before the finish callbacks)."""
-        self._enders.append(callback)
-
-    def take_over(self, replaced: Reply) -> Reply:
-        """This reply answers instead of ``replaced``: its finish work (releasing a replica, settling) moves here."""
-        self._callbacks[:0] = replaced._callbacks
-        self._enders[:0] = replaced._enders
-        replaced._callbacks = []
-        replaced._enders = []
-        return self
-
-    def end(self, ok: bool) -> None:
-        """Run the end callbacks (once), in the order they were registered."""
-        enders, self._enders = self._enders, []
-        for callback in enders:
-            callback(self, ok)
-
-    async def finish(self, ok: bool, body: bytes) -> None:
-        """Run the end callbacks, then the finish callbacks, innermost stage first (the order they were
-        registered in)."""
-        self.end(ok)
-        for callback in self._callbacks:
-            await callback(self, ok, body)
+__all__ = ["SLOTS", "EndCallback", "FinishCallback", "Reply", "RequestContext"]
 
 
 @dataclass(slots=True)

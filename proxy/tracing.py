@@ -8,28 +8,19 @@ and the forwarded ``traceparent`` names the proxy's span, so backend spans join 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from typing import Any
 
 from opentelemetry import trace
-from opentelemetry.context import Context
 from opentelemetry.propagate import extract
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
-from opentelemetry.trace import Span, Tracer
+from opentelemetry.trace import Tracer
 
 from proxy.context import Reply, RequestContext
+from proxy.slots import RequestTrace
 
 Next = Callable[[RequestContext], Awaitable[Reply]]
-
-
-@dataclass(frozen=True, slots=True)
-class RequestTrace:
-    """The request's span and the context its stage spans (and the forwarded ``traceparent``) descend from."""
-
-    span: Span
-    context: Context
 
 
 def make_tracer(endpoint: str | None, service_name: str = "ragproxy",

@@ -59,11 +59,12 @@ from proxy.kv.discovery import apply_slots, read_slots
 from proxy.kv.hints import SlotTable, prefix_hashes, reply_objects, reports_cache
 from proxy.kv.kinds import BackendKind, build_hints
 from proxy.kv.order import OrderPolicy, Popularity, order_documents, shift_reusable_tokens
-from proxy.kv.plan import PromptPlan, plan_request, plan_response
+from proxy.kv.plan import plan_request, plan_response
 from proxy.kv.prefill import PrefillModel
 from proxy.kv.router import Candidate, Reject, Router
 from proxy.kv.tree import KnowledgeTree, Match, Segment
 from proxy.pipeline import Next
+from proxy.slots import ReplicaOrder, RoutedRequest, ShapedRequest
 from proxy.upstream.client import UpstreamClient
 
 RESPONSES = "responses"
@@ -102,23 +103,6 @@ class Replica:
     queue: AdmissionQueue
     slots: SlotTable | None = None
     """llama.cpp only: what each server slot last held (for ``id_slot``)."""
-
-
-@dataclass(slots=True)  # not frozen: built per request, and frozen fields cost about 5 times more to set
-class ReplicaOrder:
-    replica: int
-    order: tuple[Segment, ...]
-    cached_tokens: int
-
-
-@dataclass(slots=True)  # not frozen: built per request, and frozen fields cost about 5 times more to set
-class ShapedRequest:
-    """What :class:`Shape` decided: the prompt's plan, the order policy, and each replica's order."""
-
-    plan: PromptPlan
-    policy: OrderPolicy
-    orders: list[ReplicaOrder]
-    """One per replica, in index order."""
 
 
 class Shape:
@@ -188,32 +172,6 @@ class Shape:
     async def __call__(self, ctx: RequestContext, call_next: Next) -> Reply:
         self.shape(ctx)
         return await call_next(ctx)
-
-
-@dataclass(slots=True)  # not frozen: built per request, and frozen fields cost about 5 times more to set
-class RoutedRequest:
-    """What :meth:`Route.route` decided (``ctx.routed``)."""
-
-    replica: int
-    path: tuple[Segment, ...]
-    predicted: Match
-    slot: int | None
-    estimated_ttft_s: float
-    start_deadline: float | None = None
-    """Latest start (router clock) that still meets the TTFT objective; the queue drops the request after it."""
-    total_tokens: int = 0
-    """The prompt's estimated length (the tree's unit)."""
-    slot_match: Match | None = None
-    """llama.cpp without a prompt cache: the part of the path the chosen slot holds — what the server can reuse,
-    and what its report is compared with (another slot lacking a prefix says nothing about the tree)."""
-    shifted: bool = False
-    """The backend was allowed to reuse chunks outside the common prefix (``shift`` policy): its report then
-    counts more than the prefix, so it can show a shortfall but not a surplus."""
-    headers: dict[str, str] | None = None
-    """Hint headers for the upstream request."""
-    ticket: str = ""
-    """The router's name for this request while it is in flight: the proxy's own, unique among requests in flight
-    (a client's ``X-Request-ID`` is not: clients reuse them)."""
 
 
 class Route:

@@ -14,8 +14,6 @@ sent is a 502 (its indices could not be mapped back to the client's list).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import orjson
 from multidict import CIMultiDict
 
@@ -35,19 +33,12 @@ from normalizer.rerank import (
 from proxy.context import Reply, RequestContext
 from proxy.errors import ProxyError
 from proxy.pipeline import Next
+from proxy.slots import RerankCount
 from proxy.stages.items import ItemsCache
 from proxy.stages.tiers import entry_tags
 from tiers.entry import CachedResponse
 
 JSON = "application/json"
-
-
-@dataclass(frozen=True, slots=True)
-class RerankCount:
-    """Documents of one reranker request: scored upstream, and answered from the cache."""
-
-    scored: int
-    cached: int
 
 
 class RerankItemsCache(ItemsCache):

@@ -21,14 +21,13 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 from normalizer.canonical_json import CanonicalizationError
 from normalizer.signature import CHAT_READING, PromptReading
 from proxy.context import FinishCallback, Reply, RequestContext
 from proxy.pipeline import Next
+from proxy.slots import SemanticQuery
 from proxy.stages.tiers import complete_body, entry_tags, hit_reply
-from tiers.embedders.base import FloatArray
 from tiers.response_tier import ResponseTier
 from tiers.semantic import SemanticMatch, SemanticScope, SemanticTier, answer_text
 
@@ -38,18 +37,6 @@ log = logging.getLogger("ragproxy.semantic")
 def signature_tag(where: SemanticScope, digest: str) -> str:
     """The tag that keeps the cold tier's question-vector search inside one scope and context."""
     return f"sig:{where.tenant}/{where.label}/{digest}"
-
-
-@dataclass(slots=True)
-class SemanticQuery:
-    """A question the L2 stage looked up: where, under which context signature, and its embedding once computed
-    (stored entries carry the question, the cold tier the vector)."""
-
-    question: str
-    where: SemanticScope
-    digest: str
-    tag: str
-    vector: FloatArray | None = None
 
 
 class SemanticLookup:
