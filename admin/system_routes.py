@@ -106,22 +106,8 @@ def register_gauges(rt: Runtime, sizes: dict[str, dict[str, Any]]) -> None:
                                        for b in rt.backends.backends])
     rt.metrics.gauge_callback("ragproxy_backend_in_flight", "Requests in flight per replica", ["backend"],
                               lambda: [({"backend": b.label}, float(b.in_flight)) for b in rt.backends.backends])
-    semantic = components.semantic_tier(rt)
-    if semantic is not None:
-        calibrator = semantic.calibrator
-
-        def points(field: str) -> list[tuple[dict[str, str], float]]:
-            return [({"namespace": name}, float(value)) for name, point in calibrator.points().items()
-                    if (value := getattr(point, field)) is not None]
-
-        rt.metrics.gauge_callback("ragproxy_semantic_estimated_wrong_hit_rate", "Estimated share of wrong semantic "
-                                  "hits at the threshold each namespace runs at (tenant/namespace: a tenant's own "
-                                  "evidence)", ["namespace"], lambda: points("estimated_wrong_hit_rate"))
-        rt.metrics.gauge_callback("ragproxy_semantic_wrong_hit_rate_bound", "One-sided 95% upper bound of that "
-                                  "estimate (what a calibrated threshold must keep within the target)", ["namespace"],
-                                  lambda: points("wrong_hit_rate_bound"))
-        rt.metrics.gauge_callback("ragproxy_semantic_threshold", "Cosine threshold each namespace runs at (above 1: "
-                                  "no threshold meets cache.l2.max_wrong_hit_rate, no semantic hits)", ["namespace"],
-                                  lambda: points("threshold"))
+    for tier in rt.tiers:
+        for gauge in tier.gauges():
+            rt.metrics.gauge_callback(gauge.name, gauge.text, gauge.labels, gauge.read)
     rt.metrics.gauge_callback("ragproxy_coalesced_requests", "Requests answered by another request's upstream "
                               "call since start", [], lambda: [({}, float(rt.stats.coalesced))])

@@ -162,6 +162,11 @@ class Outcome:
     def total(self) -> int:
         return sum(self.removed.values())
 
+    def add(self, other: Outcome) -> None:
+        """Count ``other``'s removals in this outcome too."""
+        self.removed.update(other.removed)
+        self.keys = sorted({*self.keys, *other.keys})
+
 
 class Invalidator:
     """Applies selectors and flushes over response tiers, the semantic index and the retrieval cache."""

@@ -7,11 +7,13 @@ from dataclasses import dataclass
 from typing import Any, Literal, Protocol, TypeVar
 
 from proxy.config import Settings
+from proxy.metrics import GaugeReader
 from proxy.pipeline import Stage
 from proxy.shared import SharedMode
 from proxy.stages.retrieval import CollectionFetcher
 from proxy.stages.tiers import WriteBehind
 from proxy.upstream.client import UpstreamClient
+from tiers.invalidation import Embedding, Outcome, Selector
 from tiers.latency import LatencyHistogram
 from tiers.memory import MemoryStore
 from tiers.response_tier import ResponseTier
@@ -28,6 +30,10 @@ class CacheTier(Protocol):
     """Whole answers under their exact keys, when the tier holds them."""
     write_behind: WriteBehind | None
     """How the tier takes copies of new answers stored in a faster tier, when it does."""
+    embedder: Embedding | None
+    """The tier's embedding model, when it has one (a selector by meaning, ``near``, needs it)."""
+    flushable: bool
+    """Whether a flush may name the tier (L2 may not: its vectors point at L1/L3 answers and go with them)."""
 
     def stages(self, kind: StageKind, faster: Sequence[CacheTier]) -> list[Stage]:
         """This tier's stages for requests of ``kind`` (``faster``: the tiers registered before it)."""
@@ -44,6 +50,30 @@ class CacheTier(Protocol):
     def lookup_stats(self) -> LookupStats:
         """Lookups per result and their durations (``ragproxy_cache_lookups_total`` and ``_duration_seconds``)."""
         ...
+
+    async def invalidate(self, selector: Selector, embedder: Embedding | None, removed: Outcome) -> None:
+        """Drop what ``selector`` names (``embedder``: for ``near``), adding it to ``removed``. Tiers are called in
+        registration order, so a tier pointing at other tiers' answers sees the keys they removed."""
+        ...
+
+    async def flush(self, removed: Outcome) -> None:
+        """Drop everything the tier holds (a tier that is not :attr:`flushable`: what points at ``removed.keys``),
+        adding it to ``removed``."""
+        ...
+
+    def gauges(self) -> Sequence[Gauge]:
+        """The tier's own gauges, read at every scrape."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class Gauge:
+    """A gauge of ``/metrics``: its name, help text, label names and reader."""
+
+    name: str
+    text: str
+    labels: list[str]
+    read: GaugeReader
 
 
 @dataclass(frozen=True, slots=True)

@@ -5,9 +5,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from proxy.cache_tiers.base import Build, CacheTier, LookupStats, Off, StageKind, answers_report
+from proxy.cache_tiers.base import Build, CacheTier, Gauge, LookupStats, Off, StageKind, answers_report
 from proxy.pipeline import Stage
 from proxy.stages.tiers import ExactLookup, WriteBehind
+from tiers.invalidation import Embedding, Invalidator, Outcome, Selector
 from tiers.memory import MemoryStore
 from tiers.policies import make_policy
 from tiers.response_tier import ResponseTier
@@ -16,6 +17,9 @@ from tiers.response_tier import ResponseTier
 class ExactTier:
     """Answers exact repeats of chat, completion and Responses API requests from its store (promoting them into
     faster tiers)."""
+
+    embedder: Embedding | None = None
+    flushable = True
 
     def __init__(self, answers: ResponseTier) -> None:
         self.name = answers.name
@@ -41,6 +45,17 @@ class ExactTier:
         assert self.answers is not None
         counters = self.answers.counters
         return LookupStats(counters.lookups(), counters.lookup_seconds)
+
+    async def invalidate(self, selector: Selector, embedder: Embedding | None, removed: Outcome) -> None:
+        assert self.answers is not None
+        removed.add(await Invalidator([self.answers], embedder=embedder).invalidate(selector))
+
+    async def flush(self, removed: Outcome) -> None:
+        assert self.answers is not None
+        removed.add(await Invalidator([self.answers]).flush())
+
+    def gauges(self) -> Sequence[Gauge]:
+        return ()
 
 
 def build(b: Build) -> CacheTier | Off:

@@ -6,14 +6,16 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from proxy.cache_tiers.base import Build, CacheTier, LookupStats, Off, StageKind
+from proxy.cache_tiers.base import Build, CacheTier, Gauge, LookupStats, Off, StageKind
 from proxy.pipeline import Stage
 from proxy.stages.retrieval import CollectionFetcher, InvalidateSearches, RetrievalLookup
 from proxy.stages.tiers import WriteBehind
+from tiers.invalidation import Embedding, Invalidator, Outcome, Selector
 from tiers.policies import make_policy
 from tiers.response_tier import ResponseTier
 from tiers.retrieval import RetrievalCache
 from tiers.retrieval.shared import share_invalidations
+from tiers.retrieval.writes import WriteEffect, WriteScope
 
 
 class SearchTier:
@@ -22,6 +24,8 @@ class SearchTier:
     name = "retrieval"
     answers: ResponseTier | None = None
     write_behind: WriteBehind | None = None
+    embedder: Embedding | None = None
+    flushable = True
 
     def __init__(self, cache: RetrievalCache, fetch_collection: CollectionFetcher) -> None:
         self.cache = cache
@@ -46,6 +50,17 @@ class SearchTier:
 
     def lookup_stats(self) -> LookupStats:
         return LookupStats(dict(self.cache.counts), self.cache.lookup_seconds)
+
+    async def invalidate(self, selector: Selector, embedder: Embedding | None, removed: Outcome) -> None:
+        """A collection, or documents that are Qdrant point ids, drop the cached searches that read them."""
+        searches = Invalidator([], retrieval=self.cache, collections=self.cache.collections, embedder=embedder)
+        removed.add(await searches.invalidate(selector))
+
+    async def flush(self, removed: Outcome) -> None:
+        removed.removed[self.name] = await self.cache.invalidate(WriteEffect(WriteScope.ALL))
+
+    def gauges(self) -> Sequence[Gauge]:
+        return ()
 
 
 def build(b: Build) -> CacheTier | Off:

@@ -10,12 +10,13 @@ from collections.abc import Sequence
 from typing import Any
 
 from normalizer.signature import CHAT_READING, RESPONSE_READING
-from proxy.cache_tiers.base import Build, CacheTier, LookupStats, Off, StageKind
+from proxy.cache_tiers.base import Build, CacheTier, Gauge, LookupStats, Off, StageKind
 from proxy.config import L2Settings
 from proxy.pipeline import Stage
 from proxy.semantic_factory import build_semantic
 from proxy.stages.semantic import SemanticLookup
 from proxy.stages.tiers import WriteBehind
+from tiers.invalidation import Embedding, Outcome, Selector
 from tiers.response_tier import ResponseTier
 from tiers.semantic import SemanticTier
 
@@ -29,9 +30,11 @@ class SemanticCacheTier:
     name = "l2"
     answers: ResponseTier | None = None
     write_behind: WriteBehind | None = None
+    flushable = False
 
     def __init__(self, semantic: SemanticTier, settings: L2Settings) -> None:
         self.semantic = semantic
+        self.embedder: Embedding | None = semantic.embedder
         self.settings = settings
         self.ready: asyncio.Task[None] | None = None
         """The model's warm-up at start (lookups fail open until it is done)."""
@@ -93,6 +96,34 @@ class SemanticCacheTier:
         s = self.semantic.stats
         return LookupStats({"hit": s.hits, "miss": s.lookups - s.hits - s.errors, "error": s.errors},
                            s.lookup_seconds)
+
+    async def invalidate(self, selector: Selector, embedder: Embedding | None, removed: Outcome) -> None:
+        await self._forget(removed)
+
+    async def flush(self, removed: Outcome) -> None:
+        await self._forget(removed)
+
+    async def _forget(self, removed: Outcome) -> None:
+        """No vector may point at an answer the tiers before this one removed."""
+        if removed.keys:
+            removed.removed["semantic"] = await self.semantic.delete(removed.keys)
+
+    def gauges(self) -> Sequence[Gauge]:
+        calibrator = self.semantic.calibrator
+
+        def points(field: str) -> list[tuple[dict[str, str], float]]:
+            return [({"namespace": name}, float(value)) for name, point in calibrator.points().items()
+                    if (value := getattr(point, field)) is not None]
+
+        return (Gauge("ragproxy_semantic_estimated_wrong_hit_rate", "Estimated share of wrong semantic hits at the "
+                      "threshold each namespace runs at (tenant/namespace: a tenant's own evidence)", ["namespace"],
+                      lambda: points("estimated_wrong_hit_rate")),
+                Gauge("ragproxy_semantic_wrong_hit_rate_bound", "One-sided 95% upper bound of that estimate (what a "
+                      "calibrated threshold must keep within the target)", ["namespace"],
+                      lambda: points("wrong_hit_rate_bound")),
+                Gauge("ragproxy_semantic_threshold", "Cosine threshold each namespace runs at (above 1: no threshold "
+                      "meets cache.l2.max_wrong_hit_rate, no semantic hits)", ["namespace"],
+                      lambda: points("threshold")))
 
 
 def build(b: Build) -> CacheTier | Off:
