@@ -9,7 +9,7 @@ from hypothesis import settings
 
 from tests.support.processes import RedisServer
 
-pytest_plugins = ["tests.fakes.fixtures"]
+pytest_plugins = ["tests.support.doubles_fixtures"]
 
 # Property tests check results, not speed: on a shared machine a per-example time limit only adds flaky failures.
 settings.register_profile("results-not-speed", deadline=None)

@@ -1,5 +1,5 @@
-"""Imports run one way: normalizer < tiers < proxy < admin < entry points, and no module imports itself back
-through others.
+"""Imports run one way: normalizer < tiers < proxy < admin < the shipped test doubles < entry points, and no module
+imports itself back through others.
 
 Every import counts: at module level, inside functions and under ``TYPE_CHECKING``. The graph comes from grimp
 (import-linter's engine); import-linter's own layers contract cannot state this order, as it refuses a layer
@@ -16,7 +16,8 @@ import pytest
 
 PACKAGES = ("normalizer", "tiers", "proxy", "admin")
 ENTRY_POINTS = ("proxy.cli", "proxy.serve", "proxy.demo")
-LAYERS = ("normalizer", "tiers", "proxy", "admin", "entry points")
+DOUBLES = ("proxy.doubles",)
+LAYERS = ("normalizer", "tiers", "proxy", "admin", "test doubles", "entry points")
 
 
 def _within(module: str, packages: tuple[str, ...]) -> bool:
@@ -27,6 +28,8 @@ def layer(module: str) -> int:
     """The module's rank in :data:`LAYERS`: it may import its own rank and below."""
     if _within(module, ENTRY_POINTS):
         return LAYERS.index("entry points")
+    if _within(module, DOUBLES):
+        return LAYERS.index("test doubles")
     return LAYERS.index(module.split(".")[0])
 
 

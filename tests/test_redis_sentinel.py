@@ -18,7 +18,7 @@ import redis
 from proxy.config import ConfigError, load_settings
 from proxy.credits.redis_store import RedisCreditStore
 from proxy.credits.store import LedgerFilter, Reservation, ledger_entries
-from tests.fakes.llm_server import FakeLLM
+from proxy.doubles.llm_server import FakeLLM
 from tests.scale.replicas import provision_user, shared_replicas
 from tests.scale.test_replicas import CREDIT, ask, sdk
 from tests.support.processes import RedisServer, free_port, wait_for_port

@@ -13,8 +13,8 @@ import httpx
 import pytest
 
 from proxy.credits.redis_keys import RedisKeyStore
-from tests.fakes.llm_server import FakeLLM
-from tests.fakes.qdrant_shim import QdrantShim
+from proxy.doubles.llm_server import FakeLLM
+from proxy.doubles.qdrant_shim import QdrantShim
 from tests.scale.replicas import shared_replica
 from tests.support.proxy_server import ProxyServer, proxy_settings
 

@@ -1,9 +1,9 @@
 """Abuse: what an outsider can get for free, leave unanswered or knock over, against two ``ragproxy serve`` replicas.
 
 ``python -m loadtest.bench abuse [--quick] [--json] [--slow-connections N] [--fd-limit N] [--attack-s S]``, from the
-repository root (the upstream doubles are imported from ``tests.fakes``).
+repository root (the upstream doubles are imported from ``proxy.doubles``).
 
-Set-up, all on loopback: a redis-server this run owns; the fake LLM and the TEST-ONLY Qdrant shim (``tests.fakes``,
+Set-up, all on loopback: a redis-server this run owns; the fake LLM and the TEST-ONLY Qdrant shim (``proxy.doubles``,
 in this process, so every upstream call is counted); two ``ragproxy serve`` processes on that Redis with API keys,
 credits and no response caching (every call goes upstream, so each must be charged once). One API key with a
 large balance, made through the admin API.
@@ -247,9 +247,9 @@ async def slow_connections(port: int, count: int, duration_s: float) -> dict[str
 @contextmanager
 def upstreams() -> Iterator[tuple[Any, Any]]:
     """The fake LLM and the Qdrant shim on this process's threads (run from the repository root: they live in
-    ``tests.fakes``), with one small collection."""
-    from tests.fakes.llm_server import FakeLLM
-    from tests.fakes.qdrant_shim import QdrantShim
+    ``proxy.doubles``), with one small collection."""
+    from proxy.doubles.llm_server import FakeLLM
+    from proxy.doubles.qdrant_shim import QdrantShim
 
     with FakeLLM(chunk_latency_s=0.01) as llm, QdrantShim() as shim:
         with httpx.Client(base_url=shim.url, timeout=30) as http:

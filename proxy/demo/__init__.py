@@ -2,8 +2,8 @@
 at work, then exit 0 (1 when a step did not get the cache status it should); ``--serve`` keeps everything running
 for the newcomer's own requests and prints curl lines to try.
 
-The upstreams are doubles, named as such wherever they show: :mod:`proxy.demo.llm` (canned OpenAI-compatible
-answers) and :mod:`proxy.demo.qdrant` (a few Qdrant REST routes over qdrant-client's local mode). They listen on
+The upstreams are doubles, named as such wherever they show: :mod:`proxy.doubles.demo_llm` (canned OpenAI-compatible
+answers) and :mod:`proxy.doubles.demo_qdrant` (a few Qdrant REST routes over qdrant-client's local mode). They listen on
 sockets bound before the settings are built, so their addresses are known and cannot be taken in between. The proxy
 runs as ``serve`` runs it (:func:`proxy.serve.running`), in a temporary data directory (every run starts cold), on
 free ports, or on the configured ports (8080 and 8081 by default) with ``--serve``; with one difference, said in
@@ -22,9 +22,9 @@ from aiohttp import web
 
 from proxy.cache_tiers.semantic import SemanticCacheTier
 from proxy.config import Settings
-from proxy.demo.llm import DemoLLM
-from proxy.demo.qdrant import DemoQdrant
 from proxy.demo.tour import Tour, curl_lines
+from proxy.doubles.demo_llm import DemoLLM
+from proxy.doubles.demo_qdrant import DemoQdrant
 from proxy.serve import running, stop_signal
 from proxy.startup_report import gather, http_url, render
 

@@ -17,7 +17,7 @@ import orjson
 
 from proxy.cache_tiers.semantic import SemanticCacheTier
 from proxy.config import Settings
-from proxy.demo.llm import MODEL
+from proxy.doubles.demo_llm import MODEL
 from proxy.startup_report import http_url
 from proxy.upstream.client import UpstreamClient
 

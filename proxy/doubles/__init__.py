@@ -1,7 +1,10 @@
-"""Test doubles of ragproxy's upstreams (test-only; never imported by the product).
+"""Test doubles of ragproxy's upstreams, shipped so that ``ragproxy demo`` and the load tests run from an installed
+wheel; the tests use them too. Never imported by the data plane or the admin API (``tests/test_layers.py``).
 
-- :mod:`tests.fakes.llm_server`: ``FakeLLM``, an OpenAI-wire inference server with faults, latency and a log;
-- :mod:`tests.fakes.kv_cache`: ``KVCacheModel`` and ``SlotSchedule``, a pure model of a prefix KV cache;
-- :mod:`tests.fakes.qdrant_shim`: ``QdrantShim``, a TEST-ONLY Qdrant REST shim over qdrant-client local mode;
-- :mod:`tests.fakes.fixtures`: pytest fixtures ``fake_llm``, ``fake_llm_thread``, ``qdrant_shim``.
+- :mod:`proxy.doubles.llm_server`: ``FakeLLM``, an OpenAI-wire inference server with faults, latency and a log;
+- :mod:`proxy.doubles.kv_cache`: ``KVCacheModel`` and ``SlotSchedule``, a pure model of a prefix KV cache;
+- :mod:`proxy.doubles.qdrant_shim`: ``QdrantShim``, a TEST-ONLY Qdrant REST shim over qdrant-client local mode;
+- :mod:`proxy.doubles.rerankers`: reranker servers (vLLM, TEI, Cohere shapes);
+- :mod:`proxy.doubles.demo_llm` and :mod:`proxy.doubles.demo_qdrant`: the demo's canned LLM and Qdrant;
+- pytest fixtures over them (``fake_llm``, ``fake_llm_thread``, ``qdrant_shim``): ``tests/support/doubles_fixtures.py``.
 """

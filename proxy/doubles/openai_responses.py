@@ -25,7 +25,7 @@ from typing import Any
 
 import orjson
 
-from tests.fakes import openai_shapes as shapes
+from proxy.doubles import openai_shapes as shapes
 
 Event = tuple[str, dict[str, Any]]
 
@@ -73,7 +73,7 @@ def _called_function(body: Mapping[str, Any]) -> str | None:
     if isinstance(choice, dict) and choice.get("type") == "function":
         return str(choice.get("name"))
     if choice == "required":
-        return functions[0]
+        return str(functions[0])
     text = last_user_text(body)
     return next((name for name in functions if name in text), None)
 

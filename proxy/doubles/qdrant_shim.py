@@ -15,7 +15,7 @@ Routes: ``GET /``, ``/healthz``, ``/readyz``, ``/livez``, ``/cluster``, ``/telem
 PUT overwrite), ``payload/delete``, ``payload/clear``. Search and recommend (removed from qdrant-client 1.x's
 own API but still served by Qdrant and sent by older clients) are translated to ``query_points``.
 
-Process: ``python -m tests.fakes.qdrant_shim --port 6333``. Every request is logged in ``log``.
+Process: ``python -m proxy.doubles.qdrant_shim --port 6333``. Every request is logged in ``log``.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from pydantic import BaseModel, TypeAdapter, ValidationError
 from qdrant_client import QdrantClient
 from qdrant_client.http import models
 
-from tests.fakes.served_app import ServedApp
+from proxy.doubles.served_app import ServedApp
 
 VERSION = importlib.metadata.version("qdrant-client")  # what the installed client expects of a server
 
@@ -377,7 +377,7 @@ def _error(status: int, message: str, started: float) -> web.Response:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m tests.fakes.qdrant_shim",
+        prog="python -m proxy.doubles.qdrant_shim",
         description="TEST-ONLY Qdrant REST shim over qdrant-client local mode",
     )
     parser.add_argument("--host", default="127.0.0.1")

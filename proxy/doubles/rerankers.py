@@ -30,7 +30,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from tests.fakes.served_app import ServedApp
+from proxy.doubles.served_app import ServedApp
 
 
 def score(query: str, document: str) -> float:

@@ -3,7 +3,7 @@
 - in-process, on the test's event loop: ``async with FakeLLM() as llm: ...``;
 - in a background thread with its own loop, for sync tests and sync SDK clients: ``with FakeLLM() as llm:
   ...``;
-- as a process: each double's ``main()`` (``python -m tests.fakes.llm_server --port P``).
+- as a process: each double's ``main()`` (``python -m proxy.doubles.llm_server --port P``).
 
 Port 0 (the default) binds a free port; ``url`` reports the real one. Every request is appended to ``log``
 (:class:`RequestLog`) before the handler runs, so a request that hangs or fails is still counted.
@@ -21,7 +21,7 @@ from typing import Self
 
 from aiohttp import web
 
-from tests.fakes.request_log import LoggedRequest, RequestLog, frozen_headers
+from proxy.doubles.request_log import LoggedRequest, RequestLog, frozen_headers
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 

@@ -8,8 +8,8 @@ import time
 import httpx
 import pytest
 
+from proxy.doubles.llm_server import FakeLLM
 from tests.admin.conftest import Admin, ask, only_key
-from tests.fakes.llm_server import FakeLLM
 from tests.support.proxy_server import ProxyServer
 
 

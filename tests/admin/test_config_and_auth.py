@@ -14,9 +14,9 @@ import httpx
 import pytest
 
 from proxy.config import load_settings
+from proxy.doubles.llm_server import FakeLLM
+from proxy.doubles.qdrant_shim import QdrantShim
 from tests.admin.conftest import CHAT, TOKEN, Admin, ask
-from tests.fakes.llm_server import FakeLLM
-from tests.fakes.qdrant_shim import QdrantShim
 from tests.support.processes import free_port
 from tests.support.proxy_server import ProxyServer, proxy_settings
 

@@ -9,9 +9,9 @@ from typing import Any
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
+from proxy.doubles.kv_cache import KVCacheModel
+from proxy.doubles.llm_server import FakeLLM
 from tests.admin.conftest import TOKEN, Admin
-from tests.fakes.kv_cache import KVCacheModel
-from tests.fakes.llm_server import FakeLLM
 from tests.support.proxy_server import ProxyServer, proxy_settings
 
 CHAT = "/v1/chat/completions"

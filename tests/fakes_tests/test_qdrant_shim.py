@@ -14,7 +14,7 @@ from qdrant_client import AsyncQdrantClient, QdrantClient, models
 from qdrant_client.common.version_check import get_server_version
 from qdrant_client.http.exceptions import UnexpectedResponse
 
-from tests.fakes.qdrant_shim import QdrantShim
+from proxy.doubles.qdrant_shim import QdrantShim
 from tests.support.processes import free_port, wait_for_port
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -225,7 +225,7 @@ def test_service_routes(qdrant_shim: QdrantShim) -> None:
 def test_runs_as_a_process() -> None:
     port = free_port()
     process = subprocess.Popen(
-        [sys.executable, "-m", "tests.fakes.qdrant_shim", "--port", str(port)],
+        [sys.executable, "-m", "proxy.doubles.qdrant_shim", "--port", str(port)],
         cwd=ROOT,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,

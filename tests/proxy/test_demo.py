@@ -115,7 +115,7 @@ def test_the_demo_qdrant_writes_values_json_cannot_hold_as_text() -> None:
     """A payload value orjson has no encoding for (a set, an object) is sent as its text, not an encoder error."""
     from uuid import UUID
 
-    from proxy.demo.qdrant import _envelope
+    from proxy.doubles.demo_qdrant import _envelope
 
     class Tag:
         def __str__(self) -> str:

@@ -14,7 +14,7 @@ import pytest
 
 from proxy.credits.pricing import MICRO
 from proxy.credits.store import ledger_entries
-from tests.fakes.llm_server import FakeLLM
+from proxy.doubles.llm_server import FakeLLM
 from tests.support.proxy_server import ProxyServer, proxy_settings
 
 CHAT = "/v1/chat/completions"

@@ -14,7 +14,7 @@ import httpx
 import openai
 import pytest
 
-from tests.fakes.llm_server import FakeLLM
+from proxy.doubles.llm_server import FakeLLM
 from tests.support.proxy_server import ProxyServer, proxy_settings
 
 CHAT = "/v1/chat/completions"

@@ -8,9 +8,9 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.fakes.kv_cache import KVCacheModel
-from tests.fakes.llm_server import FakeLLM
-from tests.fakes.qdrant_shim import QdrantShim
+from proxy.doubles.kv_cache import KVCacheModel
+from proxy.doubles.llm_server import FakeLLM
+from proxy.doubles.qdrant_shim import QdrantShim
 from tests.support.proxy_server import ProxyServer, proxy_settings
 
 CHAT = "/v1/chat/completions"

@@ -23,9 +23,9 @@ from normalizer.cache_control import CacheDefaults, cache_policy
 from normalizer.canonical import KeyScope, user_digest
 from proxy.config import ConfigError, Settings
 from proxy.context import Reply, RequestContext
+from proxy.doubles.llm_server import FakeLLM
 from proxy.server.request import Request
 from proxy.stages.cache_policy import Canonicalize, asks_private
-from tests.fakes.llm_server import FakeLLM
 from tests.support.proxy_server import ProxyServer, proxy_settings
 from tiers.versions import KnowledgeVersions
 

@@ -12,8 +12,8 @@ import httpx
 import orjson
 import pytest
 
-from tests.fakes.llm_server import FakeLLM
-from tests.fakes.qdrant_shim import QdrantShim
+from proxy.doubles.llm_server import FakeLLM
+from proxy.doubles.qdrant_shim import QdrantShim
 from tests.support.proxy_server import ProxyServer, proxy_settings
 
 CHAT = "/v1/chat/completions"

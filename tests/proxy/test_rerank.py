@@ -12,7 +12,7 @@ import pytest
 
 from proxy.credits.pricing import MICRO
 from proxy.credits.store import CreditStore, LedgerEntry, ledger_entries
-from tests.fakes.rerankers import FakeReranker
+from proxy.doubles.rerankers import FakeReranker
 from tests.support.objects import without
 from tests.support.proxy_server import ProxyServer, proxy_settings
 

@@ -16,8 +16,8 @@ from qdrant_client import QdrantClient, models
 from normalizer.documents import content_id
 from proxy.credits.pricing import MICRO, format_credits, to_micro
 from proxy.credits.store import ledger_entries
-from tests.fakes.llm_server import FakeLLM
-from tests.fakes.qdrant_shim import QdrantShim
+from proxy.doubles.llm_server import FakeLLM
+from proxy.doubles.qdrant_shim import QdrantShim
 from tests.support.objects import without
 from tests.support.proxy_server import ProxyServer, proxy_settings
 

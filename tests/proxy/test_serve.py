@@ -8,7 +8,7 @@ import time
 
 import httpx
 
-from tests.fakes.llm_server import FakeLLM
+from proxy.doubles.llm_server import FakeLLM
 from tests.support.proxy_server import ProxyProcess
 
 BODY = {"model": "fake-model", "messages": [{"role": "user", "content": "hi"}]}

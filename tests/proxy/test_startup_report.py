@@ -11,8 +11,8 @@ from pathlib import Path
 
 import orjson
 
-from tests.fakes.llm_server import FakeLLM
-from tests.fakes.qdrant_shim import VERSION, QdrantShim
+from proxy.doubles.llm_server import FakeLLM
+from proxy.doubles.qdrant_shim import VERSION, QdrantShim
 from tests.support.commands import ragproxy, site_without_model, start
 from tests.support.processes import free_port
 

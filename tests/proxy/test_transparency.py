@@ -7,8 +7,8 @@ from typing import Any
 import openai
 from qdrant_client import QdrantClient, models
 
-from tests.fakes.llm_server import FakeLLM
-from tests.fakes.qdrant_shim import QdrantShim
+from proxy.doubles.llm_server import FakeLLM
+from proxy.doubles.qdrant_shim import QdrantShim
 from tests.support.objects import without
 from tests.support.proxy_server import ProxyServer
 

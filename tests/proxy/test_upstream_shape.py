@@ -11,8 +11,8 @@ import openai
 import orjson
 import pytest
 
+from proxy.doubles.llm_server import FakeLLM
 from proxy.sse import iter_events
-from tests.fakes.llm_server import FakeLLM
 from tests.support.objects import without
 from tests.support.proxy_server import ProxyServer, proxy_settings
 

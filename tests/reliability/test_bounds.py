@@ -20,10 +20,10 @@ import pytest
 from normalizer.documents import DocumentRegistry
 from normalizer.search_request import SearchItem
 from proxy.context import Reply, RequestContext
+from proxy.doubles.llm_server import FakeLLM
 from proxy.server.request import Request
 from proxy.stages.coalesce import Coalesce, Flights
 from proxy.stats import COST_MEMORY, RequestStats
-from tests.fakes.llm_server import FakeLLM
 from tests.support.proxy_server import ProxyServer, proxy_settings
 from tiers.demotion import Demoter
 from tiers.memory import MemoryStore

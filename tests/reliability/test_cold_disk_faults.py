@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.fakes.llm_server import FakeLLM
+from proxy.doubles.llm_server import FakeLLM
 from tests.support.proxy_server import ProxyProcess
 
 pytestmark = pytest.mark.skipif(not hasattr(resource, "prlimit"), reason="needs prlimit (Linux)")

@@ -10,7 +10,7 @@ import time
 
 import httpx
 
-from tests.fakes.llm_server import FakeLLM
+from proxy.doubles.llm_server import FakeLLM
 from tests.support.proxy_server import ProxyProcess
 
 BODY = {"model": "fake-model", "stream": True, "messages": [{"role": "user", "content": "a long streamed answer"}]}

@@ -16,8 +16,8 @@ import httpx
 import pytest
 
 from proxy.credits.pricing import MICRO
-from tests.fakes.llm_server import FakeLLM
-from tests.fakes.qdrant_shim import QdrantShim
+from proxy.doubles.llm_server import FakeLLM
+from proxy.doubles.qdrant_shim import QdrantShim
 from tests.support.processes import free_port
 from tests.support.proxy_server import ProxyServer, proxy_settings
 

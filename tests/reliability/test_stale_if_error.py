@@ -16,10 +16,10 @@ import httpx
 import openai
 import pytest
 
+from proxy.doubles.llm_server import FakeLLM
 from proxy.pipeline import Pipeline
 from proxy.stages.forward import ForwardToLLM
 from proxy.stages.stale import StaleIfError, StaleStore
-from tests.fakes.llm_server import FakeLLM
 from tests.support.proxy_server import ProxyServer, proxy_settings
 from tiers.entry import CachedResponse
 

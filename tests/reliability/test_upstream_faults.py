@@ -16,7 +16,7 @@ import openai
 import pytest
 
 from loadtest.harness import child
-from tests.fakes.llm_server import FakeLLM
+from proxy.doubles.llm_server import FakeLLM
 from tests.support.processes import free_port
 from tests.support.proxy_server import ProxyServer, proxy_settings
 
@@ -211,7 +211,7 @@ def test_a_restarted_replica_serves_as_soon_as_it_is_back() -> None:
     """The only replica is killed, its breaker opens, and it comes back: the first health check that succeeds
     half-opens the breaker, so requests succeed within a probe period, not a breaker period (5 s by default)."""
     port = free_port()
-    command = ["-m", "tests.fakes.llm_server", "--port", str(port)]
+    command = ["-m", "proxy.doubles.llm_server", "--port", str(port)]
     overrides = {"upstreams.health_interval_s": 5.0}  # the defaults: 5 s health checks, breaker open for 5 s
     with child(command, port) as first, _proxy([f"http://127.0.0.1:{port}"], **overrides) as server:
         assert _post(server).status_code == 200

@@ -12,7 +12,7 @@ import openai
 
 from proxy.credits.redis_store import RedisCreditStore
 from proxy.credits.store import LedgerEntry, LedgerFilter, ledger_entries
-from tests.fakes.llm_server import FakeLLM
+from proxy.doubles.llm_server import FakeLLM
 from tests.scale.replicas import provision_user, shared_replicas
 
 CHAT = "/v1/chat/completions"

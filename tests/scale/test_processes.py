@@ -10,7 +10,7 @@ from urllib.parse import quote
 import httpx
 import pytest
 
-from tests.fakes.llm_server import FakeLLM
+from proxy.doubles.llm_server import FakeLLM
 from tests.scale.test_replicas import CHAT, ask
 from tests.support.proxy_server import ProxyProcess
 

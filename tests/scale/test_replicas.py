@@ -14,7 +14,7 @@ import openai
 
 from proxy.credits.redis_store import RedisCreditStore
 from proxy.credits.store import LedgerFilter, ledger_entries
-from tests.fakes.llm_server import FakeLLM
+from proxy.doubles.llm_server import FakeLLM
 from tests.scale.replicas import provision_user, shared_replicas, wait_stored
 from tests.support.proxy_server import ProxyServer
 

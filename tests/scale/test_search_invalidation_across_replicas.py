@@ -9,8 +9,8 @@ from collections.abc import Callable
 import httpx
 import pytest
 
-from tests.fakes.llm_server import FakeLLM
-from tests.fakes.qdrant_shim import QdrantShim
+from proxy.doubles.llm_server import FakeLLM
+from proxy.doubles.qdrant_shim import QdrantShim
 from tests.proxy.test_search_staleness import QUERY, SEARCH, delete_directly, seed
 from tests.scale.replicas import shared_replicas
 from tests.support.proxy_server import ProxyServer

@@ -6,8 +6,8 @@ from typing import Any
 
 import httpx
 
-from tests.fakes.kv_cache import KVCacheModel
-from tests.fakes.llm_server import FakeLLM
+from proxy.doubles.kv_cache import KVCacheModel
+from proxy.doubles.llm_server import FakeLLM
 from tests.support.proxy_server import ProxyServer, proxy_settings
 
 DOCS = [{"id": f"doc{i}", "text": f"Passage {i}: " + " ".join(f"w{i}_{j}" for j in range(150))} for i in range(3)]

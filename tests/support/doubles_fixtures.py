@@ -1,6 +1,6 @@
 """Pytest fixtures for the upstream doubles.
 
-Use them with ``pytest_plugins = ["tests.fakes.fixtures"]`` in the
+Use them with ``pytest_plugins = ["tests.support.doubles_fixtures"]`` in the
 root conftest, or import the names into a package's ``conftest.py``.
 
 - ``fake_llm``: a running :class:`FakeLLM` on the test's event loop (async tests);
@@ -15,8 +15,8 @@ from collections.abc import AsyncIterator, Iterator
 
 import pytest
 
-from tests.fakes.llm_server import FakeLLM
-from tests.fakes.qdrant_shim import QdrantShim
+from proxy.doubles.llm_server import FakeLLM
+from proxy.doubles.qdrant_shim import QdrantShim
 
 
 @pytest.fixture

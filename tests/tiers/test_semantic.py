@@ -10,8 +10,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from normalizer.signature import context_signature
+from proxy.doubles.qdrant_shim import QdrantShim
 from proxy.upstream.client import UpstreamClient
-from tests.fakes.qdrant_shim import QdrantShim
 from tiers.embedders.cached import CachedEmbedder
 from tiers.embedders.local import LocalEmbedder
 from tiers.embedders.minilm import MiniLMEncoder

@@ -8,6 +8,7 @@ import orjson
 import pytest
 
 from proxy.config import ConfigError, load_settings
+from proxy.doubles.openai_responses import encode, response_object, stream_events
 from proxy.kv.hints import (
     SlotTable,
     capacity_from_slots,
@@ -18,7 +19,6 @@ from proxy.kv.hints import (
 )
 from proxy.kv.kinds import GENERIC, KINDS, LLAMACPP, OPENAI, SGLANG, VLLM, build_hints
 from proxy.kv.tree import Segment
-from tests.fakes.openai_responses import encode, response_object, stream_events
 
 PATH = [Segment("p:s", 10), Segment("d1", 100), Segment("d2", 100)]
 

@@ -12,6 +12,7 @@ import pytest
 from normalizer.documents import DocumentRegistry
 from normalizer.responses import read_response_prompt
 from proxy.context import Reply, RequestContext
+from proxy.doubles.openai_responses import encode, response_object, stream_events
 from proxy.errors import ProxyError
 from proxy.kv.admission_queue import AdmissionQueue
 from proxy.kv.kinds import GENERIC, LLAMACPP, OPENAI, SGLANG, VLLM, BackendKind
@@ -22,7 +23,6 @@ from proxy.kv.stages import Replica, Route, Shape
 from proxy.kv.tree import KnowledgeTree
 from proxy.pipeline import Pipeline
 from proxy.stages.prompt import ReadPrompt
-from tests.fakes.openai_responses import encode, response_object, stream_events
 from tests.proxy.kv.clocks import Clock
 from tests.proxy.kv.test_stages import DOCS, ctx_for, replicas
 

@@ -12,8 +12,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from proxy.doubles.qdrant_shim import QdrantShim
 from proxy.upstream.client import UpstreamClient
-from tests.fakes.qdrant_shim import QdrantShim
 from tiers.embedders.base import normalize_rows
 from tiers.vectors.base import VectorStore
 from tiers.vectors.hnsw import HnswVectorStore
