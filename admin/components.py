@@ -45,10 +45,4 @@ def knowledge_summary(rt: Runtime) -> dict[str, Any] | None:
 
 def invalidator(rt: Runtime) -> Invalidator:
     """An :class:`Invalidator` over every registered tier (built per admin request: cheap)."""
-    semantic = semantic_tier(rt)
-    retrieval = retrieval_cache(rt)
-    return Invalidator(
-        response_tiers(rt), semantic=semantic, embedder=semantic.embedder if semantic is not None else None,
-        retrieval=retrieval, collections=retrieval.collections if retrieval is not None else None,
-        on_removed=rt.stats.forget,
-    )
+    return rt.invalidator()

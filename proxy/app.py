@@ -9,11 +9,12 @@ its many routes and its authentication middleware, is an aiohttp application on 
 
 Routes: ``POST /v1/chat/completions``, ``/v1/completions``, ``/v1/responses``, ``/v1/embeddings`` run their
 pipelines; rerankers ``POST /v1/rerank``, ``/v2/rerank``, ``/rerank`` (Cohere/Jina/vLLM, or TEI's shape) and
-``/v1/score``, ``/score`` (vLLM) run the rerank pipeline; any other ``/v1/...`` is passed through (any method, those
-paths with another method too: ``GET /v1/responses/{id}`` among them); ``GET /healthz`` and ``/readyz``; everything
-under the Qdrant prefixes below goes to the Qdrant pipelines, and so does ``GET /`` when a Qdrant upstream is
-configured (qdrant-client reads the server version there); without one, ``GET /`` describes the proxy
-(:mod:`proxy.routes.about`).
+``/v1/score``, ``/score`` (vLLM) run the rerank pipeline; everything under ``/v1/responses/`` (a stored response
+by id, its input items, cancel; ``input_tokens``, ``compact``) runs the stored-responses pipeline; any other
+``/v1/...`` is passed through (any method, those paths with another method too); ``GET /healthz`` and
+``/readyz``; everything under the Qdrant prefixes below goes to the Qdrant pipelines, and so does ``GET /`` when a
+Qdrant upstream is configured (qdrant-client reads the server version there); without one, ``GET /`` describes the
+proxy (:mod:`proxy.routes.about`).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from proxy.runtime import Runtime
 from proxy.server.connection import HttpServer
 from proxy.server.request import Request
 from proxy.server.responder import Responder
+from proxy.stages.stored_responses import PREFIX as RESPONSES_PREFIX
 
 # Qdrant REST paths the proxy forwards (everything else outside /v1 is a 404 of ours).
 _QDRANT_PREFIXES = ("/collections", "/aliases", "/cluster", "/telemetry", "/snapshots", "/locks", "/issues")
@@ -103,6 +105,7 @@ class DataPlane:
             self._exact[(method, "/")] = root
         self._get_only = frozenset({"/healthz", "/readyz", "/"})
         self._llm_passthrough = handler("llm_passthrough", "llm_passthrough", Dialect.OPENAI, False)
+        self._stored_responses = handler("stored_responses", "stored_responses", Dialect.OPENAI, False)
         self._qdrant_search = handler("qdrant_search", "qdrant_search", Dialect.QDRANT, True)
         self._qdrant_write = handler("qdrant_write", "qdrant_write", Dialect.QDRANT, False)
         self._qdrant_other = handler("qdrant_passthrough", "qdrant", Dialect.QDRANT, False)
@@ -119,7 +122,7 @@ class DataPlane:
         if exact is not None:
             return exact
         if path.startswith("/v1/"):
-            return self._llm_passthrough
+            return self._stored_responses if path.startswith(RESPONSES_PREFIX) else self._llm_passthrough
         if path in self._get_only:
             raise ProxyError(405, "Method Not Allowed", code="method_not_allowed", headers={"Allow": "GET,HEAD"})
         if _is_qdrant_path(path):

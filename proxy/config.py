@@ -113,6 +113,10 @@ class Upstreams(_Section):
         description="LLM replicas; the first healthy one is used until routing is configured",
     )
     qdrant: QdrantUpstream = Field(default_factory=QdrantUpstream)
+    response_retention_s: float = Field(
+        default=30 * 86_400.0, gt=0, description="How long the LLM upstream keeps a stored response (OpenAI: 30 days): "
+        "the proxy remembers that long which tenant and replica made it, and caches it no longer"
+    )
     connect_timeout_s: float = Field(default=5.0, gt=0, description="TCP connect timeout to any upstream")
     read_timeout_s: float = Field(default=300.0, gt=0, description="Longest silence from an upstream")
     health_interval_s: float = Field(default=5.0, gt=0, description="Background health-check period")
@@ -280,9 +284,9 @@ class CacheSettings(_Section):
         default="bypass", description="Requests with fields the key cannot judge are not cached"
     )
     cache_stored_responses: bool = Field(
-        default=False, description="Cache /v1/responses requests whose answer is stored upstream (store: true, the "
-        "API's default), and route them across LLM replicas; a hit hands out the id of a response stored for "
-        "another request (normalizer.responses)"
+        default=True, description="Answer an exact repeat of a /v1/responses request stored upstream (store: true, the "
+        "API's default) with the stored original: same id, so retrieving and continuing it work upstream; never a "
+        "semantic hit, never shared across tenants (normalizer.responses)"
     )
     shared_namespaces: list[str] = Field(default_factory=list, description="Namespaces shared by all tenants")
     private_namespaces: list[str] = Field(

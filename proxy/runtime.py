@@ -20,18 +20,22 @@ from opentelemetry.trace import Tracer
 from normalizer.documents import DocumentRegistry
 from proxy.cache_tiers import REGISTERED
 from proxy.cache_tiers.base import TierSet, build_tiers
+from proxy.cache_tiers.search import SearchTier
+from proxy.cache_tiers.semantic import SemanticCacheTier
 from proxy.config import Settings
 from proxy.credits.factory import CreditComponents, build_credits
 from proxy.kv.factory import KVLayer, build_kv
 from proxy.kv.stages import SharedPrefixes
 from proxy.metrics import Metrics, TierLookups
 from proxy.observe import Observer, observer
+from proxy.response_owners import RedisResponseOwners, ResponseOwners, SqliteResponseOwners
 from proxy.shared import SharedMode, build_shared
 from proxy.stages.coalesce import Flights
 from proxy.stages.stale import StaleStore
 from proxy.stats import RequestStats
 from proxy.upstream.backends import BackendPool
 from proxy.upstream.client import UpstreamClient
+from tiers.invalidation import Invalidator
 from tiers.policies.trace import TraceRecorder
 from tiers.versions import KnowledgeVersions, VersionSource
 
@@ -59,6 +63,8 @@ class Runtime:
     kv: KVLayer | None = field(init=False)
     stale: StaleStore | None = field(init=False)
     credits: CreditComponents = field(init=False)
+    owners: ResponseOwners = field(init=False)
+    """Which tenant and replica made each stored Responses API object (:mod:`proxy.response_owners`)."""
     tracer: Tracer | None = field(init=False)
     trace: TraceRecorder | None = field(init=False)
     """The cache trace (``cache.trace_file``), replayed by ``ragproxy simulate``."""
@@ -94,6 +100,10 @@ class Runtime:
                                 max_stale_s=stale.max_stale_s) if stale.namespaces else None
         self.credits = build_credits(settings)
         self.credits.register_metrics(self.metrics)
+        retention = upstreams.response_retention_s
+        self.owners = RedisResponseOwners(self.shared.near.shared.client, ttl_s=retention,
+                                          prefix=settings.redis.prefix) if self.shared is not None \
+            else SqliteResponseOwners(settings.data_dir / "responses.sqlite3", ttl_s=retention)
         self.tracer = None
         if settings.telemetry.tracing:
             from proxy.tracing import make_tracer
@@ -103,6 +113,19 @@ class Runtime:
         self.trace = TraceRecorder(trace_file) if trace_file is not None else None
         self.observe = observer(self)
         self._stack: AsyncExitStack | None = None
+
+    def invalidator(self) -> Invalidator:
+        """An :class:`Invalidator` over every registered tier (cheap: built per use); removed keys leave the
+        request statistics too."""
+        semantic_tier = self.tiers.find(SemanticCacheTier)
+        semantic = semantic_tier.semantic if semantic_tier is not None else None
+        search = self.tiers.find(SearchTier)
+        retrieval = search.cache if search is not None else None
+        return Invalidator(
+            self.tiers.answers, semantic=semantic, embedder=semantic.embedder if semantic is not None else None,
+            retrieval=retrieval, collections=retrieval.collections if retrieval is not None else None,
+            on_removed=self.stats.forget,
+        )
 
     async def fetch_collection(self, name: str) -> bytes | None:
         """``GET /collections/{name}`` from Qdrant (the search cache learns the collection's metric)."""
@@ -135,6 +158,7 @@ class Runtime:
             stack.push_async_callback(self.backends.stop)
             await self.credits.start()
             stack.push_async_callback(self.credits.stop)
+            stack.push_async_callback(self.owners.close)
             stack.push_async_callback(drain_finishers, 10.0)  # first at shutdown: what clients left running
             self._stack = stack.pop_all()
 

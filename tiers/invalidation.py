@@ -8,7 +8,8 @@ How entries are found, per response tier, without reading every entry when the s
 
 1. candidate keys come from the store's tag index (``tiers.storage.KeyValueStore.keys_with_tag``) — the tags
    every entry carries (``proxy.stages.tiers.entry_tags``): ``tenant:<t>``, ``ns:<t>/<ns>``, ``model:<m>``,
-   ``doc:<id>`` (the document reverse index), ``collection:<c>``, ``all``; or from ``keys`` directly. Every tag
+   ``doc:<id>`` (the document reverse index), ``response:<id>`` (a stored response's own id and the one it
+   continues), ``collection:<c>``, ``all``; or from ``keys`` directly. Every tag
    part of the selector narrows the set (set intersection); the ``all`` tag is used only when no part maps to
    a tag;
 2. parts that tags cannot answer are checked on the decoded entry header (:class:`~tiers.entry.CachedResponse`):
@@ -72,6 +73,8 @@ class Selector:
     namespace: str | None = None
     model: str | None = None
     documents: tuple[str, ...] = ()
+    responses: tuple[str, ...] = ()
+    """Entries carrying any of these Responses API ids (a stored response, or an answer continuing one)."""
     collection: str | None = None
     near: Near | None = None
     older_than_s: float | None = None
@@ -79,8 +82,8 @@ class Selector:
 
     @property
     def empty(self) -> bool:
-        return not (self.keys or self.tenant or self.namespace or self.model or self.documents or self.collection
-                    or self.near or self.older_than_s is not None or self.newer_than_s is not None)
+        return not (self.keys or self.tenant or self.namespace or self.model or self.documents or self.responses
+                    or self.collection or self.near or self.older_than_s is not None or self.newer_than_s is not None)
 
     @property
     def needs_entry(self) -> bool:
@@ -101,6 +104,8 @@ def candidate_tags(selector: Selector) -> list[list[str]]:
         groups.append([f"model:{selector.model}"])
     if selector.documents:
         groups.append([f"doc:{doc}" for doc in selector.documents])
+    if selector.responses:
+        groups.append([f"response:{response}" for response in selector.responses])
     return groups
 
 
