@@ -85,8 +85,8 @@ def stop_signal() -> asyncio.Event:
 
 async def serve(settings: Settings) -> None:
     """Serve until SIGTERM/SIGINT, then stop accepting and drain in-flight requests up to the grace period."""
+    stop = stop_signal()  # before the port opens: whoever sees it listening may signal at once
     async with running(settings) as runtime:
-        stop = stop_signal()
         announce(await gather(settings, runtime), settings.logging.format)
         gc.freeze()  # see the module docstring
         await stop.wait()

@@ -223,5 +223,6 @@ def test_a_restarted_replica_serves_as_soon_as_it_is_back() -> None:
             back = time.monotonic()
             while (status := _post(server).status_code) != 200 and time.monotonic() - back < 10:
                 time.sleep(0.05)
-            assert status == 200 and time.monotonic() - back < 1.5, time.monotonic() - back
+            # within a few probe periods (0.5 s while down), not a breaker period (5 s)
+            assert status == 200 and time.monotonic() - back < 4, time.monotonic() - back
             assert [_post(server).status_code for _ in range(10)] == [200] * 10
