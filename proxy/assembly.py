@@ -187,5 +187,5 @@ def _caching(rt: Runtime, kind: Literal["chat", "completion", "response"]) -> li
         *([] if rt.stale is None else [StaleIfError(rt.stale, kind=kind, namespaces=cache.stale.namespaces)]),
         StoreResponse(rt.tiers.first, kind=kind, expose_key=cache.expose_key, write_behind=rt.tiers.write_behind),
         *rt.tiers.stages(kind),
-        Coalesce(kind=kind, wait_s=cache.coalesce_wait_s, flights=rt.flights),
+        Coalesce(kind=kind, wait_s=cache.coalesce_wait_s, flights=rt.flights, recheck=rt.tiers.first),
     ]
