@@ -219,7 +219,11 @@ class Invalidator:
         return await self.invalidate(Selector(keys=tuple(keys)))
 
     async def flush(self, names: Sequence[str] | None = None) -> Outcome:
-        """Empty the named tiers (all when ``None``); ``retrieval`` flushes cached searches."""
+        """Empty the named tiers (all when ``None``); ``retrieval`` flushes cached searches.
+
+        The outcome names only what was flushed: emptying one answer tier leaves the semantic index alone (its
+        vectors still point at the answers the other tiers hold; one whose answer is gone everywhere is dropped
+        when it is next matched), and only a flush of everything forgets the vectors of the removed answers."""
         known = {t.name for t in self.tiers} | ({"retrieval"} if self.retrieval is not None else set())
         wanted = list(known) if names is None else list(names)
         unknown = sorted(set(wanted) - known)
@@ -234,7 +238,10 @@ class Invalidator:
             outcome.removed[tier.name] = await tier.store.clear()
             removed.update(keys)
         outcome.keys = sorted(removed)
-        await self._after_removal(outcome)
+        if names is None:
+            await self._after_removal(outcome)
+        elif self.on_removed is not None and outcome.keys:
+            self.on_removed(outcome.keys)
         if self.retrieval is not None and "retrieval" in wanted:
             outcome.removed["retrieval"] = await self.retrieval.invalidate(WriteEffect(WriteScope.ALL))
         return outcome

@@ -182,7 +182,9 @@ def test_litellm_aliases(admin_proxy: ProxyServer, admin: Admin) -> None:
     flushed = admin.post("/cache/flushall").json()
     assert flushed["status"] == "success" and nonzero(flushed["removed"]) == {"l1": 1}
     assert status(ask(admin_proxy, "a")) == "MISS" and status(ask(admin_proxy, "b")) == "MISS"
-    assert admin.get("/cache/ping").json()["status"] == "healthy"
+    ping = admin.get("/cache/ping").json()
+    assert ping["status"] == "healthy" and ping["tiers"] == [t.name for t in admin_proxy.runtime.tiers]
+    assert set(ping["tiers"]) | set(ping["off"]) == {"l1", "l3", "l2", "retrieval"}, "every registered tier"
 
 
 def test_metrics_exposition(admin_proxy: ProxyServer, admin: Admin) -> None:
