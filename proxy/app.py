@@ -54,15 +54,16 @@ def _error_body(path: str, status: int, message: str, code: str) -> bytes:
     return ProxyError(status, message, code=code).body(_dialect_for(path))
 
 
-def _safe_qdrant_path(request: Request) -> str:
-    """The raw path to forward, refusing dot segments and encoded slashes (no path traversal upstream)."""
+def _safe_path(request: Request, what: str) -> str:
+    """The raw path to forward, refusing dot segments and encoded slashes: the upstream must see the resource the
+    proxy checked (no path traversal upstream)."""
     raw = request.raw_path
     lowered = raw.lower()
     if "%2f" in lowered or "%5c" in lowered or "\\" in raw:
-        raise ProxyError(400, "encoded slashes are not allowed in Qdrant paths", code="bad_path")
+        raise ProxyError(400, f"encoded slashes are not allowed in {what} paths", code="bad_path")
     segments = request.path.split("/")
     if any(segment in ("..", ".") for segment in segments):
-        raise ProxyError(400, "dot segments are not allowed in Qdrant paths", code="bad_path")
+        raise ProxyError(400, f"dot segments are not allowed in {what} paths", code="bad_path")
     return raw
 
 
@@ -105,7 +106,13 @@ class DataPlane:
             self._exact[(method, "/")] = root
         self._get_only = frozenset({"/healthz", "/readyz", "/"})
         self._llm_passthrough = handler("llm_passthrough", "llm_passthrough", Dialect.OPENAI, False)
-        self._stored_responses = handler("stored_responses", "stored_responses", Dialect.OPENAI, False)
+        stored_responses = handler("stored_responses", "stored_responses", Dialect.OPENAI, False)
+
+        async def about_a_response(request: Request, out: Responder) -> None:  # its owner checks the id it reads
+            _safe_path(request, "/v1/responses")
+            await stored_responses(request, out)
+
+        self._stored_responses = about_a_response
         self._qdrant_search = handler("qdrant_search", "qdrant_search", Dialect.QDRANT, True)
         self._qdrant_write = handler("qdrant_write", "qdrant_write", Dialect.QDRANT, False)
         self._qdrant_other = handler("qdrant_passthrough", "qdrant", Dialect.QDRANT, False)
@@ -130,7 +137,7 @@ class DataPlane:
         raise ProxyError(404, "Not Found", code="not_found")
 
     async def _qdrant(self, request: Request, out: Responder) -> None:
-        _safe_qdrant_path(request)
+        _safe_path(request, "Qdrant")
         if request.method == "POST" and _QDRANT_SEARCH.match(request.path):
             await self._qdrant_search(request, out)
         elif request.method in _QDRANT_WRITE_METHODS:

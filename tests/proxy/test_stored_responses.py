@@ -4,6 +4,8 @@ upstream gives, a stored response belongs to the tenant that made it and is reac
 
 from __future__ import annotations
 
+import http.client
+import json
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -144,6 +146,14 @@ def test_another_tenant_cannot_read_delete_or_continue_a_stored_response(
         aside = httpx.post(proxy.url + path, json={"model": MODEL, "previous_response_id": first.id},
                            headers={"Authorization": f"Bearer {bob.api_key}"})
         assert aside.status_code == 400 and aside.json()["error"]["code"] == "previous_response_not_found"
+    mine = bob.responses.create(model=MODEL, input="Bob's own")
+    for sneaky in (f"/v1/responses/{mine.id}/../{first.id}", f"/v1/responses/{mine.id}%2F..%2F{first.id}",
+                   f"/v1/responses/{mine.id}%2f..%2f{first.id}/input_items"):
+        connection = http.client.HTTPConnection("127.0.0.1", proxy.settings.server.port, timeout=30)
+        connection.request("GET", sneaky, headers={"Authorization": f"Bearer {bob.api_key}"})  # sent as written
+        traversal = connection.getresponse()
+        assert traversal.status == 400 and json.loads(traversal.read())["error"]["code"] == "bad_path", sneaky
+        connection.close()
     own = bob.responses.with_raw_response.create(model=MODEL, input="Ann's secret plan")
     assert _status(own) == "MISS" and own.parse().id != first.id, "exact keys are per tenant"
     assert ann.responses.retrieve(first.id).id == first.id and first.id in fake_llm_thread.stored
