@@ -186,6 +186,5 @@ async def litellm_flushall(request: web.Request) -> web.Response:
 @routes.get("/cache/ping")
 async def litellm_ping(request: web.Request) -> web.Response:
     rt = request.app[RUNTIME]
-    tiers = components.response_tiers(rt)
-    return json_response({"status": "healthy", "cache_type": "ragproxy",
-                          "tiers": [t.name for t in tiers], "ping_response": True})
+    return json_response({"status": "healthy", "cache_type": "ragproxy", "tiers": [t.name for t in rt.tiers],
+                          "off": {off.name: off.reason for off in rt.tiers.off}, "ping_response": True})

@@ -101,7 +101,7 @@ SCHEMAS: dict[str, Any] = {
     "LiteLLMFlushed": _obj({"status": {"const": "success"},
                             "removed": {"type": "object", "additionalProperties": _int}}),
     "LiteLLMPing": _obj({"status": _str, "cache_type": _str, "tiers": {"type": "array", "items": _str},
-                         "ping_response": _bool}),
+                         "off": {"type": "object", "additionalProperties": _str}, "ping_response": _bool}),
 }
 
 

@@ -4,9 +4,10 @@
 logs and reports with ``X-Cache-Status: BYPASS``. Rules, in the order they are checked:
 
 1. the body is not a JSON object — the upstream gives its own error;
-1a. Responses API (``kind="response"``): the answer depends on state kept upstream, or the response is stored
-    there (:func:`normalizer.responses.state_reason`; stored responses are cached only with
-    ``cache_stored_responses``);
+1a. Responses API (``kind="response"``): the answer depends on state kept upstream that the key cannot see
+    (:func:`normalizer.responses.state_reason`), or the response is stored upstream and ``cache_stored_responses``
+    is off (it is on by default: an exact repeat is answered with the stored original, see
+    :mod:`normalizer.responses`);
 2. ``n > 1`` — several sampled choices are asked for; replaying one stored set would fix the sample for
    everyone and defeat the point of asking for many;
 3. ``logprobs`` / ``top_logprobs`` (legacy ``logprobs`` as a number) — the client inspects the sampling;
@@ -52,7 +53,7 @@ from typing import Any, Literal
 
 from normalizer.canonical import EXCLUDED_FIELDS, KNOWN_FIELDS, RequestKind
 from normalizer.rerank import RERANK_KNOWN_FIELDS
-from normalizer.responses import RESPONSE_KNOWN_FIELDS, state_reason
+from normalizer.responses import RESPONSE_KNOWN_FIELDS, state_reason, stores
 
 _KNOWN: Mapping[RequestKind, frozenset[str]] = {
     **KNOWN_FIELDS, "response": RESPONSE_KNOWN_FIELDS, "rerank": RERANK_KNOWN_FIELDS | EXCLUDED_FIELDS.keys()}
@@ -70,7 +71,7 @@ class BypassSettings:
     cache_sampled_by_model: Mapping[str, bool] = field(default_factory=dict)
     cache_sampled_by_namespace: Mapping[str, bool] = field(default_factory=dict)
     cache_tool_calls: bool = True
-    cache_stored_responses: bool = False
+    cache_stored_responses: bool = True
 
 
 def _first_match(patterns: Mapping[str, bool], name: str | None) -> bool | None:
@@ -118,6 +119,12 @@ def _asks_for_logprobs(body: Mapping[str, Any], kind: RequestKind) -> str | None
     return None
 
 
+def _response_state(body: Mapping[str, Any], settings: BypassSettings) -> str | None:
+    if not settings.cache_stored_responses and stores(body):
+        return "store: the response is stored upstream (store defaults to true) and cache.cache_stored_responses is off"
+    return state_reason(body)
+
+
 def bypass_reason(
     body: Any,
     settings: BypassSettings | None = None,
@@ -129,7 +136,7 @@ def bypass_reason(
     settings = settings or BypassSettings()
     if not isinstance(body, dict):
         return "body is not a JSON object"
-    if kind == "response" and (state := state_reason(body, cache_stored=settings.cache_stored_responses)):
+    if kind == "response" and (state := _response_state(body, settings)):
         return state
     n = body.get("n")
     if isinstance(n, int | float) and not isinstance(n, bool) and n > 1:

@@ -23,20 +23,27 @@ verbatim under ``extra``; whether such a request is cached at all is :func:`norm
 decision (``cache.unknown_fields``), as for chat. Excluded fields are listed with their reason in
 :data:`RESPONSE_EXCLUDED_FIELDS`.
 
-Requests answered from state kept upstream never take part (:func:`state_reason`, reported in
-``X-Cache-Bypass-Reason``): ``previous_response_id`` and ``conversation`` (the answer continues a conversation
-the key cannot see), ``prompt`` (a template stored upstream, changeable under the same id), ``background`` (the
-answer is fetched later by id), ``item_reference`` input items (an item stored upstream) — and stored responses.
+Requests answered from state kept upstream that the key cannot see never take part (:func:`state_reason`,
+reported in ``X-Cache-Bypass-Reason``): ``conversation`` (a conversation grows with every response added to it,
+so a repeat under the same id asks something new), ``prompt`` (a template stored upstream, changeable under the
+same id), ``background`` (the answer is fetched later by id), ``item_reference`` input items (an item stored
+upstream).
 
-Stored responses (``store``, which the API defaults to **true**). A stored response is a resource upstream: its
-id can be fetched, deleted, listed in the provider's logs and continued with ``previous_response_id``. A cached
-answer creates no such resource, and hands out the id of a response stored for another request — possibly under
-other upstream credentials (then ``previous_response_id`` fails) and with another request's ``metadata``. So by
-default only ``store: false`` requests are cached; ``store: true`` — or no ``store`` at all — bypasses with the
-reason saying so. ``cache.cache_stored_responses: true`` caches them anyway, for deployments where the proxy's
-own upstream key is shared by every client and nobody continues or fetches responses by id: the common
-"responses.create as a chat call" use. A hit then echoes the request's own ``store``, ``metadata``, ``user``,
-``safety_identifier`` and ``prompt_cache_key`` (:func:`echo_request`), but keeps the original's id.
+``previous_response_id`` is in the key: a stored response does not change, so the same input after the same
+response is the same request (who may name a response id is :mod:`proxy.stages.stored_responses`' decision,
+taken before any cache tier).
+
+Stored responses (``store``, which the API defaults to **true**, so every SDK call that does not say otherwise).
+A stored response is a resource upstream: its id can be fetched, deleted, listed and continued with
+``previous_response_id``. An exact repeat of a stored request is answered from the cache with the **stored
+original**: same id, same object, so fetching it or continuing from it works upstream as it would have. For that,
+the key of a stored request holds everything the stored object records of the request — ``metadata``, ``user``,
+``safety_identifier``, ``prompt_cache_key`` — under ``stored`` (a request not stored has no ``stored`` part, so
+the two never share an entry: a store-false answer's id names nothing upstream). A stored answer is never shared
+across tenants and never a semantic match (:func:`semantic_question`: a stored object made for another input
+would be handed out as if made for this one). ``cache.cache_stored_responses: false`` bypasses stored requests
+instead. A store-false hit echoes the request's own ``store``, ``metadata``, ``user``, ``safety_identifier`` and
+``prompt_cache_key`` (:func:`echo_request`), keeping the original's id.
 """
 
 from __future__ import annotations
@@ -52,7 +59,7 @@ RESPONSE_KEYED_FIELDS = frozenset(
     {
         "model", "input", "instructions", "tools", "tool_choice", "parallel_tool_calls", "text", "reasoning",
         "temperature", "top_p", "max_output_tokens", "max_tool_calls", "truncation", "include", "service_tier",
-        "top_logprobs",
+        "top_logprobs", "previous_response_id",
     }
 )  # fmt: skip
 
@@ -61,12 +68,13 @@ RESPONSE_EXCLUDED_FIELDS: Mapping[str, str] = {
                                                   "prompt_cache_key", "cache", "ragproxy")},
     "stream_options": "transport only: include_obfuscation pads streamed deltas with random characters",
     "prompt_cache_retention": "how long the provider keeps its prompt cache; changes latency, not the answer",
-    "store": "whether the provider keeps the response; not seen by the model (stored responses bypass: see above)",
+    "store": "whether the provider keeps the response; not seen by the model (a stored request's key says so: "
+             "see above)",
 }
 """Top-level fields that never enter a Responses key, with the reason each cannot change the answer."""
 
-STATE_FIELDS = frozenset({"previous_response_id", "conversation", "prompt", "background"})
-"""Fields that make the answer depend on state kept upstream: known, never cached."""
+STATE_FIELDS = frozenset({"conversation", "prompt", "background"})
+"""Fields that make the answer depend on state kept upstream that the key cannot see: known, never cached."""
 
 RESPONSE_KNOWN_FIELDS = RESPONSE_KEYED_FIELDS | RESPONSE_EXCLUDED_FIELDS.keys() | STATE_FIELDS
 
@@ -79,11 +87,22 @@ _TEXT_DEFAULT_FORMAT = {"type": "text"}
 _SYSTEM_ROLES = frozenset({"system", "developer"})
 
 
-def state_reason(body: Mapping[str, Any], *, cache_stored: bool = False) -> str | None:
-    """Why a Responses request depends on state kept upstream (so it is never cached), or ``None``."""
-    for name in ("previous_response_id", "conversation"):
-        if body.get(name) is not None:
-            return f"{name}: the answer continues a conversation stored upstream"
+def stores(body: Mapping[str, Any]) -> bool:
+    """Whether the upstream keeps the response (``store`` defaults to true)."""
+    return body.get("store") is not False
+
+
+def continued_response(body: Mapping[str, Any]) -> str | None:
+    """The id of the stored response this request continues (``previous_response_id``), or ``None``."""
+    previous = body.get("previous_response_id")
+    return previous if isinstance(previous, str) else None
+
+
+def state_reason(body: Mapping[str, Any]) -> str | None:
+    """Why a Responses request depends on state kept upstream that its key cannot see (so it is never cached),
+    or ``None``."""
+    if body.get("conversation") is not None:
+        return "conversation: the answer continues a conversation that grows upstream with every response"
     if body.get("prompt") is not None:
         return "prompt: the request uses a prompt template stored upstream"
     if body.get("background"):
@@ -91,9 +110,15 @@ def state_reason(body: Mapping[str, Any], *, cache_stored: bool = False) -> str 
     items = body.get("input")
     if isinstance(items, list) and any(isinstance(i, dict) and i.get("type") == "item_reference" for i in items):
         return "input item_reference: the input refers to an item stored upstream"
-    if body.get("store") is not False and not cache_stored:
-        return "store: the response is stored upstream (store defaults to true); send store: false to cache it"
     return None
+
+
+def one_replica_reason(body: Mapping[str, Any]) -> str | None:
+    """Why a Responses request must be answered by one particular LLM replica — the one holding the state it
+    builds on — rather than routed: :func:`state_reason`, or the response it continues."""
+    if continued_response(body) is not None:
+        return "previous_response_id: the response it continues is stored on the replica that made it"
+    return state_reason(body)
 
 
 def _part(part: Any) -> JSONValue:
@@ -187,10 +212,25 @@ def canonical_response(body: Mapping[str, Any]) -> dict[str, JSONValue]:
         out["include"] = include
     if "service_tier" in fields:
         out["service_tier"] = canonical_value(fields["service_tier"])
+    if fields.get("previous_response_id") is not None:
+        if not isinstance(fields["previous_response_id"], str):
+            raise CanonicalizationError("previous_response_id must be a string")
+        out["previous_response_id"] = fields["previous_response_id"]
+    if stores(fields):
+        out["stored"] = _stored(fields)
     extra = {key: canonical_value(value) for key, value in fields.items() if key not in RESPONSE_KNOWN_FIELDS}
     if extra:
         out["extra"] = extra
     return out
+
+
+def _stored(fields: Mapping[str, Any]) -> JSONValue:
+    """What a stored object records of the request outside the answer-changing fields (``null`` and ``{}``
+    metadata are none)."""
+    recorded = {name: fields[name] for name in ECHOED_FIELDS if name != "store" and fields.get(name) is not None}
+    if recorded.get("metadata") == {}:
+        del recorded["metadata"]
+    return canonical_value(recorded)
 
 
 def prompt_messages(body: Mapping[str, Any]) -> list[dict[str, Any]]:
@@ -237,6 +277,12 @@ def final_input_question(body: Mapping[str, Any], prompt: PromptDocuments) -> st
     if detected is not None and detected.message == len(messages) - 1:
         return detected.without_documents() or None
     return str(last.get("content") or "") or None
+
+
+def semantic_question(body: Mapping[str, Any], prompt: PromptDocuments) -> str | None:
+    """The question the semantic tier compares: :func:`final_input_question` of a request that is not stored;
+    ``None`` for a stored one (its answer is a resource made for exactly its input)."""
+    return None if stores(body) else final_input_question(body, prompt)
 
 
 def split_prompt(canonical: Mapping[str, JSONValue]) -> tuple[JSONValue, JSONValue, dict[str, JSONValue]]:

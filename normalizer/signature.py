@@ -37,7 +37,9 @@ Responses API requests (:func:`response_signature`, format ``rsig2``, so never e
 same fields from :func:`normalizer.responses.canonical_response` — ``system`` is ``instructions`` with the leading
 system/developer input items, ``history`` the input items before the final one, which must be a user message
 (:func:`normalizer.responses.final_input_question`); ``parameters`` everything else the exact key covers
-(``text``, ``reasoning``, ``include``, ``max_output_tokens``, sampling...). :class:`PromptReading` names the
+(``text``, ``reasoning``, ``include``, ``max_output_tokens``, ``previous_response_id``, sampling...). Stored
+requests have no question for the semantic stage (:func:`normalizer.responses.semantic_question`): only exact
+repeats answer them. :class:`PromptReading` names the
 question and signature functions of each endpoint for the semantic stage.
 """
 
@@ -50,7 +52,7 @@ from typing import Any
 from normalizer.canonical import canonical_chat
 from normalizer.canonical_json import JSONValue, digest_hex, encode_canonical
 from normalizer.documents import NO_DOCUMENTS, TEXT_PARTS, PromptDocuments, content_id, message_text
-from normalizer.responses import canonical_response, final_input_question, split_prompt
+from normalizer.responses import canonical_response, final_input_question, semantic_question, split_prompt
 
 SIGNATURE_FORMAT = "sig3"
 RESPONSE_SIGNATURE_FORMAT = "rsig2"
@@ -189,5 +191,5 @@ CHAT_READING = PromptReading(
     final_question, lambda body, prompt, version, variant: context_signature(
         body, prompt=prompt, knowledge_version=version, variant=variant))
 RESPONSE_READING = PromptReading(
-    final_input_question, lambda body, prompt, version, variant: response_signature(
+    semantic_question, lambda body, prompt, version, variant: response_signature(
         body, prompt=prompt, knowledge_version=version, variant=variant))

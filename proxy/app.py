@@ -9,11 +9,12 @@ its many routes and its authentication middleware, is an aiohttp application on 
 
 Routes: ``POST /v1/chat/completions``, ``/v1/completions``, ``/v1/responses``, ``/v1/embeddings`` run their
 pipelines; rerankers ``POST /v1/rerank``, ``/v2/rerank``, ``/rerank`` (Cohere/Jina/vLLM, or TEI's shape) and
-``/v1/score``, ``/score`` (vLLM) run the rerank pipeline; any other ``/v1/...`` is passed through (any method, those
-paths with another method too: ``GET /v1/responses/{id}`` among them); ``GET /healthz`` and ``/readyz``; everything
-under the Qdrant prefixes below goes to the Qdrant pipelines, and so does ``GET /`` when a Qdrant upstream is
-configured (qdrant-client reads the server version there); without one, ``GET /`` describes the proxy
-(:mod:`proxy.routes.about`).
+``/v1/score``, ``/score`` (vLLM) run the rerank pipeline; everything under ``/v1/responses/`` (a stored response
+by id, its input items, cancel; ``input_tokens``, ``compact``) runs the stored-responses pipeline; any other
+``/v1/...`` is passed through (any method, those paths with another method too); ``GET /healthz`` and
+``/readyz``; everything under the Qdrant prefixes below goes to the Qdrant pipelines, and so does ``GET /`` when a
+Qdrant upstream is configured (qdrant-client reads the server version there); without one, ``GET /`` describes the
+proxy (:mod:`proxy.routes.about`).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from proxy.runtime import Runtime
 from proxy.server.connection import HttpServer
 from proxy.server.request import Request
 from proxy.server.responder import Responder
+from proxy.stages.stored_responses import PREFIX as RESPONSES_PREFIX
 
 # Qdrant REST paths the proxy forwards (everything else outside /v1 is a 404 of ours).
 _QDRANT_PREFIXES = ("/collections", "/aliases", "/cluster", "/telemetry", "/snapshots", "/locks", "/issues")
@@ -52,15 +54,16 @@ def _error_body(path: str, status: int, message: str, code: str) -> bytes:
     return ProxyError(status, message, code=code).body(_dialect_for(path))
 
 
-def _safe_qdrant_path(request: Request) -> str:
-    """The raw path to forward, refusing dot segments and encoded slashes (no path traversal upstream)."""
+def _safe_path(request: Request, what: str) -> str:
+    """The raw path to forward, refusing dot segments and encoded slashes: the upstream must see the resource the
+    proxy checked (no path traversal upstream)."""
     raw = request.raw_path
     lowered = raw.lower()
     if "%2f" in lowered or "%5c" in lowered or "\\" in raw:
-        raise ProxyError(400, "encoded slashes are not allowed in Qdrant paths", code="bad_path")
+        raise ProxyError(400, f"encoded slashes are not allowed in {what} paths", code="bad_path")
     segments = request.path.split("/")
     if any(segment in ("..", ".") for segment in segments):
-        raise ProxyError(400, "dot segments are not allowed in Qdrant paths", code="bad_path")
+        raise ProxyError(400, f"dot segments are not allowed in {what} paths", code="bad_path")
     return raw
 
 
@@ -103,6 +106,13 @@ class DataPlane:
             self._exact[(method, "/")] = root
         self._get_only = frozenset({"/healthz", "/readyz", "/"})
         self._llm_passthrough = handler("llm_passthrough", "llm_passthrough", Dialect.OPENAI, False)
+        stored_responses = handler("stored_responses", "stored_responses", Dialect.OPENAI, False)
+
+        async def about_a_response(request: Request, out: Responder) -> None:  # its owner checks the id it reads
+            _safe_path(request, "/v1/responses")
+            await stored_responses(request, out)
+
+        self._stored_responses = about_a_response
         self._qdrant_search = handler("qdrant_search", "qdrant_search", Dialect.QDRANT, True)
         self._qdrant_write = handler("qdrant_write", "qdrant_write", Dialect.QDRANT, False)
         self._qdrant_other = handler("qdrant_passthrough", "qdrant", Dialect.QDRANT, False)
@@ -119,7 +129,7 @@ class DataPlane:
         if exact is not None:
             return exact
         if path.startswith("/v1/"):
-            return self._llm_passthrough
+            return self._stored_responses if path.startswith(RESPONSES_PREFIX) else self._llm_passthrough
         if path in self._get_only:
             raise ProxyError(405, "Method Not Allowed", code="method_not_allowed", headers={"Allow": "GET,HEAD"})
         if _is_qdrant_path(path):
@@ -127,7 +137,7 @@ class DataPlane:
         raise ProxyError(404, "Not Found", code="not_found")
 
     async def _qdrant(self, request: Request, out: Responder) -> None:
-        _safe_qdrant_path(request)
+        _safe_path(request, "Qdrant")
         if request.method == "POST" and _QDRANT_SEARCH.match(request.path):
             await self._qdrant_search(request, out)
         elif request.method in _QDRANT_WRITE_METHODS:

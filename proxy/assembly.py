@@ -9,9 +9,13 @@ Chat::
 The tiers' lookups come from the registered cache tiers in order (:mod:`proxy.cache_tiers`): L1 exact → L3
 exact → L2 semantic, so an exact repeat is answered before any embedding is computed (L2 also searches the cold
 tier's question vectors). Legacy completions: the same without prompt, L2, shape and route. Responses API
-(``/v1/responses``): the same as chat (L2, shape and route included), with its own credits
-(:class:`~proxy.credits.endpoints.ResponseCredits`) and its documents read from ``instructions`` and ``input``
-(shape plans from that chat view but never reorders: the body goes out as the client wrote it, plus hints).
+(``POST /v1/responses``): the same as chat (L2, shape and route included) after a stored_responses stage that
+lets a request continue only its own tenant's stored responses and records the ones it makes
+(:mod:`proxy.stages.stored_responses`), with its own credits (:class:`~proxy.credits.endpoints.ResponseCredits`)
+and its documents read from ``instructions`` and ``input`` (shape plans from that chat view but never reorders:
+the body goes out as the client wrote it, plus hints); a stored answer's cache lifetime is bounded by the
+upstream's retention. Requests about a stored response (``/v1/responses/{id}`` and below, ``input_tokens``,
+``compact``): identify → stored_responses (the owner's tenant only, to the replica that keeps it) → forward.
 
 Each stage wraps the ones after it: the way back (store in the tiers, settle credits) runs in reverse order.
 Embeddings: identify → limits → idempotency → credits → cache_control → per-item exact cache → forward.
@@ -32,7 +36,7 @@ from normalizer.cache_control import CacheDefaults
 from normalizer.canonical import RequestKind
 from normalizer.documents import read_prompt
 from normalizer.limits import RequestLimits
-from normalizer.responses import read_response_prompt
+from normalizer.responses import read_response_prompt, stores
 from proxy.credits.endpoints import RerankCredits, ResponseCredits
 from proxy.credits.idempotency import Idempotency
 from proxy.credits.stages import Credits, Identify, SearchCredits
@@ -47,6 +51,7 @@ from proxy.stages.prompt import ReadPrompt
 from proxy.stages.rerank import RerankItemsCache
 from proxy.stages.retrieval import RegisterDocuments
 from proxy.stages.stale import StaleIfError
+from proxy.stages.stored_responses import ClaimStoredResponses, StoredResponseRequests, StoredResponses
 from proxy.stages.tiers import StoreResponse
 from tiers.response_tier import ResponseTier
 
@@ -65,11 +70,14 @@ def build_pipelines(rt: Runtime) -> Pipelines:
     guard: list[Stage] = [*identify, EnforceLimits(limits), *_idempotency(rt)]
     billing = [*guard, *_billing(rt, Credits)]
     tracer = rt.tracer
+    stored = StoredResponses(rt.owners, [backend.label for backend in rt.backends.backends],
+                             lambda selector: rt.invalidator().invalidate(selector))
     return Pipelines(
         chat=Pipeline([*billing, *_prompt(rt), *_caching(rt, "chat"), *_kv(rt)], to_llm, tracer=tracer),
         completions=Pipeline([*billing, *_caching(rt, "completion")], to_llm, tracer=tracer),
-        responses=Pipeline([*guard, *_billing(rt, ResponseCredits), *_prompt(rt, "response"),
-                            *_caching(rt, "response"), *_kv(rt)], to_llm, tracer=tracer),
+        responses=Pipeline([*guard, ClaimStoredResponses(stored), *_billing(rt, ResponseCredits),
+                            *_prompt(rt, "response"), *_caching(rt, "response"), *_kv(rt)], to_llm, tracer=tracer),
+        stored_responses=Pipeline([*identify, StoredResponseRequests(stored)], to_llm, tracer=tracer),
         embeddings=Pipeline([*billing, *_items_caching(rt, "embedding", EmbeddingItemsCache)], to_llm,
                             tracer=tracer),
         rerank=Pipeline([*guard, *_billing(rt, RerankCredits), *_items_caching(rt, "rerank", RerankItemsCache)],
@@ -133,7 +141,8 @@ def _rules(rt: Runtime) -> tuple[CacheDefaults, BypassSettings]:
 def _canonicalize(rt: Runtime, kind: RequestKind, bypass: BypassSettings) -> Canonicalize:
     cache = rt.settings.cache
     return Canonicalize(kind, bypass, rt.versions, frozenset(cache.shared_namespaces),
-                        frozenset(cache.private_namespaces), tuple(cache.key_headers))
+                        frozenset(cache.private_namespaces), tuple(cache.key_headers),
+                        owned=stores if kind == "response" else None)
 
 
 def _items_caching(rt: Runtime, kind: RequestKind,
@@ -154,11 +163,12 @@ def _caching(rt: Runtime, kind: Literal["chat", "completion", "response"]) -> li
     if not cache.enabled:
         return []
     defaults, bypass = _rules(rt)
+    retention = rt.settings.upstreams.response_retention_s
     return [
-        ApplyCacheControl(defaults),
+        ApplyCacheControl(defaults, (lambda body: retention if stores(body) else None) if kind == "response" else None),
         _canonicalize(rt, kind, bypass),
         *([] if rt.stale is None else [StaleIfError(rt.stale, kind=kind, namespaces=cache.stale.namespaces)]),
         StoreResponse(rt.tiers.first, kind=kind, expose_key=cache.expose_key, write_behind=rt.tiers.write_behind),
         *rt.tiers.stages(kind),
-        Coalesce(kind=kind, wait_s=cache.coalesce_wait_s, flights=rt.flights),
+        Coalesce(kind=kind, wait_s=cache.coalesce_wait_s, flights=rt.flights, recheck=rt.tiers.first),
     ]

@@ -4,7 +4,10 @@ Flags override ``RAGPROXY_*`` environment variables, which override the YAML fil
 (or ``RAGPROXY_CONFIG``). ``check-config``, ``serve`` and ``demo`` share one validation (:func:`checked_settings`):
 the settings model's rules plus the start-up rule that the admin API must not listen beyond loopback without a
 token; whatever ``serve`` refuses, ``check-config`` refuses too, both with exit code 2 and one line naming the key.
-An address that cannot be bound stops ``serve`` with exit code 1 and one line.
+An address that cannot be bound, or a data directory another ``serve`` is using, stops ``serve`` with exit code 1
+and one line. ``--llm-upstream URL,api_key_env=NAME`` gives the proxy its own key for a hosted upstream from the
+environment variable NAME; a key itself (``api_key=``) is refused on the command line, where it would stay in
+the shell's history and the process list.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import asyncio
 import os
 import sys
 from collections.abc import Coroutine
+from importlib import metadata
 from typing import Any
 
 import yaml
@@ -22,6 +26,7 @@ from proxy.config import ConfigError, LLMBackend, Settings, load_settings, parse
 from proxy.kv.kinds import KINDS
 
 LLM_OPTIONS = tuple(name for name in LLMBackend.model_fields if name not in ("url", "api_key"))
+"""The options of ``--llm-upstream URL,OPTION=VALUE,...`` (``api_key_env``, never ``api_key``)."""
 _REFUSED = {"check-config": "invalid configuration", "serve": "refusing to start", "demo": "refusing to start"}
 
 
@@ -31,9 +36,10 @@ def _settings_flags(command: argparse.ArgumentParser, *, upstreams: bool) -> Non
         command.add_argument("--host", help="data-plane bind address (server.host)")
     command.add_argument("--port", help="data-plane port (server.port)")
     if upstreams:
-        command.add_argument("--llm-upstream", action="append", metavar="URL[,kind=KIND]",
+        command.add_argument("--llm-upstream", action="append", metavar="URL[,kind=KIND][,api_key_env=NAME]",
                              help=f"an OpenAI-compatible backend, repeat for replicas (upstreams.llm); options "
-                                  f"after commas: kind={'|'.join(KINDS)}, name=, slots=, max_concurrency=, "
+                                  f"after commas: kind={'|'.join(KINDS)}, api_key_env= (the environment variable "
+                                  "holding the proxy's own key for it), name=, slots=, max_concurrency=, "
                                   "kv_capacity_tokens=")
         command.add_argument("--qdrant-upstream", metavar="URL", help="Qdrant REST URL (upstreams.qdrant.url)")
     command.add_argument("--admin-port", help="admin API port (admin.port)")
@@ -45,6 +51,7 @@ def _settings_flags(command: argparse.ArgumentParser, *, upstreams: bool) -> Non
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="ragproxy", description="Caching proxy for RAG applications.")
+    parser.add_argument("--version", action="version", version=f"ragproxy {_version()}")
     commands = parser.add_subparsers(dest="command", required=True)
     for name, text in (("serve", "start the proxy"), ("check-config", "validate and print the effective config")):
         _settings_flags(commands.add_parser(name, help=text), upstreams=True)
@@ -59,6 +66,13 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _version() -> str:
+    try:
+        return metadata.version("ragproxy")
+    except metadata.PackageNotFoundError:  # run from a source tree that was never installed
+        return "(not installed)"
+
+
 def llm_upstream(text: str) -> dict[str, Any]:
     """One ``--llm-upstream URL[,kind=KIND][,name=NAME]...`` → one ``upstreams.llm`` entry."""
     url, *options = text.split(",")
@@ -66,7 +80,7 @@ def llm_upstream(text: str) -> dict[str, Any]:
     for option in options:
         key, sep, value = (part.strip() for part in option.partition("="))
         if not sep or key not in LLM_OPTIONS:  # (the value is not shown: it may be a secret)
-            hint = " (an api_key belongs in the environment or the config file)" if key == "api_key" else ""
+            hint = " (name the environment variable holding it: api_key_env=NAME)" if key == "api_key" else ""
             raise ConfigError(f"--llm-upstream {redact_url(entry['url'])}: {key!r} is not OPTION=VALUE with an "
                               f"OPTION of {', '.join(LLM_OPTIONS)}{hint}")
         entry[key] = value
@@ -98,7 +112,7 @@ def checked_settings(config_file: str | None, overrides: dict[str, Any]) -> Sett
 
 def _run(main: Coroutine[Any, Any, int | None]) -> int:
     """Run ``main`` on uvloop when installed; an address that cannot be bound is one line and exit code 1."""
-    from proxy.serve import CannotListen
+    from proxy.serve import CannotListen, DataDirInUse
 
     try:
         import uvloop
@@ -108,7 +122,7 @@ def _run(main: Coroutine[Any, Any, int | None]) -> int:
         pass
     try:
         return asyncio.run(main) or 0
-    except CannotListen as exc:
+    except (CannotListen, DataDirInUse) as exc:
         print(f"ragproxy: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:  # Ctrl-C before the signal handlers were installed (start-up, the demo's tour)

@@ -72,6 +72,9 @@ class LLMBackend(_Section):
         "(generic: none)"
     )
     api_key: SecretStr | None = Field(default=None, description="Key the proxy sends upstream (never the client's)")
+    api_key_env: str | None = Field(
+        default=None, description="Name of the environment variable holding api_key (a hosted API's key stays off "
+        "the command line and out of config files)")
     max_concurrency: int = Field(default=64, ge=1, description="Requests in flight to this replica at once")
     slots: int = Field(default=1, ge=1, description="llama.cpp server slots (parallel sequences with their own KV)")
     kv_capacity_tokens: int = Field(default=200_000, ge=1, description="Prompt tokens the replica's KV cache holds")
@@ -88,6 +91,20 @@ class LLMBackend(_Section):
         if value not in KINDS:
             raise ValueError(f"allowed: {', '.join(KINDS)}")
         return value
+
+    @model_validator(mode="after")
+    def _key_from_environment(self) -> LLMBackend:
+        if self.api_key_env is None:
+            return self
+        value = os.environ.get(self.api_key_env)
+        if self.api_key is not None:  # resolved already (settings validated again after a runtime patch)
+            if self.api_key.get_secret_value() == value:
+                return self
+            raise ValueError("give api_key or api_key_env, not both")
+        if not value:
+            raise ValueError(f"api_key_env: the environment variable {self.api_key_env} is not set")
+        object.__setattr__(self, "api_key", SecretStr(value))  # validate_assignment would run this validator again
+        return self
 
     @property
     def label(self) -> str:
@@ -114,6 +131,10 @@ class Upstreams(_Section):
         description="LLM replicas; the first healthy one is used until routing is configured",
     )
     qdrant: QdrantUpstream = Field(default_factory=QdrantUpstream)
+    response_retention_s: float = Field(
+        default=30 * 86_400.0, gt=0, description="How long the LLM upstream keeps a stored response (OpenAI: 30 days): "
+        "the proxy remembers that long which tenant and replica made it, and caches it no longer"
+    )
     connect_timeout_s: float = Field(default=5.0, gt=0, description="TCP connect timeout to any upstream")
     read_timeout_s: float = Field(default=300.0, gt=0, description="Longest silence from an upstream")
     health_interval_s: float = Field(default=5.0, gt=0, description="Background health-check period")
@@ -281,9 +302,9 @@ class CacheSettings(_Section):
         default="bypass", description="Requests with fields the key cannot judge are not cached"
     )
     cache_stored_responses: bool = Field(
-        default=False, description="Cache /v1/responses requests whose answer is stored upstream (store: true, the "
-        "API's default), and route them across LLM replicas; a hit hands out the id of a response stored for "
-        "another request (normalizer.responses)"
+        default=True, description="Answer an exact repeat of a /v1/responses request stored upstream (store: true, the "
+        "API's default) with the stored original: same id, so retrieving and continuing it work upstream; never a "
+        "semantic hit, never shared across tenants (normalizer.responses)"
     )
     shared_namespaces: list[str] = Field(default_factory=list, description="Namespaces shared by all tenants")
     private_namespaces: list[str] = Field(
@@ -490,7 +511,15 @@ class Settings(_Section):
     def _complete(self) -> Settings:
         if self.credits.store == "redis" and self.redis.url is None:
             raise ValueError("credits.store is redis but redis.url is not set")
+        if self.admin.enabled and self.admin.port == self.server.port and _same_address(self.admin.host,
+                                                                                         self.server.host):
+            raise ValueError(f"admin.port {self.admin.port} is server.port too; the admin API needs a port of its own")
         return self
+
+
+def _same_address(one: str, other: str) -> bool:
+    """Whether two bind addresses can collide on one port (the same, or either listens on every address)."""
+    return one == other or {one, other} & {"0.0.0.0", "::", ""} != set()
 
 
 def load_settings(

@@ -54,6 +54,9 @@ class RequestContext:
     tenant: str = "anonymous"
     user: str = "anonymous"
     api_key_id: str | None = None
+    # stored_responses
+    pinned: int | None = None
+    """The LLM replica (index) that keeps the stored response this request names: forward sends it there only."""
     # credits
     reservation: Reservation | None = None
     """The billing reservation held for this request (the upstream is then asked to report its usage)."""

@@ -47,13 +47,16 @@ class ProxyError(Exception):
         code: str | None = None,
         param: str | None = None,
         headers: dict[str, str] | None = None,
+        error_type: str | None = None,
     ) -> None:
+        """``error_type``: the OpenAI ``type`` when the status's usual one is not what the upstream would say."""
         super().__init__(message)
         self.status = status
         self.message = message
         self.code = code
         self.param = param
         self.headers = headers or {}
+        self.error_type = error_type
 
     def body(self, dialect: Dialect) -> bytes:
         """The JSON body in ``dialect``'s shape."""
@@ -61,7 +64,8 @@ class ProxyError(Exception):
             return orjson.dumps({"status": {"error": self.message}, "time": 0.0})
         error = {
             "message": self.message,
-            "type": _OPENAI_TYPES.get(self.status, "invalid_request_error" if self.status < 500 else "api_error"),
+            "type": self.error_type or _OPENAI_TYPES.get(self.status,
+                                                         "invalid_request_error" if self.status < 500 else "api_error"),
             "param": self.param,
             "code": self.code,
         }

@@ -86,6 +86,7 @@ class Pipelines:
     chat: Pipeline
     completions: Pipeline
     responses: Pipeline
+    stored_responses: Pipeline
     embeddings: Pipeline
     rerank: Pipeline
     llm_passthrough: Pipeline

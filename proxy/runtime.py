@@ -19,6 +19,7 @@ from opentelemetry.trace import Tracer
 from normalizer.documents import DocumentRegistry
 from proxy.cache_tiers import REGISTERED
 from proxy.cache_tiers.base import TierSet, build_tiers
+from proxy.cache_tiers.invalidation import TierInvalidation
 from proxy.config import Settings
 from proxy.credits.factory import CreditComponents, build_credits
 from proxy.kv.factory import KVLayer, build_kv
@@ -26,6 +27,7 @@ from proxy.kv.stages import SharedPrefixes
 from proxy.metrics import Metrics, TierLookups
 from proxy.observe import Observer, observer
 from proxy.pipeline import Pipelines
+from proxy.response_owners import RedisResponseOwners, ResponseOwners, SqliteResponseOwners
 from proxy.shared import SharedMode, build_shared
 from proxy.stages.coalesce import Flights
 from proxy.stages.stale import StaleStore
@@ -56,6 +58,8 @@ class Runtime:
     kv: KVLayer | None = field(init=False)
     stale: StaleStore | None = field(init=False)
     credits: CreditComponents = field(init=False)
+    owners: ResponseOwners = field(init=False)
+    """Which tenant and replica made each stored Responses API object (:mod:`proxy.response_owners`)."""
     tracer: Tracer | None = field(init=False)
     trace: TraceRecorder | None = field(init=False)
     """The cache trace (``cache.trace_file``), replayed by ``ragproxy simulate``."""
@@ -91,6 +95,10 @@ class Runtime:
                                 max_stale_s=stale.max_stale_s) if stale.namespaces else None
         self.credits = build_credits(settings)
         self.credits.register_metrics(self.metrics)
+        retention = upstreams.response_retention_s
+        self.owners = RedisResponseOwners(self.shared.near.shared.client, ttl_s=retention,
+                                          prefix=settings.redis.prefix) if self.shared is not None \
+            else SqliteResponseOwners(settings.data_dir / "responses.sqlite3", ttl_s=retention)
         self.tracer = None
         if settings.telemetry.tracing:
             from proxy.tracing import make_tracer
@@ -100,6 +108,11 @@ class Runtime:
         self.trace = TraceRecorder(trace_file) if trace_file is not None else None
         self.observe = observer(self)
         self._stack: AsyncExitStack | None = None
+
+    def invalidator(self) -> TierInvalidation:
+        """Invalidation over every registered tier (cheap: built per use); removed keys leave the request
+        statistics too."""
+        return TierInvalidation(self.tiers, self.stats.forget)
 
     async def fetch_collection(self, name: str) -> bytes | None:
         """``GET /collections/{name}`` from Qdrant (the search cache learns the collection's metric)."""
@@ -132,6 +145,7 @@ class Runtime:
             stack.push_async_callback(self.backends.stop)
             await self.credits.start()
             stack.push_async_callback(self.credits.stop)
+            stack.push_async_callback(self.owners.close)
             stack.push_async_callback(drain_finishers, 10.0)  # first at shutdown: what clients left running
             self._stack = stack.pop_all()
 

@@ -2,6 +2,9 @@
 
 :func:`running` starts the runtime and both sites and always stops and closes everything again, also when a port
 cannot be bound (:class:`CannotListen`: one line for the CLI, no half-started process and no unclosed sessions).
+It first takes the data directory's lock (``<data_dir>/ragproxy.lock``, an ``flock`` the kernel releases when the
+process ends, however it ends): two processes sharing one directory would corrupt each other's embedded stores (the
+cold tier's dictionaries, the semantic index file, credits), so a second one stops with :class:`DataDirInUse`.
 :func:`serve` adds the start-up summary (:mod:`proxy.startup_report`) and waits for a signal. The settings were
 checked before (:func:`proxy.cli.checked_settings`: what ``check-config`` refuses, ``serve`` refuses).
 
@@ -16,13 +19,15 @@ frees frozen objects that are released later; only reference cycles among them w
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import gc
 import logging
 import os
 import resource
 import signal
-from collections.abc import AsyncIterator, Awaitable
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Awaitable, Iterator
+from contextlib import asynccontextmanager, contextmanager
+from pathlib import Path
 
 from aiohttp import web
 
@@ -38,6 +43,32 @@ class CannotListen(Exception):
     """An address of the settings cannot be bound (in use, not permitted, not an address of this machine)."""
 
 
+class DataDirInUse(Exception):
+    """Another process holds the data directory's lock."""
+
+
+@contextmanager
+def data_dir_lock(data_dir: Path) -> Iterator[None]:
+    """Hold ``<data_dir>/ragproxy.lock`` (created with the directory) for the life of the block; our pid in it."""
+    data_dir.mkdir(parents=True, exist_ok=True)
+    path = data_dir / "ragproxy.lock"
+    with open(path, "a+") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            lock.seek(0)
+            holder = lock.read().strip() or "unknown"
+            raise DataDirInUse(f"data directory {str(data_dir)!r} is in use by another ragproxy (pid {holder}); "
+                               "give each process its own --data-dir (data_dir)") from None
+        lock.truncate(0)
+        lock.write(str(os.getpid()))
+        lock.flush()
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
 async def _listen(start: Awaitable[None], host: str, port: int, key: str) -> None:
     try:
         await start
@@ -49,6 +80,13 @@ async def _listen(start: Awaitable[None], host: str, port: int, key: str) -> Non
 @asynccontextmanager
 async def running(settings: Settings) -> AsyncIterator[Runtime]:
     """The runtime started and both sites listening; on exit, drain in-flight requests and close everything."""
+    with data_dir_lock(settings.data_dir):
+        async with _serving(settings) as runtime:
+            yield runtime
+
+
+@asynccontextmanager
+async def _serving(settings: Settings) -> AsyncIterator[Runtime]:
     raise_open_file_limit()
     plane = DataPlane(settings)
     runtime = plane.runtime
@@ -85,8 +123,8 @@ def stop_signal() -> asyncio.Event:
 
 async def serve(settings: Settings) -> None:
     """Serve until SIGTERM/SIGINT, then stop accepting and drain in-flight requests up to the grace period."""
+    stop = stop_signal()  # before the port opens: whoever sees it listening may signal at once
     async with running(settings) as runtime:
-        stop = stop_signal()
         announce(await gather(settings, runtime), settings.logging.format)
         gc.freeze()  # see the module docstring
         await stop.wait()

@@ -8,7 +8,8 @@ How entries are found, per response tier, without reading every entry when the s
 
 1. candidate keys come from the store's tag index (``tiers.storage.KeyValueStore.keys_with_tag``) — the tags
    every entry carries (``proxy.stages.tiers.entry_tags``): ``tenant:<t>``, ``ns:<t>/<ns>``, ``model:<m>``,
-   ``doc:<id>`` (the document reverse index), ``collection:<c>``, ``all``; or from ``keys`` directly. Every tag
+   ``doc:<id>`` (the document reverse index), ``response:<id>`` (a stored response's own id and the one it
+   continues), ``collection:<c>``, ``all``; or from ``keys`` directly. Every tag
    part of the selector narrows the set (set intersection); the ``all`` tag is used only when no part maps to
    a tag;
 2. parts that tags cannot answer are checked on the decoded entry header (:class:`~tiers.entry.CachedResponse`):
@@ -72,6 +73,8 @@ class Selector:
     namespace: str | None = None
     model: str | None = None
     documents: tuple[str, ...] = ()
+    responses: tuple[str, ...] = ()
+    """Entries carrying any of these Responses API ids (a stored response, or an answer continuing one)."""
     collection: str | None = None
     near: Near | None = None
     older_than_s: float | None = None
@@ -79,8 +82,8 @@ class Selector:
 
     @property
     def empty(self) -> bool:
-        return not (self.keys or self.tenant or self.namespace or self.model or self.documents or self.collection
-                    or self.near or self.older_than_s is not None or self.newer_than_s is not None)
+        return not (self.keys or self.tenant or self.namespace or self.model or self.documents or self.responses
+                    or self.collection or self.near or self.older_than_s is not None or self.newer_than_s is not None)
 
     @property
     def needs_entry(self) -> bool:
@@ -101,6 +104,8 @@ def candidate_tags(selector: Selector) -> list[list[str]]:
         groups.append([f"model:{selector.model}"])
     if selector.documents:
         groups.append([f"doc:{doc}" for doc in selector.documents])
+    if selector.responses:
+        groups.append([f"response:{response}" for response in selector.responses])
     return groups
 
 
@@ -219,7 +224,11 @@ class Invalidator:
         return await self.invalidate(Selector(keys=tuple(keys)))
 
     async def flush(self, names: Sequence[str] | None = None) -> Outcome:
-        """Empty the named tiers (all when ``None``); ``retrieval`` flushes cached searches."""
+        """Empty the named tiers (all when ``None``); ``retrieval`` flushes cached searches.
+
+        The outcome names only what was flushed: emptying one answer tier leaves the semantic index alone (its
+        vectors still point at the answers the other tiers hold; one whose answer is gone everywhere is dropped
+        when it is next matched), and only a flush of everything forgets the vectors of the removed answers."""
         known = {t.name for t in self.tiers} | ({"retrieval"} if self.retrieval is not None else set())
         wanted = list(known) if names is None else list(names)
         unknown = sorted(set(wanted) - known)
@@ -234,7 +243,10 @@ class Invalidator:
             outcome.removed[tier.name] = await tier.store.clear()
             removed.update(keys)
         outcome.keys = sorted(removed)
-        await self._after_removal(outcome)
+        if names is None:
+            await self._after_removal(outcome)
+        elif self.on_removed is not None and outcome.keys:
+            self.on_removed(outcome.keys)
         if self.retrieval is not None and "retrieval" in wanted:
             outcome.removed["retrieval"] = await self.retrieval.invalidate(WriteEffect(WriteScope.ALL))
         return outcome

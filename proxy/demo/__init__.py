@@ -80,6 +80,8 @@ class Demo:
                 await runner.setup()
                 await web.SockSite(runner, sock).start()
             async with running(settings) as runtime:
+                # before anything is printed: a signal sent once the output says so must find its handler
+                stop = stop_signal() if self.keep_serving else None
                 semantic = runtime.tiers.find(SemanticCacheTier)
                 if semantic is not None and semantic.ready is not None:
                     await semantic.ready  # the embedding model is loaded in the background
@@ -88,10 +90,10 @@ class Demo:
                 print(render(report))
                 tour = Tour(settings, semantic, llm, qdrant)
                 passed = await tour.run(runtime.client, report.features["L2 semantic"])
-                if self.keep_serving:
+                if stop is not None:
                     print("\nTry it yourself: the proxy and its test upstreams keep running (Ctrl-C stops them)\n")
                     print("\n".join(curl_lines(settings, tour.api_key)), flush=True)
-                    await stop_signal().wait()
+                    await stop.wait()
         finally:
             for runner in runners:
                 await runner.cleanup()

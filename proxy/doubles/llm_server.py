@@ -1,12 +1,13 @@
 """FakeLLM: a test double of an OpenAI-compatible inference server (aiohttp), optionally modelling a KV cache.
 
-Routes: ``POST /v1/chat/completions``, ``POST /v1/completions`` (both streaming and not), ``POST
-/v1/responses`` (streaming and not, function calls, reasoning summaries; stored responses continue with
-``previous_response_id`` and are read back with ``GET /v1/responses/{id}``: see
-:mod:`proxy.doubles.openai_responses`), ``POST /v1/embeddings`` (float or base64), ``GET /v1/models``, ``GET
-/v1/models/{id}``, ``GET /health``, ``GET /slots`` (llama.cpp-style, with a KV model); other ``/v1/*`` answer an
-OpenAI-shaped 404. One choice per request (``n`` is ignored); no tool calls in chat. Bodies follow
-:mod:`proxy.doubles.openai_shapes`.
+Routes: ``POST /v1/chat/completions``, ``POST /v1/completions`` (both streaming and not), ``POST /v1/responses``
+(streaming and not, function calls, reasoning summaries; responses are stored unless ``store`` is false, continue
+with ``previous_response_id``, and are read back with ``GET /v1/responses/{id}``, deleted with ``DELETE
+/v1/responses/{id}``, their input listed by ``GET /v1/responses/{id}/input_items``, ``POST
+/v1/responses/{id}/cancel`` answered: see :mod:`proxy.doubles.openai_responses`), ``POST /v1/embeddings`` (float or
+base64), ``GET /v1/models``, ``GET /v1/models/{id}``, ``GET /health``, ``GET /slots`` (llama.cpp-style, with a KV
+model); other ``/v1/*`` answer an OpenAI-shaped 404. One choice per request (``n`` is ignored); no tool calls in
+chat. Bodies follow :mod:`proxy.doubles.openai_shapes`.
 
 Per request: faults armed in ``faults`` (:mod:`proxy.doubles.llm_faults`), then ``latency_s`` before the
 response headers, then (when ``kv`` is set) a slot from ``slots`` parallel slots and the prefill time the
@@ -157,7 +158,7 @@ class FakeLLM(ServedApp):
         self.slots = slots
         self.flavor = flavor
         self.faults = FaultPlan()
-        self.stored: dict[str, tuple[list[dict[str, str]], dict[str, Any]]] = {}  # response id → (turns, object)
+        self.stored: dict[str, responses.StoredResponse] = {}
         self.in_flight = 0  # generation requests being answered now
         self.disconnects = 0  # generation requests whose client went away before the end
         self._pool: SlotPool | None = None
@@ -176,6 +177,9 @@ class FakeLLM(ServedApp):
         app.router.add_post("/v1/completions", self._completions)
         app.router.add_post("/v1/responses", self._responses)
         app.router.add_get("/v1/responses/{response_id}", self._stored_response)
+        app.router.add_delete("/v1/responses/{response_id}", self._delete_response)
+        app.router.add_get("/v1/responses/{response_id}/input_items", self._input_items)
+        app.router.add_post("/v1/responses/{response_id}/cancel", self._cancel_response)
         app.router.add_post("/v1/embeddings", self._embeddings)
         app.router.add_get("/v1/models", self._models)
         app.router.add_get("/v1/models/{model_id}", self._model)
@@ -246,11 +250,8 @@ class FakeLLM(ServedApp):
         previous = body.get("previous_response_id")
         if previous is not None:
             if previous not in self.stored:
-                error = shapes.error_body(f"Previous response with id '{previous}' not found.",
-                                          "invalid_request_error", "previous_response_not_found",
-                                          "previous_response_id")
-                return web.json_response(error, status=404)
-            earlier = self.stored[previous][0]
+                return web.json_response(responses.unknown_previous(str(previous)), status=400)
+            earlier = self.stored[previous].turns
         fault = self.faults.take()
         early = await self._before_answer(request, fault)
         if early is not None:
@@ -263,7 +264,8 @@ class FakeLLM(ServedApp):
         if body.get("store", True):
             said = " ".join(part["text"] for item in output if item["type"] == "message" for part in item["content"])
             turns = [{"role": "user", "text": line} for line in prompt.splitlines()]
-            self.stored[result["id"]] = ([*turns, {"role": "assistant", "text": said}], result)
+            self.stored[result["id"]] = responses.StoredResponse(
+                result, [*turns, {"role": "assistant", "text": said}], responses.input_items(body))
         if not body.get("stream"):
             return web.json_response(result, dumps=_dumps)
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream; charset=utf-8"})
@@ -282,9 +284,29 @@ class FakeLLM(ServedApp):
     async def _stored_response(self, request: web.Request) -> web.Response:
         stored = self.stored.get(request.match_info["response_id"])
         if stored is None:
-            error = shapes.error_body("No response found.", "invalid_request_error", None, "response_id")
-            return web.json_response(error, status=404)
-        return web.json_response(stored[1], dumps=_dumps)
+            return web.json_response(responses.unknown_response(request.match_info["response_id"]), status=404)
+        return web.json_response(stored.response, dumps=_dumps)
+
+    async def _delete_response(self, request: web.Request) -> web.Response:
+        response_id = request.match_info["response_id"]
+        if self.stored.pop(response_id, None) is None:
+            return web.json_response(responses.unknown_response(response_id), status=404)
+        return web.json_response({"id": response_id, "object": "response", "deleted": True})
+
+    async def _input_items(self, request: web.Request) -> web.Response:
+        stored = self.stored.get(request.match_info["response_id"])
+        if stored is None:
+            return web.json_response(responses.unknown_response(request.match_info["response_id"]), status=404)
+        page = responses.item_page(stored.items, request.query)
+        if page is None:
+            return _bad_request("Invalid 'order' or 'limit'.")
+        return web.json_response(page, dumps=_dumps)
+
+    async def _cancel_response(self, request: web.Request) -> web.Response:
+        stored = self.stored.get(request.match_info["response_id"])
+        if stored is None:
+            return web.json_response(responses.unknown_response(request.match_info["response_id"]), status=404)
+        return _bad_request("Only responses created with background set to true can be cancelled.")
 
     async def _embeddings(self, request: web.Request) -> web.StreamResponse:
         body = await self._json_body(request)

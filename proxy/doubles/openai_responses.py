@@ -10,6 +10,13 @@ Written from the API reference (not from the proxy's replay code, which it exist
 - otherwise a ``message`` with one ``output_text`` part: ``answer(prompt)``, cut to ``max_output_tokens`` words
   (then ``status: "incomplete"``).
 
+Stored responses (``store`` defaults to true, as in the API): :class:`StoredResponse` keeps the object, the turns
+that ``previous_response_id`` continues and the input items with the ids the API gives them
+(:func:`input_items`), listed a page at a time by :func:`item_page` (``order`` ``desc`` by default, ``limit`` 20,
+``after``/``before`` cursors). Errors in the API's shape: an unknown id is a 404 ``Response with id '<id>' not
+found.`` (:func:`unknown_response`), an unknown ``previous_response_id`` a 400 ``previous_response_not_found``
+(:func:`unknown_previous`); cancelling a response not made in background mode is a 400 (this double's wording).
+
 Streamed: ``response.created``, ``response.in_progress``, then per item ``response.output_item.added`` … its
 content events … ``response.output_item.done``, then ``response.completed`` (or ``response.incomplete``), each
 ``event: <type>`` with a ``data:`` object carrying ``type`` and ``sequence_number``; text deltas one word each, with
@@ -21,6 +28,7 @@ from __future__ import annotations
 import secrets
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
@@ -194,6 +202,68 @@ def stream_events(response: dict[str, Any], *, obfuscate: bool = True) -> list[E
     terminal = "response.incomplete" if response["status"] == "incomplete" else "response.completed"
     emit(terminal, response=response)
     return events
+
+
+@dataclass
+class StoredResponse:
+    """What the upstream keeps of a stored response."""
+
+    response: dict[str, Any]
+    turns: list[dict[str, str]]
+    """The conversation up to and including this response, as ``prompt_of`` reads it (what a follow-up sees)."""
+    items: list[dict[str, Any]]
+    """Its input items, oldest first, each with its id."""
+
+
+def input_items(body: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The request's input as the stored items the API lists: a string is one user message; each message gets a
+    ``msg_`` id, ``input_text`` content parts and ``status: completed``; other items keep their own fields."""
+    items = body.get("input")
+    if isinstance(items, str):
+        items = [{"role": "user", "content": items}]
+    stored: list[dict[str, Any]] = []
+    for item in items or ():
+        if "role" in item and item.get("type", "message") == "message":
+            content = item.get("content")
+            parts = [{"type": "input_text", "text": content}] if isinstance(content, str) else list(content or ())
+            stored.append({"id": item.get("id") or new_id("msg"), "type": "message", "role": item["role"],
+                           "content": parts, "status": "completed"})
+        else:
+            stored.append({"id": item.get("id") or new_id("item"), **item})
+    return stored
+
+
+def item_page(items: Sequence[dict[str, Any]], query: Mapping[str, str]) -> dict[str, Any] | None:
+    """One page of a response's input items (``None`` when a query parameter is invalid)."""
+    order = query.get("order", "desc")
+    try:
+        limit = int(query.get("limit", "20"))
+    except ValueError:
+        return None
+    if order not in ("asc", "desc") or not 1 <= limit <= 100:
+        return None
+    ordered = list(items) if order == "asc" else list(reversed(items))
+    ids = [item["id"] for item in ordered]
+    start, end = 0, len(ordered)
+    if "after" in query:
+        start = ids.index(query["after"]) + 1 if query["after"] in ids else len(ids)
+    if "before" in query:
+        end = ids.index(query["before"]) if query["before"] in ids else 0
+    window = ordered[start:end]
+    data = window[:limit]
+    return {"object": "list", "data": data, "first_id": data[0]["id"] if data else None,
+            "last_id": data[-1]["id"] if data else None, "has_more": len(window) > limit}
+
+
+def unknown_response(response_id: str) -> dict[str, Any]:
+    """The API's 404 body for a response id it does not know."""
+    return shapes.error_body(f"Response with id '{response_id}' not found.", "invalid_request_error")
+
+
+def unknown_previous(response_id: str) -> dict[str, Any]:
+    """The API's 400 body for a ``previous_response_id`` it does not know."""
+    return shapes.error_body(f"Previous response with id '{response_id}' not found.", "invalid_request_error",
+                             "previous_response_not_found", "previous_response_id")
 
 
 def encode(event: Event) -> bytes:

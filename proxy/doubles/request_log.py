@@ -52,11 +52,10 @@ class RequestLog:
         with self._lock:
             return list(self._entries)
 
-    @property
-    def last(self) -> LoggedRequest:
-        """The most recent request (``IndexError`` when there is none)."""
-        with self._lock:
-            return self._entries[-1]
+    def with_request_id(self, request_id: str) -> list[LoggedRequest]:
+        """Requests carrying ``X-Request-ID: request_id``: a test's own, whatever else reached the double (the
+        proxy's health probes, other tests' requests). There is no "last request": it may be anyone's."""
+        return [e for e in self.entries if e.headers.get("X-Request-ID") == request_id]
 
     def for_path(self, path: str, method: str | None = None) -> list[LoggedRequest]:
         """Requests to exactly ``path`` (and ``method``, when given)."""

@@ -139,12 +139,12 @@ class ServedApp:
         """Serve until SIGTERM/SIGINT (used by each double's ``main``)."""
 
         async def run() -> None:
-            await self.start()
-            print(f"{type(self).__name__} listening on {self.url}", flush=True)
             done = asyncio.Event()
             loop = asyncio.get_running_loop()
-            for sig in (signal.SIGTERM, signal.SIGINT):
+            for sig in (signal.SIGTERM, signal.SIGINT):  # before the banner: whoever reads it may signal at once
                 loop.add_signal_handler(sig, done.set)
+            await self.start()
+            print(f"{type(self).__name__} listening on {self.url}", flush=True)
             await done.wait()
             await self.stop()
 

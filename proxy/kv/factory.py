@@ -58,8 +58,7 @@ def build_kv(settings: Settings, pool: BackendPool, client: UpstreamClient | Non
                     parallelism=[b.slots for b in settings.upstreams.llm],
                     affinity_headroom=routing.affinity_headroom)
     shape = Shape(replicas, policies={ns: OrderPolicy(order) for ns, order in routing.namespace_orders.items()},
-                  default_policy=OrderPolicy(routing.order), popularity=Popularity(),
-                  stored_responses=settings.cache.cache_stored_responses)
+                  default_policy=OrderPolicy(routing.order), popularity=Popularity())
     salt = routing.salt_secret.get_secret_value() if routing.salt_secret else ""
     route = Route(replicas, router, salt_secret=salt, backend_objects=pool.backends,
                   expose_headers=routing.expose_headers, shift_min_tokens=routing.shift_min_tokens, client=client)

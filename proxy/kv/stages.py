@@ -37,9 +37,10 @@ Responses requests (``ctx.route == "responses"``) are planned from their chat vi
 (:func:`~proxy.kv.plan.plan_response`) and forwarded as the client wrote them, plus body hints: the documents keep
 the order sent (the ``preserve`` policy whatever the namespace's), so the path in the tree is the order the backend
 saw. The backend's report is read from the response object's ``usage``, or from the ``response.completed`` event's.
-Only stateless ones are routed (:func:`normalizer.responses.state_reason`): a stored response, or one continuing
-state kept upstream, must find that state on the replica where it was made, so those go to the first healthy
-replica as before (stored ones are routed too with ``stored_responses``).
+A request building on state kept on one replica (:func:`normalizer.responses.one_replica_reason`) is not routed:
+one continuing a stored response is pinned to the replica that made it (``ctx.pinned``,
+:mod:`proxy.stages.stored_responses`), the others go to the first healthy replica. New stored responses are routed
+like any request: the proxy records which replica made each.
 """
 
 from __future__ import annotations
@@ -51,7 +52,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from normalizer.responses import state_reason
+from normalizer.responses import one_replica_reason
 from proxy.context import Reply, RequestContext
 from proxy.errors import ProxyError
 from proxy.kv.admission_queue import AdmissionQueue, DeadlineExceeded
@@ -120,11 +121,7 @@ class Shape:
         default_policy: OrderPolicy = OrderPolicy.PRESERVE,
         chars_per_token: float = 4.0,
         popularity: Popularity | None = None,
-        stored_responses: bool = False,
     ) -> None:
-        self.stored_responses = stored_responses
-        """Whether Responses requests stored upstream (``store`` true, the API's default) are routed too: only
-        where nobody fetches or continues responses by id (``cache.cache_stored_responses``)."""
         self.replicas = list(replicas)
         self.policies = dict(policies or {})
         self.default_policy = default_policy
@@ -137,8 +134,8 @@ class Shape:
         if ctx.body is None or ctx.prompt is None:
             return
         if ctx.route == RESPONSES:  # forwarded in its own shape: documents keep the order sent (preserve)
-            if state_reason(ctx.body, cache_stored=self.stored_responses) is not None:
-                return  # its state lives on one replica: not routed (the first healthy one, as before)
+            if one_replica_reason(ctx.body) is not None:
+                return  # its state lives on one replica: not routed (pinned, or the first healthy one)
             plan = plan_response(ctx.body, ctx.prompt, chars_per_token=self.chars_per_token)
             policy = OrderPolicy.PRESERVE
         else:

@@ -17,7 +17,8 @@ headers the upstream may answer by (``cache.key_headers``; :func:`~normalizer.ca
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from dataclasses import replace
 from typing import Any
 
 from normalizer.bypass import BypassSettings, bypass_reason
@@ -49,21 +50,34 @@ def asks_private(headers: Mapping[str, str]) -> bool:
                for value in values for item in value.split(","))
 
 
+Lifetime = Callable[[Mapping[str, Any]], "float | None"]
+"""The longest an answer to this body may be cached and served, whatever the request asks (``None``: no bound)."""
+
+
 class ApplyCacheControl:
-    """Headers and the proxy's own body objects (``cache``, ``ragproxy``) → ``ctx.cache_policy``, the namespace."""
+    """Headers and the proxy's own body objects (``cache``, ``ragproxy``) → ``ctx.cache_policy``, the namespace.
+
+    ``lifetime`` bounds the policy's TTL and max age for answers that stop being valid upstream: a stored Responses
+    object is kept upstream for ``upstreams.response_retention_s``, and its cached copy is neither kept nor served
+    longer (it would hand out an id that names nothing any more)."""
 
     name = "cache_control"
     needs: frozenset[str] = frozenset()
     gives = frozenset({"cache_policy", "namespace"})
 
-    def __init__(self, defaults: CacheDefaults) -> None:
+    def __init__(self, defaults: CacheDefaults, lifetime: Lifetime | None = None) -> None:
         self.defaults = defaults
+        self.lifetime = lifetime
 
     async def __call__(self, ctx: RequestContext, call_next: Next) -> Reply:
         try:
             policy = cache_policy(ctx.request.headers, ctx.proxy_fields, self.defaults)
         except CacheControlError as exc:
             raise ProxyError(400, str(exc), code="invalid_cache_control") from None
+        limit = self.lifetime(ctx.body or {}) if self.lifetime is not None else None
+        if limit is not None:
+            policy = replace(policy, ttl=min(policy.ttl if policy.ttl is not None else limit, limit),
+                             max_age=min(policy.max_age if policy.max_age is not None else limit, limit))
         ctx.cache_policy = policy
         ctx.namespace = policy.namespace
         return await call_next(ctx)
@@ -78,15 +92,18 @@ def _documents(prompt: PromptDocuments | None) -> list[dict[str, Any]] | None:
 
 class Canonicalize:
     """The bypass rule, then the exact key (scoped by tenant, namespace, knowledge version and — when private —
-    user)."""
+    user). An answer that is the tenant's own resource upstream (``owned``: a stored Responses object, whose id
+    only its tenant may fetch or continue) is never keyed under the shared tenant of ``cache.shared_namespaces``."""
 
     name = "canonicalize"
     gives = frozenset({"user_scope", "key_scope", "key_variant", "cache_key", "bypass_reason"})
 
     def __init__(self, kind: RequestKind, bypass: BypassSettings, versions: VersionSource,
                  shared_namespaces: frozenset[str], private_namespaces: frozenset[str] = frozenset(),
-                 key_headers: tuple[str, ...] = DEFAULT_KEY_HEADERS) -> None:
+                 key_headers: tuple[str, ...] = DEFAULT_KEY_HEADERS,
+                 owned: Callable[[Mapping[str, Any]], bool] | None = None) -> None:
         self.kind = kind
+        self.owned = owned
         self.key_headers = key_headers
         self.needs = frozenset({"cache_policy", "prompt"} if kind in ("chat", "response") else {"cache_policy"})
         self.bypass = bypass
@@ -103,7 +120,8 @@ class Canonicalize:
     def scope(self, ctx: RequestContext) -> KeyScope:
         """Where this request's keys live (also set as ``ctx.key_scope``); the version is read for the real (or
         shared) tenant, never per user."""
-        tenant = SHARED_TENANT if ctx.namespace in self.shared else ctx.tenant
+        shared = ctx.namespace in self.shared and not (self.owned is not None and self.owned(ctx.body or {}))
+        tenant = SHARED_TENANT if shared else ctx.tenant
         version = self.versions.current(tenant, ctx.namespace)
         scope = ctx.key_scope = KeyScope(tenant, ctx.namespace, version, self.user_scope(ctx) or "")
         return scope

@@ -10,6 +10,11 @@ The first miss leads: its reply is teed into a :class:`Flight`. Followers with t
   is never fanned out as an answer;
 - past the bound a follower goes upstream on its own and its result is not stored (the leader's will be).
 
+A request that looked up the tiers just before the leader stored its answer, and reaches this stage just after the
+leader's flight ended (a slow lookup in a slower tier in between: a loaded machine, a cold disk), would otherwise
+lead a second upstream call. So a key whose flight ended recently (the last ``max_landed`` such keys) is looked up
+again in the fastest answer tier (``recheck``) before leading: the answer stored meanwhile is a ``HIT``.
+
 Keys carry the tenant (and, for user-scoped requests in private namespaces, the user: see
 ``proxy.stages.cache_policy``), so coalescing never crosses tenants, nor users where answers are private. The
 table of flights (:class:`Flights`, one per process, kept by the runtime so that rebuilt pipelines share it) is
@@ -19,6 +24,7 @@ bounded (``max_flights``); beyond it requests simply go upstream uncoalesced.
 from __future__ import annotations
 
 import asyncio
+from collections import OrderedDict
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
@@ -29,6 +35,7 @@ from proxy.pipeline import Next
 from proxy.stages.tiers import Complete, complete_body, hit_reply
 from proxy.upstream.client import UpstreamStreamError
 from tiers.entry import CachedResponse
+from tiers.response_tier import ResponseTier
 
 
 @dataclass
@@ -58,6 +65,9 @@ class Flights:
 
     max_flights: int = 10_000
     table: dict[str, Flight] = field(default_factory=dict)
+    max_landed: int = 4096
+    landed: OrderedDict[str, None] = field(default_factory=OrderedDict)
+    """Keys whose flight ended recently, newest last."""
     timeouts: int = 0
     """Followers that waited past the bound and went upstream on their own."""
 
@@ -69,13 +79,15 @@ class Coalesce:
     """Share one upstream call among identical in-flight misses."""
 
     name = "coalesce"
-    needs = frozenset({"cache_key"})
-    gives = frozenset({"follower"})
+    needs = frozenset({"cache_key", "cache_policy"})
+    gives = frozenset({"follower", "entry"})
 
-    def __init__(self, *, kind: str, wait_s: float, flights: Flights) -> None:
+    def __init__(self, *, kind: str, wait_s: float, flights: Flights, recheck: ResponseTier | None = None) -> None:
+        """``recheck``: where a finished leader stored its answer (the fastest answer tier)."""
         self.kind = kind
         self.wait_s = wait_s
         self.flights = flights
+        self.recheck = recheck
 
     async def __call__(self, ctx: RequestContext, call_next: Next) -> Reply:
         key = ctx.cache_key
@@ -87,9 +99,21 @@ class Coalesce:
             if reply is not None:
                 return reply
             return await call_next(ctx)
+        if key in self.flights.landed and (stored := await self._stored_meanwhile(ctx, key)) is not None:
+            return stored
         if len(self.flights) >= self.flights.max_flights:
             return await call_next(ctx)
         return await self._lead(ctx, key, call_next)
+
+    async def _stored_meanwhile(self, ctx: RequestContext, key: str) -> Reply | None:
+        """The answer a leader that just finished stored while this request looked up the slower tiers."""
+        policy = ctx.cache_policy
+        if self.recheck is None or policy is None or not policy.may_read:
+            return None
+        entry = await self.recheck.get(key)
+        if entry is None or (policy.max_age is not None and entry.age() > policy.max_age):
+            return None
+        return hit_reply(ctx, entry, status="HIT", tier=self.recheck.name)
 
     async def _lead(self, ctx: RequestContext, key: str, call_next: Next) -> Reply:
         flight = Flight()
@@ -125,6 +149,11 @@ class Coalesce:
     def _land(self, key: str, flight: Flight) -> None:
         if self.flights.table.get(key) is flight:
             del self.flights.table[key]
+            landed = self.flights.landed
+            landed[key] = None
+            landed.move_to_end(key)
+            if len(landed) > self.flights.max_landed:
+                landed.popitem(last=False)
 
     @staticmethod
     async def _tee(source: AsyncIterator[bytes], flight: Flight) -> AsyncIterator[bytes]:

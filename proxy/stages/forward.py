@@ -40,7 +40,8 @@ _REPLICA_FAILING = frozenset({502, 503, 504})
 
 
 class ForwardToLLM:
-    """Send to the replica chosen by routing (or the first healthy one); retry only a refused connection."""
+    """Send to the replica a stored response pins the request to (``ctx.pinned``), else the one routing chose (or
+    the first healthy one); retry only a refused connection, and never away from a pinned replica."""
 
     name = "forward"
     gives = frozenset({"backend", "upstream_seconds"})
@@ -54,10 +55,17 @@ class ForwardToLLM:
         ask_upstream_for_usage(ctx)
         body = ctx.outgoing_body() if ctx.method not in ("GET", "HEAD") else None
         routed = ctx.routed
-        chosen = self.pool.backends[routed.replica] if routed is not None else None
-        # routing's choice stands unless that replica is down or its breaker is open
-        usable = chosen is not None and chosen.healthy and chosen.breaker.allow()
-        picked = chosen if usable else self.pool.first_healthy()
+        if ctx.pinned is not None:  # a stored response lives on this replica only: no other may answer
+            keeper = self.pool.backends[ctx.pinned]
+            if not keeper.breaker.allow():
+                raise ProxyError(503, f"{keeper.described}, which keeps this response, is failing; retrying shortly",
+                                 code="upstream_circuit_open", headers={"Retry-After": "2"})
+            picked: Backend | None = keeper
+        else:
+            chosen = self.pool.backends[routed.replica] if routed is not None else None
+            # routing's choice stands unless that replica is down or its breaker is open
+            usable = chosen is not None and chosen.healthy and chosen.breaker.allow()
+            picked = chosen if usable else self.pool.first_healthy()
         if picked is None:
             raise ProxyError(503, "every LLM backend is failing; retrying shortly", code="upstream_circuit_open",
                              headers={"Retry-After": "2"})
@@ -83,7 +91,7 @@ class ForwardToLLM:
                     raise
                 self.pool.mark_down(backend, exc.message)
                 tried.add(backend.index)
-                following = self.pool.healthy_after(tried)
+                following = self.pool.healthy_after(tried) if ctx.pinned is None else None
                 if following is None:
                     raise
                 backend = following

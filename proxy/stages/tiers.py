@@ -31,7 +31,7 @@ from multidict import CIMultiDict
 
 from normalizer.bypass import unstorable_reason
 from normalizer.cache_control import CachePolicy
-from normalizer.responses import echo_request, final_input_question
+from normalizer.responses import continued_response, echo_request, final_input_question, stores
 from normalizer.signature import final_question
 from proxy.context import Reply, RequestContext
 from proxy.pipeline import Next
@@ -49,11 +49,13 @@ JSON = "application/json"
 SSE = "text/event-stream"
 
 
-def entry_tags(ctx: RequestContext, model: str | None) -> list[str]:
+def entry_tags(ctx: RequestContext, model: str | None, response_id: str | None = None) -> list[str]:
     """Tags every stored entry carries, so invalidation can find it without its key.
 
     ``all``; ``tenant:<t>``; ``ns:<t>/<namespace>``; ``route:<chat|completions|embeddings>``; ``model:<m>``;
-    ``doc:<id>`` for every document the prompt carried (the document reverse index).
+    ``doc:<id>`` for every document the prompt carried (the document reverse index); ``response:<id>`` for a
+    stored Responses API object's own id (``response_id``, kept in the entry's ``meta``) and for the response
+    a request continues (``previous_response_id``): a deleted response takes both with it.
     """
     scope = ctx.key_scope
     tenant = scope.tenant if scope is not None else ctx.tenant
@@ -61,6 +63,7 @@ def entry_tags(ctx: RequestContext, model: str | None) -> list[str]:
     if model:
         tags.append(f"model:{model}")
     tags.extend(f"doc:{doc}" for doc in document_ids(ctx))
+    tags.extend(f"response:{rid}" for rid in (response_id, continued_response(ctx.body or {})) if rid is not None)
     if ctx.semantic is not None:  # lets the cold tier's vector search stay inside one context
         tags.append(ctx.semantic.tag)
     return tags
@@ -141,6 +144,16 @@ def complete_body(reply: Reply, body: bytes, kind: str) -> Complete | None:
     return Complete(body, {"json_type": content_type} if content_type not in ("", JSON) else {})
 
 
+def stored_response_id(body: bytes) -> str | None:
+    """The id of a stored Responses API object (``None`` when the body is not one)."""
+    try:
+        response = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return None
+    identifier = response.get("id") if isinstance(response, dict) else None
+    return identifier if isinstance(identifier, str) else None
+
+
 def bypass_header(reason: str) -> str:
     """A bypass reason as a header value: printable ASCII only, at most 200 characters."""
     return "".join(c if " " <= c <= "~" else "?" for c in reason[:200])
@@ -194,6 +207,7 @@ class StoreResponse:
                 return
             request = ctx.body or {}
             model = request.get("model")
+            response_id = stored_response_id(stored.body) if self.kind == "response" and stores(request) else None
             semantic, documents = ctx.semantic, document_ids(ctx)
             read = final_input_question if self.kind == "response" else final_question
             question = semantic.question if semantic is not None else \
@@ -203,9 +217,10 @@ class StoreResponse:
                 cost=ctx.upstream_seconds if ctx.upstream_seconds is not None else 1.0,
                 meta={"tenant": ctx.tenant, "namespace": ctx.namespace, "route": ctx.route,
                       **({"question": question} if question else {}),
-                      **({"documents": documents} if documents else {}), **stored.meta},
+                      **({"documents": documents} if documents else {}),
+                      **({"response_id": response_id} if response_id else {}), **stored.meta},
             )
-            tags = entry_tags(ctx, entry.model)
+            tags = entry_tags(ctx, entry.model, response_id)
             await into.put(key, entry, ttl=policy.ttl, tags=tags)
             ctx.entry = entry
             for keep in self.write_behind:
@@ -233,5 +248,6 @@ class ExactLookup:
         if entry is None or (policy.max_age is not None and entry.age() > policy.max_age):
             return await call_next(ctx)
         for faster in self.promote_into:
-            await faster.put(key, entry, ttl=policy.ttl, tags=entry_tags(ctx, entry.model))
+            tags = entry_tags(ctx, entry.model, entry.meta.get("response_id"))
+            await faster.put(key, entry, ttl=policy.ttl, tags=tags)
         return hit_reply(ctx, entry, status="HIT", tier=self.tier.name)

@@ -121,10 +121,13 @@ def test_config_patch_keeps_requests_in_flight_coalesced(fake_llm_thread: FakeLL
                                                          admin: Admin) -> None:
     """A patch rebuilds the stages, not the process's state: a request identical to one still waiting on the
     upstream shares that call after the patch, as it did before."""
-    fake_llm_thread.latency_s = 1.0
+    fake_llm_thread.latency_s = 3.0  # the follower, sent once the leader reached the upstream, must find it there
     with ThreadPoolExecutor(2) as pool:
         leader = pool.submit(ask, admin_proxy, "in flight")
-        time.sleep(0.3)
+        deadline = time.monotonic() + 30  # a failure bound only: the loop ends with the event
+        while fake_llm_thread.log.count(CHAT) == 0:
+            assert time.monotonic() < deadline, "the leader never reached the upstream"
+            time.sleep(0.01)
         assert admin.patch("/admin/config", json={"cache.expose_key": True}).status_code == 200
         follower = pool.submit(ask, admin_proxy, "in flight")
         leader.result(), follower.result()

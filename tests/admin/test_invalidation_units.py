@@ -139,9 +139,14 @@ async def test_flush_names_tiers() -> None:
     l1, l3 = tier("l1"), tier("l3")
     await put(l1, "a")
     await put(l3, "a")
-    invalidator = Invalidator([l1, l3])
+    index = RecordingIndex()
+    invalidator = Invalidator([l1, l3], semantic=index)
     assert (await invalidator.flush(["l3"])).removed == {"l3": 1}
     assert await keys(l1) == ["a"]
+    assert (await invalidator.flush(["l1"])).removed == {"l1": 1}, "the tiers flushed, nothing else"
+    assert index.deleted == [], "the semantic index is not flushed with one answer tier"
+    await put(l1, "b")
+    assert (await invalidator.flush()).removed == {"l1": 1, "l3": 0, "semantic": 1}, "everything, the index too"
     with pytest.raises(InvalidSelector):
         await invalidator.flush(["nope"])
 

@@ -141,11 +141,16 @@ async def test_injected_errors_surface_as_sdk_exceptions(fake_llm: FakeLLM) -> N
     assert reply.choices[0].text == default_answer("x")
 
 
+# What a connection reset raises: openai wraps it as APIConnectionError, except mid-stream in some versions (2.54,
+# 1.81 among them), where the transport's own error (httpx.ReadError, a TransportError) escapes the iteration.
+RESET = (openai.APIConnectionError, httpx.TransportError)
+
+
 async def test_reset_mid_stream_after_k_chunks(fake_llm: FakeLLM) -> None:
     client = async_client(fake_llm)
     fake_llm.faults.reset_after(3)
     received = []
-    with pytest.raises(openai.APIConnectionError):
+    with pytest.raises(RESET):
         stream = await client.chat.completions.create(model="m", messages=MESSAGES, stream=True)
         async for chunk in stream:
             received.append(chunk)
@@ -286,3 +291,27 @@ async def test_id_slot_pins_requests_to_one_slot() -> None:
         )
     queue_ms = sorted((r.model_extra or {})["timings"]["queue_ms"] for r in replies)
     assert queue_ms[1] > 0  # the free slot 0 was not used
+
+
+async def test_stored_responses_as_the_api_keeps_them(fake_llm: FakeLLM) -> None:
+    client = async_client(fake_llm)
+    first = await client.responses.create(model="m1", input=[{"role": "user", "content": "one"},
+                                                             {"role": "user", "content": "two"},
+                                                             {"role": "user", "content": "three"}])
+    assert first.store is True and (await client.responses.retrieve(first.id)).id == first.id
+    page = await client.responses.input_items.list(first.id, limit=2)
+    assert [item.content[0].text for item in page.data] == ["three", "two"] and page.has_more  # type: ignore[union-attr]
+    rest = await client.responses.input_items.list(first.id, after=page.data[-1].id, order="desc")
+    assert [item.content[0].text for item in rest.data] == ["one"] and not rest.has_more  # type: ignore[union-attr]
+    unstored = await client.responses.create(model="m1", input="not kept", store=False)
+    with pytest.raises(openai.NotFoundError, match=f"Response with id '{unstored.id}' not found."):
+        await client.responses.retrieve(unstored.id)
+    with pytest.raises(openai.BadRequestError) as unknown:
+        await client.responses.create(model="m1", input="go on", previous_response_id=unstored.id)
+    assert unknown.value.code == "previous_response_not_found" and unknown.value.param == "previous_response_id"
+    with pytest.raises(openai.BadRequestError):
+        await client.responses.cancel(first.id)  # not made in background mode
+    assert await client.responses.delete(first.id) is None
+    with pytest.raises(openai.NotFoundError):
+        await client.responses.delete(first.id)
+    await client.close()

@@ -194,7 +194,7 @@ def test_header_injection(server: ProxyServer, upstreams: tuple[FakeLLM, QdrantS
     assert echoed and set(echoed.decode("latin-1")) <= SAFE_REQUEST_ID, "an unsafe request id is never echoed"
     llm, _ = upstreams
     if code == 200:  # (a CRLF the client sends makes its own extra request header: forwarded like any other)
-        sent = llm.log.last.headers.get("X-Request-ID", "")
+        sent = llm.log.for_path("/v1/chat/completions")[-1].headers.get("X-Request-ID", "")
         assert set(sent) <= SAFE_REQUEST_ID, "the id the proxy sends upstream is always a safe one"
 
 

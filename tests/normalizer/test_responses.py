@@ -16,8 +16,10 @@ from normalizer.responses import (
     canonical_response,
     echo_request,
     final_input_question,
+    one_replica_reason,
     prompt_messages,
     read_response_prompt,
+    semantic_question,
     state_reason,
 )
 
@@ -30,6 +32,11 @@ FUNCTION = {"type": "function", "name": "lookup", "description": "Look up",
 
 def request(**fields: Any) -> dict[str, Any]:
     return {"model": "m", "input": QUESTION, "store": False, **fields}
+
+
+def stored(**fields: Any) -> dict[str, Any]:
+    """A request the upstream stores (no ``store``: the API's default)."""
+    return {"model": "m", "input": QUESTION, **fields}
 
 
 def key(body: dict[str, Any]) -> str:
@@ -61,7 +68,11 @@ SAME = [
     *[(f"excluded {name}", request(), request(**{name: value}))
       for name, value in [("user", "u1"), ("metadata", {"a": "b"}), ("safety_identifier", "s"),
                           ("prompt_cache_key", "k"), ("prompt_cache_retention", "24h"), ("stream", True),
-                          ("stream_options", {"include_obfuscation": False}), ("store", True)]],
+                          ("stream_options", {"include_obfuscation": False})]],
+    ("stored: store omitted is store true", stored(), stored(store=True)),
+    ("stored: null and empty metadata are none", stored(), stored(metadata={})),
+    *[(f"stored: excluded {name}", stored(), stored(**{name: value}))
+      for name, value in [("prompt_cache_retention", "24h"), ("stream", True)]],
 ]
 
 DIFFERENT = [
@@ -90,6 +101,12 @@ DIFFERENT = [
      request(input=[as_item(QUESTION), {"type": "function_call_output", "call_id": "c1", "output": "2"}])),
     ("unknown field kept", request(), request(top_k=3)),
     ("model", request(), request(model="n")),
+    ("continued response", request(), request(previous_response_id="resp_1")),
+    ("which response is continued", request(previous_response_id="resp_1"), request(previous_response_id="resp_2")),
+    ("stored or not", request(), stored()),
+    *[(f"stored: the object records {name}", stored(), stored(**{name: value}))
+      for name, value in [("user", "u1"), ("metadata", {"a": "b"}), ("safety_identifier", "s"),
+                          ("prompt_cache_key", "k")]],
 ]
 
 
@@ -124,29 +141,36 @@ def test_every_excluded_field_has_a_reason() -> None:
 
 
 @pytest.mark.parametrize(("fields", "words"), [
-    ({"previous_response_id": "resp_1"}, "previous_response_id"),
     ({"conversation": "conv_1"}, "conversation"),
     ({"prompt": {"id": "pmpt_1"}}, "prompt template"),
     ({"background": True}, "background"),
     ({"input": [{"type": "item_reference", "id": "msg_1"}]}, "item_reference"),
-    ({"store": True}, "store"),
-    ({"store": None}, "store defaults to true"),
 ])
-def test_state_kept_upstream_bypasses(fields: dict[str, Any], words: str) -> None:
-    body = {**request(), **fields}
-    if fields.get("store", False) is None:
-        del body["store"]
-    reason = bypass_reason(body, kind="response")
+def test_state_the_key_cannot_see_bypasses(fields: dict[str, Any], words: str) -> None:
+    reason = bypass_reason({**request(), **fields}, kind="response")
     assert reason is not None and words in reason
 
 
-def test_stored_responses_are_cached_only_when_configured() -> None:
-    stored = {"model": "m", "input": QUESTION}
-    assert state_reason(stored) is not None
-    assert state_reason(stored, cache_stored=True) is None
-    assert bypass_reason(stored, BypassSettings(cache_stored_responses=True), kind="response") is None
-    conversation = {**stored, "previous_response_id": "resp_1"}
-    assert bypass_reason(conversation, BypassSettings(cache_stored_responses=True), kind="response") is not None
+def test_stored_and_continued_requests_are_cached_unless_configured_off() -> None:
+    for body in (stored(), stored(previous_response_id="resp_1"), request(previous_response_id="resp_1")):
+        assert state_reason(body) is None and bypass_reason(body, kind="response") is None
+    off = BypassSettings(cache_stored_responses=False)
+    assert "cache_stored_responses is off" in str(bypass_reason(stored(), off, kind="response"))
+    assert bypass_reason(request(), off, kind="response") is None
+
+
+def test_what_pins_a_request_to_one_replica() -> None:
+    assert one_replica_reason(stored()) is None, "a new stored response may be made anywhere (its maker is recorded)"
+    assert "previous_response_id" in str(one_replica_reason(request(previous_response_id="resp_1")))
+    assert "conversation" in str(one_replica_reason(request(conversation="conv_1")))
+    with pytest.raises(CanonicalizationError):
+        canonical_response(request(previous_response_id=7))
+
+
+def test_stored_requests_have_no_semantic_question() -> None:
+    registry = DocumentRegistry()
+    assert semantic_question(request(), read_response_prompt(request(), None, registry)) == QUESTION
+    assert semantic_question(stored(), read_response_prompt(stored(), None, registry)) is None
 
 
 def test_other_bypass_rules_apply_as_for_chat() -> None:

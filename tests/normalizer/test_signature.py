@@ -170,8 +170,9 @@ def test_response_signature_covers_everything_but_the_question() -> None:
 
     base = sig()
     assert base is not None and sig(input="what's rag") == base, "only the question differs"
-    assert sig(metadata={"run": 2}, store=True) == base, "fields outside the key are outside the context too"
+    assert sig(metadata={"run": 2}, user="u") == base, "fields outside the key are outside the context too"
     for other in ({"instructions": "Be long."}, {"temperature": 0.2}, {"max_output_tokens": 9},
+                  {"previous_response_id": "resp_1"},
                   {"tools": [{"type": "function", "name": "f"}]}, {"text": {"format": {"type": "json_object"}}},
                   {"model": "n"}, {"reasoning": {"effort": "high"}},
                   {"input": [{"role": "assistant", "content": "Earlier."},

@@ -93,7 +93,7 @@ def test_a_stream_abandoned_after_24_of_26_pieces_is_charged_what_was_produced(
             if pieces == 24:
                 break
     stream.close()  # hang up before the last two pieces
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + 30  # a failure bound only: the loop ends with the event
     while not (charges := _charges(billed, "ann")) and time.monotonic() < deadline:
         time.sleep(0.05)
     [charge] = charges
@@ -191,7 +191,7 @@ def test_an_abandoned_responses_stream_is_charged_what_was_produced(
             if pieces == 10:
                 break
     stream.close()
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + 30  # a failure bound only: the loop ends with the event
     while not (charges := _charges(billed, "ann")) and time.monotonic() < deadline:
         time.sleep(0.05)
     [charge] = charges

@@ -13,12 +13,12 @@ import pytest
 import yaml
 
 from proxy.doubles.llm_server import FakeLLM
-from tests.support.processes import free_port
+from tests.support.processes import free_port, wait_for_port
 
 
-def _cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+def _cli(*args: str, cwd: Path | None = None, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "proxy.cli", *args], capture_output=True, text=True,
-                          env={"PATH": "/usr/bin:/bin"}, cwd=cwd, timeout=90)
+                          env={"PATH": "/usr/bin:/bin", **(env or {})}, cwd=cwd, timeout=90)
 
 
 REFUSED = [
@@ -72,7 +72,7 @@ def test_llm_upstream_with_options_needs_no_yaml() -> None:
 @pytest.mark.parametrize(("value", "reason"), [
     ("http://gpu-0:8080,kind=tgi", "upstreams.llm.0.kind = 'tgi': allowed: openai, vllm, sglang, llamacpp, generic"),
     ("http://gpu-0:8080,colour=red", "'colour' is not OPTION=VALUE with an OPTION of name, kind,"),
-    ("http://gpu-0:8080,api_key=sk-1", "an api_key belongs in the environment or the config file"),
+    ("http://gpu-0:8080,api_key=sk-1", "name the environment variable holding it: api_key_env=NAME"),
     ("http://gpu-0:8080,kind", "'kind' is not OPTION=VALUE"),
     ("gpu-0:8080", "upstreams.llm.0.url = 'gpu-0:8080': must be an http:// or https:// URL"),
 ])
@@ -98,3 +98,53 @@ def test_calibrate_takes_its_options_before_the_file(tmp_path: Path) -> None:
     done = _cli("calibrate", "--target", "0.5", str(pairs))
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("default: no threshold keeps wrong hits within 0.5 (2 pairs)"), done.stdout
+
+
+def test_one_port_for_both_sites_is_refused_by_check_config_as_by_serve(tmp_path: Path) -> None:
+    port = str(free_port())
+    checked = _cli("check-config", "--port", port, "--admin-port", port, "--data-dir", str(tmp_path))
+    assert checked.returncode == 2
+    assert checked.stderr == f"ragproxy: invalid configuration: admin.port {port} is server.port too; the admin API " \
+                             "needs a port of its own\n"
+    served = _cli("serve", "--port", port, "--admin-port", port, "--data-dir", str(tmp_path))
+    assert served.returncode == 2 and served.stderr == checked.stderr.replace("invalid configuration",
+                                                                              "refusing to start")
+
+
+def test_a_hosted_upstream_takes_its_key_from_the_environment() -> None:
+    flag = "https://api.openai.com/v1,api_key_env=UPSTREAM_KEY"
+    done = _cli("check-config", "--llm-upstream", flag, env={"UPSTREAM_KEY": "sk-secret-1"})
+    assert done.returncode == 0, done.stderr
+    [llm] = yaml.safe_load(done.stdout)["upstreams"]["llm"]
+    assert (llm["url"], llm["api_key_env"], llm["api_key"]) == ("https://api.openai.com", "UPSTREAM_KEY", "**********")
+    assert "sk-secret-1" not in done.stdout
+    missing = _cli("check-config", "--llm-upstream", flag)
+    assert missing.returncode == 2 and missing.stderr == (
+        "ragproxy: invalid configuration: upstreams.llm.0: api_key_env: the environment variable UPSTREAM_KEY is not "
+        "set\n")
+
+
+def test_version() -> None:
+    from importlib import metadata
+
+    done = _cli("--version")
+    assert (done.returncode, done.stdout) == (0, f"ragproxy {metadata.version('ragproxy')}\n")
+
+
+def test_a_second_serve_on_one_data_dir_is_one_line_and_exit_1(fake_llm_thread: FakeLLM, tmp_path: Path) -> None:
+    def flags() -> list[str]:
+        return ["--llm-upstream", fake_llm_thread.url, "--port", str(free_port()), "--admin-port", str(free_port()),
+                "--data-dir", str(tmp_path), "--set", "cache.l2.enabled=false", "--set", "logging.format=text"]
+
+    first_flags = flags()
+    first = subprocess.Popen([sys.executable, "-m", "proxy.cli", "serve", *first_flags], env={"PATH": "/usr/bin:/bin"},
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_for_port(int(first_flags[3]), timeout=60)
+        second = _cli("serve", *flags())
+        assert second.returncode == 1
+        assert second.stderr == (f"ragproxy: data directory {str(tmp_path)!r} is in use by another ragproxy (pid "
+                                 f"{first.pid}); give each process its own --data-dir (data_dir)\n")
+    finally:
+        first.terminate()
+        assert first.wait(timeout=30) == 0

@@ -111,6 +111,15 @@ def test_demo_serve_stops_cleanly_on_sigterm() -> None:
     assert err.text() == ""
 
 
+def test_demo_serve_handles_a_signal_sent_as_soon_as_it_prints() -> None:
+    """The handlers are installed before the first line: whoever reads the output may signal at once."""
+    process, out, err = start(ragproxy("demo", "--serve", "--port", str(free_port()), "--admin-port",
+                                       str(free_port())))
+    out.wait_for(lambda line: line.startswith("ragproxy demo:"), timeout=90)
+    process.send_signal(signal.SIGTERM)
+    assert process.wait(timeout=90) == 0, err.text()
+
+
 def test_the_demo_qdrant_writes_values_json_cannot_hold_as_text() -> None:
     """A payload value orjson has no encoding for (a set, an object) is sent as its text, not an encoder error."""
     from uuid import UUID

@@ -506,7 +506,7 @@ async def test_fetch_bounds_the_whole_exchange_and_frees_the_connection() -> Non
             started = loop.time()
             with pytest.raises(TimeoutError):
                 await client.fetch("GET", peer.url + "/slow", timeout_s=0.5)
-            assert 0.45 < loop.time() - started < 1.0
+            assert 0.45 < loop.time() - started < 5, "bounded by timeout_s, not by the 10 s trickle"
             assert not any(pool.idle for pool, _ in client.transport._pools.values())
     finally:
         await client.close()

@@ -134,8 +134,10 @@ def test_the_prefix_header_sent_upstream_stays_bounded(fake_llm_thread: FakeLLM,
     body = {"model": "fake-model", "messages": [{"role": "system", "content": "Answer from the documents."},
                                                 {"role": "user", "content": "what do they say?"}],
             "ragproxy": {"documents": documents}}
-    assert httpx.post(server.url + CHAT, json=body, timeout=60).status_code == 200
-    sent = fake_llm_thread.log.last.headers
+    rid = "prefix-header-bounded"
+    assert httpx.post(server.url + CHAT, json=body, headers={"X-Request-ID": rid}, timeout=60).status_code == 200
+    [forwarded] = fake_llm_thread.log.with_request_id(rid)  # not the proxy's own health probes
+    sent = forwarded.headers
     assert "X-Prefix-Docs" in sent
     assert len(sent["X-Prefix-Docs"]) <= 1024
     assert sent["X-Prefix-Docs"].startswith("document-number-0,document-number-1,")

@@ -154,38 +154,26 @@ def test_reasoning_summaries_and_cut_answers_replay(clients: tuple[openai.OpenAI
     assert events[-1].response.model_dump() == cut
 
 
-def test_stored_and_stateful_requests_bypass_with_their_reason(
-        clients: tuple[openai.OpenAI, openai.OpenAI]) -> None:
+def test_state_the_key_cannot_see_bypasses_with_its_reason(clients: tuple[openai.OpenAI, openai.OpenAI]) -> None:
     _, proxied = clients
-    raw = proxied.responses.with_raw_response.create(model=MODEL, input="Remember me")
-    assert raw.headers["X-Cache-Status"] == "BYPASS"
-    assert "store defaults to true" in raw.headers["X-Cache-Bypass-Reason"]
-    first = raw.parse()
-    raw = proxied.responses.with_raw_response.create(model=MODEL, input="Remember me", store=True)
-    assert raw.headers["X-Cache-Status"] == "BYPASS"
-    follow = proxied.responses.with_raw_response.create(model=MODEL, input="And now?", store=False,
-                                                        previous_response_id=first.id)
-    assert follow.headers["X-Cache-Status"] == "BYPASS"
-    assert follow.headers["X-Cache-Bypass-Reason"].startswith("previous_response_id")
-    assert "Remember me" in follow.parse().output_text, "the upstream continued its stored conversation"
-    assert proxied.responses.retrieve(first.id).id == first.id, "GET /v1/responses/{id} passes through"
+    for extra, words in (({"conversation": "conv_1"}, "conversation"), ({"background": True}, "background"),
+                         ({"prompt": {"id": "pmpt_1"}}, "prompt template")):
+        raw = proxied.responses.with_raw_response.create(model=MODEL, input="Remember me", extra_body=extra)
+        assert raw.headers["X-Cache-Status"] == "BYPASS" and words in raw.headers["X-Cache-Bypass-Reason"]
     unknown = proxied.responses.with_raw_response.create(model=MODEL, input="x", store=False,
                                                          extra_body={"top_k": 3})
     assert unknown.headers["X-Cache-Bypass-Reason"] == "unknown field(s): top_k"
 
 
-def test_stored_responses_are_cached_when_configured(fake_llm_thread: FakeLLM) -> None:
-    settings = proxy_settings(fake_llm_thread.url, **{"cache.cache_stored_responses": True})
+def test_stored_requests_bypass_when_configured_off(fake_llm_thread: FakeLLM) -> None:
+    settings = proxy_settings(fake_llm_thread.url, **{"cache.cache_stored_responses": False})
     with ProxyServer(settings) as proxy:
         client = openai.OpenAI(base_url=proxy.url + "/v1", api_key="k", max_retries=0)
-        status, first = _create(client, input="Cache me anyway", metadata={"run": "1"})
-        assert status == "MISS" and first["store"] is True
-        status, again = _create(client, input="Cache me anyway", metadata={"run": "2"}, store=False)
-        assert status == "HIT"
-        assert again["metadata"] == {"run": "2"} and again["store"] is False, "the hit echoes this request"
-        assert {k: v for k, v in again.items() if k not in ("metadata", "store")} == \
-            {k: v for k, v in first.items() if k not in ("metadata", "store")}
-        assert _create(client, input="Cache me anyway", previous_response_id=first["id"])[0] == "BYPASS"
+        raw = client.responses.with_raw_response.create(model=MODEL, input="Stored, not cached")
+        assert raw.headers["X-Cache-Status"] == "BYPASS"
+        assert "cache.cache_stored_responses is off" in raw.headers["X-Cache-Bypass-Reason"]
+        assert client.responses.retrieve(raw.parse().id).id == raw.parse().id, "still recorded as its tenant's"
+        assert _create(client, input="Stored, not cached", store=False)[0] == "MISS"
 
 
 async def test_async_client_streams_a_hit(clients: tuple[openai.OpenAI, openai.OpenAI]) -> None:

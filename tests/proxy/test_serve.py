@@ -28,7 +28,10 @@ def test_health_and_sigterm_drain(fake_llm_thread: FakeLLM) -> None:
 
         worker = threading.Thread(target=slow_call)
         worker.start()
-        time.sleep(0.4)
+        deadline = time.monotonic() + 30
+        while fake_llm_thread.log.count("/v1/chat/completions") == 0:  # in flight: the upstream has it
+            assert time.monotonic() < deadline, "the request never reached the upstream"
+            time.sleep(0.01)
         proxy.signal(signal.SIGTERM)
         worker.join(timeout=10)
         assert result.get("status") == 200, "an in-flight request must complete during the drain"

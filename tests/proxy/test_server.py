@@ -121,13 +121,13 @@ async def test_http10_and_connection_close_end_the_connection(serve: Callable[..
 
 async def test_idle_keep_alive_connections_close_after_the_timeout(
         serve: Callable[..., Awaitable[Served]]) -> None:
-    served = await serve(keepalive_s=0.3)
+    served = await serve(keepalive_s=1.0)
     reader, writer = await served.connect()
-    for _ in range(3):  # activity keeps it open past one timeout
+    for _ in range(6):  # activity keeps it open past one timeout (never idle for most of it, however loaded)
         writer.write(b"GET /a HTTP/1.1\r\nHost: t\r\n\r\n")
         assert (await read_response(reader))[0] == 200
         await asyncio.sleep(0.2)
-    assert await asyncio.wait_for(reader.read(), 2) == b""
+    assert await asyncio.wait_for(reader.read(), 10) == b""
     writer.close()
 
 
@@ -143,16 +143,16 @@ async def test_a_client_silent_mid_request_gets_a_408(serve: Callable[..., Await
     started = asyncio.get_running_loop().time()
     status, _, body = await read_response(reader)
     assert status == 408 and orjson.loads(body)["code"] == "request_timeout"
-    assert 0.35 < asyncio.get_running_loop().time() - started < 2
+    assert 0.35 < asyncio.get_running_loop().time() - started < 5
     assert await asyncio.wait_for(reader.read(), 5) == b""
     writer.close()
 
 
 async def test_a_slow_client_that_keeps_sending_is_served(serve: Callable[..., Awaitable[Served]]) -> None:
-    served = await serve(read_timeout_s=0.4, keepalive_s=0.3)
+    served = await serve(read_timeout_s=1.5, keepalive_s=0.3)
     reader, writer = await served.connect()
     request = post("/v1/x", b"0123456789")
-    for i in range(0, len(request), 8):  # about 1.2 s in all, never 0.4 s silent
+    for i in range(0, len(request), 8):  # about 1.2 s in all, never 1.5 s silent however loaded
         writer.write(request[i:i + 8])
         await asyncio.sleep(0.1)
     status, _, body = await read_response(reader)
@@ -178,7 +178,7 @@ async def test_a_head_trickled_in_steadily_is_cut_off_at_the_head_timeout(
     status, _, body = await read_response(reader)
     trickling.cancel()
     assert status == 408 and orjson.loads(body)["code"] == "request_timeout"
-    assert 0.55 < loop.time() - started < 2
+    assert 0.55 < loop.time() - started < 4, "cut at the head timeout, not at the read timeout (5 s)"
     writer.close()
 
 
@@ -189,7 +189,7 @@ async def test_a_new_connection_that_sends_nothing_is_closed_at_the_head_timeout
     reader, writer = await served.connect()
     writer.write(b"GET /a HTTP/1.1\r\nHost: t\r\n\r\n")
     assert (await read_response(reader))[0] == 200
-    assert await asyncio.wait_for(silent_reader.read(), 2) == b""  # closed, no answer to a request never sent
+    assert await asyncio.wait_for(silent_reader.read(), 4) == b""  # closed, no answer to a request never sent
     await asyncio.sleep(0.6)
     writer.write(b"GET /b HTTP/1.1\r\nHost: t\r\n\r\n")  # idle between requests: the keep-alive limit holds
     assert (await read_response(reader))[0] == 200

@@ -1,7 +1,8 @@
 """Audit of bounded resources: every cap exists and holds when driven far past it.
 
 Each test pushes one structure well beyond its cap and asserts the structure (and its side indexes) stay
-within it. Caps audited: L1 entries and bytes (through the data plane), the coalescing table (``max_flights``),
+within it. Caps audited: L1 entries and bytes (through the data plane), the coalescing table (``max_flights``) and
+its recently landed keys (``max_landed``),
 the cold tier's write-behind queue, the document registry and its anchor indexes, the retrieval cache's reverse
 indexes (per partition, by collection, by point id), the L1 tag index, the API-key cache, request statistics,
 the stale store, and the request body size (also for chunked bodies with no Content-Length).
@@ -92,6 +93,20 @@ async def test_coalescing_table_is_capped_by_max_flights() -> None:
     for reply in replies:
         await reply.finish(True, reply.body or b"")
     assert not stage.flights, "every flight lands"
+
+
+async def test_recently_landed_keys_are_capped() -> None:
+    stage = Coalesce(kind="chat", wait_s=5.0, flights=Flights(max_landed=16))
+
+    async def upstream(ctx: RequestContext) -> Reply:
+        return Reply(status=200, body=b'{"id": "x", "choices": []}')
+
+    for i in range(200):
+        ctx = _ctx(f"k{i}")
+        ctx.cache_policy = None
+        reply = await stage(ctx, upstream)
+        await reply.finish(True, reply.body or b"")
+    assert list(stage.flights.landed) == [f"k{i}" for i in range(184, 200)], "the newest 16, oldest first"
 
 
 async def test_write_behind_queue_drops_instead_of_growing() -> None:

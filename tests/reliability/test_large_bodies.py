@@ -1,15 +1,16 @@
 """Large bodies both ways through a ``ragproxy serve`` process, with the LLM double and the Qdrant shim as processes.
 
 Every non-streamed upstream answer above 256 KiB (the forwarding client's flow-control mark) used to wait for the read
-timeout and end in a 504: a 3,000-item embeddings answer (~660 KB), a Qdrant scroll of 80 points (~650 KB). The read
-timeout is 5 s here, so such a wait fails the test quickly; sizes go up to 64 MB each way.
+timeout and end in a 504: a 3,000-item embeddings answer (~660 KB), a Qdrant scroll of 80 points (~650 KB). Such a
+wait is a 504 whatever the read timeout, so the tests look at the status, not at the clock: the read timeout here is
+one a loaded machine never meets while the double reads and answers 64 MB (a regression then fails after it);
+sizes go up to 64 MB each way.
 """
 
 from __future__ import annotations
 
 import base64
 import json
-import time
 from collections.abc import Iterator
 
 import httpx
@@ -19,7 +20,7 @@ from loadtest.harness import child
 from tests.support.processes import free_port
 from tests.support.proxy_server import ProxyProcess
 
-READ_TIMEOUT_S = 5.0
+READ_TIMEOUT_S = 60.0
 MB = 1024 * 1024
 
 
@@ -38,37 +39,32 @@ def proxy() -> Iterator[ProxyProcess]:
             yield server
 
 
-def _embeddings(proxy: ProxyProcess, body: dict[str, object]) -> tuple[httpx.Response, float]:
-    started = time.monotonic()
-    response = httpx.post(proxy.url + "/v1/embeddings", json=body, timeout=60)
-    return response, time.monotonic() - started
+def _embeddings(proxy: ProxyProcess, body: dict[str, object]) -> httpx.Response:
+    return httpx.post(proxy.url + "/v1/embeddings", json=body, timeout=READ_TIMEOUT_S + 30)
 
 
 def test_a_3000_item_embeddings_answer_arrives_whole(proxy: ProxyProcess) -> None:
-    response, seconds = _embeddings(proxy, {"model": "m", "input": [f"item {i}" for i in range(3000)],
-                                            "dimensions": 8})
+    response = _embeddings(proxy, {"model": "m", "input": [f"item {i}" for i in range(3000)], "dimensions": 8})
     assert response.status_code == 200, response.text[:300]
     assert 600_000 < len(response.content) < 1 * MB
     assert [item["index"] for item in response.json()["data"]] == list(range(3000))
-    assert seconds < READ_TIMEOUT_S
 
 
 @pytest.mark.parametrize("megabytes", [10, 64])
 def test_answers_of_many_megabytes_arrive_whole(proxy: ProxyProcess, megabytes: int) -> None:
     dims = 32768  # 128 KiB of float32 per item, base64 in the answer
     items = megabytes * MB * 3 // 4 // (dims * 4)
-    response, seconds = _embeddings(proxy, {"model": "m", "input": [f"item {i}" for i in range(items)],
-                                            "dimensions": dims, "encoding_format": "base64"})
+    response = _embeddings(proxy, {"model": "m", "input": [f"item {i}" for i in range(items)],
+                                   "dimensions": dims, "encoding_format": "base64"})
     assert response.status_code == 200, response.text[:300]
     assert len(response.content) > megabytes * MB * 0.95
     data = response.json()["data"]
     assert len(data) == items and len(base64.b64decode(data[-1]["embedding"])) == dims * 4
-    assert seconds < 30
 
 
 def test_a_64_mb_request_body_reaches_the_upstream_whole(proxy: ProxyProcess) -> None:
     texts = [f"{i:02d} " + "word " * (MB // 5) for i in range(64)]
-    response, _ = _embeddings(proxy, {"model": "m", "input": texts, "dimensions": 8})
+    response = _embeddings(proxy, {"model": "m", "input": texts, "dimensions": 8})
     assert response.status_code == 200, response.text[:300]
     usage = response.json()["usage"]
     assert usage["prompt_tokens"] == 64 * (MB // 5 + 1)  # every word of every text arrived
@@ -79,8 +75,7 @@ def test_a_qdrant_scroll_of_650_kb_arrives_whole(proxy: ProxyProcess) -> None:
     assert httpx.put(collection, json={"vectors": {"size": 4, "distance": "Cosine"}}).status_code == 200
     points = [{"id": i, "vector": [1.0, 0.0, 0.0, float(i)], "payload": {"text": "x" * 8000}} for i in range(80)]
     assert httpx.put(collection + "/points?wait=true", json={"points": points}, timeout=30).status_code == 200
-    started = time.monotonic()
-    response = httpx.post(collection + "/points/scroll", json={"limit": 80, "with_payload": True}, timeout=30)
+    response = httpx.post(collection + "/points/scroll", json={"limit": 80, "with_payload": True},
+                          timeout=READ_TIMEOUT_S + 30)
     assert response.status_code == 200, response.text[:300]
     assert len(response.content) > 640_000 and len(response.json()["result"]["points"]) == 80
-    assert time.monotonic() - started < READ_TIMEOUT_S

@@ -41,7 +41,7 @@ def _post(server: ProxyServer, body: dict[str, Any] = BODY) -> httpx.Response:
 
 def _drained(server: ProxyServer) -> None:
     """Every replica's in-flight count is back to zero (no hung upstream call)."""
-    deadline = time.monotonic() + 5
+    deadline = time.monotonic() + 30  # a failure bound only: the loop ends with the event
     while time.monotonic() < deadline:
         if all(b.in_flight == 0 for b in server.runtime.backends.backends):
             return
@@ -223,5 +223,6 @@ def test_a_restarted_replica_serves_as_soon_as_it_is_back() -> None:
             back = time.monotonic()
             while (status := _post(server).status_code) != 200 and time.monotonic() - back < 10:
                 time.sleep(0.05)
-            assert status == 200 and time.monotonic() - back < 1.5, time.monotonic() - back
+            # within a few probe periods (0.5 s while down), not a breaker period (5 s)
+            assert status == 200 and time.monotonic() - back < 4, time.monotonic() - back
             assert [_post(server).status_code for _ in range(10)] == [200] * 10

@@ -79,8 +79,8 @@ class ResponsesDouble:
 
 
 def pipeline(reps: list[Replica], router: Router, backend: ResponsesDouble,
-             policy: OrderPolicy = OrderPolicy.PRESERVE, stored_responses: bool = False) -> Pipeline:
-    shape = Shape(reps, default_policy=policy, stored_responses=stored_responses)
+             policy: OrderPolicy = OrderPolicy.PRESERVE) -> Pipeline:
+    shape = Shape(reps, default_policy=policy)
     return Pipeline([ReadPrompt(registry(), read_response_prompt), shape, Route(reps, router)], backend)
 
 
@@ -157,19 +157,18 @@ async def test_a_streamed_responses_reply_corrects_the_tree_from_its_completed_e
     assert reps[0].queue.active == 0 and router.loads[0].active == 0
 
 
-@pytest.mark.parametrize("stored_responses", [False, True], ids=["default", "cache_stored_responses"])
-async def test_only_responses_whose_state_needs_no_particular_replica_are_routed(stored_responses: bool) -> None:
-    """A stored response is fetched and continued on the replica that made it: such requests keep going to the
-    first healthy replica (no ``routed``, bytes untouched) unless nobody continues responses by id."""
+async def test_only_responses_whose_state_needs_no_particular_replica_are_routed() -> None:
+    """A new stored response may be made anywhere (the proxy records which replica made it); one that continues a
+    stored response must reach the replica keeping it: not routed (pinned), bytes untouched."""
     reps, router = replicas(2)
-    run = pipeline(reps, router, ResponsesDouble(), stored_responses=stored_responses)
+    run = pipeline(reps, router, ResponsesDouble())
     stateless, stored = ctx_for(response_body("a"), 1, "responses"), ctx_for(response_body("a", store=True), 2,
                                                                               "responses")
     continued = ctx_for(response_body("a", previous_response_id="resp_1"), 3, "responses")
     for ctx in (stateless, stored, continued):
         await run(ctx)
     assert stateless.routed is not None
-    assert (stored.routed is not None) is stored_responses
+    assert stored.routed is not None
     assert continued.routed is None and continued.outgoing_body() == continued.raw_body
 
 

@@ -1,0 +1,200 @@
+"""Stored responses belong to the tenant that made them and live on the replica that made them.
+
+Two stages over one :class:`StoredResponses` (the owners store of :mod:`proxy.response_owners`):
+
+- :class:`ClaimStoredResponses`, early in the ``POST /v1/responses`` pipeline (before credits and every cache
+  tier): a request that continues a response (``previous_response_id``) is refused unless its tenant made that
+  response — with the upstream's own answer to an unknown id, a 400 ``previous_response_not_found`` — and is
+  pinned (``ctx.pinned``) to the replica that keeps it. On the way back, a response the upstream made and stores
+  is recorded as this tenant's, on the replica that answered (``ctx.backend``): a complete reply before it is
+  handed back, a stream when its ``response.created`` event passes, before the client sees the id. Cache hits
+  record nothing: a hit is the stored original, recorded when it was made, and exact keys of stored requests are
+  never shared across tenants (:class:`~proxy.stages.cache_policy.Canonicalize`).
+- :class:`StoredResponseRequests`, the one stage of the requests about a response: ``GET``/``DELETE
+  /v1/responses/{id}``, ``GET /v1/responses/{id}/input_items``, ``POST /v1/responses/{id}/cancel`` (any other path
+  under ``/v1/responses/`` that names an id too), and ``POST /v1/responses/input_tokens`` and ``/compact``, whose
+  bodies may carry a ``previous_response_id``. Another tenant's id, or an id the proxy does not know, is answered
+  404 exactly as the upstream answers an id that does not exist; the tenant's own goes to the replica that keeps
+  it. A ``DELETE`` the upstream accepted forgets the owner and invalidates every cached entry that carries the id
+  (the response itself, and answers that continued it: tag ``response:<id>``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from typing import Any
+
+import orjson
+
+from normalizer.responses import continued_response, stores
+from proxy.context import Reply, RequestContext
+from proxy.errors import ProxyError
+from proxy.pipeline import Next
+from proxy.response_owners import OwnersUnavailable, ResponseOwner, ResponseOwners
+from proxy.sse import EventSplitter, event_data
+from tiers.invalidation import Outcome, Selector
+
+log = logging.getLogger("ragproxy.responses")
+
+PREFIX = "/v1/responses/"
+COLLECTION_ROUTES = frozenset({"input_tokens", "compact"})
+"""Paths under ``/v1/responses/`` that name no response (their bodies may name one)."""
+_CREATED = b"response.created"
+_SCAN_LIMIT = 64 * 1024
+"""Bytes of a stream searched for its ``response.created`` event (the API's first event)."""
+
+
+def not_found(response_id: str) -> ProxyError:
+    """The upstream's answer to a response id it does not know."""
+    return ProxyError(404, f"Response with id '{response_id}' not found.", error_type="invalid_request_error")
+
+
+def previous_not_found(response_id: str) -> ProxyError:
+    """The upstream's answer to a ``previous_response_id`` it does not know."""
+    return ProxyError(400, f"Previous response with id '{response_id}' not found.", code="previous_response_not_found",
+                      param="previous_response_id", error_type="invalid_request_error")
+
+
+def named_response(path: str) -> str | None:
+    """The response id a path under ``/v1/responses/`` names, or ``None`` (``input_tokens``, ``compact``)."""
+    if not path.startswith(PREFIX):
+        return None
+    first = path[len(PREFIX):].split("/", 1)[0]
+    return None if first in COLLECTION_ROUTES else first
+
+
+class StoredResponses:
+    """Checks and records the owners of stored responses; pins requests to the replica that keeps one."""
+
+    def __init__(self, owners: ResponseOwners, replicas: Sequence[str],
+                 invalidate: Callable[[Selector], Awaitable[Outcome]] | None = None) -> None:
+        """``replicas``: the LLM replicas' labels, by index; ``invalidate``: removes cached entries."""
+        self.owners = owners
+        self.replicas = {label: index for index, label in enumerate(replicas)}
+        self.invalidate = invalidate
+
+    async def pin(self, ctx: RequestContext, response_id: str, refusal: ProxyError) -> None:
+        """Pin ``ctx`` to the replica keeping ``response_id``; ``refusal`` unless ``ctx``'s tenant made it."""
+        try:
+            owner = await self.owners.owner(response_id)
+        except OwnersUnavailable as exc:
+            log.warning("owner of %s not known: %s", response_id, exc)
+            raise ProxyError(503, "the store of response owners is unavailable; retry shortly",
+                             code="owners_unavailable", headers={"Retry-After": "2"}) from None
+        replica = self.replicas.get(owner.replica) if owner is not None and owner.tenant == ctx.tenant else None
+        if replica is None:
+            raise refusal
+        ctx.pinned = replica
+
+    async def record(self, ctx: RequestContext, response: Any) -> None:
+        """Record a response object the upstream made for ``ctx`` as its tenant's, when the upstream keeps it."""
+        if not isinstance(response, Mapping) or not isinstance(response.get("id"), str) or ctx.backend is None:
+            return
+        if not response.get("store", stores(ctx.body or {})):
+            return
+        try:
+            await self.owners.record(response["id"], ResponseOwner(ctx.tenant, ctx.backend.label))
+        except OwnersUnavailable as exc:  # the response is answered; fetching it by id will not work
+            log.warning("stored response %s not recorded as %s's: %s", response["id"], ctx.tenant, exc)
+
+    async def forget(self, response_id: str) -> None:
+        """A deleted response: its owner and every cached entry carrying its id go."""
+        try:
+            await self.owners.forget(response_id)
+        except OwnersUnavailable as exc:
+            log.warning("owner of deleted response %s not forgotten: %s", response_id, exc)
+        if self.invalidate is not None:
+            await self.invalidate(Selector(responses=(response_id,)))
+
+
+class _OwnersStage:
+    name = "stored_responses"
+    needs: frozenset[str] = frozenset()
+    gives = frozenset({"pinned"})
+
+    def __init__(self, responses: StoredResponses) -> None:
+        self.responses = responses
+
+
+class ClaimStoredResponses(_OwnersStage):
+    """``POST /v1/responses``: continue only the tenant's own responses; record the ones it makes."""
+
+    async def __call__(self, ctx: RequestContext, call_next: Next) -> Reply:
+        body = ctx.body or {}
+        previous = continued_response(body)
+        if previous is not None:
+            await self.responses.pin(ctx, previous, previous_not_found(previous))
+        reply = await call_next(ctx)
+        if ctx.backend is None or reply.status != 200 or not stores(body):
+            return reply  # answered by a cache tier, failed, or nothing the upstream keeps
+        if reply.chunks is None:
+            with contextlib.suppress(orjson.JSONDecodeError):
+                await self.responses.record(ctx, orjson.loads(reply.body or b""))
+        else:
+            reply.chunks = self._record_when_created(ctx, reply.chunks)
+        return reply
+
+    async def _record_when_created(self, ctx: RequestContext, chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+        """The stream unchanged; its ``response.created`` event is recorded before it is passed on."""
+        events: EventSplitter | None = EventSplitter()
+        seen = 0
+        try:
+            async for chunk in chunks:
+                if events is not None:
+                    seen += len(chunk)
+                    for event in events.feed(chunk):
+                        created = _created(event)
+                        if created is not None:
+                            await self.responses.record(ctx, created)
+                            events = None
+                            break
+                    if seen > _SCAN_LIMIT:
+                        events = None
+                yield chunk
+        finally:
+            aclose = getattr(chunks, "aclose", None)
+            if aclose is not None:
+                await aclose()
+
+
+def _created(event: bytes) -> Any:
+    """The response of a ``response.created`` event, else ``None``."""
+    data = event_data(event)
+    if data is None or _CREATED not in data:
+        return None
+    try:
+        payload = orjson.loads(data)
+    except orjson.JSONDecodeError:
+        return None
+    return payload.get("response") if isinstance(payload, dict) and payload.get("type") == "response.created" \
+        else None
+
+
+class StoredResponseRequests(_OwnersStage):
+    """Requests about a stored response (``/v1/responses/...``): the owner's tenant only, sent to its replica."""
+
+    async def __call__(self, ctx: RequestContext, call_next: Next) -> Reply:
+        path = ctx.request.path
+        named = named_response(path)
+        if named is not None:
+            await self.responses.pin(ctx, named, not_found(named))
+        previous = _previous_in(ctx.raw_body) if ctx.method == "POST" else None
+        if previous is not None and named is None:
+            await self.responses.pin(ctx, previous, previous_not_found(previous))
+        reply = await call_next(ctx)
+        if ctx.method == "DELETE" and named is not None and path == PREFIX + named and reply.status == 200:
+            await self.responses.forget(named)
+        return reply
+
+
+def _previous_in(raw: bytes) -> str | None:
+    """The ``previous_response_id`` of a JSON body (``None`` when there is none or the body is not an object)."""
+    if b"previous_response_id" not in raw:
+        return None
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return None
+    return continued_response(body) if isinstance(body, dict) else None
