@@ -323,6 +323,8 @@ class LimitsSettings(_Section):
     search_batch: int = Field(default=1000, ge=1, description="Searches in one Qdrant batch request, 413 beyond")
     prefetch_depth: int = Field(default=64, ge=1, description="Nesting of prefetch in a Qdrant query, 400 beyond "
                                 "(Qdrant's own limit)")
+    rerank_documents: int = Field(default=10_000, ge=1, description="Documents in one rerank or score request, "
+                                  "413 beyond (Cohere's limit)")
 
 
 class IdempotencySettings(_Section):

@@ -10,6 +10,10 @@ private), like the embeddings items cache (:mod:`proxy.stages.embeddings`). Miss
 Response headers: ``X-Cache-Status`` (HIT when every document was cached, MISS otherwise, BYPASS), ``X-Cache-Hits``
 (``cached/total``), ``X-Cache-Tier`` when any was cached. An upstream answer that is not one result per document
 sent is a 502 (its indices could not be mapped back to the client's list).
+
+Every loop over the documents runs in slices between which the event loop serves other requests
+(:mod:`proxy.pacing`): a request of many documents takes longer itself, and delays no one else by more than a
+slice per turn. Their number is bounded before this stage by ``limits.rerank_documents`` (:mod:`normalizer.limits`).
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ from normalizer.rerank import (
 )
 from proxy.context import Reply, RequestContext
 from proxy.errors import ProxyError
+from proxy.pacing import Pacer, finish
 from proxy.pipeline import Next
 from proxy.stages.items import ItemsCache
 from proxy.stages.tiers import entry_tags
@@ -65,17 +70,19 @@ class RerankItemsCache(ItemsCache):
             reason = bypass_reason(body, self.bypass, kind="rerank", namespace=ctx.namespace)
             try:
                 request = read_rerank(body, ctx.route) if reason is None else None
-                keys = self.keys(ctx, "rerank", request.items()) if request is not None else []
+                keys = await self.keys(ctx, "rerank", request.items()) if request is not None else []
             except CanonicalizationError as exc:
                 reason, request = f"not canonicalizable: {exc}", None
         if request is None or policy is None:
             return await self.bypassed(ctx, reason, call_next)
         found = await self.lookup(keys, policy)
         cached = [entry for entry in found if entry is not None]
+        pacer = Pacer()
         first: dict[str, int] = {}  # each missing key is asked for once, at its first position
         for position, (key, entry) in enumerate(zip(keys, found, strict=True)):
             if entry is None:
                 first.setdefault(key, position)
+                await pacer.turn()
         missing = list(first)
         ctx.rerank = RerankCount(scored=len(missing), cached=len(cached))
         upstream: Reply | None = None
@@ -86,11 +93,15 @@ class RerankItemsCache(ItemsCache):
             if upstream.status != 200 or upstream.body is None:
                 return upstream
             fresh = await self._store(ctx, request, first, upstream, policy)
-        entries = [entry or fresh[key] for key, entry in zip(keys, found, strict=True)]
-        shaped_by = fresh[missing[0]] if missing else entries[0]  # the upstream's envelope and content type
-        answer = render(request, [Scored(orjson.loads(e.body), float(e.meta["score"])) for e in entries],
-                        shaped_by.meta.get("envelope") or {}, forwarded=bool(missing),
-                        cached_tokens=sum(int(e.meta.get("tokens", 0)) for e in cached))
+        scored: list[Scored] = []
+        for key, entry in zip(keys, found, strict=True):
+            kept = entry or fresh[key]
+            scored.append(Scored(orjson.loads(kept.body), float(kept.meta["score"])))
+            await pacer.turn()
+        shaped_by = fresh[missing[0]] if missing else found[0]  # the upstream's envelope and content type
+        assert shaped_by is not None
+        answer = await finish(render(request, scored, shaped_by.meta.get("envelope") or {}, forwarded=bool(missing),
+                                     cached_tokens=sum(int(e.meta.get("tokens", 0)) for e in cached)), pacer)
         ctx.cache_status = "MISS" if missing else "HIT"
         headers: CIMultiDict[str] = CIMultiDict({
             "Content-Type": shaped_by.meta.get("json_type") or JSON,
@@ -105,8 +116,9 @@ class RerankItemsCache(ItemsCache):
         """The entries of the pairs the upstream just scored (``first``: their keys and positions, in the order
         sent), by key, stored when the request may store; a 502 when the answer is not one result per pair sent."""
         assert upstream.body is not None
+        pacer = Pacer()
         try:
-            read = read_answer(request, orjson.loads(upstream.body), len(first))
+            read = await finish(read_answer(request, orjson.loads(upstream.body), len(first)), pacer)
         except orjson.JSONDecodeError:
             read = None
         if read is None:
@@ -114,7 +126,7 @@ class RerankItemsCache(ItemsCache):
             raise ProxyError(502, "the reranker's answer does not hold one result per document sent",
                              code="upstream_invalid_answer")
         results, envelope = read
-        shares = token_shares(request, list(first.values()), reported_tokens(envelope))
+        shares = await finish(token_shares(request, list(first.values()), reported_tokens(envelope)), pacer)
         content_type = upstream.headers.get("Content-Type", JSON)
         model = (ctx.body or {}).get("model")
         entries: dict[str, CachedResponse] = {}
@@ -126,5 +138,6 @@ class RerankItemsCache(ItemsCache):
                       **({"json_type": content_type} if content_type != JSON else {})})
             if policy.may_store and policy.ttl != 0:
                 await self.tier.put(key, entry, ttl=policy.ttl, tags=entry_tags(ctx, entry.model))
+            await pacer.turn()
         return entries
 
