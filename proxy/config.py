@@ -334,8 +334,10 @@ class IdempotencySettings(_Section):
     running_ttl_s: float = Field(default=600.0, gt=0, description="Longest a key stays held by an unfinished call")
     max_response_bytes: int = Field(default=4 * 1024 * 1024, ge=0, description="Larger answers are not kept (a "
                                     "repeat runs again)")
-    max_entries: int = Field(default=10_000, ge=1, description="Keys kept in memory (embedded mode; in Redis when "
-                             "redis.url is set)")
+    max_entries: int = Field(default=10_000, ge=1, description="Keys kept in memory in all (embedded mode; Redis, "
+                             "when redis.url is set, bounds them per user and by ttl_s)")
+    max_entries_per_user: int = Field(default=1_000, ge=1, description="Keys one user holds at most: past it the "
+                                      "user's oldest finished key goes; with only running ones, 429")
 
 
 class AuthSettings(_Section):
@@ -353,6 +355,9 @@ class RedisSettings(_Section):
     )
     cluster: bool = Field(default=False, description="The URL points at a Redis Cluster node")
     timeout_s: float = Field(default=0.25, gt=0, description="Bound on one cache operation against Redis")
+    reconnect_s: float = Field(default=2.0, ge=0, description="How long a credit, API-key or idempotency operation "
+                               "waits out a Redis that refuses connections (a restart) before the store counts as "
+                               "unavailable")
     prefix: str = Field(default="ragproxy", min_length=1, description="Prefix of every shared-mode key and channel")
     near_ttl_s: float = Field(default=30.0, gt=0, description="Longest a replica keeps its near copy of an entry")
     bus_heartbeat_s: float = Field(default=0.5, gt=0, description="Heartbeat period of the invalidation bus")

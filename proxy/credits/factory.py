@@ -105,10 +105,12 @@ def build_credits(settings: Settings) -> CreditComponents:
         from proxy.credits.redis_keys import RedisKeyStore
         from proxy.credits.redis_store import RedisCreditStore
 
+        reconnect_s = settings.redis.reconnect_s
         if needs_keys:
-            keys = RedisKeyStore.from_url(settings.redis.url, cluster=settings.redis.cluster)
+            keys = RedisKeyStore.from_url(settings.redis.url, cluster=settings.redis.cluster, reconnect_s=reconnect_s)
         if settings.credits.enabled:
-            store = RedisCreditStore.from_url(settings.redis.url, cluster=settings.redis.cluster)
+            store = RedisCreditStore.from_url(settings.redis.url, cluster=settings.redis.cluster,
+                                              reconnect_s=reconnect_s)
     else:
         from proxy.credits.sqlite_keys import SqliteKeyStore
         from proxy.credits.sqlite_store import SqliteCreditStore
@@ -138,8 +140,11 @@ def idempotency_store(settings: Settings) -> IdempotencyStore | None:
     if settings.redis.url is not None:
         from proxy.credits.redis_idempotency import RedisIdempotencyStore
 
-        return RedisIdempotencyStore.from_url(settings.redis.url, cluster=settings.redis.cluster)
-    return MemoryIdempotencyStore(settings.idempotency.max_entries)
+        return RedisIdempotencyStore.from_url(settings.redis.url, cluster=settings.redis.cluster,
+                                              per_user=settings.idempotency.max_entries_per_user,
+                                              ttl_s=settings.idempotency.ttl_s,
+                                              reconnect_s=settings.redis.reconnect_s)
+    return MemoryIdempotencyStore(settings.idempotency.max_entries, settings.idempotency.max_entries_per_user)
 
 
 class _ReapedReservations(Collector):

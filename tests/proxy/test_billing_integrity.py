@@ -4,6 +4,7 @@ plane (embedded credit store) with the official openai SDK and httpx as clients.
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -126,10 +127,13 @@ def test_a_repeated_idempotency_key_gets_the_first_answer_and_is_charged_once(
         **_body("charge me once"), extra_headers={"Idempotency-Key": "order-17"}) for _ in range(3)]
     first, *repeats = calls
     assert "Idempotent-Replayed" not in first.headers
+    assert first.headers["X-Credits-Charged"] != "0"
     for repeat in repeats:
         assert repeat.headers["Idempotent-Replayed"] == "true"
         assert repeat.parse().model_dump() == first.parse().model_dump()
         assert repeat.headers["X-Credits-Request-ID"] == first.headers["X-Credits-Request-ID"]
+        assert repeat.headers["X-Credits-Charged"] == "0", "charged now: nothing (it used to repeat the first's)"
+        assert "X-Credits-Remaining" not in repeat.headers, "the first one's balance is not this one's"
     assert fake_llm_thread.log.count(CHAT) == 1
     assert len(_charges(billed, "ann")) == 1
     streamed = [client.chat.completions.create(**_body("stream me once"), stream=True,
@@ -196,3 +200,32 @@ def test_an_abandoned_responses_stream_is_charged_what_was_produced(
         time.sleep(0.05)
     [charge] = charges
     assert charge.usage_source == "relayed" and 10 <= charge.completion_tokens <= 26
+
+
+def test_one_user_s_flood_of_keys_does_not_make_another_user_s_retries_pay_again(
+        fake_llm_thread: FakeLLM, tmp_path: Path) -> None:
+    """Embedded mode kept one LRU of keys for every user: once ann had sent more keys than it held, bob's retries
+    (finished and in flight) ran, and were charged, again."""
+    settings = proxy_settings(fake_llm_thread.url, **{
+        "auth.mode": "keys", "credits.enabled": True, "data_dir": str(tmp_path), "cache.enabled": False,
+        "credits.sqlite_synchronous": "NORMAL", "credits.models": PRICES, "idempotency.max_entries": 40})
+    with ProxyServer(settings) as server:
+        ann, bob = _key(server, "ann", 100 * MICRO), _key(server, "bob", 100 * MICRO)
+
+        def post(api_key: str, key: str, timeout: float = 30) -> httpx.Response:
+            return httpx.post(server.url + CHAT, json=_body(f"question {key}"), timeout=timeout,
+                              headers={"Authorization": f"Bearer {api_key}", "Idempotency-Key": key})
+
+        assert post(bob, "bob-done").status_code == 200
+        fake_llm_thread.latency_s = 4.0
+        running = threading.Thread(target=post, args=(bob, "bob-running"))
+        running.start()
+        _until(lambda: fake_llm_thread.log.count(CHAT) == 2)
+        fake_llm_thread.latency_s = 0.0
+        for n in range(60):
+            assert post(ann, f"ann-{n}").status_code == 200
+        assert post(bob, "bob-running").status_code == 409, "still running: not run a second time"
+        done = post(bob, "bob-done")
+        assert done.status_code == 200 and done.headers["Idempotent-Replayed"] == "true"
+        running.join()
+        assert fake_llm_thread.log.count(CHAT) == 62 and len(_charges(server, "bob")) == 2

@@ -10,26 +10,31 @@ from pathlib import Path
 
 from loadtest.harness import free_port, wait_for_port
 
+PERSISTENT = ("--appendonly", "yes", "--appendfsync", "always")
+"""Options of a redis-server that keeps every acknowledged write across a restart (its append-only file)."""
+
 
 @dataclass
 class RedisServer:
-    """A redis-server process owned by the test session (never the machine's shared one on 6379)."""
+    """A redis-server process owned by the test session (never the machine's shared one on 6379); ``extra``
+    options after the defaults (no persistence; :data:`PERSISTENT` for a server that survives :meth:`restart`)."""
 
     port: int
     process: subprocess.Popen[bytes]
     directory: Path
+    extra: tuple[str, ...] = ()
 
     @property
     def url(self) -> str:
         return f"redis://127.0.0.1:{self.port}/0"
 
     @classmethod
-    def start(cls, port: int | None = None, *extra: str) -> RedisServer:
+    def start(cls, port: int | None = None, *extra: str, directory: Path | None = None) -> RedisServer:
         binary = shutil.which("redis-server")
         if binary is None:
             raise RuntimeError("redis-server is not installed (apt-get install redis-server)")
         port = port or free_port()
-        directory = Path(tempfile.mkdtemp(prefix="ragproxy-redis-"))
+        directory = directory or Path(tempfile.mkdtemp(prefix="ragproxy-redis-"))
         process = subprocess.Popen(
             [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
              "--dir", str(directory), *extra],
@@ -37,9 +42,9 @@ class RedisServer:
             stderr=subprocess.DEVNULL,
         )
         wait_for_port(port)
-        return cls(port=port, process=process, directory=directory)
+        return cls(port=port, process=process, directory=directory, extra=extra)
 
-    def stop(self) -> None:
+    def _end(self) -> None:
         if self.process.poll() is None:
             self.process.terminate()
             try:
@@ -47,4 +52,12 @@ class RedisServer:
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait()
+
+    def restart(self) -> None:
+        """Stop the server (SIGTERM) and start it again on the same port and directory, with the same options."""
+        self._end()
+        self.process = RedisServer.start(self.port, *self.extra, directory=self.directory).process
+
+    def stop(self) -> None:
+        self._end()
         shutil.rmtree(self.directory, ignore_errors=True)
