@@ -100,7 +100,26 @@ def test_a_stream_abandoned_after_24_of_26_pieces_is_charged_what_was_produced(
     [charge] = charges
     assert charge.usage_source == "relayed"
     assert 24 <= charge.completion_tokens <= 26
-    assert charge.prompt_tokens > 0 and charge.cost > 0
+    assert 5 <= charge.prompt_tokens <= 8, "an estimate of the 5 words sent (it used to be the body's 100 bytes)"
+    assert charge.cost > 0
+    account = billed.call(billed.runtime.credits.store.balance("ann"))  # type: ignore[union-attr]
+    assert account.held == 0 and account.available == 100 * MICRO - charge.cost
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_client_that_hangs_up_before_the_answer_starts_is_charged_the_prompt_the_upstream_had(
+        fake_llm_thread: FakeLLM, billed: ProxyServer, stream: bool) -> None:
+    """The reservation used to be released: the upstream had processed the prompt, and nothing was charged."""
+    fake_llm_thread.latency_s = 1.0
+    key = _key(billed, "ann", 100 * MICRO)
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(billed.url + CHAT, json=_body("how tall is the tower", stream=stream), timeout=0.3,
+                   headers={"Authorization": f"Bearer {key}"})
+    _until(lambda: len(_charges(billed, "ann")) == 1)
+    [charge] = _charges(billed, "ann")
+    assert (charge.usage_source, charge.completion_tokens) == ("relayed", 0)
+    assert 5 <= charge.prompt_tokens <= 8 and charge.cost > 0
+    assert fake_llm_thread.log.count(CHAT) == 1
     account = billed.call(billed.runtime.credits.store.balance("ann"))  # type: ignore[union-attr]
     assert account.held == 0 and account.available == 100 * MICRO - charge.cost
 
