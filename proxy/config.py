@@ -136,6 +136,10 @@ class Server(_Section):
         default=10.0, gt=0, description="Longest time to receive a whole request head, however steadily it trickles "
                                         "in (then 408); a new connection's first head counts from the connect"
     )
+    body_timeout_s: float = Field(
+        default=60.0, gt=0, description="Longest time to receive a whole request body after its head, however "
+                                        "steadily it trickles in (then 408): max_body_bytes needs 280 KB/s"
+    )
     max_connections: int = Field(
         default=10_000, ge=1, description="Client connections per process, at most 3/4 of the open-file limit; past "
                                           "it the connection idle the longest is closed"

@@ -182,6 +182,42 @@ async def test_a_head_trickled_in_steadily_is_cut_off_at_the_head_timeout(
     writer.close()
 
 
+async def test_a_body_trickled_in_steadily_is_cut_off_at_the_body_timeout(
+        serve: Callable[..., Awaitable[Served]]) -> None:
+    """One byte every 0.1 s is never silent for the read timeout: without an overall deadline such a body held its
+    connection for as long as the client liked."""
+    served = await serve(read_timeout_s=5, head_timeout_s=5, body_timeout_s=0.6)
+    reader, writer = await served.connect()
+    loop = asyncio.get_running_loop()
+    writer.write(b"POST /v1/x HTTP/1.1\r\nHost: t\r\nContent-Length: 1000\r\n\r\n")
+    started = loop.time()
+
+    async def trickle() -> None:
+        with contextlib.suppress(ConnectionError):
+            while True:
+                await asyncio.sleep(0.1)
+                writer.write(b"x")
+
+    trickling = asyncio.create_task(trickle())
+    status, _, body = await read_response(reader)
+    trickling.cancel()
+    assert status == 408 and orjson.loads(body)["message"] == "the request body took over 0.6s"
+    assert 0.55 < loop.time() - started < 2
+    writer.close()
+
+
+async def test_a_body_within_the_body_timeout_is_served(serve: Callable[..., Awaitable[Served]]) -> None:
+    served = await serve(read_timeout_s=5, body_timeout_s=2.0)
+    reader, writer = await served.connect()
+    writer.write(b"POST /v1/x HTTP/1.1\r\nHost: t\r\nContent-Length: 10\r\n\r\n")
+    for piece in (b"01234", b"56789"):
+        await asyncio.sleep(0.3)
+        writer.write(piece)
+    status, _, body = await read_response(reader)
+    assert status == 200 and orjson.loads(body)["body"] == "0123456789"
+    writer.close()
+
+
 async def test_a_new_connection_that_sends_nothing_is_closed_at_the_head_timeout_but_keep_alive_waits(
         serve: Callable[..., Awaitable[Served]]) -> None:
     served = await serve(head_timeout_s=0.4, keepalive_s=5)
