@@ -432,6 +432,10 @@ class CreditsSettings(_Section):
     )
     reservation_ttl_s: float = Field(default=600.0, gt=0, description="A reservation of a dead proxy is reaped after")
     fail_open: bool = Field(default=False, description="Serve unbilled when the credit store is down (else 503)")
+    allow_volatile_redis: bool = Field(
+        default=False, description="Start even when credits live in a Redis that persists nothing (a restart "
+        "erases every balance; logged as an error); by default such a start is refused"
+    )
     outage_allowance: Decimal = Field(
         default=Decimal("1"), ge=0,
         description="Credits a user may spend per replica while the credit store is down, within the last known "

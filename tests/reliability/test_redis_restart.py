@@ -1,19 +1,27 @@
 """A restart of the shared Redis — a persistent one (append-only file, fsync always), stopped and started again on
 its port — while a replica serves: afterwards no 5xx on the data plane or the admin API, and no retried
 Idempotency-Key charged twice. Before, every connection pooled before the restart failed its next command: admin
-calls answered 500, the data plane 503 ("API key store unavailable") and keyed retries ran without their key."""
+calls answered 500, the data plane 503 ("API key store unavailable") and keyed retries ran without their key.
+And credits in a Redis that persists nothing are refused at start (real ``ragproxy serve`` processes)."""
 
 from __future__ import annotations
 
 import asyncio
+import os
+import socket
+import subprocess
+import sys
+import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
+from proxy.credits.persistence import Persistence, persistence
 from tests.fakes.llm_server import FakeLLM
-from tests.support.processes import PERSISTENT, RedisServer
+from tests.support.processes import VOLATILE, RedisServer, free_port
 from tests.support.proxy_server import ProxyServer, proxy_settings
 
 CHAT = "/v1/chat/completions"
@@ -22,7 +30,7 @@ CONCURRENT = 12
 
 @pytest.fixture
 def redis() -> Iterator[RedisServer]:
-    server = RedisServer.start(None, *PERSISTENT)
+    server = RedisServer.start(None, "--appendfsync", "always")
     yield server
     server.stop()
 
@@ -86,3 +94,49 @@ def test_requests_sent_while_redis_restarts_wait_for_it(fake_llm_thread: FakeLLM
         again = asyncio.run(_keyed(server.url, ann, range(40)))
         assert all(r.headers.get("Idempotent-Replayed") == "true" for r in again)
         assert fake_llm_thread.log.count(CHAT) == 40
+
+
+@pytest.mark.parametrize(("appendonly", "save", "found"), [
+    ("yes", "", Persistence.DURABLE), ("no", "3600 1 300 100", Persistence.SNAPSHOTS), ("no", "", Persistence.NONE),
+    (None, None, Persistence.UNKNOWN), ("no", None, Persistence.UNKNOWN)])
+def test_what_a_redis_keeps_across_a_restart(appendonly: str | None, save: str | None, found: Persistence) -> None:
+    assert persistence(appendonly, save) is found
+
+
+def _serve(redis: RedisServer, tmp_path: Path, **env: str) -> tuple[bool, int | None, str]:
+    """``ragproxy serve`` with credits in ``redis``: whether it listened (then it is stopped), its exit code when it
+    stopped on its own, its output."""
+    port = free_port()
+    environ = {**os.environ, "RAGPROXY_REDIS__URL": redis.url, "RAGPROXY_CREDITS__ENABLED": "true",
+               "RAGPROXY_SERVER__PORT": str(port), "RAGPROXY_ADMIN__PORT": str(free_port()),
+               "RAGPROXY_DATA_DIR": str(tmp_path), "RAGPROXY_LOGGING__FORMAT": "text", **env}
+    process = subprocess.Popen([sys.executable, "-m", "proxy.cli", "serve"], env=environ, text=True,
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 30
+    while process.poll() is None and time.monotonic() < deadline:
+        with socket.socket() as probe:
+            if probe.connect_ex(("127.0.0.1", port)) == 0:
+                process.terminate()
+                return True, None, process.communicate(timeout=30)[0]
+        time.sleep(0.05)
+    output = process.communicate(timeout=30)[0]
+    return False, process.returncode, output
+
+
+def test_credits_in_a_redis_that_persists_nothing_are_refused_at_start(tmp_path: Path) -> None:
+    """A restart of such a Redis erases every balance, and the outage journal then replays as no_account: it used to
+    start without a word."""
+    volatile = RedisServer.start(None, *VOLATILE)
+    snapshots = RedisServer.start(None, *VOLATILE, "--save", "3600 1")
+    try:
+        listened, code, output = _serve(volatile, tmp_path)
+        assert not listened and code == 2, output
+        [line] = [text for text in output.splitlines() if text.startswith("ragproxy:")]
+        assert "refusing to start" in line and "credits.allow_volatile_redis" in line
+        listened, _, output = _serve(volatile, tmp_path, RAGPROXY_CREDITS__ALLOW_VOLATILE_REDIS="true")
+        assert listened and "without persistence" in output
+        listened, _, output = _serve(snapshots, tmp_path)
+        assert listened and "only takes snapshots" in output
+    finally:
+        volatile.stop()
+        snapshots.stop()

@@ -10,14 +10,15 @@ from pathlib import Path
 
 from loadtest.harness import free_port, wait_for_port
 
-PERSISTENT = ("--appendonly", "yes", "--appendfsync", "always")
-"""Options of a redis-server that keeps every acknowledged write across a restart (its append-only file)."""
+VOLATILE = ("--appendonly", "no")
+"""Options of a redis-server that keeps nothing across a restart (the proxy refuses credits in it)."""
 
 
 @dataclass
 class RedisServer:
-    """A redis-server process owned by the test session (never the machine's shared one on 6379); ``extra``
-    options after the defaults (no persistence; :data:`PERSISTENT` for a server that survives :meth:`restart`)."""
+    """A redis-server process owned by the test session (never the machine's shared one on 6379), persistent as
+    the proxy needs it for credits (an append-only file, fsync every second, in its own directory: it survives
+    :meth:`restart`); ``extra`` options after the defaults (:data:`VOLATILE` for one that keeps nothing)."""
 
     port: int
     process: subprocess.Popen[bytes]
@@ -36,8 +37,8 @@ class RedisServer:
         port = port or free_port()
         directory = directory or Path(tempfile.mkdtemp(prefix="ragproxy-redis-"))
         process = subprocess.Popen(
-            [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-             "--dir", str(directory), *extra],
+            [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "yes",
+             "--appendfsync", "everysec", "--dir", str(directory), *extra],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
