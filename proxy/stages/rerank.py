@@ -19,6 +19,7 @@ slice per turn. Their number is bounded before this stage by ``limits.rerank_doc
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import orjson
 from multidict import CIMultiDict
@@ -86,25 +87,23 @@ class RerankItemsCache(ItemsCache):
         missing = list(first)
         ctx.rerank = RerankCount(scored=len(missing), cached=len(cached))
         upstream: Reply | None = None
-        fresh: dict[str, CachedResponse] = {}
+        fresh: dict[str, Scored] = {}
+        shaped_by = found[0].meta if found[0] is not None else {}  # the stored envelope and content type
         if missing:
             ctx.replace_body(upstream_body(body, request, list(first.values())))
             upstream = await call_next(ctx)
             if upstream.status != 200 or upstream.body is None:
                 return upstream
-            fresh = await self._store(ctx, request, first, upstream, policy)
+            fresh, shaped_by = await self._store(ctx, request, first, upstream, policy)
         scored: list[Scored] = []
         for key, entry in zip(keys, found, strict=True):
-            kept = entry or fresh[key]
-            scored.append(Scored(orjson.loads(kept.body), float(kept.meta["score"])))
+            scored.append(fresh[key] if entry is None else Scored(orjson.loads(entry.body), float(entry.meta["score"])))
             await pacer.turn()
-        shaped_by = fresh[missing[0]] if missing else found[0]  # the upstream's envelope and content type
-        assert shaped_by is not None
-        answer = await finish(render(request, scored, shaped_by.meta.get("envelope") or {}, forwarded=bool(missing),
+        answer = await finish(render(request, scored, shaped_by.get("envelope") or {}, forwarded=bool(missing),
                                      cached_tokens=sum(int(e.meta.get("tokens", 0)) for e in cached)), pacer)
         ctx.cache_status = "MISS" if missing else "HIT"
         headers: CIMultiDict[str] = CIMultiDict({
-            "Content-Type": shaped_by.meta.get("json_type") or JSON,
+            "Content-Type": shaped_by.get("json_type") or JSON,
             "X-Cache-Status": ctx.cache_status, "X-Cache-Hits": f"{len(cached)}/{len(keys)}"})
         if cached:
             ctx.cache_tier = headers["X-Cache-Tier"] = self.tier.name
@@ -112,9 +111,12 @@ class RerankItemsCache(ItemsCache):
         return reply.take_over(upstream) if upstream is not None else reply
 
     async def _store(self, ctx: RequestContext, request: RerankRequest, first: dict[str, int], upstream: Reply,
-                     policy: CachePolicy) -> dict[str, CachedResponse]:
-        """The entries of the pairs the upstream just scored (``first``: their keys and positions, in the order
-        sent), by key, stored when the request may store; a 502 when the answer is not one result per pair sent."""
+                     policy: CachePolicy) -> tuple[dict[str, Scored], dict[str, Any]]:
+        """The results of the pairs the upstream just scored (``first``: their keys and positions, in the order
+        sent), by key, each stored when the request may store, and the meta of a stored entry (envelope, content
+        type); a 502 when the answer is not one result per pair sent. Each entry is made, stored and dropped in
+        turn: a large request does not keep a second copy of its results alive (the garbage collector walks what
+        lives long)."""
         assert upstream.body is not None
         pacer = Pacer()
         try:
@@ -128,16 +130,16 @@ class RerankItemsCache(ItemsCache):
         results, envelope = read
         shares = await finish(token_shares(request, list(first.values()), reported_tokens(envelope)), pacer)
         content_type = upstream.headers.get("Content-Type", JSON)
+        shaped: dict[str, Any] = {"envelope": envelope, **({"json_type": content_type} if content_type != JSON else {})}
         model = (ctx.body or {}).get("model")
-        entries: dict[str, CachedResponse] = {}
+        model = model if isinstance(model, str) else None
+        storing = policy.may_store and policy.ttl != 0
         for position, key in enumerate(first):
-            entry = entries[key] = CachedResponse(
-                body=orjson.dumps(results[position].result), kind="rerank",
-                model=model if isinstance(model, str) else None, cost=(ctx.upstream_seconds or 1.0) / len(first),
-                meta={"score": results[position].score, "tokens": shares[position], "envelope": envelope,
-                      **({"json_type": content_type} if content_type != JSON else {})})
-            if policy.may_store and policy.ttl != 0:
-                await self.tier.put(key, entry, ttl=policy.ttl, tags=entry_tags(ctx, entry.model))
-            await pacer.turn()
-        return entries
+            if storing:
+                entry = CachedResponse(body=orjson.dumps(results[position].result), kind="rerank", model=model,
+                                       cost=(ctx.upstream_seconds or 1.0) / len(first),
+                                       meta={"score": results[position].score, "tokens": shares[position], **shaped})
+                await self.tier.put(key, entry, ttl=policy.ttl, tags=entry_tags(ctx, model))
+                await pacer.turn()
+        return dict(zip(first, results, strict=True)), shaped
 
