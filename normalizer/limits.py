@@ -104,16 +104,25 @@ def _list_of_objects(value: Any) -> bool:
     return isinstance(value, list) and all(isinstance(item, dict) for item in value)
 
 
-def _wrong_type(route: str, body: Mapping[str, Any]) -> str | None:
-    """What no upstream of ``route`` accepts (see the module docstring), or ``None``."""
+def _shape(route: str, body: Mapping[str, Any], limits: RequestLimits) -> Exceeded | None:
+    """What no upstream of ``route`` accepts (see the module docstring), and the reranker document limit."""
     if route in ("rerank", "score"):
-        return malformed(body, route)
-    if route in ("chat", "responses") and body.get("tools") is not None and not _list_of_objects(body["tools"]):
-        return "`tools` must be a list of tool objects"
-    if route == "responses" and "input" in body and not (isinstance(body["input"], str)
-                                                         or _list_of_objects(body["input"])):
-        return "`input` must be a string or a list of input items (objects)"
-    return None
+        wrong = malformed(body, route)
+        if wrong is None and document_count(body) > limits.rerank_documents:
+            return Exceeded(413, f"the request holds {document_count(body)} documents; at most "
+                            f"{limits.rerank_documents} are accepted in one request", "too_many_documents")
+    elif body.get("tools") is not None and not _list_of_objects(body["tools"]):
+        wrong = "`tools` must be a list of tool objects"
+    elif route == "responses" and "input" in body and not (isinstance(body["input"], str)
+                                                           or _list_of_objects(body["input"])):
+        wrong = "`input` must be a string or a list of input items (objects)"
+    else:
+        wrong = None
+    return None if wrong is None else Exceeded(400, wrong, "invalid_type")
+
+
+_SHAPED = frozenset({"rerank", "score", "responses"})
+"""Routes whose bodies :func:`_shape` checks (and chat, when it has ``tools``)."""
 
 
 def check_llm(route: str, body: Mapping[str, Any], raw: bytes, limits: RequestLimits) -> Exceeded | None:
@@ -122,16 +131,12 @@ def check_llm(route: str, body: Mapping[str, Any], raw: bytes, limits: RequestLi
     too_deep = _too_deep(raw, body, limits.json_depth)
     if too_deep is not None:
         return too_deep
+    if route == "chat":  # the common request: one look for tools
+        return _shape(route, body, limits) if "tools" in body else None
     if route == "embeddings" and _embedding_items(body) > limits.embedding_inputs:
         return Exceeded(413, f"'input' holds {_embedding_items(body)} items; at most {limits.embedding_inputs} are "
                         "accepted in one request", "too_many_inputs")
-    wrong = _wrong_type(route, body)
-    if wrong is not None:
-        return Exceeded(400, wrong, "invalid_type")
-    if route in ("rerank", "score") and document_count(body) > limits.rerank_documents:
-        return Exceeded(413, f"the request holds {document_count(body)} documents; at most "
-                        f"{limits.rerank_documents} are accepted in one request", "too_many_documents")
-    return None
+    return _shape(route, body, limits) if route in _SHAPED else None
 
 
 def check_search(batch: bool, body: Mapping[str, Any], raw: bytes, limits: RequestLimits) -> Exceeded | None:

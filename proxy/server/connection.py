@@ -177,7 +177,7 @@ class Connection(asyncio.Protocol):
         self._idle: asyncio.TimerHandle | None = None
         self._idle_since = 0.0
         self._head_since: float | None = None  # when the head now due began (None: no head due)
-        self._body_since: float | None = None  # when the head of a request whose body is arriving ended
+        self._body_since: float | None = None  # when the head of a request whose body is still arriving ended
         self._last_read = 0.0  # when bytes of a request still arriving last came
         self._lingering: asyncio.TimerHandle | None = None
         self._write_paused: asyncio.Future[None] | None = None
@@ -212,6 +212,8 @@ class Connection(asyncio.Protocol):
                     self._head_bytes += len(data)
                     if self._head_bytes > self.server.max_head:
                         self._enqueue(self._head_too_large())
+                elif self._body_since is None:  # the head ended in this piece; the body's deadline runs
+                    self._body_since = self._last_read
         except httptools.HttpParserUpgrade:  # served as plain HTTP (Upgrade ignored); what follows is not parsed
             self._broken = True
         except httptools.HttpParserCallbackError as exc:
@@ -270,7 +272,6 @@ class Connection(asyncio.Protocol):
     def on_headers_complete(self) -> None:
         self._in_head = False
         self._head_since = None
-        self._body_since = time.monotonic()
         if self._field_bytes > self.server.max_head:
             raise self._head_too_large()
         declared = expect = None
