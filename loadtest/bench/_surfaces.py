@@ -49,12 +49,15 @@ async def malformed(url: str, headers: dict[str, str], tally: Tally) -> dict[str
 PROBE_INTERVAL_S = 0.005
 
 
-async def _probes(host: str, port: int, stop: Any) -> list[tuple[float, float]]:
+Sample = tuple[float, float, bool]
+"""A probe: when it was due, the seconds from then to its answer (or its failure), whether it was answered."""
+
+
+async def _probes(host: str, port: int, stop: Any) -> list[Sample]:
     """One ``GET /healthz`` due every ``PROBE_INTERVAL_S``, each on an idle keep-alive connection (a new one when
-    every connection is busy), so that a slow probe never holds back the next; [(due at, seconds to its answer)]
-    (``inf``: failed)."""
+    every connection is busy), so that a slow probe never holds back the next (30 s at most each)."""
     idle: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = []
-    samples: list[tuple[float, float]] = []
+    samples: list[Sample] = []
 
     async def one(due: float) -> None:
         try:
@@ -64,10 +67,10 @@ async def _probes(host: str, port: int, stop: Any) -> list[tuple[float, float]]:
             length = next(int(line.split(b":", 1)[1]) for line in head.split(b"\r\n")
                           if line.lower().startswith(b"content-length:"))
             await reader.readexactly(length)
-            samples.append((due, time.monotonic() - due))
+            samples.append((due, time.monotonic() - due, True))
             idle.append((reader, writer))
         except (OSError, asyncio.IncompleteReadError, TimeoutError, StopIteration):
-            samples.append((due, float("inf")))
+            samples.append((due, time.monotonic() - due, False))
 
     pending: set[asyncio.Task[None]] = set()
     due = time.monotonic()
@@ -94,9 +97,8 @@ def _probe_health(url: str, stop: Any, out: Any) -> None:
 
 
 def _ms(samples: list[float], q: float) -> float | None:
-    """The ``q``-th percentile in milliseconds of the answered probes (failures are counted apart)."""
-    answered = [s for s in samples if s != float("inf")]
-    return round(float(np.percentile(np.asarray(answered) * 1000, q)), 2) if answered else None
+    """The ``q``-th percentile in milliseconds (a failed probe counts with the time it took to fail)."""
+    return round(float(np.percentile(np.asarray(samples) * 1000, q)), 2) if samples else None
 
 
 def _documents(count: int, salt: str) -> bytes:
@@ -105,10 +107,9 @@ def _documents(count: int, salt: str) -> bytes:
                          "documents": [f"passage {n} {salt} about topic {n % 97} and the tower" for n in range(count)]})
 
 
-def _phase(samples: list[tuple[float, float]], spans: list[tuple[float, float]],
-           before: list[float]) -> dict[str, Any]:
-    """Probe latencies sent during ``spans``, against those ``before``."""
-    during = [s for at, s in samples if any(start <= at < end for start, end in spans)]
+def _phase(samples: list[Sample], spans: list[tuple[float, float]], before: list[float]) -> dict[str, Any]:
+    """Probe latencies due during ``spans``, against those ``before``."""
+    during = [s for at, s, _ in samples if any(start <= at < end for start, end in spans)]
     p99_before, p99_during = _ms(before, 99), _ms(during, 99)
     return {"probes": len(during), "probe_p50_ms": _ms(during, 50), "probe_p99_ms": p99_during,
             "probe_max_ms": _ms(during, 100),
@@ -149,9 +150,9 @@ async def rerank_flood(default_url: str, raised_url: str, headers: dict[str, str
                 await asyncio.sleep(0.5)
     finally:
         stop.set()
-        samples: list[tuple[float, float]] = await asyncio.to_thread(out.get, True, 60)
+        samples: list[Sample] = await asyncio.to_thread(out.get, True, 60)
         prober.join(10)
-    before = [s for at, s in samples if at < first]
+    before = [s for at, s, _ in samples if at < first]
     seen["probe_before"] = {"probes": len(before), "probe_p50_ms": _ms(before, 50), "probe_p99_ms": _ms(before, 99),
                             "probe_max_ms": _ms(before, 100)}
     seen["at_limit"] = {"documents": at_limit, "requests": repeats, "statuses": statuses[:-1],
@@ -160,7 +161,7 @@ async def rerank_flood(default_url: str, raised_url: str, headers: dict[str, str
     start, end = spans["raised"][0]
     seen["raised_limit"] = {"status": statuses[-1], "seconds": round(end - start, 2),
                             **_phase(samples, spans["raised"], before)}
-    seen["probe_failures"] = sum(1 for _, s in samples if s == float("inf"))
+    seen["probe_failures"] = sum(1 for _, _, answered in samples if not answered)
     return seen
 
 
