@@ -56,6 +56,7 @@ from multidict import CIMultiDict
 
 from normalizer.canonical import user_digest
 from proxy.context import Reply, RequestContext
+from proxy.credits.stages import CHARGED, LEDGER_ID, REMAINING, RESERVED
 from proxy.credits.store import CreditStoreUnavailable
 from proxy.errors import ProxyError
 from proxy.pipeline import Next
@@ -66,7 +67,6 @@ log = logging.getLogger("ragproxy.idempotency")
 HEADER = "Idempotency-Key"
 REPLAYED = "Idempotent-Replayed"
 _VALID_KEY = re.compile(r"^[\x21-\x7e]{1,255}$")
-CHARGED, REMAINING, RESERVED = "X-Credits-Charged", "X-Credits-Remaining", "X-Credits-Reserved"
 _NOT_REPLAYED = frozenset({"x-request-id", "content-length", "date", CHARGED.lower(), REMAINING.lower(),
                            RESERVED.lower()})
 """Headers of the first answer that a replay does not repeat: transport, and what the first request was charged."""
@@ -149,7 +149,8 @@ def decode_answer(answer: bytes) -> Reply:
     meta = orjson.loads(head)
     headers: CIMultiDict[str] = CIMultiDict((str(name), str(value)) for name, value in meta["headers"])
     headers[REPLAYED] = "true"
-    headers[CHARGED] = "0"
+    if LEDGER_ID in headers:  # billing is on: this request is charged nothing
+        headers[CHARGED] = "0"
     return Reply(status=int(meta["status"]), headers=headers, body=body)
 
 
