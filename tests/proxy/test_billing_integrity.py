@@ -110,10 +110,10 @@ def test_a_stream_abandoned_after_24_of_26_pieces_is_charged_what_was_produced(
 def test_a_client_that_hangs_up_before_the_answer_starts_is_charged_the_prompt_the_upstream_had(
         fake_llm_thread: FakeLLM, billed: ProxyServer, stream: bool) -> None:
     """The reservation used to be released: the upstream had processed the prompt, and nothing was charged."""
-    fake_llm_thread.latency_s = 1.0
+    fake_llm_thread.latency_s = 2.0
     key = _key(billed, "ann", 100 * MICRO)
     with pytest.raises(httpx.ReadTimeout):
-        httpx.post(billed.url + CHAT, json=_body("how tall is the tower", stream=stream), timeout=0.3,
+        httpx.post(billed.url + CHAT, json=_body("how tall is the tower", stream=stream), timeout=0.6,
                    headers={"Authorization": f"Bearer {key}"})
     _until(lambda: len(_charges(billed, "ann")) == 1)
     [charge] = _charges(billed, "ann")
@@ -243,7 +243,8 @@ def test_one_user_s_flood_of_keys_does_not_make_another_user_s_retries_pay_again
         fake_llm_thread.latency_s = 0.0
         for n in range(60):
             assert post(ann, f"ann-{n}").status_code == 200
-        assert post(bob, "bob-running").status_code == 409, "still running: not run a second time"
+        retried = post(bob, "bob-running")  # 409 while it runs; its answer once it has finished (a loaded machine)
+        assert retried.status_code == 409 or retried.headers.get("Idempotent-Replayed") == "true", "not run twice"
         done = post(bob, "bob-done")
         assert done.status_code == 200 and done.headers["Idempotent-Replayed"] == "true"
         running.join()
