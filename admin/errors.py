@@ -2,7 +2,7 @@
 router's own headers, such as the ``Allow`` of a 405).
 
 Admin operations fail loudly: an unexpected exception is a 500 with its class name (never a traceback in the body,
-but logged with one).
+but logged with one). A credit or key store that cannot be reached is a 503 with ``Retry-After``.
 """
 
 from __future__ import annotations
@@ -13,6 +13,8 @@ from collections.abc import Awaitable, Callable
 import orjson
 from aiohttp import web
 from pydantic import ValidationError
+
+from proxy.credits.store import CreditStoreUnavailable
 
 log = logging.getLogger("ragproxy.admin")
 
@@ -56,6 +58,9 @@ async def json_errors(request: web.Request, handler: Handler) -> web.StreamRespo
         return exc.response()
     except ValidationError as exc:
         return error_response(400, "invalid_request", validation_message(exc))
+    except CreditStoreUnavailable as exc:
+        log.warning("admin request failed, store unavailable: %s %s: %s", request.method, request.path, exc)
+        return error_response(503, "store_unavailable", str(exc), {"Retry-After": "5"})
     except web.HTTPException as exc:
         if exc.status < 400:
             raise

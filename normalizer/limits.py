@@ -1,8 +1,9 @@
 """Request limits: pure checks that a parsed request stays within what the proxy and its upstreams accept.
 
-Every JSON request of a keyed route (chat, completions, embeddings, Qdrant searches) is checked before anything
-else reads it, so that an outsized or malformed request is answered at once with a 4xx in the route's own error
-shape instead of costing seconds of event-loop time or failing deep inside a stage:
+Every JSON request of a keyed route (chat, completions, Responses, embeddings, rerankers, Qdrant searches) is
+checked before anything else reads it, so that an outsized or malformed request is answered at once with a 4xx in
+the route's own error shape instead of costing seconds of event-loop time, failing deep inside a stage or being
+forwarded for the upstream to answer with a 500:
 
 ========================  =======  ===========================================================================
 limit (``limits.*``)      default  why this default
@@ -13,11 +14,17 @@ limit (``limits.*``)      default  why this default
 ``search_batch``          1000     Qdrant sets no count by default (its bodies are bounded at 32 MB); each search
                                    costs the proxy about 0.3 ms of parsing and caching on its event loop → 413
 ``prefetch_depth``        64       Qdrant's own limit on nested ``prefetch`` in a query → 400
+``rerank_documents``      10000    Cohere's limit on the documents of one rerank (vLLM and TEI set their own or
+                                   none); each costs the proxy about 30 µs of keying, caching and reassembly,
+                                   done in slices that leave the event loop to other requests → 413
 ========================  =======  ===========================================================================
 
-A batch request's ``searches`` must also be a list of JSON objects (400): it is what the proxy counts, bills and
-caches per item. Depth is counted in containers (the body object is level 1); a body with fewer brackets than the
-limit is not walked at all.
+Shapes refused with a 400 because no upstream of the route accepts them: a batch request's ``searches`` that is
+not a list of JSON objects (it is what the proxy counts, bills and caches per item); a reranker body whose
+documents, query or ``top_n`` have the wrong type (:func:`normalizer.rerank.malformed`); a chat or Responses
+``tools`` that is not a list of objects, a Responses ``input`` that is neither a string nor a list of objects.
+Depth is counted in containers (the body object is level 1); a body with fewer brackets than the limit is not
+walked at all.
 """
 
 from __future__ import annotations
@@ -25,6 +32,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
+
+from normalizer.rerank import document_count, malformed
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,6 +44,7 @@ class RequestLimits:
     embedding_inputs: int = 2048
     search_batch: int = 1000
     prefetch_depth: int = 64
+    rerank_documents: int = 10_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,15 +100,43 @@ def _prefetch_depth(query: Mapping[str, Any], stop_after: int) -> int:
     return deepest
 
 
+def _list_of_objects(value: Any) -> bool:
+    return isinstance(value, list) and all(isinstance(item, dict) for item in value)
+
+
+def _shape(route: str, body: Mapping[str, Any], limits: RequestLimits) -> Exceeded | None:
+    """What no upstream of ``route`` accepts (see the module docstring), and the reranker document limit."""
+    if route in ("rerank", "score"):
+        wrong = malformed(body, route)
+        if wrong is None and document_count(body) > limits.rerank_documents:
+            return Exceeded(413, f"the request holds {document_count(body)} documents; at most "
+                            f"{limits.rerank_documents} are accepted in one request", "too_many_documents")
+    elif body.get("tools") is not None and not _list_of_objects(body["tools"]):
+        wrong = "`tools` must be a list of tool objects"
+    elif route == "responses" and "input" in body and not (isinstance(body["input"], str)
+                                                           or _list_of_objects(body["input"])):
+        wrong = "`input` must be a string or a list of input items (objects)"
+    else:
+        wrong = None
+    return None if wrong is None else Exceeded(400, wrong, "invalid_type")
+
+
+_SHAPED = frozenset({"rerank", "score", "responses"})
+"""Routes whose bodies :func:`_shape` checks (and chat, when it has ``tools``)."""
+
+
 def check_llm(route: str, body: Mapping[str, Any], raw: bytes, limits: RequestLimits) -> Exceeded | None:
-    """The limits of an OpenAI-style request (``route``: ``chat``, ``completions``, ``embeddings``...)."""
+    """The limits of an OpenAI-style request (``route``: ``chat``, ``completions``, ``responses``,
+    ``embeddings``, ``rerank``, ``score``...)."""
     too_deep = _too_deep(raw, body, limits.json_depth)
     if too_deep is not None:
         return too_deep
+    if route == "chat":  # the common request: one look for tools
+        return _shape(route, body, limits) if "tools" in body else None
     if route == "embeddings" and _embedding_items(body) > limits.embedding_inputs:
         return Exceeded(413, f"'input' holds {_embedding_items(body)} items; at most {limits.embedding_inputs} are "
                         "accepted in one request", "too_many_inputs")
-    return None
+    return _shape(route, body, limits) if route in _SHAPED else None
 
 
 def check_search(batch: bool, body: Mapping[str, Any], raw: bytes, limits: RequestLimits) -> Exceeded | None:

@@ -27,17 +27,22 @@ client's order, as a stable sort upstream does) and cut to ``top_n`` — after m
 the missing documents. The envelope (``id``, ``model``, ``usage``, ``meta``...) is the upstream's answer's, or the
 stored one when everything was cached; ``usage.prompt_tokens``/``total_tokens`` add each cached pair's share of
 the batch it was scored in.
+
+Work that grows with the number of documents is written as :data:`~normalizer.steps.Steps`, so that the proxy
+gives its event loop a turn between documents: a request of 10,000 documents must not stop every other request for
+the time its items take (:mod:`proxy.pacing`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
 import orjson
 
 from normalizer.canonical_json import CanonicalizationError, JSONValue, canonical_value
+from normalizer.steps import Steps
 
 RerankForm = Literal["rerank", "tei", "score"]
 
@@ -73,10 +78,11 @@ class RerankRequest:
     """Everything a score may depend on besides the pair (the model included)."""
     top_n: int | None
 
-    def items(self) -> list[dict[str, JSONValue]]:
-        """One canonical request per pair (each gets its own key)."""
-        return [{"form": self.form, "query": canonical_value(query), "document": _document(document),
-                 "options": self.options} for query, document in self.pairs]
+    def items(self) -> Iterator[dict[str, JSONValue]]:
+        """One canonical request per pair (each gets its own key), made as they are taken."""
+        for query, document in self.pairs:
+            yield {"form": self.form, "query": canonical_value(query), "document": _document(document),
+                   "options": self.options}
 
 
 def _document(document: JSONValue) -> JSONValue:
@@ -139,7 +145,8 @@ class Scored:
     score: float
 
 
-def read_answer(request: RerankRequest, answer: Any, count: int) -> tuple[list[Scored], dict[str, Any]] | None:
+def read_answer(request: RerankRequest, answer: Any,
+                count: int) -> Steps[tuple[list[Scored], dict[str, Any]] | None]:
     """The results of an upstream answer to ``count`` pairs, by position in what was sent, and its envelope (the
     answer without its results); ``None`` when the answer is not one result per pair."""
     if request.form == "tei":
@@ -151,32 +158,37 @@ def read_answer(request: RerankRequest, answer: Any, count: int) -> tuple[list[S
         return None
     if not isinstance(results, list) or len(results) != count:
         return None
-    found: dict[int, Scored] = {}
+    found: list[Scored | None] = [None] * count
     name = _SCORE_FIELD[request.form]
     for result in results:
+        yield
         if not isinstance(result, dict):
             return None
         index, score = result.get("index"), result.get(name)
-        if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < count or index in found:
+        if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < count or found[index]:
             return None
         if isinstance(score, bool) or not isinstance(score, int | float):
             return None
         found[index] = Scored({k: v for k, v in result.items() if k != "index"}, float(score))
-    return [found[i] for i in range(count)], envelope
+    return [scored for scored in found if scored is not None], envelope  # one per index: none missing, none twice
 
 
 def render(request: RerankRequest, scored: Sequence[Scored], envelope: Mapping[str, Any], *,
-           forwarded: bool, cached_tokens: int) -> JSONValue:
+           forwarded: bool, cached_tokens: int) -> Steps[JSONValue]:
     """The answer to the client's whole request, in the upstream's shape (see the module docstring).
 
     ``envelope`` is the upstream's answer's when ``forwarded``, else a stored one (its token counts are then
     not this request's: the reported usage is the cached pairs' ``cached_tokens`` alone)."""
     order = list(range(len(scored)))
     if request.form != "score":
-        order.sort(key=lambda i: -scored[i].score)
+        scores = [-item.score for item in scored]
+        order.sort(key=scores.__getitem__)
         if request.top_n is not None:
             order = order[: request.top_n]
-    results = [{"index": i, **scored[i].result} for i in order]
+    results = []
+    for i in order:
+        yield
+        results.append({"index": i, **scored[i].result})
     if request.form == "tei":
         return results
     out = {**envelope, "data" if request.form == "score" else "results": results}
@@ -199,11 +211,15 @@ def reported_tokens(envelope: Mapping[str, Any]) -> int:
     return 0
 
 
-def token_shares(request: RerankRequest, positions: Sequence[int], total: int) -> list[int]:
+def token_shares(request: RerankRequest, positions: Sequence[int], total: int) -> Steps[list[int]]:
     """``total`` tokens split among the pairs at ``positions`` by their length in UTF-8 bytes (largest remainders
     round, so the shares add up to ``total`` exactly: a full hit reports the batch's own usage)."""
-    weights = [len(orjson.dumps([request.pairs[i][0], request.pairs[i][1]])) for i in positions]
-    exact = [total * weight / sum(weights) for weight in weights]
+    weights = []
+    for i in positions:
+        yield
+        weights.append(len(orjson.dumps([request.pairs[i][0], request.pairs[i][1]])))
+    whole = sum(weights)
+    exact = [total * weight / whole for weight in weights]
     shares = [int(share) for share in exact]
     by_remainder = sorted(range(len(exact)), key=lambda i: shares[i] - exact[i])
     for i in by_remainder[: total - sum(shares)]:
@@ -212,9 +228,38 @@ def token_shares(request: RerankRequest, positions: Sequence[int], total: int) -
 
 
 def document_count(body: Mapping[str, Any]) -> int:
-    """How many documents a reranker body asks to score (at least 1: a malformed body is priced as one)."""
+    """How many documents a reranker body asks to score: the length of its list (0 when empty), else 1 (one
+    document, or a multimodal object)."""
     for field in ("documents", "texts", "text_2"):
         value = body.get(field)
         if isinstance(value, list):
-            return max(1, len(value))
+            return len(value)
     return 1
+
+
+def _texts(value: Any, *, single: bool) -> bool:
+    """``value`` is a list of strings and objects (``single``: or one string or object)."""
+    if isinstance(value, list):
+        return all(isinstance(item, str | dict) for item in value)
+    return isinstance(value, dict) or (single and isinstance(value, str))
+
+
+def malformed(body: Mapping[str, Any], route: str) -> str | None:
+    """What makes a reranker body one that no reranker server accepts (``None``: nothing), for a 400 before
+    anything reads it. Only the wrong types are refused: absent or empty fields, objects (multimodal items of
+    vLLM and Jina) and unknown fields are the upstream's to judge."""
+    if route == "score":
+        for field in ("text_1", "text_2"):
+            if field in body and not _texts(body[field], single=True):
+                return f"`{field}` must be a string, an object, or a list of them"
+        return None
+    for field in ("documents", "texts"):
+        if field in body and not _texts(body[field], single=False):
+            return f"`{field}` must be a list of strings or objects"
+    query = body.get("query")
+    if query is not None and not isinstance(query, str | dict):
+        return "`query` must be a string"
+    top_n = body.get("top_n")
+    if top_n is not None and (isinstance(top_n, bool) or not isinstance(top_n, int) or top_n < 0):
+        return "`top_n` must be a non-negative integer"
+    return None

@@ -150,4 +150,5 @@ def create_server(plane: DataPlane) -> HttpServer:
     """The data plane's server around ``plane``; a client that hangs up cancels its request's handler."""
     server = plane.runtime.settings.server
     return HttpServer(plane, max_body=plane.max_body, error_body=_error_body, read_timeout_s=server.read_timeout_s,
-                      head_timeout_s=server.head_timeout_s, max_connections=server.max_connections)
+                      head_timeout_s=server.head_timeout_s, body_timeout_s=server.body_timeout_s,
+                      max_connections=server.max_connections)

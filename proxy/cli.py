@@ -111,7 +111,9 @@ def checked_settings(config_file: str | None, overrides: dict[str, Any]) -> Sett
 
 
 def _run(main: Coroutine[Any, Any, int | None]) -> int:
-    """Run ``main`` on uvloop when installed; an address that cannot be bound is one line and exit code 1."""
+    """Run ``main`` on uvloop when installed; an address that cannot be bound is one line and exit code 1, credits
+    in a Redis that persists nothing one line and exit code 2."""
+    from proxy.credits.persistence import VolatileCreditStore
     from proxy.serve import CannotListen, DataDirInUse
 
     try:
@@ -125,6 +127,9 @@ def _run(main: Coroutine[Any, Any, int | None]) -> int:
     except (CannotListen, DataDirInUse) as exc:
         print(f"ragproxy: {exc}", file=sys.stderr)
         return 1
+    except VolatileCreditStore as exc:
+        print(f"ragproxy: refusing to start: {exc}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:  # Ctrl-C before the signal handlers were installed (start-up, the demo's tour)
         return 130
     except BrokenPipeError:  # stdout closed early (``ragproxy demo | head``): stop quietly, as a pipeline expects

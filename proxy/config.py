@@ -158,6 +158,10 @@ class Server(_Section):
         default=10.0, gt=0, description="Longest time to receive a whole request head, however steadily it trickles "
                                         "in (then 408); a new connection's first head counts from the connect"
     )
+    body_timeout_s: float = Field(
+        default=60.0, gt=0, description="Longest time to receive a whole request body after its head, however "
+                                        "steadily it trickles in (then 408): max_body_bytes needs 280 KB/s"
+    )
     max_connections: int = Field(
         default=10_000, ge=1, description="Client connections per process, at most 3/4 of the open-file limit; past "
                                           "it the connection idle the longest is closed"
@@ -345,6 +349,8 @@ class LimitsSettings(_Section):
     search_batch: int = Field(default=1000, ge=1, description="Searches in one Qdrant batch request, 413 beyond")
     prefetch_depth: int = Field(default=64, ge=1, description="Nesting of prefetch in a Qdrant query, 400 beyond "
                                 "(Qdrant's own limit)")
+    rerank_documents: int = Field(default=10_000, ge=1, description="Documents in one rerank or score request, "
+                                  "413 beyond (Cohere's limit)")
 
 
 class IdempotencySettings(_Section):
@@ -354,8 +360,10 @@ class IdempotencySettings(_Section):
     running_ttl_s: float = Field(default=600.0, gt=0, description="Longest a key stays held by an unfinished call")
     max_response_bytes: int = Field(default=4 * 1024 * 1024, ge=0, description="Larger answers are not kept (a "
                                     "repeat runs again)")
-    max_entries: int = Field(default=10_000, ge=1, description="Keys kept in memory (embedded mode; in Redis when "
-                             "redis.url is set)")
+    max_entries: int = Field(default=10_000, ge=1, description="Keys kept in memory in all (embedded mode; Redis, "
+                             "when redis.url is set, bounds them per user and by ttl_s)")
+    max_entries_per_user: int = Field(default=1_000, ge=1, description="Keys one user holds at most: past it the "
+                                      "user's oldest finished key goes; with only running ones, 429")
 
 
 class AuthSettings(_Section):
@@ -373,6 +381,9 @@ class RedisSettings(_Section):
     )
     cluster: bool = Field(default=False, description="The URL points at a Redis Cluster node")
     timeout_s: float = Field(default=0.25, gt=0, description="Bound on one cache operation against Redis")
+    reconnect_s: float = Field(default=2.0, ge=0, description="How long a credit, API-key or idempotency operation "
+                               "waits out a Redis that refuses connections (a restart) before the store counts as "
+                               "unavailable")
     prefix: str = Field(default="ragproxy", min_length=1, description="Prefix of every shared-mode key and channel")
     near_ttl_s: float = Field(default=30.0, gt=0, description="Longest a replica keeps its near copy of an entry")
     bus_heartbeat_s: float = Field(default=0.5, gt=0, description="Heartbeat period of the invalidation bus")
@@ -443,6 +454,10 @@ class CreditsSettings(_Section):
     )
     reservation_ttl_s: float = Field(default=600.0, gt=0, description="A reservation of a dead proxy is reaped after")
     fail_open: bool = Field(default=False, description="Serve unbilled when the credit store is down (else 503)")
+    allow_volatile_redis: bool = Field(
+        default=False, description="Start even when credits live in a Redis that persists nothing (a restart "
+        "erases every balance; logged as an error); by default such a start is refused"
+    )
     outage_allowance: Decimal = Field(
         default=Decimal("1"), ge=0,
         description="Credits a user may spend per replica while the credit store is down, within the last known "

@@ -89,6 +89,8 @@ class RequestContext:
     reported_cached_tokens: int | None = None
     """Prompt tokens the backend reported as reused from its KV cache (read on the way back)."""
     # forward
+    upstream_called: bool = False
+    """The request was sent to an upstream, which may have started working on it."""
     backend: Backend | None = None
     upstream_seconds: float | None = None
     # the outcome: set by the tier that answered, or by store for a new entry

@@ -14,6 +14,12 @@ URLs:
 in use (a blocking pool, Sentinel included), connects and Sentinel queries time out after ``timeout_s``, replies
 after ``read_timeout_s`` (``None``: never, for subscriptions). Closing a Sentinel client closes its Sentinel
 connections too. :func:`check_url` validates a URL without connecting (configuration time).
+
+A command that fails on a connection error (the pooled connection was closed by a Redis that restarted since it
+was last used) is sent once more at once, on a new connection: without that, every connection pooled before a
+restart failed its next command, for minutes after Redis was back. Timeouts are never retried (a stalled Redis
+must not double every wait); riding out the restart itself is the caller's choice
+(:func:`proxy.credits.redis_store.reconnecting`). Redis Cluster clients follow their own retry rules.
 """
 
 from __future__ import annotations
@@ -24,7 +30,10 @@ from urllib.parse import unquote, urlsplit
 
 import redis.asyncio as aioredis
 from redis.asyncio.cluster import RedisCluster
+from redis.asyncio.retry import Retry
 from redis.asyncio.sentinel import Sentinel, SentinelConnectionPool
+from redis.backoff import NoBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
 
 RedisClient = aioredis.Redis | RedisCluster
 
@@ -105,6 +114,11 @@ def check_url(url: str) -> str:
     return url
 
 
+def _once_more() -> Retry:
+    """A command that failed on a connection error is sent once more at once (see the module docstring)."""
+    return Retry(NoBackoff(), 1, supported_errors=(RedisConnectionError,))
+
+
 class _BlockingSentinelPool(SentinelConnectionPool, aioredis.BlockingConnectionPool):
     """A Sentinel-managed pool that waits (up to ``timeout``) for a free connection rather than failing."""
 
@@ -128,7 +142,7 @@ def sentinel_master(url: str, *, timeout_s: float, read_timeout_s: float | None,
     client: aioredis.Redis = sentinel.master_for(
         address.service, redis_class=_SentinelMaster, connection_pool_class=_BlockingSentinelPool,
         db=address.db, username=address.username, password=address.password, max_connections=max_connections,
-        timeout=timeout_s, socket_timeout=read_timeout_s, socket_connect_timeout=timeout_s)
+        timeout=timeout_s, socket_timeout=read_timeout_s, socket_connect_timeout=timeout_s, retry=_once_more())
     return client
 
 
@@ -145,5 +159,5 @@ def connect(url: str, *, cluster: bool = False, timeout_s: float = 2.0, read_tim
                                      socket_connect_timeout=timeout_s)
     pool = aioredis.BlockingConnectionPool.from_url(
         plain, max_connections=max_connections, timeout=timeout_s, socket_timeout=read_timeout,
-        socket_connect_timeout=timeout_s)
+        socket_connect_timeout=timeout_s, retry=_once_more())
     return aioredis.Redis(connection_pool=pool)

@@ -1,32 +1,58 @@
-"""Abuse: what an outsider can get for free, leave unanswered or knock over, against two ``ragproxy serve`` replicas.
+"""Abuse: what an outsider can get for free, leave unanswered or knock over, against real ``ragproxy serve`` replicas.
 
-``python -m loadtest.bench abuse [--quick] [--json] [--slow-connections N] [--fd-limit N] [--attack-s S]``, from the
-repository root (the upstream doubles are imported from ``proxy.doubles``).
+``python -m loadtest.bench abuse [--quick] [--json] [--slow-connections N] [--fd-limit N] [--attack-s S]
+[--rerank-documents N]`` (the upstream doubles come from ``proxy.doubles``).
 
-Set-up, all on loopback: a redis-server this run owns; the fake LLM and the TEST-ONLY Qdrant shim (``proxy.doubles``,
-in this process, so every upstream call is counted); two ``ragproxy serve`` processes on that Redis with API keys,
-credits and no response caching (every call goes upstream, so each must be charged once). One API key with a
-large balance, made through the admin API.
+Set-up, all on loopback: a redis-server this run owns (append-only file, fsync always: it is restarted mid-run);
+the fake LLM, the TEST-ONLY Qdrant shim and a fake vLLM reranker (``proxy.doubles``, in this process, so every
+upstream call is counted); four ``ragproxy serve`` processes with API keys and credits:
+
+* **A** and **B** share the Redis (shared mode), response caching off (every call goes upstream, so each must be
+  charged once), idempotency keys capped at 50 per user;
+* **E** is embedded (keys, credits and idempotency keys in its own process), caching off, its idempotency store
+  bounded at ``--flood`` / 2 keys in all;
+* **R** is embedded in front of the reranker with caching on and ``limits.rerank_documents`` raised to
+  ``--rerank-documents``.
 
 Scenarios, in order:
 
-1. **same-id reuse**: calls with distinct prompts under one ``X-Request-ID``, 6 at a time, alternating replicas;
+1. **same-id reuse**: calls with distinct prompts under one ``X-Request-ID``, 6 at a time, alternating A and B;
 2. **abandoned streams**: streams read for a few pieces, then hung up on;
 3. **idempotent repeats**: each ``Idempotency-Key`` sent three times with one body (one upstream call, one charge
    expected per key) and once with another body (422 expected);
-4. **oversize and deep inputs**: embeddings of 20,000 and 100,000 items, 1,000-deep tool parameters and content
+4. **hang-ups before the head**: the upstream slowed to 1 s, clients hang up after 0.3 s, streamed and not (the
+   upstream had the prompt: each must be charged);
+5. **malformed bodies** of wrong types (reranker documents and ``top_n``, ``/v1/score`` pairs, Responses ``input``
+   and ``tools``, chat ``tools``): a 4xx each, nothing forwarded;
+6. **cross-tenant Responses**: tenant A stores a response; tenant B reads it by id and continues it with
+   ``previous_response_id`` (each 2xx is a cross-tenant read);
+7. **idempotency under eviction** (E): a victim with a finished key and a running one; another user floods more
+   keys than E holds; the victim retries both;
+8. **Redis restart** (A, B): keyed calls, Redis restarted while more arrive, every key retried on the other replica,
+   the admin API used;
+9. **oversize and deep inputs**: embeddings of 20,000 and 100,000 items, 1,000-deep tool parameters and content
    parts, an 800-deep Qdrant filter, a 100-deep prefetch, a 10,000-search batch, batches of non-objects, 5,000
    structured documents (a bounded ``X-Prefix-Docs``);
-5. **slow connections**: replica A's descriptors limited to ``--fd-limit`` (soft and hard, ``prlimit``), then
-   ``--slow-connections`` connections each trickling one byte of a request head every 5 s for ``--attack-s``, while
-   a probe (``GET /healthz`` and one small chat call) runs every 0.5 s against A. The probe's latency before the
-   attack is the baseline of its latency during the attack.
+10. **rerank flood**: ``--rerank-documents`` distinct documents in one ``/v1/rerank`` on A (the default limit:
+    413); then on R, while a separate probe process sends ``GET /healthz`` to R every 5 ms (each timed from when it
+    was due, so a stall counts once per probe it delays), five requests of 10,000 distinct documents (the most the
+    default limit accepts) and one of ``--rerank-documents``; the probe's p99 during each phase is compared with
+    its p99 in the 3 s before;
+11. **slow connections**: replica A's descriptors limited to ``--fd-limit`` (soft and hard, ``prlimit``), then
+    ``--slow-connections`` connections each trickling one byte of a request head every 5 s for ``--attack-s``, while
+    a probe (``GET /healthz`` and one small chat call) runs every 0.5 s against A. The probe's latency before the
+    attack is the baseline of its latency during the attack.
 
 Figures (the last line with ``--json`` is one JSON object): ``requests`` (every request sent that expects an answer,
-probes included), ``unbilled_upstream_calls`` (upstream LLM calls beyond the ledger's charges for them),
-``answers_without_charge`` (2xx answers whose ``X-Credits-Request-ID`` is not in the ledger),
-``unanswered_requests`` (no HTTP answer within 60 s), ``server_errors`` (5xx), ``probe_failures``, and per scenario
-the statuses seen. No timings are asserted; this is a command that prints what happened.
+probes included), ``unbilled_upstream_calls`` (billable upstream calls — LLM and reranker POSTs — beyond the
+ledgers' charges for them), ``double_charges`` (answers to one ``Idempotency-Key`` charged under more than one
+ledger id), ``answers_without_charge`` (2xx answers whose ``X-Credits-Request-ID`` is not in a ledger),
+``unanswered_requests`` (no HTTP answer within 60 s; the deliberate hang-ups are not counted), ``server_errors``
+(5xx), ``probe_failures`` (slow-connection and rerank probes), ``cross_tenant_reads``, ``rerank_probe_p99_ratio``
+(during the ``--rerank-documents`` rerank; ``..._at_default_limit``: during the 10,000-document ones), and per
+scenario the statuses seen. No timings are asserted; this is a command that prints what happened.
+
+A new data-plane endpoint is not done until this benchmark attacks it (see the README's "Contributing").
 """
 
 from __future__ import annotations
@@ -42,55 +68,20 @@ import time
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import httpx
 import orjson
 
-from loadtest.harness import free_port, ledger_charges, listening, proxy_child
+from loadtest.bench import _surfaces as surfaces
+from loadtest.bench._tally import CHAT, EMBEDDINGS, RESPONSES, Tally, chat, send
+from loadtest.bench.chaos import Redis
+from loadtest.harness import free_port, ledger_charges, proxy_child
 
 USER, TENANT = "abuse-user", "abuse-tenant"
-CHAT, EMBEDDINGS = "/v1/chat/completions", "/v1/embeddings"
-LLM_PATHS = (CHAT, EMBEDDINGS)
-ANSWER_TIMEOUT_S = 60.0
-
-
-@dataclass
-class Tally:
-    """Every request sent and how it ended, per scenario."""
-
-    statuses: dict[str, Counter[str]] = field(default_factory=dict)
-    ledger_ids: list[str] = field(default_factory=list)
-    requests: int = 0
-    unanswered: int = 0
-    server_errors: int = 0
-
-    def seen(self, scenario: str, response: httpx.Response | None) -> None:
-        self.requests += 1
-        status = "no answer" if response is None else str(response.status_code)
-        self.statuses.setdefault(scenario, Counter())[status] += 1
-        if response is None:
-            self.unanswered += 1
-        elif response.status_code >= 500:
-            self.server_errors += 1
-        elif response.is_success and "X-Credits-Request-ID" in response.headers:
-            self.ledger_ids.append(response.headers["X-Credits-Request-ID"])
-
-
-async def send(client: httpx.AsyncClient, tally: Tally, scenario: str, method: str, url: str,
-               **kwargs: Any) -> httpx.Response | None:
-    try:
-        response = await client.request(method, url, timeout=ANSWER_TIMEOUT_S, **kwargs)
-    except httpx.HTTPError:
-        response = None
-    tally.seen(scenario, response)
-    return response
-
-
-def chat(question: str, **extra: Any) -> dict[str, Any]:
-    return {"model": "fake-model", "max_tokens": 32, "messages": [{"role": "user", "content": question}], **extra}
+LLM_PATHS = (CHAT, EMBEDDINGS, RESPONSES)
 
 
 async def same_id_reuse(urls: list[str], headers: dict[str, str], tally: Tally, calls: int) -> None:
@@ -107,7 +98,7 @@ async def same_id_reuse(urls: list[str], headers: dict[str, str], tally: Tally, 
 
 
 async def abandoned_streams(urls: list[str], headers: dict[str, str], tally: Tally, streams: int) -> None:
-    async with httpx.AsyncClient(headers=headers, timeout=ANSWER_TIMEOUT_S) as client:
+    async with httpx.AsyncClient(headers=headers, timeout=60.0) as client:
         for n in range(streams):
             body = chat(f"tell a long story number {n} " + "and more " * 12, max_tokens=64, stream=True)
             tally.requests += 1
@@ -132,12 +123,12 @@ async def abandoned_streams(urls: list[str], headers: dict[str, str], tally: Tal
 async def idempotent_repeats(urls: list[str], headers: dict[str, str], tally: Tally, keys: int) -> None:
     async with httpx.AsyncClient(headers=headers) as client:
         for n in range(keys):
-            keyed = {"Idempotency-Key": f"abuse-key-{n}"}
+            key = f"abuse-key-{n}"
             for attempt in range(3):
-                await send(client, tally, "idempotent_repeats", "POST", urls[attempt % len(urls)] + CHAT,
-                           json=chat(f"keyed question {n}"), headers=keyed)
-            await send(client, tally, "idempotent_other_body", "POST", urls[0] + CHAT,
-                       json=chat(f"another keyed question {n}"), headers=keyed)
+                await send(client, tally, "idempotent_repeats", "POST", urls[attempt % len(urls)] + CHAT, key=key,
+                           json=chat(f"keyed question {n}"))
+            await send(client, tally, "idempotent_other_body", "POST", urls[0] + CHAT, key=key,
+                       json=chat(f"another keyed question {n}"))
 
 
 def _nested(depth: int, leaf: str) -> str:
@@ -245,86 +236,134 @@ async def slow_connections(port: int, count: int, duration_s: float) -> dict[str
 
 
 @contextmanager
-def upstreams() -> Iterator[tuple[Any, Any]]:
-    """The fake LLM and the Qdrant shim on this process's threads (run from the repository root: they live in
-    ``proxy.doubles``), with one small collection."""
+def upstreams() -> Iterator[tuple[Any, Any, Any]]:
+    """The fake LLM, the Qdrant shim and a fake vLLM reranker on this process's threads, with one small collection."""
     from proxy.doubles.llm_server import FakeLLM
     from proxy.doubles.qdrant_shim import QdrantShim
+    from proxy.doubles.rerankers import FakeReranker
 
-    with FakeLLM(chunk_latency_s=0.01) as llm, QdrantShim() as shim:
+    with FakeLLM(chunk_latency_s=0.01) as llm, QdrantShim() as shim, FakeReranker("vllm") as reranker:
         with httpx.Client(base_url=shim.url, timeout=30) as http:
             http.put("/collections/abuse", json={"vectors": {"size": 4, "distance": "Cosine"}}).raise_for_status()
             http.put("/collections/abuse/points?wait=true", json={"points": [
                 {"id": n, "vector": [1.0, float(n), 0.5, 0.25], "payload": {"a": n}} for n in range(20)]})
-        yield llm, shim
+        yield llm, shim, reranker
 
 
-def _proxy_env(redis_url: str, llm_url: str, qdrant_url: str, data_dir: Path) -> dict[str, str]:
-    return {"RAGPROXY_ADMIN__PORT": str(free_port()), "RAGPROXY_REDIS__URL": redis_url,
-            "RAGPROXY_UPSTREAMS__LLM": json.dumps([{"url": llm_url}]), "RAGPROXY_UPSTREAMS__QDRANT__URL": qdrant_url,
+def _proxy_env(llm_url: str, data_dir: Path, **settings: str) -> dict[str, str]:
+    return {"RAGPROXY_ADMIN__PORT": str(free_port()), "RAGPROXY_UPSTREAMS__LLM": json.dumps([{"url": llm_url}]),
             "RAGPROXY_AUTH__MODE": "keys", "RAGPROXY_CREDITS__ENABLED": "true", "RAGPROXY_CACHE__ENABLED": "false",
             "RAGPROXY_SERVER__MAX_BODY_BYTES": str(64 * 1024 * 1024), "RAGPROXY_DATA_DIR": str(data_dir),
-            "RAGPROXY_LOGGING__FORMAT": "text"}
+            "RAGPROXY_LOGGING__FORMAT": "text", **{f"RAGPROXY_{k.upper()}": v for k, v in settings.items()}}
 
 
-def _settled(admin: httpx.Client, timeout_s: float = 15.0) -> list[dict[str, Any]]:
-    """The ledger once it stopped growing (abandoned streams settle after the client left)."""
-    charges, deadline = ledger_charges(admin, USER), time.monotonic() + timeout_s
+def _settled(admin: httpx.Client, user: str, timeout_s: float = 15.0) -> list[dict[str, Any]]:
+    """``user``'s charges once the ledger stopped growing (abandoned streams settle after the client left)."""
+    charges, deadline = ledger_charges(admin, user), time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         time.sleep(1.0)
-        again = ledger_charges(admin, USER)
+        again = ledger_charges(admin, user)
         if len(again) == len(charges):
             return again
         charges = again
     return charges
 
 
-def run(quick: bool, slow: int, fd_limit: int, attack_s: float) -> dict[str, Any]:
-    work = Path(tempfile.mkdtemp(prefix="ragproxy-abuse-"))
-    redis_port = free_port()
-    redis = shutil.which("redis-server")
-    if redis is None:
+def _key(admin: httpx.Client, user: str, tenant: str = TENANT) -> dict[str, str]:
+    """A new API key of ``user`` with a large balance, as request headers."""
+    key = admin.post("/admin/keys", json={"user": user, "tenant": tenant}).json()["key"]
+    admin.post(f"/admin/credits/{user}", json={"amount": 1_000_000, "tenant": tenant}).raise_for_status()
+    return {"Authorization": f"Bearer {key}"}
+
+
+def _posts(log: Any, paths: tuple[str, ...]) -> int:
+    return sum(1 for entry in log.entries if entry.method == "POST" and entry.path in paths)
+
+
+@dataclass(frozen=True)
+class Options:
+    quick: bool
+    slow: int
+    fd_limit: int
+    attack_s: float
+    rerank_documents: int
+    flood: int
+
+
+def run(options: Options) -> dict[str, Any]:
+    if shutil.which("redis-server") is None:
         raise SystemExit("redis-server is not installed")
-    tally = Tally()
+    work = Path(tempfile.mkdtemp(prefix="ragproxy-abuse-"))
+    quick, tally, timings = options.quick, Tally(), {}
+    redis = Redis(work / "redis")
+    (work / "redis").mkdir()
     try:
         with ExitStack() as stack:
-            stack.enter_context(listening([redis, "--port", str(redis_port), "--bind", "127.0.0.1", "--save", "",
-                                           "--appendonly", "no"], redis_port))
-            llm, shim = stack.enter_context(upstreams())
-            redis_url = f"redis://127.0.0.1:{redis_port}/0"
-            envs = [_proxy_env(redis_url, llm.url, shim.url, work / f"replica-{n}") for n in range(2)]
+            redis.start()
+            stack.callback(redis.kill)
+            llm, shim, reranker = stack.enter_context(upstreams())
+            shared = {"REDIS__URL": redis.url, "UPSTREAMS__QDRANT__URL": shim.url,
+                      "IDEMPOTENCY__MAX_ENTRIES_PER_USER": "50"}
+            envs = [_proxy_env(llm.url, work / f"replica-{n}", **shared) for n in range(2)]
+            envs.append(_proxy_env(llm.url, work / "embedded", IDEMPOTENCY__MAX_ENTRIES=str(options.flood // 2)))
+            envs.append(_proxy_env(reranker.url, work / "reranker", CACHE__ENABLED="true", CACHE__L2__ENABLED="false",
+                                   CACHE__L3__ENABLED="false", LIMITS__RERANK_DOCUMENTS=str(options.rerank_documents)))
             replicas = [stack.enter_context(proxy_child(env)) for env in envs]
             urls = [url for url, _ in replicas]
-            admin = stack.enter_context(httpx.Client(base_url=f"http://127.0.0.1:{envs[0]['RAGPROXY_ADMIN__PORT']}",
-                                                     timeout=30))
-            key = admin.post("/admin/keys", json={"user": USER, "tenant": TENANT}).json()["key"]
-            admin.post(f"/admin/credits/{USER}", json={"amount": 1_000_000, "tenant": TENANT}).raise_for_status()
-            headers = {"Authorization": f"Bearer {key}"}
-            timings: dict[str, float] = {}
+            admins = [stack.enter_context(httpx.Client(base_url=f"http://127.0.0.1:{env['RAGPROXY_ADMIN__PORT']}",
+                                                       timeout=30)) for env in envs]
+            shared_admin, embedded_admin, rerank_admin = admins[0], admins[2], admins[3]
+            headers = _key(shared_admin, USER)
+            tenants = [_key(shared_admin, f"tenant-{t}-user", f"tenant-{t}") for t in "ab"]
+            victim, flooder = _key(embedded_admin, "victim"), _key(embedded_admin, "flooder")
+            rerank_headers = _key(rerank_admin, USER)
+
+            def set_latency(seconds: float) -> None:
+                llm.latency_s = seconds
+
+            def restart_redis() -> None:
+                redis.kill()
+                redis.start()
 
             async def scenarios() -> dict[str, Any]:
+                seen: dict[str, Any] = {}
                 started = time.monotonic()
-                await same_id_reuse(urls, headers, tally, 60 if quick else 150)
-                await abandoned_streams(urls, headers, tally, 10 if quick else 30)
-                await idempotent_repeats(urls, headers, tally, 5 if quick else 15)
+                await same_id_reuse(urls[:2], headers, tally, 60 if quick else 150)
+                await abandoned_streams(urls[:2], headers, tally, 10 if quick else 30)
+                await idempotent_repeats(urls[:2], headers, tally, 5 if quick else 15)
+                seen["hang_ups"] = await surfaces.hang_ups(urls[0], headers, tally, set_latency, 2 if quick else 4)
                 timings["billing_s"] = time.monotonic() - started
                 started = time.monotonic()
-                inputs = await oversize(urls[0], headers, tally, quick)
+                seen["malformed_bodies"] = await surfaces.malformed(urls[0], headers, tally)
+                seen["cross_tenant_responses"] = await surfaces.cross_tenant_responses(urls[0], *tenants, tally)
+                seen["idempotency_eviction"] = await surfaces.idempotency_under_eviction(
+                    urls[2], victim, flooder, tally, set_latency, lambda: _posts(llm.log, LLM_PATHS), options.flood)
+                seen["redis_restart"] = await surfaces.redis_restart(urls[:2], str(shared_admin.base_url), headers,
+                                                                     tally, restart_redis, 8 if quick else 16)
+                timings["surfaces_s"] = time.monotonic() - started
+                started = time.monotonic()
+                seen["oversize_and_deep"] = await oversize(urls[0], headers, tally, quick)
+                seen["rerank_flood"] = await surfaces.rerank_flood(urls[0], urls[3], headers, rerank_headers, tally,
+                                                                   options.rerank_documents)
                 timings["oversize_s"] = time.monotonic() - started
                 _, baseline = await probe(urls[0], headers, time.monotonic() + 5.0, tally)
-                resource.prlimit(replicas[0][1].pid, resource.RLIMIT_NOFILE, (fd_limit, fd_limit))
-                attack = asyncio.ensure_future(slow_connections(int(urls[0].rsplit(":", 1)[1]), slow, attack_s))
-                await asyncio.sleep(min(5.0, attack_s / 4))  # the connections are open
-                failures, during = await probe(urls[0], headers, time.monotonic() + attack_s - 5.0, tally)
-                return {"oversize_and_deep": inputs, "slow_connections": await attack, "probe_failures": failures,
+                resource.prlimit(replicas[0][1].pid, resource.RLIMIT_NOFILE, (options.fd_limit, options.fd_limit))
+                attack = asyncio.ensure_future(slow_connections(int(urls[0].rsplit(":", 1)[1]), options.slow,
+                                                                options.attack_s))
+                await asyncio.sleep(min(5.0, options.attack_s / 4))  # the connections are open
+                failures, during = await probe(urls[0], headers, time.monotonic() + options.attack_s - 5.0, tally)
+                return {**seen, "slow_connections": await attack, "probe_failures": failures,
                         "probe_baseline": baseline, "probe_attacked": during}
 
             results = asyncio.run(scenarios())
-            charges = _settled(admin)
-            upstream_calls = sum(llm.log.count(path) for path in LLM_PATHS)
+            charges = [charge for admin, user in [(shared_admin, USER), (shared_admin, "tenant-a-user"),
+                                                  (shared_admin, "tenant-b-user"), (embedded_admin, "victim"),
+                                                  (embedded_admin, "flooder"), (rerank_admin, USER)]
+                       for charge in _settled(admin, user)]
+            upstream_calls = _posts(llm.log, LLM_PATHS) + _posts(reranker.log, (surfaces.RERANK,))
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    return _figures(tally, results, charges, upstream_calls, timings, quick, slow, fd_limit, attack_s)
+    return _figures(tally, results, charges, upstream_calls, timings, options)
 
 
 def _p50_ms(samples: list[float]) -> float | None:
@@ -332,38 +371,50 @@ def _p50_ms(samples: list[float]) -> float | None:
 
 
 def _figures(tally: Tally, results: dict[str, Any], charges: list[dict[str, Any]], upstream_calls: int,
-             timings: dict[str, float], quick: bool, slow: int, fd_limit: int, attack_s: float) -> dict[str, Any]:
+             timings: dict[str, float], options: Options) -> dict[str, Any]:
     upstream_charges = [c for c in charges if c["tier"] == "upstream"]
     charged = {str(c["request_id"]) for c in charges}
     baseline, attacked = _p50_ms(results["probe_baseline"]), _p50_ms(results["probe_attacked"])
+    rerank = results["rerank_flood"]
     return {
-        "benchmark": "abuse", "quick": quick, "requests": tally.requests,
+        "benchmark": "abuse", "quick": options.quick, "requests": tally.requests,
         "unbilled_upstream_calls": max(0, upstream_calls - len(upstream_charges)),
+        "double_charges": tally.double_charges,
+        "unanswered_requests": tally.unanswered, "server_errors": tally.server_errors,
+        "probe_failures": results["probe_failures"] + rerank["probe_failures"],
+        "cross_tenant_reads": tally.cross_tenant_reads,
+        "rerank_probe_p99_ratio": rerank["raised_limit"]["probe_p99_ratio"],
+        "rerank_probe_p99_ratio_at_default_limit": rerank["at_limit"]["probe_p99_ratio"],
         "upstream_calls": upstream_calls, "ledger_charges": len(charges),
         "answers_without_charge": len(set(tally.ledger_ids) - charged),
-        "unanswered_requests": tally.unanswered, "server_errors": tally.server_errors,
-        "probe_failures": results["probe_failures"],
         "probe_p50_ms_baseline": baseline, "probe_p50_ms_under_attack": attacked,
         "probe_p50_ratio_to_baseline": round(attacked / baseline, 2) if baseline and attacked else None,
-        "relayed_charges": sum(1 for c in charges if c.get("usage_source") == "relayed"),
+        "charges_by_usage_source": dict(Counter(str(c.get("usage_source")) for c in charges)),
         "statuses": {name: dict(counts) for name, counts in tally.statuses.items()},
-        "oversize_and_deep": results["oversize_and_deep"],
-        "slow_connections": {"connections": slow, "fd_limit": fd_limit, "attack_s": attack_s,
-                             "ended": results["slow_connections"]},
+        **{name: results[name] for name in ("hang_ups", "malformed_bodies", "cross_tenant_responses",
+                                            "idempotency_eviction", "redis_restart", "rerank_flood",
+                                            "oversize_and_deep")},
+        "slow_connections": {"connections": options.slow, "fd_limit": options.fd_limit,
+                             "attack_s": options.attack_s, "ended": results["slow_connections"]},
         "seconds": {name: round(value, 1) for name, value in timings.items()},
     }
 
 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m loadtest.bench abuse", description=__doc__.split("\n")[0])
-    parser.add_argument("--quick", action="store_true", help="fewer calls, 20,000 items at most (under 3 min)")
+    parser.add_argument("--quick", action="store_true", help="fewer calls, 20,000 items at most (about 3 min)")
     parser.add_argument("--json", action="store_true", help="end with one JSON line")
     parser.add_argument("--slow-connections", type=int, default=None, help="slow connections (300 quick, 600)")
     parser.add_argument("--fd-limit", type=int, default=None, help="replica A's descriptors (256 quick, 512)")
     parser.add_argument("--attack-s", type=float, default=None, help="seconds of slow connections (20 quick, 40)")
+    parser.add_argument("--rerank-documents", type=int, default=100_000, help="documents of the rerank flood")
+    parser.add_argument("--flood", type=int, default=None, help="idempotency keys the flooder sends (120 quick, "
+                        "300); the embedded replica holds half as many")
     args = parser.parse_args(argv)
-    result = run(args.quick, args.slow_connections or (300 if args.quick else 600),
-                 args.fd_limit or (256 if args.quick else 512), args.attack_s or (20.0 if args.quick else 40.0))
+    options = Options(args.quick, args.slow_connections or (300 if args.quick else 600),
+                      args.fd_limit or (256 if args.quick else 512), args.attack_s or (20.0 if args.quick else 40.0),
+                      args.rerank_documents, args.flood or (120 if args.quick else 300))
+    result = run(options)
     for name, value in result.items():
         print(f"{name:>30}: {json.dumps(value) if isinstance(value, dict | list) else value}")
     if args.json:

@@ -12,11 +12,10 @@ from proxy.credits.usage import Usage
 
 
 class ResponseCredits(Credits):
-    """Credits for ``/v1/responses``: the worst case bounds the output by ``max_output_tokens``."""
+    """Credits for ``/v1/responses``: the worst case, and what the usage may be, bound the output by
+    ``max_output_tokens``."""
 
-    def estimate(self, ctx: RequestContext) -> int:
-        assert ctx.body is not None
-        return self.prices.worst_case(ctx.body, raw_size=len(ctx.raw_body) or None, response=True)
+    response = True
 
 
 class RerankCredits(Credits):
@@ -26,12 +25,11 @@ class RerankCredits(Credits):
     def estimate(self, ctx: RequestContext) -> int:
         return self.prices.rerank_cost(document_count(ctx.body or {}))
 
-    def cost(self, ctx: RequestContext, usage: Usage | None, reserved: int,
-             source: str = "reported") -> tuple[int, ChargeDetails]:
+    def cost(self, ctx: RequestContext, usage: Usage, source: str = "reported") -> tuple[int, ChargeDetails]:
         model = (ctx.body or {}).get("model")
         counted = ctx.rerank  # None when the request bypassed the cache: every document went upstream
         scored, cached = (counted.scored, counted.cached) if counted else (document_count(ctx.body or {}), 0)
         details = ChargeDetails(tenant=ctx.tenant, model=model if isinstance(model, str) else "",
                                 tier=ctx.cache_tier or "upstream", usage_source="documents",
-                                prompt_tokens=usage.prompt_tokens if usage is not None else 0)
+                                prompt_tokens=usage.prompt_tokens if source == "reported" else 0)
         return self.prices.rerank_cost(scored, cached, ctx.cache_tier), details

@@ -1,7 +1,8 @@
 """Building the credit components from the settings: key store, credit store, price book, reaper, journal.
 
 Embedded mode keeps keys and the ledger in one SQLite file under ``data_dir`` (idempotency keys in memory); shared
-mode (``redis.url`` set) keeps them all in Redis so every replica sees the same balances and keys. Either credit
+mode (``redis.url`` set) keeps them all in Redis so every replica sees the same balances and keys — a Redis that
+must persist them (checked at start: :mod:`proxy.credits.persistence`). Either credit
 store is wrapped in a :class:`~proxy.credits.journaled_store.JournaledCreditStore`, whose settlement journal
 (``data_dir/credit-journal.sqlite3``) and outage allowance carry billing through an outage of the store.
 """
@@ -9,7 +10,8 @@ store is wrapped in a :class:`~proxy.credits.journaled_store.JournaledCreditStor
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable
+import functools
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 
 from prometheus_client.core import CounterMetricFamily
@@ -42,13 +44,18 @@ class CreditComponents:
     settling: set[asyncio.Task[None]] = field(default_factory=set)
     """Settlements the credits stage retries in the background (waited for at shutdown)."""
     idempotency: IdempotencyStore | None = None
+    persistence_check: Callable[[], Awaitable[object]] | None = None
+    """Refuses or warns about a credit store that would not survive a restart (Redis), run first at start."""
 
     @property
     def journaled(self) -> JournaledCreditStore | None:
         return self.store if isinstance(self.store, JournaledCreditStore) else None
 
     async def start(self) -> None:
-        """Start the reaper, and the replayer (after taking over what a previous process journaled)."""
+        """Check the store keeps what it is given, start the reaper, and the replayer (after taking over what a
+        previous process journaled)."""
+        if self.persistence_check is not None:
+            await self.persistence_check()
         if self.replayer is not None:
             await self.replayer.start()
         if self.reaper is not None:
@@ -99,16 +106,23 @@ def build_credits(settings: Settings) -> CreditComponents:
     use_redis = settings.credits.store == "redis" or (settings.credits.store == "auto" and settings.redis.url)
     keys: KeyStore | None = None
     store: CreditStore | None = None
+    persistence_check: Callable[[], Awaitable[object]] | None = None
     if use_redis:
         if settings.redis.url is None:
             raise ValueError("credits.store is redis but redis.url is not set")
         from proxy.credits.redis_keys import RedisKeyStore
         from proxy.credits.redis_store import RedisCreditStore
 
+        reconnect_s = settings.redis.reconnect_s
         if needs_keys:
-            keys = RedisKeyStore.from_url(settings.redis.url, cluster=settings.redis.cluster)
+            keys = RedisKeyStore.from_url(settings.redis.url, cluster=settings.redis.cluster, reconnect_s=reconnect_s)
         if settings.credits.enabled:
-            store = RedisCreditStore.from_url(settings.redis.url, cluster=settings.redis.cluster)
+            from proxy.credits.persistence import check_persistence
+
+            redis_store = store = RedisCreditStore.from_url(settings.redis.url, cluster=settings.redis.cluster,
+                                                            reconnect_s=reconnect_s)
+            persistence_check = functools.partial(check_persistence, redis_store.client,
+                                                  allow_volatile=settings.credits.allow_volatile_redis)
     else:
         from proxy.credits.sqlite_keys import SqliteKeyStore
         from proxy.credits.sqlite_store import SqliteCreditStore
@@ -128,7 +142,7 @@ def build_credits(settings: Settings) -> CreditComponents:
         store = JournaledCreditStore(store, journal, OutageAllowance(to_micro(settings.credits.outage_allowance)))
         replayer = JournalReplayer(store, interval_s=settings.credits.journal_replay_interval_s)
     return CreditComponents(keys=keys, store=store, prices=price_book(settings), reaper=reaper, replayer=replayer,
-                            idempotency=idempotency_store(settings))
+                            idempotency=idempotency_store(settings), persistence_check=persistence_check)
 
 
 def idempotency_store(settings: Settings) -> IdempotencyStore | None:
@@ -138,8 +152,11 @@ def idempotency_store(settings: Settings) -> IdempotencyStore | None:
     if settings.redis.url is not None:
         from proxy.credits.redis_idempotency import RedisIdempotencyStore
 
-        return RedisIdempotencyStore.from_url(settings.redis.url, cluster=settings.redis.cluster)
-    return MemoryIdempotencyStore(settings.idempotency.max_entries)
+        return RedisIdempotencyStore.from_url(settings.redis.url, cluster=settings.redis.cluster,
+                                              per_user=settings.idempotency.max_entries_per_user,
+                                              ttl_s=settings.idempotency.ttl_s,
+                                              reconnect_s=settings.redis.reconnect_s)
+    return MemoryIdempotencyStore(settings.idempotency.max_entries, settings.idempotency.max_entries_per_user)
 
 
 class _ReapedReservations(Collector):

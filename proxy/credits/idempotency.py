@@ -16,9 +16,23 @@ header) and Stripe's API, which it describes:
   than ``max_response_bytes`` frees the key: a retry runs, and is charged, again. Stripe also keeps 5xx answers;
   the proxy does not, so that a retry after an upstream failure can succeed;
 * an empty key, one longer than 255 characters or one that is not visible ASCII: 400;
-* the store unreachable (Redis down): the request runs as one without a key would.
+* a replayed answer was charged when it was first produced: it carries ``X-Credits-Charged: 0`` (what this request
+  cost) and the first one's ``X-Credits-Request-ID`` (the charge that paid for it), never the first one's
+  ``X-Credits-Remaining``;
+* the store unreachable (Redis down, after the client's retries rode out a restart): 503 with ``Retry-After``.
+  Running the request without its key would charge a retry a second time.
 
-A running claim expires after ``running_ttl_s``, so a proxy that died mid-request does not block its key for longer.
+Bounds. A user holds at most ``per_user`` keys and the store ``max_entries`` in all. Past either cap the oldest
+finished key goes first — the user's own, or, when the whole store is full, one of the user holding the most keys —
+so one user's flood of keys never evicts another user's within its fair share. A running claim is never evicted (its
+retries would run, and be charged, again): a claim that would need one to go is refused with 429 and
+``Retry-After``. A running claim expires after ``running_ttl_s``, so a proxy that died mid-request does not block
+its key for longer.
+
+Each claim carries an owner token (random, per request): keeping or freeing a key acts only on the owner's claim,
+and a claim repeated by a store client that lost the first answer (a connection dropped after Redis ran it) finds
+its own claim and goes on.
+
 The decisions (:func:`fingerprint`, :func:`decide`, the answer format) are pure; the stores keep records in process
 memory (:class:`MemoryIdempotencyStore`, embedded mode) or in Redis (:mod:`proxy.credits.redis_idempotency`,
 shared by every replica).
@@ -31,6 +45,7 @@ import hashlib
 import logging
 import re
 import time
+import uuid
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
@@ -41,6 +56,7 @@ from multidict import CIMultiDict
 
 from normalizer.canonical import user_digest
 from proxy.context import Reply, RequestContext
+from proxy.credits.stages import CHARGED, LEDGER_ID, REMAINING, RESERVED
 from proxy.credits.store import CreditStoreUnavailable
 from proxy.errors import ProxyError
 from proxy.pipeline import Next
@@ -51,7 +67,9 @@ log = logging.getLogger("ragproxy.idempotency")
 HEADER = "Idempotency-Key"
 REPLAYED = "Idempotent-Replayed"
 _VALID_KEY = re.compile(r"^[\x21-\x7e]{1,255}$")
-_NOT_REPLAYED = frozenset({"x-request-id", "content-length", "date"})
+_NOT_REPLAYED = frozenset({"x-request-id", "content-length", "date", CHARGED.lower(), REMAINING.lower(),
+                           RESERVED.lower()})
+"""Headers of the first answer that a replay does not repeat: transport, and what the first request was charged."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,15 +94,26 @@ class Kept:
     answer: bytes
 
 
-Claim = Claimed | Running | Mismatch | Kept
+@dataclass(frozen=True, slots=True)
+class Full:
+    """The user (or the store) holds as many running claims as it may: no key can make room."""
+
+
+Claim = Claimed | Running | Mismatch | Kept | Full
 
 
 @dataclass(frozen=True, slots=True)
 class Record:
-    """What a store holds for one key: the fingerprint it is tied to, and the kept answer once there is one."""
+    """What a store holds for one key: the fingerprint it is tied to, the owner of its claim, and the kept answer
+    once there is one."""
 
     fingerprint: str
+    owner: str = ""
     answer: bytes | None = None
+
+    @property
+    def running(self) -> bool:
+        return self.answer is None
 
 
 def fingerprint(method: str, target: str, body: bytes) -> str:
@@ -96,13 +125,16 @@ def fingerprint(method: str, target: str, body: bytes) -> str:
     return digest.hexdigest()
 
 
-def decide(record: Record | None, print_: str) -> Claim:
-    """What a request with fingerprint ``print_`` gets, given what is held under its key (``None``: nothing)."""
+def decide(record: Record | None, print_: str, owner: str) -> Claim:
+    """What a request with fingerprint ``print_`` and claim token ``owner`` gets, given what is held under its key
+    (``None``: nothing)."""
     if record is None:
         return Claimed()
     if record.fingerprint != print_:
         return Mismatch()
-    return Running() if record.answer is None else Kept(record.answer)
+    if record.answer is not None:
+        return Kept(record.answer)
+    return Claimed() if record.owner == owner else Running()
 
 
 def encode_answer(status: int, headers: Sequence[tuple[str, str]], body: bytes) -> bytes:
@@ -117,64 +149,121 @@ def decode_answer(answer: bytes) -> Reply:
     meta = orjson.loads(head)
     headers: CIMultiDict[str] = CIMultiDict((str(name), str(value)) for name, value in meta["headers"])
     headers[REPLAYED] = "true"
+    if LEDGER_ID in headers:  # billing is on: this request is charged nothing
+        headers[CHARGED] = "0"
     return Reply(status=int(meta["status"]), headers=headers, body=body)
 
 
 class IdempotencyStore(Protocol):
     """Records of idempotency keys; each operation is atomic per key."""
 
-    async def claim(self, scope: str, key: str, print_: str, running_ttl_s: float) -> Claim:
-        """:func:`decide` on the record under ``(scope, key)``; a :class:`Claimed` key is held as running."""
+    async def claim(self, scope: str, key: str, print_: str, owner: str, running_ttl_s: float) -> Claim:
+        """:func:`decide` on the record under ``(scope, key)``; a :class:`Claimed` key is held as running by
+        ``owner`` (room made as the module docstring says, or :class:`Full`)."""
 
-    async def keep(self, scope: str, key: str, print_: str, answer: bytes, ttl_s: float) -> None:
-        """Keep the answer of the running claim ``print_`` for ``ttl_s`` (nothing if the claim is gone)."""
+    async def keep(self, scope: str, key: str, owner: str, answer: bytes, ttl_s: float) -> None:
+        """Keep the answer of ``owner``'s running claim for ``ttl_s`` (nothing if the claim is gone)."""
 
-    async def free(self, scope: str, key: str, print_: str) -> None:
-        """Drop the running claim ``print_`` (nothing if the key holds anything else)."""
+    async def free(self, scope: str, key: str, owner: str) -> None:
+        """Drop ``owner``'s running claim (nothing if the key holds anything else)."""
 
     async def close(self) -> None:
         """Release connections."""
 
 
 class MemoryIdempotencyStore:
-    """Records in this process, at most ``max_entries`` (the oldest go first), each until its expiry."""
+    """Records in this process, each until its expiry, bounded per user and in all (see the module docstring).
 
-    def __init__(self, max_entries: int = 10_000, clock: Callable[[], float] = time.monotonic) -> None:
+    Per user, an ordered map key → (record, expiry), oldest first; users are also filed by how many keys they hold,
+    so that the one holding the most is found at once when the whole store is full."""
+
+    def __init__(self, max_entries: int = 10_000, per_user: int = 1_000,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.max_entries = max_entries
+        self.per_user = per_user
         self.clock = clock
-        self._records: OrderedDict[tuple[str, str], tuple[Record, float]] = OrderedDict()
+        self._users: dict[str, OrderedDict[str, tuple[Record, float]]] = {}
+        self._by_size: dict[int, set[str]] = {}
+        self.entries = 0
 
-    def _get(self, slot: tuple[str, str]) -> Record | None:
-        held = self._records.get(slot)
+    def _get(self, scope: str, key: str) -> Record | None:
+        records = self._users.get(scope)
+        held = records.get(key) if records is not None else None
         if held is None:
             return None
         if held[1] <= self.clock():
-            del self._records[slot]
+            self._drop(scope, key)
             return None
         return held[0]
 
-    def _set(self, slot: tuple[str, str], record: Record, ttl_s: float) -> None:
-        self._records.pop(slot, None)
-        self._records[slot] = (record, self.clock() + ttl_s)
-        while len(self._records) > self.max_entries:
-            self._records.popitem(last=False)
+    def _file(self, scope: str, before: int, after: int) -> None:
+        """Move ``scope`` from the users holding ``before`` keys to those holding ``after``."""
+        if before:
+            self._by_size[before].discard(scope)
+            if not self._by_size[before]:
+                del self._by_size[before]
+        if after:
+            self._by_size.setdefault(after, set()).add(scope)
 
-    async def claim(self, scope: str, key: str, print_: str, running_ttl_s: float) -> Claim:
-        claim = decide(self._get((scope, key)), print_)
-        if isinstance(claim, Claimed):
-            self._set((scope, key), Record(print_), running_ttl_s)
+    def _drop(self, scope: str, key: str) -> None:
+        records = self._users[scope]
+        del records[key]
+        self.entries -= 1
+        self._file(scope, len(records) + 1, len(records))
+        if not records:
+            del self._users[scope]
+
+    def _evict_one(self, scope: str) -> bool:
+        """Drop the oldest expired or finished record of ``scope`` (never a running claim); ``False``: none."""
+        now = self.clock()
+        for key, (record, expiry) in self._users.get(scope, OrderedDict()).items():
+            if expiry <= now or not record.running:
+                self._drop(scope, key)
+                return True
+        return False
+
+    def _make_room(self, scope: str) -> bool:
+        while len(self._users.get(scope, ())) >= self.per_user:
+            if not self._evict_one(scope):
+                return False
+        while self.entries >= self.max_entries:
+            largest_first = [user for size in sorted(self._by_size, reverse=True) for user in self._by_size[size]]
+            if not any(self._evict_one(user) for user in largest_first):
+                return False
+        return True
+
+    def _set(self, scope: str, key: str, record: Record, ttl_s: float) -> None:
+        records = self._users.setdefault(scope, OrderedDict())
+        if key in records:
+            records[key] = (record, self.clock() + ttl_s)
+            return
+        records[key] = (record, self.clock() + ttl_s)
+        self.entries += 1
+        self._file(scope, len(records) - 1, len(records))
+
+    async def claim(self, scope: str, key: str, print_: str, owner: str, running_ttl_s: float) -> Claim:
+        held = self._get(scope, key)
+        claim = decide(held, print_, owner)
+        if isinstance(claim, Claimed) and held is None:
+            if not self._make_room(scope):
+                return Full()
+            self._set(scope, key, Record(print_, owner), running_ttl_s)
         return claim
 
-    async def keep(self, scope: str, key: str, print_: str, answer: bytes, ttl_s: float) -> None:
-        if self._get((scope, key)) == Record(print_):
-            self._set((scope, key), Record(print_, answer), ttl_s)
+    async def keep(self, scope: str, key: str, owner: str, answer: bytes, ttl_s: float) -> None:
+        held = self._get(scope, key)
+        if held is not None and held.running and held.owner == owner:
+            self._set(scope, key, Record(held.fingerprint, owner, answer), ttl_s)
 
-    async def free(self, scope: str, key: str, print_: str) -> None:
-        if self._get((scope, key)) == Record(print_):
-            del self._records[(scope, key)]
+    async def free(self, scope: str, key: str, owner: str) -> None:
+        held = self._get(scope, key)
+        if held is not None and held.running and held.owner == owner:
+            self._drop(scope, key)
 
     async def close(self) -> None:
-        self._records.clear()
+        self._users.clear()
+        self._by_size.clear()
+        self.entries = 0
 
 
 class Idempotency:
@@ -199,11 +288,13 @@ class Idempotency:
             raise ProxyError(400, f"{HEADER} must be 1 to 255 visible ASCII characters", code="invalid_idempotency_key")
         scope = user_digest(ctx.tenant, ctx.user)
         print_ = fingerprint(ctx.method, ctx.request.raw_path, ctx.raw_body)
+        owner = uuid.uuid4().hex
         try:
-            claim = await self.store.claim(scope, key, print_, self.running_ttl_s)
-        except CreditStoreUnavailable as exc:  # fail open: the request runs as one without a key would
-            log.warning("idempotency store unavailable, running %s without its key: %s", ctx.request_id, exc)
-            return await call_next(ctx)
+            claim = await self.store.claim(scope, key, print_, owner, self.running_ttl_s)
+        except CreditStoreUnavailable as exc:  # fail closed: run without the key, a retry would pay again
+            log.warning("idempotency store unavailable, refusing %s: %s", ctx.request_id, exc)
+            raise ProxyError(503, f"the {HEADER} store is unavailable; retry shortly", code="idempotency_unavailable",
+                             headers={"Retry-After": "2"}) from exc
         if isinstance(claim, Kept):
             return decode_answer(claim.answer)
         if isinstance(claim, Running):
@@ -212,9 +303,13 @@ class Idempotency:
         if isinstance(claim, Mismatch):
             raise ProxyError(422, f"this {HEADER} was already used for a different request",
                              code="idempotency_key_reused")
+        if isinstance(claim, Full):
+            raise ProxyError(429, f"too many requests with an {HEADER} are still being processed; retry shortly",
+                             code="idempotency_keys_exhausted", headers={"Retry-After": "1"})
+
         async def free() -> None:
             try:
-                await self.store.free(scope, key, print_)
+                await self.store.free(scope, key, owner)
             except CreditStoreUnavailable as exc:  # the claim expires after running_ttl_s
                 log.warning("idempotency store unavailable, %s's key stays claimed until it expires: %s",
                             ctx.request_id, exc)
@@ -225,7 +320,7 @@ class Idempotency:
             headers = CIMultiDict(reply.headers)
             headers.update(ctx.response_headers)
             try:
-                await self.store.keep(scope, key, print_, encode_answer(reply.status, list(headers.items()), body),
+                await self.store.keep(scope, key, owner, encode_answer(reply.status, list(headers.items()), body),
                                       self.ttl_s)
             except CreditStoreUnavailable as exc:  # the answer was produced (and charged): it still goes out
                 log.warning("idempotency store unavailable, %s's answer is not kept: %s", ctx.request_id, exc)

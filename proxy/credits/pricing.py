@@ -23,7 +23,13 @@ Worst case (reserved before forwarding):
 
 Actual cost: uncached prompt tokens at the prompt rate, cached prompt tokens at the cached rate, completion
 tokens at the completion rate; a reply served from a cache tier costs that amount times the tier's hit
-multiplier.
+multiplier. Reported usage is first held to what the request allows (:meth:`PriceBook.bounded`): completion tokens
+at most the request's completion bound (``max_tokens`` times the choices), prompt tokens at most the model's
+context — an upstream that reports more is not believed past what it could have done.
+
+Estimates, where the upstream reported nothing (an answer without usage, a client gone before the usage came):
+``CHARS_PER_TOKEN`` characters of text per token, the usual English average — of the prompt's strings
+(:meth:`PriceBook.prompt_estimate`, at most the prompt bound) and of the completion produced. Never the worst case.
 
 Rerankers are priced per document scored (``rerank_price``, each query-document pair of a score request): the
 worst case is every document of the request, the actual cost counts the documents the upstream scored at the full
@@ -43,6 +49,12 @@ from proxy.credits.usage import Usage
 
 MICRO = 1_000_000
 """Micro-credits per credit."""
+
+CHARS_PER_TOKEN = 4
+"""Characters of text per token, the usual English average: the estimate of what the upstream did not report."""
+
+_PROMPT_FIELDS = ("messages", "prompt", "input", "instructions", "tools", "functions", "system")
+"""Where a request's prompt text is (chat, completions, Responses, embeddings)."""
 
 _THOUSAND = Decimal(1000)
 
@@ -152,6 +164,32 @@ class PriceBook:
         size = raw_size if raw_size is not None else len(orjson.dumps(body))
         prompt = int((Decimal(size) / self.prompt_bytes_per_token).to_integral_value(rounding=ROUND_CEILING))
         return min(prompt, self.limits_of(model if isinstance(model, str) else None).context_tokens)
+
+    def prompt_estimate(self, body: Mapping[str, Any], raw_size: int | None = None) -> int:
+        """Estimated prompt tokens of a request: the characters of every string in its prompt fields over
+        ``CHARS_PER_TOKEN`` (at least 1), at most :meth:`prompt_bound`."""
+        chars = 0
+        pending: list[Any] = [body.get(name) for name in _PROMPT_FIELDS]
+        while pending:
+            value = pending.pop()
+            if isinstance(value, str):
+                chars += len(value)
+            elif isinstance(value, dict):
+                pending.extend(value.values())
+            elif isinstance(value, list):
+                pending.extend(value)
+        return min(max(1, -(-chars // CHARS_PER_TOKEN)), self.prompt_bound(body, raw_size))
+
+    def bounded(self, body: Mapping[str, Any], usage: Usage, *, response: bool = False) -> Usage:
+        """``usage`` held to what the request allows (see the module docstring; ``response``: a Responses API
+        request)."""
+        model = body.get("model")
+        limits = self.limits_of(model if isinstance(model, str) else None)
+        prompt = min(usage.prompt_tokens, limits.context_tokens)
+        completion = min(usage.completion_tokens, _completion_bound(body, limits, response))
+        if (prompt, completion) == (usage.prompt_tokens, usage.completion_tokens):
+            return usage
+        return Usage(prompt, completion, min(usage.cached_tokens, prompt))
 
     def actual_cost(self, model: str | None, usage: Usage, tier: str | None = None) -> int:
         """What the reply costs in µcr: usage at the model's rates, times the hit multiplier of ``tier``."""

@@ -16,7 +16,7 @@ from typing import Any
 import orjson
 
 from proxy.credits.keys import ApiKey, CreatedKey, display_of, key_hash, matches, new_key, new_key_id
-from proxy.credits.redis_store import RedisClient, connect, unavailable_on_failure
+from proxy.credits.redis_store import RedisClient, connect, reconnecting, unavailable_on_failure
 
 _CREATE = """
 -- KEYS: records, active ; ARGV: key id, hash, record
@@ -50,9 +50,11 @@ class RedisKeyStore:
     name = "redis"
 
     def __init__(
-        self, client: RedisClient, *, prefix: str = "ragproxy:credits", clock: Callable[[], float] = time.time
+        self, client: RedisClient, *, prefix: str = "ragproxy:credits", clock: Callable[[], float] = time.time,
+        reconnect_s: float = 2.0,
     ) -> None:
         self.client = client
+        self.reconnect_s = reconnect_s
         self.records = f"{prefix}:{{keys}}:records"
         self.active = f"{prefix}:{{keys}}:active"
         self.clock = clock
@@ -91,6 +93,7 @@ class RedisKeyStore:
         async with unavailable_on_failure("revoke key"):
             return int(await self._revoke(keys=[self.records, self.active], args=[key_id, self.clock()])) == 1
 
+    @reconnecting
     async def lookup(self, presented: str) -> ApiKey | None:
         async with unavailable_on_failure("look up key"):
             text = await self.client.hget(self.active, key_hash(presented))

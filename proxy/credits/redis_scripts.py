@@ -96,7 +96,10 @@ return #rids
 TOP_UP = (
     _INT
     + """
--- KEYS: account, ledger stream ; ARGV: amount, tenant, now ms, entry id, note
+-- KEYS: account, ledger stream, closed marker of the entry ; ARGV: amount, tenant, now ms, entry id, note, retention s
+if redis.call('SET', KEYS[3], 'topped-up', 'NX', 'EX', ARGV[6]) == false then
+  return tonumber(redis.call('HGET', KEYS[1], 'available'))
+end
 redis.call('HSETNX', KEYS[1], 'tenant', ARGV[2])
 redis.call('HSETNX', KEYS[1], 'held', '0')
 local available = tonumber(redis.call('HINCRBY', KEYS[1], 'available', ARGV[1]))

@@ -18,16 +18,25 @@ replicas):
 
 Clocks: deadlines come from the caller's clock; replicas need clocks in sync to well within the reservation
 TTL.
+
+Restarts: every command is sent once more on a new connection when its pooled one turns out closed
+(:mod:`tiers.redis_connect`); the operations a request waits on (reserve, settle, release, balance; and API-key
+lookups, idempotency claims) are also retried while Redis refuses connections or loads its data, for up to
+``reconnect_s`` (:func:`reconnecting`): a restart of a persistent Redis is a pause, not an error. Each of them is
+safe to run twice (by request id, by claim owner, or read-only), and so is a top-up (by its entry id): a command
+Redis ran just before the connection broke may be sent again.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import functools
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Coroutine
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Any, Concatenate, ParamSpec, Protocol, TypeVar
 from urllib.parse import quote, unquote
 
 import redis.asyncio as aioredis
@@ -73,6 +82,38 @@ async def unavailable_on_failure(what: str) -> AsyncIterator[None]:
         raise CreditStoreUnavailable(f"credit store (Redis) {what}: {exc}") from exc
 
 
+class Reconnects(Protocol):
+    reconnect_s: float
+    """How long an operation is retried while Redis refuses connections (0: not at all)."""
+
+
+S = TypeVar("S", bound=Reconnects)
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def reconnecting(operation: Callable[Concatenate[S, P], Coroutine[Any, Any, R]],
+                 ) -> Callable[Concatenate[S, P], Coroutine[Any, Any, R]]:
+    """Run ``operation`` again while it fails because Redis refuses or drops connections (restarting, or loading
+    its data after a restart), pausing 50 ms, doubling, at most 0.5 s, for up to the store's ``reconnect_s``. Only
+    for operations that are safe to run twice; timeouts are never retried."""
+
+    @functools.wraps(operation)
+    async def retried(store: S, /, *args: P.args, **kwargs: P.kwargs) -> R:
+        deadline = time.monotonic() + store.reconnect_s
+        pause = 0.05
+        while True:
+            try:
+                return await operation(store, *args, **kwargs)
+            except CreditStoreUnavailable as exc:
+                if not isinstance(exc.__cause__, RedisConnectionError) or time.monotonic() + pause > deadline:
+                    raise
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, 0.5)
+
+    return retried
+
+
 def connect(url: str, *, cluster: bool = False, timeout_s: float = 2.0, max_connections: int = 64) -> RedisClient:
     """A client for ``url`` (standalone, ``+cluster`` or ``redis+sentinel``; see :mod:`tiers.redis_connect`) with
     bounded waits: ``max_connections`` at most, each waited for ``timeout_s``."""
@@ -92,12 +133,14 @@ class RedisCreditStore:
         finished_retention_s: float = 7 * 86400,
         reap_batch: int = 500,
         clock: Callable[[], float] = time.time,
+        reconnect_s: float = 2.0,
     ) -> None:
         self.client = client
         self.prefix = prefix
         self.finished_retention_s = finished_retention_s
         self.reap_batch = reap_batch
         self.clock = clock
+        self.reconnect_s = reconnect_s
         self._reserve = client.register_script(redis_scripts.RESERVE)
         self._settle = client.register_script(redis_scripts.SETTLE)
         self._release = client.register_script(redis_scripts.RELEASE)
@@ -133,20 +176,23 @@ class RedisCreditStore:
     async def top_up(self, user: str, amount: int, *, tenant: str = "default", note: str = "") -> int:
         if amount <= 0:
             raise ValueError("a top-up must be positive")
+        entry = f"topup-{uuid.uuid4().hex}"
         async with unavailable_on_failure("top-up"):
             await self.client.zadd(f"{self.prefix}:users", {user: 0})
             result = await self._top_up(
-                keys=[self._key(user, "account"), self._key(user, "ledger")],
-                args=[amount, tenant, int(self.clock() * 1000), f"topup-{uuid.uuid4().hex}", note],
+                keys=[self._key(user, "account"), self._key(user, "ledger"), self._key(user, f"closed:{entry}")],
+                args=[amount, tenant, int(self.clock() * 1000), entry, note, int(self.finished_retention_s)],
             )
         return int(result)
 
+    @reconnecting
     async def balance(self, user: str) -> Account:
         async with unavailable_on_failure("balance"):
             raw = await self.client.hgetall(self._key(user, "account"))
         values = {_text(k): _text(v) for k, v in raw.items()}
         return Account(user, values.get("tenant", ""), int(values.get("available", 0)), int(values.get("held", 0)))
 
+    @reconnecting
     async def reserve(
         self, request_id: str, user: str, amount: int, ttl: float, *, now: float | None = None
     ) -> Reservation | InsufficientCredit:
@@ -167,6 +213,7 @@ class RedisCreditStore:
             return InsufficientCredit(user, int(available), amount)
         return Reservation(request_id, user, int(held), int(deadline) / 1000, int(available))
 
+    @reconnecting
     async def settle(
         self, request_id: str, user: str, actual: int, details: ChargeDetails, *, now: float | None = None
     ) -> Settlement:
@@ -193,6 +240,7 @@ class RedisCreditStore:
         await self._forget_deadline(user, request_id)
         return Settlement(request_id, _text(outcome), int(charged), int(available), int(shortfall))
 
+    @reconnecting
     async def release(self, request_id: str, user: str) -> bool:
         async with unavailable_on_failure("release"):
             released = await self._release(

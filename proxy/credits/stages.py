@@ -17,13 +17,21 @@ it), then settles what the reply used:
   :mod:`proxy.credits.streaming`). Headers leave before the usage is known, so a stream carries
   ``X-Credits-Reserved`` and ``X-Credits-Remaining`` (what was left after the reservation) instead;
 * a reply from a cache tier (``ctx.cache_tier``) costs its usage times that tier's hit multiplier;
-* a reply with no usage at all is charged its reservation (times the hit multiplier for a cache hit), recorded
-  with ``usage_source="reserved"``;
+* reported usage is held to what the request allows (:meth:`~proxy.credits.pricing.PriceBook.bounded`:
+  completion tokens at most ``max_tokens`` times the choices, prompt tokens at most the model's context), recorded with
+  ``usage_source="capped"`` when it had to be;
+* a reply with no usage the proxy can read is charged an estimate of what the upstream did: the prompt
+  (:meth:`~proxy.credits.pricing.PriceBook.prompt_estimate`) and the completion it sent (its characters, or the
+  relayed stream's tokens), recorded with ``usage_source="estimated"`` — never the whole reservation;
 * a stream the client abandons (hangs up, or stops reading) is charged what the upstream produced: its usage when
-  it arrived, else the prompt as the reservation bounds it plus the completion tokens relayed so far
+  it arrived, else the prompt estimate plus the completion tokens relayed so far
   (:attr:`~proxy.credits.streaming.UsageChunkFilter.relayed_completion_tokens`), recorded with
-  ``usage_source="relayed"``;
+  ``usage_source="relayed"``; so is a request whose client hangs up before the answer started, once it went
+  upstream (``ctx.upstream_called``): its prompt, and no completion. Before that, the reservation is released;
 * an upstream error status, an exception or a stream the upstream broke off releases the whole reservation.
+
+``X-Credits-Charged`` is what this request was charged: ``0`` for a released reservation, and for an answer
+replayed for an ``Idempotency-Key`` (it was charged when first produced).
 
 The ledger key of every call is the proxy's own id (32 random hex digits), sent back as ``X-Credits-Request-ID``;
 a client's ``X-Request-ID`` is for tracing only and never decides whether or under which id a call is charged.
@@ -46,14 +54,12 @@ import logging
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import replace
-from decimal import Decimal
 
 from multidict import CIMultiDictProxy
 
 from proxy.context import FinishCallback, Reply, RequestContext
 from proxy.credits.keys import ApiKey, KeyStore, key_hash
-from proxy.credits.pricing import PriceBook, format_credits, to_micro
+from proxy.credits.pricing import CHARS_PER_TOKEN, PriceBook, format_credits
 from proxy.credits.store import (
     ChargeDetails,
     CreditStore,
@@ -169,6 +175,8 @@ class Credits:
     name = "credits"
     needs: frozenset[str] = frozenset()
     gives = frozenset({"reservation"})
+    response = False
+    """The requests are Responses API requests (their output limit is ``max_output_tokens``)."""
 
     def __init__(
         self,
@@ -198,26 +206,25 @@ class Credits:
     def estimate(self, ctx: RequestContext) -> int:
         """The reservation for this request, in micro-credits."""
         assert ctx.body is not None
-        return self.prices.worst_case(ctx.body, raw_size=len(ctx.raw_body) or None)
+        return self.prices.worst_case(ctx.body, raw_size=len(ctx.raw_body) or None, response=self.response)
 
-    def cost(self, ctx: RequestContext, usage: Usage | None, reserved: int,
-             source: str = "reported") -> tuple[int, ChargeDetails]:
+    def estimated(self, ctx: RequestContext, completion_tokens: int) -> Usage:
+        """What the upstream did by estimate, for a request whose usage it did not report: the prompt's, and
+        ``completion_tokens``."""
+        return Usage(self.prices.prompt_estimate(ctx.body or {}, len(ctx.raw_body) or None), completion_tokens)
+
+    def cost(self, ctx: RequestContext, usage: Usage, source: str = "reported") -> tuple[int, ChargeDetails]:
         """What the finished request costs, and what the ledger records about it (``source``: where ``usage``
         came from)."""
         model = ctx.body.get("model") if ctx.body else None
         model = model if isinstance(model, str) else ""
         tier = ctx.cache_tier
-        details = ChargeDetails(tenant=ctx.tenant, model=model, tier=tier or "upstream", usage_source=source)
-        if usage is None:
-            amount = to_micro(Decimal(reserved) * self.prices.hit_multiplier(tier) / 1_000_000)
-            return amount, replace(details, usage_source="reserved")
-        details = replace(
-            details,
-            prompt_tokens=usage.prompt_tokens,
-            completion_tokens=usage.completion_tokens,
-            cached_tokens=usage.cached_tokens,
-        )
-        return self.prices.actual_cost(model, usage, tier), details
+        bounded = self.prices.bounded(ctx.body or {}, usage, response=self.response)
+        details = ChargeDetails(tenant=ctx.tenant, model=model, tier=tier or "upstream",
+                                usage_source=source if bounded == usage else "capped",
+                                prompt_tokens=bounded.prompt_tokens, completion_tokens=bounded.completion_tokens,
+                                cached_tokens=bounded.cached_tokens)
+        return self.prices.actual_cost(model, bounded, tier), details
 
     # -- the flow --
 
@@ -245,6 +252,12 @@ class Credits:
         ctx.response_headers[LEDGER_ID] = reservation.request_id
         try:
             reply = await call_next(ctx)
+        except asyncio.CancelledError:  # the client hung up before the answer started
+            if ctx.upstream_called:  # the upstream has the prompt: that much it did
+                await asyncio.shield(self._settle(ctx, reservation, self.estimated(ctx, 0), "relayed"))
+            else:
+                await self._release(reservation)
+            raise
         except BaseException:
             await self._release(reservation)
             raise
@@ -259,7 +272,13 @@ class Credits:
             ctx.response_headers[RESERVED] = format_credits(reservation.amount)
             ctx.response_headers[REMAINING] = format_credits(reservation.available_after)
             return reply
-        settlement = await self._settle(ctx, reservation, usage_from_body(reply.body or b""))
+        body = reply.body or b""
+        usage = usage_from_body(body)
+        if usage is None:
+            settlement = await self._settle(ctx, reservation, self.estimated(ctx, -(-len(body) // CHARS_PER_TOKEN)),
+                                            "estimated")
+        else:
+            settlement = await self._settle(ctx, reservation, usage)
         if settlement is not None:
             ctx.response_headers[CHARGED] = format_credits(settlement.charged)
             ctx.response_headers[REMAINING] = format_credits(settlement.available)
@@ -267,20 +286,21 @@ class Credits:
 
     def _settle_stream(self, ctx: RequestContext, reservation: Reservation, meter: UsageChunkFilter) -> FinishCallback:
         async def settle(reply: Reply, ok: bool, body: bytes) -> None:
-            if ok or meter.usage is not None:
+            if meter.usage is not None:
                 await self._settle(ctx, reservation, meter.usage)
+            elif ok:  # complete, but the upstream reported no usage
+                await self._settle(ctx, reservation, self.estimated(ctx, meter.relayed_completion_tokens),
+                                   "estimated")
             elif meter.upstream_broke:
                 await self._release(reservation)
             else:  # the client went away: what the upstream produced until then is billed
-                prompt = self.prices.prompt_bound(ctx.body or {}, len(ctx.raw_body) or None)
-                relayed = Usage(prompt_tokens=prompt, completion_tokens=meter.relayed_completion_tokens)
-                await self._settle(ctx, reservation, relayed, source="relayed")
+                await self._settle(ctx, reservation, self.estimated(ctx, meter.relayed_completion_tokens), "relayed")
 
         return settle
 
-    async def _settle(self, ctx: RequestContext, reservation: Reservation, usage: Usage | None,
+    async def _settle(self, ctx: RequestContext, reservation: Reservation, usage: Usage,
                       source: str = "reported") -> Settlement | None:
-        actual, details = self.cost(ctx, usage, reservation.amount, source)
+        actual, details = self.cost(ctx, usage, source)
         try:
             return await self.store.settle(reservation.request_id, reservation.user, actual, details)
         except CreditStoreUnavailable as exc:
@@ -344,8 +364,7 @@ class SearchCredits(Credits):
     def estimate(self, ctx: RequestContext) -> int:
         return self.prices.search_cost(self._searches(ctx))
 
-    def cost(self, ctx: RequestContext, usage: Usage | None, reserved: int,
-             source: str = "reported") -> tuple[int, ChargeDetails]:
+    def cost(self, ctx: RequestContext, usage: Usage, source: str = "reported") -> tuple[int, ChargeDetails]:
         tier = ctx.cache_tier
         details = ChargeDetails(
             tenant=ctx.tenant, model="vector-search", tier=tier or "upstream", usage_source="searches"

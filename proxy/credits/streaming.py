@@ -21,6 +21,7 @@ from typing import Any
 import orjson
 
 from proxy.context import RequestContext
+from proxy.credits.pricing import CHARS_PER_TOKEN
 from proxy.credits.usage import Usage, usage_from_json
 from proxy.sse import EventSplitter, event_data
 
@@ -52,9 +53,6 @@ def ask_upstream_for_usage(ctx: RequestContext) -> bool:
     return True
 
 
-_CHARS_PER_TOKEN = 4
-"""Characters per token of generated text, the usual English average: with one token per event at least, the
-estimate of a relayed completion whose usage never came."""
 
 
 class UsageChunkFilter:
@@ -73,7 +71,7 @@ class UsageChunkFilter:
     def relayed_completion_tokens(self) -> int:
         """Estimated completion tokens relayed: one per event with generated text, at least one per 4 characters
         (exact for servers that send one token per event: vLLM, SGLang, llama.cpp, OpenAI)."""
-        return max(self.completion_events, -(-self.completion_chars // _CHARS_PER_TOKEN))
+        return max(self.completion_events, -(-self.completion_chars // CHARS_PER_TOKEN))
 
     async def filter(self, chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
         events = EventSplitter()

@@ -26,7 +26,9 @@ Semantics:
   connection closes (a request trickled in forever would otherwise hold its connection for good).
 * A request head must be complete within ``head_timeout_s`` of its first byte, however steadily it trickles in
   (slowloris), and a new connection's first head within ``head_timeout_s`` of connecting: a 408 (or, when nothing
-  came at all, a plain close) otherwise.
+  came at all, a plain close) otherwise. Its body must then be complete within ``body_timeout_s`` of the head,
+  however steadily it trickles in: a 408 otherwise (a body sent one byte a minute would hold its connection, and
+  the bytes received so far, for good).
 * At most ``max_connections`` connections, and at most 3/4 of the process's open-file limit (the rest is for
   upstream connections, Redis and files): past it, a new connection closes the one idle the longest (no request
   being answered: keep-alive, or a request still arriving); with none idle, it gets a 503 and is closed. So a
@@ -77,13 +79,14 @@ class HttpServer:
 
     def __init__(self, handler: Handler, *, max_body: int, error_body: ErrorBody, max_head: int = 64 * 1024,
                  keepalive_s: float = 75.0, read_timeout_s: float = 60.0, head_timeout_s: float = 10.0,
-                 max_connections: int = 10_000) -> None:
+                 body_timeout_s: float = 60.0, max_connections: int = 10_000) -> None:
         self.handler = handler
         self.max_body = max_body
         self.max_head = max_head
         self.keepalive_s = keepalive_s
         self.read_timeout_s = read_timeout_s
         self.head_timeout_s = head_timeout_s
+        self.body_timeout_s = body_timeout_s
         self.max_connections = max_connections
         self.error_body = error_body
         self.connections: set[Connection] = set()
@@ -174,6 +177,7 @@ class Connection(asyncio.Protocol):
         self._idle: asyncio.TimerHandle | None = None
         self._idle_since = 0.0
         self._head_since: float | None = None  # when the head now due began (None: no head due)
+        self._body_since: float | None = None  # when the head of a request whose body is still arriving ended
         self._last_read = 0.0  # when bytes of a request still arriving last came
         self._lingering: asyncio.TimerHandle | None = None
         self._write_paused: asyncio.Future[None] | None = None
@@ -208,6 +212,8 @@ class Connection(asyncio.Protocol):
                     self._head_bytes += len(data)
                     if self._head_bytes > self.server.max_head:
                         self._enqueue(self._head_too_large())
+                elif self._body_since is None:  # the head ended in this piece; the body's deadline runs
+                    self._body_since = self._last_read
         except httptools.HttpParserUpgrade:  # served as plain HTTP (Upgrade ignored); what follows is not parsed
             self._broken = True
         except httptools.HttpParserCallbackError as exc:
@@ -253,6 +259,7 @@ class Connection(asyncio.Protocol):
         self._head_bytes = 0
         self._field_bytes = 0
         self._in_head = True
+        self._body_since = None
 
     def on_url(self, url: bytes) -> None:
         self._url.append(url)
@@ -391,8 +398,8 @@ class Connection(asyncio.Protocol):
         self._idle_since = time.monotonic()
         if self._idle is None:
             server = self.server
-            self._idle = self.loop.call_later(min(server.keepalive_s, server.read_timeout_s, server.head_timeout_s),
-                                              self._check_idle)
+            self._idle = self.loop.call_later(min(server.keepalive_s, server.read_timeout_s, server.head_timeout_s,
+                                                  server.body_timeout_s), self._check_idle)
 
     def _check_idle(self) -> None:
         self._idle = None
@@ -412,6 +419,13 @@ class Connection(asyncio.Protocol):
             if left <= 0:
                 self._enqueue(_Reject(408, f"no request bytes for {server.read_timeout_s:g}s", "request_timeout"))
                 return
+            if self._body_since is not None and not self._in_head:
+                body_left = self._body_since + server.body_timeout_s - now
+                if body_left <= 0:
+                    self._enqueue(_Reject(408, f"the request body took over {server.body_timeout_s:g}s",
+                                          "request_timeout"))
+                    return
+                left = min(left, body_left)
         else:
             left = self._idle_since + server.keepalive_s - now
             if left <= 0:

@@ -79,7 +79,7 @@ class EmbeddingItemsCache(ItemsCache):
             return await self.bypassed(ctx, reason, call_next)
         try:
             inputs = embedding_inputs(body)
-            keys = self.keys(ctx, "embedding", canonical_embedding_items({**body, "encoding_format": "float"}))
+            keys = await self.keys(ctx, "embedding", canonical_embedding_items({**body, "encoding_format": "float"}))
         except CanonicalizationError as exc:
             return await self.bypassed(ctx, f"not canonicalizable: {exc}", call_next)
         found = await self.lookup(keys, policy)

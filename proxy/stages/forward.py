@@ -44,7 +44,7 @@ class ForwardToLLM:
     the first healthy one); retry only a refused connection, and never away from a pinned replica."""
 
     name = "forward"
-    gives = frozenset({"backend", "upstream_seconds"})
+    gives = frozenset({"upstream_called", "backend", "upstream_seconds"})
 
     def __init__(self, client: UpstreamClient, pool: BackendPool, *, trust_forwarded: bool = False) -> None:
         self.client = client
@@ -75,6 +75,7 @@ class ForwardToLLM:
         hints = routed.headers if routed is not None else None
         while True:
             backend.in_flight += 1
+            ctx.upstream_called = True
             try:
                 headers = _headers_for(ctx, backend.auth_headers(), self.trust_forwarded, hints)
                 reply = await self.client.send(
@@ -125,6 +126,7 @@ class ForwardToQdrant:
     """Send to the configured Qdrant server."""
 
     name = "forward"
+    gives = frozenset({"upstream_called"})
 
     def __init__(self, client: UpstreamClient, url: str | None, api_key: str | None, *,
                  trust_forwarded: bool = False) -> None:
@@ -138,6 +140,7 @@ class ForwardToQdrant:
             raise ProxyError(502, "no Qdrant upstream is configured (upstreams.qdrant.url)", code="no_upstream")
         headers = _headers_for(ctx, self.auth, self.trust_forwarded)
         body = ctx.outgoing_body() if ctx.method not in ("GET", "HEAD") else None
+        ctx.upstream_called = True
         return await self.client.send(
             ctx.method, self.url + ctx.upstream_path, headers, body, label="Qdrant"
         )

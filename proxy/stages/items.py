@@ -1,16 +1,19 @@
 """What the per-item exact caches share (embeddings inputs, :mod:`proxy.stages.embeddings`; reranker pairs,
 :mod:`proxy.stages.rerank`): a tier, the request's key scope and variant, the bypass rule, keying and looking up
-many items."""
+many items — in slices between which the event loop serves other requests (:mod:`proxy.pacing`)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from itertools import islice
 
 from normalizer.bypass import BypassSettings
 from normalizer.cache_control import CachePolicy
-from normalizer.canonical import RequestKind, cache_keys, keyed_request
+from normalizer.canonical import KeyScope, RequestKind, cache_keys, keyed_request
 from normalizer.canonical_json import JSONValue
+from normalizer.steps import Steps
 from proxy.context import Reply, RequestContext
+from proxy.pacing import Pacer, finish
 from proxy.pipeline import Next
 from proxy.stages.cache_policy import Canonicalize
 from proxy.stages.tiers import bypass_header
@@ -28,11 +31,12 @@ class ItemsCache:
         self.scope = scope
         self.bypass = bypass
 
-    def keys(self, ctx: RequestContext, kind: RequestKind, items: Iterable[JSONValue]) -> list[str]:
+    async def keys(self, ctx: RequestContext, kind: RequestKind, items: Iterable[JSONValue]) -> list[str]:
         """The exact key of each canonical item, in the request's scope and variant (also set on the context);
         :class:`~normalizer.canonical_json.CanonicalizationError` when an item cannot be keyed."""
         variant = self.scope.variant(ctx)
-        return cache_keys(kind, (keyed_request(item, variant=variant) for item in items), self.scope.scope(ctx))
+        return await finish(_keys(kind, (keyed_request(item, variant=variant) for item in items),
+                                  self.scope.scope(ctx)))
 
     @staticmethod
     async def bypassed(ctx: RequestContext, reason: str | None, call_next: Next) -> Reply:
@@ -49,4 +53,17 @@ class ItemsCache:
         """The stored entry of each key (``None`` where there is none, or the request may not read)."""
         if not policy.may_read:
             return [None] * len(keys)
-        return [await self.tier.get(key) for key in keys]
+        pacer, found = Pacer(), []
+        for key in keys:
+            found.append(await self.tier.get(key))
+            await pacer.turn()
+        return found
+
+
+def _keys(kind: RequestKind, keyed: Iterator[JSONValue], scope: KeyScope) -> Steps[list[str]]:
+    """The keys of ``keyed`` canonical items, a few at a time (the scope's prefix is encoded once per batch)."""
+    keys: list[str] = []
+    while batch := list(islice(keyed, 16)):
+        yield
+        keys += cache_keys(kind, batch, scope)
+    return keys

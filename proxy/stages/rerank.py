@@ -10,9 +10,15 @@ private), like the embeddings items cache (:mod:`proxy.stages.embeddings`). Miss
 Response headers: ``X-Cache-Status`` (HIT when every document was cached, MISS otherwise, BYPASS), ``X-Cache-Hits``
 (``cached/total``), ``X-Cache-Tier`` when any was cached. An upstream answer that is not one result per document
 sent is a 502 (its indices could not be mapped back to the client's list).
+
+Every loop over the documents runs in slices between which the event loop serves other requests
+(:mod:`proxy.pacing`): a request of many documents takes longer itself, and delays no one else by more than a
+slice per turn. Their number is bounded before this stage by ``limits.rerank_documents`` (:mod:`normalizer.limits`).
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import orjson
 from multidict import CIMultiDict
@@ -32,6 +38,7 @@ from normalizer.rerank import (
 )
 from proxy.context import Reply, RequestContext
 from proxy.errors import ProxyError
+from proxy.pacing import Pacer, finish
 from proxy.pipeline import Next
 from proxy.slots import RerankCount
 from proxy.stages.items import ItemsCache
@@ -56,35 +63,39 @@ class RerankItemsCache(ItemsCache):
             reason = bypass_reason(body, self.bypass, kind="rerank", namespace=ctx.namespace)
             try:
                 request = read_rerank(body, ctx.route) if reason is None else None
-                keys = self.keys(ctx, "rerank", request.items()) if request is not None else []
+                keys = await self.keys(ctx, "rerank", request.items()) if request is not None else []
             except CanonicalizationError as exc:
                 reason, request = f"not canonicalizable: {exc}", None
         if request is None or policy is None:
             return await self.bypassed(ctx, reason, call_next)
         found = await self.lookup(keys, policy)
         cached = [entry for entry in found if entry is not None]
+        pacer = Pacer()
         first: dict[str, int] = {}  # each missing key is asked for once, at its first position
         for position, (key, entry) in enumerate(zip(keys, found, strict=True)):
             if entry is None:
                 first.setdefault(key, position)
+                await pacer.turn()
         missing = list(first)
         ctx.rerank = RerankCount(scored=len(missing), cached=len(cached))
         upstream: Reply | None = None
-        fresh: dict[str, CachedResponse] = {}
+        fresh: dict[str, Scored] = {}
+        shaped_by = found[0].meta if found[0] is not None else {}  # the stored envelope and content type
         if missing:
             ctx.replace_body(upstream_body(body, request, list(first.values())))
             upstream = await call_next(ctx)
             if upstream.status != 200 or upstream.body is None:
                 return upstream
-            fresh = await self._store(ctx, request, first, upstream, policy)
-        entries = [entry or fresh[key] for key, entry in zip(keys, found, strict=True)]
-        shaped_by = fresh[missing[0]] if missing else entries[0]  # the upstream's envelope and content type
-        answer = render(request, [Scored(orjson.loads(e.body), float(e.meta["score"])) for e in entries],
-                        shaped_by.meta.get("envelope") or {}, forwarded=bool(missing),
-                        cached_tokens=sum(int(e.meta.get("tokens", 0)) for e in cached))
+            fresh, shaped_by = await self._store(ctx, request, first, upstream, policy)
+        scored: list[Scored] = []
+        for key, entry in zip(keys, found, strict=True):
+            scored.append(fresh[key] if entry is None else Scored(orjson.loads(entry.body), float(entry.meta["score"])))
+            await pacer.turn()
+        answer = await finish(render(request, scored, shaped_by.get("envelope") or {}, forwarded=bool(missing),
+                                     cached_tokens=sum(int(e.meta.get("tokens", 0)) for e in cached)), pacer)
         ctx.cache_status = "MISS" if missing else "HIT"
         headers: CIMultiDict[str] = CIMultiDict({
-            "Content-Type": shaped_by.meta.get("json_type") or JSON,
+            "Content-Type": shaped_by.get("json_type") or JSON,
             "X-Cache-Status": ctx.cache_status, "X-Cache-Hits": f"{len(cached)}/{len(keys)}"})
         if cached:
             ctx.cache_tier = headers["X-Cache-Tier"] = self.tier.name
@@ -92,12 +103,16 @@ class RerankItemsCache(ItemsCache):
         return reply.take_over(upstream) if upstream is not None else reply
 
     async def _store(self, ctx: RequestContext, request: RerankRequest, first: dict[str, int], upstream: Reply,
-                     policy: CachePolicy) -> dict[str, CachedResponse]:
-        """The entries of the pairs the upstream just scored (``first``: their keys and positions, in the order
-        sent), by key, stored when the request may store; a 502 when the answer is not one result per pair sent."""
+                     policy: CachePolicy) -> tuple[dict[str, Scored], dict[str, Any]]:
+        """The results of the pairs the upstream just scored (``first``: their keys and positions, in the order
+        sent), by key, each stored when the request may store, and the meta of a stored entry (envelope, content
+        type); a 502 when the answer is not one result per pair sent. Each entry is made, stored and dropped in
+        turn: a large request does not keep a second copy of its results alive (the garbage collector walks what
+        lives long)."""
         assert upstream.body is not None
+        pacer = Pacer()
         try:
-            read = read_answer(request, orjson.loads(upstream.body), len(first))
+            read = await finish(read_answer(request, orjson.loads(upstream.body), len(first)), pacer)
         except orjson.JSONDecodeError:
             read = None
         if read is None:
@@ -105,17 +120,18 @@ class RerankItemsCache(ItemsCache):
             raise ProxyError(502, "the reranker's answer does not hold one result per document sent",
                              code="upstream_invalid_answer")
         results, envelope = read
-        shares = token_shares(request, list(first.values()), reported_tokens(envelope))
+        shares = await finish(token_shares(request, list(first.values()), reported_tokens(envelope)), pacer)
         content_type = upstream.headers.get("Content-Type", JSON)
+        shaped: dict[str, Any] = {"envelope": envelope, **({"json_type": content_type} if content_type != JSON else {})}
         model = (ctx.body or {}).get("model")
-        entries: dict[str, CachedResponse] = {}
+        model = model if isinstance(model, str) else None
+        storing = policy.may_store and policy.ttl != 0
         for position, key in enumerate(first):
-            entry = entries[key] = CachedResponse(
-                body=orjson.dumps(results[position].result), kind="rerank",
-                model=model if isinstance(model, str) else None, cost=(ctx.upstream_seconds or 1.0) / len(first),
-                meta={"score": results[position].score, "tokens": shares[position], "envelope": envelope,
-                      **({"json_type": content_type} if content_type != JSON else {})})
-            if policy.may_store and policy.ttl != 0:
-                await self.tier.put(key, entry, ttl=policy.ttl, tags=entry_tags(ctx, entry.model))
-        return entries
+            if storing:
+                entry = CachedResponse(body=orjson.dumps(results[position].result), kind="rerank", model=model,
+                                       cost=(ctx.upstream_seconds or 1.0) / len(first),
+                                       meta={"score": results[position].score, "tokens": shares[position], **shaped})
+                await self.tier.put(key, entry, ttl=policy.ttl, tags=entry_tags(ctx, model))
+                await pacer.turn()
+        return dict(zip(first, results, strict=True)), shaped
 

@@ -28,7 +28,8 @@ from proxy.doubles.served_app import ServedApp
 from tests.support.proxy_server import ProxyServer, proxy_settings
 
 FUZZ = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-OPENAI_ROUTES = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings")
+OPENAI_ROUTES = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/responses", "/v1/rerank",
+                 "/v1/score")
 SAFE_REQUEST_ID = set(string.ascii_letters + string.digits + "._:-")
 
 
@@ -98,7 +99,8 @@ json_scalars = (st.none() | st.booleans() | st.integers() | st.floats(allow_nan=
 json_values = st.recursive(json_scalars, lambda inner: st.lists(inner, max_size=4)
                            | st.dictionaries(st.text(max_size=8), inner, max_size=4), max_leaves=12)
 KNOWN_FIELDS = ["model", "messages", "prompt", "input", "stream", "max_tokens", "temperature", "n", "stop",
-                "seed", "tools", "response_format", "stream_options", "cache", "ragproxy", "logit_bias", "user"]
+                "seed", "tools", "response_format", "stream_options", "cache", "ragproxy", "logit_bias", "user",
+                "instructions", "store", "query", "documents", "top_n", "text_1", "text_2"]
 
 
 @FUZZ

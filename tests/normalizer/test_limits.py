@@ -9,7 +9,7 @@ import pytest
 
 from normalizer.limits import RequestLimits, check_llm, check_search, json_depth
 
-LIMITS = RequestLimits(json_depth=5, embedding_inputs=3, search_batch=2, prefetch_depth=2)
+LIMITS = RequestLimits(json_depth=5, embedding_inputs=3, search_batch=2, prefetch_depth=2, rerank_documents=3)
 
 
 def nested(depth: int) -> Any:
@@ -40,6 +40,27 @@ def test_llm_bodies() -> None:
     assert _llm("embeddings", {"input": [1, 2, 3, 4, 5]}) is None, "one token list is one input"
     assert _llm("embeddings", {"input": ["a", "b", "c", "d"]}) == (413, "too_many_inputs")
     assert _llm("chat", {"input": ["a", "b", "c", "d"]}) is None, "the item count is the embeddings route's"
+
+
+def test_reranker_bodies() -> None:
+    assert _llm("rerank", {"query": "q", "documents": ["a", "b", "c"]}) is None
+    assert _llm("rerank", {"query": "q", "documents": ["a", "b", "c", "d"]}) == (413, "too_many_documents")
+    assert _llm("score", {"text_1": "q", "text_2": ["a", "b", "c", "d"]}) == (413, "too_many_documents")
+    assert _llm("rerank", {"query": "q", "texts": ["a", "b", "c", "d"]}) == (413, "too_many_documents")
+    assert _llm("rerank", {"query": "q", "documents": [1]}) == (400, "invalid_type")
+    assert _llm("rerank", {"query": "q", "documents": ["a"], "top_n": "x"}) == (400, "invalid_type")
+    assert _llm("score", {"text_1": "q", "text_2": [None]}) == (400, "invalid_type")
+
+
+def test_responses_and_chat_bodies() -> None:
+    assert _llm("responses", {"input": "hi"}) is None
+    assert _llm("responses", {"input": [{"role": "user", "content": "hi"}], "tools": [{"type": "web_search"}]}) is None
+    assert _llm("responses", {"input": [1]}) == (400, "invalid_type")
+    assert _llm("responses", {"input": {"role": "user"}}) == (400, "invalid_type")
+    assert _llm("responses", {"input": "hi", "tools": "junk"}) == (400, "invalid_type")
+    assert _llm("chat", {"messages": [], "tools": ["junk"]}) == (400, "invalid_type")
+    assert _llm("chat", {"messages": [], "tools": None}) is None, "null is absent"
+    assert _llm("completions", {"prompt": "x", "tools": "junk"}) is None, "no tools on legacy completions"
 
 
 def _search(batch: bool, body: dict[str, Any]) -> tuple[int, str] | None:

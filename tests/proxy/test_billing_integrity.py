@@ -4,6 +4,7 @@ plane (embedded credit store) with the official openai SDK and httpx as clients.
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -99,7 +100,26 @@ def test_a_stream_abandoned_after_24_of_26_pieces_is_charged_what_was_produced(
     [charge] = charges
     assert charge.usage_source == "relayed"
     assert 24 <= charge.completion_tokens <= 26
-    assert charge.prompt_tokens > 0 and charge.cost > 0
+    assert 5 <= charge.prompt_tokens <= 8, "an estimate of the 5 words sent (it used to be the body's 100 bytes)"
+    assert charge.cost > 0
+    account = billed.call(billed.runtime.credits.store.balance("ann"))  # type: ignore[union-attr]
+    assert account.held == 0 and account.available == 100 * MICRO - charge.cost
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_client_that_hangs_up_before_the_answer_starts_is_charged_the_prompt_the_upstream_had(
+        fake_llm_thread: FakeLLM, billed: ProxyServer, stream: bool) -> None:
+    """The reservation used to be released: the upstream had processed the prompt, and nothing was charged."""
+    fake_llm_thread.latency_s = 2.0
+    key = _key(billed, "ann", 100 * MICRO)
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(billed.url + CHAT, json=_body("how tall is the tower", stream=stream), timeout=0.6,
+                   headers={"Authorization": f"Bearer {key}"})
+    _until(lambda: len(_charges(billed, "ann")) == 1)
+    [charge] = _charges(billed, "ann")
+    assert (charge.usage_source, charge.completion_tokens) == ("relayed", 0)
+    assert 5 <= charge.prompt_tokens <= 8 and charge.cost > 0
+    assert fake_llm_thread.log.count(CHAT) == 1
     account = billed.call(billed.runtime.credits.store.balance("ann"))  # type: ignore[union-attr]
     assert account.held == 0 and account.available == 100 * MICRO - charge.cost
 
@@ -126,10 +146,13 @@ def test_a_repeated_idempotency_key_gets_the_first_answer_and_is_charged_once(
         **_body("charge me once"), extra_headers={"Idempotency-Key": "order-17"}) for _ in range(3)]
     first, *repeats = calls
     assert "Idempotent-Replayed" not in first.headers
+    assert first.headers["X-Credits-Charged"] != "0"
     for repeat in repeats:
         assert repeat.headers["Idempotent-Replayed"] == "true"
         assert repeat.parse().model_dump() == first.parse().model_dump()
         assert repeat.headers["X-Credits-Request-ID"] == first.headers["X-Credits-Request-ID"]
+        assert repeat.headers["X-Credits-Charged"] == "0", "charged now: nothing (it used to repeat the first's)"
+        assert "X-Credits-Remaining" not in repeat.headers, "the first one's balance is not this one's"
     assert fake_llm_thread.log.count(CHAT) == 1
     assert len(_charges(billed, "ann")) == 1
     streamed = [client.chat.completions.create(**_body("stream me once"), stream=True,
@@ -196,3 +219,33 @@ def test_an_abandoned_responses_stream_is_charged_what_was_produced(
         time.sleep(0.05)
     [charge] = charges
     assert charge.usage_source == "relayed" and 10 <= charge.completion_tokens <= 26
+
+
+def test_one_user_s_flood_of_keys_does_not_make_another_user_s_retries_pay_again(
+        fake_llm_thread: FakeLLM, tmp_path: Path) -> None:
+    """Embedded mode kept one LRU of keys for every user: once ann had sent more keys than it held, bob's retries
+    (finished and in flight) ran, and were charged, again."""
+    settings = proxy_settings(fake_llm_thread.url, **{
+        "auth.mode": "keys", "credits.enabled": True, "data_dir": str(tmp_path), "cache.enabled": False,
+        "credits.sqlite_synchronous": "NORMAL", "credits.models": PRICES, "idempotency.max_entries": 40})
+    with ProxyServer(settings) as server:
+        ann, bob = _key(server, "ann", 100 * MICRO), _key(server, "bob", 100 * MICRO)
+
+        def post(api_key: str, key: str, timeout: float = 30) -> httpx.Response:
+            return httpx.post(server.url + CHAT, json=_body(f"question {key}"), timeout=timeout,
+                              headers={"Authorization": f"Bearer {api_key}", "Idempotency-Key": key})
+
+        assert post(bob, "bob-done").status_code == 200
+        fake_llm_thread.latency_s = 4.0
+        running = threading.Thread(target=post, args=(bob, "bob-running"))
+        running.start()
+        _until(lambda: fake_llm_thread.log.count(CHAT) == 2)
+        fake_llm_thread.latency_s = 0.0
+        for n in range(60):
+            assert post(ann, f"ann-{n}").status_code == 200
+        retried = post(bob, "bob-running")  # 409 while it runs; its answer once it has finished (a loaded machine)
+        assert retried.status_code == 409 or retried.headers.get("Idempotent-Replayed") == "true", "not run twice"
+        done = post(bob, "bob-done")
+        assert done.status_code == 200 and done.headers["Idempotent-Replayed"] == "true"
+        running.join()
+        assert fake_llm_thread.log.count(CHAT) == 62 and len(_charges(server, "bob")) == 2

@@ -142,3 +142,17 @@ def test_the_prefix_header_sent_upstream_stays_bounded(fake_llm_thread: FakeLLM,
     assert len(sent["X-Prefix-Docs"]) <= 1024
     assert sent["X-Prefix-Docs"].startswith("document-number-0,document-number-1,")
     assert sum(len(name) + len(value) + 4 for name, value in sent.items()) < 8192
+
+
+@pytest.mark.parametrize(("path", "body"), [
+    ("/v1/responses", '{"model": "fake-model", "input": [1]}'),
+    ("/v1/responses", '{"model": "fake-model", "input": "hi", "tools": "junk"}'),
+    (CHAT, '{"model": "fake-model", "messages": [{"role": "user", "content": "hi"}], "tools": "junk"}'),
+])
+def test_wrong_types_the_proxy_recognises_are_a_400_never_forwarded(fake_llm_thread: FakeLLM, server: ProxyServer,
+                                                                   path: str, body: str) -> None:
+    """They used to go upstream (the cache bypassed them as not canonicalizable) and the upstream's 500 came back."""
+    answer = _post(server, path, body)
+    _openai_error(answer, 400, "invalid_type")
+    assert answer.json()["error"]["type"] == "invalid_request_error"
+    assert fake_llm_thread.log.count(path) == 0

@@ -3,6 +3,8 @@ own shape, with a repeated query over an overlapping candidate set forwarding on
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -14,7 +16,7 @@ from proxy.credits.pricing import MICRO
 from proxy.credits.store import CreditStore, LedgerEntry, ledger_entries
 from proxy.doubles.rerankers import FakeReranker
 from tests.support.objects import without
-from tests.support.proxy_server import ProxyServer, proxy_settings
+from tests.support.proxy_server import ProxyProcess, ProxyServer, proxy_settings
 
 QUERY = "how tall is the eiffel tower"
 DOCS = ["The Eiffel Tower is 330 metres tall.", "Paris is the capital of France.",
@@ -126,16 +128,43 @@ def test_vllm_score_pairs_in_request_order() -> None:
         assert _stable(answer.json()) == _stable(_post(fake.url + "/score", pairs).json())
 
 
-def test_unknown_fields_and_malformed_bodies_bypass_with_a_reason() -> None:
-    for _fake, proxy in _served("vllm"):
+def test_unknown_fields_bypass_with_a_reason_and_shapes_left_to_the_upstream_are_forwarded() -> None:
+    for fake, proxy in _served("vllm"):
         unknown = _post(proxy.url + "/v1/rerank", {"query": QUERY, "documents": DOCS, "novel": 1})
         assert unknown.headers["X-Cache-Status"] == "BYPASS"
         assert unknown.headers["X-Cache-Bypass-Reason"] == "unknown field(s): novel"
-        malformed = _post(proxy.url + "/v1/rerank", {"query": QUERY, "documents": "one"})
-        assert malformed.status_code == 400 and malformed.headers["X-Cache-Status"] == "BYPASS"
-        assert malformed.json()["error"]["message"], "the upstream's own error, passed through"
+        empty = _post(proxy.url + "/v1/rerank", {"query": QUERY, "documents": []})
+        assert empty.headers["X-Cache-Status"] == "BYPASS" and fake.log.for_path("/v1/rerank")[-1].json()[
+            "documents"] == [], "an empty list is the upstream's to judge"
         not_json = httpx.post(proxy.url + "/rerank", content=b"{", headers={"Content-Type": "application/json"})
         assert not_json.status_code == 400 and not_json.json()["error"]["code"] == "invalid_json"
+
+
+MALFORMED = [("/v1/rerank", {"query": QUERY, "documents": [1, 2]}), ("/v2/rerank", {"query": QUERY, "documents": "a"}),
+             ("/v1/rerank", {"query": QUERY, "documents": DOCS, "top_n": "x"}),
+             ("/v1/score", {"text_1": QUERY, "text_2": [1.5]})]
+
+
+@pytest.mark.parametrize("cache", [True, False])
+def test_wrong_types_are_refused_with_a_400_and_never_forwarded(cache: bool) -> None:
+    """They used to be forwarded (the cache bypassed them as not canonicalizable) and the upstream's 500 relayed."""
+    for fake, proxy in _served("vllm", **{"cache.enabled": cache}):
+        for path, body in MALFORMED:
+            answer = _post(proxy.url + path, body)
+            assert answer.status_code == 400, (path, body, answer.text)
+            error = answer.json()["error"]
+            assert error["code"] == "invalid_type" and error["type"] == "invalid_request_error"
+        assert not [entry for entry in fake.log.entries if entry.method == "POST"]
+
+
+def test_documents_beyond_the_limit_are_refused_with_a_413() -> None:
+    for fake, proxy in _served("vllm", **{"limits.rerank_documents": 3}):
+        assert _post(proxy.url + "/v1/rerank", {"query": QUERY, "documents": DOCS[:3]}).status_code == 200
+        refused = _post(proxy.url + "/v1/rerank", {"query": QUERY, "documents": DOCS})
+        assert refused.status_code == 413 and refused.json()["error"]["code"] == "too_many_documents"
+        assert "at most 3" in refused.json()["error"]["message"]
+        scores = _post(proxy.url + "/v1/score", {"text_1": QUERY, "text_2": DOCS})
+        assert scores.status_code == 413 and len(fake.log.for_path("/v1/rerank")) == 1
 
 
 def test_reranking_is_billed_per_document_with_cached_ones_at_the_hit_price(tmp_path: Path) -> None:
@@ -155,3 +184,32 @@ def test_reranking_is_billed_per_document_with_cached_ones_at_the_hit_price(tmp_
         entries = proxy.call(_charges(store, "rita"))
         assert [e.usage_source for e in entries] == ["documents", "documents"]
         assert [e.tier for e in entries] == ["upstream", "l1"]
+
+
+def test_a_rerank_of_the_most_documents_allowed_does_not_stop_other_requests() -> None:
+    """One /v1/rerank of 10,000 documents (the default limit) with the cache on, in a ``ragproxy serve`` process:
+    health probes sent meanwhile are answered in a fraction of the rerank's own time. Its per-document work used to
+    run in one go on the event loop (and reassembly divided by a sum over every document: quadratic), so a probe
+    waited for almost all of it."""
+    documents = [f"passage {n} about the tower and its history" for n in range(10_000)]
+    with FakeReranker("vllm") as fake, ProxyProcess({"RAGPROXY_UPSTREAMS__LLM": f'[{{"url": "{fake.url}"}}]'}) as proxy:
+        done: list[float] = []
+
+        def rerank() -> None:
+            started = time.monotonic()
+            answer = _post(proxy.url + "/v1/rerank", {"model": "fake-reranker", "query": QUERY, "documents": documents})
+            assert answer.status_code == 200 and len(answer.json()["results"]) == 10_000
+            done.append(time.monotonic() - started)
+
+        with httpx.Client(base_url=proxy.url, timeout=30) as probe:
+            assert probe.get("/healthz").status_code == 200
+            worker = threading.Thread(target=rerank)
+            worker.start()
+            waits = []
+            while worker.is_alive():
+                started = time.monotonic()
+                assert probe.get("/healthz").status_code == 200
+                waits.append(time.monotonic() - started)
+            worker.join()
+        assert done and len(waits) > 10
+        assert max(waits) < done[0] / 3, (max(waits), done[0])

@@ -84,6 +84,27 @@ async def read_response(reader: asyncio.StreamReader) -> tuple[int, dict[str, st
     return status, headers, await reader.read()
 
 
+async def trickled(served: Served, start: bytes) -> tuple[int, bytes, float]:
+    """Send ``start``, then one byte every 0.1 s (never silent for a read timeout) until the server answers: its
+    status, body, and the seconds it took."""
+    reader, writer = await served.connect()
+    loop = asyncio.get_running_loop()
+    writer.write(start)
+    started = loop.time()
+
+    async def trickle() -> None:
+        with contextlib.suppress(ConnectionError):
+            while True:
+                await asyncio.sleep(0.1)
+                writer.write(b"x")
+
+    trickling = asyncio.create_task(trickle())
+    status, _, body = await read_response(reader)
+    trickling.cancel()
+    writer.close()
+    return status, body, loop.time() - started
+
+
 def post(path: str, body: bytes, extra: bytes = b"") -> bytes:
     return b"POST %b HTTP/1.1\r\nHost: t\r\nContent-Length: %d\r\n%b\r\n%b" % (path.encode(), len(body), extra, body)
 
@@ -163,22 +184,30 @@ async def test_a_slow_client_that_keeps_sending_is_served(serve: Callable[..., A
 async def test_a_head_trickled_in_steadily_is_cut_off_at_the_head_timeout(
         serve: Callable[..., Awaitable[Served]]) -> None:
     served = await serve(read_timeout_s=5, head_timeout_s=0.6)
-    reader, writer = await served.connect()
-    loop = asyncio.get_running_loop()
-    started = loop.time()
-    writer.write(b"GET /v1/x HTTP/1.1\r\nHost: t\r\nX-Slow: ")
-
-    async def trickle() -> None:  # one byte every 0.1 s: never silent for the read timeout
-        with contextlib.suppress(ConnectionError):
-            while True:
-                await asyncio.sleep(0.1)
-                writer.write(b"x")
-
-    trickling = asyncio.create_task(trickle())
-    status, _, body = await read_response(reader)
-    trickling.cancel()
+    status, body, took = await trickled(served, b"GET /v1/x HTTP/1.1\r\nHost: t\r\nX-Slow: ")
     assert status == 408 and orjson.loads(body)["code"] == "request_timeout"
-    assert 0.55 < loop.time() - started < 4, "cut at the head timeout, not at the read timeout (5 s)"
+    assert 0.55 < took < 4, "cut at the head timeout, not at the read timeout (5 s)"
+
+
+async def test_a_body_trickled_in_steadily_is_cut_off_at_the_body_timeout(
+        serve: Callable[..., Awaitable[Served]]) -> None:
+    """One byte every 0.1 s is never silent for the read timeout: without an overall deadline such a body held its
+    connection for as long as the client liked."""
+    served = await serve(read_timeout_s=5, head_timeout_s=5, body_timeout_s=0.6)
+    status, body, took = await trickled(served, b"POST /v1/x HTTP/1.1\r\nHost: t\r\nContent-Length: 1000\r\n\r\n")
+    assert status == 408 and orjson.loads(body)["message"] == "the request body took over 0.6s"
+    assert 0.55 < took < 4, "cut at the body timeout, not at the read timeout (5 s)"
+
+
+async def test_a_body_within_the_body_timeout_is_served(serve: Callable[..., Awaitable[Served]]) -> None:
+    served = await serve(read_timeout_s=5, body_timeout_s=2.0)
+    reader, writer = await served.connect()
+    writer.write(b"POST /v1/x HTTP/1.1\r\nHost: t\r\nContent-Length: 10\r\n\r\n")
+    for piece in (b"01234", b"56789"):
+        await asyncio.sleep(0.3)
+        writer.write(piece)
+    status, _, body = await read_response(reader)
+    assert status == 200 and orjson.loads(body)["body"] == "0123456789"
     writer.close()
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from decimal import Decimal
 from pathlib import Path
@@ -16,6 +17,7 @@ from proxy.credits.pricing import ModelPrice, PriceBook
 from proxy.credits.sqlite_store import SqliteCreditStore
 from proxy.credits.stages import Credits, SearchCredits
 from proxy.credits.store import ChargeDetails, CreditStore, LedgerFilter, ledger_entries
+from proxy.credits.usage import Usage
 from proxy.pipeline import Pipeline
 from proxy.server.request import Request
 
@@ -71,13 +73,32 @@ async def test_vector_searches_cost_per_search_and_less_on_a_retrieval_hit(store
     assert await costs(store) == [30_000, 1_000]
 
 
-async def test_a_reply_without_usage_is_charged_its_reservation(store: CreditStore) -> None:
-    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 100}
+async def test_a_reply_without_usage_is_charged_an_estimate_not_its_reservation(store: CreditStore) -> None:
+    """An upstream 200 the proxy could not read used to be charged the whole reservation (here 29 times the
+    estimate; with the default limits about 1,000 times a normal answer)."""
+    body = {"model": "m", "messages": [{"role": "user", "content": "what is in the documents?"}], "max_tokens": 100}
     ctx = context(body)
-    await Pipeline([Credits(store, PRICES)], answering({"choices": []}))(ctx)
-    reserved = PRICES.worst_case(body, raw_size=len(ctx.raw_body))
+    unreadable = Reply(200, CIMultiDict({"Content-Type": "application/json"}), body=b"<html>not json</html>")
+
+    async def terminal(ctx: RequestContext) -> Reply:
+        return unreadable
+
+    await Pipeline([Credits(store, PRICES)], terminal)(ctx)
     [entry] = [e async for e in ledger_entries(store, LedgerFilter(kind="charge"))]
-    assert (entry.cost, entry.usage_source) == (reserved, "reserved")
+    assert (entry.usage_source, entry.prompt_tokens, entry.completion_tokens) == ("estimated", 8, 6)
+    assert entry.cost == PRICES.actual_cost("m", Usage(8, 6)) < PRICES.worst_case(body, len(ctx.raw_body)) / 10
+
+
+async def test_usage_beyond_what_the_request_allows_is_not_believed(store: CreditStore) -> None:
+    """Usage past max_tokens used to be charged as reported, up to the whole balance."""
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 100, "n": 2}
+    ctx = context(body)
+    await Pipeline([Credits(store, PRICES)], answering({"usage": {"prompt_tokens": 40,
+                                                                  "completion_tokens": 10**9}}))(ctx)
+    [entry] = [e async for e in ledger_entries(store, LedgerFilter(kind="charge"))]
+    assert (entry.usage_source, entry.prompt_tokens, entry.completion_tokens) == ("capped", 40, 200)
+    assert ctx.response_headers["X-Credits-Charged"] == "0.24", "40 + 2 x 100 tokens at 1 credit per 1,000"
+    assert PRICES.bounded(body, Usage(10**9, 5, 10**9)) == Usage(32_768, 5, 32_768), "no more than the context"
 
 
 async def test_the_client_s_request_id_never_becomes_the_ledger_key(store: CreditStore) -> None:
@@ -92,3 +113,27 @@ async def test_the_client_s_request_id_never_becomes_the_ledger_key(store: Credi
     assert [e.cost for e in entries] == [1, CREDIT, CREDIT]
     assert [e.request_id for e in entries[1:]] == [ctx.response_headers["X-Credits-Request-ID"] for ctx in contexts]
     assert "dup" not in {e.request_id for e in entries[1:]}
+
+
+@pytest.mark.parametrize("reached_upstream", [False, True])
+async def test_a_request_cancelled_before_its_answer_is_charged_only_once_it_reached_the_upstream(
+        store: CreditStore, reached_upstream: bool) -> None:
+    body = {"model": "m", "messages": [{"role": "user", "content": "twelve chars"}], "max_tokens": 100}
+    ctx = context(body)
+    waiting = asyncio.Event()
+
+    async def terminal(ctx: RequestContext) -> Reply:
+        ctx.upstream_called = reached_upstream
+        waiting.set()
+        await asyncio.Event().wait()  # the upstream is slow; the client hangs up meanwhile
+        raise AssertionError("never answered")
+
+    task = asyncio.ensure_future(Pipeline([Credits(store, PRICES)], terminal)(ctx))
+    await waiting.wait()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    entries = [e async for e in ledger_entries(store, LedgerFilter(kind="charge"))]
+    assert [(e.usage_source, e.prompt_tokens, e.completion_tokens) for e in entries] == (
+        [("relayed", 4, 0)] if reached_upstream else [])
+    assert (await store.balance("ann")).held == 0
