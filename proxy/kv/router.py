@@ -8,7 +8,25 @@ For each replica the caller gives how many of the request's prompt tokens that r
 where the queue wait is the prefill work still ahead on that replica — the remaining estimated prefill of the
 requests it is running (their estimate minus the time since they started, never below zero) plus the estimated
 prefill of the requests waiting for a concurrency slot — divided by ``parallelism`` (how many prefills the
-replica overlaps; 1 for a CPU server).
+replica overlaps). It is 1 by default, and right for llama.cpp whatever its slots: its server fills each batch
+with the prompt tokens of its slots in slot order (``update_slots`` in ``tools/server/server-context.cpp``), so
+the prompts of several slots are computed one after the other, not side by side; counting its slots as
+parallelism halved the estimated wait on a 2-slot server and let the proxy admit requests that could not meet
+the objective (``python -m loadtest.bench kv --load``).
+
+A prefill that overlapped another on the same replica was slowed by it, so its reported time says little about
+the prefill alone: :meth:`Router.first_token` says whether the request's prefill ran alone, and only those are fed
+to the prefill model (:class:`~proxy.kv.stages.Route`).
+
+Slowdown: what the prefill model cannot see — other replicas or other work sharing the same GPU or CPU cores, a
+machine busier than when the model was fitted, the server's own per-request work — makes every estimate of a
+replica wrong by a common factor. Each replica keeps ``slowdown``, the measured over the estimated time from a
+request's start to its first token (the caller gives the first-token time: :meth:`Router.first_token`), as a
+geometric moving average (weight ``slowdown_weight`` per request, within ``[1/4, 8]``), and multiplies the
+prefill of every new estimate by it. It relaxes towards 1 with a half-life of ``slowdown_half_life_s`` while the
+replica is idle, so a replica whose estimates refuse everything does not stay refused. On the shared 2-core machine of
+the load benchmark, estimates without it were half the measured times under load, and the least-work rule kept
+sending to one replica while the other idled.
 
 Load-balance guard (the rule of SGLang's cache-aware router): when replicas are imbalanced — the busiest has
 more than ``balance_abs_threshold`` requests above the idlest and more than ``balance_rel_threshold`` times as
@@ -80,6 +98,13 @@ class _Outstanding:
     prefill_s: float
     end: float | None = None
     """Started: when its estimated prefill ends (router clock); counted in the running sums until then."""
+    alone: bool = False
+    """Started while no other prefill of the replica was running."""
+    starts_before: int = 0
+    """The replica's count of started prefills when this one started (a later start overlapped it)."""
+    started_at: float = 0.0
+    expected_s: float = 0.0
+    """At its start: the estimated time to its first token (the prefill left ahead of it, then its own)."""
 
 
 @dataclass(slots=True)
@@ -101,6 +126,30 @@ class ReplicaLoad:
     _ends_sum: float = 0.0
     _ends_live: int = 0
     _tie: int = 0
+    _running: int = 0
+    """Started and not removed yet (prefill running, by the replica's own clock, whatever the estimate says)."""
+    _starts: int = 0
+    slowdown: float = 1.0
+    """Measured over estimated time to first token, averaged (see the module docs); :meth:`factor` decays it."""
+    slowdown_weight: float = 0.2
+    slowdown_half_life_s: float = 10.0
+    _idle_since: float = 0.0
+
+    def factor(self, now: float) -> float:
+        """The slowdown to apply now: ``slowdown``, relaxed towards 1 for as long as the replica has been idle."""
+        if self._running or self.slowdown == 1.0:
+            return self.slowdown
+        decay = math.pow(0.5, max(0.0, now - self._idle_since) / self.slowdown_half_life_s)
+        return 1.0 + (self.slowdown - 1.0) * decay
+
+    def measure(self, expected_s: float, measured_s: float, now: float) -> None:
+        """A request expected to reach its first token ``expected_s`` after its start took ``measured_s``."""
+        if expected_s <= 0 or measured_s <= 0:
+            return
+        # the expectation already carried the factor of its time: the ratio is what is left to correct
+        ratio = measured_s / expected_s
+        current = self.factor(now)
+        self.slowdown = min(8.0, max(0.25, current * math.pow(ratio, self.slowdown_weight)))
 
     def add(self, request_id: str, prefill_s: float) -> None:
         self.remove(request_id)
@@ -112,7 +161,14 @@ class ReplicaLoad:
         if item is None or item.end is not None:
             return
         self._unstarted_s = max(0.0, self._unstarted_s - item.prefill_s)
+        if not self._running:  # busy again: what the slowdown relaxed while idle stands
+            self.slowdown = self.factor(now)
+        item.expected_s = self.running_s(now) + item.prefill_s
         item.end = now + item.prefill_s
+        item.started_at = now
+        item.alone, item.starts_before = self._running == 0, self._starts
+        self._running += 1
+        self._starts += 1
         self._tie += 1
         heapq.heappush(self._ends, (item.end, self._tie, request_id))
         self._ends_sum += item.end
@@ -121,26 +177,41 @@ class ReplicaLoad:
             self._ends = [e for e in self._ends if self._counted(e[2], e[0])]
             heapq.heapify(self._ends)
 
-    def remove(self, request_id: str) -> None:
+    def remove(self, request_id: str, first_token_at: float | None = None) -> bool:
+        """Forget the request; returns whether its prefill ran alone: it started while no other prefill of the
+        replica was running, and no other started before this removal. With ``first_token_at`` (when it started,
+        the time its first token came), the slowdown learns from it."""
         item = self.outstanding.pop(request_id, None)
         if item is None:
-            return
+            return False
+        if first_token_at is not None and item.end is not None:
+            self.measure(item.expected_s, first_token_at - item.started_at, first_token_at)
+        alone = False
         if item.end is None:
             self._unstarted_s = max(0.0, self._unstarted_s - item.prefill_s)
-        elif item.end != -math.inf:
-            self._uncount(item.end)
+        else:
+            if self._running == 1:  # the replica goes idle: the slowdown relaxes from now on
+                self._idle_since = item.started_at if first_token_at is None else first_token_at
+            self._running -= 1
+            alone = item.alone and self._starts == item.starts_before + 1
+            if item.end != -math.inf:
+                self._uncount(item.end)
         if not self.outstanding:  # nothing left: drop any rounding left in the sum
             self._unstarted_s = 0.0
+        return alone
 
-    def wait_s(self, now: float) -> float:
+    def running_s(self, now: float) -> float:
+        """Estimated prefill left of the started requests (each its estimate minus its time so far, at least 0)."""
         ends = self._ends
         while ends and ends[0][0] <= now:
             end, _, request_id = heapq.heappop(ends)
             if self._counted(request_id, end):
                 self.outstanding[request_id].end = -math.inf  # ended: counts for nothing from now on
                 self._uncount(end)
-        running = max(0.0, self._ends_sum - self._ends_live * now) if self._ends_live else 0.0
-        return (self._unstarted_s + running) / max(1, self.parallelism)
+        return max(0.0, self._ends_sum - self._ends_live * now) if self._ends_live else 0.0
+
+    def wait_s(self, now: float) -> float:
+        return (self._unstarted_s + self.running_s(now)) / max(1, self.parallelism)
 
     def _counted(self, request_id: str, end: float) -> bool:
         item = self.outstanding.get(request_id)
@@ -182,7 +253,7 @@ class Router:
         now = self._clock() if now is None else now
         load = self.loads[candidate.replica]
         uncached = max(0, candidate.total_tokens - candidate.cached_tokens)
-        prefill = load.prefill.seconds(uncached, candidate.cached_tokens)
+        prefill = load.prefill.seconds(uncached, candidate.cached_tokens) * load.factor(now)
         return load.wait_s(now) + prefill, prefill
 
     def imbalanced(self) -> bool:
@@ -247,10 +318,15 @@ class Router:
         if self.tracks_load:
             self.loads[replica].start(request_id, self._clock())
 
-    def first_token(self, request_id: str, replica: int) -> None:
-        """Its prefill is done: no more prefill work ahead of others."""
-        if self.tracks_load:
-            self.loads[replica].remove(request_id)
+    def first_token(self, request_id: str, replica: int, decode_s: float | None = 0.0) -> bool:
+        """Its prefill is done: no more prefill work ahead of others. ``decode_s``: how much of the time since its
+        start went to generating after the first token (a reply that was not streamed arrives whole), ``None``
+        when unknown (then the replica's slowdown does not learn from it). Returns whether that prefill ran alone
+        on the replica (so its reported time is the prefill's own); ``True`` when no load is tracked."""
+        if not self.tracks_load:
+            return True
+        now = self._clock()
+        return self.loads[replica].remove(request_id, None if decode_s is None else now - decode_s)
 
     def finished(self, request_id: str, replica: int) -> None:
         if not self.tracks_load:

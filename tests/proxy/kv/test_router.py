@@ -86,6 +86,70 @@ def test_queue_wait_kept_in_running_sums_equals_the_sum_over_every_request(
         assert load.wait_s(now) == pytest.approx(expected, abs=1e-9)
 
 
+def test_first_token_tells_whether_the_prefill_ran_alone() -> None:
+    clock = Clock()
+    router = Router(models(2), ttft_slo_s=None, clock=clock)
+    for name in ("a", "b", "c", "d"):
+        router.admitted(name, RouteDecision(0, 1.0, 0, 1000, 1.0, "ttft"))
+    router.started("a", 0)
+    assert router.first_token("a", 0)  # nothing else ran meanwhile
+    router.started("b", 0)
+    router.started("c", 0)  # starts while b runs: both were slowed
+    assert not router.first_token("b", 0)
+    router.started("d", 0)  # c still runs
+    assert not router.first_token("c", 0)
+    assert not router.first_token("d", 0)
+    clock.t = 5.0  # estimates long expired: what counts is that the requests were still running
+    router.admitted("e", RouteDecision(0, 1.0, 0, 1000, 1.0, "ttft"))
+    router.started("e", 0)
+    assert router.first_token("e", 0)
+    assert not router.first_token("e", 0)  # already gone
+
+
+def test_estimates_follow_the_measured_slowdown_of_a_replica_and_relax_without_measurements() -> None:
+    clock = Clock()
+    router = Router(models(2), ttft_slo_s=None, clock=clock)
+    candidate = Candidate(0, 0, 1000)  # 1 s by the model
+    for i in range(30):  # replica 0 takes twice as long as estimated, every time
+        decision = router.choose([candidate])
+        assert isinstance(decision, RouteDecision)
+        router.admitted(f"r{i}", decision)
+        router.started(f"r{i}", 0)
+        clock.t += 2.0
+        assert router.first_token(f"r{i}", 0)
+    assert router.loads[0].factor(clock.t) == pytest.approx(2.0, rel=0.02)
+    assert router.estimate(candidate)[0] == pytest.approx(2.0, rel=0.02)
+    assert router.estimate(Candidate(1, 0, 1000))[0] == pytest.approx(1.0)  # the other replica is not slowed
+    clock.t += 10.0  # one half-life without a measurement
+    assert router.loads[0].factor(clock.t) == pytest.approx(1.5, rel=0.02)
+    router.admitted("unknown", RouteDecision(0, 1.0, 0, 1000, 1.0, "ttft"))
+    router.started("unknown", 0)  # busy again: the relaxed value stands while it runs
+    clock.t += 30.0
+    assert router.loads[0].factor(clock.t) == pytest.approx(1.5, rel=0.02)
+    router.first_token("unknown", 0, decode_s=None)  # a whole reply of unknown decode time: nothing learnt
+    assert router.loads[0].slowdown == pytest.approx(1.5, rel=0.02)
+
+
+def test_a_non_streamed_reply_is_measured_without_its_decode_time() -> None:
+    clock = Clock()
+    router = Router(models(1), ttft_slo_s=1.0, clock=clock)
+    router.admitted("a", RouteDecision(0, 0.5, 0, 500, 0.5, "ttft"))
+    router.started("a", 0)
+    clock.t = 3.5  # the whole reply, of which 3 s were generation after a first token on time
+    router.first_token("a", 0, decode_s=3.0)
+    assert router.loads[0].slowdown == pytest.approx(1.0)
+
+
+def test_running_is_the_estimated_prefill_left_of_the_started_requests() -> None:
+    load = ReplicaLoad(models(1)[0])
+    load.add("a", 2.0)
+    load.add("b", 1.0)
+    load.start("a", now=0.0)
+    assert load.running_s(0.5) == pytest.approx(1.5)  # b has not started: not in hand yet
+    assert load.wait_s(0.5) == pytest.approx(2.5)
+    assert load.running_s(3.0) == 0.0
+
+
 def test_one_replica_without_slo_keeps_no_load_and_estimates_the_prefill() -> None:
     router = Router(models(1), ttft_slo_s=None, clock=Clock())
     assert not router.tracks_load
