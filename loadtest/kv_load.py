@@ -17,9 +17,9 @@ admission queues) lives as long as its replicas, as a running proxy's does.
    which goes first), each starting on idle replicas: the same noise on both, on a shared machine. A request
    unanswered ``--give-up`` times the objective after it was sent is abandoned (the client disconnects;
    llama-server then cancels it) and counts as late. The rates: ``--low-load`` service rates first (where TTFT p99
-   is compared), then a search for the direct side's knee (:func:`next_rate`: up or down by 1.6x until it is
-   bracketed, then halving the bracket; at most ``--probes`` rates), so the ratio below is read within 10% of
-   the knee, not a grid step before it — or the ``--rates`` given.
+   is compared), then a search for the direct side's knee from ``--start`` service rates (:func:`next_rate`: up
+   or down by 1.6x until it is bracketed, then halving the bracket; at most ``--probes`` rates after the start),
+   so the ratio below is read near the knee, not a grid step before it — or the ``--rates`` given.
 
 The proxy side runs with the objective as its ``ttft_slo_s``: requests no replica can serve in time are refused
 with 429 (:data:`~loadtest.goodput.REJECTED`), which is never goodput and is reported apart. The direct side
@@ -133,7 +133,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--low-load", type=float, default=0.3,
                         help="the first rate, in unloaded service rates (1 / the direct side's unloaded mean TTFT)")
     parser.add_argument("--start", type=float, default=1.0, help="where the search starts, in service rates")
-    parser.add_argument("--probes", type=int, help="rates the search may try (quick 4, else 6)")
+    parser.add_argument("--probes", type=int, help="rates the search may add after the start (quick 3, else 5)")
     parser.add_argument("--slo-ms", type=float, help="the TTFT objective (default: --slo-factor x the direct "
                                                      "side's unloaded TTFT p50)")
     parser.add_argument("--slo-factor", type=float, default=3.0)
@@ -144,7 +144,7 @@ def main(argv: list[str]) -> int:
     docs = args.docs or (10 if args.quick else 24)
     calibration = args.calibration or (8 if args.quick else 16)
     duration = args.duration or (12.0 if args.quick else 30.0)
-    probes = args.probes if args.probes is not None else (4 if args.quick else 6)
+    probes = args.probes if args.probes is not None else (3 if args.quick else 5)
     server, model = ensure_binaries(args.shape, args.weight_type, args.model)
     started = time.perf_counter()
     direct_servers = start_servers(args, server, model)
@@ -180,7 +180,7 @@ async def _run(
         _print_calibration(args, calib, unloaded_ms, slo_s, service)
         # the workload, long enough for every run (make_workload extends the same sequence)
         highest = max([*fixed, args.start * service * 1.6 ** probes])
-        needed = 2 * calibration + (len(fixed) or probes + 1) * math.ceil(highest * duration * 1.5 + 20)
+        needed = 2 * calibration + (len(fixed) or probes + 2) * math.ceil(highest * duration * 1.5 + 20)
         work = make_workload(docs=docs, requests=needed, doc_words=args.doc_words, seed=args.seed)
         direct.work = proxy.work = work
         first = 2 * calibration
@@ -192,7 +192,7 @@ async def _run(
         print(f"  {'rate/s':>7} | {'direct: goodput':>15} {'in SLO':>6} {'p50':>6} {'p99':>6} {'reuse':>5} | "
               f"{'proxy: goodput':>14} {'in SLO':>6} {'429':>4} {'p50':>6} {'p99':>6} {'reuse':>5} {'est.':>5} | "
               "ratio")
-        queue = fixed or [round(args.low_load * service, 3)]
+        queue = fixed or [round(args.low_load * service, 3), round(args.start * service, 3)]
         searching = not fixed
         while queue or (searching and probes > 0):
             if queue:

@@ -18,33 +18,17 @@ A prefill that overlapped another on the same replica was slowed by it, so its r
 the prefill alone: :meth:`Router.first_token` says whether the request's prefill ran alone, and only those are fed
 to the prefill model (:class:`~proxy.kv.stages.Route`).
 
-Slowdown: what the prefill model cannot see — other replicas or other work sharing the same GPU or CPU cores, a
-machine busier than when the model was fitted, the server's own per-request work — makes every estimate of a
-replica wrong by a common factor. Each replica keeps ``slowdown``, the measured over the estimated time from a
-request's start to its first token (the caller gives the first-token time: :meth:`Router.first_token`), as a
-geometric moving average (weight ``slowdown_weight`` per request, within ``[1/4, 8]``), and multiplies the
-prefill of every new estimate by it. It relaxes towards 1 with a half-life of ``slowdown_half_life_s`` while the
-replica is idle, so a replica whose estimates refuse everything does not stay refused. On the shared 2-core machine of
-the load benchmark, estimates without it were half the measured times under load, and the least-work rule kept
-sending to one replica while the other idled.
-
-Load-balance guard (the rule of SGLang's cache-aware router): when replicas are imbalanced — the busiest has
-more than ``balance_abs_threshold`` requests above the idlest and more than ``balance_rel_threshold`` times as
-many — cache affinity is ignored and the least-loaded replica (by outstanding requests, then estimate) is
-chosen, so a hot prefix cannot pile everything onto one replica.
-
-When even the best estimate exceeds ``ttft_slo_s`` the router answers :class:`Reject` with a ``retry_after_s``
-(the excess, rounded up to whole seconds, at least one); the Route stage turns that into 429 with
-``Retry-After``.
-
-With an SLO, a first token sooner than the SLO earns nothing, while every token a replica computes is capacity
-taken from the requests behind it. So among the replicas whose estimate is within ``affinity_headroom`` times
-the SLO, the router takes the one with the least prefill work (the most cached prefix), ties by estimate; only
-when none is that comfortable does the lowest estimate decide. The headroom (default 0.7) leaves 30% of the SLO
-for what the estimate cannot see: requests queued later that the cache-aware queue lets go first, and the
-estimate's own error. In the routing simulation (``python -m loadtest.bench routing``) this raised goodput by
-2-5% over lowest-estimate routing. Each decision also carries ``start_deadline``, the latest time its prefill
-can start and still end within the SLO; the admission queue drops the request (429) once that has passed.
+Slowdown: what the prefill models cannot see — replicas or other work sharing the same GPU or CPU cores, a
+machine busier than when the models were fitted, the server's own per-request work — makes the estimates wrong by
+a common factor. The router keeps one :class:`Slowdown` for its replicas: the measured over the estimated time
+from a request's start to its first token (the caller gives the first-token time: :meth:`Router.first_token`),
+as a geometric moving average (weight 0.2 per request, within ``[1/4, 8]``), which multiplies the prefill of every
+new estimate. It relaxes towards 1 with a half-life of 10 s while no replica is busy, so estimates that refuse
+everything do not stay. One factor, not one per replica: a per-replica factor relaxed on the idle replica and
+stayed up on the busy one, so the router drifted to the replica with less cached for it (in the sequential
+``kv`` bench, reuse fell from 0.52 to 0.49); replicas that differ in speed differ in their own prefill fits. On
+the shared 2-core machine of the load benchmark, estimates without it were half the measured times under load,
+and the least-work rule kept sending to one replica while the other idled.
 
 With one replica and no SLO the router has nothing to compare and nothing to refuse: it keeps no load
 bookkeeping then (:attr:`Router.tracks_load`), and its estimate is the prefill alone. A pass-through proxy in front
@@ -108,6 +92,39 @@ class _Outstanding:
 
 
 @dataclass(slots=True)
+class Slowdown:
+    """Measured over estimated time to first token, averaged over the requests of all replicas (module docs)."""
+
+    value: float = 1.0
+    weight: float = 0.2
+    half_life_s: float = 10.0
+    running: int = 0
+    """Requests started and not past their first token, on any replica."""
+    idle_since: float = 0.0
+
+    def factor(self, now: float) -> float:
+        """The slowdown to apply now: ``value``, relaxed towards 1 for as long as every replica has been idle."""
+        if self.running or self.value == 1.0:
+            return self.value
+        decay = math.pow(0.5, max(0.0, now - self.idle_since) / self.half_life_s)
+        return 1.0 + (self.value - 1.0) * decay
+
+    def started(self, now: float) -> None:
+        if not self.running:  # busy again: what relaxed while idle stands
+            self.value = self.factor(now)
+        self.running += 1
+
+    def ended(self, now: float, expected_s: float | None = None, measured_s: float | None = None) -> None:
+        """A started request is past its first token (or gone); with both times, it is a measurement."""
+        if expected_s is not None and measured_s is not None and expected_s > 0 and measured_s > 0:
+            # the expectation already carried the factor of its time: the ratio is what is left to correct
+            self.value = min(8.0, max(0.25, self.value * math.pow(measured_s / expected_s, self.weight)))
+        self.running = max(0, self.running - 1)
+        if not self.running:
+            self.idle_since = now
+
+
+@dataclass(slots=True)
 class ReplicaLoad:
     """Work admitted to one replica and not yet past its first token.
 
@@ -129,27 +146,8 @@ class ReplicaLoad:
     _running: int = 0
     """Started and not removed yet (prefill running, by the replica's own clock, whatever the estimate says)."""
     _starts: int = 0
-    slowdown: float = 1.0
-    """Measured over estimated time to first token, averaged (see the module docs); :meth:`factor` decays it."""
-    slowdown_weight: float = 0.2
-    slowdown_half_life_s: float = 10.0
-    _idle_since: float = 0.0
-
-    def factor(self, now: float) -> float:
-        """The slowdown to apply now: ``slowdown``, relaxed towards 1 for as long as the replica has been idle."""
-        if self._running or self.slowdown == 1.0:
-            return self.slowdown
-        decay = math.pow(0.5, max(0.0, now - self._idle_since) / self.slowdown_half_life_s)
-        return 1.0 + (self.slowdown - 1.0) * decay
-
-    def measure(self, expected_s: float, measured_s: float, now: float) -> None:
-        """A request expected to reach its first token ``expected_s`` after its start took ``measured_s``."""
-        if expected_s <= 0 or measured_s <= 0:
-            return
-        # the expectation already carried the factor of its time: the ratio is what is left to correct
-        ratio = measured_s / expected_s
-        current = self.factor(now)
-        self.slowdown = min(8.0, max(0.25, current * math.pow(ratio, self.slowdown_weight)))
+    slowdown: Slowdown = field(default_factory=Slowdown)
+    """Shared by the replicas of a router."""
 
     def add(self, request_id: str, prefill_s: float) -> None:
         self.remove(request_id)
@@ -161,8 +159,7 @@ class ReplicaLoad:
         if item is None or item.end is not None:
             return
         self._unstarted_s = max(0.0, self._unstarted_s - item.prefill_s)
-        if not self._running:  # busy again: what the slowdown relaxed while idle stands
-            self.slowdown = self.factor(now)
+        self.slowdown.started(now)
         item.expected_s = self.running_s(now) + item.prefill_s
         item.end = now + item.prefill_s
         item.started_at = now
@@ -184,14 +181,14 @@ class ReplicaLoad:
         item = self.outstanding.pop(request_id, None)
         if item is None:
             return False
-        if first_token_at is not None and item.end is not None:
-            self.measure(item.expected_s, first_token_at - item.started_at, first_token_at)
         alone = False
         if item.end is None:
             self._unstarted_s = max(0.0, self._unstarted_s - item.prefill_s)
         else:
-            if self._running == 1:  # the replica goes idle: the slowdown relaxes from now on
-                self._idle_since = item.started_at if first_token_at is None else first_token_at
+            if first_token_at is None:
+                self.slowdown.ended(item.started_at)
+            else:
+                self.slowdown.ended(first_token_at, item.expected_s, first_token_at - item.started_at)
             self._running -= 1
             alone = item.alone and self._starts == item.starts_before + 1
             if item.end != -math.inf:
@@ -239,7 +236,8 @@ class Router:
         if not prefill_models:
             raise ValueError("at least one replica")
         widths = [parallelism] * len(prefill_models) if isinstance(parallelism, int) else list(parallelism)
-        self.loads = [ReplicaLoad(m, p) for m, p in zip(prefill_models, widths, strict=True)]
+        self.slowdown = Slowdown()
+        self.loads = [ReplicaLoad(m, p, slowdown=self.slowdown) for m, p in zip(prefill_models, widths, strict=True)]
         self.ttft_slo_s = ttft_slo_s
         self.balance_abs_threshold = balance_abs_threshold
         self.balance_rel_threshold = balance_rel_threshold
@@ -253,7 +251,7 @@ class Router:
         now = self._clock() if now is None else now
         load = self.loads[candidate.replica]
         uncached = max(0, candidate.total_tokens - candidate.cached_tokens)
-        prefill = load.prefill.seconds(uncached, candidate.cached_tokens) * load.factor(now)
+        prefill = load.prefill.seconds(uncached, candidate.cached_tokens) * self.slowdown.factor(now)
         return load.wait_s(now) + prefill, prefill
 
     def imbalanced(self) -> bool:
@@ -321,7 +319,7 @@ class Router:
     def first_token(self, request_id: str, replica: int, decode_s: float | None = 0.0) -> bool:
         """Its prefill is done: no more prefill work ahead of others. ``decode_s``: how much of the time since its
         start went to generating after the first token (a reply that was not streamed arrives whole), ``None``
-        when unknown (then the replica's slowdown does not learn from it). Returns whether that prefill ran alone
+        when unknown (then the slowdown does not learn from it). Returns whether that prefill ran alone
         on the replica (so its reported time is the prefill's own); ``True`` when no load is tracked."""
         if not self.tracks_load:
             return True
