@@ -66,7 +66,7 @@ from proxy.kv.kinds.base import BackendReport
 from proxy.kv.order import OrderPolicy, Popularity, order_documents, shift_reusable_tokens
 from proxy.kv.plan import PromptPlan, plan_request, plan_response
 from proxy.kv.prefill import PrefillModel, share_fits
-from proxy.kv.router import Candidate, Reject, Router
+from proxy.kv.router import Candidate, FirstToken, Reject, Router
 from proxy.kv.tree import KnowledgeTree, Match, Segment
 from proxy.pipeline import Next
 from proxy.upstream.client import UpstreamClient
@@ -219,9 +219,10 @@ class RoutedRequest:
     ticket: str = ""
     """The router's name for this request while it is in flight: the proxy's own, unique among requests in flight
     (a client's ``X-Request-ID`` is not: clients reuse them)."""
-    prefill_alone: bool = True
-    """Whether its prefill ran alone on the replica (:meth:`~proxy.kv.router.Router.first_token`): only then does
-    the reported prefill time go to the prefill model."""
+    first_token: FirstToken | None = None
+    """What the router knew of it at its first token (:meth:`~proxy.kv.router.Router.first_token`): whether its
+    prefill ran alone on the replica (only then does the reported prefill time go to the prefill model), and the
+    inputs of the slowdown (``None`` when the router tracks no load)."""
 
 
 class Route:
@@ -341,8 +342,11 @@ class Route:
             return None
         return self.replicas[routed.replica].kind.report(reply_objects(body))
 
-    def settle(self, ctx: RequestContext, routed: RoutedRequest, report: BackendReport | None) -> None:
-        """Correct the replica's tree and prefill model from what the backend reported."""
+    def settle(
+        self, ctx: RequestContext, routed: RoutedRequest, report: BackendReport | None, decode_s: float | None = 0.0
+    ) -> None:
+        """Correct the replica's tree and prefill model from what the backend reported, and let the router measure
+        its slowdown; ``decode_s``: the time the reply took beyond its first token (``None``: unknown)."""
         if report is None:
             return
         replica = self.replicas[routed.replica]
@@ -357,11 +361,14 @@ class Route:
                 prefix_cached = min(prefix_cached, expected.tokens)
             replica.tree.correct(routed.path, prefix_cached, expected)
             ctx.reported_cached_tokens = cached
-        if report.prefill is not None and routed.prefill_alone:
+        first = routed.first_token
+        if report.prefill is not None and (first is None or first.alone):
             prompt_n, cache_n, prompt_ms = report.prefill
             replica.prefill.observe(round(prompt_n * scale), round(cache_n * scale), prompt_ms / 1000)
             if self._unfitted and replica.prefill.fitted:
                 self._unfitted = share_fits([r.prefill for r in self.replicas])
+        if first is not None and cached is not None and backend_total and (decode_s is not None):
+            self.router.measured(first, round((backend_total - cached) * scale), round(cached * scale), decode_s)
 
     async def discover(self, timeout_s: float = 2.0) -> None:
         """Read ``GET /slots`` of the llama.cpp replicas not read yet (:mod:`proxy.kv.discovery`)."""
@@ -438,14 +445,12 @@ class Route:
         except BaseException:
             release()
             raise
+        routed.first_token = self.router.first_token(routed.ticket, routed.replica)
         if not reply.streamed:  # it arrives whole: its first token came before what the server spent generating
             report = self.report(routed, reply.body)
-            decode_s = report.decode_s if report is not None else None
-            routed.prefill_alone = self.router.first_token(routed.ticket, routed.replica, decode_s)
-            self.settle(ctx, routed, report)
+            self.settle(ctx, routed, report, report.decode_s if report is not None else None)
             release()
             return reply
-        routed.prefill_alone = self.router.first_token(routed.ticket, routed.replica)
 
         async def on_finish(_reply: Reply, ok: bool, body: bytes) -> None:
             try:
