@@ -12,9 +12,10 @@ admission queues) lives as long as its replicas, as a running proxy's does.
    (one replica's worth: on one GPU, or on CPU cores shared with other work, the replicas compete for the same
    compute). Its figures — TTFT, reuse, the prefill share of TTFT, host prompt-cache time — are printed as the
    sequential bench does.
-2. **Load runs** — for each rate, both sides get the same requests at the same Poisson send times over
-   ``--duration`` seconds (:func:`loadtest.goodput.poisson_arrivals`), one side after the other (alternating
-   which goes first), each starting on idle replicas: the same noise on both, on a shared machine. A request
+2. **Load runs** — for each rate, both sides get the same requests at the same Poisson send times
+   (:func:`loadtest.goodput.poisson_arrivals`), ``--duration`` seconds of them in ``--chunks`` turns: a turn of
+   one side, then the same turn of the other (which goes first alternates), each starting on idle replicas, so
+   that both see the same drift of a shared machine. A request
    unanswered ``--give-up`` times the objective after it was sent is abandoned (the client disconnects;
    llama-server then cancels it) and counts as late. The rates: ``--low-load`` service rates first (where TTFT p99
    is compared), then a search for the direct side's knee from ``--start`` service rates (:func:`next_rate`: up
@@ -127,7 +128,9 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--calibration", type=int, help="sequential warm-up and measured requests each (quick 8, "
                                                          "else 16)")
-    parser.add_argument("--duration", type=float, help="seconds of arrivals per run (quick 12, else 30)")
+    parser.add_argument("--duration", type=float, help="seconds of arrivals per rate and side (quick 12, else 36)")
+    parser.add_argument("--chunks", type=int, help="turns per rate: each side gets the rate's seconds in this many "
+                                                   "runs, alternating with the other side (quick 2, else 3)")
     parser.add_argument("--rates", help="offered rates in requests/s, comma-separated (default: a low-load rate, "
                                         "then a search for the direct side's knee)")
     parser.add_argument("--low-load", type=float, default=0.3,
@@ -143,7 +146,8 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     docs = args.docs or (10 if args.quick else 24)
     calibration = args.calibration or (8 if args.quick else 16)
-    duration = args.duration or (12.0 if args.quick else 30.0)
+    duration = args.duration or (12.0 if args.quick else 36.0)
+    chunks = max(1, args.chunks or (2 if args.quick else 3))
     probes = args.probes if args.probes is not None else (3 if args.quick else 5)
     server, model = ensure_binaries(args.shape, args.weight_type, args.model)
     started = time.perf_counter()
@@ -152,7 +156,8 @@ def main(argv: list[str]) -> int:
     try:
         direct_servers.wait_ready(300)
         proxy_servers.wait_ready(300)
-        result = asyncio.run(_run(args, docs, calibration, duration, probes, direct_servers, proxy_servers))
+        result = asyncio.run(_run(args, docs, calibration, duration, chunks, probes, direct_servers,
+                                  proxy_servers))
     finally:
         direct_servers.stop()
         proxy_servers.stop()
@@ -163,7 +168,7 @@ def main(argv: list[str]) -> int:
 
 
 async def _run(
-    args: argparse.Namespace, docs: int, calibration: int, duration: float, probes: int,
+    args: argparse.Namespace, docs: int, calibration: int, duration: float, chunks: int, probes: int,
     direct_servers: Servers, proxy_servers: Servers,
 ) -> dict[str, object]:
     work = make_workload(docs=docs, requests=2 * calibration, doc_words=args.doc_words, seed=args.seed)
@@ -180,7 +185,7 @@ async def _run(
         _print_calibration(args, calib, unloaded_ms, slo_s, service)
         # the workload, long enough for every run (make_workload extends the same sequence)
         highest = max([*fixed, args.start * service * 1.6 ** probes])
-        needed = 2 * calibration + (len(fixed) or probes + 2) * math.ceil(highest * duration * 1.5 + 20)
+        needed = 2 * calibration + (len(fixed) or probes + 2) * math.ceil(highest * duration * 1.5 + 20 * chunks)
         work = make_workload(docs=docs, requests=needed, doc_words=args.doc_words, seed=args.seed)
         direct.work = proxy.work = work
         first = 2 * calibration
@@ -189,6 +194,8 @@ async def _run(
         proxy_outcomes: list[Outcome] = []
         ranges: list[tuple[int, int]] = []
         give_up_s = args.give_up * slo_s
+        client_cpu = {"direct": 0.0, "proxy": 0.0}
+        """CPU seconds of this process (the load generator, and the proxy's stages on the proxy side) per side."""
         print(f"  {'rate/s':>7} | {'direct: goodput':>15} {'in SLO':>6} {'p50':>6} {'p99':>6} {'reuse':>5} | "
               f"{'proxy: goodput':>14} {'in SLO':>6} {'429':>4} {'p50':>6} {'p99':>6} {'reuse':>5} {'est.':>5} | "
               "ratio")
@@ -202,27 +209,35 @@ async def _run(
                 if found is None or found in direct_figures:
                     break
                 rate, probes = found, probes - 1
-            arrivals = poisson_arrivals(rate, duration, random.Random(f"{args.seed}-{rate}"))
-            sides: list[tuple[str, Servers, Side]] = [("direct", direct_servers, direct),
-                                                      ("proxy", proxy_servers, proxy)]
-            if len(direct_figures) % 2:
-                sides.reverse()
+            outcomes: dict[str, list[Outcome]] = {"direct": [], "proxy": []}
             estimated_from = len(proxy.estimates)
-            for name, servers, side in sides:
-                await servers.wait_idle(client)
-                outcomes = await open_loop(side, first, arrivals, give_up_s)
-                figures = run_figures(rate, duration, outcomes, slo_s)
-                (direct_figures if name == "direct" else proxy_figures)[rate] = figures
-                if name == "proxy":
-                    proxy_outcomes += outcomes
-            ranges.append((first, first + len(arrivals)))
-            first += len(arrivals)
+            for chunk in range(chunks):  # both sides in turn, chunk by chunk: the same drift of the machine on both
+                arrivals = poisson_arrivals(rate, duration / chunks, random.Random(f"{args.seed}-{rate}-{chunk}"))
+                sides: list[tuple[str, Servers, Side]] = [("direct", direct_servers, direct),
+                                                          ("proxy", proxy_servers, proxy)]
+                if (len(direct_figures) + chunk) % 2:
+                    sides.reverse()
+                for name, servers, side in sides:
+                    await servers.wait_idle(client)
+                    cpu = time.process_time()
+                    outcomes[name] += await open_loop(side, first, arrivals, give_up_s)
+                    client_cpu[name] += time.process_time() - cpu
+                ranges.append((first, first + len(arrivals)))
+                first += len(arrivals)
+            direct_figures[rate] = run_figures(rate, duration, outcomes["direct"], slo_s)
+            proxy_figures[rate] = run_figures(rate, duration, outcomes["proxy"], slo_s)
+            proxy_outcomes += outcomes["proxy"]
             errors = [measured / estimated for estimated, measured in proxy.estimates[estimated_from:] if estimated]
             _print_rate(direct_figures[rate], proxy_figures[rate], statistics.median(errors) if errors else None)
         await direct_servers.wait_idle(client)
         await proxy_servers.wait_idle(client)
-    return _summary(args, calib, unloaded_ms, slo_s, service, duration, direct_figures, proxy_figures,
-                    proxy_outcomes, work, ranges, direct_servers, proxy_servers)
+    sent = sum(f.sent for f in direct_figures.values()) or 1
+    print(f"this process's CPU per request sent (load generator; the proxy's stages too on the proxy side): direct "
+          f"{client_cpu['direct'] / sent * 1000:.1f} ms, proxy {client_cpu['proxy'] / sent * 1000:.1f} ms")
+    summary = _summary(args, calib, unloaded_ms, slo_s, service, duration, direct_figures, proxy_figures,
+                       proxy_outcomes, work, ranges, direct_servers, proxy_servers)
+    summary["client_cpu_ms_per_request"] = {k: round(v / sent * 1000, 2) for k, v in client_cpu.items()}
+    return summary
 
 
 def _print_calibration(
