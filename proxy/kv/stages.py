@@ -62,7 +62,6 @@ from proxy.kv.admission_queue import AdmissionQueue, DeadlineExceeded
 from proxy.kv.discovery import apply_slots, read_slots
 from proxy.kv.hints import SlotTable, prefix_hashes, reply_objects, reports_cache
 from proxy.kv.kinds import BackendKind, build_hints
-from proxy.kv.kinds.base import BackendReport
 from proxy.kv.order import OrderPolicy, Popularity, order_documents, shift_reusable_tokens
 from proxy.kv.plan import PromptPlan, plan_request, plan_response
 from proxy.kv.prefill import PrefillModel, share_fits
@@ -336,20 +335,15 @@ class Route:
                                             total, ticket=str(next(self._tickets)))
         return routed
 
-    def report(self, routed: RoutedRequest, body: bytes | None) -> BackendReport | None:
-        """What the backend reported in ``body`` (parsed once for the kind's readers), ``None`` for nothing."""
-        if not body or not reports_cache(body):
-            return None
-        return self.replicas[routed.replica].kind.report(reply_objects(body))
-
-    def settle(
-        self, ctx: RequestContext, routed: RoutedRequest, report: BackendReport | None, decode_s: float | None = 0.0
-    ) -> None:
+    def settle(self, ctx: RequestContext, routed: RoutedRequest, body: bytes | None, whole: bool = False) -> None:
         """Correct the replica's tree and prefill model from what the backend reported, and let the router measure
-        its slowdown; ``decode_s``: the time the reply took beyond its first token (``None``: unknown)."""
-        if report is None:
+        its slowdown. ``whole``: the reply was not streamed, so the time to it includes the backend's generating
+        after the first token (its reported decode time is taken off; unknown, nothing is measured)."""
+        if not body or not reports_cache(body):
             return
         replica = self.replicas[routed.replica]
+        report = replica.kind.report(reply_objects(body))  # parsed once for the kind's readers
+        decode_s = report.decode_s if whole else 0.0
         # the tree and the prefill model count estimated tokens; the backend reports its own
         backend_total = report.prompt_tokens
         scale = routed.total_tokens / backend_total if backend_total and routed.total_tokens else 1.0
@@ -367,7 +361,7 @@ class Route:
             replica.prefill.observe(round(prompt_n * scale), round(cache_n * scale), prompt_ms / 1000)
             if self._unfitted and replica.prefill.fitted:
                 self._unfitted = share_fits([r.prefill for r in self.replicas])
-        if first is not None and cached is not None and backend_total and (decode_s is not None):
+        if first is not None and cached is not None and backend_total and decode_s is not None:
             self.router.measured(first, round((backend_total - cached) * scale), round(cached * scale), decode_s)
 
     async def discover(self, timeout_s: float = 2.0) -> None:
@@ -446,16 +440,15 @@ class Route:
             release()
             raise
         routed.first_token = self.router.first_token(routed.ticket, routed.replica)
-        if not reply.streamed:  # it arrives whole: its first token came before what the server spent generating
-            report = self.report(routed, reply.body)
-            self.settle(ctx, routed, report, report.decode_s if report is not None else None)
+        if not reply.streamed:
+            self.settle(ctx, routed, reply.body, whole=True)
             release()
             return reply
 
         async def on_finish(_reply: Reply, ok: bool, body: bytes) -> None:
             try:
                 if ok:
-                    self.settle(ctx, routed, self.report(routed, body))
+                    self.settle(ctx, routed, body)
             finally:
                 release()
 
