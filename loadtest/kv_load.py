@@ -61,6 +61,7 @@ from loadtest.bench.kv import (
     _client,
     add_server_options,
     ensure_binaries,
+    exit_on_sigterm,
     make_workload,
     prefix_reuse_ceiling,
     print_phases,
@@ -150,6 +151,7 @@ def main(argv: list[str]) -> int:
     chunks = max(1, args.chunks or (2 if args.quick else 3))
     probes = args.probes if args.probes is not None else (3 if args.quick else 5)
     server, model = ensure_binaries(args.shape, args.weight_type, args.model)
+    exit_on_sigterm()
     started = time.perf_counter()
     direct_servers = start_servers(args, server, model)
     proxy_servers = start_servers(args, server, model)

@@ -61,6 +61,7 @@ import math
 import os
 import random
 import re
+import signal
 import socket
 import statistics
 import subprocess
@@ -289,6 +290,12 @@ class Servers:
             except subprocess.TimeoutExpired:
                 proc.kill()
         self._logs.cleanup()
+
+
+def exit_on_sigterm() -> None:
+    """Turn SIGTERM (``timeout``, a CI job stopped) into ``SystemExit``, so that ``finally`` stops the replicas
+    instead of leaving them running (holding a GPU's memory for the next run)."""
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
 
 
 def add_server_options(parser: argparse.ArgumentParser) -> None:
@@ -569,6 +576,7 @@ def main(argv: list[str]) -> int:
     warmup = requests if args.warmup is None else args.warmup
     docs = args.docs or (10 if args.quick else 24)
     server, model = ensure_binaries(args.shape, args.weight_type, args.model)
+    exit_on_sigterm()
     work = make_workload(docs=docs, requests=warmup + requests, doc_words=args.doc_words, seed=args.seed)
     started = time.perf_counter()
     direct_servers = start_servers(args, server, model)
