@@ -301,8 +301,10 @@ def simulate(config: SimConfig, router_name: str, requests: list[SimRequest] | N
                 prompt_total += item.request.total_tokens
             if use_kv:
                 key = str(item.request.index)
-                router.first_token(key, index)
+                first = router.first_token(key, index)
                 router.finished(key, index)
+                if first is not None:
+                    router.measured(first, uncached, cached)
                 trees[index].correct(item.path[:-1], cached, item.predicted)
                 models[index].observe(uncached, cached, duration)
             start(index)

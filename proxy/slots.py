@@ -14,6 +14,7 @@ from opentelemetry.trace import Span
 
 from proxy.kv.order import OrderPolicy
 from proxy.kv.plan import PromptPlan
+from proxy.kv.router import FirstToken
 from proxy.kv.tree import Match, Segment
 from tiers.embedders.base import FloatArray
 from tiers.semantic import SemanticScope
@@ -81,6 +82,10 @@ class RoutedRequest:
     ticket: str = ""
     """The router's name for this request while it is in flight: the proxy's own, unique among requests in flight
     (a client's ``X-Request-ID`` is not: clients reuse them)."""
+    first_token: FirstToken | None = None
+    """What the router knew of it at its first token (:meth:`~proxy.kv.router.Router.first_token`): whether its
+    prefill ran alone on the replica (only then does the reported prefill time go to the prefill model), and the
+    inputs of the slowdown (``None`` when the router tracks no load)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,22 +1,28 @@
 """``python -m loadtest.bench kv [--quick] [--json]``: KV reuse on real llama-server replicas, direct vs proxy.
 
+``--load`` runs the load benchmark instead (goodput at a TTFT objective under open-loop arrivals,
+:mod:`loadtest.kv_load`); what follows is the sequential one, whose figures the load benchmark also prints as its
+calibration.
+
 Needs ``llama-server`` and a model: runs ``scripts/build_llama_server.sh`` (idempotent; the first build takes
-minutes) and ``scripts/make_tiny_gguf.py`` when they are missing (override with ``RAGPROXY_LLAMA_SERVER`` /
-``RAGPROXY_TINY_GGUF``). Not part of the default test run.
+minutes) and ``scripts/make_tiny_gguf.py --shape SHAPE`` when they are missing (override with
+``RAGPROXY_LLAMA_SERVER``, ``--model``; ``RAGPROXY_LLAMA_CACHE`` moves the cache folder).
 
 Workload: a corpus of documents with Zipf-distributed popularity; each request has one system prompt, the
 top-k (3-5) documents in a varying retrieval order, and a fresh question. Both sides send the same requests,
 one at a time, each first direct then through the proxy (interleaved, so both see the same load on this shared
-machine), to two separate sets of 2 fresh llama-server replicas (each with ``--slots`` slots):
+machine), to two separate sets of 2 fresh llama-server replicas with the same flags (each with ``--slots``
+slots; ``--server-arg`` adds flags to every replica of both sides):
 
-* direct — what an app does without ragproxy: documents rendered in retrieval order (the same byte-stable
-  template as the proxy's, so only order, routing and hints differ), replicas taken in round-robin, server defaults;
-* proxy — the request carries its documents as ``ragproxy.documents`` and goes through the proxy's ``Shape``
-  (``reuse`` order, or ``shift`` with ``--order shift``) and ``Route`` stages (knowledge tree per replica, TTFT
-  router, llama.cpp ``cache_prompt`` hint — these servers keep prompts in host memory, so the slot is theirs to
-  pick, see :class:`~proxy.kv.hints.SlotTable` — tree correction from ``timings.cache_n``, slots and capacity
-  read from ``/slots``), run in-process as a pipeline whose terminal sends the shaped body to the chosen replica
-  (the HTTP front is not involved).
+* direct (:class:`DirectSide`) — what an app does without ragproxy: documents rendered in retrieval order (the
+  same byte-stable template as the proxy's, so only order, routing and hints differ), replicas taken in
+  round-robin, server defaults;
+* proxy (:class:`ProxySide`) — the request carries its documents as ``ragproxy.documents`` and goes through the
+  proxy's ``Shape`` (``reuse`` order, or ``shift`` with ``--order shift``) and ``Route`` stages (knowledge tree
+  per replica, TTFT router, llama.cpp ``cache_prompt`` hint — these servers keep prompts in host memory, so the
+  slot is theirs to pick, see :class:`~proxy.kv.hints.SlotTable` — tree correction from ``timings.cache_n``,
+  slots and capacity read from ``/slots``), run in-process as a pipeline whose terminal sends the shaped body to
+  the chosen replica (the HTTP front is not involved).
 
 Two phases, both sent to both sides: ``--warmup`` requests (default: as many as are measured), then the measured
 requests. The headline ``ttft_speedup`` is the measured phase — steady state, what an app that keeps the proxy in
@@ -32,9 +38,17 @@ tokens; 10 documents with Zipf(1.1) popularity in quick mode (24 in the full run
 per-request fixed cost of a replica is measured — the TTFT of a one-token prompt (``fixed_cost_ms``): what no
 prefix reuse can remove.
 
-TTFT is the wall time of a one-token completion (prefill + one decode step). ``prefix_token_reuse`` is, from
-the server's own ``timings``, ``sum(cache_n) / sum(cache_n + prompt_n)`` over the proxy side (``..._direct``
-too), per phase.
+Where the time goes: TTFT is the wall time of a one-token completion (prefill + one decode step). Each reply
+carries the server's own ``timings``; ``prefix_token_reuse`` is ``sum(cache_n) / sum(cache_n + prompt_n)``, and
+``prefill_share`` is ``sum(prompt_ms) / sum(TTFT)`` — the part of the time to first token spent computing the
+prompt. The rest is the server's per-request work outside the prompt's compute (HTTP, chat template,
+tokenisation, slot choice, the one decode step) and its host-memory prompt cache (``--cache-ram``): when a slot
+is reused by LRU or would lose more than half of its prompt, the server saves the slot's KV to host memory and
+restores the stored prompt sharing the longest prefix with the new one, on its main loop, before the prompt's
+timer starts. The replicas run at log verbosity 4, which logs each such update's duration; the bench reports
+their total per request (``prompt_cache_ms``). On a GPU build without FlashAttention the V cache is transposed and
+that copy is one device-host transfer per layer and V row (16 x 512 for the ``1b`` shape), which is what a
+~90 ms TTFT with 97% of the prompt cached pointed to (see BENCHMARKS.md).
 """
 
 from __future__ import annotations
@@ -46,13 +60,15 @@ import json
 import math
 import os
 import random
+import re
+import signal
 import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import AsyncGenerator
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -60,8 +76,10 @@ from typing import Any
 import httpx
 import orjson
 
+from loadtest.goodput import ERROR, OK, REJECTED, Outcome
 from normalizer.documents import Document, render, render_document
 from proxy.context import Reply, RequestContext
+from proxy.errors import ProxyError
 from proxy.kv.admission_queue import AdmissionQueue
 from proxy.kv.discovery import apply_slots, read_slots
 from proxy.kv.hints import SlotTable
@@ -109,7 +127,7 @@ def make_workload(*, docs: int, requests: int, doc_words: int, seed: int, zipf_s
     weights = [1 / (r + 1) ** zipf_s for r in range(docs)]
     reqs = []
     for i in range(requests):
-        k = rnd.randint(3, 5)
+        k = min(rnd.randint(3, 5), docs)  # (a corpus under 5 documents would never fill a top-5)
         chosen: list[int] = []
         while len(chosen) < k:
             pick = rnd.choices(range(docs), weights)[0]
@@ -162,20 +180,36 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def ensure_binaries() -> tuple[Path, Path]:
+def model_path(shape: str, weight_type: str) -> Path:
+    """Where the random-weight model of ``shape`` is cached (the ``tiny`` F16 one keeps its historic name)."""
+    if shape == "tiny" and weight_type == "f16":
+        return Path(os.environ.get("RAGPROXY_TINY_GGUF", CACHE / "tiny-llama.gguf"))
+    return CACHE / f"random-llama-{shape}-{weight_type}.gguf"
+
+
+def ensure_binaries(shape: str = "tiny", weight_type: str = "f16", model: Path | None = None) -> tuple[Path, Path]:
+    """``(llama-server, model)``, building or writing whichever is missing."""
     server = Path(os.environ.get("RAGPROXY_LLAMA_SERVER", CACHE / "llama-server"))
     if not server.exists():
         subprocess.run(["bash", str(ROOT / "scripts" / "build_llama_server.sh")], check=True)
-    model = Path(os.environ.get("RAGPROXY_TINY_GGUF", CACHE / "tiny-llama.gguf"))
+    if model is not None:
+        return server, model
+    model = model_path(shape, weight_type)
     if not model.exists():
         subprocess.run(
-            [sys.executable, str(ROOT / "scripts" / "make_tiny_gguf.py"), "--out", str(model)], check=True
+            [sys.executable, str(ROOT / "scripts" / "make_tiny_gguf.py"), "--out", str(model), "--shape", shape,
+             "--type", weight_type, "--vocab", str(CACHE / "vocab" / "ggml-vocab-llama-spm.gguf")],
+            check=True,
         )
     return server, model
 
 
+PROMPT_CACHE_UPDATE = re.compile(rb"prompt cache update took ([0-9.]+) ms")
+"""The line llama-server logs (verbosity 4) after each save/restore of its host-memory prompt cache."""
+
+
 class Servers:
-    """Fresh llama-server replicas for one phase (started and stopped by this process only)."""
+    """Fresh llama-server replicas (started and stopped by this process only), all with the same flags."""
 
     def __init__(
         self,
@@ -186,23 +220,27 @@ class Servers:
         ctx_per_slot: int,
         threads: int,
         cache_ram_mib: int = 2048,
+        extra_args: Sequence[str] = (),
+        verbosity: int | None = None,
     ) -> None:
         self.urls: list[str] = []
         self._procs: list[subprocess.Popen[bytes]] = []
         self._logs = tempfile.TemporaryDirectory(prefix="ragproxy-llama-")
+        self.log_paths: list[Path] = []
         for i in range(count):
             port = _free_port()
-            log = open(Path(self._logs.name) / f"server-{i}.log", "wb")  # noqa: SIM115
+            path = Path(self._logs.name) / f"server-{i}.log"
+            log = open(path, "wb")  # noqa: SIM115
             command = [str(binary), "-m", str(model), "--host", "127.0.0.1", "--port", str(port)]
             command += ["-c", str(ctx_per_slot * slots), "-np", str(slots), "-t", str(threads)]
             command += ["-tb", str(threads), "--poll", "0", "--no-warmup", "-b", "512", "-ub", "512"]
             command += ["--cache-ram", str(cache_ram_mib)]
-            proc = subprocess.Popen(
-                command,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-            )
+            if verbosity is not None:
+                command += ["-lv", str(verbosity)]
+            command += list(extra_args)
+            proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
             self._procs.append(proc)
+            self.log_paths.append(path)
             self.urls.append(f"http://127.0.0.1:{port}")
 
     def wait_ready(self, timeout_s: float = 60) -> None:
@@ -222,6 +260,27 @@ class Servers:
                     raise TimeoutError(f"llama-server at {url} not ready")
                 time.sleep(0.2)
 
+    def prompt_cache_updates_ms(self) -> list[float]:
+        """Durations of every host prompt-cache update the replicas logged so far (needs verbosity 4)."""
+        found: list[float] = []
+        for path in self.log_paths:
+            found += [float(m) for m in PROMPT_CACHE_UPDATE.findall(path.read_bytes())]
+        return found
+
+    async def wait_idle(self, client: httpx.AsyncClient, timeout_s: float = 30.0) -> None:
+        """Until no slot of any replica is processing (work a client gave up on is cancelled by the server, but
+        not at once), so that the next run starts on an idle machine."""
+        deadline = time.monotonic() + timeout_s
+        for url in self.urls:
+            while time.monotonic() < deadline:
+                try:
+                    slots = (await client.get(url + "/slots", timeout=5)).json()
+                    if not any(s.get("is_processing") for s in slots):
+                        break
+                except (httpx.HTTPError, ValueError):
+                    pass
+                await asyncio.sleep(0.1)
+
     def stop(self) -> None:
         for proc in self._procs:
             proc.terminate()
@@ -233,15 +292,47 @@ class Servers:
         self._logs.cleanup()
 
 
-@dataclass(slots=True)
-class Sample:
-    ttft_s: float
-    cache_n: int
-    prompt_n: int
+def exit_on_sigterm() -> None:
+    """Turn SIGTERM (``timeout``, a CI job stopped) into ``SystemExit``, so that ``finally`` stops the replicas
+    instead of leaving them running (holding a GPU's memory for the next run)."""
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+
+
+def add_server_options(parser: argparse.ArgumentParser) -> None:
+    """The replica and model options the sequential and load benchmarks share (both sides get the same)."""
+    parser.add_argument("--replicas", type=int, default=2)
+    parser.add_argument("--slots", type=int, default=2)
+    parser.add_argument("--ctx-per-slot", type=int, default=8192)
+    parser.add_argument("--threads", type=int, default=1, help="llama-server threads per replica")
+    parser.add_argument("--cache-ram", type=int, default=2048, metavar="MIB",
+                        help="llama-server's host-memory prompt cache (0: none; the proxy then pins slots)")
+    parser.add_argument("--server-arg", action="append", default=[], metavar="ARG",
+                        help="an extra llama-server argument for every replica of both sides (repeatable; "
+                             "e.g. --server-arg=-ngl --server-arg=99)")
+    parser.add_argument("--shape", default="tiny", help="model shape of scripts/make_tiny_gguf.py: tiny, 1b, 8b")
+    parser.add_argument("--type", dest="weight_type", choices=["f16", "q8_0"], default="f16")
+    parser.add_argument("--model", type=Path, help="a GGUF model to use instead of the shape's random one")
+    parser.add_argument("--no-trace", action="store_true",
+                        help="run the replicas at the default log verbosity (no prompt-cache update times)")
+
+
+def start_servers(args: argparse.Namespace, binary: Path, model: Path) -> Servers:
+    return Servers(binary, model, args.replicas, args.slots, args.ctx_per_slot, args.threads, args.cache_ram,
+                   args.server_arg, None if args.no_trace else 4)
 
 
 def _body(messages: list[dict[str, Any]]) -> dict[str, Any]:
     return {"model": "tiny", "messages": messages, "max_tokens": 1, "temperature": 0}
+
+
+def _outcome(started: float, status: int, content: bytes) -> Outcome:
+    """An answered request's outcome from its reply (the server's ``timings``), or an error."""
+    elapsed = time.perf_counter() - started
+    if status != 200:
+        return Outcome(ERROR, elapsed)
+    timings = orjson.loads(content or b"{}").get("timings", {})
+    return Outcome(OK, elapsed, int(timings.get("cache_n", 0)), int(timings.get("prompt_n", 0)),
+                   float(timings.get("prompt_ms", 0.0)))
 
 
 async def fixed_cost_ms(url: str, repeats: int = 5) -> float:
@@ -258,117 +349,151 @@ async def fixed_cost_ms(url: str, repeats: int = 5) -> float:
     return statistics.median(times) * 1000
 
 
-async def direct_samples(urls: list[str], work: Workload, shift: int = 0) -> AsyncGenerator[Sample, None]:
-    """One sample per request, sent the way an app does without the proxy (with ``n_cache_reuse: shift`` when
-    ``shift`` > 0: what that llama.cpp option does without the proxy's order and routing)."""
-    async with httpx.AsyncClient(timeout=120) as client:
-        for i, (indices, question) in enumerate(work.requests):
-            docs = [work.documents[j] for j in indices]
-            body = _body(render(work.system, docs, question))
-            if shift:
-                body["n_cache_reuse"] = shift
-            started = time.perf_counter()
-            response = await client.post(urls[i % len(urls)] + "/v1/chat/completions", json=body)
-            elapsed = time.perf_counter() - started
-            response.raise_for_status()
-            timings = response.json().get("timings", {})
-            yield Sample(elapsed, int(timings.get("cache_n", 0)), int(timings.get("prompt_n", 0)))
+def _client() -> httpx.AsyncClient:
+    """A client that never limits concurrency (the load benchmark is open-loop)."""
+    return httpx.AsyncClient(timeout=600, limits=httpx.Limits(max_connections=None, max_keepalive_connections=64))
 
 
-async def proxy_samples(
-    urls: list[str], work: Workload, slots: int, ctx_per_slot: int, policy: OrderPolicy = OrderPolicy.REUSE
-) -> AsyncGenerator[Sample, None]:
-    """One sample per request, sent through the Shape and Route stages."""
-    models = [PrefillModel(PrefillCoefficients(0.02, 0.0006, 0.0), min_observations=4) for _ in urls]
-    replicas = [
-        Replica(
-            index=i,
-            kind=LLAMACPP,
-            tree=KnowledgeTree(slots * ctx_per_slot * 8, prefill=models[i]),
-            prefill=models[i],
-            queue=AdmissionQueue(limit=slots),
-            slots=SlotTable(slots),
+class DirectSide:
+    """Requests sent the way an app does without the proxy: retrieval order, replicas in round-robin (with
+    ``n_cache_reuse: shift`` when ``shift`` > 0: what that llama.cpp option does without the proxy's order and
+    routing)."""
+
+    def __init__(self, urls: list[str], work: Workload, client: httpx.AsyncClient, shift: int = 0) -> None:
+        self.urls, self.work, self.client, self.shift = urls, work, client, shift
+
+    async def send(self, index: int) -> Outcome:
+        """Request ``index`` of the workload (round-robin by index, which is arrival order)."""
+        indices, question = self.work.requests[index]
+        body = _body(render(self.work.system, [self.work.documents[j] for j in indices], question))
+        if self.shift:
+            body["n_cache_reuse"] = self.shift
+        started = time.perf_counter()
+        response = await self.client.post(self.urls[index % len(self.urls)] + "/v1/chat/completions", json=body)
+        return _outcome(started, response.status_code, response.content)
+
+
+class ProxySide:
+    """Requests through the proxy's KV layer: Shape and Route, run in-process, in front of the replicas.
+
+    One instance lives as long as its replicas (knowledge trees, prefill models, router and queues carry over from
+    one request, and one run, to the next, as in a proxy that keeps running). With ``slo_s`` the router refuses
+    (429) what no replica can answer within it and the admission queue drops what can no longer start in time.
+    """
+
+    def __init__(
+        self,
+        urls: list[str],
+        work: Workload,
+        client: httpx.AsyncClient,
+        *,
+        slots: int,
+        ctx_per_slot: int,
+        policy: OrderPolicy = OrderPolicy.REUSE,
+        slo_s: float | None = None,
+        prompt_cache: bool = True,
+    ) -> None:
+        self.urls, self.work, self.client = urls, work, client
+        self.estimates: list[tuple[float, float]] = []
+        """``(estimated, measured)`` TTFT of every answered request, in seconds."""
+        models = [PrefillModel(PrefillCoefficients(0.02, 0.0006, 0.0), min_observations=4) for _ in urls]
+        self.router = Router(models, ttft_slo_s=slo_s)
+        self.replicas = [
+            Replica(
+                index=i,
+                kind=LLAMACPP,
+                tree=KnowledgeTree(slots * ctx_per_slot * 8, prefill=models[i]),
+                prefill=models[i],
+                queue=AdmissionQueue(limit=slots, backlog=self.router.loads[i].running_s),
+                slots=SlotTable(slots, prompt_cache=prompt_cache),
+            )
+            for i in range(len(urls))
+        ]
+        shape = Shape(self.replicas, default_policy=policy)
+        self.pipeline = Pipeline([ReadPrompt(None), shape, Route(self.replicas, self.router)], self._forward)
+
+    def set_objective(self, slo_s: float) -> None:
+        """From now on, refuse (429) what no replica can answer within ``slo_s`` seconds."""
+        self.router.ttft_slo_s = slo_s
+        self.router.tracks_load = True
+
+    async def discover(self) -> None:
+        """Read every replica's ``/slots`` (the real slot count and KV size), as the proxy does."""
+        client = UpstreamClient(connect_timeout=5, read_timeout=10, pool_size=1)
+        try:
+            for replica, url in zip(self.replicas, self.urls, strict=True):
+                answer = await read_slots(client, url, {})
+                if answer is not None:
+                    apply_slots(answer, tree=replica.tree, queue=replica.queue, slot_table=replica.slots)
+        finally:
+            await client.close()
+
+    async def _forward(self, ctx: RequestContext) -> Reply:
+        routed = ctx.routed
+        assert routed is not None
+        response = await self.client.post(
+            self.urls[routed.replica] + "/v1/chat/completions",
+            content=ctx.outgoing_body(),
+            headers={"Content-Type": "application/json", **(routed.headers or {})},
         )
-        for i in range(len(urls))
-    ]
-    router = Router(models, ttft_slo_s=None)
-    client = UpstreamClient(connect_timeout=5, read_timeout=10, pool_size=1)
-    try:  # the real slot count and KV size, as the proxy reads them
-        for replica, url in zip(replicas, urls, strict=True):
-            answer = await read_slots(client, url, {})
-            if answer is not None:
-                apply_slots(answer, tree=replica.tree, load=router.loads[replica.index], slot_table=replica.slots)
-    finally:
-        await client.close()
-    async with httpx.AsyncClient(timeout=120) as client:
+        return Reply(response.status_code, body=response.content)
 
-        async def send(ctx: RequestContext) -> Reply:
-            routed = ctx.routed
-            assert routed is not None
-            response = await client.post(
-                urls[routed.replica] + "/v1/chat/completions",
-                content=ctx.outgoing_body(),
-                headers={"Content-Type": "application/json", **(routed.headers or {})},
-            )
-            return Reply(response.status_code, body=response.content)
-
-        pipeline = Pipeline([ReadPrompt(None), Shape(replicas, default_policy=policy), Route(replicas, router)], send)
-        for i, (indices, question) in enumerate(work.requests):
-            body = _body([{"role": "system", "content": work.system}, {"role": "user", "content": question}])
-            documents = {
-                "documents": [
-                    {
-                        "id": work.documents[j].id,
-                        "text": work.documents[j].text,
-                        "title": work.documents[j].title,
-                    }
-                    for j in indices
-                ]
-            }
-            ctx = RequestContext(
-                request=Request("POST", "/v1/chat/completions"),
-                route="chat",
-                request_id=f"kv-{i}",
-                raw_body=orjson.dumps(body),
-                body=body,
-                proxy_fields={"ragproxy": documents},
-            )
-            started = time.perf_counter()
-            reply = await pipeline(ctx)
-            elapsed = time.perf_counter() - started
-            if reply.status != 200:
-                raise RuntimeError(f"backend answered {reply.status}: {reply.body!r}")
-            timings = orjson.loads(reply.body or b"{}").get("timings", {})
-            yield Sample(elapsed, int(timings.get("cache_n", 0)), int(timings.get("prompt_n", 0)))
+    async def send(self, index: int) -> Outcome:
+        """Request ``index`` of the workload; a 429 of the proxy is :data:`~loadtest.goodput.REJECTED`."""
+        indices, question = self.work.requests[index]
+        body = _body([{"role": "system", "content": self.work.system}, {"role": "user", "content": question}])
+        documents = [{"id": d.id, "text": d.text, "title": d.title} for d in (self.work.documents[j] for j in indices)]
+        ctx = RequestContext(
+            request=Request("POST", "/v1/chat/completions"),
+            route="chat",
+            request_id=f"kv-{index}",
+            raw_body=orjson.dumps(body),
+            body=body,
+            proxy_fields={"ragproxy": {"documents": documents}},
+        )
+        started = time.perf_counter()
+        try:
+            reply = await self.pipeline(ctx)
+        except ProxyError as error:
+            if error.status == 429:
+                return Outcome(REJECTED, time.perf_counter() - started)
+            raise
+        outcome = _outcome(started, reply.status, reply.body or b"")
+        if ctx.routed is not None and outcome.status == OK:
+            self.estimates.append((ctx.routed.estimated_ttft_s, outcome.ttft_s))
+        return outcome
 
 
 async def run_interleaved(
-    direct_urls: list[str], proxy_urls: list[str], work: Workload, slots: int, ctx_per_slot: int,
-    policy: OrderPolicy = OrderPolicy.REUSE, direct_shift: int = 0,
-) -> tuple[list[Sample], list[Sample]]:
-    """Each request goes direct, then through the proxy: both see the same (noisy, shared) machine."""
-    direct: list[Sample] = []
-    proxied: list[Sample] = []
-    direct_iter = direct_samples(direct_urls, work, direct_shift)
-    proxy_iter = proxy_samples(proxy_urls, work, slots, ctx_per_slot, policy)
-    for _ in work.requests:
-        direct.append(await anext(direct_iter))
-        proxied.append(await anext(proxy_iter))
-    await direct_iter.aclose()
-    await proxy_iter.aclose()
-    return direct, proxied
+    direct: DirectSide, proxy: ProxySide, indices: Sequence[int]
+) -> tuple[list[Outcome], list[Outcome]]:
+    """Each request goes direct, then through the proxy, one at a time: both see the same (noisy, shared)
+    machine."""
+    direct_out: list[Outcome] = []
+    proxy_out: list[Outcome] = []
+    for index in indices:
+        direct_out.append(await direct.send(index))
+        proxy_out.append(await proxy.send(index))
+        if direct_out[-1].status != OK or proxy_out[-1].status != OK:
+            raise RuntimeError(f"request {index} failed: direct {direct_out[-1]}, proxy {proxy_out[-1]}")
+    return direct_out, proxy_out
 
 
-def _reuse(samples: list[Sample]) -> float:
+def _reuse(samples: list[Outcome]) -> float:
     cached = sum(s.cache_n for s in samples)
     total = cached + sum(s.prompt_n for s in samples)
     return cached / total if total else 0.0
 
 
+def _prefill_share(samples: list[Outcome]) -> float:
+    total_ms = sum(s.ttft_s for s in samples) * 1000
+    return sum(s.prompt_ms for s in samples) / total_ms if total_ms else 0.0
+
+
 @dataclass(slots=True)
 class Phase:
-    direct: list[Sample]
-    proxy: list[Sample]
+    direct: list[Outcome]
+    proxy: list[Outcome]
 
     def summary(self) -> dict[str, float]:
         p50_direct = statistics.median(s.ttft_s for s in self.direct) * 1000
@@ -381,19 +506,62 @@ class Phase:
             "ttft_speedup": round(p50_direct / p50_proxy, 2),
             "prefix_token_reuse": round(_reuse(self.proxy), 3),
             "prefix_token_reuse_direct": round(_reuse(self.direct), 3),
+            "prefill_share": round(_prefill_share(self.proxy), 3),
+            "prefill_share_direct": round(_prefill_share(self.direct), 3),
+            "prompt_ms_mean": round(statistics.mean(s.prompt_ms for s in self.proxy), 1),
+            "prompt_ms_mean_direct": round(statistics.mean(s.prompt_ms for s in self.direct), 1),
         }
 
 
+def prefill_bound_speedup(phase: Phase) -> float:
+    """The TTFT speedup the proxy's saved prefill allows: mean direct TTFT over (mean direct TTFT minus the prefill
+    time the proxy saved per request) — what a perfect proxy that only cut prefill could give on this phase."""
+    direct_ttft = statistics.mean(s.ttft_s for s in phase.direct) * 1000
+    saved = statistics.mean(s.prompt_ms for s in phase.direct) - statistics.mean(s.prompt_ms for s in phase.proxy)
+    return direct_ttft / (direct_ttft - saved) if direct_ttft > saved else math.inf
+
+
+@dataclass(slots=True)
+class Sequential:
+    """What the sequential phases gave, with the replicas' host prompt-cache update times per side."""
+
+    fixed_ms: float
+    cold: Phase | None
+    steady: Phase
+    prompt_cache_ms_direct: float
+    prompt_cache_ms_proxy: float
+    """Mean time per request the replicas spent saving and restoring prompts in host memory (verbosity 4)."""
+
+
+async def sequential(
+    direct_servers: Servers, proxy_servers: Servers, direct: DirectSide, proxy: ProxySide, warmup: int, measured: int
+) -> Sequential:
+    """The fixed cost, then ``warmup`` + ``measured`` requests sent one at a time to both sides."""
+    fixed_ms = await fixed_cost_ms(proxy_servers.urls[-1])
+    await proxy.discover()
+    direct_out, proxy_out = await run_interleaved(direct, proxy, range(warmup + measured))
+    count = max(1, warmup + measured)
+    return Sequential(
+        fixed_ms,
+        Phase(direct_out[:warmup], proxy_out[:warmup]) if warmup else None,
+        Phase(direct_out[warmup:], proxy_out[warmup:]),
+        sum(direct_servers.prompt_cache_updates_ms()) / count,
+        sum(proxy_servers.prompt_cache_updates_ms()) / count,
+    )
+
+
 def main(argv: list[str]) -> int:
+    if "--load" in argv:
+        from loadtest.kv_load import main as load_main
+
+        return load_main([a for a in argv if a != "--load"])
     parser = argparse.ArgumentParser(prog="python -m loadtest.bench kv")
     parser.add_argument("--quick", action="store_true", help="fewer requests and documents")
     parser.add_argument("--json", action="store_true", help="print one JSON object as the last line")
+    parser.add_argument("--load", action="store_true", help="the load benchmark (loadtest.kv_load)")
     parser.add_argument("--requests", type=int, help="measured requests (quick 16, else 40)")
     parser.add_argument("--warmup", type=int, help="requests sent before, not counted (default: --requests)")
     parser.add_argument("--docs", type=int)
-    parser.add_argument("--replicas", type=int, default=2)
-    parser.add_argument("--slots", type=int, default=2)
-    parser.add_argument("--threads", type=int, default=1, help="llama-server threads per replica")
     parser.add_argument("--doc-words", type=int, default=200)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--order", choices=["reuse", "shift"], default="reuse",
@@ -402,37 +570,43 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--direct-shift", type=int, default=0, metavar="N",
                         help="the direct side sends n_cache_reuse=N too (a baseline for --order shift)")
     parser.add_argument("--verbose", action="store_true", help="print every request's TTFT and timings")
+    add_server_options(parser)
     args = parser.parse_args(argv)
     requests = args.requests or (16 if args.quick else 40)
     warmup = requests if args.warmup is None else args.warmup
     docs = args.docs or (10 if args.quick else 24)
-    ctx_per_slot = 8192
-    server, model = ensure_binaries()
+    server, model = ensure_binaries(args.shape, args.weight_type, args.model)
+    exit_on_sigterm()
     work = make_workload(docs=docs, requests=warmup + requests, doc_words=args.doc_words, seed=args.seed)
     started = time.perf_counter()
-    direct_servers = Servers(server, model, args.replicas, args.slots, ctx_per_slot, args.threads)
-    proxy_servers = Servers(server, model, args.replicas, args.slots, ctx_per_slot, args.threads)
+    direct_servers = start_servers(args, server, model)
+    proxy_servers = start_servers(args, server, model)
+
+    async def run() -> Sequential:
+        async with _client() as client:
+            direct = DirectSide(direct_servers.urls, work, client, args.direct_shift)
+            proxy = ProxySide(proxy_servers.urls, work, client, slots=args.slots, ctx_per_slot=args.ctx_per_slot,
+                              policy=OrderPolicy(args.order), prompt_cache=args.cache_ram != 0)
+            return await sequential(direct_servers, proxy_servers, direct, proxy, warmup, requests)
+
     try:
-        direct_servers.wait_ready()
-        proxy_servers.wait_ready()
-        fixed_ms = asyncio.run(fixed_cost_ms(proxy_servers.urls[-1]))
-        direct, proxied = asyncio.run(
-            run_interleaved(direct_servers.urls, proxy_servers.urls, work, args.slots, ctx_per_slot,
-                            OrderPolicy(args.order), args.direct_shift)
-        )
+        direct_servers.wait_ready(300)
+        proxy_servers.wait_ready(300)
+        result = asyncio.run(run())
     finally:
         direct_servers.stop()
         proxy_servers.stop()
+    cold, steady = result.cold, result.steady
     if args.verbose:
-        for i, (d, p) in enumerate(zip(direct, proxied, strict=True)):
-            mark = "w" if i < warmup else " "
-            print(
-                f" {mark}#{i:<3} direct {d.ttft_s * 1000:7.0f} ms cached {d.cache_n:5} computed {d.prompt_n:5}"
-                f" | proxy {p.ttft_s * 1000:7.0f} ms cached {p.cache_n:5} computed {p.prompt_n:5}"
-            )
-    cold = Phase(direct[:warmup], proxied[:warmup]) if warmup else None
-    steady = Phase(direct[warmup:], proxied[warmup:])
-    prompt_tokens = statistics.mean(s.cache_n + s.prompt_n for s in direct)
+        phases = ([("w", cold)] if cold else []) + [(" ", steady)]
+        index = itertools.count()
+        for mark, phase in phases:
+            for d, p in zip(phase.direct, phase.proxy, strict=True):
+                print(
+                    f" {mark}#{next(index):<3} direct {d.ttft_s * 1000:7.0f} ms (prefill {d.prompt_ms:6.0f}) cached "
+                    f"{d.cache_n:5} computed {d.prompt_n:5} | proxy {p.ttft_s * 1000:7.0f} ms (prefill "
+                    f"{p.prompt_ms:6.0f}) cached {p.cache_n:5} computed {p.prompt_n:5}"
+                )
     summary: dict[str, object] = {
         "bench": "kv",
         "requests": requests,
@@ -440,12 +614,17 @@ def main(argv: list[str]) -> int:
         "documents": docs,
         "replicas": args.replicas,
         "slots_per_replica": args.slots,
+        "shape": args.model.name if args.model else f"{args.shape}-{args.weight_type}",
+        "server_args": args.server_arg,
         "order": args.order,
         "direct_n_cache_reuse": args.direct_shift,
-        "mean_prompt_tokens": round(prompt_tokens),
-        "fixed_cost_ms": round(fixed_ms, 1),
+        "mean_prompt_tokens": round(statistics.mean(s.cache_n + s.prompt_n for s in steady.direct)),
+        "fixed_cost_ms": round(result.fixed_ms, 1),
         **steady.summary(),
+        "prefill_bound_speedup": round(prefill_bound_speedup(steady), 2),
         "prefix_token_reuse_ceiling": round(prefix_reuse_ceiling(work, warmup), 3),
+        "prompt_cache_ms_per_request": round(result.prompt_cache_ms_proxy, 1),
+        "prompt_cache_ms_per_request_direct": round(result.prompt_cache_ms_direct, 1),
     }
     if cold is not None:
         summary.update({f"{k}_cold" if k.startswith(("ttft_sp", "prefix")) else f"cold_{k}": v
@@ -454,8 +633,20 @@ def main(argv: list[str]) -> int:
     print(
         f"{warmup} warm-up + {requests} measured requests, {docs} documents, {args.replicas} llama-server "
         f"replicas x {args.slots} slots, ~{summary['mean_prompt_tokens']} prompt tokens, "
-        f"fixed cost {summary['fixed_cost_ms']} ms"
+        f"fixed cost {summary['fixed_cost_ms']} ms, model {summary['shape']}"
     )
+    print_phases(cold, steady)
+    print(f"  prefill saved allows a TTFT speedup of {summary['prefill_bound_speedup']} (steady state); host prompt "
+          f"cache updates per request: direct {summary['prompt_cache_ms_per_request_direct']} ms, proxy "
+          f"{summary['prompt_cache_ms_per_request']} ms")
+    print(f"  a perfect prefix cache with the same order rule would reuse {summary['prefix_token_reuse_ceiling']}"
+          " of the measured requests' prompt tokens (estimated tokens)")
+    if args.json:
+        print(json.dumps(summary))
+    return 0
+
+
+def print_phases(cold: Phase | None, steady: Phase) -> None:
     for name, phase in (("cold start (warm-up)", cold), ("steady state (measured)", steady)):
         if phase is None:
             continue
@@ -463,15 +654,10 @@ def main(argv: list[str]) -> int:
         print(f"  {name}:")
         print(
             f"    direct: TTFT p50 {figures['ttft_p50_direct_ms']:8.1f} ms   prefix reuse "
-            f"{figures['prefix_token_reuse_direct']:.3f}"
+            f"{figures['prefix_token_reuse_direct']:.3f}   prefill share {figures['prefill_share_direct']:.2f}"
         )
         print(
             f"    proxy:  TTFT p50 {figures['ttft_p50_proxy_ms']:8.1f} ms   prefix reuse "
-            f"{figures['prefix_token_reuse']:.3f}"
+            f"{figures['prefix_token_reuse']:.3f}   prefill share {figures['prefill_share']:.2f}"
         )
         print(f"    ttft_speedup (p50 direct / p50 proxy): {figures['ttft_speedup']}")
-    print(f"  a perfect prefix cache with the same order rule would reuse {summary['prefix_token_reuse_ceiling']}"
-          " of the measured requests' prompt tokens (estimated tokens)")
-    if args.json:
-        print(json.dumps(summary))
-    return 0

@@ -10,7 +10,10 @@ TTFT objective (the router's :attr:`~proxy.kv.router.RouteDecision.start_deadlin
 is not started but dropped (:attr:`CacheAwareOrder.expired`; the adapter raises :class:`DeadlineExceeded`, a
 429 for the client): it would miss the objective anyway, and the prefill it would have cost goes to requests
 that can still meet theirs. Under overload this is what keeps goodput up — without it every request in a
-growing queue is served late.
+growing queue is served late. A request leaving the queue does not start its prefill at once when the replica
+still has prefill work in hand (a llama.cpp server computes its slots' prompts one after the other): with a
+``backlog`` (the router's estimate of that work, :meth:`~proxy.kv.router.ReplicaLoad.running_s`) a waiting request
+is dropped once ``now + backlog`` passes its deadline.
 
 :class:`AdmissionQueue` is the thin asyncio adapter: ``async with queue.slot(cached, compute):`` waits for one
 of ``limit`` slots (bounded by ``max_wait_s``; :class:`asyncio.TimeoutError` when exceeded) and frees it on
@@ -78,20 +81,22 @@ class CacheAwareOrder(Generic[T]):
             entry.taken = True
             self._size -= 1
 
-    def pop(self, now: float) -> T | None:
-        """The next request to admit, or ``None`` when nobody waits (expired ones go to :attr:`expired`)."""
-        while self._arrival and (self._arrival[0].taken or self._expire(self._arrival[0], now)):
+    def pop(self, now: float, backlog_s: float = 0.0) -> T | None:
+        """The next request to admit, or ``None`` when nobody waits. Its prefill starts ``backlog_s`` from now: those
+        whose deadline that passes go to :attr:`expired`."""
+        start = now + backlog_s
+        while self._arrival and (self._arrival[0].taken or self._expire(self._arrival[0], start)):
             self._arrival.popleft()
         if self._arrival and now - self._arrival[0].enqueued_at >= self.starvation_window_s:
             return self._take(self._arrival.popleft())
         while self._heap:
             _, _, entry = heapq.heappop(self._heap)
-            if not entry.taken and not self._expire(entry, now):
+            if not entry.taken and not self._expire(entry, start):
                 return self._take(entry)
         return None
 
-    def _expire(self, entry: _Waiting[T], now: float) -> bool:
-        if entry.taken or entry.deadline is None or now <= entry.deadline:
+    def _expire(self, entry: _Waiting[T], start: float) -> bool:
+        if entry.taken or entry.deadline is None or start <= entry.deadline:
             return False
         self.expired.append(self._take(entry))
         return True
@@ -112,9 +117,12 @@ class AdmissionQueue:
         starvation_window_s: float = 2.0,
         max_wait_s: float = 30.0,
         clock: Callable[[], float] = time.monotonic,
+        backlog: Callable[[float], float] | None = None,
     ) -> None:
         if limit < 1:
             raise ValueError("limit must be at least 1")
+        self.backlog = backlog
+        """Estimated prefill seconds the replica still has in hand at a given time (its own requests in flight)."""
         self.limit = limit
         self.max_wait_s = max_wait_s
         self.active = 0
@@ -168,7 +176,8 @@ class AdmissionQueue:
             self.active = max(0, self.active - 1)
             return
         while True:
-            future = self._order.pop(self._clock())
+            now = self._clock()
+            future = self._order.pop(now, self.backlog(now) if self.backlog is not None else 0.0)
             for late in self._order.expired:
                 if not late.done():
                     late.set_exception(DeadlineExceeded("the request could not start before its deadline"))

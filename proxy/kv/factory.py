@@ -42,21 +42,21 @@ def build_kv(settings: Settings, pool: BackendPool, client: UpstreamClient | Non
     routing = settings.routing
     if not routing.enabled:
         return None
+    backends = settings.upstreams.llm
+    models = [PrefillModel() for _ in backends]
+    # parallelism 1 (the default): llama.cpp computes its slots' prompts one after the other (proxy.kv.router)
+    router = Router(models, ttft_slo_s=routing.ttft_slo_s, affinity_headroom=routing.affinity_headroom)
     replicas: list[Replica] = []
-    for index, backend in enumerate(settings.upstreams.llm):
-        prefill = PrefillModel()
+    for index, backend in enumerate(backends):
         kind = KINDS[backend.kind]
         replicas.append(Replica(
-            index=index, kind=kind, prefill=prefill,
-            tree=KnowledgeTree(backend.kv_capacity_tokens, prefill=prefill),
+            index=index, kind=kind, prefill=models[index],
+            tree=KnowledgeTree(backend.kv_capacity_tokens, prefill=models[index]),
             queue=AdmissionQueue(backend.max_concurrency, starvation_window_s=routing.starvation_window_s,
-                                 max_wait_s=routing.queue_max_wait_s),
+                                 max_wait_s=routing.queue_max_wait_s, backlog=router.loads[index].running_s),
             slots=SlotTable(backend.slots, prompt_cache=routing.llama_prompt_cache)
             if kind.tracks_slots else None,
         ))
-    router = Router([r.prefill for r in replicas], ttft_slo_s=routing.ttft_slo_s,
-                    parallelism=[b.slots for b in settings.upstreams.llm],
-                    affinity_headroom=routing.affinity_headroom)
     shape = Shape(replicas, policies={ns: OrderPolicy(order) for ns, order in routing.namespace_orders.items()},
                   default_policy=OrderPolicy(routing.order), popularity=Popularity())
     salt = routing.salt_secret.get_secret_value() if routing.salt_secret else ""

@@ -27,8 +27,9 @@ in the ``response.completed`` event; :func:`usage_object` finds either) or llama
 :func:`reported_prompt_tokens` the prompt's length in the backend's tokens (to convert reports into the tree's
 estimated tokens);
 :func:`reported_prefill`
-returns llama.cpp's ``(prompt_n, cache_n, prompt_ms)`` for the prefill-time model. :func:`capacity_from_slots`
-reads the KV capacity of a llama.cpp server from its ``/slots`` answer.
+returns llama.cpp's ``(prompt_n, cache_n, prompt_ms)`` for the prefill-time model, :func:`reported_decode_s` its
+time generating after the first token (what a reply that was not streamed spent beyond its first token).
+:func:`capacity_from_slots` reads the KV capacity of a llama.cpp server from its ``/slots`` answer.
 """
 
 from __future__ import annotations
@@ -283,6 +284,15 @@ def reported_prefill(reply: Reported) -> tuple[int, int, float] | None:
         timings = obj.get("timings")
         if isinstance(timings, dict) and {"prompt_n", "cache_n", "prompt_ms"} <= timings.keys():
             return int(timings["prompt_n"]), int(timings["cache_n"]), float(timings["prompt_ms"])
+    return None
+
+
+def reported_decode_s(reply: Reported) -> float | None:
+    """llama.cpp's time generating after the first token (``timings.predicted_ms``, in seconds), or ``None``."""
+    for obj in reply_objects(reply):
+        timings = obj.get("timings")
+        if isinstance(timings, dict) and isinstance(timings.get("predicted_ms"), int | float):
+            return float(timings["predicted_ms"]) / 1000
     return None
 
 

@@ -9,11 +9,18 @@ token attends to everything before it), which makes a document's recompute cost 
 collects what backends report (llama.cpp ``timings.prompt_ms`` / ``prompt_n`` / ``cache_n``, or measured time
 to first token) and refits the three coefficients with least squares (numpy) over a bounded window;
 coefficients stay non-negative.
+
+:func:`share_fits`: a replica's model that has not been fitted yet takes the mean coefficients of the fitted ones.
+The replicas behind one proxy serve the same model, and the router compares their estimates: one left at the
+defaults looks slower (or faster) than it is. In the load benchmark (``python -m loadtest.bench kv --load``) a
+second replica left at a pessimistic default was never chosen, so it was never fitted either: the proxy served
+everything from one of its two replicas.
 """
 
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -39,6 +46,11 @@ class PrefillModel:
         self.coefficients = coefficients or PrefillCoefficients()
         self.min_observations = min_observations
         self._observations: deque[tuple[int, int, float]] = deque(maxlen=window)
+
+    @property
+    def fitted(self) -> bool:
+        """Whether the coefficients come from this backend's own observations."""
+        return len(self._observations) >= self.min_observations
 
     def seconds(self, new_tokens: int, cached_tokens: int = 0) -> float:
         """Estimated time to prefill ``new_tokens`` after ``cached_tokens`` already in the KV cache."""
@@ -76,6 +88,19 @@ class PrefillModel:
         coef = _nonnegative_lstsq(features, y)
         self.coefficients = PrefillCoefficients(float(coef[0]), float(coef[1]), float(coef[2]))
         return self.coefficients
+
+
+def share_fits(models: Sequence[PrefillModel]) -> bool:
+    """Give the models not fitted yet the mean coefficients of the fitted ones; returns whether any is still
+    unfitted (so the caller can stop calling once every one has its own fit)."""
+    fitted = [m.coefficients for m in models if m.fitted]
+    unfitted = [m for m in models if not m.fitted]
+    if fitted and unfitted:
+        mean = PrefillCoefficients(*(float(np.mean(values)) for values in zip(*(
+            (c.fixed_s, c.per_token_s, c.per_token_context_s) for c in fitted), strict=True)))
+        for model in unfitted:
+            model.coefficients = mean
+    return bool(unfitted)
 
 
 def _nonnegative_lstsq(a: np.ndarray, y: np.ndarray) -> np.ndarray:

@@ -8,16 +8,43 @@ For each replica the caller gives how many of the request's prompt tokens that r
 where the queue wait is the prefill work still ahead on that replica — the remaining estimated prefill of the
 requests it is running (their estimate minus the time since they started, never below zero) plus the estimated
 prefill of the requests waiting for a concurrency slot — divided by ``parallelism`` (how many prefills the
-replica overlaps; 1 for a CPU server).
+replica overlaps). It is 1 by default, and right for llama.cpp whatever its slots: its server fills each batch
+with the prompt tokens of its slots in slot order (``update_slots`` in ``tools/server/server-context.cpp``), so
+the prompts of several slots are computed one after the other, not side by side; counting its slots as
+parallelism halved the estimated wait on a 2-slot server and let the proxy admit requests that could not meet
+the objective (``python -m loadtest.bench kv --load``).
+
+A prefill that overlapped another on the same replica was slowed by it, so its reported time says little about
+the prefill alone: :meth:`Router.first_token` says whether the request's prefill ran alone, and only those are fed
+to the prefill model (:class:`~proxy.kv.stages.Route`).
+
+Slowdown: what the prefill models cannot see — replicas or other work sharing the same GPU or CPU cores, a
+machine busier than when the models were fitted, the server's own per-request work — makes the estimates wrong by
+a common factor. The router keeps one :class:`Slowdown` for its replicas: the measured over the estimated time
+from a request's start to its first token, the estimate made again with the tokens the backend reports it
+computed and reused (:meth:`Router.measured`: a wrong guess of what was cached is the knowledge tree's to
+correct, not slowness; counted as slowness, it cost the routing simulation 0.1 of its goodput ratio with 8
+replicas), as a geometric moving average (weight 0.2 per request, within ``[1/4, 8]``), which multiplies the
+prefill of every new estimate. It relaxes towards 1 with a half-life of 10 s while no replica is busy, so
+estimates that refuse everything do not stay. One factor, not one per replica: a per-replica factor relaxed on
+the idle replica and stayed up on the busy one, so the router drifted to the replica with less cached for it (in
+the sequential ``kv`` bench, reuse fell from 0.52 to 0.49); replicas that differ in speed differ in their own
+prefill fits. On the shared 2-core machine of the load benchmark, estimates without it were half the measured
+times under load, and the least-work rule kept sending to one replica while the other idled.
 
 Load-balance guard (the rule of SGLang's cache-aware router): when replicas are imbalanced — the busiest has
 more than ``balance_abs_threshold`` requests above the idlest and more than ``balance_rel_threshold`` times as
 many — cache affinity is ignored and the least-loaded replica (by outstanding requests, then estimate) is
 chosen, so a hot prefix cannot pile everything onto one replica.
 
-When even the best estimate exceeds ``ttft_slo_s`` the router answers :class:`Reject` with a ``retry_after_s``
-(the excess, rounded up to whole seconds, at least one); the Route stage turns that into 429 with
-``Retry-After``.
+Refusal: when no replica could meet ``ttft_slo_s`` even if the request went first in its waiting queue — the
+prefill already started there, then its own — the router answers :class:`Reject` with a ``retry_after_s`` (the
+excess of the best estimate, rounded up to whole seconds, at least one); the Route stage turns that into 429 with
+``Retry-After``. One that could is admitted, even when its estimate behind the requests already waiting exceeds
+the SLO: the waiting queue is cache-aware, not first-come, and drops what can no longer start in time, so
+requests ahead of it may never run; the queue then decides, with what it knows when a slot frees, and drops it
+(429) if it cannot start in time. Refusing on the estimate with the queue in it refused requests that would
+have made it: at the direct side's knee in ``kv --load``, 11% refused where the direct side answered 98% in time.
 
 With an SLO, a first token sooner than the SLO earns nothing, while every token a replica computes is capacity
 taken from the requests behind it. So among the replicas whose estimate is within ``affinity_headroom`` times
@@ -41,7 +68,7 @@ import heapq
 import math
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from proxy.kv.prefill import PrefillModel
 
@@ -80,6 +107,63 @@ class _Outstanding:
     prefill_s: float
     end: float | None = None
     """Started: when its estimated prefill ends (router clock); counted in the running sums until then."""
+    alone: bool = False
+    """Started while no other prefill of the replica was running."""
+    starts_before: int = 0
+    """The replica's count of started prefills when this one started (a later start overlapped it)."""
+    started_at: float = 0.0
+    ahead_s: float = 0.0
+    """At its start: the estimated prefill left ahead of it on the replica."""
+    factor: float = 1.0
+    """At its start: the slowdown its estimates carried."""
+
+
+@dataclass(frozen=True, slots=True)
+class FirstToken:
+    """A started request at its first token (:meth:`Router.first_token`): whether its prefill ran alone on its
+    replica, and what :meth:`Router.measured` needs to learn the slowdown once the backend says what it computed."""
+
+    replica: int
+    alone: bool
+    ahead_s: float
+    factor: float
+    elapsed_s: float
+    """From its start to its first token (or to the whole reply, for one that was not streamed)."""
+
+
+@dataclass(slots=True)
+class Slowdown:
+    """Measured over estimated time to first token, averaged over the requests of all replicas (module docs)."""
+
+    value: float = 1.0
+    weight: float = 0.2
+    half_life_s: float = 10.0
+    running: int = 0
+    """Requests started and not past their first token, on any replica."""
+    idle_since: float = 0.0
+
+    def factor(self, now: float) -> float:
+        """The slowdown to apply now: ``value``, relaxed towards 1 for as long as every replica has been idle."""
+        if self.running or self.value == 1.0:
+            return self.value
+        decay = math.pow(0.5, max(0.0, now - self.idle_since) / self.half_life_s)
+        return 1.0 + (self.value - 1.0) * decay
+
+    def started(self, now: float) -> None:
+        if not self.running:  # busy again: what relaxed while idle stands
+            self.value = self.factor(now)
+        self.running += 1
+
+    def ended(self, now: float) -> None:
+        """A started request is past its first token (or gone)."""
+        self.running = max(0, self.running - 1)
+        if not self.running:
+            self.idle_since = now
+
+    def measure(self, expected_s: float, measured_s: float) -> None:
+        """A first token expected ``expected_s`` after its start (with the factor of that time) took ``measured_s``."""
+        if expected_s > 0 and measured_s > 0:  # the ratio is what the factor of that time left to correct
+            self.value = min(8.0, max(0.25, self.value * math.pow(measured_s / expected_s, self.weight)))
 
 
 @dataclass(slots=True)
@@ -101,6 +185,11 @@ class ReplicaLoad:
     _ends_sum: float = 0.0
     _ends_live: int = 0
     _tie: int = 0
+    _running: int = 0
+    """Started and not removed yet (prefill running, by the replica's own clock, whatever the estimate says)."""
+    _starts: int = 0
+    slowdown: Slowdown = field(default_factory=Slowdown)
+    """Shared by the replicas of a router."""
 
     def add(self, request_id: str, prefill_s: float) -> None:
         self.remove(request_id)
@@ -112,7 +201,13 @@ class ReplicaLoad:
         if item is None or item.end is not None:
             return
         self._unstarted_s = max(0.0, self._unstarted_s - item.prefill_s)
+        self.slowdown.started(now)
+        item.ahead_s, item.factor = self.running_s(now), self.slowdown.factor(now)
         item.end = now + item.prefill_s
+        item.started_at = now
+        item.alone, item.starts_before = self._running == 0, self._starts
+        self._running += 1
+        self._starts += 1
         self._tie += 1
         heapq.heappush(self._ends, (item.end, self._tie, request_id))
         self._ends_sum += item.end
@@ -121,26 +216,40 @@ class ReplicaLoad:
             self._ends = [e for e in self._ends if self._counted(e[2], e[0])]
             heapq.heapify(self._ends)
 
-    def remove(self, request_id: str) -> None:
+    def remove(self, request_id: str, now: float | None = None) -> FirstToken | None:
+        """Forget the request; for one that had started, what it was at ``now`` (its first token, when given):
+        whether its prefill ran alone (it started while no other prefill of the replica was running, and no other
+        started before this removal), and the slowdown's inputs."""
         item = self.outstanding.pop(request_id, None)
         if item is None:
-            return
+            return None
+        first = None
         if item.end is None:
             self._unstarted_s = max(0.0, self._unstarted_s - item.prefill_s)
-        elif item.end != -math.inf:
-            self._uncount(item.end)
+        else:
+            at = item.started_at if now is None else now
+            self.slowdown.ended(at)
+            self._running -= 1
+            alone = item.alone and self._starts == item.starts_before + 1
+            first = FirstToken(-1, alone, item.ahead_s, item.factor, at - item.started_at)
+            if item.end != -math.inf:
+                self._uncount(item.end)
         if not self.outstanding:  # nothing left: drop any rounding left in the sum
             self._unstarted_s = 0.0
+        return first
 
-    def wait_s(self, now: float) -> float:
+    def running_s(self, now: float) -> float:
+        """Estimated prefill left of the started requests (each its estimate minus its time so far, at least 0)."""
         ends = self._ends
         while ends and ends[0][0] <= now:
             end, _, request_id = heapq.heappop(ends)
             if self._counted(request_id, end):
                 self.outstanding[request_id].end = -math.inf  # ended: counts for nothing from now on
                 self._uncount(end)
-        running = max(0.0, self._ends_sum - self._ends_live * now) if self._ends_live else 0.0
-        return (self._unstarted_s + running) / max(1, self.parallelism)
+        return max(0.0, self._ends_sum - self._ends_live * now) if self._ends_live else 0.0
+
+    def wait_s(self, now: float) -> float:
+        return (self._unstarted_s + self.running_s(now)) / max(1, self.parallelism)
 
     def _counted(self, request_id: str, end: float) -> bool:
         item = self.outstanding.get(request_id)
@@ -168,7 +277,8 @@ class Router:
         if not prefill_models:
             raise ValueError("at least one replica")
         widths = [parallelism] * len(prefill_models) if isinstance(parallelism, int) else list(parallelism)
-        self.loads = [ReplicaLoad(m, p) for m, p in zip(prefill_models, widths, strict=True)]
+        self.slowdown = Slowdown()
+        self.loads = [ReplicaLoad(m, p, slowdown=self.slowdown) for m, p in zip(prefill_models, widths, strict=True)]
         self.ttft_slo_s = ttft_slo_s
         self.balance_abs_threshold = balance_abs_threshold
         self.balance_rel_threshold = balance_rel_threshold
@@ -182,7 +292,7 @@ class Router:
         now = self._clock() if now is None else now
         load = self.loads[candidate.replica]
         uncached = max(0, candidate.total_tokens - candidate.cached_tokens)
-        prefill = load.prefill.seconds(uncached, candidate.cached_tokens)
+        prefill = load.prefill.seconds(uncached, candidate.cached_tokens) * self.slowdown.factor(now)
         return load.wait_s(now) + prefill, prefill
 
     def imbalanced(self) -> bool:
@@ -203,7 +313,9 @@ class Router:
             ttft, prefill = self.estimate(c, now)
             scored.append((ttft, self.loads[c.replica].active, c.replica, c, prefill))
         lowest = min(s[0] for s in scored)
-        if slo is not None and lowest > slo:
+        if slo is not None and lowest > slo and all(
+            self.loads[s[2]].running_s(now) / max(1, self.loads[s[2]].parallelism) + s[4] > slo for s in scored
+        ):  # not even at the head of a waiting queue
             return Reject(max(1, math.ceil(lowest - slo)), lowest)
         comfortable = [s for s in scored if s[0] <= slo * self.affinity_headroom] if slo is not None else []
         if len(scored) == 1:  # nothing to compare
@@ -247,10 +359,21 @@ class Router:
         if self.tracks_load:
             self.loads[replica].start(request_id, self._clock())
 
-    def first_token(self, request_id: str, replica: int) -> None:
-        """Its prefill is done: no more prefill work ahead of others."""
-        if self.tracks_load:
-            self.loads[replica].remove(request_id)
+    def first_token(self, request_id: str, replica: int) -> FirstToken | None:
+        """Its prefill is done: no more prefill work ahead of others. Returns what the router knew of it
+        (:class:`FirstToken`), ``None`` when no load is tracked or it had not started."""
+        if not self.tracks_load:
+            return None
+        first = self.loads[replica].remove(request_id, self._clock())
+        return None if first is None else replace(first, replica=replica)
+
+    def measured(self, first: FirstToken, computed_tokens: int, cached_tokens: int, decode_s: float = 0.0) -> None:
+        """The backend computed ``computed_tokens`` after ``cached_tokens`` for the request of ``first``, and spent
+        ``decode_s`` of its elapsed time generating after its first token (a reply not streamed arrives whole):
+        the slowdown learns how far the estimate of that prefill, with what was really cached, was off."""
+        prefill = self.loads[first.replica].prefill.seconds(computed_tokens, cached_tokens)
+        expected = first.ahead_s + prefill * first.factor
+        self.slowdown.measure(expected, first.elapsed_s - decode_s)
 
     def finished(self, request_id: str, replica: int) -> None:
         if not self.tracks_load:

@@ -17,10 +17,14 @@ work is split this way:
   queue's bound, or — with a TTFT SLO — once the request can no longer start in time), calls the rest of the
   pipeline, and when the reply is finished reads what the backend reported as cached (converted from the
   backend's tokens into the tree's estimates with the prompt's reported length) to correct the tree and refit
-  the prefill model, and frees the slot. A request refused after routing is taken back out of the tree.
+  the prefill model (with the prefill time only when that prefill ran alone on its replica: one slowed by
+  another's says little about its own cost; replicas not fitted yet take the others' fit), tells the router when
+  the first token came (a reply not streamed arrives whole: the backend's reported decode time is taken off),
+  and frees the slot. A request refused after routing is taken back out of the tree.
 
 For llama.cpp replicas whose ``backend_objects`` entry has a ``url``, :class:`Route` reads ``GET /slots`` in the
-background from the first request on (:mod:`proxy.kv.discovery`): the real number of slots and KV capacity.
+background from the first request on (:mod:`proxy.kv.discovery`): the real number of slots (the most requests
+in flight) and KV capacity.
 
 Response headers for the client, only when ``expose_headers`` is set (``routing.expose_headers``):
 ``X-RagProxy-Replica``, ``X-RagProxy-Cached-Tokens-Estimate``. They are off by default because the knowledge
@@ -61,7 +65,7 @@ from proxy.kv.hints import SlotTable, prefix_hashes, reply_objects, reports_cach
 from proxy.kv.kinds import BackendKind, build_hints
 from proxy.kv.order import OrderPolicy, Popularity, order_documents, shift_reusable_tokens
 from proxy.kv.plan import plan_request, plan_response
-from proxy.kv.prefill import PrefillModel
+from proxy.kv.prefill import PrefillModel, share_fits
 from proxy.kv.router import Candidate, Reject, Router
 from proxy.kv.tree import KnowledgeTree, Match, Segment
 from proxy.pipeline import Next
@@ -204,6 +208,8 @@ class Route:
         self.replicas = list(replicas)
         self.router = router
         self._tickets = itertools.count()
+        self._unfitted = len(self.replicas) > 1
+        """Whether some replica's prefill model may still lack its own fit (:func:`~proxy.kv.prefill.share_fits`)."""
         self.salt_secret = salt_secret
         only = self.replicas[0]
         self._fixed = (len(self.replicas) == 1 and not router.tracks_load and only.slots is None
@@ -280,12 +286,15 @@ class Route:
                                             total, ticket=str(next(self._tickets)))
         return routed
 
-    def settle(self, ctx: RequestContext, routed: RoutedRequest, body: bytes | None) -> None:
-        """Correct the replica's tree and prefill model from what the backend reported."""
-        replica = self.replicas[routed.replica]
+    def settle(self, ctx: RequestContext, routed: RoutedRequest, body: bytes | None, whole: bool = False) -> None:
+        """Correct the replica's tree and prefill model from what the backend reported, and let the router measure
+        its slowdown. ``whole``: the reply was not streamed, so the time to it includes the backend's generating
+        after the first token (its reported decode time is taken off; unknown, nothing is measured)."""
         if not body or not reports_cache(body):
             return
+        replica = self.replicas[routed.replica]
         report = replica.kind.report(reply_objects(body))  # parsed once for the kind's readers
+        decode_s = report.decode_s if whole else 0.0
         # the tree and the prefill model count estimated tokens; the backend reports its own
         backend_total = report.prompt_tokens
         scale = routed.total_tokens / backend_total if backend_total and routed.total_tokens else 1.0
@@ -297,9 +306,14 @@ class Route:
                 prefix_cached = min(prefix_cached, expected.tokens)
             replica.tree.correct(routed.path, prefix_cached, expected)
             ctx.reported_cached_tokens = cached
-        if report.prefill is not None:
+        first = routed.first_token
+        if report.prefill is not None and (first is None or first.alone):
             prompt_n, cache_n, prompt_ms = report.prefill
             replica.prefill.observe(round(prompt_n * scale), round(cache_n * scale), prompt_ms / 1000)
+            if self._unfitted and replica.prefill.fitted:
+                self._unfitted = share_fits([r.prefill for r in self.replicas])
+        if first is not None and cached is not None and backend_total and decode_s is not None:
+            self.router.measured(first, round((backend_total - cached) * scale), round(cached * scale), decode_s)
 
     async def discover(self, timeout_s: float = 2.0) -> None:
         """Read ``GET /slots`` of the llama.cpp replicas not read yet (:mod:`proxy.kv.discovery`)."""
@@ -315,9 +329,8 @@ class Route:
             headers = auth() if callable(auth) else {}
             answer = await read_slots(self.client, url, headers, timeout_s)
             replica = self.replicas[index]
-            if answer is not None and apply_slots(
-                answer, tree=replica.tree, load=self.router.loads[index], slot_table=replica.slots
-            ):
+            if answer is not None and apply_slots(answer, tree=replica.tree, queue=replica.queue,
+                                                  slot_table=replica.slots):
                 self._undiscovered.discard(index)
 
     def _maybe_discover(self) -> None:
@@ -377,9 +390,9 @@ class Route:
         except BaseException:
             release()
             raise
-        self.router.first_token(routed.ticket, routed.replica)
+        routed.first_token = self.router.first_token(routed.ticket, routed.replica)
         if not reply.streamed:
-            self.settle(ctx, routed, reply.body)
+            self.settle(ctx, routed, reply.body, whole=True)
             release()
             return reply
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from loadtest.bench.kv import Workload, prefix_reuse_ceiling
+from loadtest.bench.kv import Workload, make_workload, prefix_reuse_ceiling
 from normalizer.documents import Document, render_document
 
 
@@ -25,3 +25,9 @@ def test_the_top_document_stays_at_an_edge() -> None:
     work = Workload("system " * 20, docs, [([0, 1, 2], "q"), ([1, 0, 2], "q")])
     system, sizes = _tokens(work.system), [_tokens(render_document(d)) for d in docs]
     assert prefix_reuse_ceiling(work, 1) == (system + sizes[0]) / (system + sum(sizes) + _tokens("q"))
+
+
+def test_a_corpus_smaller_than_the_top_k_still_makes_requests() -> None:
+    work = make_workload(docs=4, requests=20, doc_words=24, seed=1)  # drew 5 of 4 documents forever before
+    assert len(work.requests) == 20
+    assert all(3 <= len(chosen) <= 4 and len(set(chosen)) == len(chosen) for chosen, _ in work.requests)

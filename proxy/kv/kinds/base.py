@@ -14,6 +14,7 @@ from proxy.kv.hints import (
     path_hash,
     prefix_docs_header,
     reported_cached_tokens,
+    reported_decode_s,
     reported_prefill,
     reported_prompt_tokens,
 )
@@ -40,11 +41,14 @@ class HintRequest:
 
 @dataclass(frozen=True, slots=True)
 class BackendReport:
-    """What the backend said it did: prompt tokens reused, the prompt's length, llama.cpp's prefill figures."""
+    """What the backend said it did: prompt tokens reused, the prompt's length, llama.cpp's prefill and decode
+    figures."""
 
     cached_tokens: int | None
     prompt_tokens: int | None
     prefill: tuple[int, int, float] | None
+    decode_s: float | None = None
+    """Time spent generating after the first token (llama.cpp's ``timings.predicted_ms``)."""
 
 
 class BackendKind:
@@ -64,7 +68,8 @@ class BackendKind:
     def report(self, reply: Reported) -> BackendReport:
         """The reused prompt tokens, the prompt's length and the prefill figures the reply reports (OpenAI's
         ``usage`` or llama.cpp's ``timings``: read whichever the reply carries)."""
-        return BackendReport(reported_cached_tokens(reply), reported_prompt_tokens(reply), reported_prefill(reply))
+        return BackendReport(reported_cached_tokens(reply), reported_prompt_tokens(reply), reported_prefill(reply),
+                             reported_decode_s(reply))
 
     def __repr__(self) -> str:
         return f"<backend kind {self.name}>"

@@ -26,6 +26,7 @@ from proxy.kv.stages import Replica, Route, Shape
 from proxy.kv.tree import KnowledgeTree
 from proxy.pipeline import Pipeline
 from proxy.server.request import Request
+from proxy.stages.prompt import ReadPrompt
 
 CACHE = Path.home() / ".cache" / "ragproxy"
 pytestmark = pytest.mark.llama
@@ -55,7 +56,9 @@ class Asker:
         self.url, self.client, self.system = url, client, system
         self.sent: list[dict[str, Any]] = []
         self.pipeline = Pipeline(
-            [Shape([replica], default_policy=policy), Route([replica], Router([model], ttft_slo_s=None))], self.send
+            [ReadPrompt(None), Shape([replica], default_policy=policy),
+             Route([replica], Router([model], ttft_slo_s=None))],
+            self.send
         )
 
     async def send(self, ctx: RequestContext) -> Reply:
@@ -70,14 +73,14 @@ class Asker:
             "model": "tiny",
             "max_tokens": 1,
             "messages": [{"role": "system", "content": self.system}, {"role": "user", "content": f"q{n}"}],
-            "ragproxy": {"documents": [{"id": i, "text": text} for i, text in documents]},
         }
-        ctx = RequestContext(
+        ctx = RequestContext(  # the route handler lifts ``ragproxy`` out of the body into proxy_fields
             request=Request("POST", "/v1/chat/completions"),
             route="chat",
             request_id=f"t{n}",
             raw_body=orjson.dumps(body),
             body=body,
+            proxy_fields={"ragproxy": {"documents": [{"id": i, "text": text} for i, text in documents]}},
         )
         reply = await self.pipeline(ctx)
         assert reply.status == 200

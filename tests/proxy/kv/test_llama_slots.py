@@ -32,6 +32,7 @@ from proxy.kv.stages import Replica, Route, Shape
 from proxy.kv.tree import KnowledgeTree
 from proxy.pipeline import Pipeline
 from proxy.server.request import Request
+from proxy.stages.prompt import ReadPrompt
 from proxy.upstream.client import UpstreamClient
 
 CACHE = Path.home() / ".cache" / "ragproxy"
@@ -63,7 +64,7 @@ async def run_sequence(url: str, *, pinned: bool) -> list[dict[str, Any]]:
     finally:
         await client.close()
     assert answer is not None
-    assert apply_slots(answer, tree=replica.tree, load=router.loads[0], slot_table=slots) == (2, 8192)
+    assert apply_slots(answer, tree=replica.tree, queue=replica.queue, slot_table=slots) == (2, 8192)
     assert len(slots) == 2
     replies: list[dict[str, Any]] = []
     async with httpx.AsyncClient(timeout=120) as client:
@@ -75,16 +76,17 @@ async def run_sequence(url: str, *, pinned: bool) -> list[dict[str, Any]]:
             )
             return Reply(response.status_code, body=response.content)
 
-        pipeline = Pipeline([Shape([replica], default_policy=OrderPolicy.REUSE), Route([replica], router)], send)
+        pipeline = Pipeline([ReadPrompt(None), Shape([replica], default_policy=OrderPolicy.REUSE),
+                             Route([replica], router)], send)
         for n, docs in enumerate([[0, 1, 2], [0, 1, 2], [5, 6, 7], [8, 9, 4], [0, 1, 2]]):
             body = {
                 "model": "tiny", "max_tokens": 1,
                 "messages": [{"role": "system", "content": work.system}, {"role": "user", "content": f"q{n}"}],
-                "ragproxy": {"documents": [{"id": work.documents[i].id, "text": work.documents[i].text}
-                                           for i in docs]},
             }
+            own = {"documents": [{"id": work.documents[i].id, "text": work.documents[i].text} for i in docs]}
             ctx = RequestContext(request=Request("POST", "/v1/chat/completions"), route="chat",
-                                 request_id=f"s{n}", raw_body=orjson.dumps(body), body=body)
+                                 request_id=f"s{n}", raw_body=orjson.dumps(body), body=body,
+                                 proxy_fields={"ragproxy": own})  # as the route handler lifts it out of the body
             reply = await pipeline(ctx)
             assert reply.status == 200
             replies.append(dict(orjson.loads(reply.body or b"{}")))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from proxy.kv.prefill import PrefillCoefficients, PrefillModel
+from proxy.kv.prefill import PrefillCoefficients, PrefillModel, share_fits
 
 
 def test_estimate_grows_with_new_tokens_and_context() -> None:
@@ -32,3 +32,22 @@ def test_refit_keeps_coefficients_non_negative() -> None:
         model.observe(n, 0, s)
     c = model.coefficients
     assert c.fixed_s >= 0 and c.per_token_s >= 0 and c.per_token_context_s >= 0
+
+
+def test_a_replica_not_fitted_yet_takes_the_fitted_ones_coefficients_until_it_has_its_own() -> None:
+    truth = PrefillModel(PrefillCoefficients(0.01, 0.0002, 0.0))
+    first, second = PrefillModel(min_observations=3), PrefillModel(min_observations=3)
+    cold = PrefillModel(PrefillCoefficients(0.02, 0.0006, 0.0), min_observations=3)
+    assert share_fits([first, second, cold])  # nothing fitted: nothing to share
+    assert cold.coefficients == PrefillCoefficients(0.02, 0.0006, 0.0)
+    for n in (100, 800, 2000):
+        first.observe(n, 0, truth.seconds(n))
+    assert first.fitted and not cold.fitted
+    assert share_fits([first, second, cold])
+    assert cold.coefficients == second.coefficients == first.coefficients
+    for n in (300, 900, 1500):
+        cold.observe(n, 0, 2 * truth.seconds(n))  # a slower replica: its own fit replaces the borrowed one
+    assert cold.fitted and cold.seconds(1000) == pytest.approx(2 * first.seconds(1000))
+    share_fits([first, second, cold])
+    assert cold.seconds(1000) == pytest.approx(2 * first.seconds(1000))
+    assert second.coefficients.fixed_s == pytest.approx((0.01 + 0.02) / 2)  # the mean of the fitted two

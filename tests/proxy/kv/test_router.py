@@ -86,6 +86,97 @@ def test_queue_wait_kept_in_running_sums_equals_the_sum_over_every_request(
         assert load.wait_s(now) == pytest.approx(expected, abs=1e-9)
 
 
+def test_first_token_tells_whether_the_prefill_ran_alone() -> None:
+    clock = Clock()
+    router = Router(models(2), ttft_slo_s=None, clock=clock)
+
+    def alone(name: str) -> bool:
+        first = router.first_token(name, 0)
+        assert first is not None and first.replica == 0
+        return first.alone
+
+    for name in ("a", "b", "c", "d"):
+        router.admitted(name, RouteDecision(0, 1.0, 0, 1000, 1.0, "ttft"))
+    router.started("a", 0)
+    assert alone("a")  # nothing else ran meanwhile
+    router.started("b", 0)
+    router.started("c", 0)  # starts while b runs: both were slowed
+    assert not alone("b")
+    router.started("d", 0)  # c still runs
+    assert not alone("c")
+    assert not alone("d")
+    clock.t = 5.0  # estimates long expired: what counts is that the requests were still running
+    router.admitted("e", RouteDecision(0, 1.0, 0, 1000, 1.0, "ttft"))
+    router.started("e", 0)
+    assert alone("e")
+    assert router.first_token("e", 0) is None  # already gone
+
+
+def _run(router: Router, clock: Clock, name: str, took_s: float, computed: int, cached: int = 0) -> None:
+    decision = router.choose([Candidate(0, cached, computed + cached)])
+    assert isinstance(decision, RouteDecision)
+    router.admitted(name, decision)
+    router.started(name, 0)
+    clock.t += took_s
+    first = router.first_token(name, 0)
+    assert first is not None
+    router.measured(first, computed, cached)
+
+
+def test_estimates_follow_the_measured_slowdown_and_relax_while_every_replica_idles() -> None:
+    clock = Clock()
+    router = Router(models(2), ttft_slo_s=None, clock=clock)
+    for i in range(30):  # first tokens come twice as late as a 1 s estimate, every time
+        _run(router, clock, f"r{i}", 2.0, 1000)
+    assert router.slowdown.factor(clock.t) == pytest.approx(2.0, rel=0.02)
+    assert router.estimate(Candidate(0, 0, 1000))[0] == pytest.approx(2.0, rel=0.02)
+    # one factor for all replicas: an idle one does not look faster for having relaxed alone
+    assert router.estimate(Candidate(1, 0, 1000))[0] == pytest.approx(2.0, rel=0.02)
+    clock.t += 10.0  # one half-life with every replica idle
+    assert router.slowdown.factor(clock.t) == pytest.approx(1.5, rel=0.02)
+    router.admitted("busy", RouteDecision(0, 1.0, 0, 1000, 1.0, "ttft"))
+    router.started("busy", 0)  # busy again: the relaxed value stands while it runs
+    clock.t += 30.0
+    assert router.slowdown.factor(clock.t) == pytest.approx(1.5, rel=0.02)
+
+
+def test_the_slowdown_measures_speed_not_a_wrong_guess_of_what_was_cached() -> None:
+    clock = Clock()
+    router = Router(models(1), ttft_slo_s=10.0, clock=clock)  # (an SLO: one replica then tracks its load)
+    for i in range(20):  # predicted 900 of 1000 cached, the backend had none: 1 s of prefill, exactly the model's
+        decision = router.choose([Candidate(0, 900, 1000)])
+        assert isinstance(decision, RouteDecision) and decision.prefill_s == pytest.approx(0.1)
+        router.admitted(f"r{i}", decision)
+        router.started(f"r{i}", 0)
+        clock.t += 1.0
+        first = router.first_token(f"r{i}", 0)
+        assert first is not None
+        router.measured(first, computed_tokens=1000, cached_tokens=0)
+    assert router.slowdown.value == pytest.approx(1.0)
+
+
+def test_a_non_streamed_reply_is_measured_without_its_decode_time() -> None:
+    clock = Clock()
+    router = Router(models(1), ttft_slo_s=1.0, clock=clock)
+    router.admitted("a", RouteDecision(0, 0.5, 0, 500, 0.5, "ttft"))
+    router.started("a", 0)
+    clock.t = 3.5  # the whole reply, of which 3 s were generation after a first token on time
+    first = router.first_token("a", 0)
+    assert first is not None
+    router.measured(first, 500, 0, decode_s=3.0)
+    assert router.slowdown.value == pytest.approx(1.0)
+
+
+def test_running_is_the_estimated_prefill_left_of_the_started_requests() -> None:
+    load = ReplicaLoad(models(1)[0])
+    load.add("a", 2.0)
+    load.add("b", 1.0)
+    load.start("a", now=0.0)
+    assert load.running_s(0.5) == pytest.approx(1.5)  # b has not started: not in hand yet
+    assert load.wait_s(0.5) == pytest.approx(2.5)
+    assert load.running_s(3.0) == 0.0
+
+
 def test_one_replica_without_slo_keeps_no_load_and_estimates_the_prefill() -> None:
     router = Router(models(1), ttft_slo_s=None, clock=Clock())
     assert not router.tracks_load
@@ -109,4 +200,21 @@ def test_one_replica_with_an_slo_keeps_load_and_refuses() -> None:
             refused = decision
             break
         router.admitted(f"r{i}", decision)
+        router.started(f"r{i}", 0)  # started: their prefill is in hand, ahead of any newcomer
     assert refused is not None and router.loads[0].active == 2  # 0.4 s each: a third would see 1.2 s
+
+
+def test_a_request_that_could_meet_the_slo_at_the_head_of_the_queue_is_admitted_for_the_queue_to_decide() -> None:
+    clock = Clock()
+    router = Router(models(1), ttft_slo_s=1.0, clock=clock)
+    router.admitted("running", RouteDecision(0, 0.4, 0, 400, 0.4, "ttft"))
+    router.started("running", 0)
+    for i in range(3):  # 1.2 s of prefill waiting for a slot: the cache-aware queue may let a newcomer go first
+        router.admitted(f"waiting{i}", RouteDecision(0, 0.4, 0, 400, 0.4, "ttft"))
+    decision = router.choose([Candidate(0, 0, 400)])
+    assert isinstance(decision, RouteDecision)
+    assert decision.estimated_ttft_s == pytest.approx(2.0)  # over the SLO behind everyone ...
+    assert decision.start_deadline == pytest.approx(0.6)  # ... so the queue drops it unless it can start by 0.6 s
+    router.admitted("late", RouteDecision(0, 0.5, 0, 500, 0.5, "ttft"))
+    router.started("late", 0)  # now 0.9 s in hand: 0.9 + 0.4 > 1.0 even at the head of the queue
+    assert isinstance(router.choose([Candidate(0, 0, 400)]), Reject)

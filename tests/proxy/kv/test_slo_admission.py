@@ -44,7 +44,30 @@ def test_a_starved_entry_past_its_deadline_is_dropped_not_started() -> None:
     assert order.expired == ["starved"]
 
 
+def test_an_entry_that_the_replicas_backlog_would_start_too_late_is_dropped() -> None:
+    order: CacheAwareOrder[str] = CacheAwareOrder(starvation_window_s=100)
+    order.push("tight", 900, 100, now=0, deadline=2.5)
+    order.push("loose", 500, 500, now=0, deadline=4.0)
+    # a slot is free at 2.0, but the replica still has 1 s of another request's prefill in hand
+    assert order.pop(2.0, backlog_s=1.0) == "loose"
+    assert order.expired == ["tight"]
+
+
 # --- the asyncio adapter -----------------------------------------------------------------------------------
+
+
+async def test_at_release_the_waiter_is_checked_against_the_replicas_backlog() -> None:
+    clock = Clock()
+    backlog = {"s": 0.0}
+    queue = AdmissionQueue(limit=1, starvation_window_s=100, clock=clock, backlog=lambda now: backlog["s"])
+    await queue.acquire(0, 1)
+    waiter = asyncio.create_task(queue.acquire(0, 1000, deadline=1.5))
+    await asyncio.sleep(0)
+    clock.t, backlog["s"] = 1.0, 0.8  # before its deadline, but the prefill in hand would end after it
+    queue.release()
+    with pytest.raises(DeadlineExceeded):
+        await waiter
+    assert queue.active == 0 and queue.waiting == 0
 
 
 async def test_a_waiter_passed_over_at_release_gets_deadline_exceeded_and_holds_no_slot() -> None:

@@ -18,7 +18,7 @@ from proxy.kv.hints import SlotTable
 from proxy.kv.kinds import LLAMACPP
 from proxy.kv.order import OrderPolicy
 from proxy.kv.prefill import PrefillCoefficients, PrefillModel
-from proxy.kv.router import ReplicaLoad, Router
+from proxy.kv.router import Router
 from proxy.kv.stages import Replica, Route, Shape
 from proxy.kv.tree import KnowledgeTree, Segment
 from proxy.pipeline import Pipeline
@@ -112,13 +112,16 @@ def test_resize_follows_the_servers_slot_count_and_keeps_what_known_slots_hold()
 # --- /slots ------------------------------------------------------------------------------------------------
 
 
-def test_apply_slots_sets_slots_parallelism_and_at_least_the_servers_kv() -> None:
+def test_apply_slots_sets_slots_the_requests_in_flight_and_at_least_the_servers_kv() -> None:
     tree = KnowledgeTree(10_000)
-    load = ReplicaLoad(PrefillModel())
+    queue = AdmissionQueue(64)
     slots = SlotTable(1)
     answer = [{"id": i, "n_ctx": 8192, "is_processing": False} for i in range(3)]
-    assert apply_slots(answer, tree=tree, load=load, slot_table=slots) == (3, 3 * 8192)
-    assert len(slots) == 3 and load.parallelism == 3
+    assert apply_slots(answer, tree=tree, queue=queue, slot_table=slots) == (3, 3 * 8192)
+    assert len(slots) == 3 and queue.limit == 3  # no more in flight than the server has slots
+    few = AdmissionQueue(2)
+    apply_slots(answer, tree=tree, queue=few)
+    assert few.limit == 2  # nor more than configured
     assert tree.capacity_tokens == 3 * 8192 and tree.max_capacity_tokens >= 4 * 3 * 8192
     big = KnowledgeTree(200_000)
     apply_slots(answer, tree=big)
@@ -179,7 +182,8 @@ async def test_route_reads_slots_of_llamacpp_backends_in_the_background() -> Non
     finally:
         await client.close()
         await server.close()
-    assert len(replica.slots or []) == 4 and router.loads[0].parallelism == 4
+    assert len(replica.slots or []) == 4 and replica.queue.limit == 2  # the configured limit, under 4 slots
+    assert router.loads[0].parallelism == 1  # the slots' prompts are computed one after the other
     assert replica.tree.capacity_tokens == 200_000
 
 
