@@ -177,3 +177,50 @@ class TextNormalizer:
 def normalize_text(text: str, steps: Iterable[str] = DEFAULT_STEPS) -> str:
     """``text`` through the given steps (see :class:`TextNormalizer` to reuse one configuration)."""
     return TextNormalizer(steps)(text)
+
+
+# -- the question as the exact key holds it -------------------------------------------------------------------------
+
+_CODE_LIKE = re.compile(r"```|[{};=<>\\\n\r]")
+"""A question with any of these is code or a multi-line prompt (documents, a pasted file): whitespace and case can
+matter there, so it only loses its outer whitespace."""
+_SPECIAL = re.compile(r"[{};=<>\\\n\r\d_\"`\u201c\u00ab\u2018]|(?<!\w)'|'(?!\w)")
+"""What sends a question down the careful path: anything :data:`_CODE_LIKE`, a digit, an underscore, a quote."""
+_QUOTED = re.compile(
+    r'"[^"]*"|\u201c[^\u201d]*\u201d|\u00ab[^\u00bb]*\u00bb|`[^`]*`|\u2018[^\u2019]*\u2019|(?<!\w)\'[^\']*\'(?!\w)'
+)
+"""Spans kept as written: anything quoted or in backticks."""
+_TRAILING = " ?!.\u2026"
+
+
+def _fold_words(text: str) -> str:
+    """Case folded, except in words with a digit or an underscore (identifiers, IDs, versions, codes)."""
+    return " ".join(word.casefold() if word.isalpha() or not any(c.isdigit() or c == "_" for c in word) else word
+                    for word in text.replace("\u2019", "'").split(" "))
+
+
+def fold_question(text: str) -> str:
+    """The final question as the exact key holds it: spellings that cannot change the answer folded into one.
+
+    Folded: Unicode compatibility forms (NFKC: full-width letters, ligatures, non-breaking spaces), typographic
+    apostrophes, runs of whitespace, leading and trailing whitespace, trailing ``? ! .`` and ellipses, and letter
+    case (``casefold``). Kept: the case of quoted and backticked spans (``"..."``, ``'...'``, curly quotes,
+    guillemets, backticks) and of words with an underscore or a digit (``aB3x``, ``my_Var``, ``GPT4``), where case
+    can name a different thing. A question that looks like code or spans lines (a code fence, any of
+    ``{ } ; = < > \\``, a line break) only loses its outer whitespace. Two questions that fold alike ask the same
+    thing; what the rule is unsure of stays apart (a miss, never a wrong answer). Plain questions take one regular
+    expression search and a few string methods (the exact key is on every request's path).
+    """
+    stripped = text.strip()
+    if _CODE_LIKE.search(stripped):
+        return stripped
+    folded = " ".join(unicodedata.normalize("NFKC", stripped).split())
+    if _SPECIAL.search(folded) is None:
+        return folded.replace("\u2019", "'").casefold().rstrip(_TRAILING)
+    parts: list[str] = []
+    last = 0
+    for match in _QUOTED.finditer(folded):
+        parts += (_fold_words(folded[last:match.start()]), match.group(0))
+        last = match.end()
+    parts.append(_fold_words(folded[last:]))
+    return "".join(parts).rstrip(_TRAILING)
