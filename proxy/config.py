@@ -216,7 +216,7 @@ class L2Settings(_Section):
     namespace_thresholds: dict[str, float] = Field(
         default_factory=dict, description="Fixed per-namespace thresholds, e.g. written by ragproxy calibrate --write")
     guards: list[str] = Field(
-        default_factory=lambda: ["numbers", "dates", "negations", "entities"],
+        default_factory=lambda: ["numbers", "dates", "negations", "entities", "order"],
         description="Vetoes of look-alike questions (normalizer.guards); the defaults pay on real question pairs",
     )
     candidates: int = Field(default=4, ge=1, description="Nearest questions examined per lookup")

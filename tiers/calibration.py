@@ -49,9 +49,9 @@ GRID: tuple[float, ...] = tuple(round(0.70 + 0.01 * i, 2) for i in range(30))
 """Score cells: ``[0.70, 0.71)``, ..., ``[0.99, 1]``; a threshold is a cell's lower edge."""
 
 PRIOR_WRONG_SHARE: tuple[float, ...] = (
-    0.647, 0.630, 0.630, 0.583, 0.583, 0.583, 0.583, 0.577, 0.577, 0.448,
-    0.448, 0.448, 0.448, 0.448, 0.448, 0.448, 0.448, 0.448, 0.422, 0.382,
-    0.382, 0.306, 0.306, 0.204, 0.162, 0.162, 0.079, 0.079, 0.079, 0.079,
+    0.636, 0.630, 0.630, 0.585, 0.585, 0.585, 0.585, 0.573, 0.573, 0.444,
+    0.444, 0.444, 0.444, 0.444, 0.444, 0.444, 0.444, 0.444, 0.417, 0.381,
+    0.381, 0.303, 0.303, 0.204, 0.155, 0.155, 0.082, 0.069, 0.069, 0.069,
 )  # fmt: skip
 """Share of pairs needing different answers in each :data:`GRID` cell (not at or above it), monotone (pooled where
 adjacent cells disagree, and over at least 100 pairs from the top), calibration half of qqp_dev_relabelled.csv
@@ -59,9 +59,9 @@ adjacent cells disagree, and over at least 100 pairs from the top), calibration 
 ``ragproxy calibrate ../shared/data/qqp_dev_relabelled.csv --labels same_answer --half calibration --prior``."""
 
 PRIOR_PAIRS: tuple[int, ...] = (
-    34, 35, 46, 62, 50, 50, 56, 44, 60, 70,
-    77, 71, 93, 69, 75, 88, 91, 84, 116, 98,
-    93, 113, 83, 103, 90, 107, 74, 93, 86, 27,
+    33, 35, 46, 61, 50, 50, 56, 43, 60, 70,
+    77, 71, 92, 68, 72, 86, 89, 84, 115, 97,
+    92, 112, 83, 103, 89, 105, 73, 90, 85, 27,
 )  # fmt: skip
 """The labelled pairs each value of :data:`PRIOR_WRONG_SHARE` was measured on (same command)."""
 

@@ -60,10 +60,11 @@ CandidateSource = Callable[[FloatArray], Awaitable[list[VectorHit]]]
 """More candidates for a question's embedding, beyond this tier's index (the cold tier's question vectors); each
 hit's payload holds ``question`` and ``source`` (the tier that keeps its answer)."""
 
-DEFAULT_GUARDS: tuple[str, ...] = ("numbers", "dates", "negations", "entities")
+DEFAULT_GUARDS: tuple[str, ...] = ("numbers", "dates", "negations", "entities", "order")
 """Guards on by default: ``numbers``, ``dates`` and ``entities`` lowered the wrong-hit share at equal recall on real
 question pairs in exploratory runs (calibration half of Quora Question Pairs; BENCHMARKS.md, "L2 on real question
-pairs"); ``negations`` is kept because a negated question is never the same question. The others stay available;
+pairs"); ``negations`` is kept because a negated question is never the same question, ``order`` because a reversed
+role or direction is not (its cost in recall: BENCHMARKS.md). The others stay available;
 ``ragproxy calibrate --half calibration --curve --config C`` shows a guard set's curve."""
 
 DEFAULT_MAX_WRONG_HIT_RATE = 0.05
