@@ -221,7 +221,7 @@ def test_semantic_and_cold_vector_matches_stay_with_their_user(fake_llm_thread: 
         assert (_status(own), own.headers["X-Cache-Tier"]) == ("SEMANTIC_HIT", "l2")
 
         server.call(semantic.delete([first.headers["X-Cache-Key"]]))  # the index forgets: the cold tier answers
-        cold = _post(server, alice, PRIVATE, _body("Who wrote the novel Pride and Prejudice?"))
+        cold = _post(server, alice, PRIVATE, _body("Can you tell me who wrote the novel Pride and Prejudice?"))
         assert (_status(cold), cold.headers["X-Cache-Tier"]) == ("SEMANTIC_HIT", "l3")
 
         indexed = server.call(semantic.store.count())
