@@ -259,11 +259,11 @@ class SemanticTier:
         floor = min(threshold, GRID[0])
         best = choose_match(question, hits, floor, self.guards, self.veto, self._count_veto)
         if (best is None or best.similarity < threshold) and more is not None:
-            found = {hit.id: hit for hit in hits}
-            for hit in await more(vector):
-                if hit.id not in found or found[hit.id].similarity < hit.similarity:
-                    found[hit.id] = hit
-            best = choose_match(question, list(found.values()), floor, self.guards, self.veto, self._count_veto)
+            known = {hit.id for hit in hits}  # an answer both know is this index's (its own float32 score)
+            extra = [hit for hit in await more(vector) if hit.id not in known]
+            other = choose_match(question, extra, floor, self.guards, self.veto, self._count_veto)
+            if other is not None and (best is None or other.similarity > best.similarity):
+                best = other
         if best is None:
             self.stats.below_threshold += 1
             return SemanticDecision(vector=vector)
