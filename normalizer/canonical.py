@@ -78,6 +78,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any, Literal
 from urllib.parse import quote
 
@@ -420,14 +421,15 @@ def canonical_embedding_items(body: Mapping[str, Any]) -> list[dict[str, JSONVal
 
 def fold_final_question(items: JSONValue, text_part: str) -> None:
     """Fold (:func:`normalizer.text.fold_question`) the text of a final user message or input item made of one text
-    part (``text_part``: its type), in place; anything else is left as it is."""
+    part (``text_part``: its type), in place (a canonical request is built afresh); anything else is left as it
+    is."""
     final = items[-1] if isinstance(items, list) and items else None
-    if not isinstance(final, dict) or final.get("role") != "user":
-        return
-    content = final.get("content")
-    if isinstance(content, list) and len(content) == 1 and isinstance(part := content[0], dict) \
-            and part.get("type") == text_part and isinstance(text := part.get("text"), str):
-        final["content"] = [{**part, "text": fold_question(text)}]
+    if isinstance(final, dict) and final.get("role") == "user":
+        content = final.get("content")
+        if isinstance(content, list) and len(content) == 1:
+            part = content[0]
+            if isinstance(part, dict) and part.get("type") == text_part and isinstance(text := part.get("text"), str):
+                part["text"] = fold_question(text)
 
 
 def canonical_request(kind: RequestKind, body: Mapping[str, Any]) -> list[dict[str, JSONValue]]:
@@ -475,8 +477,15 @@ class KeyScope:
 
     def prefix(self) -> str:
         """``rp3:<tenant>:<namespace>:<knowledge_version>:`` with each component percent-encoded."""
-        parts = (quote(self.namespace, safe=""), quote(self.knowledge_version, safe=""))
-        return f"{KEY_FORMAT_VERSION}:{self.owner()}:" + "".join(part + ":" for part in parts)
+        return _prefix(self)
+
+
+@lru_cache(maxsize=4096)
+def _prefix(scope: KeyScope) -> str:
+    """:meth:`KeyScope.prefix`, kept per scope: percent-encoding its three parts was a quarter of keying a one-message
+    chat request, and a deployment has few scopes."""
+    parts = (quote(scope.namespace, safe=""), quote(scope.knowledge_version, safe=""))
+    return f"{KEY_FORMAT_VERSION}:{scope.owner()}:" + "".join(part + ":" for part in parts)
 
 
 def request_digest(canonical: JSONValue) -> str:

@@ -28,6 +28,7 @@ reviewable line by line; no library offers exactly these conservative lists.
 from __future__ import annotations
 
 import re
+import string
 import unicodedata
 from collections.abc import Callable, Iterable, Mapping
 
@@ -181,11 +182,12 @@ def normalize_text(text: str, steps: Iterable[str] = DEFAULT_STEPS) -> str:
 
 # -- the question as the exact key holds it -------------------------------------------------------------------------
 
-_CODE_LIKE = re.compile(r"```|[{};=<>\\\n\r]")
-"""A question with any of these is code or a multi-line prompt (documents, a pasted file): whitespace and case can
-matter there, so it only loses its outer whitespace."""
-_SPECIAL = re.compile(r"[{};=<>\\\n\r\d_\"`\u201c\u00ab\u2018]|(?<!\w)'|'(?!\w)")
-"""What sends a question down the careful path: anything :data:`_CODE_LIKE`, a digit, an underscore, a quote."""
+_PLAIN = (string.ascii_letters + " \t,.?!:()-/+%&@#$*").encode()
+"""ASCII characters that never need care: a question made of these only takes the short path."""
+_CODE = frozenset("{};=<>\\\n\r")
+"""A question with any of these (or a code fence) is code or a multi-line prompt (documents, a pasted file):
+whitespace and case can matter there, so it only loses its outer whitespace."""
+_QUOTES = frozenset("\"'`\u201c\u00ab\u2018")
 _QUOTED = re.compile(
     r'"[^"]*"|\u201c[^\u201d]*\u201d|\u00ab[^\u00bb]*\u00bb|`[^`]*`|\u2018[^\u2019]*\u2019|(?<!\w)\'[^\']*\'(?!\w)'
 )
@@ -195,8 +197,19 @@ _TRAILING = " ?!.\u2026"
 
 def _fold_words(text: str) -> str:
     """Case folded, except in words with a digit or an underscore (identifiers, IDs, versions, codes)."""
-    return " ".join(word.casefold() if word.isalpha() or not any(c.isdigit() or c == "_" for c in word) else word
-                    for word in text.replace("\u2019", "'").split(" "))
+    text = text.replace("\u2019", "'")
+    folded = text.casefold()
+    if folded == text:
+        return text
+    words = text.split(" ")
+    kept = [i for i, word in enumerate(words) if not word.isalpha() and word != word.casefold()
+            and ("_" in word or any(c.isdigit() for c in word))]
+    if not kept:
+        return folded
+    out = folded.split(" ")  # case folding never adds or removes a space
+    for i in kept:
+        out[i] = words[i]
+    return " ".join(out)
 
 
 def fold_question(text: str) -> str:
@@ -208,15 +221,18 @@ def fold_question(text: str) -> str:
     guillemets, backticks) and of words with an underscore or a digit (``aB3x``, ``my_Var``, ``GPT4``), where case
     can name a different thing. A question that looks like code or spans lines (a code fence, any of
     ``{ } ; = < > \\``, a line break) only loses its outer whitespace. Two questions that fold alike ask the same
-    thing; what the rule is unsure of stays apart (a miss, never a wrong answer). Plain questions take one regular
-    expression search and a few string methods (the exact key is on every request's path).
+    thing; what the rule is unsure of stays apart (a miss, never a wrong answer). A question of plain ASCII letters,
+    spaces and common punctuation takes a short path of string methods (the exact key is on every request's path).
     """
+    if text.isascii() and not text.encode().translate(None, _PLAIN):
+        plain = text.strip() if "  " not in text and "\t" not in text else " ".join(text.split())
+        return plain.casefold().rstrip(_TRAILING)
     stripped = text.strip()
-    if _CODE_LIKE.search(stripped):
+    folded = " ".join((stripped if stripped.isascii() else unicodedata.normalize("NFKC", stripped)).split())
+    if "```" in folded or not _CODE.isdisjoint(folded) or "\n" in stripped or "\r" in stripped:
         return stripped
-    folded = " ".join(unicodedata.normalize("NFKC", stripped).split())
-    if _SPECIAL.search(folded) is None:
-        return folded.replace("\u2019", "'").casefold().rstrip(_TRAILING)
+    if _QUOTES.isdisjoint(folded):
+        return _fold_words(folded).rstrip(_TRAILING)
     parts: list[str] = []
     last = 0
     for match in _QUOTED.finditer(folded):
