@@ -117,11 +117,12 @@ def register_gauges(rt: Runtime, sizes: dict[str, dict[str, Any]]) -> None:
         rt.metrics.gauge_callback("ragproxy_semantic_estimated_wrong_hit_rate", "Estimated share of wrong semantic "
                                   "hits at the threshold each namespace runs at (tenant/namespace: a tenant's own "
                                   "evidence)", ["namespace"], lambda: points("estimated_wrong_hit_rate"))
-        rt.metrics.gauge_callback("ragproxy_semantic_wrong_hit_rate_bound", "One-sided 95% upper bound of that "
-                                  "estimate (what a calibrated threshold must keep within the target)", ["namespace"],
+        rt.metrics.gauge_callback("ragproxy_semantic_wrong_hit_rate_bound", "95% upper bound of that estimate, "
+                                  "holding at every moment (what a calibrated threshold must keep within the target; "
+                                  "docs/semantic.md)", ["namespace"],
                                   lambda: points("wrong_hit_rate_bound"))
         rt.metrics.gauge_callback("ragproxy_semantic_threshold", "Cosine threshold each namespace runs at (above 1: "
-                                  "no threshold meets cache.l2.max_wrong_hit_rate, no semantic hits)", ["namespace"],
+                                  "calibrating, no threshold meets cache.l2.max_wrong_hit_rate yet, no semantic hits)", ["namespace"],
                                   lambda: points("threshold"))
     rt.metrics.gauge_callback("ragproxy_coalesced_requests", "Requests answered by another request's upstream "
                               "call since start", [], lambda: [({}, float(rt.stats.coalesced))])

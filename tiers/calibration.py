@@ -91,6 +91,8 @@ _LOGITS = MIXES[:, None] + np.array(_OFFSETS)[None, :]
 _LOG_AGREE = -np.logaddexp(0.0, -_LOGITS)
 """log P(a comparison agrees) per mix (rows) and cell (columns)."""
 _LOG_DISAGREE = -np.logaddexp(0.0, _LOGITS)
+_LOG_MIXES_ABOVE = np.log(np.arange(len(MIXES), 0, -1))
+"""log of how many of :data:`MIXES` lie at or above each one."""
 
 
 def cell_of(score: float) -> int | None:
@@ -161,19 +163,19 @@ class Evidence:
 
     def theta_lower(self) -> float:
         """A lower bound of the mix that holds, with probability ``1 - ALPHA``, at every moment of the namespace's
-        life at once (``-inf`` below :data:`MIXES`): the lowest mix whose likelihood is not ``1/ALPHA`` times below
-        the likelihood averaged over all mixes.
+        life at once (``-inf`` below :data:`MIXES`): one step of :data:`MIXES` below the lowest mix ``theta`` whose
+        likelihood is not ``1/ALPHA`` times below the average likelihood of the mixes above it.
 
-        That average divided by the true mix's likelihood is a martingale of mean 1 as comparisons arrive, so by
-        Ville's inequality it ever reaches ``1/ALPHA`` with probability at most ``ALPHA`` (a confidence sequence,
-        Robbins 1970; Howard et al. 2021): re-deciding after every comparison cannot wear the bound down, as it
-        would a fixed-sample bound checked again and again. The uniform average over :data:`MIXES` decides how fast
-        evidence turns into a bound, never whether the bound holds."""
+        For the true mix, that average divided by its own likelihood is a martingale of mean 1 as comparisons arrive
+        (an average of likelihood ratios), so by Ville's inequality it ever reaches ``1/ALPHA`` with probability at
+        most ``ALPHA``: a one-sided confidence sequence (Robbins 1970; Howard et al. 2021). Re-deciding after every
+        comparison cannot wear it down, as it would a fixed-sample bound checked again and again. Averaging over
+        the mixes above (uniformly) decides how fast evidence turns into a bound, never whether the bound holds."""
         if self.total == sum(self.disagreed):
             return -math.inf
         likelihoods = self._log_likelihoods()
-        average = float(np.logaddexp.reduce(likelihoods)) - math.log(len(MIXES))
-        inside = np.flatnonzero(average - likelihoods < math.log(1 / ALPHA))
+        above = np.logaddexp.accumulate(likelihoods[::-1])[::-1] - _LOG_MIXES_ABOVE
+        inside = np.flatnonzero(above - likelihoods < math.log(1 / ALPHA))
         return -math.inf if not inside.size or inside[0] == 0 else float(MIXES[inside[0] - 1])
 
     def served_share(self, theta: float, cell: int) -> float:
