@@ -44,9 +44,9 @@ answers them differently. Integers within 64 bits stay exact ints.
 Trivial variants of the question (:func:`fold_final_question`): the text of a final user message (chat) or input
 item (Responses) made of one text part is folded by :func:`normalizer.text.fold_question` — Unicode compatibility
 forms, whitespace, letter case and trailing ``? ! .`` — except where case can matter (quoted or backticked spans,
-words with a digit or an underscore, and code or multi-line text, which only loses its outer whitespace). "What is
-RAG?", "what is rag" and " What is RAG " share a key from the first repeat. Earlier messages, system prompts and
-multi-part content are keyed as written.
+words with an underscore or mixing digits with both letter cases, and code or multi-line text, which only loses its
+outer whitespace). "What is RAG?", "what is rag" and " What is RAG " share a key from the first repeat. Earlier
+messages, system prompts and multi-part content are keyed as written.
 
 Key format (module :func:`cache_key`)::
 

@@ -195,15 +195,21 @@ _QUOTED = re.compile(
 _TRAILING = " ?!.\u2026"
 
 
+def _keeps_case(word: str) -> bool:
+    """A word with an underscore, or with a digit among letters of both cases (``my_var``, ``aB3x``)."""
+    if "_" in word:
+        return True
+    return any(c.isdigit() for c in word) and any(c.isupper() for c in word) and any(c.islower() for c in word)
+
+
 def _fold_words(text: str) -> str:
-    """Case folded, except in words with a digit or an underscore (identifiers, IDs, versions, codes)."""
+    """Case folded, except in words that :func:`_keeps_case`."""
     text = text.replace("\u2019", "'")
     folded = text.casefold()
     if folded == text:
         return text
     words = text.split(" ")
-    kept = [i for i, word in enumerate(words) if not word.isalpha() and word != word.casefold()
-            and ("_" in word or any(c.isdigit() for c in word))]
+    kept = [i for i, word in enumerate(words) if not word.isalpha() and _keeps_case(word)]
     if not kept:
         return folded
     out = folded.split(" ")  # case folding never adds or removes a space
@@ -218,11 +224,12 @@ def fold_question(text: str) -> str:
     Folded: Unicode compatibility forms (NFKC: full-width letters, ligatures, non-breaking spaces), typographic
     apostrophes, runs of whitespace, leading and trailing whitespace, trailing ``? ! .`` and ellipses, and letter
     case (``casefold``). Kept: the case of quoted and backticked spans (``"..."``, ``'...'``, curly quotes,
-    guillemets, backticks) and of words with an underscore or a digit (``aB3x``, ``my_Var``, ``GPT4``), where case
-    can name a different thing. A question that looks like code or spans lines (a code fence, any of
-    ``{ } ; = < > \\``, a line break) only loses its outer whitespace. Two questions that fold alike ask the same
-    thing; what the rule is unsure of stays apart (a miss, never a wrong answer). A question of plain ASCII letters,
-    spaces and common punctuation takes a short path of string methods (the exact key is on every request's path).
+    guillemets, backticks), of words with an underscore (``MAX_VALUE``) and of words mixing digits with upper and
+    lower case letters (``aB3x``), where case can name a different thing (``GPT4`` and ``gpt4`` fold alike). A
+    question that looks like code or spans lines (a code fence, any of ``{ } ; = < > \\``, a line break) only loses
+    its outer whitespace. Two questions that fold alike ask the same thing; what the rule is unsure of stays apart (a
+    miss, never a wrong answer). A question of plain ASCII letters, spaces and common punctuation takes a short path
+    of string methods (the exact key is on every request's path).
     """
     if text.isascii() and not text.encode().translate(None, _PLAIN):
         plain = text.strip() if "  " not in text and "\t" not in text else " ".join(text.split())

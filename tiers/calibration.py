@@ -66,8 +66,8 @@ PRIOR_PAIRS: tuple[int, ...] = (
 """The labelled pairs each value of :data:`PRIOR_WRONG_SHARE` was measured on (same command)."""
 
 SERVE_FLOOR = 0.85
-"""No threshold below it: the prior's ``same_answer`` labels start there (below, only Quora's ``is_duplicate``,
-which calls 23% more pairs duplicates than need the same answer where both exist)."""
+"""No threshold below it: the prior's ``same_answer`` labels start there (below, only Quora's ``is_duplicate``, which
+disagrees with them on 23% of the pairs where both exist)."""
 
 CONFIDENCE_Z = 1.645
 """One-sided 95% normal quantile (of the model-free check)."""

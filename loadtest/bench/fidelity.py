@@ -46,6 +46,7 @@ import random
 import sys
 import tempfile
 import time
+import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -95,8 +96,8 @@ class ClusterAnswerUpstream:
 
     def answer(self, question: str) -> str:
         cluster = self.by_question.get(question)
-        if cluster is None:
-            cluster = -1 - len(question)  # an unknown question still gets an answer of its own
+        if cluster is None:  # an unknown question (a retyped one the proxy forwarded) gets an answer of its own
+            cluster = -1 - zlib.crc32(question.encode())
         return cluster_answer(cluster) if self.varied is None else self.varied.answer(question, cluster)
 
     def app(self) -> web.Application:

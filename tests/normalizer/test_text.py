@@ -83,6 +83,12 @@ def test_trivial_variants_fold_into_one_question(variant: str) -> None:
     assert fold_question(variant) == "what is the capital of france"
 
 
+def test_words_with_digits_fold_unless_they_mix_cases() -> None:
+    assert fold_question("What is GPT4?") == fold_question("what is gpt4") == "what is gpt4"
+    assert fold_question("IPHONE 7S PRICE") == fold_question("iPhone 7s price")
+    assert fold_question("Where is order aB3x?") == "where is order aB3x"
+
+
 def test_typographic_apostrophes_are_apostrophes() -> None:
     assert fold_question("What\u2019s a proxy?") == fold_question("what's a proxy") == "what's a proxy"
 
@@ -90,7 +96,7 @@ def test_typographic_apostrophes_are_apostrophes() -> None:
 @pytest.mark.parametrize(("one", "other"), [
     ('What does "Foo" return?', 'What does "foo" return?'),  # a quoted identifier
     ("What is `getID` for?", "What is `getid` for?"),  # backticks
-    ("Where is order aB3x?", "Where is order AB3X?"),  # an ID with digits
+    ("Where is order aB3x?", "Where is order AB3X?"),  # an ID mixing digits and both cases
     ("Is MAX_VALUE set?", "Is max_value set?"),  # an identifier with an underscore
     ("Why is 'Bob' late?", "Why is 'bob' late?"),  # single quotes around a name
     ("Explain: x = Foo;", "Explain: x = foo;"),  # code: only the ends are stripped
