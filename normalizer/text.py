@@ -209,7 +209,7 @@ def _fold_words(text: str) -> str:
     if folded == text:
         return text
     words = text.split(" ")
-    kept = [i for i, word in enumerate(words) if not word.isalpha() and _keeps_case(word)]
+    kept = [i for i, word in enumerate(words) if not word.isalpha() and word != word.casefold() and _keeps_case(word)]
     if not kept:
         return folded
     out = folded.split(" ")  # case folding never adds or removes a space

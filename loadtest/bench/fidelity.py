@@ -123,6 +123,8 @@ class Tally:
     by_question: dict[str, int]
     origin: dict[str, int] = field(default_factory=dict)
     """Answer text → cluster of the question the upstream gave it for."""
+    answers: list[str] = field(default_factory=list)
+    """Every answer the upstream gave, in order."""
     wanted: int = 0
     recalled: int = 0
     hits: int = 0
@@ -142,6 +144,7 @@ class Tally:
     def record(self, question: str, text: str, status: str) -> None:
         if status not in ("HIT", "SEMANTIC_HIT"):
             self.origin.setdefault(text, self.by_question[question])
+            self.answers.append(text)
 
     def judge(self, question: str, text: str, status: str, elapsed: float, wanted: bool, at: int) -> None:
         hit = status in ("HIT", "SEMANTIC_HIT")
@@ -279,7 +282,7 @@ def answer_check_rates(tally: Tally, cut: float) -> dict[str, float | int | None
     agreed = {True: [0, 0], False: [0, 0]}
     compared = iter(tally.compared)
     pending = next(compared, None)
-    for text in tally.origin:  # answers in the order the upstream gave them
+    for text in tally.answers:
         check.learn(text)
         while pending is not None and pending[1] == text:
             cached, fresh, first, second, alike = pending
