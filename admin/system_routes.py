@@ -122,7 +122,7 @@ def register_gauges(rt: Runtime, sizes: dict[str, dict[str, Any]]) -> None:
                                   "docs/semantic.md)", ["namespace"],
                                   lambda: points("wrong_hit_rate_bound"))
         rt.metrics.gauge_callback("ragproxy_semantic_threshold", "Cosine threshold each namespace runs at (above 1: "
-                                  "calibrating, no threshold meets cache.l2.max_wrong_hit_rate yet, no semantic hits)", ["namespace"],
-                                  lambda: points("threshold"))
+                                  "calibrating, no threshold meets cache.l2.max_wrong_hit_rate yet, no semantic hits)",
+                                  ["namespace"], lambda: points("threshold"))
     rt.metrics.gauge_callback("ragproxy_coalesced_requests", "Requests answered by another request's upstream "
                               "call since start", [], lambda: [({}, float(rt.stats.coalesced))])
