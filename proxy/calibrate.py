@@ -8,11 +8,12 @@ would one cached answer serve both questions?). ``--labels same_answer`` reads a
 where it is given and from ``is_duplicate`` elsewhere. For each namespace it embeds the questions with the
 configured local model, applies the configured guards, and prints the lowest threshold where the one-sided 95% upper
 bound of the share of wrong hits (non-duplicate pairs at or above it, guard-vetoed pairs excluded) is within
-``--target`` (the rule the proxy's own calibration follows, :mod:`tiers.calibration`), and the recall it buys
-(duplicate pairs at or above it / duplicate pairs). ``--write`` puts them into ``cache.l2.namespace_thresholds`` of a
-YAML config file (created if missing, other keys kept). ``--curve`` also prints the wrong-hit share at every
-threshold of :data:`tiers.calibration.GRID` (the form of :data:`tiers.calibration.PRIOR_WRONG_SHARE`);
-``--half calibration|held-out`` keeps one deterministic half of the pairs (:func:`half_of`). ``--prior`` prints
+``--target`` (Wilson's bound over these pairs: a fixed threshold for traffic like them; the proxy's own calibration
+learns each namespace's threshold from its traffic, :mod:`tiers.calibration`), and the recall it buys (duplicate
+pairs at or above it / duplicate pairs). ``--write`` puts them into ``cache.l2.namespace_thresholds`` of a YAML
+config file (created if missing, other keys kept). ``--curve`` also prints the wrong-hit share at or above every
+threshold of :data:`tiers.calibration.GRID`; ``--half calibration|held-out`` keeps one deterministic half of the
+pairs (:func:`half_of`). ``--prior`` prints
 :data:`tiers.calibration.PRIOR_WRONG_SHARE` and :data:`tiers.calibration.PRIOR_PAIRS` as measured on the pairs
 (:func:`prior_curve`), ready to paste.
 """
@@ -92,8 +93,8 @@ class Choice:
 
 def choose(namespace: str, scores: Sequence[float], duplicate: Sequence[bool], target: float,
            grid: Iterable[float] = GRID) -> Choice:
-    """The lowest threshold of ``grid`` where the upper bound of the wrong-hit share is within ``target`` (the rule
-    the proxy's own calibration follows), from pair scores (vetoed pairs scored 0)."""
+    """The lowest threshold of ``grid`` where the Wilson upper bound of the wrong-hit share is within ``target``, from
+    pair scores (vetoed pairs scored 0)."""
     score = np.asarray(scores, dtype=np.float64)
     same = np.asarray(duplicate, dtype=bool)
     positives = max(int(same.sum()), 1)
