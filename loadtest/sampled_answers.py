@@ -15,7 +15,7 @@ What a sampling LLM does that a fixed answer per question does not, and how this
   and answers to two wordings of one question do not share all of them.
 
 It is written from these three observations about sampled answers, not from the rule the proxy uses to judge
-whether two answers agree (:func:`tiers.calibration.answers_agree`): that rule sees only the texts, and this module
+whether two answers agree (:class:`tiers.answer_check.AnswerAgreement`): that rule sees only the texts, and this module
 decides nothing about how close two texts come under it. BENCHMARKS.md reports how often that rule errs each way
 on these answers.
 """

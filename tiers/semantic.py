@@ -44,7 +44,8 @@ import numpy as np
 import orjson
 
 from normalizer.guards import veto as guard_veto
-from tiers.calibration import GRID, AnswerAgreement, Calibrator
+from tiers.answer_check import AnswerAgreement
+from tiers.calibration import GRID, Calibrator
 from tiers.embedders.base import Embedder, FloatArray
 from tiers.latency import LatencyHistogram
 from tiers.vectors.base import VectorHit, VectorStore
@@ -207,7 +208,7 @@ class SemanticTier:
         """``threshold``/``namespace_thresholds``: fixed cosine thresholds (overrides of the calibrated ones);
         ``max_wrong_hit_rate``: the error bound calibrated thresholds meet (:mod:`tiers.calibration`);
         ``verify_fraction``: share of would-be hits forwarded to check them; ``answer_agreement``: the similarity of
-        two answers (:class:`~tiers.calibration.AnswerAgreement`) from which they agree; ``guards``: names of the
+        two answers (:class:`~tiers.answer_check.AnswerAgreement`) from which they agree; ``guards``: names of the
         enabled guards
         (see :mod:`normalizer.guards`); ``candidates``: neighbours examined per lookup; ``veto``: the guard function
         (injectable for experiments)."""
@@ -287,7 +288,7 @@ class SemanticTier:
     def compare(self, scope: SemanticScope, probe: SemanticMatch, cached_answer: str, fresh_answer: str,
                       question: str = "") -> bool | None:
         """Record whether the answer cached for ``probe`` agrees with the fresh answer to ``question``
-        (:class:`~tiers.calibration.AnswerAgreement`); the verdict, or ``None`` while the check cannot judge yet."""
+        (:class:`~tiers.answer_check.AnswerAgreement`); the verdict, or ``None`` while the check cannot judge yet."""
         self.stats.compared += 1
         if not self.answers.ready:
             self.stats.unjudged += 1

@@ -33,7 +33,7 @@ answer / all such; **wrong-hit share** = answers of another cluster / hits; the 
 threshold of the grid on the same run's pairs (the proxy's own embedder and guards, everything else ideal), its
 recall at the bound (``cache.l2.max_wrong_hit_rate``), and ``recall / oracle recall``; the pair at which the first
 semantic hit came; semantic-hit p50/p99 (HTTP round trip, embedding included) against the exact-hit p50 of the same
-run; with varied answers, how often the proxy's answer check (:class:`tiers.calibration.AnswerAgreement`, run here
+run; with varied answers, how often the proxy's answer check (:class:`tiers.answer_check.AnswerAgreement`, run here
 on the run's own answers) agreed on same-answer and on other pairs. ``--quick``: 300 pairs.
 """
 
@@ -72,7 +72,7 @@ from loadtest.sampled_answers import SampledAnswers
 from normalizer.guards import veto
 from proxy.calibrate import HALVES, LABELS, LabelledPair, half_of, read_pairs
 from proxy.config import L2Settings
-from tiers.calibration import AnswerAgreement
+from tiers.answer_check import AnswerAgreement
 
 BLOCK = 64
 _WORDS = ("amber", "basalt", "cobalt", "delta", "ember", "fjord", "garnet", "harbor", "indigo", "juniper", "kelp",

@@ -1,5 +1,5 @@
 """The error-bound decision: the prior's shape, a namespace's own mix learned from answer comparisons, and a bound
-that holds at every moment; the answer check that makes those comparisons."""
+that holds at every moment."""
 
 from __future__ import annotations
 
@@ -11,14 +11,11 @@ import pytest
 
 from tiers.calibration import (
     GRID,
-    MIN_ANSWERS,
     PRIOR_WRONG_SHARE,
     SERVE_FLOOR,
     UNREACHABLE,
-    AnswerAgreement,
     Calibrator,
     Evidence,
-    answers_agree_exactly,
     cell_of,
     choose_threshold,
     upper_bound,
@@ -139,8 +136,6 @@ def test_verification_is_denser_while_comparisons_above_the_threshold_are_few() 
 
 def test_grid_cells() -> None:
     assert [cell_of(s) for s in (0.69, 0.70, 0.705, 0.99, 1.0)] == [None, 0, 0, 29, 29]
-    assert answers_agree_exactly("Paris  is the capital.", "paris is the capital.")
-    assert not answers_agree_exactly("Paris", "Lyon")
 
 
 def test_answer_text_reads_chat_completions_and_responses_objects() -> None:
@@ -182,36 +177,3 @@ def test_namespaces_asked_about_hold_no_memory() -> None:
         calibrator.threshold(f"ns{i}", tenant=f"t{i}")
         calibrator.should_verify(f"ns{i}", tenant=f"t{i}")
     assert len(calibrator.points()) == 1  # default
-
-
-def _answers(check: AnswerAgreement) -> None:
-    """Stock phrases in every answer, one point each: what the check learns its word weights from."""
-    for i in range(MIN_ANSWERS):
-        check.learn(f"Great question! Here is what I think. Point {i}: consider the item number {i} carefully. "
-                    "Hope this helps.")
-
-
-def test_the_answer_check_looks_past_wording_and_the_questions_words() -> None:
-    check = AnswerAgreement(0.4)
-    assert not check.ready
-    _answers(check)
-    assert check.ready
-    one = "Great question! You should compare interest rates and read the fine print. Hope this helps."
-    reworded = "Hope this helps: read the fine print first, then compare the interest rates."
-    other = "Great question! You should ask a mentor and keep a written plan. Hope this helps."
-    assert check.agree(one, reworded, ("How do I pick a mortgage?", "Which mortgage should I take?"))
-    assert not check.agree(one, other, ("How do I pick a mortgage?", "How do I pick a career?"))
-    echo = "Picking a mortgage: picking a mortgage is about the mortgage you pick."
-    assert check.similarity(echo, "A mortgage pick needs a mortgage.", ("How do I pick a mortgage?",)) == 0.0, \
-        "only the questions' own words in common is no agreement"
-    assert check.similarity(" Same  text ", "same text") == 1.0
-
-
-def test_the_answer_check_forgets_old_answers_within_its_bound(monkeypatch: pytest.MonkeyPatch) -> None:
-    import tiers.calibration as calibration
-
-    monkeypatch.setattr(calibration, "MAX_DOCUMENTS", 10)
-    check = AnswerAgreement(0.4)
-    for i in range(30):
-        check.learn(f"word{i} common")
-    assert len(check._documents) <= 10 + 2
