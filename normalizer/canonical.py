@@ -41,22 +41,30 @@ request bypasses the cache): the JSON parser reads an integer literal beyond 64 
 ``"seed": 18446744073709551616`` and ``…617`` would share a key while an upstream that reads integers exactly
 answers them differently. Integers within 64 bits stay exact ints.
 
+Trivial variants of the question (:func:`fold_final_question`): the text of a final user message (chat) or input
+item (Responses) made of one text part is folded by :func:`normalizer.text.fold_question` — Unicode compatibility
+forms, whitespace, letter case and trailing ``? ! .`` — except where case can matter (quoted or backticked spans,
+words with an underscore or mixing digits with both letter cases, and code or multi-line text, which only loses its
+outer whitespace). "What is RAG?", "what is rag" and " What is RAG " share a key from the first repeat. Earlier
+messages, system prompts and multi-part content are keyed as written.
+
 Key format (module :func:`cache_key`)::
 
-    rp2:<tenant>:<namespace>:<knowledge_version>:<kind>:<hex BLAKE2b-256 of the canonical JSON bytes>
+    rp3:<tenant>:<namespace>:<knowledge_version>:<kind>:<hex BLAKE2b-256 of the canonical JSON bytes>
 
-``rp2`` is the key-format version (bump it whenever canonicalization changes so old entries are never
-misread; ``rp1`` keys did not cover the query string, the keyed headers or beyond-64-bit integers). Each scope
+``rp3`` is the key-format version (bump it whenever canonicalization changes so old entries are never
+misread; ``rp2`` keys did not fold the final question's trivial variants, ``rp1`` keys did not cover the query
+string, the keyed headers or beyond-64-bit integers). Each scope
 component is percent-encoded (RFC 3986, nothing kept safe but ``A-Z a-z 0-9 _ . - ~``, and in the tenant
 component not ``~`` either), so a ``:`` in a tenant id cannot forge another scope, and a
-prefix such as ``rp2:acme:docs:`` selects exactly one tenant's namespace. ``kind`` is ``chat``,
+prefix such as ``rp3:acme:docs:`` selects exactly one tenant's namespace. ``kind`` is ``chat``,
 ``completion``, ``embedding`` (one key per embedding input item), ``response`` or ``rerank`` (one key per
 scored document). The scope is a readable prefix rather
 than hashed so stores can scan and drop a tenant, namespace or knowledge version by prefix. Namespaces shared
 across tenants use :data:`SHARED_TENANT` as the tenant (the identity layer must never issue it).
 
 User-scoped keys (private namespaces, ``cache.private_namespaces``, or a request's ``Cache-Control:
-private``): the tenant component becomes ``<tenant>~<user digest>``, e.g. ``rp2:acme~3f…9a:docs:4:chat:…``,
+private``): the tenant component becomes ``<tenant>~<user digest>``, e.g. ``rp3:acme~3f…9a:docs:4:chat:…``,
 where the digest is :func:`user_digest` (32 hex digits of BLAKE2b of the tenant and user id; user ids never
 appear in keys, and equal ids in two tenants get different digests). A ``~`` in the tenant id itself is
 written ``%7E``, so the first raw ``~`` always separates the digest and no tenant name can forge another
@@ -70,6 +78,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any, Literal
 from urllib.parse import quote
 
@@ -82,12 +91,13 @@ from normalizer.canonical_json import (
     digest_hex,
     encode_canonical,
 )
+from normalizer.text import fold_question
 
 RequestKind = Literal["chat", "completion", "embedding", "response", "rerank"]
 """The endpoint a body was sent to: ``/v1/chat/completions``, ``/v1/completions``, ``/v1/embeddings``,
 ``/v1/responses`` (:mod:`normalizer.responses`) or a reranker (:mod:`normalizer.rerank`)."""
 
-KEY_FORMAT_VERSION = "rp2"
+KEY_FORMAT_VERSION = "rp3"
 SHARED_TENANT = "*"
 """Tenant component for namespaces configured as shared across tenants (percent-encoded as ``%2A``)."""
 
@@ -409,6 +419,19 @@ def canonical_embedding_items(body: Mapping[str, Any]) -> list[dict[str, JSONVal
     return [{**shared, "input": item} for item in embedding_inputs(fields)]
 
 
+def fold_final_question(items: JSONValue, text_part: str) -> None:
+    """Fold (:func:`normalizer.text.fold_question`) the text of a final user message or input item made of one text
+    part (``text_part``: its type), in place (a canonical request is built afresh); anything else is left as it
+    is."""
+    final = items[-1] if isinstance(items, list) and items else None
+    if isinstance(final, dict) and final.get("role") == "user":
+        content = final.get("content")
+        if isinstance(content, list) and len(content) == 1:
+            part = content[0]
+            if isinstance(part, dict) and part.get("type") == text_part and isinstance(text := part.get("text"), str):
+                part["text"] = fold_question(text)
+
+
 USER_SEPARATOR = "~"
 """Separates the tenant from the user digest in a user-scoped tenant component (``%7E`` inside a tenant id)."""
 
@@ -435,9 +458,16 @@ class KeyScope:
         return f"{tenant}{USER_SEPARATOR}{self.user}" if self.user else tenant
 
     def prefix(self) -> str:
-        """``rp2:<tenant>:<namespace>:<knowledge_version>:`` with each component percent-encoded."""
-        parts = (quote(self.namespace, safe=""), quote(self.knowledge_version, safe=""))
-        return f"{KEY_FORMAT_VERSION}:{self.owner()}:" + "".join(part + ":" for part in parts)
+        """``rp3:<tenant>:<namespace>:<knowledge_version>:`` with each component percent-encoded."""
+        return _prefix(self)
+
+
+@lru_cache(maxsize=4096)
+def _prefix(scope: KeyScope) -> str:
+    """:meth:`KeyScope.prefix`, kept per scope: percent-encoding its three parts was a quarter of keying a one-message
+    chat request, and a deployment has few scopes."""
+    parts = (quote(scope.namespace, safe=""), quote(scope.knowledge_version, safe=""))
+    return f"{KEY_FORMAT_VERSION}:{scope.owner()}:" + "".join(part + ":" for part in parts)
 
 
 def request_digest(canonical: JSONValue) -> str:

@@ -21,6 +21,11 @@ guard          vetoes when the two questions differ in
 ``entities``   a named-entity-like token of one question (a capitalized word that does not start a
                sentence, an acronym, a mixed-case word like "iPhone") missing, case-insensitively, from the
                other's words
+``order``      the order of two words they share around a relation word (or, vs, to, from, than, over,
+               against, beat...), all else alike: "Poles or Russians" vs "Russians or Poles", "from Delhi
+               to Toronto" vs "from Toronto to Delhi", "host or guest" vs "guest or host", "Germany beat
+               Brazil" vs "Brazil beat Germany"; not when only "and" stands between them ("a virus and a
+               bacterium"), and not a subject and object swapped around any other verb
 =============  ==========================================================================================
 
 Every guard is individually switchable through ``veto(a, b, enabled_guards)``; which guards earn their
@@ -312,6 +317,94 @@ def entities(a: str, b: str) -> str | None:
     return None
 
 
+_ORDER_FILLER = frozenset({
+    "a", "an", "the", "of", "in", "on", "at", "for", "by", "with", "from", "to", "into", "or", "vs", "versus",
+    "than", "over", "against", "is", "are", "was", "were", "be", "do", "does", "did", "will", "would", "should",
+    "can", "could", "who", "what", "which", "how", "when", "where", "why", "i", "you", "it", "my", "your", "me",
+    "and", "better", "more", "less",
+})  # fmt: skip
+"""Words whose place says nothing by itself: the relation words (``or``, ``to``, ``than``...) and articles; the
+swapped words are the others."""
+_SYMMETRIC_JOIN = frozenset({"and", "&", "the", "a", "an"})
+_RELATIONS = frozenset({"or", "vs", "versus", "v", "to", "into", "than", "over", "against", "beat", "beats", "defeat",
+                        "defeats", "defeated", "from", "for", "like", "hate", "hates", "love", "loves"})
+"""Words that give the words on either side roles: a choice, a direction, a comparison, a contest, a feeling."""
+
+
+@lru_cache(maxsize=_CACHE_SIZE)
+def _order_tokens(text: str) -> tuple[str, ...]:
+    return tuple(word.casefold() for word in _WORD.findall(text))
+
+
+def _shared_in_order(words: tuple[str, ...], shared: Counter[str]) -> list[str]:
+    left = Counter(shared)
+    kept = []
+    for word in words:
+        if word not in _ORDER_FILLER and left[word] > 0:
+            left[word] -= 1
+            kept.append(word)
+    return kept
+
+
+def _between(words: tuple[str, ...], first: str, second: str) -> tuple[str, ...]:
+    """The words between the first ``first`` and the next ``second`` after it."""
+    start = words.index(first)
+    end = words.index(second, start + 1) if second in words[start + 1:] else start + 1
+    return words[start + 1:end]
+
+
+def _related(words: tuple[str, ...], first: str, second: str) -> bool:
+    """Whether a relation word, and not only "and", stands between ``first`` and ``second``."""
+    between = _between(words, first, second)
+    if between and set(between) <= _SYMMETRIC_JOIN:
+        return False
+    return not _RELATIONS.isdisjoint(between)
+
+
+def _role(words: tuple[str, ...], word: str) -> str | None:
+    """The relation word just before ``word`` (only articles and the like between them), if any."""
+    for before in reversed(words[:words.index(word)]):
+        if before in _RELATIONS:
+            return before
+        if before not in _ORDER_FILLER:
+            return None
+    return None
+
+
+def _exchanged(first: list[str], second: list[str]) -> tuple[list[str], list[str]] | None:
+    """(X, Y) when ``second`` is ``first`` with two runs of words X and Y exchanged (X ... Y ... becomes Y ... X)."""
+    if len(first) != len(second) or first == second:
+        return None
+    start = next(i for i, (x, y) in enumerate(zip(first, second, strict=True)) if x != y)
+    end = len(first) - next(i for i, (x, y) in enumerate(zip(reversed(first), reversed(second), strict=True))
+                            if x != y)
+    left, right = first[start:end], second[start:end]
+    for x_len in range(1, len(left)):
+        for y_len in range(1, len(left) - x_len + 1):
+            x, middle, y = left[:x_len], left[x_len:len(left) - y_len], left[len(left) - y_len:]
+            if right == y + middle + x:
+                return x, y
+    return None
+
+
+def order(a: str, b: str) -> str | None:
+    """Veto when exchanging two runs of shared words of one question gives the other's order of shared words, in
+    both a relation word stands between them (a choice, a direction, a comparison or a contest reversed), and the
+    runs did not take their relation words along ("from the airport to the city" is "to the city from the
+    airport"); "and" alone between them is no relation ("a virus and a bacterium")."""
+    left, right = _order_tokens(a), _order_tokens(b)
+    shared = Counter(w for w in left if w not in _ORDER_FILLER) & Counter(w for w in right if w not in _ORDER_FILLER)
+    exchanged = _exchanged(_shared_in_order(left, shared), _shared_in_order(right, shared))
+    if exchanged is None:
+        return None
+    x, y = exchanged
+    if not (_related(left, x[-1], y[0]) and _related(right, y[-1], x[0])):
+        return None
+    if _role(left, x[0]) == _role(right, x[0]) and _role(left, y[0]) == _role(right, y[0]):
+        return None  # each kept its own relation word: "to the city from the airport"
+    return f"order differs: {' '.join(x)} ... {' '.join(y)} vs {' '.join(y)} ... {' '.join(x)}"
+
+
 # Words that frame a question without changing what it asks: articles, auxiliaries, pronouns, question words and
 # request wrappers ("tell me", "I want to know", "can you find out"). Nouns are never in this list: "who is the
 # author of X" and "who is the publisher of X" must stay different questions.
@@ -437,6 +530,7 @@ GUARDS: Mapping[str, Guard] = {
     "negations": negations,
     "quoted": quoted,
     "entities": entities,
+    "order": order,
     "content_words": content_words,
 }
 """Every guard by name, in the order :func:`veto` runs them."""

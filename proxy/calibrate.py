@@ -1,15 +1,21 @@
-"""``ragproxy calibrate PAIRS.csv [--target 0.02] [--namespace NS] [--write CONFIG.yaml]``: fixed L2 thresholds from
-labelled question pairs.
+"""``ragproxy calibrate PAIRS.csv [--labels is_duplicate|same_answer] [--target 0.02] [--namespace NS] [--write
+CONFIG.yaml] [--prior]``: fixed L2 thresholds from labelled question pairs, and the prior curve of the calibrated
+decision.
 
 The CSV has a header with ``question1``, ``question2``, ``is_duplicate`` (1/0) and, optionally, ``namespace``
-(``--namespace`` names the namespace of a file without one). For each namespace it embeds the questions with the
+(``--namespace`` names the namespace of a file without one) and ``same_answer`` (1/0, or empty where not judged:
+would one cached answer serve both questions?). ``--labels same_answer`` reads a pair's label from ``same_answer``
+where it is given and from ``is_duplicate`` elsewhere. For each namespace it embeds the questions with the
 configured local model, applies the configured guards, and prints the lowest threshold where the one-sided 95% upper
 bound of the share of wrong hits (non-duplicate pairs at or above it, guard-vetoed pairs excluded) is within
-``--target`` (the rule the proxy's own calibration follows, :mod:`tiers.calibration`), and the recall it buys
-(duplicate pairs at or above it / duplicate pairs). ``--write`` puts them into ``cache.l2.namespace_thresholds`` of a
-YAML config file (created if missing, other keys kept). ``--curve`` also prints the wrong-hit share at every
-threshold of :data:`tiers.calibration.GRID` (the form of :data:`tiers.calibration.PRIOR_WRONG_SHARE`);
-``--half calibration|held-out`` keeps one deterministic half of the pairs (:func:`half_of`).
+``--target`` (Wilson's bound over these pairs: a fixed threshold for traffic like them; the proxy's own calibration
+learns each namespace's threshold from its traffic, :mod:`tiers.calibration`), and the recall it buys (duplicate
+pairs at or above it / duplicate pairs). ``--write`` puts them into ``cache.l2.namespace_thresholds`` of a YAML
+config file (created if missing, other keys kept). ``--curve`` also prints the wrong-hit share at or above every
+threshold of :data:`tiers.calibration.GRID`; ``--half calibration|held-out`` keeps one deterministic half of the
+pairs (:func:`half_of`). ``--prior`` prints
+:data:`tiers.calibration.PRIOR_WRONG_SHARE` and :data:`tiers.calibration.PRIOR_PAIRS` as measured on the pairs
+(:func:`prior_curve`), ready to paste.
 """
 
 from __future__ import annotations
@@ -29,9 +35,12 @@ import numpy as np
 import yaml
 
 from normalizer.guards import veto
-from tiers.calibration import GRID, upper_bound
+from tiers.calibration import GRID, cell_of, upper_bound
 
 HALVES = ("calibration", "held-out")
+LABELS = ("is_duplicate", "same_answer")
+MIN_TOP_PAIRS = 100
+"""Pairs the prior's top block pools at least (the highest cells hold few pairs, and decide the first hits)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,15 +55,17 @@ class PairsError(ValueError):
     """A pairs file that cannot be read."""
 
 
-def read_pairs(path: Path, namespace: str = "default") -> list[LabelledPair]:
-    """The pairs of a CSV file (columns question1, question2, is_duplicate, optional namespace)."""
+def read_pairs(path: Path, namespace: str = "default", labels: str = "is_duplicate") -> list[LabelledPair]:
+    """The pairs of a CSV file (columns question1, question2, is_duplicate, optional namespace and same_answer),
+    labelled by ``labels`` (``same_answer``: that column where given, ``is_duplicate`` elsewhere)."""
     try:
         with path.open(newline="", encoding="utf-8") as handle:
             reader = csv.DictReader(handle)
-            missing = {"question1", "question2", "is_duplicate"} - set(reader.fieldnames or ())
+            missing = {"question1", "question2", "is_duplicate", labels} - set(reader.fieldnames or ())
             if missing:
                 raise PairsError(f"{path}: missing column(s) {', '.join(sorted(missing))}")
-            return [LabelledPair(row["question1"], row["question2"], row["is_duplicate"].strip() == "1",
+            return [LabelledPair(row["question1"], row["question2"],
+                                 (row[labels].strip() or row["is_duplicate"].strip()) == "1",
                                  row.get("namespace") or namespace) for row in reader]
     except (OSError, UnicodeDecodeError, csv.Error) as exc:
         raise PairsError(f"{path}: {exc}") from None
@@ -82,8 +93,8 @@ class Choice:
 
 def choose(namespace: str, scores: Sequence[float], duplicate: Sequence[bool], target: float,
            grid: Iterable[float] = GRID) -> Choice:
-    """The lowest threshold of ``grid`` where the upper bound of the wrong-hit share is within ``target`` (the rule
-    the proxy's own calibration follows), from pair scores (vetoed pairs scored 0)."""
+    """The lowest threshold of ``grid`` where the Wilson upper bound of the wrong-hit share is within ``target``, from
+    pair scores (vetoed pairs scored 0)."""
     score = np.asarray(scores, dtype=np.float64)
     same = np.asarray(duplicate, dtype=bool)
     positives = max(int(same.sum()), 1)
@@ -99,6 +110,30 @@ def choose(namespace: str, scores: Sequence[float], duplicate: Sequence[bool], t
         if share is not None and (bound := upper_bound(share, count)) <= target:
             return Choice(namespace, threshold, share, recall, len(score), tuple(curve), bound)
     return Choice(namespace, None, None, 0.0, len(score), tuple(curve))
+
+
+def prior_curve(scores: Sequence[float], same: Sequence[bool]) -> tuple[list[float], list[int]]:
+    """Per :data:`~tiers.calibration.GRID` cell: the share of pairs needing different answers and the number of
+    pairs, made non-increasing from cell to cell (adjacent cells that disagree are pooled: pool-adjacent-violators)
+    and pooled over at least :data:`MIN_TOP_PAIRS` pairs from the top."""
+    pairs, wrong = [0] * len(GRID), [0] * len(GRID)
+    for score, alike in zip(scores, same, strict=True):
+        cell = cell_of(score)
+        if cell is not None:
+            pairs[cell] += 1
+            wrong[cell] += not alike
+    blocks: list[list[int]] = []  # [wrong, pairs, cells]
+    for cell in range(len(GRID)):
+        blocks.append([wrong[cell], pairs[cell], 1])
+        while len(blocks) > 1 and (blocks[-2][1] == 0 or blocks[-1][1] == 0
+                                   or blocks[-2][0] * blocks[-1][1] < blocks[-1][0] * blocks[-2][1]):
+            last = blocks.pop()
+            blocks[-1] = [blocks[-1][0] + last[0], blocks[-1][1] + last[1], blocks[-1][2] + last[2]]
+    while len(blocks) > 1 and blocks[-1][1] < MIN_TOP_PAIRS:
+        last = blocks.pop()
+        blocks[-1] = [blocks[-1][0] + last[0], blocks[-1][1] + last[1], blocks[-1][2] + last[2]]
+    shares = [round(w / n, 3) if n else 1.0 for w, n, width in blocks for _ in range(width)]
+    return shares, pairs
 
 
 async def pair_scores(pairs: Sequence[LabelledPair], guards: Sequence[str],
@@ -142,6 +177,10 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--write", type=Path, metavar="CONFIG.yaml", help="write the thresholds into this config")
     parser.add_argument("--half", choices=HALVES, help="use one deterministic half of the pairs")
     parser.add_argument("--curve", action="store_true", help="print the wrong-hit share at every threshold")
+    parser.add_argument("--labels", choices=LABELS, default="is_duplicate",
+                        help="the label column (same_answer: where given, is_duplicate elsewhere)")
+    parser.add_argument("--prior", action="store_true", help="print the prior curve of the calibrated decision "
+                        "(tiers.calibration.PRIOR_WRONG_SHARE and PRIOR_PAIRS)")
     args = parser.parse_args(argv)
     if not 0 < args.target < 1:
         parser.error("--target must be between 0 and 1")
@@ -152,7 +191,7 @@ def main(argv: list[str]) -> int:
         return 2
     l2 = settings.cache.l2
     try:
-        pairs = read_pairs(args.pairs, args.namespace)
+        pairs = read_pairs(args.pairs, args.namespace, args.labels)
     except PairsError as exc:
         print(f"ragproxy calibrate: {exc}", file=sys.stderr)
         return 2
@@ -176,6 +215,10 @@ def main(argv: list[str]) -> int:
             for threshold, share, recall in result.curve:
                 shown = "-" if share is None else f"{share:.3f}"
                 print(f"  {threshold:.2f} wrong {shown} recall {recall:.3f}")
+    if args.prior:
+        shares, counts = prior_curve(scores, [p.duplicate for p in pairs])
+        print(f"PRIOR_WRONG_SHARE = ({', '.join(f'{v:.3f}' for v in shares)})")
+        print(f"PRIOR_PAIRS = ({', '.join(map(str, counts))})")
     if args.write is not None and chosen:
         write_thresholds(args.write, chosen)
         print(f"wrote cache.l2.namespace_thresholds to {args.write}")

@@ -226,22 +226,23 @@ class L2Settings(_Section):
         default="auto", description="local embedder: onnx (int8 graph on onnxruntime, a few ms), numpy (no onnxruntime "
         "needed, 10-30 ms); auto: onnx when onnxruntime and onnx are installed")
     max_wrong_hit_rate: float = Field(
-        default=0.05, gt=0, lt=1, description="Error bound: per namespace, the lowest threshold where the 95% upper "
-        "bound of the estimated share of wrong semantic hits is within it (see tiers/calibration.py); reported in "
+        default=0.05, gt=0, lt=1, description="Error bound: per tenant and namespace, the lowest threshold where the "
+        "wrong share of served semantic hits is within it with 95% confidence (see docs/semantic.md); reported in "
         "/admin/stats and /metrics")
     verify_fraction: float = Field(
         default=0.02, ge=0, le=1, description="Share of would-be semantic hits forwarded and compared with the cached "
-        "answer to keep the estimate honest (misses with a near candidate are compared for free)")
+        "answer to keep the estimate honest (misses with a near candidate are compared for free; 10% while a "
+        "namespace has fewer than 20 comparisons at or above its threshold)")
     answer_agreement: float = Field(
-        default=0.9, gt=0, le=1, description="Cosine of two answers' embeddings above which differently worded answers "
-        "agree (identical text always does)")
+        default=0.4, gt=0, le=1, description="Similarity of two answers (TF-IDF cosine of their content words, the "
+        "questions' own words left out) from which they agree; identical text always does")
     threshold: float | None = Field(
         default=None, gt=0, le=1, description="Fixed cosine threshold for every namespace: overrides the error bound "
         "(no calibration)")
     namespace_thresholds: dict[str, float] = Field(
         default_factory=dict, description="Fixed per-namespace thresholds, e.g. written by ragproxy calibrate --write")
     guards: list[str] = Field(
-        default_factory=lambda: ["numbers", "dates", "negations", "entities"],
+        default_factory=lambda: ["numbers", "dates", "negations", "entities", "order"],
         description="Vetoes of look-alike questions (normalizer.guards); the defaults pay on real question pairs",
     )
     candidates: int = Field(default=4, ge=1, description="Nearest questions examined per lookup")

@@ -86,17 +86,28 @@ def _tier_detail(name: str, settings: Settings, shared: bool) -> str:
         "l1": "shared in Redis, near copies in memory" if shared else f"in memory, up to {_size(cache.l1.max_bytes)}",
         "l2": f"{cache.l2.embedder} embedder, {cache.l2.vector_store} index, " + (
             f"threshold {cache.l2.threshold:g} (fixed)" if cache.l2.threshold is not None else
-            f"threshold calibrated per namespace for at most {cache.l2.max_wrong_hit_rate:.0%} wrong hits"),
+            "serves a namespace's semantic hits once its own comparisons of cached and fresh answers (near misses, "
+            f"sampled hits) bound their wrong share within {cache.l2.max_wrong_hit_rate:.0%}; until then "
+            "paraphrases are forwarded and compared (/admin/stats: tiers.l2.namespaces)" + (
+                f"; fixed thresholds in {', '.join(sorted(cache.l2.namespace_thresholds))}"
+                if cache.l2.namespace_thresholds else "")),
         "l3": f"{settings.data_dir.resolve() / 'cold'}, up to {_size(cache.l3.max_bytes)}",
         "retrieval": "" if settings.upstreams.qdrant.url else "idle until a Qdrant upstream is configured",
     }
     return details.get(name, "")
 
 
+def _tier_state(name: str, settings: Settings) -> str:
+    """``on``, or ``calibrating`` for L2 while its threshold is learned per namespace (no hits before evidence)."""
+    return "calibrating" if name == "l2" and settings.cache.l2.threshold is None else "on"
+
+
 def describe_features(settings: Settings, runtime: Runtime) -> dict[str, str]:
-    """Each cache tier and layer: ``on: what it runs on`` or ``off: why``."""
-    states = {tier.name: f"on: {detail}" if (detail := _tier_detail(tier.name, settings, runtime.shared is not None))
-              else "on" for tier in runtime.tiers}
+    """Each cache tier and layer: ``on: what it runs on`` (``calibrating: ...`` for a calibrated L2), or
+    ``off: why``."""
+    states = {tier.name: f"{_tier_state(tier.name, settings)}: {detail}"
+              if (detail := _tier_detail(tier.name, settings, runtime.shared is not None)) else "on"
+              for tier in runtime.tiers}
     states.update({off.name: f"off: {off.reason}" for off in runtime.tiers.off})
     order = [*TIER_LABELS, *sorted(set(states) - set(TIER_LABELS))]
     features = {TIER_LABELS.get(name, name): states[name] for name in order if name in states}

@@ -1,29 +1,35 @@
-"""The L2 hit decision as an error bound: per namespace, the lowest cosine threshold whose estimated share of wrong
-hits stays within ``cache.l2.max_wrong_hit_rate``.
+"""The L2 hit decision as an error bound: per tenant and namespace, the lowest cosine threshold at which the share of
+wrong semantic hits served stays, with 95% confidence, within ``cache.l2.max_wrong_hit_rate``.
 
-Estimate at threshold ``t`` in a namespace (a Beta-style blend of a prior curve and that namespace's own evidence)::
+The model (why the bound holds, and what it assumes: docs/semantic.md). A lookup's best candidate scores ``s``
+(cosine after the guards); it falls in one :data:`GRID` cell ``c``. The chance that the cached answer is wrong for
+the new question there is::
 
-    wrong(t) = (PRIOR_WEIGHT * prior(t) + disagreements with score >= t) / (PRIOR_WEIGHT + observations with score >= t)
+    wrong(c) = 1 - sigmoid(theta + offset(c)),    offset(c) = logit(1 - PRIOR_WRONG_SHARE[c])
 
-- ``prior(t)``: :data:`PRIOR_WRONG_SHARE`, the share of wrong hits among pairs at or above ``t`` measured on the
-  calibration half of a labelled set of real question pairs (Quora Question Pairs, MeanCache's validation split,
-  halves by :func:`proxy.calibrate.half_of`) with the default embedder and guards; see BENCHMARKS.md.
-- evidence (vCache-style feedback, Schroeder et al. 2025): when a request misses L2 although a cached question of
-  the same context scored at least :data:`GRID` ``[0]``, the upstream's fresh answer is compared with the cached
-  answer of that question (no extra upstream call: the request is forwarded anyway; the comparison runs in the
-  background, :data:`tiers.semantic.MAX_COMPARISONS` at a time); and a share ``verify_fraction`` of would-be hits
-  is forwarded instead of served and compared the same way. Each comparison is one observation ``(score, agreed)``.
+- :data:`PRIOR_WRONG_SHARE`, the **shape**: the share of labelled real question pairs in each cell whose questions
+  need different answers (``same_answer``), measured once on the calibration half of the development pairs with
+  the default embedder and guards, monotone, each value with its real sample size (:data:`PRIOR_PAIRS`). It says
+  how much more often a pair at 0.95 needs the same answer than a pair at 0.88.
+- ``theta``, the **mix**: how much more (or less) often this namespace's close questions need the same answer than
+  the prior's did. It is the one thing learned per namespace, from that namespace's own comparisons of a cached
+  answer with the fresh answer to the new question (vCache-style feedback, Schroeder et al. 2025): every near miss
+  whose best candidate scored at least ``GRID[0]`` (forwarded anyway: no extra upstream call) and a share of
+  would-be hits forwarded instead of served (:meth:`Calibrator.should_verify`). A disagreement counts as a wrong
+  hit. Because the shape ties the cells together, every comparison informs every threshold: a namespace whose
+  near misses at 0.88 mostly agree learns that its hits at 0.93 are right too, without waiting for comparisons at
+  0.93 (which only sampled verification would give). This is label-shift adaptation (the class-conditional score
+  distributions of the prior hold, the class mix is the namespace's own).
 
-The threshold is the lowest point of :data:`GRID` where the estimate's one-sided 95% upper bound (:func:`bounds`) is
-within the target (and that the prior allows or the namespace observed at least :data:`MIN_EVIDENCE` times: no
-extrapolation below evidence); else the namespace serves no semantic hits (a miss costs money, a wrong answer costs
-trust) and reports the estimate at the strictest point. Why the bound and not the estimate: above the threshold the
-only evidence is the sampled verification, so there the estimate is mostly the prior, measured on other traffic; on
-one shared context (``loadtest.bench fidelity --mode population``) the point estimate said 14.5% while 23% of the
-hits were wrong. Thin evidence keeps the threshold up, and while it is up near misses are compared (evidence
-without an extra upstream call), so a namespace whose traffic is clean earns lower thresholds and one whose traffic
-is not never does. Evidence is kept per tenant and namespace, in an LRU of :data:`MAX_NAMESPACES`. Pure: no I/O; the
-answer comparison that needs an embedding lives in :class:`tiers.semantic.SemanticTier`.
+The decision: ``theta_low``, the one-sided 95% lower bound of ``theta`` (profile likelihood), turns into an upper
+bound of ``wrong(c)`` in every cell; the bound of the share served at threshold ``t`` is those bounds averaged over
+the cells at or above ``t``, weighted by how often this namespace's lookups landed in each
+(:meth:`Evidence.served_share`). The threshold is the lowest grid point at or above :data:`SERVE_FLOOR` whose bound
+is within the target, and whose own observations at or above it do not show, at 95% confidence, a share above the
+target (a model-free check that catches a namespace whose traffic does not follow the shape). Without any
+observation nothing is served: the namespace is *calibrating* and says so (``/admin/stats``, the start-up summary).
+Evidence is kept per tenant and namespace, in an LRU of :data:`MAX_NAMESPACES`; it never crosses tenants. Pure: no
+I/O; comparing two answers is :class:`tiers.answer_check.AnswerAgreement`.
 """
 
 from __future__ import annotations
@@ -34,49 +40,57 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Literal
 
+import numpy as np
+import numpy.typing as npt
+
 GRID: tuple[float, ...] = tuple(round(0.70 + 0.01 * i, 2) for i in range(30))
-"""Thresholds considered: 0.70, 0.71, ..., 0.99."""
+"""Score cells: ``[0.70, 0.71)``, ..., ``[0.99, 1]``; a threshold is a cell's lower edge."""
 
 PRIOR_WRONG_SHARE: tuple[float, ...] = (
-    0.331, 0.326, 0.322, 0.314, 0.307, 0.301, 0.293, 0.283, 0.277, 0.267,
-    0.262, 0.252, 0.243, 0.231, 0.225, 0.215, 0.209, 0.203, 0.198, 0.183,
-    0.173, 0.159, 0.140, 0.124, 0.115, 0.103, 0.096, 0.097, 0.088, 0.111,
+    0.636, 0.630, 0.630, 0.585, 0.585, 0.585, 0.585, 0.573, 0.573, 0.444,
+    0.444, 0.444, 0.444, 0.444, 0.444, 0.444, 0.444, 0.444, 0.417, 0.381,
+    0.381, 0.303, 0.303, 0.204, 0.155, 0.155, 0.082, 0.069, 0.069, 0.069,
 )  # fmt: skip
-"""Wrong hits / hits at each :data:`GRID` threshold, pairwise, calibration half of qqp_dev.csv, with the default
-embedder (int8 MiniLM) and guards: ``ragproxy calibrate ../shared/data/qqp_dev.csv --half calibration --curve``."""
+"""Share of pairs needing different answers in each :data:`GRID` cell (not at or above it), monotone (pooled where
+adjacent cells disagree, and over at least 100 pairs from the top), calibration half of qqp_dev_relabelled.csv
+(``same_answer``; Quora's ``is_duplicate`` below its labelled range), default embedder and guards:
+``ragproxy calibrate ../shared/data/qqp_dev_relabelled.csv --labels same_answer --half calibration --prior``."""
 
-PRIOR_WEIGHT = 20.0
-"""How many observations the prior counts for: a namespace's own evidence outweighs it after a few dozen."""
+PRIOR_PAIRS: tuple[int, ...] = (
+    33, 35, 46, 61, 50, 50, 56, 43, 60, 70,
+    77, 71, 92, 68, 72, 86, 89, 84, 115, 97,
+    92, 112, 83, 103, 89, 105, 73, 90, 85, 27,
+)  # fmt: skip
+"""The labelled pairs each value of :data:`PRIOR_WRONG_SHARE` was measured on (same command)."""
+
+SERVE_FLOOR = 0.85
+"""No threshold below it: the prior's ``same_answer`` labels start there (below, only Quora's ``is_duplicate``, which
+disagrees with them on 23% of the pairs where both exist)."""
 
 CONFIDENCE_Z = 1.645
-"""One-sided 95% normal quantile of the upper bound a threshold must meet."""
+"""One-sided 95% normal quantile (of the model-free check)."""
+ALPHA = 0.05
+"""Chance that the mix is ever overestimated, over the namespace's whole life (:meth:`Evidence.theta_lower`)."""
+MIXES: npt.NDArray[np.float64] = np.arange(-4.0, 6.0 + 1e-9, 0.05)
+"""The mixes ``theta`` considered: from about 1 in 55 to 400 times the prior's odds of needing the same answer."""
 
-MIN_EVIDENCE = 5
-"""Observations a grid cell needs before the namespace's own evidence may set the threshold there."""
+VERIFY_WHILE_SCARCE = 0.1
+"""Share of would-be hits forwarded to compare while a namespace has fewer than :data:`CHECKED` comparisons at or
+above its threshold (a forwarded would-be hit costs what a miss costs)."""
+CHECKED = 20
 
 MAX_NAMESPACES = 4096
 UNREACHABLE = 1.01
 """The threshold of a namespace where no grid point meets the target: no cosine reaches it, so no hit is served."""
 
-
-@dataclass(slots=True)
-class Evidence:
-    """Observations of one namespace, bucketed by :data:`GRID` cell."""
-
-    observed: list[int] = field(default_factory=lambda: [0] * len(GRID))
-    disagreed: list[int] = field(default_factory=lambda: [0] * len(GRID))
-
-    def add(self, score: float, agreed: bool) -> None:
-        cell = cell_of(score)
-        if cell is None:
-            return
-        self.observed[cell] += 1
-        if not agreed:
-            self.disagreed[cell] += 1
-
-    @property
-    def total(self) -> int:
-        return sum(self.observed)
+_OFFSETS = tuple(math.log((1 - w) / w) for w in PRIOR_WRONG_SHARE)
+_FLOOR_CELL = GRID.index(SERVE_FLOOR)
+_LOGITS = MIXES[:, None] + np.array(_OFFSETS)[None, :]
+_LOG_AGREE = -np.logaddexp(0.0, -_LOGITS)
+"""log P(a comparison agrees) per mix (rows) and cell (columns)."""
+_LOG_DISAGREE = -np.logaddexp(0.0, _LOGITS)
+_LOG_MIXES_ABOVE = np.log(np.arange(len(MIXES), 0, -1))
+"""log of how many of :data:`MIXES` lie at or above each one."""
 
 
 def cell_of(score: float) -> int | None:
@@ -86,60 +100,126 @@ def cell_of(score: float) -> int | None:
     return min(len(GRID) - 1, int(round((score - GRID[0]) * 100, 6)))
 
 
-def estimates(evidence: Evidence | None, prior: tuple[float, ...] = PRIOR_WRONG_SHARE,
-              weight: float = PRIOR_WEIGHT) -> list[float]:
-    """The estimated wrong-hit share at every :data:`GRID` threshold."""
-    result = [0.0] * len(GRID)
-    observed = disagreed = 0
-    for cell in reversed(range(len(GRID))):
-        if evidence is not None:
-            observed += evidence.observed[cell]
-            disagreed += evidence.disagreed[cell]
-        result[cell] = (weight * prior[cell] + disagreed) / (weight + observed)
-    return result
+def _log_sigmoid(x: float) -> float:
+    return -math.log1p(math.exp(-x)) if x >= 0 else x - math.log1p(math.exp(x))
+
+
+def _sigmoid(x: float) -> float:
+    return 1 / (1 + math.exp(-x)) if x >= 0 else math.exp(x) / (1 + math.exp(x))
+
+
+def wilson(share: float, n: float, z: float = CONFIDENCE_Z) -> tuple[float, float]:
+    """Wilson's score interval of a share observed over ``n`` trials: (lower, upper), one-sided at ``z``."""
+    if n <= 0:
+        return 0.0, 1.0
+    z2 = z * z
+    centre = share + z2 / (2 * n)
+    spread = z * math.sqrt(share * (1 - share) / n + z2 / (4 * n * n))
+    return max(0.0, (centre - spread) / (1 + z2 / n)), min(1.0, (centre + spread) / (1 + z2 / n))
 
 
 def upper_bound(share: float, n: float) -> float:
-    """One-sided 95% upper bound of a share observed over ``n`` trials (Wilson's score interval: sound at a share of
-    0 or a handful of trials, where the normal approximation claims certainty)."""
-    if n <= 0:
-        return 1.0
-    z2 = CONFIDENCE_Z * CONFIDENCE_Z
-    centre = share + z2 / (2 * n)
-    spread = CONFIDENCE_Z * math.sqrt(share * (1 - share) / n + z2 / (4 * n * n))
-    return min(1.0, (centre + spread) / (1 + z2 / n))
+    """One-sided 95% upper bound of a share observed over ``n`` trials (Wilson)."""
+    return wilson(share, n)[1]
 
 
-def bounds(evidence: Evidence | None, prior: tuple[float, ...] = PRIOR_WRONG_SHARE,
-           weight: float = PRIOR_WEIGHT) -> list[float]:
-    """The one-sided 95% upper bound (:func:`upper_bound`) of the wrong-hit share at every :data:`GRID` threshold,
-    the prior counted as ``weight`` observations."""
-    shares = estimates(evidence, prior, weight)
-    counted = [weight] * len(GRID)
-    if evidence is not None:
-        above = 0
-        for cell in reversed(range(len(GRID))):
-            above += evidence.observed[cell]
-            counted[cell] += above
-    return [upper_bound(share, n) for share, n in zip(shares, counted, strict=True)]
+@dataclass(slots=True)
+class Evidence:
+    """One namespace's observations per :data:`GRID` cell: comparisons made, disagreements among them, and lookups
+    whose best candidate fell there (served or not: the mix of cells future hits come from)."""
+
+    observed: list[int] = field(default_factory=lambda: [0] * len(GRID))
+    disagreed: list[int] = field(default_factory=lambda: [0] * len(GRID))
+    looked: list[int] = field(default_factory=lambda: [0] * len(GRID))
+
+    def add(self, score: float, agreed: bool) -> None:
+        cell = cell_of(score)
+        if cell is None:
+            return
+        self.observed[cell] += 1
+        self.disagreed[cell] += not agreed
+
+    def look(self, score: float) -> None:
+        cell = cell_of(score)
+        if cell is not None:
+            self.looked[cell] += 1
+
+    @property
+    def total(self) -> int:
+        return sum(self.observed)
+
+    def _log_likelihoods(self) -> npt.NDArray[np.float64]:
+        """Of the comparisons, under each of :data:`MIXES`."""
+        observed, disagreed = np.array(self.observed, dtype=np.float64), np.array(self.disagreed, dtype=np.float64)
+        return np.asarray(_LOG_AGREE @ (observed - disagreed) + _LOG_DISAGREE @ disagreed)
+
+    def theta_estimate(self) -> float:
+        """The most likely mix among :data:`MIXES` (``-inf`` when no comparison agreed)."""
+        if self.total == sum(self.disagreed):
+            return -math.inf
+        return float(MIXES[int(np.argmax(self._log_likelihoods()))])
+
+    def theta_lower(self) -> float:
+        """A lower bound of the mix that holds, with probability ``1 - ALPHA``, at every moment of the namespace's
+        life at once (``-inf`` below :data:`MIXES`): one step of :data:`MIXES` below the lowest mix ``theta`` whose
+        likelihood is not ``1/ALPHA`` times below the average likelihood of the mixes above it.
+
+        For the true mix, that average divided by its own likelihood is a martingale of mean 1 as comparisons arrive
+        (an average of likelihood ratios), so by Ville's inequality it ever reaches ``1/ALPHA`` with probability at
+        most ``ALPHA``: a one-sided confidence sequence (Robbins 1970; Howard et al. 2021). Re-deciding after every
+        comparison cannot wear it down, as it would a fixed-sample bound checked again and again. Averaging over
+        the mixes above (uniformly) decides how fast evidence turns into a bound, never whether the bound holds."""
+        if self.total == sum(self.disagreed):
+            return -math.inf
+        likelihoods = self._log_likelihoods()
+        above = np.logaddexp.accumulate(likelihoods[::-1])[::-1] - _LOG_MIXES_ABOVE
+        inside = np.flatnonzero(above - likelihoods < math.log(1 / ALPHA))
+        return -math.inf if not inside.size or inside[0] == 0 else float(MIXES[inside[0] - 1])
+
+    def served_share(self, theta: float, cell: int) -> float:
+        """The wrong share of hits served at threshold ``GRID[cell]`` under the mix ``theta``: each cell's wrong
+        share, weighted by this namespace's lookups there (the threshold's own cell when it has none)."""
+        weights = self.looked[cell:]
+        total = sum(weights)
+        if not total:
+            return _sigmoid(-(theta + _OFFSETS[cell]))
+        return sum(w * _sigmoid(-(theta + o)) for w, o in zip(weights, _OFFSETS[cell:], strict=True) if w) / total
+
+    def observed_above(self, cell: int) -> tuple[int, int]:
+        """(comparisons, disagreements) at or above ``GRID[cell]``."""
+        return sum(self.observed[cell:]), sum(self.disagreed[cell:])
+
+
+def _figures(evidence: Evidence, cell: int) -> tuple[float, float]:
+    """(estimated wrong share of the hits served at ``GRID[cell]``, its upper bound)."""
+    low, best = evidence.theta_lower(), evidence.theta_estimate()
+    share = 1.0 if math.isinf(best) else evidence.served_share(best, cell)
+    return share, 1.0 if math.isinf(low) else evidence.served_share(low, cell)
 
 
 def choose_threshold(target: float, evidence: Evidence | None) -> tuple[float, float, float]:
-    """(threshold, estimated wrong-hit share there, its upper bound): the lowest grid point whose bound is within
-    ``target`` that the prior alone allows or where the namespace has at least :data:`MIN_EVIDENCE` observations of
-    its own (never extrapolated below what was observed), else (:data:`UNREACHABLE`, the figures at the strictest
+    """(threshold, estimated wrong share of the hits it serves, that share's upper bound): the lowest grid point at
+    or above :data:`SERVE_FLOOR` whose bound is within ``target`` and whose own comparisons at or above it do not
+    show, at 95% confidence, a share above ``target``; else (:data:`UNREACHABLE`, the figures at the strictest
     point)."""
-    shares, uppers = estimates(evidence), bounds(evidence)
-    for cell, threshold in enumerate(GRID):
-        observed = evidence.observed[cell] if evidence is not None else 0
-        if uppers[cell] <= target and (PRIOR_WRONG_SHARE[cell] <= target or observed >= MIN_EVIDENCE):
-            return threshold, shares[cell], uppers[cell]
-    return UNREACHABLE, shares[-1], uppers[-1]
+    if evidence is None or evidence.total == 0:
+        return UNREACHABLE, PRIOR_WRONG_SHARE[-1], 1.0
+    low = evidence.theta_lower()
+    if not math.isinf(low):
+        for cell in range(_FLOOR_CELL, len(GRID)):
+            bound = evidence.served_share(low, cell)
+            if bound > target:
+                continue
+            checked, disagreed = evidence.observed_above(cell)
+            if checked and wilson(disagreed / checked, checked)[0] > target:
+                continue
+            return GRID[cell], _figures(evidence, cell)[0], bound
+    return UNREACHABLE, *_figures(evidence, len(GRID) - 1)
 
 
 @dataclass(frozen=True, slots=True)
 class Operating:
-    """Where one namespace runs: its threshold, the estimated wrong-hit share there, how it was set."""
+    """Where one namespace runs: its threshold, the estimated wrong share of the hits it serves, how it was set."""
 
     threshold: float
     estimated_wrong_hit_rate: float | None
@@ -147,10 +227,20 @@ class Operating:
     """The estimate's one-sided 95% upper bound."""
     observations: int
     source: Literal["calibrated", "fixed"]
+    checked: int = 0
+    """Comparisons at or above the threshold (sampled would-be hits, and near misses from when it was higher)."""
+
+    @property
+    def state(self) -> Literal["calibrating", "serving", "fixed"]:
+        """``calibrating``: no threshold is within the bound yet, no semantic hit is served."""
+        if self.source == "fixed":
+            return "fixed"
+        return "calibrating" if self.threshold > 1 else "serving"
 
     def as_dict(self) -> dict[str, float | int | str | None]:
         """The JSON form of the admin API (shares rounded to 4 places)."""
-        return {"threshold": self.threshold, "observations": self.observations, "source": self.source,
+        return {"threshold": self.threshold, "state": self.state, "observations": self.observations,
+                "checked": self.checked, "source": self.source,
                 "estimated_wrong_hit_rate": _rounded(self.estimated_wrong_hit_rate),
                 "wrong_hit_rate_bound": _rounded(self.wrong_hit_rate_bound)}
 
@@ -163,64 +253,82 @@ class Calibrator:
     """Per-namespace thresholds meeting ``target``, or the operator's fixed ones; feeds on observations.
 
     Evidence is kept per tenant and namespace (a shared namespace's tenant is the shared one): a tenant's traffic
-    moves its own thresholds, never another tenant's. Without evidence a namespace runs on the prior alone."""
+    moves its own thresholds, never another tenant's. Without evidence a namespace is calibrating: no hits."""
 
     def __init__(self, target: float, *, fixed: float | None = None, namespace_fixed: dict[str, float] | None = None,
                  verify_fraction: float = 0.0, rng: random.Random | None = None) -> None:
-        """``target``: largest estimated wrong-hit share; ``fixed``: one cosine threshold for every namespace
+        """``target``: largest wrong share of served hits; ``fixed``: one cosine threshold for every namespace
         (an explicit override: no calibration); ``namespace_fixed``: per-namespace fixed thresholds (as written by
-        ``ragproxy calibrate --write``); ``verify_fraction``: share of would-be hits forwarded to check them."""
+        ``ragproxy calibrate --write``); ``verify_fraction``: share of would-be hits forwarded to check them once a
+        namespace has :data:`CHECKED` comparisons at or above its threshold (:data:`VERIFY_WHILE_SCARCE` before)."""
         self.target = target
         self.fixed = fixed
         self.namespace_fixed = dict(namespace_fixed or {})
         self.verify_fraction = verify_fraction
         self._rng = rng or random.Random()
-        self._evidence: OrderedDict[tuple[str, str], tuple[Evidence, Operating | None]] = OrderedDict()
-        """(tenant, namespace) → its evidence and the operating point computed from it (``None``: not yet)."""
-        self._prior_only: dict[float | None, Operating] = {}
-        """The operating point without evidence, per fixed threshold (``None``: calibrated)."""
+        self._evidence: OrderedDict[tuple[str, str], tuple[Evidence, Operating]] = OrderedDict()
+        """(tenant, namespace) → its evidence and the operating point computed from it."""
 
     def operating(self, namespace: str, tenant: str = "") -> Operating:
         """The threshold ``namespace`` runs at now for ``tenant``."""
         held = self._evidence.get((tenant, namespace))
-        if held is None:
-            return self.prior_point(namespace)
-        evidence, found = held
-        if found is None:
-            found = self._operating(self.namespace_fixed.get(namespace, self.fixed), evidence)
-            self._evidence[(tenant, namespace)] = (evidence, found)
-        return found
+        return held[1] if held is not None else self.prior_point(namespace)
 
     def prior_point(self, namespace: str) -> Operating:
         """Where ``namespace`` runs for a tenant without evidence of its own."""
-        fixed = self.namespace_fixed.get(namespace, self.fixed)
-        found = self._prior_only.get(fixed)
-        if found is None:
-            found = self._prior_only[fixed] = self._operating(fixed, None)
-        return found
+        return self._operating(self.namespace_fixed.get(namespace, self.fixed), None)
 
     def _operating(self, fixed: float | None, evidence: Evidence | None) -> Operating:
         observations = evidence.total if evidence is not None else 0
         if fixed is None:
-            return Operating(*choose_threshold(self.target, evidence), observations, "calibrated")
+            threshold, share, bound = choose_threshold(self.target, evidence)
+            cell = cell_of(threshold)
+            checked = evidence.observed_above(cell)[0] if evidence is not None and cell is not None else 0
+            return Operating(threshold, share, bound, observations, "calibrated", checked)
         cell = cell_of(fixed)
-        share, upper = (estimates(evidence)[cell], bounds(evidence)[cell]) if cell is not None else (None, None)
-        return Operating(fixed, share, upper, observations, "fixed")
+        if cell is None:
+            return Operating(fixed, None, None, observations, "fixed")
+        if evidence is None or evidence.total == 0:
+            return Operating(fixed, PRIOR_WRONG_SHARE[cell], None, observations, "fixed")
+        return Operating(fixed, *_figures(evidence, cell), observations, "fixed", evidence.observed_above(cell)[0])
 
     def threshold(self, namespace: str, tenant: str = "") -> float:
         return self.operating(namespace, tenant).threshold
 
-    def should_verify(self) -> bool:
+    def should_verify(self, namespace: str = "default", tenant: str = "") -> bool:
         """Whether to forward this would-be hit and compare answers instead of serving it."""
-        return self.verify_fraction > 0 and self._rng.random() < self.verify_fraction
+        point = self.operating(namespace, tenant)
+        rate = self.verify_fraction
+        if point.source == "calibrated" and point.checked < CHECKED:
+            rate = max(rate, VERIFY_WHILE_SCARCE)
+        return rate > 0 and self._rng.random() < rate
+
+    def _held(self, namespace: str, tenant: str) -> Evidence:
+        slot = (tenant, namespace)
+        held = self._evidence.pop(slot, None)
+        return held[0] if held is not None else Evidence()
+
+    def look(self, namespace: str, score: float, tenant: str = "") -> None:
+        """A lookup whose best candidate scored ``score`` (its operating point is refreshed at the next
+        observation: the mix of cells moves slowly)."""
+        held = self._evidence.get((tenant, namespace))
+        if held is not None:
+            held[0].look(score)
+        else:
+            evidence = Evidence()
+            evidence.look(score)
+            self._keep(namespace, tenant, evidence)
 
     def observe(self, namespace: str, score: float, agreed: bool, tenant: str = "") -> None:
         """One comparison of a cached answer with the fresh answer to a question that scored ``score``."""
-        slot = (tenant, namespace)
-        held = self._evidence.pop(slot, None)
-        evidence = held[0] if held is not None else Evidence()
+        evidence = self._held(namespace, tenant)
         evidence.add(score, agreed)
-        self._evidence[slot] = (evidence, None)  # the most recent last; its operating point is recomputed
+        self._keep(namespace, tenant, evidence)
+
+    def _keep(self, namespace: str, tenant: str, evidence: Evidence) -> None:
+        slot = (tenant, namespace)
+        self._evidence.pop(slot, None)
+        self._evidence[slot] = (evidence, self._operating(self.namespace_fixed.get(namespace, self.fixed), evidence))
         while len(self._evidence) > MAX_NAMESPACES:
             self._evidence.popitem(last=False)
 
@@ -236,8 +344,3 @@ class Calibrator:
     def report(self) -> dict[str, dict[str, float | int | str | None]]:
         """:meth:`points` in the admin API's JSON form."""
         return {name: point.as_dict() for name, point in self.points().items()}
-
-
-def answers_agree_exactly(cached: str, fresh: str) -> bool:
-    """Whether two answers are the same text up to whitespace and case."""
-    return " ".join(cached.split()).casefold() == " ".join(fresh.split()).casefold()

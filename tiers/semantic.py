@@ -6,8 +6,8 @@ A match needs all of:
    prompt, tools, sampling class, earlier turns, documents, knowledge version...). Each such triple is one
    partition of the vector store, so a search never even sees another context's questions;
 2. cosine similarity of the final user questions' embeddings ≥ the namespace's threshold: by default the lowest one
-   whose estimated wrong-hit share is within ``max_wrong_hit_rate`` (:mod:`tiers.calibration`), learned from
-   comparisons of cached and fresh answers; or a fixed one set by the operator;
+   whose wrong share of served hits is, with 95% confidence, within ``max_wrong_hit_rate`` (:mod:`tiers.calibration`,
+   docs/semantic.md), learned from comparisons of cached and fresh answers; or a fixed one set by the operator;
 3. no guard veto (:func:`normalizer.guards.veto`: numbers, dates, negations, quoted strings... that differ).
 
 The tier stores no response bytes. Each vector's id is the **entry key** (the L1 key under which the
@@ -22,6 +22,11 @@ text so that guards can compare it with the new one::
 Up to ``candidates`` nearest questions above the threshold are examined, most similar first; the first that
 no guard vetoes is the match (a vetoed nearest neighbour must not hide an equivalent one just behind it).
 Choosing is a pure function, :func:`choose_match`; :class:`SemanticTier` is the thin async part around it.
+
+One decision for every source of candidates: :meth:`SemanticTier.decide` searches this tier's index and, when its
+own candidates cannot serve, a second source (``more``: the cold tier's stored question vectors), then chooses once
+among both, under one threshold, with one verification draw and one hit counter. A would-be hit drawn for
+verification is forwarded whatever source it came from.
 Defaults (error bound, guards) come from ``python -m loadtest.bench fidelity`` on real question pairs; see
 :data:`DEFAULT_MAX_WRONG_HIT_RATE` and :data:`DEFAULT_GUARDS`.
 """
@@ -32,30 +37,35 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 import orjson
 
 from normalizer.guards import veto as guard_veto
-from tiers.calibration import GRID, Calibrator, answers_agree_exactly
-from tiers.embedders.base import Embedder
+from tiers.answer_check import AnswerAgreement
+from tiers.calibration import GRID, Calibrator
+from tiers.embedders.base import Embedder, FloatArray
 from tiers.latency import LatencyHistogram
 from tiers.vectors.base import VectorHit, VectorStore
 
 log = logging.getLogger(__name__)
 
-MAX_COMPARISONS = 1
-"""Answer comparisons running at once. They embed two answers on the embedder that lookups use, so more are dropped
-(and counted): calibration evidence may wait, a lookup should not."""
+MAX_COMPARISONS = 4
+"""Answer comparisons running at once (each reads the cached answer from a tier); more are dropped and counted:
+calibration evidence may wait, a lookup should not."""
 
 Veto = Callable[[str, str, Iterable[str]], "str | None"]
+CandidateSource = Callable[[FloatArray], Awaitable[list[VectorHit]]]
+"""More candidates for a question's embedding, beyond this tier's index (the cold tier's question vectors); each
+hit's payload holds ``question`` and ``source`` (the tier that keeps its answer)."""
 
-DEFAULT_GUARDS: tuple[str, ...] = ("numbers", "dates", "negations", "entities")
+DEFAULT_GUARDS: tuple[str, ...] = ("numbers", "dates", "negations", "entities", "order")
 """Guards on by default: ``numbers``, ``dates`` and ``entities`` lowered the wrong-hit share at equal recall on real
 question pairs in exploratory runs (calibration half of Quora Question Pairs; BENCHMARKS.md, "L2 on real question
-pairs"); ``negations`` is kept because a negated question is never the same question. The others stay available;
+pairs"); ``negations`` is kept because a negated question is never the same question, ``order`` because a reversed
+role or direction is not (its cost in recall: BENCHMARKS.md). The others stay available;
 ``ragproxy calibrate --half calibration --curve --config C`` shows a guard set's curve."""
 
 DEFAULT_MAX_WRONG_HIT_RATE = 0.05
@@ -80,20 +90,24 @@ class SemanticScope:
 
 @dataclass(frozen=True, slots=True)
 class SemanticMatch:
-    """A cached answer for an equivalent question: its entry key, similarity and original question."""
+    """A cached answer for an equivalent question: its entry key, similarity, original question, and the source
+    that found it (``l2``: this tier's index; else the tier named in the candidate's payload)."""
 
     key: str
     similarity: float
     question: str
+    source: str = "l2"
 
 
 @dataclass(frozen=True, slots=True)
 class SemanticDecision:
     """``match``: serve its answer; ``probe``: forward, then compare the fresh answer with this candidate's (a
-    would-be hit picked for verification, or the best candidate below the threshold)."""
+    would-be hit picked for verification, or the best candidate below the threshold); ``vector``: the question's
+    embedding when one was computed (the cold tier keeps it with the answer)."""
 
     match: SemanticMatch | None = None
     probe: SemanticMatch | None = None
+    vector: FloatArray | None = None
 
 
 @dataclass(slots=True)
@@ -103,6 +117,7 @@ class SemanticStats:
 
     lookups: int = 0
     hits: int = 0
+    """Semantic hits served, whichever source held the answer (the one counter of them)."""
     below_threshold: int = 0
     errors: int = 0
     """Lookups that failed (model or vector store down): the request went on as a miss."""
@@ -112,6 +127,8 @@ class SemanticStats:
     verified: int = 0
     compared: int = 0
     disagreed: int = 0
+    unjudged: int = 0
+    """Comparisons made before the answer check had seen enough answers to judge (not evidence)."""
     comparisons_dropped: int = 0
     """Comparisons skipped because :data:`MAX_COMPARISONS` were running."""
     index_errors: int = 0
@@ -165,7 +182,7 @@ def choose_match(
         original = str(hit.payload.get("question", ""))
         reason = veto(question, original, enabled) if enabled else None
         if reason is None:
-            return SemanticMatch(hit.id, hit.similarity, original)
+            return SemanticMatch(hit.id, hit.similarity, original, str(hit.payload.get("source", "l2")))
         if on_veto is not None:
             on_veto(reason)
     return None
@@ -183,15 +200,16 @@ class SemanticTier:
         namespace_thresholds: Mapping[str, float] | None = None,
         max_wrong_hit_rate: float = DEFAULT_MAX_WRONG_HIT_RATE,
         verify_fraction: float = 0.0,
-        answer_agreement: float = 0.9,
+        answer_agreement: float = 0.4,
         guards: Iterable[str] = DEFAULT_GUARDS,
         candidates: int = 4,
         veto: Veto = guard_veto,
     ) -> None:
         """``threshold``/``namespace_thresholds``: fixed cosine thresholds (overrides of the calibrated ones);
         ``max_wrong_hit_rate``: the error bound calibrated thresholds meet (:mod:`tiers.calibration`);
-        ``verify_fraction``: share of would-be hits forwarded to check them; ``answer_agreement``: cosine of two
-        answers' embeddings above which differently worded answers agree; ``guards``: names of the enabled guards
+        ``verify_fraction``: share of would-be hits forwarded to check them; ``answer_agreement``: the similarity of
+        two answers (:class:`~tiers.answer_check.AnswerAgreement`) from which they agree; ``guards``: names of the
+        enabled guards
         (see :mod:`normalizer.guards`); ``candidates``: neighbours examined per lookup; ``veto``: the guard function
         (injectable for experiments)."""
         if embedder.dim != store.dim:
@@ -200,7 +218,7 @@ class SemanticTier:
         self.store = store
         self.calibrator = Calibrator(max_wrong_hit_rate, fixed=threshold,
                                      namespace_fixed=dict(namespace_thresholds or {}), verify_fraction=verify_fraction)
-        self.answer_agreement = answer_agreement
+        self.answers = AnswerAgreement(answer_agreement)
         self.guards = tuple(guards)
         veto("", "", self.guards)  # unknown guard names fail here, at start-up
         self.candidates = max(1, candidates)
@@ -216,43 +234,66 @@ class SemanticTier:
         """An equivalent cached question under the same context, or ``None``."""
         return (await self.decide(scope, signature_digest, question)).match
 
-    async def decide(self, scope: SemanticScope, signature_digest: str, question: str) -> SemanticDecision:
-        """Serve a match, or forward (and maybe compare answers with a probe afterwards)."""
+    async def decide(self, scope: SemanticScope, signature_digest: str, question: str,
+                     more: CandidateSource | None = None) -> SemanticDecision:
+        """Serve a match, or forward (and maybe compare answers with a probe afterwards); ``more``: a second source
+        of candidates, searched when this tier's own cannot serve."""
         self.stats.lookups += 1
         started = time.perf_counter()
         try:
-            return await self._decide(scope, signature_digest, question)
+            return await self._decide(scope, signature_digest, question, more)
         except Exception:
             self.stats.errors += 1
             raise
         finally:
             self.stats.lookup_seconds.observe(time.perf_counter() - started)
 
-    async def _decide(self, scope: SemanticScope, signature_digest: str, question: str) -> SemanticDecision:
+    async def _decide(self, scope: SemanticScope, signature_digest: str, question: str,
+                      more: CandidateSource | None) -> SemanticDecision:
         partition = partition_of(scope, signature_digest)
-        if await self.store.count(partition) == 0:
+        indexed = await self.store.count(partition) > 0
+        if not indexed and more is None:
             return SemanticDecision()
         [vector] = await self.embedder.embed([question])
-        hits = await self.store.search(partition, vector, k=self.candidates)
+        hits = await self.store.search(partition, vector, k=self.candidates) if indexed else []
         threshold = self.threshold_for(scope)
-        best = choose_match(question, hits, min(threshold, GRID[0]), self.guards, self.veto, self._count_veto)
-        if best is None or best.similarity < threshold:
+        floor = min(threshold, GRID[0])
+        best = choose_match(question, hits, floor, self.guards, self.veto, self._count_veto)
+        if (best is None or best.similarity < threshold) and more is not None:
+            known = {hit.id for hit in hits}  # an answer both know is this index's (its own float32 score)
+            extra = [hit for hit in await more(vector) if hit.id not in known]
+            other = choose_match(question, extra, floor, self.guards, self.veto, self._count_veto)
+            if other is not None and (best is None or other.similarity > best.similarity):
+                best = other
+        if best is None:
             self.stats.below_threshold += 1
-            return SemanticDecision(probe=best)
-        if self.calibrator.should_verify():
+            return SemanticDecision(vector=vector)
+        self.calibrator.look(scope.namespace, best.similarity, scope.tenant)
+        if best.similarity < threshold:
+            self.stats.below_threshold += 1
+            return SemanticDecision(probe=best, vector=vector)
+        if self.calibrator.should_verify(scope.namespace, scope.tenant):
             self.stats.verified += 1
-            return SemanticDecision(probe=best)
-        self.stats.hits += 1
-        return SemanticDecision(match=best)
+            return SemanticDecision(probe=best, vector=vector)
+        return SemanticDecision(match=best, vector=vector)
 
-    async def compare(self, scope: SemanticScope, probe: SemanticMatch, cached_answer: str, fresh_answer: str) -> bool:
-        """Record whether the answer cached for ``probe`` agrees with the fresh one (same text, or embeddings at
-        least ``answer_agreement`` apart); the result."""
-        agreed = answers_agree_exactly(cached_answer, fresh_answer)
-        if not agreed and cached_answer.strip() and fresh_answer.strip():
-            cached, fresh = await self.embedder.embed([cached_answer, fresh_answer])
-            agreed = float(np.dot(cached, fresh)) >= self.answer_agreement
+    def served(self) -> None:
+        """Count one semantic hit served (from whichever tier held the matched answer)."""
+        self.stats.hits += 1
+
+    def learn_answer(self, answer: str) -> None:
+        """An answer the upstream gave (word weights of the answer check)."""
+        self.answers.learn(answer)
+
+    def compare(self, scope: SemanticScope, probe: SemanticMatch, cached_answer: str, fresh_answer: str,
+                      question: str = "") -> bool | None:
+        """Record whether the answer cached for ``probe`` agrees with the fresh answer to ``question``
+        (:class:`~tiers.answer_check.AnswerAgreement`); the verdict, or ``None`` while the check cannot judge yet."""
         self.stats.compared += 1
+        if not self.answers.ready:
+            self.stats.unjudged += 1
+            return None
+        agreed = self.answers.agree(cached_answer, fresh_answer, (probe.question, question))
         self.stats.disagreed += not agreed
         self.calibrator.observe(scope.namespace, probe.similarity, agreed, scope.tenant)
         return agreed

@@ -1,31 +1,40 @@
-"""``python -m loadtest.bench fidelity --pairs PATH [--mode pairwise|population] [--half H] [--quick] [--json]``: L2
-on real labelled question pairs, through a real ``ragproxy serve`` at its defaults.
+"""``python -m loadtest.bench fidelity --pairs PATH [--labels same_answer|is_duplicate] [--mode shared|pairwise|
+population|variants] [--mix S] [--count N] [--answers fixed|varied] [--half H] [--seed N] [--quick] [--json]``: L2
+on real labelled question pairs, through a real ``ragproxy serve`` at its defaults, as users meet it.
 
-Input: a CSV of ``question1,question2,is_duplicate`` (e.g. ``../shared/data/qqp_dev.csv``; read from the path
-given, never shipped). Clusters are the connected components of the ``is_duplicate=1`` pairs. The upstream is
-:class:`ClusterAnswerUpstream`, a test double speaking the OpenAI chat wire format: a deterministic model that
-answers every question of one cluster with the same text (pseudo-random words seeded by the cluster), so an answer
-names the cluster it belongs to. A cached answer served for a question of another cluster is a wrong hit.
+Input: a CSV of ``question1,question2,is_duplicate[,same_answer]`` (``../shared/data/qqp_dev_relabelled.csv``; read
+from the path given, never shipped). ``--labels same_answer`` (the default) reads whether one answer serves both
+questions from ``same_answer`` where it is given and from ``is_duplicate`` elsewhere (:func:`proxy.calibrate.
+read_pairs`). Clusters are the connected components of the pairs labelled 1 (:mod:`loadtest.fidelity_traffic`);
+two questions need the same answer when they share a cluster. ``--half`` keeps one deterministic half
+(:func:`proxy.calibrate.half_of`; report ``held-out``, the default: the prior curve and the defaults were set on
+``calibration``). ``--mix S`` draws ``--count`` pairs of which a share ``S`` need the same answer (else the first
+``--count`` pairs of the half as they come).
+
+The upstream is a test double speaking the OpenAI chat wire format (a child process): ``--answers fixed`` answers
+every question of a cluster with one text (:func:`cluster_answer`); ``--answers varied`` words every answer anew
+like a sampling LLM, the same points for one cluster and look-alike wording for look-alike questions
+(:mod:`loadtest.sampled_answers`). The client tells which cluster a served answer came from by remembering every
+answer the upstream gave; an answer of another cluster is a wrong hit.
 
 Modes (the proxy starts empty for each):
 
-- ``pairwise``: each pair alone. For pair *i* the client asks ``question1`` then ``question2``, both under a system
-  message ``"pair <i>"``: every pair has its own context signature, so its own L2 partition, and sees no other
-  pair's questions; all pairs share the namespace, so the namespace's calibration learns from all of them.
-  (Pairs are sent in blocks of 64: first questions, then second questions, so each first answer is stored.)
-- ``population``: one context for all. Every distinct ``question1`` is asked first (each one a miss, or a hit on
-  an earlier first question), then every distinct ``question2`` not among them; each question sees every cached
-  question before it.
+- ``shared``: one namespace, each pair in its own context (system message ``"pair <i>"``), sent in order: the first
+  question, then the second. What a new application meets: its first semantic hit comes at the pair reported.
+- ``pairwise``: the same, in blocks of 64 (first questions, then second questions).
+- ``population``: one context for all: every distinct first question, then every distinct second question not
+  among them; each sees every cached question before it.
+- ``variants``: trivial retypings (whitespace, case, trailing punctuation, Unicode forms; ``trivial_variants``)
+  of ``--count`` first questions in one context: each question, then three of its variants. Counts the variants
+  served as exact ``HIT`` from the first repeat, and wrong answers.
 
-Figures, over second questions: **recall** = second questions of duplicate pairs answered from cache with their
-cluster's answer / second questions of duplicate pairs; **wrong-hit share** = hits whose answer belongs to another
-cluster / hits; **hit p50/p99** of ``SEMANTIC_HIT`` responses (HTTP round trip, embedding included) against the
-exact-hit p50 measured in the same run (each first question asked again). Baseline: the **plain-cosine frontier**,
-computed in the same run with the proxy's own embedder (same model, runtime, vectors): the same mode replayed with a
-bare cosine threshold of 0.80...0.98 and no guards nor calibration (population: each question's 32 nearest earlier
-questions stand in for the index; the stored set is replayed exactly), reported at the run's recall by linear
-interpolation. ``--half`` keeps one deterministic half (:func:`proxy.calibrate.half_of`): report ``held-out``
-figures, the defaults were set on ``calibration``. ``--quick``: the first 800 pairs.
+Figures, over second questions: **recall** = second questions of same-answer pairs answered with their cluster's
+answer / all such; **wrong-hit share** = answers of another cluster / hits; the **hindsight oracle**: the best fixed
+threshold of the grid on the same run's pairs (the proxy's own embedder and guards, everything else ideal), its
+recall at the bound (``cache.l2.max_wrong_hit_rate``), and ``recall / oracle recall``; the pair at which the first
+semantic hit came; semantic-hit p50/p99 (HTTP round trip, embedding included) against the exact-hit p50 of the same
+run; with varied answers, how often the proxy's answer check (:class:`tiers.answer_check.AnswerAgreement`, run here
+on the run's own answers) agreed on same-answer and on other pairs. ``--quick``: 300 pairs.
 """
 
 from __future__ import annotations
@@ -37,6 +46,7 @@ import random
 import sys
 import tempfile
 import time
+import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -47,34 +57,27 @@ import numpy as np
 import orjson
 from aiohttp import web
 
+from loadtest.fidelity_traffic import (
+    best_at,
+    clusters,
+    oracle_curve,
+    oracle_population_curve,
+    population_order,
+    same,
+    sample_mix,
+    trivial_variants,
+)
 from loadtest.harness import child, free_port, percentiles, proxy_process
-from proxy.calibrate import HALVES, LabelledPair, half_of, read_pairs
+from loadtest.sampled_answers import SampledAnswers
+from normalizer.guards import veto
+from proxy.calibrate import HALVES, LABELS, LabelledPair, half_of, read_pairs
+from proxy.config import L2Settings
+from tiers.answer_check import AnswerAgreement
 
-FRONTIER = tuple(round(0.80 + 0.01 * i, 2) for i in range(19))
 BLOCK = 64
-NEIGHBOURS = 32
 _WORDS = ("amber", "basalt", "cobalt", "delta", "ember", "fjord", "garnet", "harbor", "indigo", "juniper", "kelp",
           "lumen", "meadow", "nectar", "onyx", "prairie", "quartz", "russet", "sierra", "tundra", "umber", "velvet",
           "willow", "xenon", "yarrow", "zephyr")
-
-
-def clusters(pairs: Sequence[LabelledPair]) -> dict[str, int]:
-    """Question → cluster number: connected components of the duplicate pairs (union-find)."""
-    parent: dict[str, str] = {}
-
-    def find(q: str) -> str:
-        parent.setdefault(q, q)
-        while parent[q] != q:
-            parent[q] = parent[parent[q]]
-            q = parent[q]
-        return q
-
-    for pair in pairs:
-        a, b = find(pair.question1), find(pair.question2)
-        if pair.duplicate and a != b:
-            parent[a] = b
-    roots: dict[str, int] = {}
-    return {q: roots.setdefault(find(q), len(roots)) for q in list(parent)}
 
 
 def cluster_answer(cluster: int) -> str:
@@ -84,22 +87,28 @@ def cluster_answer(cluster: int) -> str:
 
 
 class ClusterAnswerUpstream:
-    """Test double of an OpenAI-compatible backend: answers a question with its cluster's text."""
+    """Test double of an OpenAI-compatible backend: answers a question with its cluster's text, the same every time
+    (``varied`` unset) or worded anew every time (:class:`~loadtest.sampled_answers.SampledAnswers`)."""
 
-    def __init__(self, by_question: dict[str, int]) -> None:
+    def __init__(self, by_question: dict[str, int], varied: SampledAnswers | None = None) -> None:
         self.by_question = by_question
+        self.varied = varied
+
+    def answer(self, question: str) -> str:
+        cluster = self.by_question.get(question)
+        if cluster is None:  # an unknown question (a retyped one the proxy forwarded) gets an answer of its own
+            cluster = -1 - zlib.crc32(question.encode())
+        return cluster_answer(cluster) if self.varied is None else self.varied.answer(question, cluster)
 
     def app(self) -> web.Application:
         async def chat(request: web.Request) -> web.Response:
             body = await request.json()
             question = next((m["content"] for m in reversed(body["messages"]) if m["role"] == "user"), "")
-            cluster = self.by_question.get(question)
-            text = cluster_answer(cluster) if cluster is not None else "Unknown question: " + question
             return web.json_response({
                 "id": "chatcmpl-fidelity", "object": "chat.completion", "created": 1700000000,
                 "model": body.get("model", "fidelity"),
-                "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
-                             "finish_reason": "stop"}],
+                "choices": [{"index": 0, "message": {"role": "assistant", "content": self.answer(question)},
+                             "logprobs": None, "finish_reason": "stop"}],
                 "usage": {"prompt_tokens": 12, "completion_tokens": 24, "total_tokens": 36}})
 
         app = web.Application()
@@ -109,24 +118,50 @@ class ClusterAnswerUpstream:
 
 @dataclass(slots=True)
 class Tally:
-    """Outcomes of second questions."""
+    """Outcomes of second questions (and of variants), and every answer seen with the cluster it answers."""
 
-    duplicates: int = 0
+    by_question: dict[str, int]
+    origin: dict[str, int] = field(default_factory=dict)
+    """Answer text → cluster of the question the upstream gave it for."""
+    answers: list[str] = field(default_factory=list)
+    """Every answer the upstream gave, in order."""
+    wanted: int = 0
     recalled: int = 0
     hits: int = 0
+    exact_hits: int = 0
     wrong: int = 0
+    first_repeats: int = 0
+    first_repeat_hits: int = 0
+    """Variants: questions retyped, and those whose first retyping was an exact ``HIT``."""
+    first_hit: int | None = None
+    """The 1-based pair (variants: question) at which the first semantic hit came."""
     hit_s: list[float] = field(default_factory=list)
     exact_s: list[float] = field(default_factory=list)
+    compared: list[tuple[str, str, str, str, bool]] = field(default_factory=list)
+    """(cached answer, fresh answer, cached question, new question, one answer serves both) of each miss whose
+    context held a cached answer: what the proxy's answer check compared."""
 
-    def count(self, duplicate: bool, hit: bool, right: bool) -> None:
-        self.duplicates += duplicate
+    def record(self, question: str, text: str, status: str) -> None:
+        if status not in ("HIT", "SEMANTIC_HIT"):
+            self.origin.setdefault(text, self.by_question[question])
+            self.answers.append(text)
+
+    def judge(self, question: str, text: str, status: str, elapsed: float, wanted: bool, at: int) -> None:
+        hit = status in ("HIT", "SEMANTIC_HIT")
+        right = self.origin.get(text) == self.by_question[question]
+        self.wanted += wanted
         self.hits += hit
+        self.exact_hits += status == "HIT"
         self.wrong += hit and not right
-        self.recalled += duplicate and hit and right
+        self.recalled += wanted and hit and right
+        if status == "SEMANTIC_HIT":
+            self.hit_s.append(elapsed)
+            if self.first_hit is None:
+                self.first_hit = at
 
     @property
     def recall(self) -> float:
-        return self.recalled / self.duplicates if self.duplicates else 0.0
+        return self.recalled / self.wanted if self.wanted else 0.0
 
     @property
     def wrong_share(self) -> float:
@@ -150,58 +185,79 @@ async def _ask(session: aiohttp.ClientSession, url: str, question: str, context:
         return response.headers.get("X-Cache-Status", ""), text, elapsed
 
 
-def _judge(tally: Tally, status: str, text: str, elapsed: float, question: str, duplicate: bool,
-           by_question: dict[str, int]) -> None:
-    hit = status in ("HIT", "SEMANTIC_HIT")
-    tally.count(duplicate, hit, text == cluster_answer(by_question[question]))
-    if status == "SEMANTIC_HIT":
-        tally.hit_s.append(elapsed)
+async def _pair(session: aiohttp.ClientSession, url: str, tally: Tally, index: int, pair: LabelledPair,
+                first: tuple[str, str, float] | None = None) -> None:
+    context = f"pair {index}"
+    status, cached, _ = first or await _ask(session, url, pair.question1, context)
+    tally.record(pair.question1, cached, status)
+    if first is None:
+        await asyncio.sleep(0.01)  # the index learns a question just after its answer was sent
+    status, text, elapsed = await _ask(session, url, pair.question2, context)
+    tally.record(pair.question2, text, status)
+    tally.judge(pair.question2, text, status, elapsed, same(pair, tally.by_question), index + 1)
+    if status == "MISS":
+        tally.compared.append((cached, text, pair.question1, pair.question2, same(pair, tally.by_question)))
 
 
-async def run_pairwise(url: str, pairs: Sequence[LabelledPair], by_question: dict[str, int]) -> Tally:
-    tally = Tally()
+async def _exact(session: aiohttp.ClientSession, url: str, tally: Tally, question: str, context: str | None) -> None:
+    status, _, elapsed = await _ask(session, url, question, context)
+    if status == "HIT":
+        tally.exact_s.append(elapsed)
+
+
+async def run_shared(url: str, pairs: Sequence[LabelledPair], tally: Tally) -> None:
+    async with aiohttp.ClientSession() as session:
+        for i, pair in enumerate(pairs):
+            await _pair(session, url, tally, i, pair)
+            if i % 8 == 0:
+                await _exact(session, url, tally, pair.question1, f"pair {i}")
+
+
+async def run_pairwise(url: str, pairs: Sequence[LabelledPair], tally: Tally) -> None:
     async with aiohttp.ClientSession() as session:
         for start in range(0, len(pairs), BLOCK):
             block = list(enumerate(pairs[start:start + BLOCK], start))
-            for i, pair in block:
-                await _ask(session, url, pair.question1, f"pair {i}")
-            await asyncio.sleep(0.05)  # the last answers' index entries are written just after they are sent
-            for i, pair in block:
-                status, text, elapsed = await _ask(session, url, pair.question2, f"pair {i}")
-                _judge(tally, status, text, elapsed, pair.question2, pair.duplicate, by_question)
+            firsts = [await _ask(session, url, pair.question1, f"pair {i}") for i, pair in block]
+            await asyncio.sleep(0.05)
+            for (i, pair), first in zip(block, firsts, strict=True):
+                await _pair(session, url, tally, i, pair, first)
             for i, pair in block[:4]:
-                status, _, elapsed = await _ask(session, url, pair.question1, f"pair {i}")
-                if status == "HIT":
-                    tally.exact_s.append(elapsed)
-    return tally
+                await _exact(session, url, tally, pair.question1, f"pair {i}")
 
 
-def population_order(pairs: Sequence[LabelledPair]) -> tuple[list[str], list[tuple[str, bool]]]:
-    """Distinct first questions, then distinct second questions not among them (duplicate if any pair says so)."""
-    firsts = list(dict.fromkeys(p.question1 for p in pairs))
-    seen = set(firsts)
-    seconds: dict[str, bool] = {}
-    for pair in pairs:
-        if pair.question2 not in seen:
-            seconds[pair.question2] = seconds.get(pair.question2, False) or pair.duplicate
-    return firsts, list(seconds.items())
-
-
-async def run_population(url: str, pairs: Sequence[LabelledPair], by_question: dict[str, int]) -> Tally:
-    tally = Tally()
+async def run_population(url: str, pairs: Sequence[LabelledPair], tally: Tally) -> None:
     firsts, seconds = population_order(pairs)
+    has_twin = {q for q in seconds if any(tally.by_question[q] == tally.by_question[r] for r in firsts)}
     async with aiohttp.ClientSession() as session:
         for question in firsts:
-            await _ask(session, url, question, None)
+            status, text, _ = await _ask(session, url, question, None)
+            tally.record(question, text, status)
         await asyncio.sleep(0.2)
-        for question, duplicate in seconds:
+        for at, question in enumerate(seconds, len(firsts) + 1):
             status, text, elapsed = await _ask(session, url, question, None)
-            _judge(tally, status, text, elapsed, question, duplicate, by_question)
+            tally.record(question, text, status)
+            tally.judge(question, text, status, elapsed, question in has_twin, at)
         for question in firsts[:256]:
-            status, _, elapsed = await _ask(session, url, question, None)
-            if status == "HIT":
-                tally.exact_s.append(elapsed)
-    return tally
+            await _exact(session, url, tally, question, None)
+
+
+async def run_variants(url: str, pairs: Sequence[LabelledPair], tally: Tally, seed: int) -> None:
+    rng = random.Random(seed)
+    questions = list(dict.fromkeys(p.question1 for p in pairs))
+    async with aiohttp.ClientSession() as session:
+        for at, question in enumerate(questions, 1):
+            status, text, _ = await _ask(session, url, question, "variants")
+            tally.record(question, text, status)
+            for n, variant in enumerate(trivial_variants(question, 3, rng)):
+                tally.by_question.setdefault(variant, tally.by_question[question])
+                status, text, elapsed = await _ask(session, url, variant, "variants")
+                tally.record(variant, text, status)
+                tally.judge(variant, text, status, elapsed, True, at)
+                if status == "HIT":
+                    tally.exact_s.append(elapsed)
+                if n == 0:
+                    tally.first_repeats += 1
+                    tally.first_repeat_hits += status == "HIT"
 
 
 async def embed_all(texts: Sequence[str]) -> dict[str, np.ndarray]:
@@ -219,57 +275,31 @@ async def embed_all(texts: Sequence[str]) -> dict[str, np.ndarray]:
     return rows
 
 
-def frontier_pairwise(pairs: Sequence[LabelledPair], vectors: dict[str, np.ndarray],
-                      by_question: dict[str, int]) -> list[dict[str, float]]:
-    score = np.array([float(np.dot(vectors[p.question1], vectors[p.question2])) for p in pairs])
-    right = np.array([by_question[p.question1] == by_question[p.question2] for p in pairs])
-    duplicate = np.array([p.duplicate for p in pairs])
-    rows = []
-    for threshold in FRONTIER:
-        hit = score >= threshold
-        rows.append({"threshold": threshold, "recall": float((hit & right & duplicate).sum() / max(duplicate.sum(), 1)),
-                     "wrong_hit_share": float((hit & ~right).sum() / hit.sum()) if hit.any() else 0.0})
-    return rows
+def answer_check_rates(tally: Tally, cut: float) -> dict[str, float | int | None]:
+    """How often the proxy's answer check, fed this run's answers in order, agreed on the compared pairs that need
+    one answer and on the others (comparisons before it was ready left out, as the proxy leaves them out)."""
+    check = AnswerAgreement(cut)
+    agreed = {True: [0, 0], False: [0, 0]}
+    compared = iter(tally.compared)
+    pending = next(compared, None)
+    for text in tally.answers:
+        check.learn(text)
+        while pending is not None and pending[1] == text:
+            cached, fresh, first, second, alike = pending
+            if check.ready:
+                agreed[alike][0] += check.agree(cached, fresh, (first, second))
+                agreed[alike][1] += 1
+            pending = next(compared, None)
+    return {"same_answer_pairs": agreed[True][1], "agreed_on_same_answer": _share(*agreed[True]),
+            "other_pairs": agreed[False][1], "agreed_on_other": _share(*agreed[False])}
 
 
-def frontier_population(pairs: Sequence[LabelledPair], vectors: dict[str, np.ndarray],
-                        by_question: dict[str, int]) -> list[dict[str, float]]:
-    firsts, seconds = population_order(pairs)
-    order = firsts + [q for q, _ in seconds]
-    matrix = np.stack([vectors[q] for q in order])
-    nearest: list[np.ndarray] = []
-    for i in range(len(order)):  # each question's nearest earlier questions, most similar first
-        if i == 0:
-            nearest.append(np.zeros(0, dtype=np.int64))
-            continue
-        similarity = matrix[:i] @ matrix[i]
-        top = np.argsort(-similarity)[:NEIGHBOURS]
-        nearest.append(top)
-    rows = []
-    for threshold in FRONTIER:
-        answer: dict[int, int] = {}  # stored question index → cluster of its answer
-        tally = Tally()
-        for i, question in enumerate(order):
-            served = None
-            for j in nearest[i]:
-                if int(j) in answer:
-                    if float(matrix[j] @ matrix[i]) >= threshold:
-                        served = answer[int(j)]
-                    break
-            if served is None:
-                answer[i] = by_question[question]
-            if i >= len(firsts):
-                tally.count(seconds[i - len(firsts)][1], served is not None, served == by_question[question])
-        rows.append({"threshold": threshold, "recall": tally.recall, "wrong_hit_share": tally.wrong_share})
-    return rows
+def _share(part: int, whole: int) -> float | None:
+    return round(part / whole, 4) if whole else None
 
 
-def at_recall(frontier: Sequence[dict[str, float]], recall: float) -> float | None:
-    """The frontier's wrong-hit share at ``recall`` (linear interpolation; ``None`` outside its range)."""
-    points = sorted((row["recall"], row["wrong_hit_share"]) for row in frontier)
-    if not points or not points[0][0] <= recall <= points[-1][0]:
-        return None
-    return float(np.interp(recall, [p[0] for p in points], [p[1] for p in points]))
+def _veto(guards: Sequence[str]) -> Any:
+    return lambda a, b: bool(guards) and veto(a, b, guards) is not None
 
 
 async def admin_stats(admin_port: int) -> dict[str, Any]:
@@ -277,44 +307,71 @@ async def admin_stats(admin_port: int) -> dict[str, Any]:
         return dict(await r.json())
 
 
-def run(args: argparse.Namespace) -> dict[str, Any]:
-    started = time.perf_counter()
-    pairs = read_pairs(args.pairs)
+def select(args: argparse.Namespace) -> tuple[list[LabelledPair], dict[str, int]]:
+    """The run's pairs and every question's cluster (clusters from the whole file)."""
+    pairs = read_pairs(args.pairs, labels=args.labels)
     by_question = clusters(pairs)
     if args.half != "all":
         pairs = [p for p in pairs if half_of(p) == args.half]
-    if args.quick:
-        pairs = pairs[:800]
+    count = args.count or (300 if args.quick else None)
+    if args.mix is not None:
+        return sample_mix(pairs, by_question, args.mix, count or 1500, args.seed), by_question
+    return pairs[:count] if count else pairs, by_question
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    started = time.perf_counter()
+    pairs, by_question = select(args)
+    l2 = L2Settings()
+    from proxy.config import load_settings
+
+    bound = load_settings(None).cache.l2.max_wrong_hit_rate
     upstream_port, admin_port = free_port(), free_port()
     env = {"RAGPROXY_UPSTREAMS__LLM": json.dumps([{"url": f"http://127.0.0.1:{upstream_port}"}]),
            "RAGPROXY_DATA_DIR": tempfile.mkdtemp(prefix="ragproxy-fidelity-"),
            "RAGPROXY_ADMIN__PORT": str(admin_port)}
-    with child(["-m", "loadtest.bench.fidelity", "--serve-upstream", str(upstream_port), str(args.pairs)],
-               upstream_port), proxy_process(env) as url:
+    tally = Tally(dict(by_question))
+    upstream = ["-m", "loadtest.bench.fidelity", "--serve-upstream", str(upstream_port), str(args.pairs), args.labels,
+                args.answers, str(args.seed)]
+    with child(upstream, upstream_port), proxy_process(env) as url:
         asyncio.run(_warm(url))
-        runner = run_pairwise if args.mode == "pairwise" else run_population
-        tally = asyncio.run(runner(url, pairs, by_question))
+        if args.mode == "variants":
+            asyncio.run(run_variants(url, pairs, tally, args.seed))
+        else:
+            runner = {"shared": run_shared, "pairwise": run_pairwise, "population": run_population}[args.mode]
+            asyncio.run(runner(url, pairs, tally))
+        time.sleep(0.5)  # the last comparisons run in the background
         stats = asyncio.run(admin_stats(admin_port)).get("tiers", {}).get("l2", {})
-    vectors = asyncio.run(embed_all(list(dict.fromkeys(q for p in pairs for q in (p.question1, p.question2)))))
-    build = frontier_pairwise if args.mode == "pairwise" else frontier_population
-    frontier = build(pairs, vectors, by_question)
-    baseline = at_recall(frontier, tally.recall)
-    hit = percentiles(tally.hit_s) if tally.hit_s else {"p50_ms": None, "p99_ms": None}
-    exact = percentiles(tally.exact_s) if tally.exact_s else {"p50_ms": None}
-    return {
-        "bench": "fidelity", "mode": args.mode, "half": args.half, "pairs": len(pairs),
+    report: dict[str, Any] = {
+        "bench": "fidelity", "mode": args.mode, "labels": args.labels, "answers": args.answers, "half": args.half,
+        "mix": args.mix, "seed": args.seed, "pairs": len(pairs), "bound": bound,
         "recall": round(tally.recall, 4), "wrong_hit_share": round(tally.wrong_share, 4), "hits": tally.hits,
-        "wrong_hits": tally.wrong, "duplicate_second_questions": tally.duplicates,
-        "frontier_wrong_at_equal_recall": None if baseline is None else round(baseline, 4),
-        "ratio_to_frontier": None if not baseline else round(tally.wrong_share / baseline, 3),
-        "hit_p50_ms": hit["p50_ms"], "hit_p99_ms": hit["p99_ms"], "exact_hit_p50_ms": exact["p50_ms"],
+        "wrong_hits": tally.wrong, "same_answer_questions": tally.wanted, "first_semantic_hit_at": tally.first_hit,
+        "hit_p50_ms": percentiles(tally.hit_s)["p50_ms"] if tally.hit_s else None,
+        "hit_p99_ms": percentiles(tally.hit_s)["p99_ms"] if tally.hit_s else None,
+        "exact_hit_p50_ms": percentiles(tally.exact_s)["p50_ms"] if tally.exact_s else None,
         "semantic_hits_timed": len(tally.hit_s),
-        "proxy_estimate": {name: row for name, row in stats.get("namespaces", {}).items()
-                           if name.split("/")[-1] == "default"},  # the prior, then the tenant's own evidence
-        "proxy_compared": stats.get("compared"), "proxy_disagreed": stats.get("disagreed"),
-        "frontier": [{k: round(v, 4) for k, v in row.items()} for row in frontier],
-        "elapsed_s": round(time.perf_counter() - started, 1),
+        "proxy_semantic_hits": stats.get("hits"), "proxy_compared": stats.get("compared"),
+        "proxy_disagreed": stats.get("disagreed"), "proxy_verified": stats.get("verified"),
+        "proxy_estimate": {name: row for name, row in stats.get("namespaces", {}).items() if "/" in name},
     }
+    if args.mode == "variants":
+        report.update({"exact_hits": tally.exact_hits, "first_repeats": tally.first_repeats,
+                       "first_repeat_hits": tally.first_repeat_hits,
+                       "first_repeat_hit_share": _share(tally.first_repeat_hits, tally.first_repeats)})
+    else:
+        vectors = asyncio.run(embed_all(list(dict.fromkeys(q for p in pairs for q in (p.question1, p.question2)))))
+        build = oracle_population_curve if args.mode == "population" else oracle_curve
+        curve = build(pairs, vectors, by_question, _veto(l2.guards))
+        oracle = best_at(curve, bound)
+        report.update({
+            "oracle": oracle, "oracle_recall_ratio": round(tally.recall / oracle["recall"], 3)
+            if oracle and oracle["recall"] else None,
+            "curve": [{k: round(v, 4) for k, v in row.items()} for row in curve]})
+        if tally.compared:
+            report["answer_check"] = answer_check_rates(tally, l2.answer_agreement)
+    report["elapsed_s"] = round(time.perf_counter() - started, 1)
+    return report
 
 
 async def _warm(url: str) -> None:
@@ -325,32 +382,51 @@ async def _warm(url: str) -> None:
 
 
 def print_report(report: dict[str, Any]) -> None:
-    print(f"fidelity, {report['mode']}, half {report['half']}: {report['pairs']} pairs, "
-          f"{report['duplicate_second_questions']} duplicate second questions")
-    print(f"{'threshold':>9} {'recall':>7} {'wrong':>7}   (plain-cosine frontier, no guards)")
-    for row in report["frontier"]:
-        print(f"{row['threshold']:>9.2f} {row['recall']:>7.3f} {row['wrong_hit_share']:>7.3f}")
-    print(f"proxy at its defaults: recall {report['recall']}, wrong-hit share {report['wrong_hit_share']} "
-          f"({report['wrong_hits']}/{report['hits']} hits); frontier at equal recall "
-          f"{report['frontier_wrong_at_equal_recall']}; ratio {report['ratio_to_frontier']}")
-    print(f"semantic hit p50 {report['hit_p50_ms']} ms, p99 {report['hit_p99_ms']} ms "
-          f"({report['semantic_hits_timed']} hits); exact hit p50 {report['exact_hit_p50_ms']} ms (same run)")
-    print(f"proxy's own estimate: {report['proxy_estimate']}; answers compared {report['proxy_compared']}, "
-          f"disagreed {report['proxy_disagreed']}")
+    print(f"fidelity, {report['mode']}, {report['labels']} labels, {report['answers']} answers, half {report['half']}, "
+          f"mix {report['mix']}: {report['pairs']} pairs, {report['same_answer_questions']} needing a cached answer")
+    if report["mode"] == "variants":
+        print(f"trivial variants: {report['first_repeat_hits']}/{report['first_repeats']} first repeats served as HIT "
+              f"({report['first_repeat_hit_share']}); {report['exact_hits']} HIT and {report['hits']} hits in all, "
+              f"{report['wrong_hits']} wrong; HIT p50 {report['exact_hit_p50_ms']} ms")
+    else:
+        print(f"{'threshold':>9} {'recall':>7} {'wrong':>7} {'hits':>6}   (hindsight: each fixed threshold)")
+        for row in report["curve"]:
+            print(f"{row['threshold']:>9.2f} {row['recall']:>7.3f} {row['wrong_hit_share']:>7.3f} {row['hits']:>6}")
+        print(f"proxy at its defaults: recall {report['recall']}, wrong-hit share {report['wrong_hit_share']} "
+              f"({report['wrong_hits']}/{report['hits']} hits, bound {report['bound']}); oracle {report['oracle']}; "
+              f"recall / oracle recall {report['oracle_recall_ratio']}; first semantic hit at pair "
+              f"{report['first_semantic_hit_at']}")
+        print(f"semantic hit p50 {report['hit_p50_ms']} ms, p99 {report['hit_p99_ms']} ms "
+              f"({report['semantic_hits_timed']} hits); exact hit p50 {report['exact_hit_p50_ms']} ms (same run)")
+        print(f"answer check on this run's answers: {report.get('answer_check')}")
+    print(f"proxy: {report['proxy_semantic_hits']} semantic hits counted, {report['proxy_compared']} answers compared, "
+          f"{report['proxy_disagreed']} disagreed, {report['proxy_verified']} would-be hits verified; its estimate: "
+          f"{report['proxy_estimate']}")
     print(f"elapsed {report['elapsed_s']} s")
 
 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m loadtest.bench fidelity", description=__doc__.split("\n")[0])
     parser.add_argument("--pairs", type=Path, required=True,
-                        help="CSV question1,question2,is_duplicate (e.g. ../shared/data/qqp_dev.csv)")
-    parser.add_argument("--mode", choices=("pairwise", "population"), default="pairwise")
+                        help="CSV question1,question2,is_duplicate[,same_answer] "
+                        "(../shared/data/qqp_dev_relabelled.csv)")
+    parser.add_argument("--labels", choices=LABELS, default="same_answer",
+                        help="same_answer (where given; is_duplicate elsewhere) or is_duplicate")
+    parser.add_argument("--mode", choices=("shared", "pairwise", "population", "variants"), default="shared")
+    parser.add_argument("--mix", type=float, help="share of pairs needing the same answer (sampled; default: as they "
+                        "come)")
+    parser.add_argument("--count", type=int, help="pairs (default: all, 1500 with --mix, 300 with --quick)")
+    parser.add_argument("--answers", choices=("fixed", "varied"), default="fixed",
+                        help="one text per cluster, or worded anew every time like a sampling LLM")
     parser.add_argument("--half", choices=(*HALVES, "all"), default="held-out",
                         help="one deterministic half of the pairs (default: held-out, the half the prior curve and the "
                         "default guards were not chosen on)")
-    parser.add_argument("--quick", action="store_true", help="the first 800 pairs")
+    parser.add_argument("--seed", type=int, default=1, help="of the --mix draw, the variants and the varied answers")
+    parser.add_argument("--quick", action="store_true", help="300 pairs")
     parser.add_argument("--json", action="store_true", help="end with one JSON line")
     args = parser.parse_args(argv)
+    if args.mix is not None and not 0 <= args.mix <= 1:
+        parser.error("--mix must be between 0 and 1")
     report = run(args)
     print_report(report)
     if args.json:
@@ -359,13 +435,14 @@ def main(argv: list[str]) -> int:
     return 0
 
 
-def _serve_upstream(port: int, pairs_path: str) -> None:
-    upstream = ClusterAnswerUpstream(clusters(read_pairs(Path(pairs_path))))
+def _serve_upstream(port: int, pairs_path: str, labels: str, answers: str, seed: int) -> None:
+    by_question = clusters(read_pairs(Path(pairs_path), labels=labels))
+    upstream = ClusterAnswerUpstream(by_question, SampledAnswers(seed) if answers == "varied" else None)
     web.run_app(upstream.app(), host="127.0.0.1", port=port, access_log=None, print=None)
 
 
 if __name__ == "__main__":
-    if len(sys.argv) == 4 and sys.argv[1] == "--serve-upstream":
-        _serve_upstream(int(sys.argv[2]), sys.argv[3])
+    if len(sys.argv) == 7 and sys.argv[1] == "--serve-upstream":
+        _serve_upstream(int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5], int(sys.argv[6]))
     else:
         raise SystemExit(main(sys.argv[1:]))

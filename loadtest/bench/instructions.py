@@ -1,6 +1,7 @@
 """``python -m loadtest.bench instructions [--quick] [--json]``: CPU instructions the proxy spends per request.
 
-The request of the ``overhead`` benchmark (a one-message chat completion, caches off) is sent one at a time to
+The request of the ``overhead`` benchmark (a one-message chat completion, caches off; with ``--hits``, L1 on, so
+every measured request is an exact hit: what keying and answering from L1 cost) is sent one at a time to
 ``ragproxy serve`` and to :mod:`loadtest.bare_forwarder` (the floor: the proxy's own server and forwarding client
 with nothing between them), each running under valgrind's callgrind. Counting starts after a warm-up and stops
 after the measured requests; the figure is user-space instructions per request (system calls' kernel time is not
@@ -111,6 +112,7 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m loadtest.bench instructions")
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--hits", action="store_true", help="L1 on: every measured request is an exact hit")
     args = parser.parse_args(argv)
     if shutil.which("valgrind") is None or shutil.which("callgrind_control") is None:
         print("this benchmark needs valgrind (apt-get install valgrind)", file=sys.stderr)
@@ -123,6 +125,10 @@ def main(argv: list[str]) -> int:
         proxy_env = {"RAGPROXY_UPSTREAMS__LLM": json.dumps([{"url": upstream}]), "RAGPROXY_CACHE__ENABLED": "false",
                      "RAGPROXY_ADMIN__ENABLED": "false", "RAGPROXY_SERVER__PORT": str(proxy_port),
                      "RAGPROXY_LOGGING__LEVEL": "warning"}
+        if args.hits:  # L1 alone, nothing written to disk: the warm-up's first request stores, the rest are hits
+            proxy_env.update({"RAGPROXY_CACHE__ENABLED": "true", "RAGPROXY_CACHE__L2__ENABLED": "false",
+                              "RAGPROXY_CACHE__L3__ENABLED": "false",
+                              "RAGPROXY_DATA_DIR": tempfile.mkdtemp(prefix="ragproxy-instructions-")})
         proxy_args = ["-m", "proxy.cli", "serve"]
         floor_args = ["-m", "loadtest.bare_forwarder", "--port", str(floor_port), "--upstream", upstream]
         proxy = _instructions(proxy_args, proxy_port, proxy_env, warm, count)

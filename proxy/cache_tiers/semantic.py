@@ -14,7 +14,7 @@ from proxy.cache_tiers.base import Build, CacheTier, Gauge, LookupStats, Off, St
 from proxy.config import L2Settings
 from proxy.pipeline import Stage
 from proxy.semantic_factory import build_semantic
-from proxy.stages.semantic import SemanticLookup
+from proxy.stages.semantic import SemanticLookup, question_vectors
 from proxy.stages.tiers import WriteBehind
 from tiers.invalidation import Embedding, Outcome, Selector
 from tiers.response_tier import ResponseTier
@@ -44,9 +44,9 @@ class SemanticCacheTier:
         sources = [t.answers for t in faster if t.answers is not None]
         if kind not in ("chat", "response") or not sources:
             return []
-        # the slowest answer tier is searched by question vector too, when its store keeps them (L3)
+        # an answer tier whose store keeps question vectors (L3) is searched for candidates too
         return [SemanticLookup(self.semantic, sources, sources[0], expose_similarity=self.settings.expose_similarity,
-                               cold=sources[-1] if len(sources) > 1 else None,
+                               cold=question_vectors(sources),
                                reading=RESPONSE_READING if kind == "response" else CHAT_READING, kind=kind)]
 
     async def start(self) -> None:
@@ -89,7 +89,7 @@ class SemanticCacheTier:
         return {"lookups": s.lookups, "hits": s.hits, "below_threshold": s.below_threshold, "errors": s.errors,
                 "index_errors": s.index_errors, "vetoes": dict(s.vetoes),
                 "max_wrong_hit_rate": self.semantic.calibrator.target, "verified": s.verified, "compared": s.compared,
-                "disagreed": s.disagreed, "comparisons_dropped": s.comparisons_dropped,
+                "disagreed": s.disagreed, "unjudged": s.unjudged, "comparisons_dropped": s.comparisons_dropped,
                 "namespaces": self.semantic.calibrator.report()}
 
     def lookup_stats(self) -> LookupStats:
@@ -118,11 +118,13 @@ class SemanticCacheTier:
         return (Gauge("ragproxy_semantic_estimated_wrong_hit_rate", "Estimated share of wrong semantic hits at the "
                       "threshold each namespace runs at (tenant/namespace: a tenant's own evidence)", ["namespace"],
                       lambda: points("estimated_wrong_hit_rate")),
-                Gauge("ragproxy_semantic_wrong_hit_rate_bound", "One-sided 95% upper bound of that estimate (what a "
-                      "calibrated threshold must keep within the target)", ["namespace"],
+                Gauge("ragproxy_semantic_wrong_hit_rate_bound", "95% upper bound of that estimate, holding at every "
+                      "moment (what a calibrated threshold must keep within the target; docs/semantic.md)",
+                      ["namespace"],
                       lambda: points("wrong_hit_rate_bound")),
-                Gauge("ragproxy_semantic_threshold", "Cosine threshold each namespace runs at (above 1: no threshold "
-                      "meets cache.l2.max_wrong_hit_rate, no semantic hits)", ["namespace"],
+                Gauge("ragproxy_semantic_threshold", "Cosine threshold each namespace runs at (above 1: "
+                      "calibrating, no threshold meets cache.l2.max_wrong_hit_rate yet, no semantic hits)",
+                      ["namespace"],
                       lambda: points("threshold")))
 
 

@@ -6,9 +6,13 @@ exactly (the :class:`~normalizer.signature.ContextSignature` digest over the req
 :class:`~proxy.stages.prompt.ReadPrompt`, computed under the same knowledge version as the exact key); the
 question is compared by embedding under the namespace's threshold, with guards vetoing false friends. It runs
 after the exact tiers (L1, L3 by key): an exact repeat never costs an embedding. A match points at an entry key;
-the response bytes come from L1, or from L3 when L1 has let it go. The hit is promoted into L1 under the new
-request's own key. On a miss, the question is recorded against the new entry's key once the upstream answer has
-been stored.
+the response bytes come from L1, or from L3 when L1 has let it go. Candidates come from the L2 index and, when it
+has none that can serve, from the cold tier's stored question vectors; one decision
+(:meth:`~tiers.semantic.SemanticTier.decide`) chooses among both, so a would-be hit drawn for verification is
+forwarded and compared whichever tier holds its answer, and every semantic hit is counted once. The hit is promoted
+into L1 under the new request's own key. On a miss, the question is recorded against the new entry's key once the
+upstream answer has been stored, and the answer's words teach the answer check
+(:class:`~tiers.calibration.AnswerAgreement`).
 
 In a user-scoped (private) request the index partition and the cold tier's signature tag carry the key scope's
 user digest too, so a paraphrase never reaches another user's answer.
@@ -21,6 +25,8 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
 
 from normalizer.canonical_json import CanonicalizationError
 from normalizer.signature import CHAT_READING, PromptReading
@@ -28,10 +34,38 @@ from proxy.context import FinishCallback, Reply, RequestContext
 from proxy.pipeline import Next
 from proxy.slots import SemanticQuery
 from proxy.stages.tiers import complete_body, entry_tags, hit_reply
+from tiers.calibration import GRID
+from tiers.embedders.base import FloatArray
+from tiers.entry import CachedResponse
 from tiers.response_tier import ResponseTier
-from tiers.semantic import SemanticMatch, SemanticScope, SemanticTier, answer_text
+from tiers.semantic import CandidateSource, SemanticMatch, SemanticScope, SemanticTier, answer_text
+from tiers.vectors.base import VectorHit
 
 log = logging.getLogger("ragproxy.semantic")
+
+
+@runtime_checkable
+class QuestionVectorStore(Protocol):
+    """A store that keeps each answer's question vector and searches them (the cold tier's)."""
+
+    async def nearest(self, vector: FloatArray, k: int = 1, *, tag: str | None = None) -> list[tuple[str, float]]:
+        """Up to ``k`` (key, cosine similarity), best first, among entries carrying ``tag``."""
+
+
+@dataclass(frozen=True, slots=True)
+class QuestionVectors:
+    """An answer tier and its store's search of question vectors."""
+
+    tier: ResponseTier
+    store: QuestionVectorStore
+
+
+def question_vectors(tiers: Sequence[ResponseTier]) -> QuestionVectors | None:
+    """The answer tier whose store keeps question vectors (found by what it can do, not where it stands)."""
+    for tier in tiers:
+        if isinstance(tier.store, QuestionVectorStore):
+            return QuestionVectors(tier, tier.store)
+    return None
 
 
 def signature_tag(where: SemanticScope, digest: str) -> str:
@@ -47,16 +81,18 @@ class SemanticLookup:
     gives = frozenset({"semantic", "entry"})
 
     def __init__(self, semantic: SemanticTier, sources: Sequence[ResponseTier], promote_into: ResponseTier,
-                 *, expose_similarity: bool = False, cold: ResponseTier | None = None,
+                 *, expose_similarity: bool = False, cold: QuestionVectors | None = None,
                  reading: PromptReading = CHAT_READING, kind: str = "chat") -> None:
-        """``reading`` and ``kind``: how this endpoint's requests are read, and its answers assembled."""
+        """``sources``: the answer tiers a match's key is read from, fastest first; ``cold``: an answer tier that
+        also keeps its questions' vectors (searched for candidates when this tier's index has none that can serve);
+        ``reading`` and ``kind``: how this endpoint's requests are read, and its answers assembled."""
         self.semantic = semantic
         self.reading = reading
         self.kind = kind
         self.sources = tuple(sources)
         self.promote_into = promote_into
         self.expose_similarity = expose_similarity
-        self.cold = cold if cold is not None and callable(getattr(cold.store, "nearest", None)) else None
+        self.cold = cold
 
     async def __call__(self, ctx: RequestContext, call_next: Next) -> Reply:
         key, scope, policy, prompt = ctx.cache_key, ctx.key_scope, ctx.cache_policy, ctx.prompt
@@ -77,16 +113,18 @@ class SemanticLookup:
         probe: SemanticMatch | None = None
         if policy.may_read:
             reply, probe = await self._lookup(ctx, query, key)
-            if reply is None and self.cold is not None:
-                reply = await self._lookup_cold(ctx, query, key)
             if reply is not None:
                 return reply
         reply = await call_next(ctx)
         if probe is not None:
-            reply.on_finish(self._comparison(where, probe))
+            reply.on_finish(self._comparison(where, probe, question))
         if policy.may_store and not ctx.follower:
             async def learn(done: Reply, ok: bool, body_bytes: bytes) -> None:
                 if ok and done.status == 200 and ctx.cache_status in ("MISS", "REFRESH", None):
+                    complete = complete_body(done, body_bytes, self.kind)
+                    answer = answer_text(complete.body) if complete is not None else None
+                    if answer is not None:
+                        self.semantic.learn_answer(answer)
                     try:
                         await self.semantic.add(where, query.digest, question, key)
                     except Exception as exc:  # fail open: the index is an optimisation
@@ -96,37 +134,35 @@ class SemanticLookup:
             reply.on_finish(learn)
         return reply
 
-    async def _lookup_cold(self, ctx: RequestContext, query: SemanticQuery, key: str) -> Reply | None:
-        """L2 missed: search the cold tier's stored question vectors of the same context (threshold and guards
-        as in L2). The embedding is cached, so this costs one vector scan, not a second model call."""
-        assert self.cold is not None and ctx.cache_policy is not None
-        question = query.question
-        try:
-            [vector] = await self.semantic.embedder.embed([question])
-            query.vector = vector
-            nearest = await self.cold.store.nearest(vector, self.semantic.candidates,  # type: ignore[attr-defined]
-                                                    tag=query.tag)
-        except Exception as exc:  # fail open
-            self.semantic.stats.index_errors += 1
-            log.warning("cold semantic lookup failed: %s", exc)
+    def _cold_candidates(self, query: SemanticQuery, key: str,
+                         found: dict[str, CachedResponse]) -> CandidateSource | None:
+        """The cold tier's stored questions of the same context nearest to the question (their entries kept in
+        ``found``, so a match is not read twice); fails open."""
+        cold = self.cold
+        if cold is None:
             return None
-        policy = ctx.cache_policy
-        threshold = self.semantic.threshold_for(query.where)
-        for candidate, similarity in nearest:
-            if similarity < threshold or candidate == key:
-                continue
-            entry = await self.cold.get(candidate)
-            if entry is None or (policy.max_age is not None and entry.age() > policy.max_age):
-                continue
-            original = str(entry.meta.get("question", ""))
-            if self.semantic.guards and self.semantic.veto(question, original, self.semantic.guards):
-                continue
-            await self.promote_into.put(key, entry, ttl=policy.ttl, tags=entry_tags(ctx, entry.model))
-            extra = {"X-Cache-Similarity": f"{similarity:.4f}"} if self.expose_similarity else None
-            return hit_reply(ctx, entry, status="SEMANTIC_HIT", tier="l3", extra=extra)
-        return None
 
-    def _comparison(self, where: SemanticScope, probe: SemanticMatch) -> FinishCallback:
+        async def candidates(vector: FloatArray) -> list[VectorHit]:
+            try:
+                nearest = await cold.store.nearest(vector, self.semantic.candidates, tag=query.tag)
+                hits = []
+                for candidate, similarity in nearest:
+                    if candidate == key or similarity < GRID[0]:
+                        continue
+                    entry = await cold.tier.get(candidate)
+                    if entry is not None:
+                        found[candidate] = entry
+                        hits.append(VectorHit(candidate, similarity, {"question": str(entry.meta.get("question", "")),
+                                                                       "source": cold.tier.name}))
+                return hits
+            except Exception as exc:  # fail open
+                self.semantic.stats.index_errors += 1
+                log.warning("cold semantic lookup failed: %s", exc)
+                return []
+
+        return candidates
+
+    def _comparison(self, where: SemanticScope, probe: SemanticMatch, question: str) -> FinishCallback:
         """After forwarding: compare the fresh answer with the one cached for ``probe`` (calibration evidence), in
         the background (:meth:`SemanticTier.compare_later`)."""
         async def compare(done: Reply, ok: bool, body_bytes: bytes) -> None:
@@ -140,7 +176,7 @@ class SemanticLookup:
                     entry = await tier.get(probe.key)
                     cached = answer_text(entry.body) if entry is not None else None
                     if cached is not None:
-                        await self.semantic.compare(where, probe, cached, fresh)
+                        self.semantic.compare(where, probe, cached, fresh, question)
                         return
 
             self.semantic.compare_later(comparison)
@@ -151,21 +187,30 @@ class SemanticLookup:
                       key: str) -> tuple[Reply | None, SemanticMatch | None]:
         """A semantic hit, or a miss with the candidate whose answer to compare with the fresh one."""
         assert ctx.cache_policy is not None
+        found: dict[str, CachedResponse] = {}
         try:
-            decision = await self.semantic.decide(query.where, query.digest, query.question)
+            decision = await self.semantic.decide(query.where, query.digest, query.question,
+                                                  self._cold_candidates(query, key, found))
         except Exception as exc:  # embedding model or vector store down: fail open (counted by the tier)
             log.warning("semantic lookup failed: %s", exc)
             return None, None
+        query.vector = decision.vector
         match = decision.match
         if match is None:
             return None, decision.probe
         policy = ctx.cache_policy
-        for tier in self.sources:
-            entry = await tier.get(match.key)
-            if entry is None or (policy.max_age is not None and entry.age() > policy.max_age):
-                continue
-            await self.promote_into.put(key, entry, ttl=policy.ttl, tags=entry_tags(ctx, entry.model))
-            extra = {"X-Cache-Similarity": f"{match.similarity:.4f}"} if self.expose_similarity else None
-            return hit_reply(ctx, entry, status="SEMANTIC_HIT", tier="l2", extra=extra), None
-        await self.semantic.delete([match.key])  # the answer it pointed at is gone
-        return None, None
+        entry = found.get(match.key)
+        if entry is None:
+            for tier in self.sources:
+                entry = await tier.get(match.key)
+                if entry is not None:
+                    break
+        if entry is None:
+            await self.semantic.delete([match.key])  # the answer it pointed at is gone
+            return None, None
+        if policy.max_age is not None and entry.age() > policy.max_age:
+            return None, None
+        await self.promote_into.put(key, entry, ttl=policy.ttl, tags=entry_tags(ctx, entry.model))
+        self.semantic.served()
+        extra = {"X-Cache-Similarity": f"{match.similarity:.4f}"} if self.expose_similarity else None
+        return hit_reply(ctx, entry, status="SEMANTIC_HIT", tier=match.source, extra=extra), None

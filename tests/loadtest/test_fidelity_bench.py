@@ -1,55 +1,100 @@
-"""The fidelity benchmark's parts: clusters, the cluster-answer upstream, the plain-cosine frontier."""
+"""The fidelity benchmark's parts: clusters, the mix, the upstream double and its sampled answers, the hindsight
+oracle, trivial variants."""
 
 from __future__ import annotations
+
+import random
 
 import numpy as np
 import openai
 import pytest
 from aiohttp.test_utils import TestServer
 
-from loadtest.bench.fidelity import (
-    ClusterAnswerUpstream,
-    at_recall,
-    cluster_answer,
+from loadtest.bench.fidelity import ClusterAnswerUpstream, cluster_answer
+from loadtest.fidelity_traffic import (
+    best_at,
     clusters,
-    frontier_pairwise,
-    frontier_population,
+    oracle_curve,
+    oracle_population_curve,
+    same,
+    sample_mix,
+    trivial_variants,
 )
+from loadtest.sampled_answers import SampledAnswers, cluster_points, topic
+from normalizer.text import fold_question
 from proxy.calibrate import LabelledPair
 
 PAIRS = [LabelledPair("a", "b", True), LabelledPair("b", "c", True), LabelledPair("d", "e", False),
          LabelledPair("a", "d", False)]
 
 
-def test_clusters_are_connected_components_of_duplicates() -> None:
+def test_clusters_are_connected_components_of_same_answer_pairs() -> None:
     found = clusters(PAIRS)
     assert found["a"] == found["b"] == found["c"]
     assert len({found["a"], found["d"], found["e"]}) == 3
     assert cluster_answer(1) == cluster_answer(1) != cluster_answer(2)
 
 
+def test_the_mix_draws_the_share_asked_for() -> None:
+    pairs = [LabelledPair(f"q{i}", f"r{i}", i % 3 == 0) for i in range(300)]
+    found = clusters(pairs)
+    drawn = sample_mix(pairs, found, 0.8, 100, seed=1)
+    assert len(drawn) == 100 and sum(same(p, found) for p in drawn) == 80
+    assert drawn != sample_mix(pairs, found, 0.8, 100, seed=2)
+    with pytest.raises(ValueError, match="same-answer"):
+        sample_mix(pairs, found, 0.95, 200, seed=1)
+
+
 async def test_the_upstream_double_answers_by_cluster_on_the_openai_wire() -> None:
-    server = TestServer(ClusterAnswerUpstream(clusters(PAIRS)).app())
-    await server.start_server()
-    try:
-        client = openai.AsyncOpenAI(base_url=str(server.make_url("/v1")), api_key="test")
-        answers = [(await client.chat.completions.create(model="m", messages=[{"role": "user", "content": q}]))
-                   .choices[0].message.content for q in ("a", "c", "d")]
-        await client.close()
-    finally:
-        await server.close()
-    assert answers[0] == answers[1] != answers[2]
+    for varied in (None, SampledAnswers(1)):
+        server = TestServer(ClusterAnswerUpstream(clusters(PAIRS), varied).app())
+        await server.start_server()
+        try:
+            client = openai.AsyncOpenAI(base_url=str(server.make_url("/v1")), api_key="test")
+            answers = [(await client.chat.completions.create(model="m", messages=[{"role": "user", "content": q}]))
+                       .choices[0].message.content for q in ("a", "a", "c", "d")]
+            await client.close()
+        finally:
+            await server.close()
+        if varied is None:
+            assert answers[0] == answers[1] == answers[2] != answers[3]
+        else:
+            assert len(set(answers)) == 4, "a sampling model words every answer anew"
 
 
-def test_frontiers_count_recall_and_wrong_hits() -> None:
+def test_sampled_answers_make_a_clusters_points_in_new_words() -> None:
+    sampler = SampledAnswers(7)
+    first = sampler.answer("What is the best way to learn Python?", 1)
+    second = sampler.answer("How can I learn Python quickly?", 1)
+    other = sampler.answer("What is the best way to learn Java?", 2)
+    assert first != second
+    for point in cluster_points(1):
+        assert point.obj in first and point.obj in second, "the cluster's points, whatever the wording"
+    assert "learn java" in other and not all(point.obj in other for point in cluster_points(1))
+    assert topic("What is the best way to learn Python?") == "learn python"
+
+
+def test_the_oracle_is_the_best_fixed_threshold_within_the_bound() -> None:
     vectors = {q: np.array(v, dtype=np.float32) for q, v in
                {"a": [1, 0], "b": [0.99, 0.141], "c": [0.6, 0.8], "d": [0.995, 0.0998], "e": [0, 1]}.items()}
     found = clusters(PAIRS)
-    rows = {row["threshold"]: row for row in frontier_pairwise(PAIRS, vectors, found)}
-    assert rows[0.98] == {"threshold": 0.98, "recall": 0.5, "wrong_hit_share": 0.5}, "a-b right, a-d wrong"
-    population = {row["threshold"]: row for row in frontier_population(PAIRS, vectors, found)}
-    # priming: b and d hit a's answer, so only a is stored; then c (0.6 to a) and e miss
-    assert (population[0.98]["recall"], population[0.98]["wrong_hit_share"]) == (0.0, 0.0)
-    assert at_recall([{"recall": 0.2, "wrong_hit_share": 0.1}, {"recall": 0.4, "wrong_hit_share": 0.3}], 0.3) \
-        == pytest.approx(0.2)
-    assert at_recall([{"recall": 0.2, "wrong_hit_share": 0.1}], 0.5) is None
+    rows = {row["threshold"]: row for row in oracle_curve(PAIRS, vectors, found, lambda a, b: False)}
+    assert rows[0.98]["recall"] == 0.5 and rows[0.98]["wrong_hit_share"] == 0.5, "a-b right, a-d wrong"
+    guarded = {row["threshold"]: row for row in oracle_curve(PAIRS, vectors, found, lambda a, b: "d" in a + b)}
+    assert guarded[0.98]["wrong_hit_share"] == 0.0 and guarded[0.98]["recall"] == 0.5
+    assert best_at(list(rows.values()), 0.05) is None
+    best = best_at(list(guarded.values()), 0.05)
+    assert best is not None and (best["threshold"], best["recall"]) == (0.70, 1.0), "b-c (0.707) is right too"
+    population = {row["threshold"]: row for row in oracle_population_curve(PAIRS, vectors, found, lambda a, b: False)}
+    # firsts a, b (hits a at 0.99: not stored), d (hits a, wrong: not counted); seconds c (0.6) and e miss
+    assert population[0.98]["hits"] == 0 and population[0.98]["recall"] == 0.0
+
+
+def test_trivial_variants_differ_only_in_what_folding_removes() -> None:
+    rng = random.Random(5)
+    question = "What's the best way to learn Python?"
+    variants = trivial_variants(question, 3, rng)
+    assert len(set(variants)) == 3 and question not in variants
+    for _ in range(200):
+        for variant in trivial_variants(question, 3, rng):
+            assert fold_question(variant) == fold_question(question), repr(variant)

@@ -87,3 +87,33 @@ def test_a_question_never_vetoes_itself(text: str) -> None:
 def test_every_guard_is_symmetric(a: str, b: str) -> None:
     for guard in GUARDS.values():
         assert (guard(a, b) is None) == (guard(b, a) is None)
+
+
+@pytest.mark.parametrize(("a", "b"), [
+    ("Who would win, the Poles or the Russians?", "Who would win, the Russians or the Poles?"),
+    ("How many hours is the flight from Delhi to Toronto?", "How many hours is the flight from Toronto to Delhi?"),
+    ("Should the host or the guest pay for the wedding dinner?",
+     "Should the guest or the host pay for the wedding dinner?"),
+    ("Did Germany beat Brazil in the 2014 World Cup?", "Did Brazil beat Germany in the 2014 World Cup?"),
+    ("How do I transfer money from PayPal to my bank account?",
+     "How do I transfer money from my bank account to PayPal?"),
+    ("Is an iPhone better than a Samsung Galaxy for photos?", "Is a Samsung Galaxy better than an iPhone for photos?"),
+    ("Why do cats hate dogs?", "Why do dogs hate cats?"),
+    ("What is the exchange rate from euros to dollars?", "What is the exchange rate from dollars to euros?"),
+])
+def test_order_vetoes_a_reversed_role_or_direction(a: str, b: str) -> None:
+    assert veto(a, b, ["order"]) is not None
+    assert veto(b, a, ["order"]) is not None
+
+
+@pytest.mark.parametrize(("a", "b"), [
+    ("What is the difference between a virus and a bacterium?",
+     "What is the difference between a bacterium and a virus?"),
+    ("What are the pros and cons of nuclear energy?", "What are the cons and pros of nuclear energy?"),
+    ("How can I learn Python quickly?", "What is the quickest way to learn Python?"),
+    ("Is Java or Python better for beginners?", "For beginners, is Java or Python better?"),
+    ("Which books are best for a beginner in Python?", "Which beginner books are best for Python?"),
+    ("How do I get from the airport to the city centre?", "How can I get to the city centre from the airport?"),
+])
+def test_order_lets_reworded_questions_pass(a: str, b: str) -> None:
+    assert veto(a, b, ["order"]) is None

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from normalizer.text import DEFAULT_STEPS, STEPS, TextNormalizer, normalize_text
+from normalizer.text import DEFAULT_STEPS, STEPS, TextNormalizer, fold_question, normalize_text
 
 
 @pytest.mark.parametrize(
@@ -70,3 +70,60 @@ def test_unknown_step_is_refused() -> None:
 def test_default_normalization_is_idempotent(text: str) -> None:
     once = normalize_text(text)
     assert normalize_text(once) == once
+
+
+# -- the question as the exact key holds it -------------------------------------------------------------------------
+
+@pytest.mark.parametrize("variant", [
+    "What is the capital of France?", "what is the capital of france", "WHAT IS THE CAPITAL OF FRANCE",
+    "  What is the capital of France??  ", "What  is the\tcapital of France", "What is the capital of France...",
+    "\uff37hat is the capital\u00a0of France?", "What is the capital of France !",
+])
+def test_trivial_variants_fold_into_one_question(variant: str) -> None:
+    assert fold_question(variant) == "what is the capital of france"
+
+
+def test_words_with_digits_fold_unless_they_mix_cases() -> None:
+    assert fold_question("What is GPT4?") == fold_question("what is gpt4") == "what is gpt4"
+    assert fold_question("IPHONE 7S PRICE") == fold_question("iPhone 7s price")
+    assert fold_question("Where is order aB3x?") == "where is order aB3x"
+
+
+def test_typographic_apostrophes_are_apostrophes() -> None:
+    assert fold_question("What\u2019s a proxy?") == fold_question("what's a proxy") == "what's a proxy"
+
+
+@pytest.mark.parametrize(("one", "other"), [
+    ('What does "Foo" return?', 'What does "foo" return?'),  # a quoted identifier
+    ("What is `getID` for?", "What is `getid` for?"),  # backticks
+    ("Where is order aB3x?", "Where is order AB3X?"),  # an ID mixing digits and both cases
+    ("Is MAX_VALUE set?", "Is max_value set?"),  # an identifier with an underscore
+    ("Why is 'Bob' late?", "Why is 'bob' late?"),  # single quotes around a name
+    ("Explain: x = Foo;", "Explain: x = foo;"),  # code: only the ends are stripped
+    ("Fix this\nMyVar = 1", "Fix this\nmyvar = 1"),  # more than one line
+    ("What is 3.5?", "What is 35?"),
+    ("Who is not here?", "Who is here?"),
+])
+def test_what_case_or_spacing_can_change_stays_apart(one: str, other: str) -> None:
+    assert fold_question(one) != fold_question(other)
+
+
+def test_code_keeps_its_inner_whitespace_and_case() -> None:
+    code = "def f(x):\n    return X  "
+    assert fold_question(code) == code.strip()
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(max_size=60))
+def test_folding_is_idempotent(text: str) -> None:
+    once = fold_question(text)
+    assert fold_question(once) == once
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(alphabet=st.characters(whitelist_categories=("Ll", "Lu", "Nd", "Zs")), max_size=40),
+       st.text(alphabet=st.characters(whitelist_categories=("Ll", "Lu", "Nd")), min_size=1, max_size=8))
+def test_a_quoted_span_is_never_folded_into_another(text: str, quoted: str) -> None:
+    other = quoted.swapcase()
+    if other != quoted:
+        assert fold_question(f'{text} "{quoted}"') != fold_question(f'{text} "{other}"')

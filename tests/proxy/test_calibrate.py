@@ -7,8 +7,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from proxy.calibrate import LabelledPair, PairsError, choose, half_of, read_pairs, write_thresholds
+from proxy.calibrate import LabelledPair, PairsError, choose, half_of, prior_curve, read_pairs, write_thresholds
 from proxy.cli import main
+from tiers.calibration import GRID
 
 
 def test_the_lowest_threshold_within_the_target_and_its_recall() -> None:
@@ -47,3 +48,27 @@ def test_thresholds_merge_into_a_config(tmp_path: Path) -> None:
 def test_the_command_reports_a_missing_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["calibrate", str(tmp_path / "none.csv")]) == 2
     assert "ragproxy calibrate:" in capsys.readouterr().err
+
+
+def test_same_answer_labels_where_given_and_is_duplicate_elsewhere(tmp_path: Path) -> None:
+    path = tmp_path / "pairs.csv"
+    path.write_text("question1,question2,is_duplicate,same_answer\nhow tall,what height,1,0\nwho,whom,0,1\n"
+                    "when,what time,1,\n")
+    assert [p.duplicate for p in read_pairs(path, labels="same_answer")] == [False, True, True]
+    assert [p.duplicate for p in read_pairs(path)] == [True, False, True]
+    (tmp_path / "old.csv").write_text("question1,question2,is_duplicate\na,b,1\n")
+    with pytest.raises(PairsError, match="same_answer"):
+        read_pairs(tmp_path / "old.csv", labels="same_answer")
+
+
+def test_the_prior_curve_is_monotone_and_pools_its_thin_top() -> None:
+    # 0.85: 10 of 40 wrong; 0.86: 20 of 40 wrong (a violation: pooled with 0.85); 0.95: 2 of 100; 0.99: 1 of 10
+    scores = [0.855] * 40 + [0.865] * 40 + [0.955] * 100 + [0.995] * 10
+    same = [i >= 10 for i in range(40)] + [i >= 20 for i in range(40)] + [i >= 2 for i in range(100)] + \
+        [i >= 1 for i in range(10)]
+    shares, pairs = prior_curve(scores, same)
+    cell = GRID.index
+    assert shares[cell(0.85)] == shares[cell(0.86)] == 0.375
+    assert shares[cell(0.95)] == shares[cell(0.99)] == round(3 / 110, 3), "the top pools at least 100 pairs"
+    assert pairs[cell(0.95)] == 100 and pairs[cell(0.99)] == 10 and pairs[cell(0.70)] == 0
+    assert shares == sorted(shares, reverse=True)

@@ -11,7 +11,7 @@ import pytest
 
 from proxy.doubles.llm_server import FakeLLM
 from proxy.doubles.qdrant_shim import QdrantShim
-from tests.support.processes import free_port
+from tests.support.processes import refused_port
 from tests.support.proxy_server import ProxyServer, proxy_settings
 
 BODY = {"model": "fake-model", "messages": [{"role": "user", "content": "hi"}]}
@@ -60,14 +60,14 @@ def test_qdrant_path_traversal_refused(proxy: ProxyServer, qdrant_shim: QdrantSh
 
 
 def test_upstream_unreachable_is_502() -> None:
-    settings = proxy_settings(f"http://127.0.0.1:{free_port()}", **{"cache.enabled": False})
+    settings = proxy_settings(f"http://127.0.0.1:{refused_port()}", **{"cache.enabled": False})
     with ProxyServer(settings) as server:
         error = _openai_error(httpx.post(server.url + "/v1/chat/completions", json=BODY), 502)
         assert error["code"] == "upstream_unreachable"
 
 
 def test_failover_to_next_replica_when_refused(fake_llm_thread: FakeLLM) -> None:
-    settings = proxy_settings([f"http://127.0.0.1:{free_port()}", fake_llm_thread.url], **{"cache.enabled": False})
+    settings = proxy_settings([f"http://127.0.0.1:{refused_port()}", fake_llm_thread.url], **{"cache.enabled": False})
     with ProxyServer(settings) as server:
         assert httpx.post(server.url + "/v1/chat/completions", json=BODY).status_code == 200
 

@@ -238,3 +238,56 @@ def test_responses_paraphrases_hit_within_their_own_context(semantic_proxy: Prox
     assert ask("who wrote the novel sense and sensibility")[0] == "MISS"
     chat = _ask(semantic_proxy, "Tell me who wrote the novel Pride and Prejudice?")
     assert chat.headers["X-Cache-Status"] == "MISS", "a chat question never matches a Responses answer"
+
+
+def _compared(server: ProxyServer, count: int) -> None:
+    semantic = server.semantic.semantic
+    deadline = time.monotonic() + 30
+    while semantic.stats.compared < count:
+        assert time.monotonic() < deadline, "the fresh answer was never compared with the cached one"
+        time.sleep(0.05)
+
+
+def test_a_would_be_hit_drawn_for_verification_is_forwarded_though_the_cold_tier_holds_it(
+        fake_llm_thread: FakeLLM, tmp_path: Path) -> None:
+    """Verification happens whichever tier holds the answer: a paraphrase that L2 draws for verification is not
+    served from L3 instead (it was, before: the comparison never happened and the client got an unverified hit)."""
+    overrides = {"cache.l2.enabled": True, "cache.l2.threshold": 0.8, "cache.l2.verify_fraction": 1.0,
+                 "data_dir": str(tmp_path)}
+    with ProxyServer(proxy_settings(fake_llm_thread.url, **overrides)) as server:
+        _model_loaded(server)
+        _ask(server, "what is the boiling point of ethanol")
+        _learned(server, 1)
+        _demoted(server, 1)
+        response = _ask(server, "Tell me what is the boiling point of ethanol?")
+        assert response.headers["X-Cache-Status"] == "MISS", "drawn for verification: forwarded"
+        _compared(server, 1)
+        assert server.semantic.semantic.stats.verified == 1
+    assert fake_llm_thread.log.count(CHAT) == 2
+
+
+def test_cold_candidates_go_through_the_same_decision_and_the_same_counter(fake_llm_thread: FakeLLM,
+                                                                             tmp_path: Path) -> None:
+    """L3's question vectors are candidates of the one decision: drawn for verification like L2's, and every
+    semantic hit, whichever tier served it, counted once by L2."""
+    import shutil
+
+    overrides = {"cache.l2.enabled": True, "cache.l2.threshold": 0.8, "data_dir": str(tmp_path)}
+    with ProxyServer(proxy_settings(fake_llm_thread.url, **overrides)) as first:
+        _model_loaded(first)
+        _ask(first, "what is the boiling point of ethanol")
+        _ask(first, "how many moons does mars have")
+        _demoted(first, 2)
+    shutil.rmtree(tmp_path / "semantic")  # L2 lost its index: only L3 can find the questions
+    with ProxyServer(proxy_settings(fake_llm_thread.url, **{**overrides, "cache.l2.verify_fraction": 1.0})) as second:
+        _model_loaded(second)
+        checked = _ask(second, "Tell me what is the boiling point of ethanol?")
+        assert checked.headers["X-Cache-Status"] == "MISS", "a cold candidate is drawn for verification too"
+        _compared(second, 1)
+    with ProxyServer(proxy_settings(fake_llm_thread.url, **overrides)) as third:
+        _model_loaded(third)
+        served = _ask(third, "Tell me how many moons does Mars have?")
+        assert (served.headers["X-Cache-Status"], served.headers["X-Cache-Tier"]) == ("SEMANTIC_HIT", "l3")
+        semantic = third.semantic
+        assert semantic.semantic.stats.hits == 1 and semantic.lookup_stats().results["hit"] == 1
+    assert fake_llm_thread.log.count(CHAT) == 3

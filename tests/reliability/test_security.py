@@ -18,7 +18,7 @@ import pytest
 from proxy.credits.pricing import MICRO
 from proxy.doubles.llm_server import FakeLLM
 from proxy.doubles.qdrant_shim import QdrantShim
-from tests.support.processes import free_port
+from tests.support.processes import refused_port
 from tests.support.proxy_server import ProxyServer, proxy_settings
 
 CHAT = "/v1/chat/completions"
@@ -99,7 +99,7 @@ def test_no_secret_in_logs_errors_metrics_or_admin(fake_llm_thread: FakeLLM, sec
 
 def test_credentials_in_an_upstream_url_never_leak(caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.DEBUG)
-    settings = proxy_settings(f"http://ops:URL-SECRET-5e@127.0.0.1:{free_port()}", **{"cache.enabled": False})
+    settings = proxy_settings(f"http://ops:URL-SECRET-5e@127.0.0.1:{refused_port()}", **{"cache.enabled": False})
     with ProxyServer(settings) as server:
         response = httpx.post(server.url + CHAT, json=BODY, timeout=10)
         assert response.status_code == 502
@@ -145,7 +145,7 @@ def test_namespaces_of_one_tenant_do_not_share_entries(caching_proxy: ProxyServe
 
 
 def test_backend_credentials_never_reach_error_bodies_logs_or_metrics(caplog: pytest.LogCaptureFixture) -> None:
-    url = f"http://llm-user:hunter2-secret@127.0.0.1:{free_port()}"
+    url = f"http://llm-user:hunter2-secret@127.0.0.1:{refused_port()}"
     settings = proxy_settings(url, **{"cache.enabled": False, "upstreams.connect_timeout_s": 0.5})
     with caplog.at_level(logging.DEBUG), ProxyServer(settings, admin=True) as server:
         reply = httpx.post(server.url + CHAT, json=BODY, timeout=30)

@@ -19,7 +19,7 @@ import httpx
 import pytest
 
 from proxy.doubles.llm_server import FakeLLM
-from tests.support.processes import free_port
+from tests.support.processes import refused_port
 from tests.support.proxy_server import ProxyProcess
 
 HEAD_TIMEOUT_S = 10.0  # the default of server.head_timeout_s
@@ -33,7 +33,7 @@ def _proxy(llm_url: str, open_files: tuple[int, int], **env: str) -> ProxyProces
 
 @pytest.fixture
 def slowloris_target() -> Iterator[ProxyProcess]:
-    with _proxy(f"http://127.0.0.1:{free_port()}", (256, 256)) as proxy:
+    with _proxy(f"http://127.0.0.1:{refused_port()}", (256, 256)) as proxy:
         yield proxy
 
 
@@ -102,7 +102,7 @@ async def test_healthz_answers_through_a_slowloris_attack_and_trickled_heads_are
 async def test_the_connection_cap_follows_a_limit_lowered_while_running() -> None:
     """The open-file limit of a running proxy can be lowered from outside (``prlimit``, a container runtime): the
     cap follows it, so the attack still cannot take the descriptors the health check needs."""
-    with _proxy(f"http://127.0.0.1:{free_port()}", (4096, 4096)) as proxy:
+    with _proxy(f"http://127.0.0.1:{refused_port()}", (4096, 4096)) as proxy:
         assert proxy.process is not None
         resource.prlimit(proxy.process.pid, resource.RLIMIT_NOFILE, (256, 256))
         probes, _ = await _attack(proxy.port)
@@ -110,7 +110,7 @@ async def test_the_connection_cap_follows_a_limit_lowered_while_running() -> Non
 
 
 def test_the_soft_open_file_limit_is_raised_to_the_hard_one() -> None:
-    with _proxy(f"http://127.0.0.1:{free_port()}", (128, 4096)) as proxy:
+    with _proxy(f"http://127.0.0.1:{refused_port()}", (128, 4096)) as proxy:
         assert proxy.process is not None
         limits = Path(f"/proc/{proxy.process.pid}/limits").read_text()
         soft, hard = re.search(r"Max open files\s+(\d+)\s+(\d+)", limits).groups()  # type: ignore[union-attr]

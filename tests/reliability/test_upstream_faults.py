@@ -17,7 +17,7 @@ import pytest
 
 from loadtest.harness import child
 from proxy.doubles.llm_server import FakeLLM
-from tests.support.processes import free_port
+from tests.support.processes import free_port, refused_port
 from tests.support.proxy_server import ProxyServer, proxy_settings
 
 CHAT = "/v1/chat/completions"
@@ -84,7 +84,7 @@ def test_timeout_is_not_retried_either(pair: tuple[FakeLLM, FakeLLM]) -> None:
 
 
 def test_refused_connection_is_retried_once_on_the_next_replica(fake_llm_thread: FakeLLM) -> None:
-    dead = f"http://127.0.0.1:{free_port()}"
+    dead = f"http://127.0.0.1:{refused_port()}"
     with _proxy([dead, fake_llm_thread.url]) as server:
         for _ in range(3):
             assert _post(server).status_code == 200
@@ -95,7 +95,7 @@ def test_refused_connection_is_retried_once_on_the_next_replica(fake_llm_thread:
 
 
 def test_every_replica_refusing_is_a_quick_502_then_a_fast_503() -> None:
-    dead = [f"http://127.0.0.1:{free_port()}" for _ in range(2)]
+    dead = [f"http://127.0.0.1:{refused_port()}" for _ in range(2)]
     with _proxy(dead, **{"upstreams.breaker_failures": 2, "upstreams.breaker_open_s": 30}) as server:
         statuses = [_post(server).status_code for _ in range(4)]
         assert statuses[0] == 502
@@ -164,7 +164,7 @@ def test_per_request_500s_do_not_open_the_breaker_for_everyone(pair: tuple[FakeL
 
 
 def test_qdrant_down_is_a_quick_502_in_qdrant_shape_and_not_ready(fake_llm_thread: FakeLLM) -> None:
-    settings = proxy_settings(fake_llm_thread.url, f"http://127.0.0.1:{free_port()}", **{"cache.enabled": False})
+    settings = proxy_settings(fake_llm_thread.url, f"http://127.0.0.1:{refused_port()}", **{"cache.enabled": False})
     with ProxyServer(settings) as server:
         search = httpx.post(server.url + "/collections/docs/points/search", json={"vector": [0.1, 0.2], "limit": 3})
         assert search.status_code == 502 and isinstance(search.json()["status"]["error"], str)

@@ -3,12 +3,24 @@
 from __future__ import annotations
 
 import shutil
+import socket
 import subprocess
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 from loadtest.harness import free_port, wait_for_port
+
+_REFUSING: list[socket.socket] = []
+
+
+def refused_port() -> int:
+    """A loopback port that refuses every connection for the rest of the session: bound, never listening, so no
+    other process can take it and answer (a port merely free now may be some other test's server a moment later)."""
+    held = socket.socket()
+    held.bind(("127.0.0.1", 0))
+    _REFUSING.append(held)
+    return int(held.getsockname()[1])
 
 VOLATILE = ("--appendonly", "no")
 """Options of a redis-server that keeps nothing across a restart (the proxy refuses credits in it)."""

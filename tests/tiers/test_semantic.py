@@ -70,7 +70,7 @@ async def test_a_rephrased_question_hits_the_cached_entry(tier: SemanticTier) ->
     assert match is not None
     assert match.key == "l1:france" and match.question == "what is the capital of France"
     assert match.similarity >= 0.85
-    assert tier.stats.hits == 1
+    assert (tier.stats.lookups, tier.stats.hits) == (1, 0), "a hit is counted when it is served (by the stage)"
 
 
 async def test_an_unrelated_question_misses(tier: SemanticTier) -> None:
@@ -161,3 +161,34 @@ def test_choice_is_the_best_unvetoed_candidate_above_threshold(
     else:
         assert match is not None
         assert match.similarity == max(h.similarity for h in allowed)
+
+
+async def test_a_second_source_is_searched_only_when_the_index_cannot_serve(encoder: MiniLMEncoder,
+                                                                            tmp_path: Path) -> None:
+    """One decision over both sources: the cold tier's candidates pass the same threshold, guards and verification
+    draw as the index's, and are asked for only when the index has nothing to serve."""
+    embedder = CachedEmbedder(LocalEmbedder(encoder=encoder), case_insensitive=True)
+    asked: list[int] = []
+
+    async def cold(vector: object) -> list[VectorHit]:
+        asked.append(1)
+        return [VectorHit("l3:ethanol", 0.97, {"question": "what is the boiling point of ethanol", "source": "l3"}),
+                VectorHit("l3:methanol", 0.99, {"question": "what is the boiling point of methanol", "source": "l3"})]
+
+    def veto(a: str, b: str, guards: Iterable[str]) -> str | None:
+        return "entities: differ" if ("methanol" in a) != ("methanol" in b) else None
+
+    tier = SemanticTier(embedder, HnswVectorStore(384, tmp_path), threshold=0.85, veto=veto)
+    await tier.add(ACME, signature(), "what is the capital of France", "l1:france")
+    served = await tier.decide(ACME, signature(), "What's the capital of France?", cold)
+    assert served.match is not None and served.match.source == "l2" and not asked, "the index served: L3 not asked"
+    found = await tier.decide(ACME, signature(), "boiling point of ethanol, please", cold)
+    assert found.match is not None and (found.match.key, found.match.source) == ("l3:ethanol", "l3")
+    assert asked and tier.stats.vetoes == {"entities": 1}, "the vetoed closer candidate did not hide the next"
+    assert found.vector is not None, "the question's embedding goes along (the cold tier keeps it with the answer)"
+    checking = SemanticTier(embedder, HnswVectorStore(384, tmp_path / "other"), threshold=0.85, verify_fraction=1.0,
+                            veto=veto)
+    drawn = await checking.decide(ACME, signature(), "boiling point of ethanol, please", cold)
+    assert drawn.match is None and drawn.probe is not None and drawn.probe.source == "l3", "verified like any hit"
+    assert checking.stats.verified == 1
+    await embedder.close()

@@ -11,7 +11,6 @@ from pathlib import Path
 
 import pytest
 
-from loadtest.harness import free_port
 from proxy.credits.journal import JournaledSettlement, SettlementJournal
 from proxy.credits.journaled_store import JOURNALED, JournaledCreditStore
 from proxy.credits.outage import OutageAllowance
@@ -19,6 +18,7 @@ from proxy.credits.redis_store import RedisCreditStore
 from proxy.credits.replayer import JournalReplayer
 from proxy.credits.sqlite_store import SqliteCreditStore
 from proxy.credits.store import ChargeDetails, CreditStoreUnavailable, LedgerFilter, Reservation, ledger_entries
+from tests.support.processes import refused_port
 
 CREDIT = 1_000_000
 T0 = 1_800_000_000.0
@@ -33,7 +33,7 @@ class Clock:
 
 
 def dead_store() -> RedisCreditStore:
-    return RedisCreditStore.from_url(f"redis://127.0.0.1:{free_port()}/0", timeout_s=1.0)
+    return RedisCreditStore.from_url(f"redis://127.0.0.1:{refused_port()}/0", timeout_s=1.0)
 
 
 def settlement(request_id: str, user: str = "ann", actual: int = CREDIT, at: float = T0) -> JournaledSettlement:

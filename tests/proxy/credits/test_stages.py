@@ -36,7 +36,7 @@ from proxy.server.connection import HttpServer
 from proxy.server.request import Request
 from proxy.server.responder import Responder
 from proxy.upstream.client import UpstreamStreamError
-from tests.support.processes import RedisServer, free_port
+from tests.support.processes import RedisServer, free_port, refused_port
 
 CREDIT = 1_000_000
 PRICES = PriceBook(
@@ -297,7 +297,7 @@ async def test_an_upstream_failure_refunds_the_whole_reservation(
 async def test_an_unreachable_store_is_503_with_retry_after(
     make_proxy: Callable[..., Awaitable[Proxy]],
 ) -> None:
-    dead = RedisCreditStore.from_url(f"redis://127.0.0.1:{free_port()}/0")
+    dead = RedisCreditStore.from_url(f"redis://127.0.0.1:{refused_port()}/0")
     proxy = await make_proxy(store=dead)
     created = await proxy.keys.create("ann")
     with pytest.raises(openai.InternalServerError) as caught:
@@ -308,7 +308,7 @@ async def test_an_unreachable_store_is_503_with_retry_after(
 
 
 async def test_fail_open_serves_unbilled_and_counts(make_proxy: Callable[..., Awaitable[Proxy]]) -> None:
-    dead = RedisCreditStore.from_url(f"redis://127.0.0.1:{free_port()}/0")
+    dead = RedisCreditStore.from_url(f"redis://127.0.0.1:{refused_port()}/0")
     proxy = await make_proxy(store=dead, fail_open=True)
     created = await proxy.keys.create("ann")
     reply = await proxy.client(created.plaintext).chat.completions.create(model="m", messages=MESSAGES)

@@ -12,7 +12,7 @@ import pytest
 from aiohttp import web
 
 from proxy.upstream.client import UpstreamClient
-from tests.support.processes import free_port
+from tests.support.processes import free_port, refused_port
 from tiers.embedders.upstream import UpstreamEmbedder, UpstreamEmbeddingError
 
 DIM = 4
@@ -106,7 +106,7 @@ async def test_errors_and_malformed_answers_raise(server: tuple[FakeEmbeddingsSe
 
 
 async def test_an_unreachable_upstream_raises(client: UpstreamClient) -> None:
-    embedder = UpstreamEmbedder(f"http://127.0.0.1:{free_port()}/v1/embeddings", "m", DIM, client=client,
+    embedder = UpstreamEmbedder(f"http://127.0.0.1:{refused_port()}/v1/embeddings", "m", DIM, client=client,
                                 timeout_s=2)
     with pytest.raises(UpstreamEmbeddingError):
         await embedder.embed(["a"])
