@@ -6,7 +6,6 @@ import hmac
 import os
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 
@@ -16,7 +15,7 @@ import pytest
 from proxy.config import load_settings
 from proxy.doubles.llm_server import FakeLLM
 from proxy.doubles.qdrant_shim import QdrantShim
-from tests.admin.conftest import CHAT, TOKEN, Admin, ask
+from tests.admin.conftest import CHAT, TOKEN, Admin, ask, reached_upstream
 from tests.support.processes import free_port
 from tests.support.proxy_server import ProxyServer, proxy_settings
 
@@ -125,10 +124,7 @@ def test_config_patch_keeps_requests_in_flight_coalesced(fake_llm_thread: FakeLL
     fake_llm_thread.latency_s = 3.0  # the follower, sent once the leader reached the upstream, must find it there
     with ThreadPoolExecutor(2) as pool:
         leader = pool.submit(ask, admin_proxy, "in flight")
-        deadline = time.monotonic() + 30  # a failure bound only: the loop ends with the event
-        while fake_llm_thread.log.count(CHAT) == 0:
-            assert time.monotonic() < deadline, "the leader never reached the upstream"
-            time.sleep(0.01)
+        reached_upstream(fake_llm_thread)
         assert admin.patch("/admin/config", json={"cache.expose_key": True}).status_code == 200
         follower = pool.submit(ask, admin_proxy, "in flight")
         leader.result(), follower.result()

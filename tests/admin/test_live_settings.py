@@ -19,7 +19,7 @@ from proxy.doubles.llm_server import FakeLLM
 from proxy.stages.cache_policy import ApplyCacheControl, Canonicalize
 from proxy.stages.coalesce import Coalesce
 from proxy.stages.tiers import StoreResponse
-from tests.admin.conftest import CHAT, Admin, ask, chat_body
+from tests.admin.conftest import CHAT, Admin, ask, chat_body, reached_upstream
 from tests.support.proxy_server import ProxyServer
 
 
@@ -79,10 +79,7 @@ def test_coalesce_wait(fake_llm_thread: FakeLLM, admin_proxy: ProxyServer, admin
     fake_llm_thread.latency_s = 1.0
     with ThreadPoolExecutor(2) as pool:
         leader = pool.submit(ask, admin_proxy, "slow")
-        deadline = time.monotonic() + 30  # a failure bound only: the loop ends with the event
-        while fake_llm_thread.log.count(CHAT) == 0:
-            assert time.monotonic() < deadline, "the leader never reached the upstream"
-            time.sleep(0.01)
+        reached_upstream(fake_llm_thread)
         follower = pool.submit(ask, admin_proxy, "slow")
         leader.result(), follower.result()
     assert "X-Cache-Coalesced" not in follower.result().headers
