@@ -1,33 +1,21 @@
-"""Runtime configuration changes: which keys may change without a restart, and how a change is applied.
+"""Runtime configuration changes: which keys may change without a restart, and how a patch is validated.
 
 A patch is a JSON object of dotted keys (``{"cache.expose_key": true}``) or the same keys nested
-(``{"cache": {"expose_key": true}}``). Only :data:`PATCHABLE` keys are accepted: the ones every component reads
-per request or that the pipelines are rebuilt from. The new value is validated by building a whole new
-:class:`~proxy.config.Settings` (same rules and messages as at start-up); then ``rt.settings`` is replaced and the
-pipelines rebuilt (request handlers look their pipeline up per request, so the next request uses the new one;
-requests in flight finish on the old one). The logging level is applied to the root logger at once.
+(``{"cache": {"expose_key": true}}``). Only the live keys (:data:`proxy.live_settings.LIVE_KEYS`) are accepted.
+The new values are validated by building a whole new :class:`~proxy.config.Settings` (same rules and messages as
+at start-up); the route then hands the new settings to the runtime, whose owners of the changed keys apply them in
+place — nothing is rebuilt. What a change means for requests in flight is said in :mod:`proxy.live_settings`.
 """
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Mapping
 from typing import Any
 
 from pydantic import ValidationError
 
 from proxy.config import Settings
-
-PATCHABLE: tuple[str, ...] = (
-    "cache.l1.ttl_s",
-    "cache.cache_sampled",
-    "cache.unknown_fields",
-    "cache.coalesce_wait_s",
-    "cache.expose_key",
-    "cache.shared_namespaces",
-    "logging.level",
-    "logging.access_log",
-)
+from proxy.live_settings import LIVE_KEYS
 
 
 class PatchRejected(ValueError):
@@ -39,7 +27,7 @@ def flatten(patch: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
     flat: dict[str, Any] = {}
     for name, value in patch.items():
         dotted = f"{prefix}{name}"
-        if isinstance(value, Mapping) and dotted not in PATCHABLE:
+        if isinstance(value, Mapping) and dotted not in LIVE_KEYS:
             flat.update(flatten(value, dotted + "."))
         else:
             flat[dotted] = value
@@ -50,11 +38,11 @@ def patched(settings: Settings, patch: Mapping[str, Any]) -> tuple[Settings, dic
     """New settings with ``patch`` applied and the flat changes; :class:`PatchRejected` when not allowed."""
     changes = flatten(patch)
     if not changes:
-        raise PatchRejected("the patch is empty; patchable keys: " + ", ".join(PATCHABLE))
-    refused = sorted(key for key in changes if key not in PATCHABLE)
+        raise PatchRejected("the patch is empty; patchable keys: " + ", ".join(LIVE_KEYS))
+    refused = sorted(key for key in changes if key not in LIVE_KEYS)
     if refused:
         raise PatchRejected(f"{refused[0]}: cannot change without a restart; patchable keys: "
-                            + ", ".join(PATCHABLE))
+                            + ", ".join(LIVE_KEYS))
     data = settings.model_dump()
     for dotted, value in changes.items():
         node = data
@@ -68,7 +56,3 @@ def patched(settings: Settings, patch: Mapping[str, Any]) -> tuple[Settings, dic
         error = exc.errors()[0]
         key = ".".join(str(part) for part in error["loc"])
         raise PatchRejected(f"{key} = {error.get('input')!r}: {error['msg']}") from None
-
-
-def apply_logging(settings: Settings) -> None:
-    logging.getLogger().setLevel(settings.logging.level.upper())

@@ -11,12 +11,12 @@ from aiohttp import web
 
 from admin import components
 from admin.cache_routes import tier_report
-from admin.config_patch import PATCHABLE, PatchRejected, apply_logging, patched
+from admin.config_patch import PatchRejected, patched
 from admin.errors import AdminError
 from admin.openapi import openapi_document
 from admin.state import RUNTIME, json_response
-from proxy.assembly import build_pipelines
 from proxy.config import redact_url, redacted
+from proxy.live_settings import LIVE_KEYS
 from proxy.runtime import Runtime
 
 routes = web.RouteTableDef()
@@ -26,7 +26,7 @@ PROMETHEUS_TEXT = "text/plain; version=0.0.4; charset=utf-8"
 @routes.get("/admin/config")
 async def get_config(request: web.Request) -> web.Response:
     rt = request.app[RUNTIME]
-    return json_response({"config": redacted(rt.settings), "patchable": list(PATCHABLE)})
+    return json_response({"config": redacted(rt.settings), "patchable": list(LIVE_KEYS)})
 
 
 @routes.patch("/admin/config")
@@ -43,10 +43,8 @@ async def patch_config(request: web.Request) -> web.Response:
         settings, changes = patched(rt.settings, patch)
     except PatchRejected as exc:
         raise AdminError(400, "invalid_config", str(exc)) from None
-    rt.settings = settings
-    rt.pipelines = build_pipelines(rt)
-    apply_logging(settings)
-    return json_response({"changed": changes, "config": redacted(settings), "patchable": list(PATCHABLE)})
+    rt.configure(settings, changes)
+    return json_response({"changed": changes, "config": redacted(settings), "patchable": list(LIVE_KEYS)})
 
 
 def _breaker_state(backend: Any) -> str:

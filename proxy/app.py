@@ -77,15 +77,13 @@ class DataPlane:
 
     def __init__(self, settings: Settings, runtime: Runtime | None = None) -> None:
         rt = runtime or Runtime(settings)
-        rt.pipelines = build_pipelines(rt)
         self.runtime = rt
+        self.pipelines = pipelines = build_pipelines(rt)  # once: a config patch changes them in place
         limit = self.max_body = settings.server.max_body_bytes
 
         def handler(name: str, route: str, dialect: Dialect, json_body: bool) -> Handler:
-            def current() -> Pipeline:  # looked up per request: a config patch may swap the pipelines
-                return getattr(rt.pipelines, name)  # type: ignore[no-any-return]
-
-            return make_handler(current, route, dialect, max_body=limit, json_body=json_body,
+            pipeline: Pipeline = getattr(pipelines, name)
+            return make_handler(pipeline, route, dialect, max_body=limit, json_body=json_body,
                                 lift_proxy_fields=json_body and dialect is Dialect.OPENAI, observe=rt.observe)
 
         healthz, readyz = health_handlers(rt)

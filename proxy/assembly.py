@@ -24,6 +24,11 @@ Rerankers (``/v1/rerank``, ``/rerank``, ``/v2/rerank``, ``/v1/score``, ``/score`
 Qdrant searches: identify → limits → credits → documents (remembered for prompt detection) → the tiers' search
 stages (the search cache) → forward; Qdrant writes: identify → the tiers' write stages (invalidation) → forward;
 anything else: identify → forward.
+
+The pipelines are built once per runtime. State that only some stages keep across requests is made here with them
+(the coalescing flights and the stale answers, each shared by the stages of every kind of request), and every stage
+that reads a live setting is registered in ``rt.live`` as it is made, so that ``PATCH /admin/config`` reaches it in
+place (:mod:`proxy.live_settings`).
 """
 
 from __future__ import annotations
@@ -42,22 +47,23 @@ from proxy.credits.idempotency import Idempotency
 from proxy.credits.stages import Credits, Identify, SearchCredits
 from proxy.pipeline import Pipeline, Pipelines, Stage
 from proxy.runtime import Runtime
-from proxy.stages.cache_policy import ApplyCacheControl, Canonicalize
-from proxy.stages.coalesce import Coalesce
+from proxy.stages.cache_policy import ApplyCacheControl, Canonicalize, Lifetime
+from proxy.stages.coalesce import Coalesce, Flights
 from proxy.stages.embeddings import EmbeddingItemsCache
 from proxy.stages.forward import ForwardToLLM, ForwardToQdrant
 from proxy.stages.limits import EnforceLimits
 from proxy.stages.prompt import ReadPrompt
 from proxy.stages.rerank import RerankItemsCache
 from proxy.stages.retrieval import RegisterDocuments
-from proxy.stages.stale import StaleIfError
+from proxy.stages.stale import StaleIfError, StaleStore
 from proxy.stages.stored_responses import ClaimStoredResponses, StoredResponseRequests, StoredResponses
 from proxy.stages.tiers import StoreResponse
 from tiers.response_tier import ResponseTier
 
 
 def build_pipelines(rt: Runtime) -> Pipelines:
-    """Assemble every pipeline from the runtime's components (the cache tiers' stages in registration order)."""
+    """Assemble every pipeline from the runtime's components (the cache tiers' stages in registration order); the
+    stages that own live settings are registered in ``rt.live``. Once per runtime."""
     trust = rt.settings.server.trust_forwarded
     to_llm = ForwardToLLM(rt.client, rt.backends, trust_forwarded=trust)
     qdrant = rt.settings.upstreams.qdrant
@@ -70,17 +76,18 @@ def build_pipelines(rt: Runtime) -> Pipelines:
     guard: list[Stage] = [*identify, EnforceLimits(limits), *_idempotency(rt)]
     billing = [*guard, *_billing(rt, Credits)]
     tracer = rt.tracer
+    caching = _Caching(rt)
     stored = StoredResponses(rt.owners, [backend.label for backend in rt.backends.backends],
                              lambda selector: rt.invalidator().invalidate(selector))
     return Pipelines(
-        chat=Pipeline([*billing, *_prompt(rt), *_caching(rt, "chat"), *_kv(rt)], to_llm, tracer=tracer),
-        completions=Pipeline([*billing, *_caching(rt, "completion")], to_llm, tracer=tracer),
+        chat=Pipeline([*billing, *_prompt(rt), *caching.answers("chat"), *_kv(rt)], to_llm, tracer=tracer),
+        completions=Pipeline([*billing, *caching.answers("completion")], to_llm, tracer=tracer),
         responses=Pipeline([*guard, ClaimStoredResponses(stored), *_billing(rt, ResponseCredits),
-                            *_prompt(rt, "response"), *_caching(rt, "response"), *_kv(rt)], to_llm, tracer=tracer),
+                            *_prompt(rt, "response"), *caching.answers("response"), *_kv(rt)], to_llm,
+                           tracer=tracer),
         stored_responses=Pipeline([*identify, StoredResponseRequests(stored)], to_llm, tracer=tracer),
-        embeddings=Pipeline([*billing, *_items_caching(rt, "embedding", EmbeddingItemsCache)], to_llm,
-                            tracer=tracer),
-        rerank=Pipeline([*guard, *_billing(rt, RerankCredits), *_items_caching(rt, "rerank", RerankItemsCache)],
+        embeddings=Pipeline([*billing, *caching.items("embedding", EmbeddingItemsCache)], to_llm, tracer=tracer),
+        rerank=Pipeline([*guard, *_billing(rt, RerankCredits), *caching.items("rerank", RerankItemsCache)],
                         to_llm, tracer=tracer),
         llm_passthrough=Pipeline(identify, to_llm, tracer=tracer),
         qdrant_search=Pipeline([*identify, EnforceLimits(limits, search=True), *_billing(rt, SearchCredits),
@@ -131,44 +138,53 @@ def _documents(rt: Runtime) -> list[Stage]:
     return [] if rt.documents is None else [RegisterDocuments(rt.documents)]
 
 
-def _rules(rt: Runtime) -> tuple[CacheDefaults, BypassSettings]:
-    cache = rt.settings.cache
-    return (CacheDefaults(enabled=True, ttl=cache.l1.ttl_s),
-            BypassSettings(unknown_fields=cache.unknown_fields, cache_sampled=cache.cache_sampled,
-                           cache_stored_responses=cache.cache_stored_responses))
+class _Caching:
+    """The cache stages of each kind of request, sharing the state they keep across requests and registered as the
+    owners of the live cache settings they read."""
 
+    def __init__(self, rt: Runtime) -> None:
+        self.rt = rt
+        self.live = rt.live
+        self.flights = Flights()
+        stale = rt.settings.cache.stale
+        self.stale = StaleStore(max_entries=stale.max_entries, max_bytes=stale.max_bytes,
+                                max_stale_s=stale.max_stale_s) if stale.namespaces else None
 
-def _canonicalize(rt: Runtime, kind: RequestKind, bypass: BypassSettings) -> Canonicalize:
-    cache = rt.settings.cache
-    return Canonicalize(kind, bypass, rt.versions, frozenset(cache.shared_namespaces),
-                        frozenset(cache.private_namespaces), tuple(cache.key_headers),
-                        owned=stores if kind == "response" else None)
+    def _control(self, lifetime: Lifetime | None = None) -> ApplyCacheControl:
+        defaults = CacheDefaults(enabled=True, ttl=self.rt.settings.cache.l1.ttl_s)
+        return self.live.register(ApplyCacheControl(defaults, lifetime))
 
+    def _canonicalize(self, kind: RequestKind) -> Canonicalize:
+        rt, cache = self.rt, self.rt.settings.cache
+        bypass = BypassSettings(unknown_fields=cache.unknown_fields, cache_sampled=cache.cache_sampled,
+                                cache_stored_responses=cache.cache_stored_responses)
+        return self.live.register(Canonicalize(kind, bypass, rt.versions, frozenset(cache.shared_namespaces),
+                                               frozenset(cache.private_namespaces), tuple(cache.key_headers),
+                                               owned=stores if kind == "response" else None))
 
-def _items_caching(rt: Runtime, kind: RequestKind,
-                   stage: Callable[[ResponseTier, Canonicalize, BypassSettings], Stage]) -> list[Stage]:
-    """cache_control → per-item exact cache (embeddings inputs, reranker pairs) in the fastest answer tier, when
-    there is one."""
-    first = rt.tiers.first
-    if first is None:
-        return []
-    defaults, bypass = _rules(rt)
-    return [ApplyCacheControl(defaults), stage(first, _canonicalize(rt, kind, bypass), bypass)]
+    def items(self, kind: RequestKind, stage: Callable[[ResponseTier, Canonicalize], Stage]) -> list[Stage]:
+        """cache_control → per-item exact cache (embeddings inputs, reranker pairs) in the fastest answer tier,
+        when there is one."""
+        first = self.rt.tiers.first
+        if first is None:
+            return []
+        return [self._control(), stage(first, self._canonicalize(kind))]
 
-
-def _caching(rt: Runtime, kind: Literal["chat", "completion", "response"]) -> list[Stage]:
-    """cache_control → canonicalize → [stale_if_error] → store (on the way back) → each tier's lookups → coalesce,
-    when caching is on."""
-    cache = rt.settings.cache
-    if not cache.enabled:
-        return []
-    defaults, bypass = _rules(rt)
-    retention = rt.settings.upstreams.response_retention_s
-    return [
-        ApplyCacheControl(defaults, (lambda body: retention if stores(body) else None) if kind == "response" else None),
-        _canonicalize(rt, kind, bypass),
-        *([] if rt.stale is None else [StaleIfError(rt.stale, kind=kind, namespaces=cache.stale.namespaces)]),
-        StoreResponse(rt.tiers.first, kind=kind, expose_key=cache.expose_key, write_behind=rt.tiers.write_behind),
-        *rt.tiers.stages(kind),
-        Coalesce(kind=kind, wait_s=cache.coalesce_wait_s, flights=rt.flights, recheck=rt.tiers.first),
-    ]
+    def answers(self, kind: Literal["chat", "completion", "response"]) -> list[Stage]:
+        """cache_control → canonicalize → [stale_if_error] → store (on the way back) → each tier's lookups →
+        coalesce, when caching is on."""
+        rt, live = self.rt, self.live
+        cache = rt.settings.cache
+        if not cache.enabled:
+            return []
+        retention = rt.settings.upstreams.response_retention_s
+        return [
+            self._control((lambda body: retention if stores(body) else None) if kind == "response" else None),
+            self._canonicalize(kind),
+            *([] if self.stale is None else [StaleIfError(self.stale, kind=kind, namespaces=cache.stale.namespaces)]),
+            live.register(StoreResponse(rt.tiers.first, kind=kind, expose_key=cache.expose_key,
+                                        write_behind=rt.tiers.write_behind)),
+            *rt.tiers.stages(kind),
+            live.register(Coalesce(kind=kind, wait_s=cache.coalesce_wait_s, flights=self.flights,
+                                   recheck=rt.tiers.first)),
+        ]

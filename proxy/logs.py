@@ -8,6 +8,8 @@ import time
 
 import orjson
 
+from proxy.config import Settings
+
 _FIELDS = ("request_id", "tenant", "route", "tier", "status", "latency_ms", "startup")
 
 
@@ -35,3 +37,13 @@ def configure(level: str, fmt: str) -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
+
+
+class LogLevel:
+    """The root logger's level (``logging.level``): set by :func:`configure` at start, changed live
+    (:mod:`proxy.live_settings`)."""
+
+    live_keys = frozenset({"logging.level"})
+
+    def configure(self, settings: Settings) -> None:
+        logging.getLogger().setLevel(settings.logging.level.upper())

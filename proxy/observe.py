@@ -26,7 +26,6 @@ access_log = logging.getLogger("ragproxy.access")
 class Observed(Protocol):
     """What the observers read from the runtime (:class:`proxy.runtime.Runtime`)."""
 
-    settings: Settings
     metrics: Metrics
     stats: RequestStats
     trace: TraceRecorder | None
@@ -96,8 +95,21 @@ def log_access(ctx: RequestContext, status: int, seconds: float) -> None:
         "status": status, "latency_ms": round(seconds * 1000, 3)})
 
 
-def observer(rt: Observed) -> Observer:
-    """The runtime's observers, composed (metrics and statistics always; the rest as configured)."""
+class AccessLog:
+    """Whether each answered request is logged (``logging.access_log``, live: :mod:`proxy.live_settings`)."""
+
+    live_keys = frozenset({"logging.access_log"})
+
+    def __init__(self, on: bool) -> None:
+        self.on = on
+
+    def configure(self, settings: Settings) -> None:
+        self.on = settings.logging.access_log
+
+
+def observer(rt: Observed, access: AccessLog) -> Observer:
+    """The runtime's observers, composed (metrics and statistics always; the rest as configured; the access log
+    as ``access`` says when the request ends)."""
     parts = [record_metrics(rt.metrics), record_stats(rt.stats, rt.metrics)]
     if rt.trace is not None:
         parts.append(record_trace(rt.trace))
@@ -107,7 +119,7 @@ def observer(rt: Observed) -> Observer:
     def observe(ctx: RequestContext, status: int, seconds: float) -> None:
         for part in parts:
             part(ctx, status, seconds)
-        if rt.settings.logging.access_log:  # read per request: the configuration may be patched
+        if access.on:
             log_access(ctx, status, seconds)
 
     return observe

@@ -3,14 +3,19 @@
 Start-up enters every component into one :class:`~contextlib.AsyncExitStack` (shared mode, then each registered
 cache tier in lookup order, the replicas' health probes, the credit components, the finish work of clients that
 hung up); shutdown unwinds it, so a component is stopped only if it was started, and a failed start-up stops what
-had started. Per-process state that a stage needs across requests (coalescing flights, verified keys, settlements
-retried in the background) lives here, not in the stages, so rebuilding the pipelines (``PATCH /admin/config``)
-loses none of it.
+had started.
+
+The runtime holds what lives beyond one stage: components that are started and stopped, that the admin API reads,
+or that several kinds of stages share (the tiers, the document registry, the KV layer, the credit components).
+State that only a stage uses (coalescing flights, stale answers) is made with that stage in
+:mod:`proxy.assembly`. The pipelines are built once; ``PATCH /admin/config`` changes settings in place through
+:attr:`Runtime.live` (:mod:`proxy.live_settings`).
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 
@@ -24,13 +29,12 @@ from proxy.config import Settings
 from proxy.credits.factory import CreditComponents, build_credits
 from proxy.kv.factory import KVLayer, build_kv
 from proxy.kv.stages import SharedPrefixes
+from proxy.live_settings import LiveSettings
+from proxy.logs import LogLevel
 from proxy.metrics import Metrics, TierLookups
-from proxy.observe import Observer, observer
-from proxy.pipeline import Pipelines
+from proxy.observe import AccessLog, Observer, observer
 from proxy.response_owners import RedisResponseOwners, ResponseOwners, SqliteResponseOwners
 from proxy.shared import SharedMode, build_shared
-from proxy.stages.coalesce import Flights
-from proxy.stages.stale import StaleStore
 from proxy.stats import RequestStats
 from proxy.upstream.backends import BackendPool
 from proxy.upstream.client import UpstreamClient
@@ -45,6 +49,7 @@ class Runtime:
     """Everything a pipeline stage may need, created once per process."""
 
     settings: Settings
+    """The effective settings (replaced by :meth:`configure`)."""
     client: UpstreamClient = field(init=False)
     backends: BackendPool = field(init=False)
     metrics: Metrics = field(init=False)
@@ -56,18 +61,16 @@ class Runtime:
     documents: DocumentRegistry | None = field(init=False)
     """Documents from search results, recognised in later prompts (when caching or routing is on)."""
     kv: KVLayer | None = field(init=False)
-    stale: StaleStore | None = field(init=False)
     credits: CreditComponents = field(init=False)
     owners: ResponseOwners = field(init=False)
     """Which tenant and replica made each stored Responses API object (:mod:`proxy.response_owners`)."""
     tracer: Tracer | None = field(init=False)
     trace: TraceRecorder | None = field(init=False)
     """The cache trace (``cache.trace_file``), replayed by ``ragproxy simulate``."""
-    flights: Flights = field(default_factory=Flights)
     observe: Observer = field(init=False)
     """Accounts for each answered request (metrics, statistics, spans, logs)."""
-    pipelines: Pipelines | None = None
-    """Set by the data plane; replaced whole when the configuration is patched."""
+    live: LiveSettings = field(default_factory=LiveSettings)
+    """The owners of the settings a patch may change (:mod:`proxy.live_settings`)."""
     stats: RequestStats = field(default_factory=RequestStats)
     draining: bool = False
 
@@ -90,9 +93,6 @@ class Runtime:
         self.kv = build_kv(settings, self.backends, self.client)
         if self.kv is not None and self.shared is not None:
             self.kv.share(SharedPrefixes(self.shared.board, [b.label for b in upstreams.llm]))
-        stale = settings.cache.stale
-        self.stale = StaleStore(max_entries=stale.max_entries, max_bytes=stale.max_bytes,
-                                max_stale_s=stale.max_stale_s) if stale.namespaces else None
         self.credits = build_credits(settings)
         self.credits.register_metrics(self.metrics)
         retention = upstreams.response_retention_s
@@ -106,8 +106,15 @@ class Runtime:
             self.tracer = make_tracer(settings.telemetry.otlp_endpoint, settings.telemetry.service_name)
         trace_file = settings.cache.trace_file
         self.trace = TraceRecorder(trace_file) if trace_file is not None else None
-        self.observe = observer(self)
+        self.live.register(LogLevel())
+        self.observe = observer(self, self.live.register(AccessLog(settings.logging.access_log)))
         self._stack: AsyncExitStack | None = None
+
+    def configure(self, settings: Settings, changed: Iterable[str]) -> None:
+        """Take ``settings`` (validated, differing from the current ones in the ``changed`` keys, all of them live)
+        as the effective settings, and hand them to the owners of those keys."""
+        self.settings = settings
+        self.live.apply(settings, changed)
 
     def invalidator(self) -> TierInvalidation:
         """Invalidation over every registered tier (cheap: built per use); removed keys leave the request

@@ -2,9 +2,10 @@
 at work, then exit 0 (1 when a step did not get the cache status it should); ``--serve`` keeps everything running
 for the newcomer's own requests and prints curl lines to try.
 
-The upstreams are doubles, named as such wherever they show: :mod:`proxy.doubles.demo_llm` (canned OpenAI-compatible
-answers) and :mod:`proxy.doubles.demo_qdrant` (a few Qdrant REST routes over qdrant-client's local mode). They listen on
-sockets bound before the settings are built, so their addresses are known and cannot be taken in between. The proxy
+The upstreams are the test doubles the tests use, named as such wherever they show: ``FakeLLM``
+(:mod:`proxy.doubles.llm_server`) with the demo's canned answers (:class:`~proxy.demo.tour.DemoAnswers`), and
+``QdrantShim`` (:mod:`proxy.doubles.qdrant_shim`, Qdrant's REST API over qdrant-client's local mode). They listen
+on sockets bound before the settings are built, so their addresses are known and cannot be taken in between. The proxy
 runs as ``serve`` runs it (:func:`proxy.serve.running`), in a temporary data directory (every run starts cold), on
 free ports, or on the configured ports (8080 and 8081 by default) with ``--serve``; with one difference, said in
 its output: L2 runs at a fixed threshold (see ``_DEFAULTS``), since a calibrated one serves no semantic hit on a
@@ -18,13 +19,11 @@ import tempfile
 from dataclasses import dataclass
 from typing import Any
 
-from aiohttp import web
-
 from proxy.cache_tiers.semantic import SemanticCacheTier
 from proxy.config import Settings
-from proxy.demo.tour import Tour, curl_lines
-from proxy.doubles.demo_llm import DemoLLM
-from proxy.doubles.demo_qdrant import DemoQdrant
+from proxy.demo.tour import MODEL, DemoAnswers, Tour, curl_lines
+from proxy.doubles.llm_server import FakeLLM
+from proxy.doubles.qdrant_shim import QdrantShim
 from proxy.serve import running, stop_signal
 from proxy.startup_report import gather, http_url, render
 
@@ -72,14 +71,11 @@ class Demo:
         return cls({**_DEFAULTS, **ports, **overrides, **own}, keep_serving, (llm, qdrant), data_dir)
 
     async def run(self, settings: Settings) -> int:
-        llm, qdrant = DemoLLM(), DemoQdrant()
-        runners = [web.AppRunner(llm.app, access_log=None), web.AppRunner(qdrant.app, access_log=None)]
+        llm_socket, qdrant_socket = self.sockets
         passed = False
         try:
-            for runner, sock in zip(runners, self.sockets, strict=True):
-                await runner.setup()
-                await web.SockSite(runner, sock).start()
-            async with running(settings) as runtime:
+            async with FakeLLM(model=MODEL, answer=DemoAnswers(), sock=llm_socket) as llm, \
+                    QdrantShim(sock=qdrant_socket) as qdrant, running(settings) as runtime:
                 # before anything is printed: a signal sent once the output says so must find its handler
                 stop = stop_signal() if self.keep_serving else None
                 semantic = runtime.tiers.find(SemanticCacheTier)
@@ -88,14 +84,12 @@ class Demo:
                 print(INTRO)
                 report = await gather(settings, runtime)
                 print(render(report))
-                tour = Tour(settings, semantic, llm, qdrant)
+                tour = Tour(settings, semantic, llm.log, qdrant.log)
                 passed = await tour.run(runtime.client, report.features["L2 semantic"])
                 if stop is not None:
                     print("\nTry it yourself: the proxy and its test upstreams keep running (Ctrl-C stops them)\n")
                     print("\n".join(curl_lines(settings, tour.api_key)), flush=True)
                     await stop.wait()
         finally:
-            for runner in runners:
-                await runner.cleanup()
             self.data_dir.cleanup()
         return 0 if passed else 1

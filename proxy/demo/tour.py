@@ -11,16 +11,17 @@ from __future__ import annotations
 import asyncio
 import shlex
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 import orjson
 
 from proxy.cache_tiers.semantic import SemanticCacheTier
 from proxy.config import Settings
-from proxy.doubles.demo_llm import MODEL
+from proxy.doubles.request_log import RequestLog
 from proxy.startup_report import http_url
 from proxy.upstream.client import UpstreamClient
 
+MODEL = "demo-model"
 COLLECTION = "demo"
 QUESTION = "Who wrote the novel Pride and Prejudice?"
 PARAPHRASE = "Tell me who wrote the novel Pride and Prejudice"
@@ -31,8 +32,18 @@ QUERY = [0.8, 0.2, 0.0, 0.0]
 NEARBY = [0.8, 0.2, 0.002, 0.0]  # cosine distance about 3e-6 from QUERY: within the search cache's tolerance
 
 
-class Counted(Protocol):
-    calls: int
+class DemoAnswers:
+    """What the test LLM answers in the demo (its ``answer``: a transcript in, text out): ``Demo answer #N to:
+    <question>``, the question being the last user message and N counting the answers given, so that a cached
+    answer shows which call produced it."""
+
+    def __init__(self) -> None:
+        self.given = 0
+
+    def __call__(self, prompt: str) -> str:
+        self.given += 1
+        question = prompt.rsplit("\nuser: ", 1)[-1].removeprefix("user: ")
+        return f"Demo answer #{self.given} to: {question}"
 
 
 @dataclass(frozen=True)
@@ -87,7 +98,10 @@ def gist(body: bytes) -> str:
 class Tour:
     """Sends the steps through the proxy at ``settings.server`` and prints one line per step."""
 
-    def __init__(self, settings: Settings, semantic: SemanticCacheTier | None, llm: Counted, qdrant: Counted) -> None:
+    def __init__(self, settings: Settings, semantic: SemanticCacheTier | None, llm: RequestLog,
+                 qdrant: RequestLog) -> None:
+        """``llm``, ``qdrant``: what the test upstreams received (a step's upstream was called when a request to
+        its path reached it)."""
         self.settings = settings
         self.semantic = semantic
         self.upstreams = {"/v1": llm, "/collections": qdrant}
@@ -133,15 +147,16 @@ class Tour:
         return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
 
     async def _send(self, client: UpstreamClient, step: Step) -> None:
-        upstream = next(counter for prefix, counter in self.upstreams.items() if step.path.startswith(prefix))
-        before = upstream.calls
+        upstream = next(log for prefix, log in self.upstreams.items() if step.path.startswith(prefix))
+        path = step.path.partition("?")[0]
+        before = upstream.count(path)
         response = await client.fetch(step.method, self.base + step.path, body=orjson.dumps(step.body),
                                       headers={"Content-Type": "application/json", **self.headers()})
         status = response.headers.get("X-Cache-Status", "-")
         tier = response.headers.get("X-Cache-Tier", "")
         charged = response.headers.get("X-Credits-Charged")
         code = response.status
-        called = ("upstream called" if upstream.calls > before else "upstream not called") \
+        called = ("upstream called" if upstream.count(path) > before else "upstream not called") \
             if step.expect is not None else "forwarded"
         verdict = "" if step.expect in (None, status) else f"   <-- expected {step.expect}"
         if verdict or code >= 400:

@@ -145,8 +145,9 @@ class FakeLLM(ServedApp):
         flavor: str = "openai",
         host: str = "127.0.0.1",
         port: int = 0,
+        sock: socket.socket | None = None,
     ) -> None:
-        super().__init__(host=host, port=port)
+        super().__init__(host=host, port=port, sock=sock)
         self.model = model
         self.models = [model, *[m for m in models if m != model]]
         self.answer = answer

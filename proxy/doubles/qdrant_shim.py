@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.metadata
+import socket
 import time
 import warnings
 from collections.abc import Awaitable, Callable, Sequence
@@ -83,8 +84,9 @@ def _selector(body: dict[str, Any]) -> models.PointsSelector:
 class QdrantShim(ServedApp):
     """TEST-ONLY Qdrant REST shim. ``client`` defaults to a fresh ``QdrantClient(":memory:")``."""
 
-    def __init__(self, client: QdrantClient | None = None, *, host: str = "127.0.0.1", port: int = 0) -> None:
-        super().__init__(host=host, port=port)
+    def __init__(self, client: QdrantClient | None = None, *, host: str = "127.0.0.1", port: int = 0,
+                 sock: socket.socket | None = None) -> None:
+        super().__init__(host=host, port=port, sock=sock)
         self.client = client if client is not None else QdrantClient(":memory:")
 
     def add_routes(self, app: web.Application) -> None:
@@ -154,8 +156,7 @@ class QdrantShim(ServedApp):
                 return _error(400, f"Format error in JSON body: {error}", started)
             except (ValidationError, ValueError, TypeError, KeyError, AttributeError, AssertionError) as error:
                 return _error(400, f"Bad request: {error}", started)
-            envelope = {"result": result, "status": "ok", "time": time.perf_counter() - started}
-            return web.Response(body=orjson.dumps(envelope), content_type="application/json")
+            return _ok(result, started)
 
         return handle
 
@@ -368,6 +369,13 @@ class QdrantShim(ServedApp):
         return self.client.clear_payload(
             request.match_info["name"], points_selector=_SELECTOR.validate_python(body)
         )
+
+
+def _ok(result: Any, started: float) -> web.Response:
+    """Qdrant's envelope around ``result``; a value JSON cannot hold (a set, an object) goes out as its text rather
+    than failing the encoder."""
+    envelope = {"result": result, "status": "ok", "time": time.perf_counter() - started}
+    return web.Response(body=orjson.dumps(envelope, default=str), content_type="application/json")
 
 
 def _error(status: int, message: str, started: float) -> web.Response:

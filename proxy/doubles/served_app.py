@@ -5,14 +5,17 @@
   ...``;
 - as a process: each double's ``main()`` (``python -m proxy.doubles.llm_server --port P``).
 
-Port 0 (the default) binds a free port; ``url`` reports the real one. Every request is appended to ``log``
-(:class:`RequestLog`) before the handler runs, so a request that hangs or fails is still counted.
+Port 0 (the default) binds a free port; ``url`` reports the real one. A listening socket bound beforehand
+(``sock``) is served instead, for a caller that needs the address before the server starts (``ragproxy demo``
+builds the proxy's settings first). Every request is appended to ``log`` (:class:`RequestLog`) before the handler
+runs, so a request that hangs or fails is still counted.
 """
 
 from __future__ import annotations
 
 import asyncio
 import signal
+import socket
 import threading
 import time
 from collections.abc import Awaitable, Callable
@@ -29,9 +32,12 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 class ServedApp:
     """Base class: subclasses add routes in :meth:`add_routes`."""
 
-    def __init__(self, *, host: str = "127.0.0.1", port: int = 0) -> None:
+    def __init__(self, *, host: str = "127.0.0.1", port: int = 0, sock: socket.socket | None = None) -> None:
+        if sock is not None:
+            host, port = sock.getsockname()[:2]
         self.host = host
         self.port = port
+        self.sock = sock
         self.log = RequestLog()
         self._runner: web.AppRunner | None = None
         self._stopping: asyncio.Event | None = None
@@ -63,7 +69,8 @@ class ServedApp:
             self.build_app(), access_log=None, shutdown_timeout=1.0, handler_cancellation=True
         )
         await runner.setup()
-        site = web.TCPSite(runner, self.host, self.port, reuse_address=True)
+        site = web.SockSite(runner, self.sock) if self.sock is not None else \
+            web.TCPSite(runner, self.host, self.port, reuse_address=True)
         await site.start()
         self._runner = runner
         self.port = int(runner.addresses[0][1])

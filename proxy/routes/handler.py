@@ -39,7 +39,7 @@ def _is_json(request: Request) -> bool:
 
 
 def make_handler(
-    pipeline: Callable[[], Pipeline],
+    pipeline: Pipeline,
     route: str,
     dialect: Dialect,
     *,
@@ -48,8 +48,7 @@ def make_handler(
     lift_proxy_fields: bool = False,
     observe: Observer | None = None,
 ) -> Handler:
-    """A data-plane handler that runs ``pipeline()`` (looked up per request, so a config patch can swap it) for
-    ``route``.
+    """A data-plane handler that runs ``pipeline`` for ``route``.
 
     ``json_body``: the body must be a JSON object (chat, embeddings, Qdrant searches); otherwise a JSON body is only
     checked for being well-formed when it claims to be JSON, and forwarded byte for byte. ``lift_proxy_fields``:
@@ -83,7 +82,7 @@ def make_handler(
                 if lifted:
                     ctx.proxy_fields = lifted
                     ctx.replace_body(forwarded)
-            reply = await pipeline()(ctx)
+            reply = await pipeline(ctx)
         except ProxyError as exc:
             if observe is not None:
                 failed = ctx or RequestContext(request=request, route=route, request_id=rid)

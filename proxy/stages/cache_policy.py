@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from normalizer.bypass import BypassSettings, bypass_reason
 from normalizer.cache_control import CacheControlError, CacheDefaults, cache_policy
@@ -40,6 +40,9 @@ from proxy.context import Reply, RequestContext
 from proxy.errors import ProxyError
 from proxy.pipeline import Next
 from tiers.versions import VersionSource
+
+if TYPE_CHECKING:
+    from proxy.config import Settings
 
 
 def asks_private(headers: Mapping[str, str]) -> bool:
@@ -64,10 +67,14 @@ class ApplyCacheControl:
     name = "cache_control"
     needs: frozenset[str] = frozenset()
     gives = frozenset({"cache_policy", "namespace"})
+    live_keys = frozenset({"cache.l1.ttl_s"})
 
     def __init__(self, defaults: CacheDefaults, lifetime: Lifetime | None = None) -> None:
         self.defaults = defaults
         self.lifetime = lifetime
+
+    def configure(self, settings: Settings) -> None:
+        self.defaults = replace(self.defaults, ttl=settings.cache.l1.ttl_s)
 
     async def __call__(self, ctx: RequestContext, call_next: Next) -> Reply:
         try:
@@ -97,6 +104,7 @@ class Canonicalize:
 
     name = "canonicalize"
     gives = frozenset({"user_scope", "key_scope", "key_variant", "cache_key", "bypass_reason"})
+    live_keys = frozenset({"cache.unknown_fields", "cache.cache_sampled", "cache.shared_namespaces"})
 
     def __init__(self, kind: RequestKind, bypass: BypassSettings, versions: VersionSource,
                  shared_namespaces: frozenset[str], private_namespaces: frozenset[str] = frozenset(),
@@ -110,6 +118,11 @@ class Canonicalize:
         self.versions = versions
         self.shared = shared_namespaces
         self.private = private_namespaces
+
+    def configure(self, settings: Settings) -> None:
+        cache = settings.cache
+        self.bypass = replace(self.bypass, unknown_fields=cache.unknown_fields, cache_sampled=cache.cache_sampled)
+        self.shared = frozenset(cache.shared_namespaces)
 
     def user_scope(self, ctx: RequestContext) -> str | None:
         """The user digest when this request's answers are user-scoped (also set as ``ctx.user_scope``)."""

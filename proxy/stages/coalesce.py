@@ -17,7 +17,7 @@ again in the fastest answer tier (``recheck``) before leading: the answer stored
 
 Keys carry the tenant (and, for user-scoped requests in private namespaces, the user: see
 ``proxy.stages.cache_policy``), so coalescing never crosses tenants, nor users where answers are private. The
-table of flights (:class:`Flights`, one per process, kept by the runtime so that rebuilt pipelines share it) is
+table of flights (:class:`Flights`, one per process, shared by the coalescing stages of every kind of request) is
 bounded (``max_flights``); beyond it requests simply go upstream uncoalesced.
 """
 
@@ -27,6 +27,7 @@ import asyncio
 from collections import OrderedDict
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from multidict import CIMultiDict
 
@@ -36,6 +37,9 @@ from proxy.stages.tiers import Complete, complete_body, hit_reply
 from proxy.upstream.client import UpstreamStreamError
 from tiers.entry import CachedResponse
 from tiers.response_tier import ResponseTier
+
+if TYPE_CHECKING:
+    from proxy.config import Settings
 
 
 @dataclass
@@ -81,6 +85,7 @@ class Coalesce:
     name = "coalesce"
     needs = frozenset({"cache_key", "cache_policy"})
     gives = frozenset({"follower", "entry"})
+    live_keys = frozenset({"cache.coalesce_wait_s"})
 
     def __init__(self, *, kind: str, wait_s: float, flights: Flights, recheck: ResponseTier | None = None) -> None:
         """``recheck``: where a finished leader stored its answer (the fastest answer tier)."""
@@ -88,6 +93,9 @@ class Coalesce:
         self.wait_s = wait_s
         self.flights = flights
         self.recheck = recheck
+
+    def configure(self, settings: Settings) -> None:
+        self.wait_s = settings.cache.coalesce_wait_s
 
     async def __call__(self, ctx: RequestContext, call_next: Next) -> Reply:
         key = ctx.cache_key

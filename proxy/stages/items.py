@@ -26,10 +26,14 @@ class ItemsCache:
 
     needs = frozenset({"cache_policy"})
 
-    def __init__(self, tier: ResponseTier, scope: Canonicalize, bypass: BypassSettings) -> None:
+    def __init__(self, tier: ResponseTier, scope: Canonicalize) -> None:
         self.tier = tier
         self.scope = scope
-        self.bypass = bypass
+
+    @property
+    def bypass(self) -> BypassSettings:
+        """The bypass rule of the request's scope (configured there: :mod:`proxy.live_settings`)."""
+        return self.scope.bypass
 
     async def keys(self, ctx: RequestContext, kind: RequestKind, items: Iterable[JSONValue]) -> list[str]:
         """The exact key of each canonical item, in the request's scope and variant (also set on the context);

@@ -24,7 +24,7 @@ import logging
 import math
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 from multidict import CIMultiDict
@@ -39,6 +39,9 @@ from proxy.response_events import assemble_response, replay_response
 from proxy.sse import StreamShape, assemble_stream, replay
 from tiers.entry import CachedResponse
 from tiers.response_tier import ResponseTier
+
+if TYPE_CHECKING:
+    from proxy.config import Settings
 
 log = logging.getLogger("ragproxy.cache")
 
@@ -165,6 +168,7 @@ class StoreResponse:
     name = "store"
     needs = frozenset({"cache_key", "cache_policy"})
     gives = frozenset({"entry"})
+    live_keys = frozenset({"cache.expose_key"})
 
     def __init__(self, into: ResponseTier | None, *, kind: str, write_behind: Sequence[WriteBehind] = (),
                  expose_key: bool = False) -> None:
@@ -174,6 +178,9 @@ class StoreResponse:
         self.kind = kind
         self.write_behind = tuple(write_behind)
         self.expose_key = expose_key
+
+    def configure(self, settings: Settings) -> None:
+        self.expose_key = settings.cache.expose_key
 
     async def __call__(self, ctx: RequestContext, call_next: Next) -> Reply:
         key = ctx.cache_key

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -26,6 +27,14 @@ def ask(proxy: ProxyServer, question: str = "What is RAG?", namespace: str | Non
     response = httpx.post(proxy.url + CHAT, json=chat_body(question, **extra), headers=headers, timeout=30)
     assert response.status_code == 200, response.text
     return response
+
+
+def reached_upstream(llm: FakeLLM) -> None:
+    """Wait until a chat request has reached the upstream (a leader is in flight there)."""
+    deadline = time.monotonic() + 30  # a failure bound only: the loop ends with the event
+    while llm.log.count(CHAT) == 0:
+        assert time.monotonic() < deadline, "no request reached the upstream"
+        time.sleep(0.01)
 
 
 class Admin:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.metadata
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -220,6 +221,31 @@ def test_service_routes(qdrant_shim: QdrantShim) -> None:
         httpx.get(qdrant_shim.url + "/telemetry").json()["result"]["collections"]["number_of_collections"]
         == 0
     )
+
+
+def test_values_json_cannot_hold_go_out_as_text() -> None:
+    """A payload value orjson has no encoding for (a set, an object) is sent as its text, not an encoder error."""
+    from uuid import UUID
+
+    from proxy.doubles.qdrant_shim import _ok
+
+    class Tag:
+        def __str__(self) -> str:
+            return "tag-1"
+
+    body = _ok({"id": UUID(int=1), "tag": Tag()}, 0.0).body
+    assert isinstance(body, bytes) and b'"tag":"tag-1"' in body
+
+
+async def test_serves_on_a_socket_bound_beforehand() -> None:
+    """The address is known before the server starts (``ragproxy demo`` builds the proxy's settings first)."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(16)
+    port = sock.getsockname()[1]
+    async with QdrantShim(sock=sock) as shim, httpx.AsyncClient() as client:
+        assert shim.url == f"http://127.0.0.1:{port}"
+        assert (await client.get(f"{shim.url}/collections")).json()["status"] == "ok"
 
 
 def test_runs_as_a_process() -> None:

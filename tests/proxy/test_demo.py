@@ -120,15 +120,12 @@ def test_demo_serve_handles_a_signal_sent_as_soon_as_it_prints() -> None:
     assert process.wait(timeout=90) == 0, err.text()
 
 
-def test_the_demo_qdrant_writes_values_json_cannot_hold_as_text() -> None:
-    """A payload value orjson has no encoding for (a set, an object) is sent as its text, not an encoder error."""
-    from uuid import UUID
+def test_the_demo_llm_answers_the_last_user_message_and_counts_its_answers() -> None:
+    from proxy.demo.tour import DemoAnswers
+    from proxy.doubles.openai_shapes import prompt_of_messages
 
-    from proxy.doubles.demo_qdrant import _envelope
-
-    class Tag:
-        def __str__(self) -> str:
-            return "tag-1"
-
-    body = _envelope(200, {"result": {"id": UUID(int=1), "tag": Tag()}}, 0.0).body
-    assert isinstance(body, bytes) and b'"tag":"tag-1"' in body
+    answer = DemoAnswers()
+    chat = prompt_of_messages([{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Why?"}])
+    assert answer(chat) == "Demo answer #1 to: Why?"
+    assert answer(prompt_of_messages([{"role": "user", "content": "Who?"}])) == "Demo answer #2 to: Who?"
+    assert answer("a completions prompt") == "Demo answer #3 to: a completions prompt"

@@ -26,6 +26,7 @@ from proxy.context import Reply, RequestContext
 from proxy.doubles.llm_server import FakeLLM
 from proxy.server.request import Request
 from proxy.stages.cache_policy import Canonicalize, asks_private
+from proxy.stages.stale import StaleIfError
 from tests.support.proxy_server import ProxyServer, proxy_settings
 from tiers.versions import KnowledgeVersions
 
@@ -188,8 +189,7 @@ def test_stale_if_error_never_serves_another_users_answer(fake_llm_thread: FakeL
         alice, bob = _key(server, "alice"), _key(server, "bob")
         fresh = _post(server, alice, PRIVATE)
         assert _status(fresh) == "MISS"
-        store = server.runtime.stale
-        assert store is not None
+        store = server.stage(StaleIfError).store
         _wait(lambda: len(store) == 1, "the answer was never kept for stale-if-error")
         server.call(server.l1.store.clear())
         fake_llm_thread.faults.fail_next(503)

@@ -1,13 +1,11 @@
 """Stale-if-error for stale-tolerant namespaces (``proxy.stages.stale``), through the real data plane.
 
-Most tests assemble the chat pipeline themselves (the proxy's own stages with :class:`StaleIfError` right after
-``canonicalize``, in front of the real forward stage) to vary its settings; the last one switches it on through
-configuration alone (``cache.stale.namespaces``), as ``proxy/assembly.py`` wires it.
+Each proxy switches it on through configuration (``cache.stale.namespaces``), as ``proxy/assembly.py`` wires it;
+most tests watch the chat pipeline's stale store to know when an answer was kept.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -17,8 +15,6 @@ import openai
 import pytest
 
 from proxy.doubles.llm_server import FakeLLM
-from proxy.pipeline import Pipeline
-from proxy.stages.forward import ForwardToLLM
 from proxy.stages.stale import StaleIfError, StaleStore
 from tests.support.proxy_server import ProxyServer, proxy_settings
 from tiers.entry import CachedResponse
@@ -28,23 +24,18 @@ BODY = {"model": "fake-model", "messages": [{"role": "user", "content": "what is
 TOLERANT = {"X-Ragproxy-Namespace": "faq"}
 
 
-def _with_stale(server: ProxyServer, store: StaleStore) -> None:
-    rt = server.runtime
-    stages = list(rt.pipelines.chat.stages)
-    at = [s.name for s in stages].index("canonicalize") + 1
-    stages.insert(at, StaleIfError(store, kind="chat", namespaces={"faq"}))
-    chat = Pipeline(stages, ForwardToLLM(rt.client, rt.backends))
-    rt.pipelines = dataclasses.replace(rt.pipelines, chat=chat)
+def _store(server: ProxyServer) -> StaleStore:
+    """Where the chat pipeline keeps the answers it may serve stale."""
+    return server.stage(StaleIfError).store
 
 
 @pytest.fixture
 def served(fake_llm_thread: FakeLLM) -> Iterator[tuple[ProxyServer, StaleStore]]:
-    settings = proxy_settings(fake_llm_thread.url, **{"cache.l3.enabled": False, "upstreams.breaker_failures": 50,
-                                                      "upstreams.read_timeout_s": 0.5})
-    store = StaleStore(max_entries=100)
+    settings = proxy_settings(fake_llm_thread.url, **{
+        "cache.stale.namespaces": ["faq"], "cache.stale.max_entries": 100, "cache.l3.enabled": False,
+        "upstreams.breaker_failures": 50, "upstreams.read_timeout_s": 0.5})
     with ProxyServer(settings) as server:
-        _with_stale(server, store)
-        yield server, store
+        yield server, _store(server)
 
 
 def _post(server: ProxyServer, headers: dict[str, str], body: dict[str, Any] = BODY) -> httpx.Response:
@@ -130,10 +121,10 @@ def test_a_client_error_is_not_hidden(fake_llm_thread: FakeLLM, served: tuple[Pr
 
 def test_all_replicas_down_serves_stale() -> None:
     llm = FakeLLM().start_in_thread()
-    settings = proxy_settings([llm.url], **{"cache.l3.enabled": False, "upstreams.health_interval_s": 60})
-    store = StaleStore()
+    settings = proxy_settings([llm.url], **{"cache.stale.namespaces": ["faq"], "cache.l3.enabled": False,
+                                            "upstreams.health_interval_s": 60})
     with ProxyServer(settings) as server:
-        _with_stale(server, store)
+        store = _store(server)
         assert _post(server, TOLERANT).status_code == 200
         _kept(store)
         _expire_l1(server)

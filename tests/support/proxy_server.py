@@ -13,7 +13,7 @@ import tempfile
 import threading
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Self
+from typing import Any, Self, TypeVar
 
 from aiohttp import web
 
@@ -26,6 +26,8 @@ from proxy.server.connection import HttpServer
 from tests.support.processes import free_port, wait_for_port
 from tiers.demotion import Demoter
 from tiers.response_tier import ResponseTier
+
+T = TypeVar("T")
 
 
 def proxy_settings(llm_url: str | list[str] | None = None, qdrant_url: str | None = None,
@@ -94,6 +96,11 @@ class ProxyServer:
         tier = self.runtime.tiers.find(ColdTier)
         assert tier is not None, "this configuration has no cold tier"
         return tier.demoter
+
+    def stage(self, kind: type[T], pipeline: str = "chat") -> T:
+        """The stage of type ``kind`` in one of the proxy's pipelines (``chat``, ``embeddings``...)."""
+        assert self.plane is not None
+        return next(stage for stage in getattr(self.plane.pipelines, pipeline).stages if isinstance(stage, kind))
 
     def call(self, coro: Any) -> Any:
         """Run a coroutine on the proxy's loop from a test (e.g. inspect a tier)."""

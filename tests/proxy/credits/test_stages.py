@@ -99,7 +99,7 @@ class UpstreamDouble:
 def server_for(stages: list[Stage], terminal: Callable[[RequestContext], Awaitable[Reply]]) -> HttpServer:
     """The data plane's server running ``stages`` on the chat route, as the proxy does."""
     pipeline = Pipeline(stages, terminal)
-    chat = make_handler(lambda: pipeline, "chat", Dialect.OPENAI, max_body=1 << 20, json_body=True)
+    chat = make_handler(pipeline, "chat", Dialect.OPENAI, max_body=1 << 20, json_body=True)
 
     async def route(request: Request, out: Responder) -> None:
         if request.path != "/v1/chat/completions":
