@@ -135,7 +135,8 @@ def _rules(rt: Runtime) -> tuple[CacheDefaults, BypassSettings]:
     cache = rt.settings.cache
     return (CacheDefaults(enabled=True, ttl=cache.l1.ttl_s),
             BypassSettings(unknown_fields=cache.unknown_fields, cache_sampled=cache.cache_sampled,
-                           cache_stored_responses=cache.cache_stored_responses))
+                           cache_stored_responses=cache.cache_stored_responses,
+                           rerank_max_documents=cache.rerank_max_documents))
 
 
 def _canonicalize(rt: Runtime, kind: RequestKind, bypass: BypassSettings) -> Canonicalize:
