@@ -21,10 +21,10 @@ logs and reports with ``X-Cache-Status: BYPASS``. Rules, in the order they are c
 4a. a reranker request (``kind="rerank"``) of more than ``rerank_max_documents`` documents (1,000): it goes
     upstream and its answer back as they are, not cached document by document. Caching a document means parsing
     the reranker's answer, encoding the reply and storing an entry per document, and the parsing and encoding are
-    single calls that hold the event loop for the whole answer: at 1,000 documents about a millisecond on the
-    project's 2-core machine, at 10,000 (``limits.rerank_documents``) 10-30 ms with the garbage they leave, which
-    every other tenant's requests wait for (``python -m loadtest.bench abuse``, BENCHMARKS.md). The bound also
-    keeps one request from replacing up to 10,000 of other tenants' cached answers in L1;
+    single calls that hold the event loop for the whole answer, which every other tenant's requests wait for:
+    under a millisecond at 1,000 documents on the project's 2-core machine, 5-9 ms for parsing alone at 10,000
+    (``limits.rerank_documents``), 130-330 ms at 100,000 (``python -m loadtest.bench abuse``, BENCHMARKS.md).
+    The bound also keeps one request from replacing up to 10,000 of other tenants' cached answers in L1;
 5. sampled requests (temperature > 0, the provider default of 1 included) when caching them is switched off
    for the namespace or model (see below);
 6. tools present when ``cache_tool_calls`` is off;
