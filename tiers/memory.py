@@ -25,8 +25,8 @@ Design:
   tuples at their first young collection. The tag index is a dict of dicts of strings, which the collector never
   tracks (sets it always does, and walks every member). An object per entry (a slotted class, a frozenset of
   tags, a mutable list in the policy) and tag sets made each full collection walk about 3 objects and 9
-  references per entry: about 160-250 ms at 200,000 entries, against 10-50 ms now (``python -m loadtest.bench
-  abuse``'s rerank flood, BENCHMARKS.md).
+  references per entry: 160-400 ms at 200,000 entries on a 2-core machine, against 10-40 ms now (``python -m
+  loadtest.bench l1``'s ``gc_full_ms``, BENCHMARKS.md).
 """
 
 from __future__ import annotations

@@ -81,7 +81,7 @@ class RerankItemsCache(ItemsCache):
                 first.setdefault(key, position)
                 await pacer.turn()
         missing = list(first)
-        ctx.rerank = RerankCount(scored=len(missing), cached=len(cached))  # priced so if the client hangs up
+        ctx.rerank = RerankCount(scored=len(missing), cached=len(cached))  # priced if the client hangs up early
         upstream: Reply | None = None
         fresh: dict[str, Scored] = {}
         shaped_by = found[0].meta if found[0] is not None else {}  # the stored envelope and content type

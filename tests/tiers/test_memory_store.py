@@ -35,7 +35,7 @@ class Recorder:
 def test_entries_give_the_garbage_collector_nothing_to_track(policy: str) -> None:
     """Entries (stored, read, tagged, with expiries) add no object the cyclic garbage collector tracks, so its full
     collections, which stall the event loop, do not grow with the cache. They used to add three per entry: with
-    200,000 entries each full collection took about 160 ms."""
+    200,000 entries each full collection took 160-400 ms."""
     store = MemoryStore(make_policy(policy, 64 * 1024 * 1024), max_entries=10_000)
     gc.collect()
     tracked = len(gc.get_objects())
