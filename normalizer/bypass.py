@@ -18,6 +18,13 @@ logs and reports with ``X-Cache-Status: BYPASS``. Rules, in the order they are c
    does not judge it either but caches anyway; the field still goes into the key verbatim (canonical
    ``extra``), so "ignore" never merges requests that differ in it — it costs hit rate, never correctness.
    Backend extensions such as vLLM's ``top_k``/``min_p`` are best declared in ``extra_known_fields``;
+4a. a reranker request (``kind="rerank"``) of more than ``rerank_max_documents`` documents (1,000): it goes
+    upstream and its answer back as they are, not cached document by document. Caching a document means parsing
+    the reranker's answer, encoding the reply and storing an entry per document, and the parsing and encoding are
+    single calls that hold the event loop for the whole answer, which every other tenant's requests wait for:
+    under a millisecond at 1,000 documents on the project's 2-core machine, 5-9 ms for parsing alone at 10,000
+    (``limits.rerank_documents``), 130-330 ms at 100,000 (``python -m loadtest.bench abuse``, BENCHMARKS.md).
+    The bound also keeps one request from replacing up to 10,000 of other tenants' cached answers in L1;
 5. sampled requests (temperature > 0, the provider default of 1 included) when caching them is switched off
    for the namespace or model (see below);
 6. tools present when ``cache_tool_calls`` is off;
@@ -52,7 +59,7 @@ from fnmatch import fnmatchcase
 from typing import Any, Literal
 
 from normalizer.canonical import EXCLUDED_FIELDS, KNOWN_FIELDS, RequestKind
-from normalizer.rerank import RERANK_KNOWN_FIELDS
+from normalizer.rerank import RERANK_KNOWN_FIELDS, document_count
 from normalizer.responses import RESPONSE_KNOWN_FIELDS, state_reason, stores
 
 _KNOWN: Mapping[RequestKind, frozenset[str]] = {
@@ -72,6 +79,7 @@ class BypassSettings:
     cache_sampled_by_namespace: Mapping[str, bool] = field(default_factory=dict)
     cache_tool_calls: bool = True
     cache_stored_responses: bool = True
+    rerank_max_documents: int = 1000
 
 
 def _first_match(patterns: Mapping[str, bool], name: str | None) -> bool | None:
@@ -148,6 +156,8 @@ def bypass_reason(
     unknown = sorted(key for key in body if key not in known)
     if unknown and settings.unknown_fields == "bypass":
         return "unknown field(s): " + ", ".join(unknown)
+    if kind == "rerank" and (documents := document_count(body)) > settings.rerank_max_documents:
+        return f"{documents} documents: more than {settings.rerank_max_documents} are not cached one by one"
     if kind in ("embedding", "rerank"):
         return None
     temperature = _temperature(body)

@@ -157,7 +157,8 @@ class _Caching:
     def _canonicalize(self, kind: RequestKind) -> Canonicalize:
         rt, cache = self.rt, self.rt.settings.cache
         bypass = BypassSettings(unknown_fields=cache.unknown_fields, cache_sampled=cache.cache_sampled,
-                                cache_stored_responses=cache.cache_stored_responses)
+                                cache_stored_responses=cache.cache_stored_responses,
+                                rerank_max_documents=cache.rerank_max_documents)
         return self.live.register(Canonicalize(kind, bypass, rt.versions, frozenset(cache.shared_namespaces),
                                                frozenset(cache.private_namespaces), tuple(cache.key_headers),
                                                owned=stores if kind == "response" else None))

@@ -306,6 +306,11 @@ class CacheSettings(_Section):
     unknown_fields: Literal["bypass", "ignore"] = Field(
         default="bypass", description="Requests with fields the key cannot judge are not cached"
     )
+    rerank_max_documents: int = Field(
+        default=1000, ge=0, description="Documents of one rerank or score request cached one by one; a request with "
+        "more goes upstream and back uncached (BYPASS): parsing and re-encoding its answer would hold the event loop "
+        "(normalizer.bypass)"
+    )
     cache_stored_responses: bool = Field(
         default=True, description="Answer an exact repeat of a /v1/responses request stored upstream (store: true, the "
         "API's default) with the stored original: same id, so retrieving and continuing it work upstream; never a "

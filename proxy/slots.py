@@ -22,10 +22,12 @@ from tiers.semantic import SemanticScope
 
 @dataclass(frozen=True, slots=True)
 class RerankCount:
-    """Documents of one reranker request: scored upstream, and answered from the cache (``ctx.rerank``)."""
+    """Documents of one reranker request: scored upstream, and answered from the cache (``ctx.rerank``); ``tokens``:
+    what the answer's usage reports (the credits stage records it without parsing the answer again)."""
 
     scored: int
     cached: int
+    tokens: int = 0
 
 
 @dataclass(slots=True)

@@ -11,13 +11,22 @@ Design:
   expiry times (amortized sweep, at most ``sweep_batch`` per write), so memory held by expired entries that
   nobody reads is reclaimed without a timer. Stale heap items (overwritten or deleted keys) are skipped and
   the heap is rebuilt when it grows past twice the live entries.
-- Tags: ``tag -> set(keys)``, cleaned on every removal, so ``keys_with_tag`` never returns dead keys.
+- Tags: ``tag -> {key: None}`` (a dict of strings rather than a set: see below), cleaned on every removal, so
+  ``keys_with_tag`` never returns dead keys.
 - Entries pushed out by the bounds (not TTL expiry, deletion or invalidation) go to ``on_evict(key, value,
   tags, cost, ttl)`` — ``ttl`` is the remaining lifetime (``None`` = none) so a demoted copy does not outlive
   the original. The callback runs synchronously and must not block (``tiers.demotion.Demoter.offer``
   qualifies).
 - The ``*_nowait`` methods are the synchronous fast path (no await on an L1 hit); the async methods of the
   :class:`~tiers.storage.KeyValueStore` contract call them.
+- Nothing per entry is an object the cyclic garbage collector tracks, so that its full collections, which stall
+  the event loop, do not grow with the entries held. An entry is a plain tuple of atoms (bytes, floats, a tuple
+  of tag strings), as are the policies' records of it (:mod:`tiers.policies`): the collector stops tracking such
+  tuples at their first young collection. The tag index is a dict of dicts of strings, which the collector never
+  tracks (sets it always does, and walks every member). An object per entry (a slotted class, a frozenset of
+  tags, a mutable list in the policy) and tag sets made each full collection walk about 3 objects and 9
+  references per entry: 160-400 ms at 200,000 entries on a 2-core machine, against 10-40 ms now (``python -m
+  loadtest.bench l1``'s ``gc_full_ms``, BENCHMARKS.md).
 """
 
 from __future__ import annotations
@@ -25,7 +34,6 @@ from __future__ import annotations
 import heapq
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 from typing import Protocol
 
 from tiers.policies.base import EvictionPolicy
@@ -38,13 +46,8 @@ class EvictionListener(Protocol):
     def __call__(self, key: str, value: bytes, tags: frozenset[str], cost: float, ttl: float | None) -> None: ...
 
 
-@dataclass(slots=True)
-class _Entry:
-    value: bytes
-    expires_at: float | None
-    tags: frozenset[str]
-    cost: float
-    stored_at: float
+_Entry = tuple[bytes, float | None, tuple[str, ...], float, float]
+"""(value, expires_at, tags, cost, stored_at): a tuple of atoms, untracked by the garbage collector."""
 
 
 class MemoryStore:
@@ -69,7 +72,7 @@ class MemoryStore:
         self._clock = clock
         self._sweep_batch = sweep_batch
         self._entries: dict[str, _Entry] = {}
-        self._tags: dict[str, set[str]] = {}
+        self._tags: dict[str, dict[str, None]] = {}
         self._expiries: list[tuple[float, str]] = []
         self._bytes = 0
         self.evictions = 0
@@ -81,18 +84,19 @@ class MemoryStore:
         entry = self._entries.get(key)
         if entry is None:
             return None
-        if entry.expires_at is not None and entry.expires_at <= self._clock():
+        expires_at = entry[1]
+        if expires_at is not None and expires_at <= self._clock():
             self._remove(key)
             self.policy.remove(key)
             self.expirations += 1
             return None
         self.policy.hit(key)
-        return entry.value
+        return entry[0]
 
     def age_nowait(self, key: str) -> float | None:
         """Seconds since ``key`` was stored, ``None`` when absent (no expiry check, no policy hit)."""
         entry = self._entries.get(key)
-        return None if entry is None else self._clock() - entry.stored_at
+        return None if entry is None else self._clock() - entry[4]
 
     def put_nowait(
         self,
@@ -115,11 +119,11 @@ class MemoryStore:
             self.policy.remove(key)
             return False
         expires_at = None if ttl is None else now + ttl
-        entry = _Entry(bytes(value), expires_at, frozenset(tags), cost, now)
-        self._entries[key] = entry
-        self._bytes += len(entry.value)
-        for tag in entry.tags:
-            self._tags.setdefault(tag, set()).add(key)
+        value, tags = bytes(value), tuple(set(tags))
+        self._entries[key] = (value, expires_at, tags, cost, now)
+        self._bytes += len(value)
+        for tag in tags:
+            self._tags.setdefault(tag, {})[key] = None
         if expires_at is not None:
             heapq.heappush(self._expiries, (expires_at, key))
         if self.max_entries is not None:
@@ -140,7 +144,7 @@ class MemoryStore:
         now = self._clock()
         live: list[str] = []
         for key in list(self._tags.get(tag, ())):
-            expires_at = self._entries[key].expires_at
+            expires_at = self._entries[key][1]
             if expires_at is not None and expires_at <= now:
                 self.delete_nowait(key)
                 self.expirations += 1
@@ -166,7 +170,7 @@ class MemoryStore:
         return StoreStats(entries=len(self._entries), bytes=self._bytes)
 
     def live_count(self, now: float) -> int:
-        return sum(1 for e in self._entries.values() if e.expires_at is None or e.expires_at > now)
+        return sum(1 for e in self._entries.values() if e[1] is None or e[1] > now)
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -217,11 +221,11 @@ class MemoryStore:
 
     def _remove(self, key: str) -> _Entry:
         entry = self._entries.pop(key)
-        self._bytes -= len(entry.value)
-        for tag in entry.tags:
+        self._bytes -= len(entry[0])
+        for tag in entry[2]:
             keys = self._tags.get(tag)
             if keys is not None:
-                keys.discard(key)
+                keys.pop(key, None)
                 if not keys:
                     del self._tags[tag]
         return entry
@@ -229,14 +233,13 @@ class MemoryStore:
     def _evict(self, key: str, now: float) -> None:
         if key not in self._entries:
             return
-        entry = self._remove(key)
+        value, expires_at, tags, cost, _ = self._remove(key)
         self.evictions += 1
-        if entry.expires_at is not None and entry.expires_at <= now:
+        if expires_at is not None and expires_at <= now:
             self.expirations += 1
             return
         if self.on_evict is not None:
-            ttl = None if entry.expires_at is None else entry.expires_at - now
-            self.on_evict(key, entry.value, entry.tags, entry.cost, ttl)
+            self.on_evict(key, value, frozenset(tags), cost, None if expires_at is None else expires_at - now)
 
     def _sweep(self, now: float, limit: int | None = -1) -> None:
         """Remove up to ``limit`` due entries (-1: the configured batch; None: all)."""
@@ -245,12 +248,12 @@ class MemoryStore:
         while heap and heap[0][0] <= now and (budget is None or budget > 0):
             expires_at, key = heapq.heappop(heap)
             entry = self._entries.get(key)
-            if entry is not None and entry.expires_at == expires_at:
+            if entry is not None and entry[1] == expires_at:
                 self._remove(key)
                 self.policy.remove(key)
                 self.expirations += 1
             if budget is not None:
                 budget -= 1
         if len(heap) > 2 * len(self._entries) + 64:
-            self._expiries = [(e.expires_at, k) for k, e in self._entries.items() if e.expires_at is not None]
+            self._expiries = [(e[1], k) for k, e in self._entries.items() if e[1] is not None]
             heapq.heapify(self._expiries)

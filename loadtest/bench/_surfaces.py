@@ -88,12 +88,31 @@ async def _probes(host: str, port: int, stop: Any) -> list[Sample]:
 
 
 def _probe_health(url: str, stop: Any, out: Any) -> None:
-    """Child process: :func:`_probes` against ``url`` until ``stop`` is set; puts the samples on ``out``. Probes are
-    timed from when they were due: a stall of the proxy delays every probe due during it, and each one counts. A
-    process of its own, so that nothing in the benchmark's process (the upstream doubles answering a large request)
-    delays it."""
+    """Child process: :func:`_probes` against ``url`` until ``stop`` is set; puts the samples on ``out``."""
     parts = urlsplit(url)
     out.put(asyncio.run(_probes(parts.hostname or "127.0.0.1", parts.port or 80, stop)))
+
+
+class HealthProbe:
+    """``GET /healthz`` every ``PROBE_INTERVAL_S`` against ``url`` from a process of its own, so that nothing in the
+    caller's process (the upstream doubles answering a large request) delays it, from :meth:`start` until
+    :meth:`samples`. Probes are timed from when they were due: a stall of the proxy delays every probe due during
+    it, and each one counts."""
+
+    def __init__(self, url: str) -> None:
+        spawn = multiprocessing.get_context("spawn")
+        self._stop, self._out = spawn.Event(), spawn.Queue()
+        self._process = spawn.Process(target=_probe_health, args=(url, self._stop, self._out), daemon=True)
+
+    def start(self) -> None:
+        self._process.start()
+
+    def samples(self, timeout_s: float = 60.0) -> list[Sample]:
+        """Stop probing; every probe sent (those still out are waited for, 30 s at most each)."""
+        self._stop.set()
+        samples: list[Sample] = self._out.get(True, timeout_s)
+        self._process.join(10)
+        return samples
 
 
 def _ms(samples: list[float], q: float) -> float | None:
@@ -132,9 +151,7 @@ async def rerank_flood(default_url: str, raised_url: str, headers: dict[str, str
                                  "seconds": round(time.monotonic() - started, 2)}
     bodies = [_documents(at_limit, f"flood {n}") for n in range(repeats)]
     big = _documents(documents, "raised")
-    spawn = multiprocessing.get_context("spawn")
-    stop, out = spawn.Event(), spawn.Queue()
-    prober = spawn.Process(target=_probe_health, args=(raised_url, stop, out), daemon=True)
+    prober = HealthProbe(raised_url)
     prober.start()
     spans: dict[str, list[tuple[float, float]]] = {"at_limit": [], "raised": []}
     statuses: list[int | None] = []
@@ -149,9 +166,7 @@ async def rerank_flood(default_url: str, raised_url: str, headers: dict[str, str
                 statuses.append(response.status_code if response is not None else None)
                 await asyncio.sleep(0.5)
     finally:
-        stop.set()
-        samples: list[Sample] = await asyncio.to_thread(out.get, True, 60)
-        prober.join(10)
+        samples = await asyncio.to_thread(prober.samples)
     before = [s for at, s, _ in samples if at < first]
     seen["probe_before"] = {"probes": len(before), "probe_p50_ms": _ms(before, 50), "probe_p99_ms": _ms(before, 99),
                             "probe_max_ms": _ms(before, 100)}

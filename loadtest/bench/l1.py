@@ -3,14 +3,21 @@
 In one run, against the same client: a ``ragproxy serve`` process whose L1 holds the answers (primed first), and a
 bare aiohttp process that returns the same bytes for the same requests with no work at all. Reported: hit latency
 p50/p99 at concurrency 1, and requests per second at concurrency 32 for both, with their ratio.
+
+Also, in this process: ``gc_full_ms``, the pause of one full collection of the cyclic garbage collector with an L1
+store of the default bounds full (``l1.max_entries`` chat answers, five tags each, as the proxy stores them), after
+``gc.freeze()`` as the proxy does after start-up. Every tenant's requests wait for such a pause.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
+import statistics
 import sys
+import time
 
 import aiohttp
 import orjson
@@ -89,6 +96,30 @@ def run(env: dict[str, str], quick: bool, expect_tier: str) -> dict[str, float]:
             return asyncio.run(measure_hits(proxied, f"http://127.0.0.1:{bare_port}", quick, expect_tier))
 
 
+def full_collection_ms(rounds: int = 3) -> float:
+    """The median pause of a full collection with a default L1 store full (see the module docstring)."""
+    from proxy.config import L1Settings
+    from tiers.memory import MemoryStore
+    from tiers.policies import make_policy
+
+    gc.collect()
+    gc.freeze()
+    l1 = L1Settings()
+    store = MemoryStore(make_policy(l1.policy, l1.max_bytes), max_entries=l1.max_entries)
+    tags = ("all", "tenant:bench", "ns:bench/default", "route:chat", "model:bench")
+    for n in range(l1.max_entries):
+        store.put_nowait(f"v1:t:bench:default:0:chat:{n:064x}", b"%0500d" % n, ttl=l1.ttl_s, tags=tags, cost=0.5)
+        store.get_nowait(f"v1:t:bench:default:0:chat:{n // 2:064x}")
+    gc.collect()
+    pauses = []
+    for _ in range(rounds):
+        started = time.perf_counter()
+        gc.collect()
+        pauses.append((time.perf_counter() - started) * 1000)
+    gc.unfreeze()
+    return statistics.median(pauses)
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m loadtest.bench l1")
     parser.add_argument("--quick", action="store_true")
@@ -99,6 +130,7 @@ def main(argv: list[str]) -> int:
     env = {"RAGPROXY_CACHE__L2__ENABLED": "false", "RAGPROXY_CACHE__L3__ENABLED": "false",
            "RAGPROXY_DATA_DIR": tempfile.mkdtemp(prefix="ragproxy-bench-")}
     results = run(env, args.quick, "l1")
+    results["gc_full_ms"] = full_collection_ms()
     for key, value in results.items():
         print(f"{key:16s} {value:10.3f}")
     if args.json:

@@ -213,6 +213,10 @@ class Credits:
         ``completion_tokens``."""
         return Usage(self.prices.prompt_estimate(ctx.body or {}, len(ctx.raw_body) or None), completion_tokens)
 
+    def reported(self, ctx: RequestContext, body: bytes) -> Usage | None:
+        """The usage a complete reply reports, ``None`` when it reports none the proxy can read."""
+        return usage_from_body(body)
+
     def cost(self, ctx: RequestContext, usage: Usage, source: str = "reported") -> tuple[int, ChargeDetails]:
         """What the finished request costs, and what the ledger records about it (``source``: where ``usage``
         came from)."""
@@ -273,7 +277,7 @@ class Credits:
             ctx.response_headers[REMAINING] = format_credits(reservation.available_after)
             return reply
         body = reply.body or b""
-        usage = usage_from_body(body)
+        usage = self.reported(ctx, body)
         if usage is None:
             settlement = await self._settle(ctx, reservation, self.estimated(ctx, -(-len(body) // CHARS_PER_TOKEN)),
                                             "estimated")

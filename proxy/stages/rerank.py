@@ -5,7 +5,8 @@ Each (query, document) pair has its own exact key (:mod:`normalizer.rerank`: the
 answers are reassembled) in the request's key scope (tenant, namespace, knowledge version, and the user when
 private), like the embeddings items cache (:mod:`proxy.stages.embeddings`). Missing pairs go upstream in one call
 (duplicates once, without ``top_n``); the answer is rebuilt in the upstream's shape over the client's whole list.
-``ctx.rerank`` tells the credits stage how many documents were scored upstream and how many came from the cache.
+``ctx.rerank`` tells the credits stage how many documents were scored upstream and how many came from the cache,
+and the tokens the answer reports (the credits stage does not parse the answer again).
 
 Response headers: ``X-Cache-Status`` (HIT when every document was cached, MISS otherwise, BYPASS), ``X-Cache-Hits``
 (``cached/total``), ``X-Cache-Tier`` when any was cached. An upstream answer that is not one result per document
@@ -14,6 +15,9 @@ sent is a 502 (its indices could not be mapped back to the client's list).
 Every loop over the documents runs in slices between which the event loop serves other requests
 (:mod:`proxy.pacing`): a request of many documents takes longer itself, and delays no one else by more than a
 slice per turn. Their number is bounded before this stage by ``limits.rerank_documents`` (:mod:`normalizer.limits`).
+What cannot be sliced — parsing the reranker's answer, encoding the reply — grows with the documents too, so a
+request of more than ``cache.rerank_max_documents`` (1,000) goes upstream and back as it is, uncached
+(:mod:`normalizer.bypass`, rule 4a): neither the proxy nor its credits stage parses its answer.
 """
 
 from __future__ import annotations
@@ -77,7 +81,7 @@ class RerankItemsCache(ItemsCache):
                 first.setdefault(key, position)
                 await pacer.turn()
         missing = list(first)
-        ctx.rerank = RerankCount(scored=len(missing), cached=len(cached))
+        ctx.rerank = RerankCount(scored=len(missing), cached=len(cached))  # priced if the client hangs up early
         upstream: Reply | None = None
         fresh: dict[str, Scored] = {}
         shaped_by = found[0].meta if found[0] is not None else {}  # the stored envelope and content type
@@ -93,6 +97,8 @@ class RerankItemsCache(ItemsCache):
             await pacer.turn()
         answer = await finish(render(request, scored, shaped_by.get("envelope") or {}, forwarded=bool(missing),
                                      cached_tokens=sum(int(e.meta.get("tokens", 0)) for e in cached)), pacer)
+        ctx.rerank = RerankCount(scored=len(missing), cached=len(cached),
+                                 tokens=reported_tokens(answer) if isinstance(answer, dict) else 0)
         ctx.cache_status = "MISS" if missing else "HIT"
         headers: CIMultiDict[str] = CIMultiDict({
             "Content-Type": shaped_by.get("json_type") or JSON,

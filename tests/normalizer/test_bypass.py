@@ -30,6 +30,7 @@ CACHEABLE: list[tuple[str, RequestKind, Any]] = [
     ),
     ("embeddings", "embedding", {"model": "e", "input": ["a"], "dimensions": 8, "user": "u"}),
     ("completion", "completion", {"model": "m", "prompt": "p", "best_of": 2, "echo": True}),
+    ("rerank of the most documents cached", "rerank", {"model": "r", "query": "q", "documents": ["d"] * 1000}),
 ]
 
 
@@ -47,6 +48,10 @@ BYPASSED: list[tuple[str, RequestKind, Any, str]] = [
     ("unknown field", "chat", chat(top_k=4, mirostat=1), "unknown field(s): mirostat, top_k"),
     ("chat field on embeddings", "embedding", {"model": "e", "input": "a", "temperature": 0}, "temperature"),
     ("audio output", "chat", chat(modalities=["text", "audio"]), "audio"),
+    ("more documents than are cached one by one", "rerank",
+     {"model": "r", "query": "q", "documents": ["d"] * 1001}, "1001 documents: more than 1000"),
+    ("more score pairs than are cached one by one", "rerank",
+     {"model": "r", "text_1": "q", "text_2": ["d"] * 1001}, "1001 documents"),
 ]
 
 

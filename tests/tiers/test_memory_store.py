@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import gc
+
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tiers.memory import MemoryStore
+from tiers.policies import POLICY_NAMES, make_policy
 from tiers.policies.lru import LRUPolicy
 
 
@@ -25,6 +29,23 @@ class Recorder:
 
     def __call__(self, key: str, value: bytes, tags: frozenset[str], cost: float, ttl: float | None) -> None:
         self.calls.append((key, value, tags, cost, ttl))
+
+
+@pytest.mark.parametrize("policy", POLICY_NAMES)
+def test_entries_give_the_garbage_collector_nothing_to_track(policy: str) -> None:
+    """Entries (stored, read, tagged, with expiries) add no object the cyclic garbage collector tracks, so its full
+    collections, which stall the event loop, do not grow with the cache. They used to add three per entry: with
+    200,000 entries each full collection took 160-400 ms."""
+    store = MemoryStore(make_policy(policy, 64 * 1024 * 1024), max_entries=10_000)
+    gc.collect()
+    tracked = len(gc.get_objects())
+    for n in range(20_000):  # past max_entries: evictions too
+        store.put_nowait(f"key {n}", b"answer %d" % n, ttl=60.0, tags=("all", "tenant:t", f"doc:{n % 7}"), cost=0.5)
+        store.get_nowait(f"key {n // 2}")
+    gc.collect()
+    gc.collect()  # a tuple whose inner tuple was still tracked when the first one looked at it
+    assert len(store) == 10_000
+    assert len(gc.get_objects()) - tracked < 50
 
 
 def test_byte_bound_evicts_least_recently_used_and_reports_it() -> None:

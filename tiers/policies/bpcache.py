@@ -30,7 +30,6 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Callable
-from typing import Any
 
 from tiers.policies.base import Decision, EvictionPolicy
 from tiers.policies.ghost import GhostList
@@ -73,7 +72,8 @@ class BPCachePolicy:
         self.small_capacity = int(capacity * small_ratio)
         self.unread_credit = unread_credit
         self.main = main_policy(capacity - self.small_capacity)
-        self._small: OrderedDict[str, list[Any]] = OrderedDict()  # key -> [size, cost, read since insert]
+        # key -> (size, cost, read since insert): tuples of atoms, untracked by the garbage collector (tiers.memory)
+        self._small: OrderedDict[str, tuple[int, float, bool]] = OrderedDict()
         self._small_used = 0
         self._ghost = GhostList(int(ghost_ratio * (capacity - self.small_capacity)))
 
@@ -124,14 +124,15 @@ class BPCachePolicy:
                 evicted.append(old)
                 if not was_read:
                     self._ghost.add(old, old_size)
-        small[key] = [size, cost, False]
+        small[key] = (size, cost, False)
         self._small_used += size
         return Decision(admitted=True, evicted=tuple(evicted)) if evicted else _ADMITTED
 
     def hit(self, key: str) -> None:
         entry = self._small.get(key)
         if entry is not None:
-            entry[2] = True
+            if not entry[2]:
+                self._small[key] = (entry[0], entry[1], True)  # in place: the queue's order is kept
         else:
             self.main.hit(key)
 

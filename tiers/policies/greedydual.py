@@ -15,12 +15,13 @@ deadline, and charging rent is moving the offset to the smallest deadline. The p
 ``tests/tiers/policies`` check this equals the charge-every-entry algorithm exactly (with rational
 arithmetic), for every combination of options.
 
-The heap is ``heapq`` with lazy deletion (it has no decrease-key): each entry ``[size, cost, reads, item]``
+The heap is ``heapq`` with lazy deletion (it has no decrease-key): each entry ``(size, cost, reads, item)``
 keeps the heap item ``(deadline, push number, key)`` that currently stands for it; any other item for that key
 is stale (checked by identity) and skipped when it surfaces, and the heap is rebuilt when stale items
 outnumber live ones, so memory stays O(n) and each operation O(log n) amortised. The push number breaks ties
 deterministically. The heap is inlined here rather than wrapped in a class because method calls dominate the
-cost in pure Python.
+cost in pure Python. Entries are tuples of atoms, replaced on a hit rather than mutated: the garbage collector
+stops tracking them, so they add nothing to its full collections (:mod:`tiers.memory`).
 
 Rent is charged on ``max(size, 1)`` bytes so zero-byte entries cannot live for free. The offset grows with the
 total rent charged; with float costs it keeps ample relative precision for any realistic process lifetime.
@@ -29,7 +30,6 @@ total rent charged; with float costs it keeps ample relative precision for any r
 from __future__ import annotations
 
 from heapq import heapify, heappop, heappush
-from typing import Any
 
 from tiers.policies.base import Decision
 
@@ -37,6 +37,8 @@ _ADMITTED = Decision(admitted=True)
 _BYPASSED = Decision(admitted=False)
 
 _Item = tuple[float, int, str]
+_Record = tuple[int, float, int, _Item]
+"""(size, cost, reads, heap item) of a resident entry."""
 
 
 def check_entry(size: int, cost: float) -> None:
@@ -58,7 +60,7 @@ class GreedyDualPolicy:
         self.capacity = capacity
         self.frequency = frequency
         self.bypass = bypass
-        self._entries: dict[str, list[Any]] = {}  # key -> [size, cost, reads, heap item]
+        self._entries: dict[str, _Record] = {}
         self._heap: list[_Item] = []
         self._pushes = 0
         self._offset: float = 0
@@ -140,13 +142,14 @@ class GreedyDualPolicy:
     def hit(self, key: str) -> None:
         entry = self._entries.get(key)
         if entry is not None:
-            credit = entry[1]
+            size, cost, reads, _ = entry
+            credit = cost
             if self.frequency:
-                entry[2] += 1
-                credit *= entry[2]
+                reads += 1
+                credit *= reads
             self._pushes += 1
-            item = (self._offset + credit / (entry[0] or 1), self._pushes, key)
-            entry[3] = item
+            item = (self._offset + credit / (size or 1), self._pushes, key)
+            self._entries[key] = (size, cost, reads, item)
             heappush(self._heap, item)
             if len(self._heap) > 2 * len(self._entries) + 64:
                 self._compact()
@@ -161,7 +164,7 @@ class GreedyDualPolicy:
     def _admit(self, key: str, size: int, cost: float, deadline: float) -> None:
         self._pushes += 1
         item = (deadline, self._pushes, key)
-        self._entries[key] = [size, cost, 1, item]
+        self._entries[key] = (size, cost, 1, item)
         heappush(self._heap, item)
         self._used += size
         if len(self._heap) > 2 * len(self._entries) + 64:
