@@ -133,15 +133,16 @@ def test_a_client_gone_before_the_answer_leaves_nothing_in_flight(fake_llm_threa
 
 def test_upstream_breaker_fails_fast_then_recovers(fake_llm_thread: FakeLLM) -> None:
     settings = proxy_settings(fake_llm_thread.url, **{"cache.enabled": False, "upstreams.breaker_failures": 3,
-                                                       "upstreams.breaker_open_s": 0.5})
+                                                       "upstreams.breaker_open_s": 5.0})
     fake_llm_thread.faults.fail_next(503, times=3)
     with ProxyServer(settings) as server:
         for _ in range(3):
             assert httpx.post(server.url + "/v1/chat/completions", json=BODY).status_code == 503
+        opened = time.monotonic()  # open for 5 s: room for a loaded machine between here and the fast refusal
         calls = fake_llm_thread.log.count("/v1/chat/completions")
         fast = httpx.post(server.url + "/v1/chat/completions", json=BODY)
         error = _openai_error(fast, 503)
         assert error["code"] == "upstream_circuit_open" and fast.headers["Retry-After"]
         assert fake_llm_thread.log.count("/v1/chat/completions") == calls, "an open breaker sends nothing upstream"
-        time.sleep(0.6)
+        time.sleep(max(0.0, opened + 5.1 - time.monotonic()))
         assert httpx.post(server.url + "/v1/chat/completions", json=BODY).status_code == 200

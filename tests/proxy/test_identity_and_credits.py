@@ -130,7 +130,9 @@ def test_streaming_settles_from_usage_the_client_did_not_ask_for(fake_llm_thread
     async def entries() -> list[Any]:
         return [e async for e in ledger_entries(store) if e.user == "gina" and e.kind == "charge"]
 
-    charged = billed.call(entries())
+    deadline = time.monotonic() + 30  # a failure bound only: settling follows the stream's end, the loop its event
+    while not (charged := billed.call(entries())) and time.monotonic() < deadline:
+        time.sleep(0.05)
     assert len(charged) == 1 and charged[0].completion_tokens > 0 and charged[0].usage_source != "reserved"
 
 

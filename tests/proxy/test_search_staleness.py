@@ -52,12 +52,13 @@ def test_cached_searches_expire_by_default(proxy: ProxyServer) -> None:
 
 def test_a_deleted_point_stops_coming_back_once_the_lifetime_ends(qdrant_shim: QdrantShim, tmp_path: Path) -> None:
     seed(qdrant_shim.url)
-    settings = proxy_settings(None, qdrant_shim.url, data_dir=str(tmp_path), **{"cache.retrieval.ttl_s": 0.5})
+    settings = proxy_settings(None, qdrant_shim.url, data_dir=str(tmp_path), **{"cache.retrieval.ttl_s": 3.0})
     with ProxyServer(settings) as server:
         assert search(server) == ("MISS", [0, 1, 2])
+        stored = time.monotonic()  # a lifetime of 3 s: room for a loaded machine before the stale hit
         delete_directly(qdrant_shim, 0)
         assert search(server) == ("HIT", [0, 1, 2]), "stale within its lifetime: the trade-off of the TTL"
-        time.sleep(0.6)
+        time.sleep(max(0.0, stored + 3.1 - time.monotonic()))
         assert search(server) == ("MISS", [1, 2, 3])
 
 

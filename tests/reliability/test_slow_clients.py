@@ -63,14 +63,17 @@ async def _trickle(port: int, lifetimes: list[float], until: float) -> None:
         writer.close()
 
 
+PROBE_TIMEOUT_S = 4.0  # well under the head timeout, after which a starved probe would get through anyway
+
+
 async def _probe(port: int) -> bool:
     try:
-        reader, writer = await asyncio.wait_for(asyncio.open_connection("127.0.0.1", port), 2.0)
+        reader, writer = await asyncio.wait_for(asyncio.open_connection("127.0.0.1", port), PROBE_TIMEOUT_S)
     except (OSError, TimeoutError):
         return False
     try:
         writer.write(b"GET /healthz HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n")
-        answer = await asyncio.wait_for(reader.read(), 2.0)
+        answer = await asyncio.wait_for(reader.read(), PROBE_TIMEOUT_S)
         return answer.startswith(b"HTTP/1.1 200")
     except (OSError, TimeoutError):
         return False

@@ -107,14 +107,15 @@ def test_every_replica_refusing_is_a_quick_502_then_a_fast_503() -> None:
 def test_breaker_is_per_replica(pair: tuple[FakeLLM, FakeLLM]) -> None:
     first, second = pair
     first.faults.fail_next(503, times=3)
-    overrides = {"upstreams.breaker_failures": 3, "upstreams.breaker_open_s": 1.5}
+    overrides = {"upstreams.breaker_failures": 3, "upstreams.breaker_open_s": 5.0}
     with _proxy([first.url, second.url], **overrides) as server:
         assert [_post(server).status_code for _ in range(3)] == [503, 503, 503]
+        opened = time.monotonic()  # open for 5 s: room for a loaded machine before the half-open probe
         a, b = server.runtime.backends.backends
         assert a.breaker.state.value == "open" and b.breaker.state.value == "closed"
         assert [_post(server).status_code for _ in range(3)] == [200] * 3
         assert (first.log.count(CHAT), second.log.count(CHAT)) == (3, 3), "an open replica gets nothing"
-        time.sleep(1.6)
+        time.sleep(max(0.0, opened + 5.1 - time.monotonic()))
         assert _post(server).status_code == 200  # the half-open probe goes to the first replica and closes it
         assert first.log.count(CHAT) == 4 and a.breaker.state.value == "closed"
 
