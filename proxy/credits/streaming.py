@@ -49,7 +49,7 @@ def ask_upstream_for_usage(ctx: RequestContext) -> bool:
         return False
     options = body.get("stream_options")
     merged = {**options, "include_usage": True} if isinstance(options, Mapping) else {"include_usage": True}
-    ctx.replace_body({**body, "stream_options": merged})
+    ctx.patch("credits.include_usage", lambda sent: {**sent, "stream_options": merged})
     return True
 
 
