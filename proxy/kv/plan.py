@@ -97,9 +97,9 @@ def plan_request(
     if not isinstance(messages, list) or not messages:
         return None
     if prompt.structured is not None:
-        return _structured_plan(body, prompt.structured, chars_per_token)
+        return _structured_plan(prompt.structured, chars_per_token)
     if prompt.detected is not None:
-        return _detected_plan(body, messages, prompt.detected, chars_per_token)
+        return _detected_plan(messages, prompt.detected, chars_per_token)
     prefix_text = _conversation_text(messages[:-1]) if len(messages) > 1 else ""
     tail_text = _conversation_text(messages[-1:])
     prefix = Segment("p:" + content_id(prefix_text), estimate_tokens(prefix_text, chars_per_token)) \
@@ -120,9 +120,7 @@ def plan_response(
     return None if plan is None else replace(plan, _render=None)
 
 
-def _structured_plan(
-    body: Mapping[str, Any], structured: StructuredPrompt, chars_per_token: float
-) -> PromptPlan:
+def _structured_plan(structured: StructuredPrompt, chars_per_token: float) -> PromptPlan:
     system, documents = structured.system, structured.documents
     by_key = {d.id: d for d in documents}
     segments = tuple(Segment(d.id, estimate_tokens(render_document(d), chars_per_token)) for d in documents)
@@ -137,7 +135,6 @@ def _structured_plan(
 
 
 def _detected_plan(
-    body: Mapping[str, Any],
     messages: list[Any],
     detected: DetectedDocuments,
     chars_per_token: float,

@@ -217,7 +217,7 @@ class Route:
         """Whether a prompt without a prefix has a known route (:meth:`_fixed_route`)."""
 
     def route(self, ctx: RequestContext) -> RoutedRequest | None:
-        """The pure part: choose the replica, rewrite the body, attach hints. ``None`` without a plan."""
+        """The pure part: choose the replica, patch the body sent upstream, attach hints. ``None`` without a plan."""
         shaped = ctx.shape
         if shaped is None or not shaped.orders:
             return None
