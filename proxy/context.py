@@ -10,9 +10,10 @@ the way back — reads what the client asked, whatever was changed for the upstr
 plus an ordered list of named :class:`Patch` es (``ctx.patch(name, apply)``: the per-item caches asking for the
 missing items only, the KV layer's document order and hints, credits asking a stream for its usage).
 :meth:`RequestContext.outgoing_json` applies them in order; :meth:`RequestContext.outgoing_body` serialises that
-once, and with no patch (and nothing lifted out) sends the client's bytes unchanged. The one reader of the
-upstream-bound body besides the forward stages is what estimates what the upstream did (credits). The patch names
-are the ``ragproxy.body_patches`` attribute of the request's spans (:mod:`proxy.tracing`).
+once, and with no patch (and nothing lifted out) sends the client's bytes unchanged. Besides the forward stages,
+only credits read the upstream-bound body: what the upstream did is estimated from what it was sent, and a search
+batch is charged for the searches sent. The patch names are the ``ragproxy.body_patches`` attribute of the
+request's spans (:mod:`proxy.tracing`).
 """
 
 from __future__ import annotations
