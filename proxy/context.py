@@ -2,13 +2,25 @@
 
 :class:`Reply` (and its callbacks) is defined in :mod:`proxy.reply` and is part of the vocabulary stages import from
 here; the values the stages hand on through the context's slots are defined in :mod:`proxy.slots`.
+
+The way in and the way up are kept apart. ``ctx.body`` is the client's JSON body as the route handler parsed it
+(less the proxy's own fields, ``ctx.proxy_fields``) and stays so for the whole request: it is ``Final`` (never
+reassigned) and a ``Mapping`` (never changed in place), so every stage — cache keys, limits, credits, the tiers on
+the way back — reads what the client asked, whatever was changed for the upstream. What goes upstream is that body
+plus an ordered list of named :class:`Patch` es (``ctx.patch(name, apply)``: the per-item caches asking for the
+missing items only, the KV layer's document order and hints, credits asking a stream for its usage).
+:meth:`RequestContext.outgoing_json` applies them in order; :meth:`RequestContext.outgoing_body` serialises that
+once, and with no patch (and nothing lifted out) sends the client's bytes unchanged. Besides the forward stages,
+only credits read the upstream-bound body: what the upstream did is estimated from what it was sent, and a search
+batch is charged for the searches sent. The patch names are the ``ragproxy.body_patches`` attribute of the
+request's spans (:mod:`proxy.tracing`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final, NamedTuple
 
 import orjson
 
@@ -25,7 +37,19 @@ if TYPE_CHECKING:
     from proxy.upstream.backends import Backend
     from tiers.entry import CachedResponse
 
-__all__ = ["SLOTS", "EndCallback", "FinishCallback", "Reply", "RequestContext"]
+__all__ = ["SLOTS", "EndCallback", "FinishCallback", "Patch", "Reply", "RequestContext"]
+
+Rewrite = Callable[[Mapping[str, Any]], dict[str, Any]]
+"""The body as patched so far in, the next one out: a new dict (the argument is never changed) that keeps every
+field it does not mean to change, what earlier patches did included."""
+
+
+class Patch(NamedTuple):
+    """One named change to the body sent upstream: ``name`` says what changed and which stage changed it
+    (``"<stage>.<what>"``, shown in the request's trace); ``apply`` makes the change."""
+
+    name: str
+    apply: Rewrite
 
 
 @dataclass(slots=True)
@@ -43,13 +67,16 @@ class RequestContext:
     route: str
     request_id: str
     raw_body: bytes = b""
-    body: dict[str, Any] | None = None
+    body: Final[Mapping[str, Any] | None] = None
+    """The client's JSON body, never reassigned nor changed (see the module docstring); what goes upstream is
+    :meth:`outgoing_json`."""
     proxy_fields: Mapping[str, Any] = field(default_factory=dict)
     """The proxy's own body objects (``cache``, ``ragproxy``), lifted out of ``body`` before anything else."""
     upstream_path: str = ""
     method: str = "POST"
     stream: bool = False
-    body_changed: bool = False
+    patches: tuple[Patch, ...] = ()
+    """The changes to ``body`` for the upstream, in the order they apply (added by :meth:`patch`)."""
     # identify
     tenant: str = "anonymous"
     user: str = "anonymous"
@@ -101,20 +128,31 @@ class RequestContext:
     # tracing (proxy.tracing), when on
     trace: RequestTrace | None = None
 
-    def replace_body(self, body: dict[str, Any]) -> None:
-        """Send ``body`` upstream instead of the client's bytes."""
-        self.body = body
-        self.body_changed = True
+    def patch(self, name: str, apply: Rewrite) -> None:
+        """Change the body sent upstream with ``apply``, after the patches already made; ``ctx.body`` stays the
+        client's."""
+        self.patches = (*self.patches, Patch(name, apply))
+
+    def outgoing_json(self) -> Mapping[str, Any] | None:
+        """The JSON body the upstream gets: ``body`` with every patch applied in order (``body`` itself when
+        there is none)."""
+        if not self.patches:
+            return self.body
+        body: Mapping[str, Any] = self.body if self.body is not None else {}
+        for patch in self.patches:
+            body = patch.apply(body)
+        return body
 
     def outgoing_body(self) -> bytes:
-        """The bytes to forward: the client's own unless a stage reshaped the body."""
-        if self.body_changed and self.body is not None:
-            try:
-                return orjson.dumps(self.body)
-            except TypeError:  # orjson encodes at most 255 levels of nesting (it decodes 1024)
-                message = "the request body nests too deeply to be forwarded"
-                raise ProxyError(400, message, code="invalid_json") from None
-        return self.raw_body
+        """The bytes to forward: the client's own, unless a stage patched the body or the proxy's own fields were
+        lifted out of it (then :meth:`outgoing_json`, serialised)."""
+        if not self.patches and not self.proxy_fields:
+            return self.raw_body
+        try:
+            return orjson.dumps(self.outgoing_json())
+        except TypeError:  # orjson encodes at most 255 levels of nesting (it decodes 1024)
+            message = "the request body nests too deeply to be forwarded"
+            raise ProxyError(400, message, code="invalid_json") from None
 
 
 SLOTS = frozenset(f.name for f in fields(RequestContext))

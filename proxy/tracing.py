@@ -2,7 +2,9 @@
 
 Off by default, and then it costs nothing: :func:`traced_stage` is not applied at all, so the pipeline is the same
 chain of awaits as without tracing. When on, the incoming W3C ``traceparent`` becomes the parent of the request span
-and the forwarded ``traceparent`` names the proxy's span, so backend spans join the same trace.
+and the forwarded ``traceparent`` names the proxy's span, so backend spans join the same trace. A span whose stage
+(or a later one) changed the body sent upstream lists the changes' names in ``ragproxy.body_patches``
+(:class:`~proxy.context.Patch`).
 """
 
 from __future__ import annotations
@@ -56,6 +58,8 @@ def traced_stage(tracer: Tracer, name: str, call: Next) -> Next:
 
 def _attributes(span: Any, ctx: RequestContext) -> None:
     span.set_attribute("ragproxy.tenant", ctx.tenant)
+    if ctx.patches:  # what was changed in the body sent upstream, and by which stage, in order
+        span.set_attribute("ragproxy.body_patches", [patch.name for patch in ctx.patches])
     if ctx.cache_status:
         span.set_attribute("ragproxy.cache_status", ctx.cache_status)
     if ctx.cache_tier:

@@ -209,9 +209,10 @@ class Credits:
         return self.prices.worst_case(ctx.body, raw_size=len(ctx.raw_body) or None, response=self.response)
 
     def estimated(self, ctx: RequestContext, completion_tokens: int) -> Usage:
-        """What the upstream did by estimate, for a request whose usage it did not report: the prompt's, and
-        ``completion_tokens``."""
-        return Usage(self.prices.prompt_estimate(ctx.body or {}, len(ctx.raw_body) or None), completion_tokens)
+        """What the upstream did by estimate, for a request whose usage it did not report: the prompt it was sent
+        (the per-item caches send only the missing items), and ``completion_tokens``."""
+        sent = ctx.outgoing_json() or {}
+        return Usage(self.prices.prompt_estimate(sent, len(ctx.raw_body) or None), completion_tokens)
 
     def reported(self, ctx: RequestContext, body: bytes) -> Usage | None:
         """The usage a complete reply reports, ``None`` when it reports none the proxy can read."""
@@ -362,7 +363,9 @@ class SearchCredits(Credits):
     name = "credits"
 
     def _searches(self, ctx: RequestContext) -> int:
-        searches = ctx.body.get("searches") if ctx.body else None
+        """The searches sent upstream: on a partial hit of the retrieval cache, the missing ones only."""
+        sent = ctx.outgoing_json()
+        searches = sent.get("searches") if sent else None
         return len(searches) if isinstance(searches, list) and searches else 1
 
     def estimate(self, ctx: RequestContext) -> int:

@@ -36,11 +36,12 @@ def client_asked_for_usage(body: Mapping[str, Any] | None) -> bool:
 
 
 def ask_upstream_for_usage(ctx: RequestContext) -> bool:
-    """Add ``stream_options.include_usage=true`` to a streamed request lacking it; ``True`` if it was added.
+    """Add ``stream_options.include_usage=true`` to a streamed request lacking it (the ``credits.include_usage``
+    patch of the body sent upstream; ``ctx.body`` stays the client's); ``True`` if it was added.
 
-    Call from the forward stage, unconditionally (after the cache stages have built their keys from the client's
-    own body). It acts only when the credits stage holds a reservation (``ctx.reservation``), because that stage
-    is what reads the usage and hides the extra chunk from a client that did not ask for it.
+    Call from the forward stage, unconditionally. It acts only when the credits stage holds a reservation
+    (``ctx.reservation``), because that stage is what reads the usage and hides the extra chunk from a client that
+    did not ask for it.
     """
     body = ctx.body
     if ctx.reservation is None or body is None or body.get("stream") is not True or client_asked_for_usage(body):
@@ -49,7 +50,7 @@ def ask_upstream_for_usage(ctx: RequestContext) -> bool:
         return False
     options = body.get("stream_options")
     merged = {**options, "include_usage": True} if isinstance(options, Mapping) else {"include_usage": True}
-    ctx.replace_body({**body, "stream_options": merged})
+    ctx.patch("credits.include_usage", lambda sent: {**sent, "stream_options": merged})
     return True
 
 

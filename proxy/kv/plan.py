@@ -56,13 +56,13 @@ class PromptPlan:
     documents: tuple[Segment, ...]
     """Retrieval order, best first."""
     tail_tokens: int
-    _render: Callable[[Sequence[str]], dict[str, Any]] | None = None
-    """Renders the body for an order of the documents; ``None`` when the body is forwarded as the client sent it
-    (plus body hints), its documents in the order sent: a plain prompt, a Responses body."""
+    _render: Callable[[Sequence[str]], list[Any]] | None = None
+    """Renders the body's ``messages`` for an order of the documents; ``None`` when the body is forwarded as the
+    client sent it (plus body hints), its documents in the order sent: a plain prompt, a Responses body."""
 
     @property
     def rewrites(self) -> bool:
-        """Whether the body is rendered anew (:meth:`render_body`)."""
+        """Whether the body's messages are rendered anew (:meth:`render_messages`)."""
         return self._render is not None
 
     @property
@@ -74,9 +74,10 @@ class PromptPlan:
         nothing before its question to reuse), then the documents."""
         return [self.prefix, *order] if self.prefix.tokens else list(order)
 
-    def render_body(self, order: Sequence[Segment]) -> dict[str, Any]:
-        """The request body with the documents in ``order`` (a permutation of :attr:`documents`)."""
-        assert self._render is not None, "a plan that does not rewrite has no body to render"
+    def render_messages(self, order: Sequence[Segment]) -> list[Any]:
+        """The request's ``messages`` with the documents in ``order`` (a permutation of :attr:`documents`); the
+        rest of the body is the client's."""
+        assert self._render is not None, "a plan that does not rewrite has no messages to render"
         return self._render([s.key for s in order])
 
 
@@ -96,9 +97,9 @@ def plan_request(
     if not isinstance(messages, list) or not messages:
         return None
     if prompt.structured is not None:
-        return _structured_plan(body, prompt.structured, chars_per_token)
+        return _structured_plan(prompt.structured, chars_per_token)
     if prompt.detected is not None:
-        return _detected_plan(body, messages, prompt.detected, chars_per_token)
+        return _detected_plan(messages, prompt.detected, chars_per_token)
     prefix_text = _conversation_text(messages[:-1]) if len(messages) > 1 else ""
     tail_text = _conversation_text(messages[-1:])
     prefix = Segment("p:" + content_id(prefix_text), estimate_tokens(prefix_text, chars_per_token)) \
@@ -119,9 +120,7 @@ def plan_response(
     return None if plan is None else replace(plan, _render=None)
 
 
-def _structured_plan(
-    body: Mapping[str, Any], structured: StructuredPrompt, chars_per_token: float
-) -> PromptPlan:
+def _structured_plan(structured: StructuredPrompt, chars_per_token: float) -> PromptPlan:
     system, documents = structured.system, structured.documents
     by_key = {d.id: d for d in documents}
     segments = tuple(Segment(d.id, estimate_tokens(render_document(d), chars_per_token)) for d in documents)
@@ -129,14 +128,13 @@ def _structured_plan(
         "p:" + content_id("\x1esystem\x1f" + system), estimate_tokens(system, chars_per_token) + 2
     )
     tail_tokens = estimate_tokens(_conversation_text(structured.messages), chars_per_token)
-    def render(order: Sequence[str]) -> dict[str, Any]:
-        return {**body, "messages": structured.render_messages([by_key[k] for k in order])}
+    def render(order: Sequence[str]) -> list[Any]:
+        return structured.render_messages([by_key[k] for k in order])
 
     return PromptPlan(prefix, segments, tail_tokens, render)
 
 
 def _detected_plan(
-    body: Mapping[str, Any],
     messages: list[Any],
     detected: DetectedDocuments,
     chars_per_token: float,
@@ -154,10 +152,10 @@ def _detected_plan(
     tail_text = separators + best_text[best_spans[-1].end :] + _conversation_text(messages[best_index + 1 :])
     spans = list(best_spans)
 
-    def render(order: Sequence[str]) -> dict[str, Any]:
+    def render(order: Sequence[str]) -> list[Any]:
         new_messages = list(messages)
         new_messages[best_index] = {**doc_message, "content": reorder_spans(best_text, spans, order)}
-        return {**body, "messages": new_messages}
+        return new_messages
 
     return PromptPlan(
         prefix, tuple(segments), estimate_tokens(tail_text, chars_per_token), render

@@ -10,7 +10,7 @@ work is split this way:
   the tokens that replica probably has cached for it: ``ctx.shape`` (:class:`ShapedRequest`). It also counts
   document popularity (the canonical order of ``reuse``).
 * :class:`Route` asks the :class:`~proxy.kv.router.Router` for a replica (429 with ``Retry-After`` when no
-  replica can meet the TTFT SLO), renders the body with that replica's order and hints (``ctx.replace_body``),
+  replica can meet the TTFT SLO), patches the body with that replica's order and hints (``ctx.patch``),
   sets ``ctx.routed`` (:class:`RoutedRequest`: the replica's index, which the forward stage sends to, and the
   hint headers for the upstream request), records the path in
   the replica's knowledge tree, waits for a concurrency slot (cache-aware order; 429 when the wait exceeds the
@@ -217,7 +217,7 @@ class Route:
         """Whether a prompt without a prefix has a known route (:meth:`_fixed_route`)."""
 
     def route(self, ctx: RequestContext) -> RoutedRequest | None:
-        """The pure part: choose the replica, rewrite the body, attach hints. ``None`` without a plan."""
+        """The pure part: choose the replica, patch the body sent upstream, attach hints. ``None`` without a plan."""
         shaped = ctx.shape
         if shaped is None or not shaped.orders:
             return None
@@ -256,11 +256,10 @@ class Route:
             responses=ctx.route == RESPONSES,
         )
         if plan.rewrites:
-            body = plan.render_body(order)
-            body.update(hints.body)
-            ctx.replace_body(body)
+            messages = plan.render_messages(order)
+            ctx.patch("route.order", lambda sent: {**sent, "messages": messages, **hints.body})
         elif hints.body:  # a plain prompt or a Responses body is forwarded as the client sent it, plus body hints
-            ctx.replace_body({**(ctx.body or {}), **hints.body})
+            ctx.patch("route.hints", lambda sent: {**sent, **hints.body})
         if self.expose_headers:
             ctx.response_headers["X-RagProxy-Replica"] = str(decision.replica)
             ctx.response_headers["X-RagProxy-Cached-Tokens-Estimate"] = str(decision.cached_tokens)

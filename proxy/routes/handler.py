@@ -72,16 +72,14 @@ def make_handler(
                     orjson.loads(raw)
                 except orjson.JSONDecodeError as exc:
                     raise ProxyError(400, f"the request body is not valid JSON: {exc}", code="invalid_json") from None
+            lifted: dict[str, Any] = {}
+            if lift_proxy_fields and body is not None:  # never forwarded: outgoing_body re-serialises without them
+                body, lifted = split_proxy_fields(body)
             ctx = RequestContext(
-                request=request, route=route, request_id=rid, raw_body=raw, body=body,
+                request=request, route=route, request_id=rid, raw_body=raw, body=body, proxy_fields=lifted,
                 upstream_path=request.raw_path, method=request.method,
                 stream=bool(body.get("stream")) if body is not None else False,
             )
-            if lift_proxy_fields and body is not None:
-                forwarded, lifted = split_proxy_fields(body)
-                if lifted:
-                    ctx.proxy_fields = lifted
-                    ctx.replace_body(forwarded)
             reply = await pipeline(ctx)
         except ProxyError as exc:
             if observe is not None:

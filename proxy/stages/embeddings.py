@@ -90,7 +90,9 @@ class EmbeddingItemsCache(ItemsCache):
         upstream_reply: Reply | None = None
         envelope: dict[str, Any] = {"object": "list", "data": None, "model": model}
         if missing:
-            ctx.replace_body({**body, "input": [inputs[i] for i in missing], "encoding_format": "base64"})
+            asked = [inputs[i] for i in missing]
+            ctx.patch("embedding_items.missing",
+                      lambda sent: {**sent, "input": asked, "encoding_format": "base64"})
             reply = upstream_reply = await call_next(ctx)
             if reply.status != 200 or reply.body is None:
                 return reply

@@ -86,7 +86,8 @@ class RerankItemsCache(ItemsCache):
         fresh: dict[str, Scored] = {}
         shaped_by = found[0].meta if found[0] is not None else {}  # the stored envelope and content type
         if missing:
-            ctx.replace_body(upstream_body(body, request, list(first.values())))
+            positions = list(first.values())
+            ctx.patch("rerank_items.missing", lambda sent: upstream_body(sent, request, positions))
             upstream = await call_next(ctx)
             if upstream.status != 200 or upstream.body is None:
                 return upstream

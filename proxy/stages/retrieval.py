@@ -87,7 +87,7 @@ class RetrievalLookup:
             ctx.cache_status, ctx.cache_tier = status, "retrieval"
             return self._reply(plan.response(), status, hits, len(request.items))
         if hits:
-            ctx.replace_body(plan.upstream_body(ctx.body or {}))
+            ctx.patch("retrieval.missing", plan.upstream_body)
         reply = await call_next(ctx)
         if reply.status != 200 or reply.body is None:
             return reply

@@ -52,3 +52,20 @@ def test_spans_per_stage_and_propagation(fake_llm_thread: FakeLLM) -> None:
     forwarded = fake_llm_thread.log.for_path("/v1/chat/completions")[-1].headers["traceparent"]
     assert forwarded.split("-")[1] == "0af7651916cd43dd8448eb211c80319c"
     assert forwarded != TRACEPARENT, "the upstream's parent is the proxy's own span"
+
+
+def test_spans_name_the_patches_of_the_body_sent_upstream(fake_llm_thread: FakeLLM) -> None:
+    """An embeddings request half answered from the cache: the upstream is asked for the missing input only, and
+    the spans say which stage changed the body."""
+    exporter = InMemorySpanExporter()
+    settings = proxy_settings(fake_llm_thread.url, **{"telemetry.tracing": True})
+    runtime = Runtime(settings)
+    runtime.tracer = make_tracer(None, processor=SimpleSpanProcessor(exporter))
+    with ProxyServer(settings, runtime) as server:
+        for inputs in (["alpha"], ["alpha", "beta"]):
+            httpx.post(server.url + "/v1/embeddings", json={"model": "fake-model", "input": inputs})
+        _eventually(lambda: sum(s.name == "ragproxy embeddings" for s in exporter.get_finished_spans()) == 2)
+    assert fake_llm_thread.log.for_path("/v1/embeddings")[-1].json()["input"] == ["beta"]
+    patched = {span.name: span.attributes.get("ragproxy.body_patches") for span in exporter.get_finished_spans()
+               if span.attributes is not None and "ragproxy.body_patches" in span.attributes}
+    assert patched["ragproxy embeddings"] == patched["stage forward"] == ("embedding_items.missing",)

@@ -73,6 +73,22 @@ async def test_vector_searches_cost_per_search_and_less_on_a_retrieval_hit(store
     assert await costs(store) == [30_000, 1_000]
 
 
+async def test_an_estimate_counts_the_prompt_sent_upstream_not_the_clients(store: CreditStore) -> None:
+    """The embeddings items cache sends only the missing inputs (a named patch): what the upstream did, when it
+    does not say, is estimated from those; the client's body is left as it was."""
+    body = {"model": "m", "input": ["a" * 400, "b" * 40]}
+    ctx = context(body)
+
+    async def missing_only(ctx: RequestContext) -> Reply:
+        ctx.patch("embedding_items.missing", lambda sent: {**sent, "input": sent["input"][1:]})
+        return Reply(200, CIMultiDict({"Content-Type": "application/json"}), body=b"{}")
+
+    await Pipeline([Credits(store, PRICES)], missing_only)(ctx)
+    [entry] = [e async for e in ledger_entries(store, LedgerFilter(kind="charge"))]
+    assert entry.prompt_tokens == 10, "the client sent 110 tokens, the upstream was sent 10"
+    assert ctx.body == {"model": "m", "input": ["a" * 400, "b" * 40]}
+
+
 async def test_a_reply_without_usage_is_charged_an_estimate_not_its_reservation(store: CreditStore) -> None:
     """An upstream 200 the proxy could not read used to be charged the whole reservation (here 29 times the
     estimate; with the default limits about 1,000 times a normal answer)."""

@@ -133,7 +133,7 @@ def test_usage_is_requested_upstream_only_for_metered_streams_that_lack_it() -> 
     unmetered = chat_context(stream, metered=False)
     assert ask_upstream_for_usage(unmetered) is False and unmetered.outgoing_body() == orjson.dumps(stream)
     asked = chat_context({"stream": True, "stream_options": {"include_usage": True}}, metered=True)
-    assert ask_upstream_for_usage(asked) is False and not asked.body_changed
+    assert ask_upstream_for_usage(asked) is False and not asked.patches
     assert ask_upstream_for_usage(chat_context({"model": "m"}, metered=True)) is False
 
 

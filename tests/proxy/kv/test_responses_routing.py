@@ -136,7 +136,7 @@ async def test_a_responses_body_gets_the_kinds_body_hints_but_no_prompt_cache_ke
         assert ctx.routed is not None and ctx.routed.headers is not None
         assert ctx.routed.headers["X-Prefix-Docs"] == "a,b"
         if not added:
-            assert not ctx.body_changed and ctx.outgoing_body() == ctx.raw_body
+            assert not ctx.patches and ctx.outgoing_body() == ctx.raw_body
 
 
 async def test_a_streamed_responses_reply_corrects_the_tree_from_its_completed_event() -> None:

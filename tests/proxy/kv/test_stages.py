@@ -65,7 +65,7 @@ def ctx_for(body: dict[str, Any], n: int, route: str = "chat") -> RequestContext
     request = Request("POST", "/v1/responses" if route == "responses" else "/v1/chat/completions")
     forwarded, lifted = split_proxy_fields(body)
     return RequestContext(request=request, route=route, request_id=f"r{n}", raw_body=orjson.dumps(body),
-                          body=forwarded, proxy_fields=lifted, body_changed=bool(lifted),
+                          body=forwarded, proxy_fields=lifted,
                           stream=bool(body.get("stream")))
 
 
@@ -205,7 +205,7 @@ async def test_a_one_message_prompt_keeps_its_bytes_and_a_system_prompt_names_it
     pipeline = Pipeline([ReadPrompt(None), Shape([replica]), route], backend)
     alone = {"model": "m", "messages": [{"role": "user", "content": "q?"}]}
     await pipeline(ctx_for(alone, 1))
-    assert not sent[0].body_changed and sent[0].outgoing_body() == orjson.dumps(alone)
+    assert not sent[0].patches and sent[0].outgoing_body() == orjson.dumps(alone)
     assert sent[0].body is not None and sent[0].routed is not None
     assert "prompt_cache_key" not in sent[0].body and not sent[0].routed.headers
     assert replica.tree.node_count == 0, "nothing before the question: nothing to remember"
@@ -235,7 +235,8 @@ async def test_a_one_message_prompt_to_the_only_replica_routes_as_the_full_decis
         shape.shape(ctx)
         routed = route.route(ctx)
         assert routed is not None and routed is ctx.routed
-        decided.append((replace(routed, ticket=""), ctx.body_changed, replica.tree.match([]).tokens))
+        patched = [patch.name for patch in ctx.patches]
+        decided.append((replace(routed, ticket=""), patched, replica.tree.match([]).tokens))
     assert route._fixed is False and decided[0] == decided[1]
     assert decided[0][0].replica == 0 and decided[0][0].estimated_ttft_s > 0
 
