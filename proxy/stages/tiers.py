@@ -34,6 +34,7 @@ from normalizer.cache_control import CachePolicy
 from normalizer.responses import continued_response, echo_request, final_input_question, stores
 from normalizer.signature import final_question
 from proxy.context import Reply, RequestContext
+from proxy.outcome import HIT_STATUSES, CacheStatus
 from proxy.pipeline import Next
 from proxy.response_events import assemble_response, replay_response
 from proxy.sse import StreamShape, assemble_stream, replay
@@ -77,7 +78,7 @@ def document_ids(ctx: RequestContext) -> list[str]:
     return [document.id for document in ctx.prompt.documents] if ctx.prompt is not None else []
 
 
-def hit_reply(ctx: RequestContext, entry: CachedResponse, *, status: str, tier: str,
+def hit_reply(ctx: RequestContext, entry: CachedResponse, *, status: CacheStatus, tier: str,
               extra: dict[str, str] | None = None) -> Reply:
     """A reply built from a cached entry, in the form the client asked for."""
     ctx.cache_status, ctx.cache_tier = status, tier
@@ -167,7 +168,8 @@ class StoreResponse:
 
     name = "store"
     needs = frozenset({"cache_key", "cache_policy"})
-    gives = frozenset({"entry"})
+    gives = frozenset({"entry", "cache_status"})
+    reads_if_given = frozenset({"cache_status"})
     live_keys = frozenset({"cache.expose_key"})
 
     def __init__(self, into: ResponseTier | None, *, kind: str, write_behind: Sequence[WriteBehind] = (),
@@ -186,21 +188,21 @@ class StoreResponse:
         key = ctx.cache_key
         reply = await call_next(ctx)
         policy = ctx.cache_policy
-        if key is None or policy is None or ctx.cache_status in ("HIT", "SEMANTIC_HIT"):
+        if key is None or policy is None or ctx.cache_status in HIT_STATUSES:
             if key is None and ctx.cache_status is None:
-                ctx.cache_status = "BYPASS"
+                ctx.cache_status = CacheStatus.BYPASS
             self._headers(ctx, reply, key)
             return reply
         if ctx.cache_status is None:
-            ctx.cache_status = "REFRESH" if policy.force_refresh else "MISS"
+            ctx.cache_status = CacheStatus.REFRESH if policy.force_refresh else CacheStatus.MISS
         self._headers(ctx, reply, key)
         if self.into is not None and policy.may_store and policy.ttl != 0 and not ctx.follower:
             reply.on_finish(self._store(ctx, key, policy, self.into))
         return reply
 
     def _headers(self, ctx: RequestContext, reply: Reply, key: str | None) -> None:
-        reply.headers["X-Cache-Status"] = ctx.cache_status or "BYPASS"
-        if ctx.bypass_reason is not None and ctx.cache_status == "BYPASS":
+        reply.headers["X-Cache-Status"] = ctx.cache_status or CacheStatus.BYPASS
+        if ctx.bypass_reason is not None and ctx.cache_status == CacheStatus.BYPASS:
             reply.headers["X-Cache-Bypass-Reason"] = bypass_header(ctx.bypass_reason)
         if self.expose_key and key is not None:
             reply.headers["X-Cache-Key"] = key
@@ -240,7 +242,7 @@ class ExactLookup:
     """Answer exact-key hits from one tier; promote them into ``promote_into`` (faster tiers)."""
 
     needs = frozenset({"cache_key", "cache_policy"})
-    gives = frozenset({"entry"})
+    gives = frozenset({"entry", "cache_status", "cache_tier"})
 
     def __init__(self, tier: ResponseTier, *, promote_into: Sequence[ResponseTier] = ()) -> None:
         self.tier = tier
@@ -257,4 +259,4 @@ class ExactLookup:
         for faster in self.promote_into:
             tags = entry_tags(ctx, entry.model, entry.meta.get("response_id"))
             await faster.put(key, entry, ttl=policy.ttl, tags=tags)
-        return hit_reply(ctx, entry, status="HIT", tier=self.tier.name)
+        return hit_reply(ctx, entry, status=CacheStatus.HIT, tier=self.tier.name)
