@@ -34,7 +34,8 @@ from multidict import CIMultiDict
 from proxy.context import Reply, RequestContext
 from proxy.outcome import COALESCED, CacheStatus
 from proxy.pipeline import Next
-from proxy.stages.tiers import Complete, complete_body, hit_reply
+from proxy.reply import Complete
+from proxy.stages.tiers import complete_body, hit_reply
 from proxy.upstream.client import UpstreamStreamError
 from tiers.entry import CachedResponse
 from tiers.response_tier import ResponseTier

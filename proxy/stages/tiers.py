@@ -23,7 +23,6 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import AsyncIterator, Callable, Sequence
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import orjson
@@ -36,6 +35,7 @@ from normalizer.signature import final_question
 from proxy.context import Reply, RequestContext
 from proxy.outcome import HIT_STATUSES, CacheStatus
 from proxy.pipeline import Next
+from proxy.reply import Complete
 from proxy.response_events import assemble_response, replay_response
 from proxy.sse import StreamShape, assemble_stream, replay
 from tiers.entry import CachedResponse
@@ -115,18 +115,13 @@ async def _iterate(events: list[bytes]) -> AsyncIterator[bytes]:
         yield event
 
 
-@dataclass(frozen=True, slots=True)
-class Complete:
-    """An answer as it is stored: the JSON body, and how the upstream shaped it (entry metadata read by
-    :func:`hit_reply`: ``json_type``/``sse_type``, the upstream's ``Content-Type`` when not the plain one;
-    ``stream``, a chat stream's :class:`~proxy.sse.StreamShape`)."""
-
-    body: bytes
-    meta: dict[str, Any] = field(default_factory=dict)
-
-
 def complete_body(reply: Reply, body: bytes, kind: str) -> Complete | None:
-    """The answer to store: as received, or assembled from a finished stream; ``None`` if unusable."""
+    """The answer to store: as received, or assembled from a finished stream; ``None`` if unusable. Built once per
+    finished reply and shared by every stage that reads it (:meth:`~proxy.reply.Reply.completed`)."""
+    return reply.completed(body, kind, _assemble)
+
+
+def _assemble(reply: Reply, body: bytes, kind: str) -> Complete | None:
     content_type = reply.headers.get("Content-Type", "")
     if reply.streamed:
         meta: dict[str, Any] = {"sse_type": content_type} if content_type not in ("", SSE) else {}
