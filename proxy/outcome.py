@@ -7,7 +7,9 @@ settled with the reply). The stages that set them declare them in ``gives``; a s
 back declares them in ``reads`` (or ``reads_if_given``), checked at assembly (:func:`proxy.pipeline.check_slots`).
 
 :class:`CacheStatus` is a ``StrEnum``: each member *is* its wire value, so the ``X-Cache-Status`` header, the
-``cache_status`` metric label and the statistics read exactly the bare strings they always did.
+``cache_status`` metric label and the statistics read exactly the bare strings they always did. A header is given
+``str(status)``, the plain string: the server formats each header into the response head, and formatting a ``str``
+subclass goes through its ``__format__`` (about 1,500 instructions a header on Python 3.11), a plain string not.
 """
 
 from __future__ import annotations

@@ -123,7 +123,7 @@ class Coalesce:
         entry = await self.recheck.get(key)
         if entry is None or (policy.max_age is not None and entry.age() > policy.max_age):
             return None
-        return hit_reply(ctx, entry, status=CacheStatus.HIT, tier=self.recheck.name)
+        return hit_reply(ctx, entry, tier=self.recheck.name)
 
     async def _lead(self, ctx: RequestContext, key: str, call_next: Next) -> Reply:
         flight = Flight()

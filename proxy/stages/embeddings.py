@@ -128,7 +128,7 @@ class EmbeddingItemsCache(ItemsCache):
         if hits:
             ctx.cache_tier = self.tier.name
         headers: CIMultiDict[str] = CIMultiDict({"Content-Type": "application/json",
-                                                 "X-Cache-Status": ctx.cache_status,
+                                                 "X-Cache-Status": str(ctx.cache_status),
                                                  "X-Cache-Hits": f"{hits}/{len(keys)}"})
         if hits:
             headers["X-Cache-Tier"] = self.tier.name

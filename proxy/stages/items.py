@@ -49,7 +49,7 @@ class ItemsCache:
         one)."""
         ctx.cache_status, ctx.bypass_reason = CacheStatus.BYPASS, reason
         reply = await call_next(ctx)
-        reply.headers["X-Cache-Status"] = CacheStatus.BYPASS
+        reply.headers["X-Cache-Status"] = str(CacheStatus.BYPASS)
         if reason is not None:
             reply.headers["X-Cache-Bypass-Reason"] = bypass_header(reason)
         return reply

@@ -104,7 +104,7 @@ class RerankItemsCache(ItemsCache):
         ctx.cache_status = CacheStatus.MISS if missing else CacheStatus.HIT
         headers: CIMultiDict[str] = CIMultiDict({
             "Content-Type": shaped_by.get("json_type") or JSON,
-            "X-Cache-Status": ctx.cache_status, "X-Cache-Hits": f"{len(cached)}/{len(keys)}"})
+            "X-Cache-Status": str(ctx.cache_status), "X-Cache-Hits": f"{len(cached)}/{len(keys)}"})
         if cached:
             ctx.cache_tier = headers["X-Cache-Tier"] = self.tier.name
         reply = Reply(status=200, headers=headers, body=orjson.dumps(answer))

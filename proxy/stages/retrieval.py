@@ -102,7 +102,7 @@ class RetrievalLookup:
 
     @staticmethod
     def _reply(body: bytes, status: CacheStatus, hits: int, items: int) -> Reply:
-        headers: CIMultiDict[str] = CIMultiDict({"Content-Type": "application/json", "X-Cache-Status": status,
+        headers: CIMultiDict[str] = CIMultiDict({"Content-Type": "application/json", "X-Cache-Status": str(status),
                                                  "X-Cache-Hits": f"{hits}/{items}"})
         if hits:
             headers["X-Cache-Tier"] = "retrieval"
