@@ -36,9 +36,10 @@ class Observed(Protocol):
 
 def record_metrics(metrics: Metrics) -> Observer:
     """Requests, durations, upstream time, reused prompt tokens and credits charged."""
+    undecided = CacheStatus.NONE  # read once: see proxy.outcome
 
     def observe(ctx: RequestContext, status: int, seconds: float) -> None:
-        metrics.per_request.answered(ctx.route, status, ctx.cache_status or CacheStatus.NONE, seconds)
+        metrics.per_request.answered(ctx.route, status, ctx.cache_status or undecided, seconds)
         backend = ctx.backend
         label = backend.label if backend is not None else ("qdrant" if "qdrant" in ctx.route else "llm")
         if ctx.upstream_seconds is not None:

@@ -132,7 +132,7 @@ class RequestStats:
                upstream_seconds: float | None = None, hit_cost: float | None = None,
                label: Mapping[str, str] | None = None) -> float:
         """Count one answered request; the cost it saved (0.0 unless a hit with a known cost)."""
-        status = cache_status or CacheStatus.NONE
+        status = cache_status
         route_counts = self.routes.get(route)
         if route_counts is None:
             route_counts = self.routes[route] = Counts()
@@ -166,12 +166,13 @@ class RequestStats:
                 self.coalesced += 1
             elif key is not None and upstream_seconds is not None:
                 self._remember(key, upstream_seconds)
-        elif status == CacheStatus.BYPASS:
-            for c in counts:
-                c.bypasses += 1
-        elif status == CacheStatus.ERROR:
-            for c in counts:
-                c.errors += 1
+        elif status is not None:  # None: no cache stage decided (a pass-through route), counted in requests only
+            if status == CacheStatus.BYPASS:
+                for c in counts:
+                    c.bypasses += 1
+            elif status == CacheStatus.ERROR:
+                for c in counts:
+                    c.errors += 1
         return saved
 
     def forget(self, keys: Iterable[str]) -> None:
