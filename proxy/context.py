@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any, Final, NamedTuple
 import orjson
 
 from proxy.errors import ProxyError
+from proxy.outcome import CacheStatus
 from proxy.reply import EndCallback, FinishCallback, Reply
 from proxy.server.request import Request
 
@@ -120,9 +121,13 @@ class RequestContext:
     """The request was sent to an upstream, which may have started working on it."""
     backend: Backend | None = None
     upstream_seconds: float | None = None
-    # the outcome: set by the tier that answered, or by store for a new entry
-    cache_status: str | None = None
+    # the outcome (proxy.outcome): set by the stage that decided it, read on the way back
+    cache_status: CacheStatus | None = None
+    """How the cache took part (``None``: no cache stage decided anything)."""
     cache_tier: str | None = None
+    """The tier that answered (``None``: the upstream did)."""
+    charged: int | None = None
+    """Micro-credits charged, when settled with the reply (``X-Credits-Charged``; a stream settles later)."""
     entry: CachedResponse | None = None
     response_headers: dict[str, str] = field(default_factory=dict)
     # tracing (proxy.tracing), when on

@@ -15,8 +15,10 @@ from opentelemetry.trace import Tracer
 
 from proxy.config import Settings
 from proxy.context import RequestContext
+from proxy.credits.pricing import MICRO
 from proxy.metrics import Metrics
-from proxy.stats import HIT_STATUSES, RequestStats
+from proxy.outcome import COALESCED, HIT_STATUSES, CacheStatus
+from proxy.stats import RequestStats
 from tiers.policies.trace import TraceRecorder
 
 Observer = Callable[[RequestContext, int, float], None]
@@ -34,18 +36,18 @@ class Observed(Protocol):
 
 def record_metrics(metrics: Metrics) -> Observer:
     """Requests, durations, upstream time, reused prompt tokens and credits charged."""
+    undecided = CacheStatus.NONE  # read once: see proxy.outcome
 
     def observe(ctx: RequestContext, status: int, seconds: float) -> None:
-        metrics.per_request.answered(ctx.route, status, ctx.cache_status or "NONE", seconds)
+        metrics.per_request.answered(ctx.route, status, ctx.cache_status or undecided, seconds)
         backend = ctx.backend
         label = backend.label if backend is not None else ("qdrant" if "qdrant" in ctx.route else "llm")
         if ctx.upstream_seconds is not None:
             metrics.per_request.upstream(label, ctx.upstream_seconds)
         if ctx.reported_cached_tokens:
             metrics.child(metrics.prefix_tokens, label).inc(ctx.reported_cached_tokens)
-        charged = ctx.response_headers.get("X-Credits-Charged")
-        if charged:
-            metrics.child(metrics.credits_charged, "hit" if ctx.cache_tier else "upstream").inc(float(charged))
+        if ctx.charged is not None:
+            metrics.child(metrics.credits_charged, "hit" if ctx.cache_tier else "upstream").inc(ctx.charged / MICRO)
 
     return observe
 
@@ -65,7 +67,7 @@ def record_stats(stats: RequestStats, metrics: Metrics) -> Observer:
                              label=asked)
         if saved:
             metrics.child(metrics.cost_saved, ctx.cache_tier or "unknown").inc(saved)
-        if ctx.cache_tier == "coalesced":
+        if ctx.cache_tier == COALESCED:
             metrics.child(metrics.events, "coalesce", "coalesced").inc()
 
     return observe

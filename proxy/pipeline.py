@@ -8,6 +8,12 @@ Stages talk through the typed slots of :class:`~proxy.context.RequestContext`. E
 reads before calling the rest) and ``gives`` (slots it sets); building a :class:`Pipeline` fails when a stage
 needs a slot that no earlier stage gives, so a consumer placed before its producer is caught at assembly.
 
+The way back is declared the same way. A stage that reads a slot once the rest has answered (the outcome,
+:mod:`proxy.outcome`: ``cache_status``, ``cache_tier``, ``charged``) declares it in ``reads`` when it cannot do its
+work without it, and building fails unless a later stage (one that has answered by then) gives it; a read that
+is meaningful when nothing set the slot (``None``: the upstream answered, nothing was cached) is declared in
+``reads_if_given``, checked only for naming a real slot. Both are optional (most stages read nothing then).
+
 The lists of stages for each kind of request are assembled in :mod:`proxy.assembly` — the one place that shows the
 order of the whole system.
 """
@@ -33,7 +39,8 @@ HANDLER_GIVES = frozenset({"request", "route", "request_id", "raw_body", "body",
 
 
 class Stage(Protocol):
-    """One step of the pipeline."""
+    """One step of the pipeline (and, optionally, ``reads`` and ``reads_if_given``: what it reads on the way back;
+    see the module docstring)."""
 
     name: str
     needs: frozenset[str]
@@ -42,17 +49,29 @@ class Stage(Protocol):
     async def __call__(self, ctx: RequestContext, call_next: Next) -> Reply: ...
 
 
+NO_SLOTS: frozenset[str] = frozenset()
+
+
 def check_slots(stages: Iterable[Stage]) -> None:
-    """``ValueError`` when a stage needs a slot no earlier stage gives, or names a slot the context lacks."""
+    """``ValueError`` when a stage needs a slot no earlier stage gives, reads on the way back a slot no later stage
+    gives, or names a slot the context lacks."""
+    ordered = tuple(stages)
     given = set(HANDLER_GIVES)
-    for stage in stages:
-        unknown = (stage.needs | stage.gives) - SLOTS
+    for index, stage in enumerate(ordered):
+        reads: frozenset[str] = getattr(stage, "reads", NO_SLOTS)
+        reads_if_given: frozenset[str] = getattr(stage, "reads_if_given", NO_SLOTS)
+        unknown = (stage.needs | stage.gives | reads | reads_if_given) - SLOTS
         if unknown:
             raise ValueError(f"stage {stage.name!r} names unknown context slots {sorted(unknown)}")
         missing = stage.needs - given
         if missing:
             raise ValueError(f"stage {stage.name!r} needs {sorted(missing)}, which no earlier stage gives")
         given |= stage.gives
+        if reads:
+            unanswered = reads.difference(*(later.gives for later in ordered[index + 1:]))
+            if unanswered:
+                raise ValueError(f"stage {stage.name!r} reads {sorted(unanswered)} on the way back, which no later "
+                                 "stage gives")
 
 
 class Pipeline:

@@ -10,6 +10,10 @@ registered with :meth:`Reply.on_end` instead: a plain function, run inline when 
 finish callbacks. A reply with only such work is sent without collecting its stream and without the task that
 protects finish callbacks from a client hanging up (two event-loop turns per request).
 
+The complete answer a finished reply carried (:class:`Complete`: a streamed one assembled from its events) is built
+once, by the first finish callback that asks for it (:meth:`Reply.completed`), and shared by every other: the store,
+stale-if-error, coalescing and the semantic tier all read the same one.
+
 Apart from :mod:`proxy.context` so that the upstream client, which builds replies, needs nothing of the request
 context (and the context can name the stages' slot types without an import cycle).
 """
@@ -18,11 +22,27 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from multidict import CIMultiDict
 
 FinishCallback = Callable[["Reply", bool, bytes], Awaitable[None]]
 EndCallback = Callable[["Reply", bool], None]
+
+
+@dataclass(frozen=True, slots=True)
+class Complete:
+    """An answer as it is stored: the JSON body, and how the upstream shaped it (entry metadata read by
+    :func:`proxy.stages.tiers.hit_reply`: ``json_type``/``sse_type``, the upstream's ``Content-Type`` when not the
+    plain one; ``stream``, a chat stream's :class:`~proxy.sse.StreamShape`)."""
+
+    body: bytes
+    meta: dict[str, Any] = field(default_factory=dict)
+
+
+Assemble = Callable[["Reply", bytes, str], "Complete | None"]
+"""Builds the complete answer of a finished reply from the body the client received, read as one kind of request
+(``None``: not a usable answer)."""
 
 
 @dataclass(slots=True)
@@ -35,6 +55,7 @@ class Reply:
     chunks: AsyncIterator[bytes] | None = None
     _callbacks: list[FinishCallback] = field(default_factory=list)
     _enders: list[EndCallback] = field(default_factory=list)
+    _completed: tuple[bytes, str, Complete | None] | None = None
 
     @property
     def streamed(self) -> bool:
@@ -52,6 +73,14 @@ class Reply:
     def on_end(self, callback: EndCallback) -> None:
         """Call ``callback(reply, ok)`` inline once the transfer ended (before the finish callbacks)."""
         self._enders.append(callback)
+
+    def completed(self, body: bytes, kind: str, assemble: Assemble) -> Complete | None:
+        """The complete answer in ``body`` (what the client received), read as ``kind``'s: built by ``assemble``
+        the first time a finish callback asks, the same one handed to every later reader of the same body."""
+        memo = self._completed
+        if memo is None or memo[0] is not body or memo[1] != kind:
+            memo = self._completed = (body, kind, assemble(self, body, kind))
+        return memo[2]
 
     def take_over(self, replaced: Reply) -> Reply:
         """This reply answers instead of ``replaced``: its finish work (releasing a replica, settling) moves here."""

@@ -30,8 +30,8 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-HIT_STATUSES = frozenset({"HIT", "SEMANTIC_HIT"})
-MISS_STATUSES = frozenset({"MISS", "REFRESH"})
+from proxy.outcome import COALESCED, HIT_STATUSES, MISS_STATUSES, CacheStatus
+
 COST_MEMORY = 50_000
 """How many keys' upstream costs are remembered to price later hits."""
 
@@ -128,11 +128,11 @@ class RequestStats:
         self._clock = clock
         self._costs: OrderedDict[str, float] = OrderedDict()
 
-    def record(self, *, route: str, cache_status: str | None, tier: str | None, key: str | None,
+    def record(self, *, route: str, cache_status: CacheStatus | None, tier: str | None, key: str | None,
                upstream_seconds: float | None = None, hit_cost: float | None = None,
                label: Mapping[str, str] | None = None) -> float:
         """Count one answered request; the cost it saved (0.0 unless a hit with a known cost)."""
-        status = cache_status or "NONE"
+        status = cache_status
         route_counts = self.routes.get(route)
         if route_counts is None:
             route_counts = self.routes[route] = Counts()
@@ -162,16 +162,17 @@ class RequestStats:
             for c in counts:
                 c.misses += 1
             bucket.misses += 1
-            if tier == "coalesced":
+            if tier == COALESCED:
                 self.coalesced += 1
             elif key is not None and upstream_seconds is not None:
                 self._remember(key, upstream_seconds)
-        elif status == "BYPASS":
-            for c in counts:
-                c.bypasses += 1
-        elif status == "ERROR":
-            for c in counts:
-                c.errors += 1
+        elif status is not None:  # None: no cache stage decided (a pass-through route), counted in requests only
+            if status == CacheStatus.BYPASS:
+                for c in counts:
+                    c.bypasses += 1
+            elif status == CacheStatus.ERROR:
+                for c in counts:
+                    c.errors += 1
         return saved
 
     def forget(self, keys: Iterable[str]) -> None:

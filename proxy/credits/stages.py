@@ -174,7 +174,9 @@ class Credits:
 
     name = "credits"
     needs: frozenset[str] = frozenset()
-    gives = frozenset({"reservation"})
+    gives = frozenset({"reservation", "charged"})
+    reads_if_given = frozenset({"cache_tier"})
+    """A hit is charged at its tier's multiplier; without a tier (``None``) the upstream answered."""
     response = False
     """The requests are Responses API requests (their output limit is ``max_output_tokens``)."""
 
@@ -268,7 +270,7 @@ class Credits:
             raise
         if not 200 <= reply.status < 300:
             await self._release(reservation)
-            ctx.response_headers[CHARGED] = "0"
+            self._charged(ctx, 0)
             return reply
         if reply.chunks is not None:
             meter = UsageChunkFilter(strip=not client_wants_usage)
@@ -285,9 +287,16 @@ class Credits:
         else:
             settlement = await self._settle(ctx, reservation, usage)
         if settlement is not None:
-            ctx.response_headers[CHARGED] = format_credits(settlement.charged)
+            self._charged(ctx, settlement.charged)
             ctx.response_headers[REMAINING] = format_credits(settlement.available)
         return reply
+
+    @staticmethod
+    def _charged(ctx: RequestContext, micro: int) -> None:
+        """What this request was charged, settled with the reply: on the context (read by the metrics as a number)
+        and in ``X-Credits-Charged``."""
+        ctx.charged = micro
+        ctx.response_headers[CHARGED] = format_credits(micro)
 
     def _settle_stream(self, ctx: RequestContext, reservation: Reservation, meter: UsageChunkFilter) -> FinishCallback:
         async def settle(reply: Reply, ok: bool, body: bytes) -> None:

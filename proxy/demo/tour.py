@@ -18,6 +18,7 @@ import orjson
 from proxy.cache_tiers.semantic import SemanticCacheTier
 from proxy.config import Settings
 from proxy.doubles.request_log import RequestLog
+from proxy.outcome import CacheStatus
 from proxy.startup_report import http_url
 from proxy.upstream.client import UpstreamClient
 
@@ -52,7 +53,7 @@ class Step:
     method: str
     path: str
     body: dict[str, Any]
-    expect: str | None  # the X-Cache-Status it should get; None: not cacheable (a write)
+    expect: CacheStatus | None  # the X-Cache-Status it should get; None: not cacheable (a write)
 
 
 def chat(question: str) -> dict[str, Any]:
@@ -61,10 +62,10 @@ def chat(question: str) -> dict[str, Any]:
 
 def llm_steps(semantic: bool) -> list[Step]:
     ask = "/v1/chat/completions"
-    steps = [Step(f'chat "{QUESTION}"', "POST", ask, chat(QUESTION), "MISS"),
-             Step("the same chat again", "POST", ask, chat(QUESTION), "HIT")]
+    steps = [Step(f'chat "{QUESTION}"', "POST", ask, chat(QUESTION), CacheStatus.MISS),
+             Step("the same chat again", "POST", ask, chat(QUESTION), CacheStatus.HIT)]
     if semantic:
-        steps.append(Step(f'a paraphrase: "{PARAPHRASE}"', "POST", ask, chat(PARAPHRASE), "SEMANTIC_HIT"))
+        steps.append(Step(f'a paraphrase: "{PARAPHRASE}"', "POST", ask, chat(PARAPHRASE), CacheStatus.SEMANTIC_HIT))
     return steps
 
 
@@ -78,9 +79,9 @@ def qdrant_steps() -> list[Step]:
     return [Step(f"create collection {COLLECTION!r} (4 dimensions, cosine)", "PUT", base,
                  {"vectors": {"size": 4, "distance": "Cosine"}}, None),
             Step("upsert 3 points", "PUT", f"{base}/points?wait=true", {"points": POINTS}, None),
-            Step(f"vector search {QUERY}", "POST", query, search(QUERY), "MISS"),
-            Step("the same search again", "POST", query, search(QUERY), "HIT"),
-            Step(f"a nearby vector {NEARBY}", "POST", query, search(NEARBY), "SEMANTIC_HIT")]
+            Step(f"vector search {QUERY}", "POST", query, search(QUERY), CacheStatus.MISS),
+            Step("the same search again", "POST", query, search(QUERY), CacheStatus.HIT),
+            Step(f"a nearby vector {NEARBY}", "POST", query, search(NEARBY), CacheStatus.SEMANTIC_HIT)]
 
 
 def gist(body: bytes) -> str:
@@ -121,7 +122,7 @@ class Tour:
         print("LLM requests (the test upstream answers 'Demo answer #N to: <question>'):")
         for step in llm_steps(self.semantic is not None):
             await self._send(client, step)
-            if step.expect == "MISS" and self.semantic is not None:
+            if step.expect == CacheStatus.MISS and self.semantic is not None:
                 await self._index_learned(self.semantic)
         if self.semantic is None:
             print(f"  (no paraphrase step: L2 semantic {semantic_off})")

@@ -12,6 +12,7 @@ from normalizer.cache_control import split_proxy_fields
 from proxy.context import RequestContext
 from proxy.errors import Dialect, ProxyError
 from proxy.headers import request_id
+from proxy.outcome import CacheStatus
 from proxy.pipeline import Pipeline
 from proxy.routes.respond import respond
 from proxy.server.request import Request
@@ -84,7 +85,7 @@ def make_handler(
         except ProxyError as exc:
             if observe is not None:
                 failed = ctx or RequestContext(request=request, route=route, request_id=rid)
-                failed.cache_status = failed.cache_status or "ERROR"
+                failed.cache_status = failed.cache_status or CacheStatus.ERROR
                 observe(failed, exc.status, time.perf_counter() - started)
             exc.send(out, dialect, rid)
             return

@@ -32,8 +32,10 @@ from typing import TYPE_CHECKING
 from multidict import CIMultiDict
 
 from proxy.context import Reply, RequestContext
+from proxy.outcome import COALESCED, CacheStatus
 from proxy.pipeline import Next
-from proxy.stages.tiers import Complete, complete_body, hit_reply
+from proxy.reply import Complete
+from proxy.stages.tiers import complete_body, hit_reply
 from proxy.upstream.client import UpstreamStreamError
 from tiers.entry import CachedResponse
 from tiers.response_tier import ResponseTier
@@ -84,7 +86,7 @@ class Coalesce:
 
     name = "coalesce"
     needs = frozenset({"cache_key", "cache_policy"})
-    gives = frozenset({"follower", "entry"})
+    gives = frozenset({"follower", "entry", "cache_status", "cache_tier"})
     live_keys = frozenset({"cache.coalesce_wait_s"})
 
     def __init__(self, *, kind: str, wait_s: float, flights: Flights, recheck: ResponseTier | None = None) -> None:
@@ -121,7 +123,7 @@ class Coalesce:
         entry = await self.recheck.get(key)
         if entry is None or (policy.max_age is not None and entry.age() > policy.max_age):
             return None
-        return hit_reply(ctx, entry, status="HIT", tier=self.recheck.name)
+        return hit_reply(ctx, entry, tier=self.recheck.name)
 
     async def _lead(self, ctx: RequestContext, key: str, call_next: Next) -> Reply:
         flight = Flight()
@@ -179,7 +181,7 @@ class Coalesce:
         try:
             await asyncio.wait_for(flight.ready.wait(), self.wait_s)
             if flight.streamed and ctx.stream and not flight.failed:
-                ctx.cache_status, ctx.cache_tier = "MISS", "coalesced"
+                ctx.cache_status, ctx.cache_tier = CacheStatus.MISS, COALESCED
                 headers = CIMultiDict(flight.headers)
                 headers["X-Cache-Coalesced"] = "true"
                 return Reply(status=200, headers=headers, chunks=self._replay(flight, self.wait_s))
@@ -191,9 +193,7 @@ class Coalesce:
             ctx.follower = False
             return None
         entry = CachedResponse(body=flight.answer.body, kind=self.kind, meta=flight.answer.meta)
-        reply = hit_reply(ctx, entry, status="MISS", tier="coalesced", extra={"X-Cache-Coalesced": "true"})
-        ctx.cache_status = "MISS"
-        return reply
+        return hit_reply(ctx, entry, status=CacheStatus.MISS, tier=COALESCED, extra={"X-Cache-Coalesced": "true"})
 
     @staticmethod
     async def _replay(flight: Flight, gap_s: float) -> AsyncIterator[bytes]:

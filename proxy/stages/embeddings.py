@@ -29,6 +29,7 @@ from normalizer.bypass import bypass_reason
 from normalizer.canonical import canonical_embedding_items, embedding_inputs
 from normalizer.canonical_json import CanonicalizationError
 from proxy.context import Reply, RequestContext
+from proxy.outcome import CacheStatus
 from proxy.pipeline import Next
 from proxy.stages.items import ItemsCache
 from proxy.stages.tiers import entry_tags
@@ -67,7 +68,7 @@ class EmbeddingItemsCache(ItemsCache):
     """Serve cached items, forward the missing ones in one upstream call, store them, assemble in order."""
 
     name = "embedding_items"
-    gives = frozenset({"user_scope", "key_scope", "key_variant"})
+    gives = frozenset({"user_scope", "key_scope", "key_variant", "cache_status", "cache_tier"})
 
     async def __call__(self, ctx: RequestContext, call_next: Next) -> Reply:
         body = ctx.body or {}
@@ -125,11 +126,11 @@ class EmbeddingItemsCache(ItemsCache):
                   "data": [_item(entry, i, encoding) for i, entry in enumerate(found) if entry is not None],
                   "model": model, "usage": _usage(envelope, upstream_usage + cached_tokens)}
         hits = len(keys) - len(missing)
-        ctx.cache_status = "HIT" if not missing else "MISS"
+        ctx.cache_status = CacheStatus.HIT if not missing else CacheStatus.MISS
         if hits:
             ctx.cache_tier = self.tier.name
         headers: CIMultiDict[str] = CIMultiDict({"Content-Type": "application/json",
-                                                 "X-Cache-Status": ctx.cache_status,
+                                                 "X-Cache-Status": str(ctx.cache_status),
                                                  "X-Cache-Hits": f"{hits}/{len(keys)}"})
         if hits:
             headers["X-Cache-Tier"] = self.tier.name

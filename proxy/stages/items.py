@@ -13,6 +13,7 @@ from normalizer.canonical import KeyScope, RequestKind, cache_keys, keyed_reques
 from normalizer.canonical_json import JSONValue
 from normalizer.steps import Steps
 from proxy.context import Reply, RequestContext
+from proxy.outcome import CacheStatus
 from proxy.pacing import Pacer, finish
 from proxy.pipeline import Next
 from proxy.stages.cache_policy import Canonicalize
@@ -46,9 +47,9 @@ class ItemsCache:
     async def bypassed(ctx: RequestContext, reason: str | None, call_next: Next) -> Reply:
         """Forward the request uncached, its answer marked ``X-Cache-Status: BYPASS`` (with the reason when there is
         one)."""
-        ctx.cache_status, ctx.bypass_reason = "BYPASS", reason
+        ctx.cache_status, ctx.bypass_reason = CacheStatus.BYPASS, reason
         reply = await call_next(ctx)
-        reply.headers["X-Cache-Status"] = "BYPASS"
+        reply.headers["X-Cache-Status"] = str(CacheStatus.BYPASS)
         if reason is not None:
             reply.headers["X-Cache-Bypass-Reason"] = bypass_header(reason)
         return reply

@@ -42,6 +42,7 @@ from normalizer.rerank import (
 )
 from proxy.context import Reply, RequestContext
 from proxy.errors import ProxyError
+from proxy.outcome import CacheStatus
 from proxy.pacing import Pacer, finish
 from proxy.pipeline import Next
 from proxy.slots import RerankCount
@@ -56,7 +57,8 @@ class RerankItemsCache(ItemsCache):
     """Serve cached pairs, score the missing ones in one upstream call, store them, answer the whole request."""
 
     name = "rerank_items"
-    gives = frozenset({"user_scope", "key_scope", "key_variant", "bypass_reason", "rerank"})
+    gives = frozenset({"user_scope", "key_scope", "key_variant", "bypass_reason", "rerank", "cache_status",
+                       "cache_tier"})
 
     async def __call__(self, ctx: RequestContext, call_next: Next) -> Reply:
         body = ctx.body or {}
@@ -100,10 +102,10 @@ class RerankItemsCache(ItemsCache):
                                      cached_tokens=sum(int(e.meta.get("tokens", 0)) for e in cached)), pacer)
         ctx.rerank = RerankCount(scored=len(missing), cached=len(cached),
                                  tokens=reported_tokens(answer) if isinstance(answer, dict) else 0)
-        ctx.cache_status = "MISS" if missing else "HIT"
+        ctx.cache_status = CacheStatus.MISS if missing else CacheStatus.HIT
         headers: CIMultiDict[str] = CIMultiDict({
             "Content-Type": shaped_by.get("json_type") or JSON,
-            "X-Cache-Status": ctx.cache_status, "X-Cache-Hits": f"{len(cached)}/{len(keys)}"})
+            "X-Cache-Status": str(ctx.cache_status), "X-Cache-Hits": f"{len(cached)}/{len(keys)}"})
         if cached:
             ctx.cache_tier = headers["X-Cache-Tier"] = self.tier.name
         reply = Reply(status=200, headers=headers, body=orjson.dumps(answer))

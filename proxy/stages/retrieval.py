@@ -29,6 +29,7 @@ from multidict import CIMultiDict
 from normalizer.documents import DocumentRegistry, payload_texts
 from normalizer.search_request import parse_search
 from proxy.context import Reply, RequestContext
+from proxy.outcome import CacheStatus
 from proxy.pipeline import Next
 from tiers.retrieval import RetrievalCache, WriteEffect, WriteScope, write_effect
 
@@ -60,7 +61,7 @@ class RetrievalLookup:
 
     name = "retrieval"
     needs: frozenset[str] = frozenset()
-    gives: frozenset[str] = frozenset()
+    gives = frozenset({"cache_status", "cache_tier"})
 
     def __init__(self, cache: RetrievalCache, fetch_collection: CollectionFetcher) -> None:
         self.cache = cache
@@ -73,7 +74,7 @@ class RetrievalLookup:
         except Exception:  # the parser never guesses; anything odd is simply not cached
             request = None
         if request is None:
-            ctx.cache_status = "BYPASS"
+            ctx.cache_status = CacheStatus.BYPASS
             return await call_next(ctx)
         if not self.cache.knows(request.collection):
             info = await self.fetch_collection(request.collection)
@@ -82,7 +83,7 @@ class RetrievalLookup:
         plan = await self.cache.lookup(ctx.tenant, request)
         hits = len(plan.hits)
         approximate = any(not match.exact for match in plan.hits.values())
-        status = "SEMANTIC_HIT" if approximate else "HIT"
+        status = CacheStatus.SEMANTIC_HIT if approximate else CacheStatus.HIT
         if plan.complete:
             ctx.cache_status, ctx.cache_tier = status, "retrieval"
             return self._reply(plan.response(), status, hits, len(request.items))
@@ -94,14 +95,14 @@ class RetrievalLookup:
         merged = await self.cache.store(plan, reply.body, cost=ctx.upstream_seconds or 1.0)
         if merged is None:
             return reply
-        ctx.cache_status = status if hits else "MISS"
+        ctx.cache_status = status = status if hits else CacheStatus.MISS
         if hits:
             ctx.cache_tier = "retrieval"
-        return self._reply(merged, ctx.cache_status, hits, len(request.items)).take_over(reply)
+        return self._reply(merged, status, hits, len(request.items)).take_over(reply)
 
     @staticmethod
-    def _reply(body: bytes, status: str, hits: int, items: int) -> Reply:
-        headers: CIMultiDict[str] = CIMultiDict({"Content-Type": "application/json", "X-Cache-Status": status,
+    def _reply(body: bytes, status: CacheStatus, hits: int, items: int) -> Reply:
+        headers: CIMultiDict[str] = CIMultiDict({"Content-Type": "application/json", "X-Cache-Status": str(status),
                                                  "X-Cache-Hits": f"{hits}/{items}"})
         if hits:
             headers["X-Cache-Tier"] = "retrieval"

@@ -31,6 +31,7 @@ from typing import Protocol, runtime_checkable
 from normalizer.canonical_json import CanonicalizationError
 from normalizer.signature import CHAT_READING, PromptReading
 from proxy.context import FinishCallback, Reply, RequestContext
+from proxy.outcome import MISS_STATUSES, CacheStatus
 from proxy.pipeline import Next
 from proxy.slots import SemanticQuery
 from proxy.stages.tiers import complete_body, entry_tags, hit_reply
@@ -78,7 +79,8 @@ class SemanticLookup:
 
     name = "l2"
     needs = frozenset({"cache_key", "key_scope", "key_variant", "cache_policy", "prompt"})
-    gives = frozenset({"semantic", "entry"})
+    gives = frozenset({"semantic", "entry", "cache_status", "cache_tier"})
+    reads_if_given = frozenset({"cache_status"})
 
     def __init__(self, semantic: SemanticTier, sources: Sequence[ResponseTier], promote_into: ResponseTier,
                  *, expose_similarity: bool = False, cold: QuestionVectors | None = None,
@@ -120,7 +122,7 @@ class SemanticLookup:
             reply.on_finish(self._comparison(where, probe, question))
         if policy.may_store and not ctx.follower:
             async def learn(done: Reply, ok: bool, body_bytes: bytes) -> None:
-                if ok and done.status == 200 and ctx.cache_status in ("MISS", "REFRESH", None):
+                if ok and done.status == 200 and (ctx.cache_status is None or ctx.cache_status in MISS_STATUSES):
                     complete = complete_body(done, body_bytes, self.kind)
                     answer = answer_text(complete.body) if complete is not None else None
                     if answer is not None:
@@ -213,4 +215,4 @@ class SemanticLookup:
         await self.promote_into.put(key, entry, ttl=policy.ttl, tags=entry_tags(ctx, entry.model))
         self.semantic.served()
         extra = {"X-Cache-Similarity": f"{match.similarity:.4f}"} if self.expose_similarity else None
-        return hit_reply(ctx, entry, status="SEMANTIC_HIT", tier=match.source, extra=extra), None
+        return hit_reply(ctx, entry, status=CacheStatus.SEMANTIC_HIT, tier=match.source, extra=extra), None

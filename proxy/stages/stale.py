@@ -40,13 +40,13 @@ from dataclasses import dataclass
 
 from proxy.context import FinishCallback, Reply, RequestContext
 from proxy.errors import ProxyError
+from proxy.outcome import MISS_STATUSES, CacheStatus
 from proxy.pipeline import Next
 from proxy.stages.tiers import complete_body, hit_reply
 from tiers.entry import CachedResponse
 
 log = logging.getLogger("ragproxy.stale")
 
-STALE_STATUS = "STALE"
 STALE_TIER = "stale"
 STALE_WARNING = '110 - "Response is Stale"'
 DEFAULT_ERROR_STATUSES = frozenset({500, 502, 503, 504})
@@ -115,7 +115,9 @@ class StaleIfError:
 
     name = "stale_if_error"
     needs = frozenset({"cache_key", "cache_policy"})
-    gives: frozenset[str] = frozenset()
+    gives = frozenset({"cache_status", "cache_tier", "entry"})
+    reads = frozenset({"cache_status"})
+    reads_if_given = frozenset({"cache_tier"})
 
     def __init__(self, store: StaleStore, *, kind: str, namespaces: Collection[str],
                  on_status: Collection[int] = DEFAULT_ERROR_STATUSES) -> None:
@@ -152,7 +154,7 @@ class StaleIfError:
                 await _discard(reply)
                 return stale
             return reply
-        if 200 <= reply.status < 300 and ctx.cache_status in ("MISS", "REFRESH") and ctx.cache_tier is None:
+        if 200 <= reply.status < 300 and ctx.cache_status in MISS_STATUSES and ctx.cache_tier is None:
             reply.on_finish(self._keep(ctx, key))
         return reply
 
@@ -162,7 +164,7 @@ class StaleIfError:
             return None
         self.store.served += 1
         log.info("serving a stale answer for request %s (%s)", ctx.request_id, reason)
-        return hit_reply(ctx, entry, status=STALE_STATUS, tier=STALE_TIER,
+        return hit_reply(ctx, entry, status=CacheStatus.STALE, tier=STALE_TIER,
                          extra={"X-Cache-Stale": "true", "Warning": STALE_WARNING})
 
     def _keep(self, ctx: RequestContext, key: str) -> FinishCallback:

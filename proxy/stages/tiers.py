@@ -23,7 +23,6 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import AsyncIterator, Callable, Sequence
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import orjson
@@ -34,7 +33,9 @@ from normalizer.cache_control import CachePolicy
 from normalizer.responses import continued_response, echo_request, final_input_question, stores
 from normalizer.signature import final_question
 from proxy.context import Reply, RequestContext
+from proxy.outcome import HIT_STATUSES, CacheStatus
 from proxy.pipeline import Next
+from proxy.reply import Complete
 from proxy.response_events import assemble_response, replay_response
 from proxy.sse import StreamShape, assemble_stream, replay
 from tiers.entry import CachedResponse
@@ -77,13 +78,15 @@ def document_ids(ctx: RequestContext) -> list[str]:
     return [document.id for document in ctx.prompt.documents] if ctx.prompt is not None else []
 
 
-def hit_reply(ctx: RequestContext, entry: CachedResponse, *, status: str, tier: str,
+def hit_reply(ctx: RequestContext, entry: CachedResponse, *, tier: str, status: CacheStatus = CacheStatus.HIT,
               extra: dict[str, str] | None = None) -> Reply:
-    """A reply built from a cached entry, in the form the client asked for."""
+    """A reply built from a cached entry, in the form the client asked for: a ``HIT`` unless ``status`` says
+    otherwise (the default is read once: on Python 3.11 reading an enum member through its class costs about a
+    thousand instructions, and this is the path of every exact hit)."""
     ctx.cache_status, ctx.cache_tier = status, tier
     ctx.entry = entry
     headers: CIMultiDict[str] = CIMultiDict()
-    headers["X-Cache-Status"] = status
+    headers["X-Cache-Status"] = str(status)
     headers["X-Cache-Tier"] = tier
     headers["Age"] = str(math.floor(entry.age()))
     if extra:
@@ -114,18 +117,13 @@ async def _iterate(events: list[bytes]) -> AsyncIterator[bytes]:
         yield event
 
 
-@dataclass(frozen=True, slots=True)
-class Complete:
-    """An answer as it is stored: the JSON body, and how the upstream shaped it (entry metadata read by
-    :func:`hit_reply`: ``json_type``/``sse_type``, the upstream's ``Content-Type`` when not the plain one;
-    ``stream``, a chat stream's :class:`~proxy.sse.StreamShape`)."""
-
-    body: bytes
-    meta: dict[str, Any] = field(default_factory=dict)
-
-
 def complete_body(reply: Reply, body: bytes, kind: str) -> Complete | None:
-    """The answer to store: as received, or assembled from a finished stream; ``None`` if unusable."""
+    """The answer to store: as received, or assembled from a finished stream; ``None`` if unusable. Built once per
+    finished reply and shared by every stage that reads it (:meth:`~proxy.reply.Reply.completed`)."""
+    return reply.completed(body, kind, _assemble)
+
+
+def _assemble(reply: Reply, body: bytes, kind: str) -> Complete | None:
     content_type = reply.headers.get("Content-Type", "")
     if reply.streamed:
         meta: dict[str, Any] = {"sse_type": content_type} if content_type not in ("", SSE) else {}
@@ -167,7 +165,8 @@ class StoreResponse:
 
     name = "store"
     needs = frozenset({"cache_key", "cache_policy"})
-    gives = frozenset({"entry"})
+    gives = frozenset({"entry", "cache_status"})
+    reads_if_given = frozenset({"cache_status"})
     live_keys = frozenset({"cache.expose_key"})
 
     def __init__(self, into: ResponseTier | None, *, kind: str, write_behind: Sequence[WriteBehind] = (),
@@ -186,21 +185,21 @@ class StoreResponse:
         key = ctx.cache_key
         reply = await call_next(ctx)
         policy = ctx.cache_policy
-        if key is None or policy is None or ctx.cache_status in ("HIT", "SEMANTIC_HIT"):
+        if key is None or policy is None or ctx.cache_status in HIT_STATUSES:
             if key is None and ctx.cache_status is None:
-                ctx.cache_status = "BYPASS"
+                ctx.cache_status = CacheStatus.BYPASS
             self._headers(ctx, reply, key)
             return reply
         if ctx.cache_status is None:
-            ctx.cache_status = "REFRESH" if policy.force_refresh else "MISS"
+            ctx.cache_status = CacheStatus.REFRESH if policy.force_refresh else CacheStatus.MISS
         self._headers(ctx, reply, key)
         if self.into is not None and policy.may_store and policy.ttl != 0 and not ctx.follower:
             reply.on_finish(self._store(ctx, key, policy, self.into))
         return reply
 
     def _headers(self, ctx: RequestContext, reply: Reply, key: str | None) -> None:
-        reply.headers["X-Cache-Status"] = ctx.cache_status or "BYPASS"
-        if ctx.bypass_reason is not None and ctx.cache_status == "BYPASS":
+        reply.headers["X-Cache-Status"] = str(ctx.cache_status or CacheStatus.BYPASS)
+        if ctx.bypass_reason is not None and ctx.cache_status == CacheStatus.BYPASS:
             reply.headers["X-Cache-Bypass-Reason"] = bypass_header(ctx.bypass_reason)
         if self.expose_key and key is not None:
             reply.headers["X-Cache-Key"] = key
@@ -240,7 +239,7 @@ class ExactLookup:
     """Answer exact-key hits from one tier; promote them into ``promote_into`` (faster tiers)."""
 
     needs = frozenset({"cache_key", "cache_policy"})
-    gives = frozenset({"entry"})
+    gives = frozenset({"entry", "cache_status", "cache_tier"})
 
     def __init__(self, tier: ResponseTier, *, promote_into: Sequence[ResponseTier] = ()) -> None:
         self.tier = tier
@@ -257,4 +256,4 @@ class ExactLookup:
         for faster in self.promote_into:
             tags = entry_tags(ctx, entry.model, entry.meta.get("response_id"))
             await faster.put(key, entry, ttl=policy.ttl, tags=tags)
-        return hit_reply(ctx, entry, status="HIT", tier=self.tier.name)
+        return hit_reply(ctx, entry, tier=self.tier.name)

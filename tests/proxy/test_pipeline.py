@@ -1,4 +1,5 @@
-"""Assembly: every pipeline the proxy builds passes the slot check, and a misordered one is refused."""
+"""Assembly: every pipeline the proxy builds passes the slot check, and a misordered one is refused (on the way in
+and on the way back)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,8 @@ from proxy.kv.stages import Shape
 from proxy.pipeline import Pipeline
 from proxy.runtime import Runtime
 from proxy.stages.prompt import ReadPrompt
+from proxy.stages.stale import StaleIfError, StaleStore
+from proxy.stages.tiers import StoreResponse
 
 
 async def _terminal(ctx: RequestContext) -> Reply:
@@ -34,6 +37,47 @@ def test_a_stage_naming_a_slot_the_context_lacks_is_refused() -> None:
             return await call_next(ctx)
 
     with pytest.raises(ValueError, match="unknown context slots"):
+        Pipeline([Typo()], _terminal)
+
+
+class _Keyed:
+    """Gives what the cache stages need on the way in (the key and the policy), nothing of the outcome."""
+
+    name, needs, gives = "keyed", frozenset[str](), frozenset({"cache_key", "cache_policy"})
+
+    async def __call__(self, ctx: RequestContext, call_next: Any) -> Reply:
+        return await call_next(ctx)
+
+
+def _stale() -> StaleIfError:
+    return StaleIfError(StaleStore(), kind="chat", namespaces=["docs"])
+
+
+def test_a_stage_reading_an_outcome_no_later_stage_gives_is_refused() -> None:
+    """stale_if_error keeps answers the store marked MISS/REFRESH on the way back: without the store, or with the
+    store outside it (it marks the status after stale_if_error has read it), it could never keep one."""
+    with pytest.raises(ValueError, match=r"'stale_if_error' reads \['cache_status'\] on the way back"):
+        Pipeline([_Keyed(), _stale()], _terminal)
+    with pytest.raises(ValueError, match=r"'stale_if_error' reads \['cache_status'\] on the way back"):
+        Pipeline([_Keyed(), StoreResponse(None, kind="chat"), _stale()], _terminal)
+
+
+def test_a_stage_reading_an_outcome_a_later_stage_gives_is_assembled() -> None:
+    pipeline = Pipeline([_Keyed(), _stale(), StoreResponse(None, kind="chat")], _terminal)
+    assert pipeline.names == ["keyed", "stale_if_error", "store"]
+
+
+def test_an_outcome_read_only_if_given_needs_no_writer() -> None:
+    """The store reads the status only to leave a hit alone: with no lookup behind it, every answer is a miss."""
+    assert StoreResponse(None, kind="chat").reads_if_given == {"cache_status"}
+    Pipeline([_Keyed(), StoreResponse(None, kind="chat")], _terminal)
+
+
+def test_a_way_back_read_naming_a_slot_the_context_lacks_is_refused() -> None:
+    class Typo(_Keyed):
+        name, reads = "typo", frozenset({"cache_stauts"})
+
+    with pytest.raises(ValueError, match=r"unknown context slots \['cache_stauts'\]"):
         Pipeline([Typo()], _terminal)
 
 
