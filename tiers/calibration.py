@@ -21,9 +21,10 @@ the new question there is::
   0.93 (which only sampled verification would give). This is label-shift adaptation (the class-conditional score
   distributions of the prior hold, the class mix is the namespace's own).
 
-The decision: ``theta_low``, the one-sided 95% lower bound of ``theta`` (profile likelihood), turns into an upper
-bound of ``wrong(c)`` in every cell; the bound of the share served at threshold ``t`` is those bounds averaged over
-the cells at or above ``t``, weighted by how often this namespace's lookups landed in each
+The decision: ``theta_low``, the one-sided 95% lower bound of ``theta`` that holds at every moment (a confidence
+sequence: :meth:`Evidence.theta_lower`), turns into an upper bound of ``wrong(c)`` in every cell; the bound of the
+share served at threshold ``t`` is those bounds averaged over the cells at or above ``t``, weighted by how often
+this namespace's lookups landed in each
 (:meth:`Evidence.served_share`). The threshold is the lowest grid point at or above :data:`SERVE_FLOOR` whose bound
 is within the target, and whose own observations at or above it do not show, at 95% confidence, a share above the
 target (a model-free check that catches a namespace whose traffic does not follow the shape). Without any
@@ -71,8 +72,12 @@ CONFIDENCE_Z = 1.645
 """One-sided 95% normal quantile (of the model-free check)."""
 ALPHA = 0.05
 """Chance that the mix is ever overestimated, over the namespace's whole life (:meth:`Evidence.theta_lower`)."""
-MIXES: npt.NDArray[np.float64] = np.arange(-4.0, 6.0 + 1e-9, 0.05)
-"""The mixes ``theta`` considered: from about 1 in 55 to 400 times the prior's odds of needing the same answer."""
+MIXES: npt.NDArray[np.float64] = np.arange(-4.0, 6.0 + 1e-9, 0.02)
+"""The mixes ``theta`` considered: from about 1 in 55 to 400 times the prior's odds of needing the same answer, in
+steps of 0.02 (the bound gives one step away: :meth:`Evidence.theta_lower`)."""
+ALTERNATIVES_SCALE = 1.5
+"""How far above a mix the mixes weighed against it lie (:meth:`Evidence.theta_lower`): a half-normal of this scale
+(in logit units) over the mixes above it, chosen on replays of the calibration half (BENCHMARKS.md, issue 30)."""
 
 VERIFY_WHILE_SCARCE = 0.1
 """Share of would-be hits forwarded to compare while a namespace has fewer than :data:`CHECKED` comparisons at or
@@ -89,8 +94,18 @@ _LOGITS = MIXES[:, None] + np.array(_OFFSETS)[None, :]
 _LOG_AGREE = -np.logaddexp(0.0, -_LOGITS)
 """log P(a comparison agrees) per mix (rows) and cell (columns)."""
 _LOG_DISAGREE = -np.logaddexp(0.0, _LOGITS)
-_LOG_MIXES_ABOVE = np.log(np.arange(len(MIXES), 0, -1))
-"""log of how many of :data:`MIXES` lie at or above each one."""
+
+
+def _alternatives(scale: float) -> npt.NDArray[np.float64]:
+    """The weight of each mix (columns) among the alternatives to each mix (rows): a half-normal of ``scale`` over
+    the mixes strictly above it, summing to 1 (0 elsewhere; the top mix has none)."""
+    above = MIXES[None, :] - MIXES[:, None]
+    weights = np.where(above > 1e-9, np.exp(-above * above / (2 * scale * scale)), 0.0)
+    totals = weights.sum(axis=1, keepdims=True)
+    return np.asarray(weights / np.where(totals > 0, totals, 1.0))
+
+
+_ALTERNATIVES = _alternatives(ALTERNATIVES_SCALE)
 
 
 def cell_of(score: float) -> int | None:
@@ -162,18 +177,26 @@ class Evidence:
     def theta_lower(self) -> float:
         """A lower bound of the mix that holds, with probability ``1 - ALPHA``, at every moment of the namespace's
         life at once (``-inf`` below :data:`MIXES`): one step of :data:`MIXES` below the lowest mix ``theta`` whose
-        likelihood is not ``1/ALPHA`` times below the average likelihood of the mixes above it.
+        likelihood is not ``1/ALPHA`` times below the likelihood of the mixes above it, averaged with fixed weights
+        (a half-normal of :data:`ALTERNATIVES_SCALE` over the distance above ``theta``).
 
-        For the true mix, that average divided by its own likelihood is a martingale of mean 1 as comparisons arrive
-        (an average of likelihood ratios), so by Ville's inequality it ever reaches ``1/ALPHA`` with probability at
-        most ``ALPHA``: a one-sided confidence sequence (Robbins 1970; Howard et al. 2021). Re-deciding after every
-        comparison cannot wear it down, as it would a fixed-sample bound checked again and again. Averaging over
-        the mixes above (uniformly) decides how fast evidence turns into a bound, never whether the bound holds."""
+        For a mix at or above the true one, that average divided by its own likelihood is a nonnegative
+        supermartingale of mean at most 1 as comparisons arrive (each factor ``p_a/p_theta`` of a mix ``a`` above
+        ``theta`` has mean ``1 + (p_a - p_theta)(p - p_theta)/(p_theta(1 - p_theta)) <= 1`` when the true chance
+        ``p`` of agreeing is at most ``p_theta``), so by Ville's inequality it ever reaches ``1/ALPHA`` with
+        probability at most ``ALPHA``: a one-sided confidence sequence (Robbins 1970; Howard et al. 2021). The step
+        below covers a true mix between two grid points (the grid point just above it is the one that must not be
+        refused). Re-deciding after every comparison cannot wear it down, as it would a fixed-sample bound checked
+        again and again. The weights decide how fast evidence turns into a bound, never whether the bound holds:
+        any weights fixed in advance would do; these put most weight on the alternatives a few dozen to a few
+        hundred comparisons can tell apart."""
         if self.total == sum(self.disagreed):
             return -math.inf
         likelihoods = self._log_likelihoods()
-        above = np.logaddexp.accumulate(likelihoods[::-1])[::-1] - _LOG_MIXES_ABOVE
-        inside = np.flatnonzero(above - likelihoods < math.log(1 / ALPHA))
+        top = likelihoods.max()  # an alternative too unlikely to count next to the likeliest underflows: less refused
+        with np.errstate(divide="ignore"):
+            against = np.log(_ALTERNATIVES @ np.exp(likelihoods - top)) + top
+        inside = np.flatnonzero(against - likelihoods < math.log(1 / ALPHA))
         return -math.inf if not inside.size or inside[0] == 0 else float(MIXES[inside[0] - 1])
 
     def served_share(self, theta: float, cell: int) -> float:
@@ -190,9 +213,10 @@ class Evidence:
         return sum(self.observed[cell:]), sum(self.disagreed[cell:])
 
 
-def _figures(evidence: Evidence, cell: int) -> tuple[float, float]:
-    """(estimated wrong share of the hits served at ``GRID[cell]``, its upper bound)."""
-    low, best = evidence.theta_lower(), evidence.theta_estimate()
+def _figures(evidence: Evidence, cell: int, low: float | None = None) -> tuple[float, float]:
+    """(estimated wrong share of the hits served at ``GRID[cell]``, its upper bound; ``low``: the mix's lower bound
+    when known)."""
+    low, best = evidence.theta_lower() if low is None else low, evidence.theta_estimate()
     share = 1.0 if math.isinf(best) else evidence.served_share(best, cell)
     return share, 1.0 if math.isinf(low) else evidence.served_share(low, cell)
 
@@ -213,8 +237,8 @@ def choose_threshold(target: float, evidence: Evidence | None) -> tuple[float, f
             checked, disagreed = evidence.observed_above(cell)
             if checked and wilson(disagreed / checked, checked)[0] > target:
                 continue
-            return GRID[cell], _figures(evidence, cell)[0], bound
-    return UNREACHABLE, *_figures(evidence, len(GRID) - 1)
+            return GRID[cell], _figures(evidence, cell, low)[0], bound
+    return UNREACHABLE, *_figures(evidence, len(GRID) - 1, low)
 
 
 @dataclass(frozen=True, slots=True)

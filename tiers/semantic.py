@@ -37,6 +37,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections import deque
 from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -55,6 +56,10 @@ log = logging.getLogger(__name__)
 MAX_COMPARISONS = 4
 """Answer comparisons running at once (each reads the cached answer from a tier); more are dropped and counted:
 calibration evidence may wait, a lookup should not."""
+
+MAX_UNJUDGED = 64
+"""Comparisons held while the answer check has seen too few answers to judge (:attr:`AnswerAgreement.ready`); they
+are judged once it has (the oldest dropped beyond): a new namespace's first pairs are evidence too."""
 
 Veto = Callable[[str, str, Iterable[str]], "str | None"]
 CandidateSource = Callable[[FloatArray], Awaitable[list[VectorHit]]]
@@ -128,7 +133,8 @@ class SemanticStats:
     compared: int = 0
     disagreed: int = 0
     unjudged: int = 0
-    """Comparisons made before the answer check had seen enough answers to judge (not evidence)."""
+    """Comparisons made before the answer check had seen enough answers to judge: held and judged once it has
+    (:data:`MAX_UNJUDGED`)."""
     comparisons_dropped: int = 0
     """Comparisons skipped because :data:`MAX_COMPARISONS` were running."""
     index_errors: int = 0
@@ -225,6 +231,8 @@ class SemanticTier:
         self.veto = veto
         self.stats = SemanticStats()
         self._comparing: set[asyncio.Task[None]] = set()
+        self._unjudged: deque[tuple[SemanticScope, SemanticMatch, str, str, str]] = deque(maxlen=MAX_UNJUDGED)
+        """Comparisons waiting for the answer check to be ready: (scope, probe, cached, fresh, question)."""
 
     def threshold_for(self, scope: SemanticScope) -> float:
         """The cosine threshold ``scope``'s namespace runs at now, for its tenant."""
@@ -282,17 +290,27 @@ class SemanticTier:
         self.stats.hits += 1
 
     def learn_answer(self, answer: str) -> None:
-        """An answer the upstream gave (word weights of the answer check)."""
+        """An answer the upstream gave (word weights of the answer check); once the check is ready, the comparisons
+        held until then are judged."""
         self.answers.learn(answer)
+        if self._unjudged and self.answers.ready:
+            while self._unjudged:
+                self._judge(*self._unjudged.popleft())
 
     def compare(self, scope: SemanticScope, probe: SemanticMatch, cached_answer: str, fresh_answer: str,
                       question: str = "") -> bool | None:
         """Record whether the answer cached for ``probe`` agrees with the fresh answer to ``question``
-        (:class:`~tiers.answer_check.AnswerAgreement`); the verdict, or ``None`` while the check cannot judge yet."""
+        (:class:`~tiers.answer_check.AnswerAgreement`); the verdict, or ``None`` while the check cannot judge yet
+        (the comparison is then held, :data:`MAX_UNJUDGED`, and judged once it can)."""
         self.stats.compared += 1
         if not self.answers.ready:
             self.stats.unjudged += 1
+            self._unjudged.append((scope, probe, cached_answer, fresh_answer, question))
             return None
+        return self._judge(scope, probe, cached_answer, fresh_answer, question)
+
+    def _judge(self, scope: SemanticScope, probe: SemanticMatch, cached_answer: str, fresh_answer: str,
+               question: str) -> bool:
         agreed = self.answers.agree(cached_answer, fresh_answer, (probe.question, question))
         self.stats.disagreed += not agreed
         self.calibrator.observe(scope.namespace, probe.similarity, agreed, scope.tenant)

@@ -98,3 +98,24 @@ def test_trivial_variants_differ_only_in_what_folding_removes() -> None:
     for _ in range(200):
         for variant in trivial_variants(question, 3, rng):
             assert fold_question(variant) == fold_question(question), repr(variant)
+
+
+def test_the_offline_replay_serves_and_compares_as_the_proxy_does() -> None:
+    """``loadtest.calibration_replay``: a second question at or above the threshold is served (wrong when its pair
+    needs two answers); below it, or vetoed, it is forwarded, and compared once the answer check can judge."""
+    from loadtest.calibration_replay import replay
+    from tiers.calibration import Calibrator
+
+    cosines = {"p0": 0.95, "p1": 0.96, "p2": 0.5, "p3": 0.8, "p4": 0.97}
+    pairs = [LabelledPair(f"{name}a", f"{name}b", name != "p1") for name in cosines]
+    vectors = {}
+    for name, cosine in cosines.items():
+        vectors[f"{name}a"] = np.array([1.0, 0.0])
+        vectors[f"{name}b"] = np.array([cosine, np.sqrt(1 - cosine * cosine)])
+    found = clusters(pairs)
+    fixed = replay(pairs, found, vectors, Calibrator(0.05, fixed=0.9), lambda a, b: a == "p4b", 0.4, seed=1)
+    assert (fixed.hits, fixed.wrong, fixed.recalled, fixed.wanted, fixed.first_hit) == (2, 1, 1, 4, 1)
+    calibrating = Calibrator(0.05)
+    nothing = replay(pairs * 6, found, vectors, calibrating, lambda a, b: False, 0.4, seed=1)
+    assert nothing.hits == 0 and nothing.threshold > 1
+    assert calibrating.operating("default").observations == 6 * 4, "held until 20 answers, then judged"

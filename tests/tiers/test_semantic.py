@@ -12,10 +12,13 @@ from hypothesis import strategies as st
 from normalizer.signature import context_signature
 from proxy.doubles.qdrant_shim import QdrantShim
 from proxy.upstream.client import UpstreamClient
+from tiers.answer_check import MIN_ANSWERS
 from tiers.embedders.cached import CachedEmbedder
 from tiers.embedders.local import LocalEmbedder
 from tiers.embedders.minilm import MiniLMEncoder
 from tiers.semantic import (
+    MAX_UNJUDGED,
+    SemanticMatch,
     SemanticScope,
     SemanticTier,
     choose_match,
@@ -116,6 +119,24 @@ async def test_thresholds_are_per_namespace(encoder: MiniLMEncoder, store: Vecto
     assert await tier.lookup(ACME, signature(), question) is None
     match = await tier.lookup(SemanticScope("acme", "wiki"), signature(), question)
     assert match is not None and match.key == "k2"
+
+
+async def test_comparisons_before_the_answer_check_is_ready_are_judged_once_it_is(encoder: MiniLMEncoder,
+                                                                                     store: VectorStore) -> None:
+    """A new namespace's first comparisons come before the check has seen enough answers to judge: they are held,
+    not lost, and count as evidence as soon as it has (the oldest dropped beyond :data:`MAX_UNJUDGED`)."""
+    tier = SemanticTier(LocalEmbedder(encoder=encoder), store)
+    probe = SemanticMatch("k1", 0.93, "how do I reset my password")
+    answer = "Open the security settings, choose reset, and follow the emailed link within an hour."
+    for _ in range(MAX_UNJUDGED + 3):
+        assert tier.compare(ACME, probe, answer, answer, "how can I reset my password") is None
+    assert tier.calibrator.operating("docs", "acme").observations == 0
+    assert tier.stats.unjudged == MAX_UNJUDGED + 3
+    for i in range(MIN_ANSWERS):
+        tier.learn_answer(f"Answer {i}: water the fern {i} times a week and keep it out of direct sunlight.")
+    assert tier.calibrator.operating("docs", "acme").observations == MAX_UNJUDGED
+    assert tier.compare(ACME, probe, answer, answer, "how can I reset my password") is True
+    assert tier.calibrator.operating("docs", "acme").observations == MAX_UNJUDGED + 1
 
 
 async def test_unknown_guard_names_fail_at_construction(encoder: MiniLMEncoder, store: VectorStore) -> None:
