@@ -210,7 +210,8 @@ def test_outsized_reranks_do_not_stall_other_requests() -> None:
     and back uncached. They used to be cached document by document, and parsing the reranker's answer, encoding
     the reply and the garbage collector's walks over the new entries held the event loop: on the project's 2-core
     machine 20-34% of the probes waited more than 50 ms (p99 260-630 ms), against 1-4% since (p99 13-70 ms, the
-    request body's parsing and the machine's other load)."""
+    request body's parsing and the machine's other load). The share may exceed the one in the 2 s before the reranks
+    by 10 points at most: a machine loaded by other work makes probes late in both."""
     bodies = [orjson.dumps({"model": "fake-reranker", "query": QUERY,
                             "documents": [f"passage {n} {salt} about the tower" for n in range(count)]})
               for salt, count in [("a", 10_000), ("b", 100_000)]]
@@ -220,6 +221,8 @@ def test_outsized_reranks_do_not_stall_other_requests() -> None:
         probe.start()
         with httpx.Client(base_url=proxy.url, timeout=60, headers={"Content-Type": "application/json"}) as client:
             assert client.get("/healthz").status_code == 200
+            quiet = (time.monotonic(), time.monotonic() + 2.0)  # the machine's own lateness, measured in this run
+            time.sleep(2.0)
             answers, spans = [], []
             for body in bodies:
                 started = time.monotonic()
@@ -229,5 +232,6 @@ def test_outsized_reranks_do_not_stall_other_requests() -> None:
     assert [(a.status_code, a.headers["X-Cache-Status"]) for a in answers] == [(200, "BYPASS")] * 2
     assert len(answers[1].json()["results"]) == 100_000
     during = np.asarray([waited for due, waited, _ in samples if spans[1][0] <= due < spans[1][1]])
-    assert all(answered for _, _, answered in samples) and len(during) > 50
-    assert float(np.mean(during > 0.05)) < 0.1, sorted(during)[-20:]
+    before = np.asarray([waited for due, waited, _ in samples if quiet[0] <= due < quiet[1]])
+    assert all(answered for _, _, answered in samples) and len(during) > 50 and len(before) > 50
+    assert float(np.mean(during > 0.05)) < float(np.mean(before > 0.05)) + 0.1, sorted(during)[-20:]
