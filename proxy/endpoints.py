@@ -35,6 +35,8 @@ from tiers.entry import CachedResponse
 
 QuestionReader = Callable[[Mapping[str, Any], PromptDocuments], "str | None"]
 """Reads the final user question of a body (kept in a stored entry's ``meta``)."""
+Planner = Callable[..., "PromptPlan | None"]
+"""``(body, prompt, *, chars_per_token)`` → the KV plan of a request (:mod:`proxy.kv.plan`)."""
 Answer = bytes | list[bytes]
 """A cached answer as sent: the JSON body, or the events of a replayed stream."""
 
@@ -57,6 +59,11 @@ class Endpoint:
     """How the semantic tier reads its requests (``None``: not looked up by meaning)."""
     owned: Callable[[Mapping[str, Any]], bool] | None = None
     """Whether a request makes a stored object of its own upstream (its answer is private to its tenant)."""
+    plan: Planner = plan_request
+    """The KV layer's plan of a request (``None``: not routed by plan)."""
+    forwarded_as_sent: bool = False
+    """Whether the body goes upstream as the client wrote it, never re-rendered from the KV plan: its documents keep
+    the order sent, and only the hints its API takes are added to it."""
 
     def assemble(self, raw: bytes) -> tuple[dict[str, Any], dict[str, Any]] | None:
         """A finished stream as one answer object, and the entry metadata its replay needs; ``None`` if unusable."""
@@ -85,15 +92,6 @@ class Endpoint:
         """What bounds a stored answer's cache lifetime beyond the request's own (``None``: nothing)."""
         return None
 
-    @property
-    def forwarded_as_sent(self) -> bool:
-        """Whether the body goes upstream as the client wrote it, never re-rendered from the KV plan: its documents
-        keep the order sent, and only the hints its API takes are added to it."""
-        return False
-
-    def plan(self, body: Mapping[str, Any], prompt: PromptDocuments, chars_per_token: float) -> PromptPlan | None:
-        """The KV layer's plan of a request (``None``: not routed by plan)."""
-        return plan_request(body, prompt, chars_per_token=chars_per_token)
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,22 +129,21 @@ class ResponsesEndpoint(Endpoint):
         """A stored response lives upstream for ``retention_s`` at most: its cached answer no longer."""
         return lambda body: retention_s if stores(body) else None
 
-    @property
-    def forwarded_as_sent(self) -> bool:
-        return True
 
-    def plan(self, body: Mapping[str, Any], prompt: PromptDocuments, chars_per_token: float) -> PromptPlan | None:
-        """Planned from its chat view; none when its state lives on one replica (pinned, or the first healthy one:
-        :func:`normalizer.responses.one_replica_reason`)."""
-        if one_replica_reason(body) is not None:
-            return None
-        return plan_response(body, prompt, chars_per_token=chars_per_token)
+def plan_stateless_response(body: Mapping[str, Any], prompt: PromptDocuments, *,
+                            chars_per_token: float = 4.0) -> PromptPlan | None:
+    """A Responses request's plan, from its chat view (:func:`~proxy.kv.plan.plan_response`); none when its state
+    lives on one replica (pinned, or the first healthy one: :func:`normalizer.responses.one_replica_reason`)."""
+    if one_replica_reason(body) is not None:
+        return None
+    return plan_response(body, prompt, chars_per_token=chars_per_token)
 
 
 CHAT = Endpoint("chat", "chat", "/v1/chat/completions", read_prompt=read_prompt, reading=CHAT_READING)
 COMPLETIONS = Endpoint("completions", "completion", "/v1/completions")
 RESPONSES = ResponsesEndpoint("responses", "response", "/v1/responses", read_prompt=read_response_prompt,
-                              read_question=final_input_question, reading=RESPONSE_READING, owned=stores)
+                              read_question=final_input_question, reading=RESPONSE_READING, owned=stores,
+                              plan=plan_stateless_response, forwarded_as_sent=True)
 ENDPOINTS = (CHAT, COMPLETIONS, RESPONSES)
 """Every LLM API whose answers are cached."""
 

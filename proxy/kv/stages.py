@@ -39,7 +39,7 @@ and re-serializing an unchanged body would only cost time on the hot path.
 
 Both stages serve chat as they are; another endpoint's pipeline runs them through :meth:`Shape.serving` and
 :meth:`Route.serving` (one state, shared by every endpoint), and the endpoint (:mod:`proxy.endpoints`) plans its
-requests. Responses requests are planned from their chat view (:meth:`~proxy.endpoints.ResponsesEndpoint.plan`)
+requests. Responses requests are planned from their chat view (:func:`~proxy.endpoints.plan_stateless_response`)
 and forwarded as the client wrote them (:attr:`~proxy.endpoints.Endpoint.forwarded_as_sent`), plus body hints: the
 documents keep the order sent (the ``preserve`` policy whatever the namespace's), so the path in the tree is the
 order the backend saw. The backend's report is read from the response object's ``usage``, or from the
@@ -55,8 +55,9 @@ from __future__ import annotations
 import asyncio
 import itertools
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Coroutine, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, Protocol
 
 from proxy.context import Reply, RequestContext
@@ -75,18 +76,19 @@ from proxy.slots import ReplicaOrder, RoutedRequest, ShapedRequest
 from proxy.upstream.client import UpstreamClient
 
 
-class EndpointStage:
-    """A KV stage as one endpoint's pipeline runs it: the stage's state is shared by every endpoint."""
+class EndpointStage(partial[Coroutine[Any, Any, Reply]]):
+    """A KV stage as one endpoint's pipeline runs it: the stage's ``run`` with the endpoint bound (a partial, so
+    a request costs no wrapper frame), the stage's state shared by every endpoint."""
 
-    def __init__(self, stage: Shape | Route, endpoint: Endpoint) -> None:
-        self.stage = stage
-        self.endpoint = endpoint
-        self.name = stage.name
-        self.needs = stage.needs
-        self.gives = stage.gives
+    name: str
+    needs: frozenset[str]
+    gives: frozenset[str]
+    endpoint: Endpoint
 
-    async def __call__(self, ctx: RequestContext, call_next: Next) -> Reply:
-        return await self.stage.run(ctx, call_next, self.endpoint)
+    def __new__(cls, stage: Shape | Route, endpoint: Endpoint) -> EndpointStage:
+        bound = super().__new__(cls, stage.run, endpoint)  # positional: no keyword merging per request
+        bound.name, bound.needs, bound.gives, bound.endpoint = stage.name, stage.needs, stage.gives, endpoint
+        return bound
 
 
 class PrefixBoard(Protocol):
@@ -154,7 +156,7 @@ class Shape:
         """The pure part: ``ctx.shape``, the plan and the per-replica orders."""
         if ctx.body is None or ctx.prompt is None:
             return
-        plan = endpoint.plan(ctx.body, ctx.prompt, self.chars_per_token)
+        plan = endpoint.plan(ctx.body, ctx.prompt, chars_per_token=self.chars_per_token)
         if plan is None:
             return
         # a body forwarded as sent keeps its documents in the order sent (preserve)
@@ -183,10 +185,11 @@ class Shape:
             self.popularity.observe([d.key for d in plan.documents])
         ctx.shape = ShapedRequest(plan, policy, orders)
 
-    async def __call__(self, ctx: RequestContext, call_next: Next) -> Reply:
-        return await self.run(ctx, call_next, CHAT)
+    def __call__(self, ctx: RequestContext, call_next: Next) -> Coroutine[Any, Any, Reply]:
+        return self.run(CHAT, ctx, call_next)
 
-    async def run(self, ctx: RequestContext, call_next: Next, endpoint: Endpoint) -> Reply:
+    async def run(self, endpoint: Endpoint, ctx: RequestContext, call_next: Next) -> Reply:
+        """The stage for ``endpoint``'s requests."""
         self.shape(ctx, endpoint)
         return await call_next(ctx)
 
@@ -363,10 +366,11 @@ class Route:
         self._next_discovery = now + 60.0
         self._discovery = asyncio.get_running_loop().create_task(self.discover())
 
-    async def __call__(self, ctx: RequestContext, call_next: Next) -> Reply:
-        return await self.run(ctx, call_next, CHAT)
+    def __call__(self, ctx: RequestContext, call_next: Next) -> Coroutine[Any, Any, Reply]:
+        return self.run(CHAT, ctx, call_next)
 
-    async def run(self, ctx: RequestContext, call_next: Next, endpoint: Endpoint) -> Reply:
+    async def run(self, endpoint: Endpoint, ctx: RequestContext, call_next: Next) -> Reply:
+        """The stage for ``endpoint``'s requests."""
         if self._undiscovered:
             self._maybe_discover()
         routed = self.route(ctx, endpoint)

@@ -131,12 +131,12 @@ def test_kv_planning_follows_the_endpoint() -> None:
                                             {"role": "user", "content": text}]}
     response_body = {"model": "m", "instructions": "Be brief.", "input": text}
     assert CHAT.read_prompt is not None and RESPONSES.read_prompt is not None
-    chat = CHAT.plan(chat_body, CHAT.read_prompt(chat_body, None, known), 4.0)
-    response = RESPONSES.plan(response_body, RESPONSES.read_prompt(response_body, None, known), 4.0)
+    chat = CHAT.plan(chat_body, CHAT.read_prompt(chat_body, None, known))
+    response = RESPONSES.plan(response_body, RESPONSES.read_prompt(response_body, None, known))
     assert chat is not None and response is not None
     assert [d.key for d in chat.documents] == [d.key for d in response.documents] and len(chat.documents) == 2
     assert chat.prefix == response.prefix
     assert chat.rewrites and not response.rewrites
     assert RESPONSES.forwarded_as_sent and not CHAT.forwarded_as_sent
     continued = {**response_body, "previous_response_id": "resp_0"}
-    assert RESPONSES.plan(continued, RESPONSES.read_prompt(continued, None, known), 4.0) is None
+    assert RESPONSES.plan(continued, RESPONSES.read_prompt(continued, None, known)) is None
