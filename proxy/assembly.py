@@ -68,6 +68,9 @@ def build_pipelines(rt: Runtime) -> Pipelines:
     stages that own live settings are registered in ``rt.live``. Once per runtime."""
     trust = rt.settings.server.trust_forwarded
     to_llm = ForwardToLLM(rt.client, rt.backends, trust_forwarded=trust)
+
+    def forward(endpoint: Endpoint) -> ForwardToLLM:
+        return ForwardToLLM(rt.client, rt.backends, trust_forwarded=trust, endpoint=endpoint)
     qdrant = rt.settings.upstreams.qdrant
     to_qdrant = ForwardToQdrant(
         rt.client, qdrant.url, qdrant.api_key.get_secret_value() if qdrant.api_key else None, trust_forwarded=trust
@@ -82,10 +85,10 @@ def build_pipelines(rt: Runtime) -> Pipelines:
     stored = StoredResponses(rt.owners, [backend.label for backend in rt.backends.backends],
                              lambda selector: rt.invalidator().invalidate(selector))
     return Pipelines(
-        chat=Pipeline([*billing, *_answers(rt, CHAT, caching)], to_llm, tracer=tracer),
-        completions=Pipeline([*billing, *_answers(rt, COMPLETIONS, caching)], to_llm, tracer=tracer),
+        chat=Pipeline([*billing, *_answers(rt, CHAT, caching)], forward(CHAT), tracer=tracer),
+        completions=Pipeline([*billing, *_answers(rt, COMPLETIONS, caching)], forward(COMPLETIONS), tracer=tracer),
         responses=Pipeline([*guard, ClaimStoredResponses(stored), *_billing(rt, ResponseCredits),
-                            *_answers(rt, RESPONSES, caching)], to_llm, tracer=tracer),
+                            *_answers(rt, RESPONSES, caching)], forward(RESPONSES), tracer=tracer),
         stored_responses=Pipeline([*identify, StoredResponseRequests(stored)], to_llm, tracer=tracer),
         embeddings=Pipeline([*billing, *caching.items("embedding", EmbeddingItemsCache)], to_llm, tracer=tracer),
         rerank=Pipeline([*guard, *_billing(rt, RerankCredits), *caching.items("rerank", RerankItemsCache)],

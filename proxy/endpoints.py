@@ -61,6 +61,9 @@ class Endpoint:
     """Whether a request makes a stored object of its own upstream (its answer is private to its tenant)."""
     plan: Planner = plan_request
     """The KV layer's plan of a request (``None``: not routed by plan)."""
+    usage_on_request: bool = True
+    """Whether a stream reports its token usage only when ``stream_options.include_usage`` asks for it (the
+    forward stage asks for it when credits need it: :func:`proxy.credits.streaming.ask_upstream_for_usage`)."""
     forwarded_as_sent: bool = False
     """Whether the body goes upstream as the client wrote it, never re-rendered from the KV plan: its documents keep
     the order sent, and only the hints its API takes are added to it."""
@@ -143,7 +146,7 @@ CHAT = Endpoint("chat", "chat", "/v1/chat/completions", read_prompt=read_prompt,
 COMPLETIONS = Endpoint("completions", "completion", "/v1/completions")
 RESPONSES = ResponsesEndpoint("responses", "response", "/v1/responses", read_prompt=read_response_prompt,
                               read_question=final_input_question, reading=RESPONSE_READING, owned=stores,
-                              plan=plan_stateless_response, forwarded_as_sent=True)
+                              plan=plan_stateless_response, usage_on_request=False, forwarded_as_sent=True)
 ENDPOINTS = (CHAT, COMPLETIONS, RESPONSES)
 """Every LLM API whose answers are cached."""
 
