@@ -23,6 +23,7 @@ import re
 
 from proxy.assembly import build_pipelines
 from proxy.config import Settings
+from proxy.endpoints import ENDPOINTS
 from proxy.errors import Dialect, ProxyError
 from proxy.pipeline import Pipeline
 from proxy.routes.about import about_handler
@@ -87,10 +88,8 @@ class DataPlane:
                                 lift_proxy_fields=json_body and dialect is Dialect.OPENAI, observe=rt.observe)
 
         healthz, readyz = health_handlers(rt)
-        self._exact: dict[tuple[str, str], Handler] = {
-            ("POST", "/v1/chat/completions"): handler("chat", "chat", Dialect.OPENAI, True),
-            ("POST", "/v1/completions"): handler("completions", "completions", Dialect.OPENAI, True),
-            ("POST", "/v1/responses"): handler("responses", "responses", Dialect.OPENAI, True),
+        self._exact: dict[tuple[str, str], Handler] = {  # an LLM API's pipeline is named by its endpoint's route
+            **{("POST", e.path): handler(e.route, e.route, Dialect.OPENAI, True) for e in ENDPOINTS},
             ("POST", "/v1/embeddings"): handler("embeddings", "embeddings", Dialect.OPENAI, True),
         }
         rerank = handler("rerank", "rerank", Dialect.OPENAI, True)

@@ -17,6 +17,10 @@ the body goes out as the client wrote it, plus hints); a stored answer's cache l
 upstream's retention. Requests about a stored response (``/v1/responses/{id}`` and below, ``input_tokens``,
 ``compact``): identify → stored_responses (the owner's tenant only, to the replica that keeps it) → forward.
 
+The three LLM APIs (chat, legacy completions, Responses) are one :class:`~proxy.endpoints.Endpoint` object each,
+chosen here from the route and handed to every stage that reads its requests or answers (:func:`_answers`): the
+stages never ask which API they serve.
+
 Each stage wraps the ones after it: the way back (store in the tiers, settle credits) runs in reverse order.
 Embeddings: identify → limits → idempotency → credits → cache_control → per-item exact cache → forward.
 Rerankers (``/v1/rerank``, ``/rerank``, ``/v2/rerank``, ``/v1/score``, ``/score``): identify → limits → idempotency
@@ -34,17 +38,15 @@ place (:mod:`proxy.live_settings`).
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Literal
 
 from normalizer.bypass import BypassSettings
 from normalizer.cache_control import CacheDefaults
 from normalizer.canonical import RequestKind
-from normalizer.documents import read_prompt
 from normalizer.limits import RequestLimits
-from normalizer.responses import read_response_prompt, stores
 from proxy.credits.endpoints import RerankCredits, ResponseCredits
 from proxy.credits.idempotency import Idempotency
 from proxy.credits.stages import Credits, Identify, SearchCredits
+from proxy.endpoints import CHAT, COMPLETIONS, RESPONSES, Endpoint
 from proxy.pipeline import Pipeline, Pipelines, Stage
 from proxy.runtime import Runtime
 from proxy.stages.cache_policy import ApplyCacheControl, Canonicalize, Lifetime
@@ -52,7 +54,7 @@ from proxy.stages.coalesce import Coalesce, Flights
 from proxy.stages.embeddings import EmbeddingItemsCache
 from proxy.stages.forward import ForwardToLLM, ForwardToQdrant
 from proxy.stages.limits import EnforceLimits
-from proxy.stages.prompt import ReadPrompt
+from proxy.stages.prompt import PromptReader, ReadPrompt
 from proxy.stages.rerank import RerankItemsCache
 from proxy.stages.retrieval import RegisterDocuments
 from proxy.stages.stale import StaleIfError, StaleStore
@@ -66,6 +68,9 @@ def build_pipelines(rt: Runtime) -> Pipelines:
     stages that own live settings are registered in ``rt.live``. Once per runtime."""
     trust = rt.settings.server.trust_forwarded
     to_llm = ForwardToLLM(rt.client, rt.backends, trust_forwarded=trust)
+
+    def forward(endpoint: Endpoint) -> ForwardToLLM:
+        return ForwardToLLM(rt.client, rt.backends, trust_forwarded=trust, endpoint=endpoint)
     qdrant = rt.settings.upstreams.qdrant
     to_qdrant = ForwardToQdrant(
         rt.client, qdrant.url, qdrant.api_key.get_secret_value() if qdrant.api_key else None, trust_forwarded=trust
@@ -80,11 +85,10 @@ def build_pipelines(rt: Runtime) -> Pipelines:
     stored = StoredResponses(rt.owners, [backend.label for backend in rt.backends.backends],
                              lambda selector: rt.invalidator().invalidate(selector))
     return Pipelines(
-        chat=Pipeline([*billing, *_prompt(rt), *caching.answers("chat"), *_kv(rt)], to_llm, tracer=tracer),
-        completions=Pipeline([*billing, *caching.answers("completion")], to_llm, tracer=tracer),
+        chat=Pipeline([*billing, *_answers(rt, CHAT, caching)], forward(CHAT), tracer=tracer),
+        completions=Pipeline([*billing, *_answers(rt, COMPLETIONS, caching)], forward(COMPLETIONS), tracer=tracer),
         responses=Pipeline([*guard, ClaimStoredResponses(stored), *_billing(rt, ResponseCredits),
-                            *_prompt(rt, "response"), *caching.answers("response"), *_kv(rt)], to_llm,
-                           tracer=tracer),
+                            *_answers(rt, RESPONSES, caching)], forward(RESPONSES), tracer=tracer),
         stored_responses=Pipeline([*identify, StoredResponseRequests(stored)], to_llm, tracer=tracer),
         embeddings=Pipeline([*billing, *caching.items("embedding", EmbeddingItemsCache)], to_llm, tracer=tracer),
         rerank=Pipeline([*guard, *_billing(rt, RerankCredits), *caching.items("rerank", RerankItemsCache)],
@@ -120,17 +124,24 @@ def _billing(rt: Runtime, stage: type[Credits]) -> list[Stage]:
                   settling=rt.credits.settling)]
 
 
-def _kv(rt: Runtime) -> list[Stage]:
+def _answers(rt: Runtime, endpoint: Endpoint, caching: _Caching) -> list[Stage]:
+    """An LLM API's stages after its guards and credits: prompt → the answer caches → shape → route. The endpoint
+    (:mod:`proxy.endpoints`) is chosen here, once, and every stage that reads its requests or answers gets it."""
+    if endpoint.read_prompt is None:  # no prompt to read (legacy completions): no documents, no KV planning
+        return caching.answers(endpoint)
+    return [*_prompt(rt, endpoint.read_prompt), *caching.answers(endpoint), *_kv(rt, endpoint)]
+
+
+def _kv(rt: Runtime, endpoint: Endpoint) -> list[Stage]:
     """shape → route: documents ordered for KV reuse, the replica chosen by estimated TTFT, prefix hints."""
-    return [] if rt.kv is None else [rt.kv.shape, rt.kv.route]
+    return [] if rt.kv is None else [rt.kv.shape.serving(endpoint), rt.kv.route.serving(endpoint)]
 
 
-def _prompt(rt: Runtime, kind: RequestKind = "chat") -> list[Stage]:
-    """prompt: the documents a chat (or Responses) prompt carries, read once for every cache tier and the KV
-    stages."""
+def _prompt(rt: Runtime, read: PromptReader) -> list[Stage]:
+    """prompt: the documents a prompt carries, read once for every cache tier and the KV stages."""
     if rt.documents is None:
         return []
-    return [ReadPrompt(rt.documents, read_response_prompt if kind == "response" else read_prompt)]
+    return [ReadPrompt(rt.documents, read)]
 
 
 def _documents(rt: Runtime) -> list[Stage]:
@@ -154,14 +165,16 @@ class _Caching:
         defaults = CacheDefaults(enabled=True, ttl=self.rt.settings.cache.l1.ttl_s)
         return self.live.register(ApplyCacheControl(defaults, lifetime))
 
-    def _canonicalize(self, kind: RequestKind) -> Canonicalize:
+    def _canonicalize(self, kind: RequestKind, endpoint: Endpoint | None = None) -> Canonicalize:
+        """The exact key of ``kind``'s requests (``endpoint``: an LLM API's, whose prompt and ownership count)."""
         rt, cache = self.rt, self.rt.settings.cache
         bypass = BypassSettings(unknown_fields=cache.unknown_fields, cache_sampled=cache.cache_sampled,
                                 cache_stored_responses=cache.cache_stored_responses,
                                 rerank_max_documents=cache.rerank_max_documents)
         return self.live.register(Canonicalize(kind, bypass, rt.versions, frozenset(cache.shared_namespaces),
                                                frozenset(cache.private_namespaces), tuple(cache.key_headers),
-                                               owned=stores if kind == "response" else None))
+                                               owned=endpoint.owned if endpoint is not None else None,
+                                               reads_prompt=endpoint is not None and endpoint.read_prompt is not None))
 
     def items(self, kind: RequestKind, stage: Callable[[ResponseTier, Canonicalize], Stage]) -> list[Stage]:
         """cache_control → per-item exact cache (embeddings inputs, reranker pairs) in the fastest answer tier,
@@ -171,21 +184,21 @@ class _Caching:
             return []
         return [self._control(), stage(first, self._canonicalize(kind))]
 
-    def answers(self, kind: Literal["chat", "completion", "response"]) -> list[Stage]:
+    def answers(self, endpoint: Endpoint) -> list[Stage]:
         """cache_control → canonicalize → [stale_if_error] → store (on the way back) → each tier's lookups →
         coalesce, when caching is on."""
         rt, live = self.rt, self.live
         cache = rt.settings.cache
         if not cache.enabled:
             return []
-        retention = rt.settings.upstreams.response_retention_s
+        stale = self.stale
         return [
-            self._control((lambda body: retention if stores(body) else None) if kind == "response" else None),
-            self._canonicalize(kind),
-            *([] if self.stale is None else [StaleIfError(self.stale, kind=kind, namespaces=cache.stale.namespaces)]),
-            live.register(StoreResponse(rt.tiers.first, kind=kind, expose_key=cache.expose_key,
+            self._control(endpoint.lifetime(rt.settings.upstreams.response_retention_s)),
+            self._canonicalize(endpoint.kind, endpoint),
+            *([] if stale is None else [StaleIfError(stale, endpoint=endpoint, namespaces=cache.stale.namespaces)]),
+            live.register(StoreResponse(rt.tiers.first, endpoint=endpoint, expose_key=cache.expose_key,
                                         write_behind=rt.tiers.write_behind)),
-            *rt.tiers.stages(kind),
-            live.register(Coalesce(kind=kind, wait_s=cache.coalesce_wait_s, flights=self.flights,
+            *rt.tiers.stages(endpoint),
+            live.register(Coalesce(endpoint=endpoint, wait_s=cache.coalesce_wait_s, flights=self.flights,
                                    recheck=rt.tiers.first)),
         ]

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any, Literal, Protocol, TypeVar
 
 from proxy.config import Settings
+from proxy.endpoints import Endpoint
 from proxy.metrics import GaugeReader
 from proxy.pipeline import Stage
 from proxy.shared import SharedMode
@@ -19,9 +20,9 @@ from tiers.memory import MemoryStore
 from tiers.response_tier import ResponseTier
 
 T = TypeVar("T")
-StageKind = Literal["chat", "completion", "response", "search", "write"]
-"""The requests a tier may add stages to: LLM answers (chat, completions, the Responses API), Qdrant searches,
-Qdrant writes."""
+StageKind = Endpoint | Literal["search", "write"]
+"""The requests a tier may add stages to: an LLM API's answers (its :class:`~proxy.endpoints.Endpoint`), Qdrant
+searches, Qdrant writes."""
 class CacheTier(Protocol):
     """What the assembly, the lifecycle and the admin plane need of a tier."""
 

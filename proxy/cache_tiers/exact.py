@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from proxy.cache_tiers.base import Build, CacheTier, Gauge, LookupStats, Off, StageKind, answers_report
+from proxy.endpoints import Endpoint
 from proxy.pipeline import Stage
 from proxy.stages.tiers import ExactLookup, WriteBehind
 from tiers.invalidation import Embedding, Invalidator, Outcome, Selector
@@ -27,7 +28,7 @@ class ExactTier:
         self.write_behind: WriteBehind | None = None
 
     def stages(self, kind: StageKind, faster: Sequence[CacheTier]) -> list[Stage]:
-        if kind not in ("chat", "completion", "response") or self.answers is None:
+        if not isinstance(kind, Endpoint) or self.answers is None:
             return []
         return [ExactLookup(self.answers, promote_into=[t.answers for t in faster if t.answers is not None])]
 

@@ -9,9 +9,9 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
-from normalizer.signature import CHAT_READING, RESPONSE_READING
 from proxy.cache_tiers.base import Build, CacheTier, Gauge, LookupStats, Off, StageKind
 from proxy.config import L2Settings
+from proxy.endpoints import Endpoint
 from proxy.pipeline import Stage
 from proxy.semantic_factory import build_semantic
 from proxy.stages.semantic import SemanticLookup, question_vectors
@@ -42,12 +42,12 @@ class SemanticCacheTier:
 
     def stages(self, kind: StageKind, faster: Sequence[CacheTier]) -> list[Stage]:
         sources = [t.answers for t in faster if t.answers is not None]
-        if kind not in ("chat", "response") or not sources:
+        if not isinstance(kind, Endpoint) or kind.reading is None or not sources:
             return []
         # an answer tier whose store keeps question vectors (L3) is searched for candidates too
         return [SemanticLookup(self.semantic, sources, sources[0], expose_similarity=self.settings.expose_similarity,
                                cold=question_vectors(sources),
-                               reading=RESPONSE_READING if kind == "response" else CHAT_READING, kind=kind)]
+                               endpoint=kind)]
 
     async def start(self) -> None:
         load = getattr(self.semantic.store, "load", None)  # a persisted index (hnswlib) reloads; Qdrant's is remote

@@ -25,9 +25,6 @@ from proxy.credits.pricing import CHARS_PER_TOKEN
 from proxy.credits.usage import Usage, usage_from_json
 from proxy.sse import EventSplitter, event_data
 
-_REPORTS_ON_REQUEST = frozenset({"chat", "completions"})
-"""Routes whose streams report usage only when ``stream_options.include_usage`` asks for it."""
-
 
 def client_asked_for_usage(body: Mapping[str, Any] | None) -> bool:
     """Whether the client's own request has ``stream_options.include_usage`` set."""
@@ -39,14 +36,13 @@ def ask_upstream_for_usage(ctx: RequestContext) -> bool:
     """Add ``stream_options.include_usage=true`` to a streamed request lacking it (the ``credits.include_usage``
     patch of the body sent upstream; ``ctx.body`` stays the client's); ``True`` if it was added.
 
-    Call from the forward stage, unconditionally. It acts only when the credits stage holds a reservation
-    (``ctx.reservation``), because that stage is what reads the usage and hides the extra chunk from a client that
-    did not ask for it.
+    Call from the forward stage of an endpoint whose streams report usage only when asked
+    (:attr:`proxy.endpoints.Endpoint.usage_on_request`: chat and completions; a Responses stream always reports it,
+    and its API has no such option). It acts only when the credits stage holds a reservation (``ctx.reservation``),
+    because that stage is what reads the usage and hides the extra chunk from a client that did not ask for it.
     """
     body = ctx.body
     if ctx.reservation is None or body is None or body.get("stream") is not True or client_asked_for_usage(body):
-        return False
-    if ctx.route not in _REPORTS_ON_REQUEST:  # a Responses stream always reports usage; its API has no such option
         return False
     options = body.get("stream_options")
     merged = {**options, "include_usage": True} if isinstance(options, Mapping) else {"include_usage": True}

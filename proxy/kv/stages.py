@@ -37,10 +37,13 @@ Isolation hints follow the cache scope: ``cache_salt`` is per tenant, and per us
 A plain prompt (no documents) keeps the client's body bytes unless a hint must go into the body: re-rendering
 and re-serializing an unchanged body would only cost time on the hot path.
 
-Responses requests (``ctx.route == "responses"``) are planned from their chat view
-(:func:`~proxy.kv.plan.plan_response`) and forwarded as the client wrote them, plus body hints: the documents keep
-the order sent (the ``preserve`` policy whatever the namespace's), so the path in the tree is the order the backend
-saw. The backend's report is read from the response object's ``usage``, or from the ``response.completed`` event's.
+Both stages serve chat as they are; another endpoint's pipeline runs them through :meth:`Shape.serving` and
+:meth:`Route.serving` (one state, shared by every endpoint), and the endpoint (:mod:`proxy.endpoints`) plans its
+requests. Responses requests are planned from their chat view (:func:`~proxy.endpoints.plan_stateless_response`)
+and forwarded as the client wrote them (:attr:`~proxy.endpoints.Endpoint.forwarded_as_sent`), plus body hints: the
+documents keep the order sent (the ``preserve`` policy whatever the namespace's), so the path in the tree is the
+order the backend saw. The backend's report is read from the response object's ``usage``, or from the
+``response.completed`` event's.
 A request building on state kept on one replica (:func:`normalizer.responses.one_replica_reason`) is not routed:
 one continuing a stored response is pinned to the replica that made it (``ctx.pinned``,
 :mod:`proxy.stages.stored_responses`), the others go to the first healthy replica. New stored responses are routed
@@ -52,19 +55,19 @@ from __future__ import annotations
 import asyncio
 import itertools
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Coroutine, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, Protocol
 
-from normalizer.responses import one_replica_reason
 from proxy.context import Reply, RequestContext
+from proxy.endpoints import CHAT, Endpoint
 from proxy.errors import ProxyError
 from proxy.kv.admission_queue import AdmissionQueue, DeadlineExceeded
 from proxy.kv.discovery import apply_slots, read_slots
 from proxy.kv.hints import SlotTable, prefix_hashes, reply_objects, reports_cache
 from proxy.kv.kinds import BackendKind, build_hints
 from proxy.kv.order import OrderPolicy, Popularity, order_documents, shift_reusable_tokens
-from proxy.kv.plan import plan_request, plan_response
 from proxy.kv.prefill import PrefillModel, share_fits
 from proxy.kv.router import Candidate, Reject, Router
 from proxy.kv.tree import KnowledgeTree, Match, Segment
@@ -72,8 +75,20 @@ from proxy.pipeline import Next
 from proxy.slots import ReplicaOrder, RoutedRequest, ShapedRequest
 from proxy.upstream.client import UpstreamClient
 
-RESPONSES = "responses"
-"""The route name of ``POST /v1/responses`` (``ctx.route``): planned from its chat view, never reordered."""
+
+class EndpointStage(partial[Coroutine[Any, Any, Reply]]):
+    """A KV stage as one endpoint's pipeline runs it: the stage's ``run`` with the endpoint bound (a partial, so
+    a request costs no wrapper frame), the stage's state shared by every endpoint."""
+
+    name: str
+    needs: frozenset[str]
+    gives: frozenset[str]
+    endpoint: Endpoint
+
+    def __new__(cls, stage: Shape | Route, endpoint: Endpoint) -> EndpointStage:
+        bound = super().__new__(cls, stage.run, endpoint)  # positional: no keyword merging per request
+        bound.name, bound.needs, bound.gives, bound.endpoint = stage.name, stage.needs, stage.gives, endpoint
+        return bound
 
 
 class PrefixBoard(Protocol):
@@ -133,20 +148,20 @@ class Shape:
         self.popularity = popularity if popularity is not None else Popularity()
         self.shared: SharedPrefixes | None = None
 
-    def shape(self, ctx: RequestContext) -> None:
+    def serving(self, endpoint: Endpoint) -> EndpointStage:
+        """This stage in ``endpoint``'s pipeline."""
+        return EndpointStage(self, endpoint)
+
+    def shape(self, ctx: RequestContext, endpoint: Endpoint = CHAT) -> None:
         """The pure part: ``ctx.shape``, the plan and the per-replica orders."""
         if ctx.body is None or ctx.prompt is None:
             return
-        if ctx.route == RESPONSES:  # forwarded in its own shape: documents keep the order sent (preserve)
-            if one_replica_reason(ctx.body) is not None:
-                return  # its state lives on one replica: not routed (pinned, or the first healthy one)
-            plan = plan_response(ctx.body, ctx.prompt, chars_per_token=self.chars_per_token)
-            policy = OrderPolicy.PRESERVE
-        else:
-            plan = plan_request(ctx.body, ctx.prompt, chars_per_token=self.chars_per_token)
-            policy = self.policies.get(ctx.namespace, self.default_policy)
+        plan = endpoint.plan(ctx.body, ctx.prompt, chars_per_token=self.chars_per_token)
         if plan is None:
             return
+        # a body forwarded as sent keeps its documents in the order sent (preserve)
+        policy = OrderPolicy.PRESERVE if endpoint.forwarded_as_sent else \
+            self.policies.get(ctx.namespace, self.default_policy)
         orders = []
         for replica in self.replicas:
             order = order_documents(
@@ -170,8 +185,12 @@ class Shape:
             self.popularity.observe([d.key for d in plan.documents])
         ctx.shape = ShapedRequest(plan, policy, orders)
 
-    async def __call__(self, ctx: RequestContext, call_next: Next) -> Reply:
-        self.shape(ctx)
+    def __call__(self, ctx: RequestContext, call_next: Next) -> Coroutine[Any, Any, Reply]:
+        return self.run(CHAT, ctx, call_next)
+
+    async def run(self, endpoint: Endpoint, ctx: RequestContext, call_next: Next) -> Reply:
+        """The stage for ``endpoint``'s requests."""
+        self.shape(ctx, endpoint)
         return await call_next(ctx)
 
 
@@ -216,7 +235,11 @@ class Route:
                        and not build_hints(only.kind, (), tenant="").body and not expose_headers)
         """Whether a prompt without a prefix has a known route (:meth:`_fixed_route`)."""
 
-    def route(self, ctx: RequestContext) -> RoutedRequest | None:
+    def serving(self, endpoint: Endpoint) -> EndpointStage:
+        """This stage in ``endpoint``'s pipeline."""
+        return EndpointStage(self, endpoint)
+
+    def route(self, ctx: RequestContext, endpoint: Endpoint = CHAT) -> RoutedRequest | None:
         """The pure part: choose the replica, patch the body sent upstream, attach hints. ``None`` without a plan."""
         shaped = ctx.shape
         if shaped is None or not shaped.orders:
@@ -253,7 +276,7 @@ class Route:
             slot=pinned,
             salt_secret=self.salt_secret,
             shift_min_tokens=self.shift_min_tokens if shifted else 0,
-            responses=ctx.route == RESPONSES,
+            responses=endpoint.forwarded_as_sent,
         )
         if plan.rewrites:
             messages = plan.render_messages(order)
@@ -343,10 +366,14 @@ class Route:
         self._next_discovery = now + 60.0
         self._discovery = asyncio.get_running_loop().create_task(self.discover())
 
-    async def __call__(self, ctx: RequestContext, call_next: Next) -> Reply:
+    def __call__(self, ctx: RequestContext, call_next: Next) -> Coroutine[Any, Any, Reply]:
+        return self.run(CHAT, ctx, call_next)
+
+    async def run(self, endpoint: Endpoint, ctx: RequestContext, call_next: Next) -> Reply:
+        """The stage for ``endpoint``'s requests."""
         if self._undiscovered:
             self._maybe_discover()
-        routed = self.route(ctx)
+        routed = self.route(ctx, endpoint)
         if routed is None:
             return await call_next(ctx)
         replica = self.replicas[routed.replica]

@@ -110,11 +110,12 @@ class Canonicalize:
     def __init__(self, kind: RequestKind, bypass: BypassSettings, versions: VersionSource,
                  shared_namespaces: frozenset[str], private_namespaces: frozenset[str] = frozenset(),
                  key_headers: tuple[str, ...] = DEFAULT_KEY_HEADERS,
-                 owned: Callable[[Mapping[str, Any]], bool] | None = None) -> None:
+                 owned: Callable[[Mapping[str, Any]], bool] | None = None, reads_prompt: bool = False) -> None:
+        """``reads_prompt``: the request's prompt documents (``ctx.prompt``) are part of its key."""
         self.kind = kind
         self.owned = owned
         self.key_headers = key_headers
-        self.needs = frozenset({"cache_policy", "prompt"} if kind in ("chat", "response") else {"cache_policy"})
+        self.needs = frozenset({"cache_policy", "prompt"} if reads_prompt else {"cache_policy"})
         self.bypass = bypass
         self.versions = versions
         self.shared = shared_namespaces

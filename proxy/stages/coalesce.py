@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING
 from multidict import CIMultiDict
 
 from proxy.context import Reply, RequestContext
+from proxy.endpoints import Endpoint
 from proxy.outcome import COALESCED, CacheStatus
 from proxy.pipeline import Next
 from proxy.reply import Complete
@@ -89,9 +90,10 @@ class Coalesce:
     gives = frozenset({"follower", "entry", "cache_status", "cache_tier"})
     live_keys = frozenset({"cache.coalesce_wait_s"})
 
-    def __init__(self, *, kind: str, wait_s: float, flights: Flights, recheck: ResponseTier | None = None) -> None:
+    def __init__(self, *, endpoint: Endpoint, wait_s: float, flights: Flights,
+                 recheck: ResponseTier | None = None) -> None:
         """``recheck``: where a finished leader stored its answer (the fastest answer tier)."""
-        self.kind = kind
+        self.endpoint = endpoint
         self.wait_s = wait_s
         self.flights = flights
         self.recheck = recheck
@@ -145,7 +147,7 @@ class Coalesce:
 
         async def finished(done_reply: Reply, ok: bool, body: bytes) -> None:
             self._land(key, flight)
-            flight.answer = complete_body(done_reply, body, self.kind) if ok else None
+            flight.answer = complete_body(done_reply, body, self.endpoint) if ok else None
             if flight.answer is None:
                 flight.fail()
             else:
@@ -192,7 +194,7 @@ class Coalesce:
         if flight.failed or flight.answer is None:
             ctx.follower = False
             return None
-        entry = CachedResponse(body=flight.answer.body, kind=self.kind, meta=flight.answer.meta)
+        entry = CachedResponse(body=flight.answer.body, kind=self.endpoint.kind, meta=flight.answer.meta)
         return hit_reply(ctx, entry, status=CacheStatus.MISS, tier=COALESCED, extra={"X-Cache-Coalesced": "true"})
 
     @staticmethod

@@ -6,6 +6,7 @@ import time
 
 from proxy.context import EndCallback, Reply, RequestContext
 from proxy.credits.streaming import ask_upstream_for_usage
+from proxy.endpoints import Endpoint
 from proxy.errors import ProxyError
 from proxy.headers import upstream_request_headers
 from proxy.upstream.backends import Backend, BackendPool
@@ -46,13 +47,18 @@ class ForwardToLLM:
     name = "forward"
     gives = frozenset({"upstream_called", "backend", "upstream_seconds"})
 
-    def __init__(self, client: UpstreamClient, pool: BackendPool, *, trust_forwarded: bool = False) -> None:
+    def __init__(self, client: UpstreamClient, pool: BackendPool, *, trust_forwarded: bool = False,
+                 endpoint: Endpoint | None = None) -> None:
+        """``endpoint``: the LLM API this stage forwards, if one (whether its streams report usage only when
+        asked)."""
+        self.asks_for_usage = endpoint is not None and endpoint.usage_on_request
         self.client = client
         self.pool = pool
         self.trust_forwarded = trust_forwarded
 
     async def __call__(self, ctx: RequestContext) -> Reply:
-        ask_upstream_for_usage(ctx)
+        if self.asks_for_usage:
+            ask_upstream_for_usage(ctx)
         body = ctx.outgoing_body() if ctx.method not in ("GET", "HEAD") else None
         routed = ctx.routed
         if ctx.pinned is not None:  # a stored response lives on this replica only: no other may answer

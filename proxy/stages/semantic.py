@@ -29,8 +29,9 @@ from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 from normalizer.canonical_json import CanonicalizationError
-from normalizer.signature import CHAT_READING, PromptReading
+from normalizer.signature import PromptReading
 from proxy.context import FinishCallback, Reply, RequestContext
+from proxy.endpoints import Endpoint
 from proxy.outcome import MISS_STATUSES, CacheStatus
 from proxy.pipeline import Next
 from proxy.slots import SemanticQuery
@@ -84,13 +85,16 @@ class SemanticLookup:
 
     def __init__(self, semantic: SemanticTier, sources: Sequence[ResponseTier], promote_into: ResponseTier,
                  *, expose_similarity: bool = False, cold: QuestionVectors | None = None,
-                 reading: PromptReading = CHAT_READING, kind: str = "chat") -> None:
+                 endpoint: Endpoint) -> None:
         """``sources``: the answer tiers a match's key is read from, fastest first; ``cold``: an answer tier that
         also keeps its questions' vectors (searched for candidates when this tier's index has none that can serve);
-        ``reading`` and ``kind``: how this endpoint's requests are read, and its answers assembled."""
+        ``endpoint``: how its requests are read (:attr:`~proxy.endpoints.Endpoint.reading`), and its answers
+        assembled."""
+        if endpoint.reading is None:
+            raise ValueError(f"the {endpoint.route} endpoint is not looked up by meaning")
         self.semantic = semantic
-        self.reading = reading
-        self.kind = kind
+        self.reading: PromptReading = endpoint.reading
+        self.endpoint = endpoint
         self.sources = tuple(sources)
         self.promote_into = promote_into
         self.expose_similarity = expose_similarity
@@ -123,7 +127,7 @@ class SemanticLookup:
         if policy.may_store and not ctx.follower:
             async def learn(done: Reply, ok: bool, body_bytes: bytes) -> None:
                 if ok and done.status == 200 and (ctx.cache_status is None or ctx.cache_status in MISS_STATUSES):
-                    complete = complete_body(done, body_bytes, self.kind)
+                    complete = complete_body(done, body_bytes, self.endpoint)
                     answer = answer_text(complete.body) if complete is not None else None
                     if answer is not None:
                         self.semantic.learn_answer(answer)
@@ -168,7 +172,7 @@ class SemanticLookup:
         """After forwarding: compare the fresh answer with the one cached for ``probe`` (calibration evidence), in
         the background (:meth:`SemanticTier.compare_later`)."""
         async def compare(done: Reply, ok: bool, body_bytes: bytes) -> None:
-            complete = complete_body(done, body_bytes, self.kind) if ok and done.status == 200 else None
+            complete = complete_body(done, body_bytes, self.endpoint) if ok and done.status == 200 else None
             fresh = answer_text(complete.body) if complete is not None else None
             if fresh is None:
                 return

@@ -39,6 +39,7 @@ from collections.abc import Callable, Collection
 from dataclasses import dataclass
 
 from proxy.context import FinishCallback, Reply, RequestContext
+from proxy.endpoints import Endpoint
 from proxy.errors import ProxyError
 from proxy.outcome import MISS_STATUSES, CacheStatus
 from proxy.pipeline import Next
@@ -119,10 +120,10 @@ class StaleIfError:
     reads = frozenset({"cache_status"})
     reads_if_given = frozenset({"cache_tier"})
 
-    def __init__(self, store: StaleStore, *, kind: str, namespaces: Collection[str],
+    def __init__(self, store: StaleStore, *, endpoint: Endpoint, namespaces: Collection[str],
                  on_status: Collection[int] = DEFAULT_ERROR_STATUSES) -> None:
         self.store = store
-        self.kind = kind
+        self.endpoint = endpoint
         self.namespaces = frozenset(namespaces)
         self.on_status = frozenset(on_status)
 
@@ -171,11 +172,11 @@ class StaleIfError:
         async def keep(reply: Reply, ok: bool, body: bytes) -> None:
             if not ok:
                 return
-            stored = complete_body(reply, body, self.kind)
+            stored = complete_body(reply, body, self.endpoint)
             if stored is None:
                 return
             model = (ctx.body or {}).get("model")
-            self.store.keep(key, CachedResponse(body=stored.body, kind=self.kind, meta=stored.meta,
+            self.store.keep(key, CachedResponse(body=stored.body, kind=self.endpoint.kind, meta=stored.meta,
                                                 model=model if isinstance(model, str) else None))
 
         return keep

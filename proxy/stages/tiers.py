@@ -13,9 +13,9 @@ ASCII, at most 200 characters: the reason may quote the request's own field name
 
 A hit keeps the upstream's shape: the body as stored, with the ``Content-Type`` the upstream sent for that form
 (``application/json; charset=utf-8``, say), a stream replayed in the upstream's own stream shape
-(:class:`proxy.sse.StreamShape`) when it was streamed. Responses API entries (kind ``response``) echo the request's
-own fields outside the key (:func:`normalizer.responses.echo_request`) and replay as typed events
-(:mod:`proxy.response_events`).
+(:class:`proxy.sse.StreamShape`) when it was streamed. The entry's endpoint (:mod:`proxy.endpoints`) renders it:
+Responses API entries echo the request's own fields outside the key (:func:`normalizer.responses.echo_request`)
+and replay as typed events (:mod:`proxy.response_events`).
 """
 
 from __future__ import annotations
@@ -30,14 +30,12 @@ from multidict import CIMultiDict
 
 from normalizer.bypass import unstorable_reason
 from normalizer.cache_control import CachePolicy
-from normalizer.responses import continued_response, echo_request, final_input_question, stores
-from normalizer.signature import final_question
+from normalizer.responses import continued_response
 from proxy.context import Reply, RequestContext
+from proxy.endpoints import Endpoint, for_entry, for_kind
 from proxy.outcome import HIT_STATUSES, CacheStatus
 from proxy.pipeline import Next
 from proxy.reply import Complete
-from proxy.response_events import assemble_response, replay_response
-from proxy.sse import StreamShape, assemble_stream, replay
 from tiers.entry import CachedResponse
 from tiers.response_tier import ResponseTier
 
@@ -91,19 +89,11 @@ def hit_reply(ctx: RequestContext, entry: CachedResponse, *, tier: str, status: 
     headers["Age"] = str(math.floor(entry.age()))
     if extra:
         headers.update(extra)
-    body = entry.body
-    if entry.kind == "response":
-        response = orjson.loads(body)
-        if echo_request(response, ctx.body or {}):
-            body = orjson.dumps(response)
-        if ctx.stream:
-            return _streamed(headers, entry, replay_response(response))
-    if ctx.stream and entry.kind in ("chat", "completion"):
-        include_usage = bool(((ctx.body or {}).get("stream_options") or {}).get("include_usage"))
-        shape = StreamShape.from_meta(entry.meta.get("stream"))
-        return _streamed(headers, entry, replay(orjson.loads(body), include_usage=include_usage, shape=shape))
+    answer = for_entry(entry).answer(entry, ctx.body or {}, ctx.stream)
+    if isinstance(answer, list):
+        return _streamed(headers, entry, answer)
     headers["Content-Type"] = entry.meta.get("json_type") or JSON
-    return Reply(status=200, headers=headers, body=body)
+    return Reply(status=200, headers=headers, body=answer)
 
 
 def _streamed(headers: CIMultiDict[str], entry: CachedResponse, events: list[bytes]) -> Reply:
@@ -117,42 +107,28 @@ async def _iterate(events: list[bytes]) -> AsyncIterator[bytes]:
         yield event
 
 
-def complete_body(reply: Reply, body: bytes, kind: str) -> Complete | None:
+def complete_body(reply: Reply, body: bytes, endpoint: Endpoint) -> Complete | None:
     """The answer to store: as received, or assembled from a finished stream; ``None`` if unusable. Built once per
     finished reply and shared by every stage that reads it (:meth:`~proxy.reply.Reply.completed`)."""
-    return reply.completed(body, kind, _assemble)
+    return reply.completed(body, endpoint.kind, _assemble)
 
 
 def _assemble(reply: Reply, body: bytes, kind: str) -> Complete | None:
+    endpoint = for_kind(kind)
     content_type = reply.headers.get("Content-Type", "")
     if reply.streamed:
         meta: dict[str, Any] = {"sse_type": content_type} if content_type not in ("", SSE) else {}
-        if kind == "response":
-            response = assemble_response(body)
-            return None if response is None else Complete(orjson.dumps(response), meta)
-        assembled = assemble_stream(body)
-        if assembled is None:
-            return None
-        return Complete(orjson.dumps(assembled[0]), {**meta, "stream": assembled[1].as_meta()})
+        assembled = endpoint.assemble(body)
+        return None if assembled is None else Complete(orjson.dumps(assembled[0]), {**meta, **assembled[1]})
     try:
         parsed = orjson.loads(body)
     except orjson.JSONDecodeError:
         return None
     if not isinstance(parsed, dict) or ("error" in parsed and parsed["error"] is not None):
         return None
-    if kind == "response" and parsed.get("status") not in ("completed", "incomplete"):
-        return None  # failed, or still queued or running (a background response): not an answer
-    return Complete(body, {"json_type": content_type} if content_type not in ("", JSON) else {})
-
-
-def stored_response_id(body: bytes) -> str | None:
-    """The id of a stored Responses API object (``None`` when the body is not one)."""
-    try:
-        response = orjson.loads(body)
-    except orjson.JSONDecodeError:
+    if not endpoint.finished(parsed):
         return None
-    identifier = response.get("id") if isinstance(response, dict) else None
-    return identifier if isinstance(identifier, str) else None
+    return Complete(body, {"json_type": content_type} if content_type not in ("", JSON) else {})
 
 
 def bypass_header(reason: str) -> str:
@@ -169,12 +145,12 @@ class StoreResponse:
     reads_if_given = frozenset({"cache_status"})
     live_keys = frozenset({"cache.expose_key"})
 
-    def __init__(self, into: ResponseTier | None, *, kind: str, write_behind: Sequence[WriteBehind] = (),
+    def __init__(self, into: ResponseTier | None, *, endpoint: Endpoint, write_behind: Sequence[WriteBehind] = (),
                  expose_key: bool = False) -> None:
         """``into``: where new answers are stored (``None``: no tier holds answers; only the headers are set);
         ``write_behind``: takers of copies."""
         self.into = into
-        self.kind = kind
+        self.endpoint = endpoint
         self.write_behind = tuple(write_behind)
         self.expose_key = expose_key
 
@@ -208,18 +184,18 @@ class StoreResponse:
         async def store(reply: Reply, ok: bool, body: bytes) -> None:
             if unstorable_reason(reply.status, complete=ok) is not None:
                 return
-            stored = complete_body(reply, body, self.kind)
+            endpoint = self.endpoint
+            stored = complete_body(reply, body, endpoint)
             if stored is None:
                 return
             request = ctx.body or {}
             model = request.get("model")
-            response_id = stored_response_id(stored.body) if self.kind == "response" and stores(request) else None
+            response_id = endpoint.stored_id(request, stored.body)
             semantic, documents = ctx.semantic, document_ids(ctx)
-            read = final_input_question if self.kind == "response" else final_question
             question = semantic.question if semantic is not None else \
-                read(request, ctx.prompt) if ctx.prompt is not None else None
+                endpoint.read_question(request, ctx.prompt) if ctx.prompt is not None else None
             entry = CachedResponse(
-                body=stored.body, kind=self.kind, model=model if isinstance(model, str) else None,
+                body=stored.body, kind=endpoint.kind, model=model if isinstance(model, str) else None,
                 cost=ctx.upstream_seconds if ctx.upstream_seconds is not None else 1.0,
                 meta={"tenant": ctx.tenant, "namespace": ctx.namespace, "route": ctx.route,
                       **({"question": question} if question else {}),

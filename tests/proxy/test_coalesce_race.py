@@ -7,6 +7,7 @@ import asyncio
 
 from normalizer.cache_control import CachePolicy
 from proxy.context import Reply, RequestContext
+from proxy.endpoints import CHAT as CHAT_API
 from proxy.pipeline import Next, Pipeline
 from proxy.server.request import Request
 from proxy.stages.coalesce import Coalesce, Flights
@@ -70,8 +71,8 @@ async def test_a_request_racing_with_the_store_is_a_hit() -> None:
         calls += 1
         return Reply(status=200, body=b'{"id": "a", "object": "chat.completion", "choices": []}')
 
-    pipeline = Pipeline([Keyed(), StoreResponse(l1, kind="chat"), ExactLookup(l1), slow,
-                         Coalesce(kind="chat", wait_s=5.0, flights=Flights(), recheck=l1)], upstream)
+    pipeline = Pipeline([Keyed(), StoreResponse(l1, endpoint=CHAT_API), ExactLookup(l1), slow,
+                         Coalesce(endpoint=CHAT_API, wait_s=5.0, flights=Flights(), recheck=l1)], upstream)
     slow.holding = "late"
     late = asyncio.create_task(_served(pipeline, _ctx("late")))
     await slow.held.wait()  # it missed L1: nothing was stored yet

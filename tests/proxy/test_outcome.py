@@ -12,9 +12,10 @@ import orjson
 import pytest
 
 import proxy
-import proxy.stages.tiers
+import proxy.endpoints
 from normalizer.cache_control import CachePolicy
 from proxy.context import Reply, RequestContext
+from proxy.endpoints import CHAT
 from proxy.metrics import Metrics
 from proxy.observe import record_metrics
 from proxy.outcome import CacheStatus
@@ -55,13 +56,13 @@ async def test_a_streamed_miss_is_assembled_once_for_every_stage_that_reads_it(
         monkeypatch: pytest.MonkeyPatch) -> None:
     events = replay(ANSWER, include_usage=False)
     assembled: list[bytes] = []
-    assemble_stream = proxy.stages.tiers.assemble_stream
+    assemble_stream = proxy.endpoints.assemble_stream
 
     def counted(raw: bytes) -> Any:
         assembled.append(raw)
         return assemble_stream(raw)
 
-    monkeypatch.setattr(proxy.stages.tiers, "assemble_stream", counted)
+    monkeypatch.setattr(proxy.endpoints, "assemble_stream", counted)
 
     async def chunks() -> AsyncIterator[bytes]:
         for event in events:
@@ -72,8 +73,8 @@ async def test_a_streamed_miss_is_assembled_once_for_every_stage_that_reads_it(
 
     l1 = ResponseTier("l1", MemoryStore(make_policy("lru", 1 << 20)))
     stale = StaleStore()
-    pipeline = Pipeline([Keyed(), StaleIfError(stale, kind="chat", namespaces=["docs"]),
-                         StoreResponse(l1, kind="chat"), Coalesce(kind="chat", wait_s=5.0, flights=Flights())],
+    pipeline = Pipeline([Keyed(), StaleIfError(stale, endpoint=CHAT, namespaces=["docs"]),
+                         StoreResponse(l1, endpoint=CHAT), Coalesce(endpoint=CHAT, wait_s=5.0, flights=Flights())],
                         upstream)
     ctx = _ctx()
     reply = await pipeline(ctx)

@@ -11,6 +11,7 @@ import pytest
 from proxy.assembly import build_pipelines
 from proxy.config import load_settings
 from proxy.context import Reply, RequestContext
+from proxy.endpoints import CHAT
 from proxy.kv.stages import Shape
 from proxy.pipeline import Pipeline
 from proxy.runtime import Runtime
@@ -50,7 +51,7 @@ class _Keyed:
 
 
 def _stale() -> StaleIfError:
-    return StaleIfError(StaleStore(), kind="chat", namespaces=["docs"])
+    return StaleIfError(StaleStore(), endpoint=CHAT, namespaces=["docs"])
 
 
 def test_a_stage_reading_an_outcome_no_later_stage_gives_is_refused() -> None:
@@ -59,18 +60,18 @@ def test_a_stage_reading_an_outcome_no_later_stage_gives_is_refused() -> None:
     with pytest.raises(ValueError, match=r"'stale_if_error' reads \['cache_status'\] on the way back"):
         Pipeline([_Keyed(), _stale()], _terminal)
     with pytest.raises(ValueError, match=r"'stale_if_error' reads \['cache_status'\] on the way back"):
-        Pipeline([_Keyed(), StoreResponse(None, kind="chat"), _stale()], _terminal)
+        Pipeline([_Keyed(), StoreResponse(None, endpoint=CHAT), _stale()], _terminal)
 
 
 def test_a_stage_reading_an_outcome_a_later_stage_gives_is_assembled() -> None:
-    pipeline = Pipeline([_Keyed(), _stale(), StoreResponse(None, kind="chat")], _terminal)
+    pipeline = Pipeline([_Keyed(), _stale(), StoreResponse(None, endpoint=CHAT)], _terminal)
     assert pipeline.names == ["keyed", "stale_if_error", "store"]
 
 
 def test_an_outcome_read_only_if_given_needs_no_writer() -> None:
     """The store reads the status only to leave a hit alone: with no lookup behind it, every answer is a miss."""
-    assert StoreResponse(None, kind="chat").reads_if_given == {"cache_status"}
-    Pipeline([_Keyed(), StoreResponse(None, kind="chat")], _terminal)
+    assert StoreResponse(None, endpoint=CHAT).reads_if_given == {"cache_status"}
+    Pipeline([_Keyed(), StoreResponse(None, endpoint=CHAT)], _terminal)
 
 
 def test_a_way_back_read_naming_a_slot_the_context_lacks_is_refused() -> None:

@@ -22,6 +22,7 @@ from normalizer.documents import DocumentRegistry
 from normalizer.search_request import SearchItem
 from proxy.context import Reply, RequestContext
 from proxy.doubles.llm_server import FakeLLM
+from proxy.endpoints import CHAT as CHAT_API
 from proxy.server.request import Request
 from proxy.stages.coalesce import Coalesce, Flights
 from proxy.stats import COST_MEMORY, RequestStats
@@ -74,7 +75,7 @@ def _ctx(key: str) -> RequestContext:
 
 
 async def test_coalescing_table_is_capped_by_max_flights() -> None:
-    stage = Coalesce(kind="chat", wait_s=5.0, flights=Flights(max_flights=3))
+    stage = Coalesce(endpoint=CHAT_API, wait_s=5.0, flights=Flights(max_flights=3))
     release, all_in = asyncio.Event(), asyncio.Event()
     sizes: list[int] = []
 
@@ -96,7 +97,7 @@ async def test_coalescing_table_is_capped_by_max_flights() -> None:
 
 
 async def test_recently_landed_keys_are_capped() -> None:
-    stage = Coalesce(kind="chat", wait_s=5.0, flights=Flights(max_landed=16))
+    stage = Coalesce(endpoint=CHAT_API, wait_s=5.0, flights=Flights(max_landed=16))
 
     async def upstream(ctx: RequestContext) -> Reply:
         return Reply(status=200, body=b'{"id": "x", "choices": []}')

@@ -13,6 +13,7 @@ from normalizer.documents import DocumentRegistry
 from normalizer.responses import read_response_prompt
 from proxy.context import Reply, RequestContext
 from proxy.doubles.openai_responses import encode, response_object, stream_events
+from proxy.endpoints import RESPONSES
 from proxy.errors import ProxyError
 from proxy.kv.admission_queue import AdmissionQueue
 from proxy.kv.kinds import GENERIC, LLAMACPP, OPENAI, SGLANG, VLLM, BackendKind
@@ -81,7 +82,8 @@ class ResponsesDouble:
 def pipeline(reps: list[Replica], router: Router, backend: ResponsesDouble,
              policy: OrderPolicy = OrderPolicy.PRESERVE) -> Pipeline:
     shape = Shape(reps, default_policy=policy)
-    return Pipeline([ReadPrompt(registry(), read_response_prompt), shape, Route(reps, router)], backend)
+    return Pipeline([ReadPrompt(registry(), read_response_prompt), shape.serving(RESPONSES),
+                     Route(reps, router).serving(RESPONSES)], backend)
 
 
 async def test_a_responses_prefix_sent_before_goes_to_the_replica_that_holds_it() -> None:
