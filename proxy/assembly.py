@@ -49,6 +49,7 @@ from proxy.credits.stages import Credits, Identify, SearchCredits
 from proxy.endpoints import CHAT, COMPLETIONS, RESPONSES, Endpoint
 from proxy.pipeline import Pipeline, Pipelines, Stage
 from proxy.runtime import Runtime
+from proxy.stages.answers import StoreResponse
 from proxy.stages.cache_policy import ApplyCacheControl, Canonicalize, Lifetime
 from proxy.stages.coalesce import Coalesce, Flights
 from proxy.stages.embeddings import EmbeddingItemsCache
@@ -59,7 +60,6 @@ from proxy.stages.rerank import RerankItemsCache
 from proxy.stages.retrieval import RegisterDocuments
 from proxy.stages.stale import StaleIfError, StaleStore
 from proxy.stages.stored_responses import ClaimStoredResponses, StoredResponseRequests, StoredResponses
-from proxy.stages.tiers import StoreResponse
 from tiers.response_tier import ResponseTier
 
 

@@ -164,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "check-config":
         sys.stdout.write(yaml.safe_dump(redacted(settings), sort_keys=False))
         return 0
-    from proxy.logs import configure
+    from proxy.observability.logs import configure
     from proxy.serve import serve
 
     configure(settings.logging.level, settings.logging.format)

@@ -13,7 +13,7 @@ missing items only, the KV layer's document order and hints, credits asking a st
 once, and with no patch (and nothing lifted out) sends the client's bytes unchanged. Besides the forward stages,
 only credits read the upstream-bound body: what the upstream did is estimated from what it was sent, and a search
 batch is charged for the searches sent. The patch names are the ``ragproxy.body_patches`` attribute of the
-request's spans (:mod:`proxy.tracing`).
+request's spans (:mod:`proxy.observability.tracing`).
 """
 
 from __future__ import annotations
@@ -130,7 +130,7 @@ class RequestContext:
     """Micro-credits charged, when settled with the reply (``X-Credits-Charged``; a stream settles later)."""
     entry: CachedResponse | None = None
     response_headers: dict[str, str] = field(default_factory=dict)
-    # tracing (proxy.tracing), when on
+    # tracing (proxy.observability.tracing), when on
     trace: RequestTrace | None = None
 
     def patch(self, name: str, apply: Rewrite) -> None:

@@ -82,7 +82,7 @@ class Pipeline:
         check_slots(self.stages)
         self._entry = terminal
         if tracer is not None:
-            from proxy.tracing import traced_stage
+            from proxy.observability.tracing import traced_stage
 
             self._entry = traced_stage(tracer, "forward", terminal)
         for stage in reversed(self.stages):

@@ -33,7 +33,7 @@ EndCallback = Callable[["Reply", bool], None]
 @dataclass(frozen=True, slots=True)
 class Complete:
     """An answer as it is stored: the JSON body, and how the upstream shaped it (entry metadata read by
-    :func:`proxy.stages.tiers.hit_reply`: ``json_type``/``sse_type``, the upstream's ``Content-Type`` when not the
+    :func:`proxy.stages.answers.hit_reply`: ``json_type``/``sse_type``, the upstream's ``Content-Type`` when not the
     plain one; ``stream``, a chat stream's :class:`~proxy.sse.StreamShape`)."""
 
     body: bytes

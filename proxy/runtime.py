@@ -30,12 +30,12 @@ from proxy.credits.factory import CreditComponents, build_credits
 from proxy.kv.factory import KVLayer, build_kv
 from proxy.kv.stages import SharedPrefixes
 from proxy.live_settings import LiveSettings
-from proxy.logs import LogLevel
-from proxy.metrics import Metrics, TierLookups
-from proxy.observe import AccessLog, Observer, observer
+from proxy.observability.logs import LogLevel
+from proxy.observability.metrics import Metrics, TierLookups
+from proxy.observability.observe import AccessLog, Observer, observer
+from proxy.observability.stats import RequestStats
 from proxy.response_owners import RedisResponseOwners, ResponseOwners, SqliteResponseOwners
 from proxy.shared import SharedMode, build_shared
-from proxy.stats import RequestStats
 from proxy.upstream.backends import BackendPool
 from proxy.upstream.client import UpstreamClient
 from tiers.policies.trace import TraceRecorder
@@ -101,7 +101,7 @@ class Runtime:
             else SqliteResponseOwners(settings.data_dir / "responses.sqlite3", ttl_s=retention)
         self.tracer = None
         if settings.telemetry.tracing:
-            from proxy.tracing import make_tracer
+            from proxy.observability.tracing import make_tracer
 
             self.tracer = make_tracer(settings.telemetry.otlp_endpoint, settings.telemetry.service_name)
         trace_file = settings.cache.trace_file

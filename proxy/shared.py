@@ -35,7 +35,7 @@ from prometheus_client import Counter
 from redis.asyncio.cluster import RedisCluster
 
 from proxy.config import Settings
-from proxy.metrics import Metrics
+from proxy.observability.metrics import Metrics
 from tiers.invalidation_bus import Delivery, InvalidationBus
 from tiers.memory import MemoryStore
 from tiers.near_cache import NearCachedStore, SharedResponseTier

@@ -1,5 +1,5 @@
 """Latency histograms as plain numbers: an observation is a bisection and two additions (no lock, no label lookup),
-turned into Prometheus buckets only when scraped (``proxy.metrics``)."""
+turned into Prometheus buckets only when scraped (``proxy.observability.metrics``)."""
 
 from __future__ import annotations
 

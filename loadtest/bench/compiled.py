@@ -32,7 +32,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("proxy", "tiers", "normalizer", "admin", "loadtest")
 NOT_COMPILED = (
-    "proxy/upstream/client.py", "proxy/upstream/http1.py", "proxy/stages/coalesce.py", "proxy/stages/tiers.py",
+    "proxy/upstream/client.py", "proxy/upstream/http1.py", "proxy/stages/coalesce.py", "proxy/stages/answers.py",
     "proxy/kv/admission_queue.py", "proxy/config.py", "proxy/config_reference.py", "proxy/cli.py",
 )
 """Besides every ``__init__.py`` and the ``credits`` package (see the module docstring)."""

@@ -8,11 +8,11 @@ from typing import Any, Literal, Protocol, TypeVar
 
 from proxy.config import Settings
 from proxy.endpoints import Endpoint
-from proxy.metrics import GaugeReader
+from proxy.observability.metrics import GaugeReader
 from proxy.pipeline import Stage
 from proxy.shared import SharedMode
+from proxy.stages.answers import WriteBehind
 from proxy.stages.retrieval import CollectionFetcher
-from proxy.stages.tiers import WriteBehind
 from proxy.upstream.client import UpstreamClient
 from tiers.invalidation import Embedding, Outcome, Selector
 from tiers.latency import LatencyHistogram

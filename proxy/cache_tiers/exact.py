@@ -8,7 +8,7 @@ from typing import Any
 from proxy.cache_tiers.base import Build, CacheTier, Gauge, LookupStats, Off, StageKind, answers_report
 from proxy.endpoints import Endpoint
 from proxy.pipeline import Stage
-from proxy.stages.tiers import ExactLookup, WriteBehind
+from proxy.stages.answers import ExactLookup, WriteBehind
 from tiers.invalidation import Embedding, Invalidator, Outcome, Selector
 from tiers.memory import MemoryStore
 from tiers.policies import make_policy

@@ -8,8 +8,8 @@ from typing import Any
 
 from proxy.cache_tiers.base import Build, CacheTier, Gauge, LookupStats, Off, StageKind
 from proxy.pipeline import Stage
+from proxy.stages.answers import WriteBehind
 from proxy.stages.retrieval import CollectionFetcher, InvalidateSearches, RetrievalLookup
-from proxy.stages.tiers import WriteBehind
 from tiers.invalidation import Embedding, Invalidator, Outcome, Selector
 from tiers.policies import make_policy
 from tiers.response_tier import ResponseTier

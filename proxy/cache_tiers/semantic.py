@@ -14,8 +14,8 @@ from proxy.config import L2Settings
 from proxy.endpoints import Endpoint
 from proxy.pipeline import Stage
 from proxy.semantic_factory import build_semantic
+from proxy.stages.answers import WriteBehind
 from proxy.stages.semantic import SemanticLookup, question_vectors
-from proxy.stages.tiers import WriteBehind
 from tiers.invalidation import Embedding, Outcome, Selector
 from tiers.response_tier import ResponseTier
 from tiers.semantic import SemanticTier

@@ -27,7 +27,7 @@ from proxy.credits.pricing import ModelLimits, ModelPrice, PriceBook, to_micro
 from proxy.credits.reaper import ReservationReaper
 from proxy.credits.replayer import JournalReplayer
 from proxy.credits.store import CreditStore
-from proxy.metrics import Metrics
+from proxy.observability.metrics import Metrics
 
 
 @dataclass

@@ -36,7 +36,7 @@ from proxy.endpoints import Endpoint
 from proxy.outcome import COALESCED, CacheStatus
 from proxy.pipeline import Next
 from proxy.reply import Complete
-from proxy.stages.tiers import complete_body, hit_reply
+from proxy.stages.answers import complete_body, hit_reply
 from proxy.upstream.client import UpstreamStreamError
 from tiers.entry import CachedResponse
 from tiers.response_tier import ResponseTier

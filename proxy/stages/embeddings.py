@@ -31,8 +31,8 @@ from normalizer.canonical_json import CanonicalizationError
 from proxy.context import Reply, RequestContext
 from proxy.outcome import CacheStatus
 from proxy.pipeline import Next
+from proxy.stages.answers import entry_tags
 from proxy.stages.items import ItemsCache
-from proxy.stages.tiers import entry_tags
 from tiers.entry import CachedResponse
 
 

@@ -16,8 +16,8 @@ from proxy.context import Reply, RequestContext
 from proxy.outcome import CacheStatus
 from proxy.pacing import Pacer, finish
 from proxy.pipeline import Next
+from proxy.stages.answers import bypass_header
 from proxy.stages.cache_policy import Canonicalize
-from proxy.stages.tiers import bypass_header
 from tiers.entry import CachedResponse
 from tiers.response_tier import ResponseTier
 

@@ -46,8 +46,8 @@ from proxy.outcome import CacheStatus
 from proxy.pacing import Pacer, finish
 from proxy.pipeline import Next
 from proxy.slots import RerankCount
+from proxy.stages.answers import entry_tags
 from proxy.stages.items import ItemsCache
-from proxy.stages.tiers import entry_tags
 from tiers.entry import CachedResponse
 
 JSON = "application/json"

@@ -35,7 +35,7 @@ from proxy.endpoints import Endpoint
 from proxy.outcome import MISS_STATUSES, CacheStatus
 from proxy.pipeline import Next
 from proxy.slots import SemanticQuery
-from proxy.stages.tiers import complete_body, entry_tags, hit_reply
+from proxy.stages.answers import complete_body, entry_tags, hit_reply
 from tiers.calibration import GRID
 from tiers.embedders.base import FloatArray
 from tiers.entry import CachedResponse

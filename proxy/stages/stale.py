@@ -43,7 +43,7 @@ from proxy.endpoints import Endpoint
 from proxy.errors import ProxyError
 from proxy.outcome import MISS_STATUSES, CacheStatus
 from proxy.pipeline import Next
-from proxy.stages.tiers import complete_body, hit_reply
+from proxy.stages.answers import complete_body, hit_reply
 from tiers.entry import CachedResponse
 
 log = logging.getLogger("ragproxy.stale")

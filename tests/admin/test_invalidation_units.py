@@ -1,5 +1,5 @@
 """``tiers.invalidation`` over real in-memory tiers: AND of selectors, the semantic radius (with a test-double
-embedder), hooks into the semantic index and the retrieval cache, flush; and ``proxy.stats`` decisions."""
+embedder), hooks into the semantic index and the retrieval cache, flush; and ``proxy.observability.stats`` decisions."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from proxy.stats import RequestStats, SpaceSaving, histogram_quantile
+from proxy.observability.stats import RequestStats, SpaceSaving, histogram_quantile
 from tiers.entry import CachedResponse
 from tiers.invalidation import Invalidator, InvalidSelector, Near, Selector
 from tiers.memory import MemoryStore

@@ -16,9 +16,9 @@ import httpx
 import pytest
 
 from proxy.doubles.llm_server import FakeLLM
+from proxy.stages.answers import StoreResponse
 from proxy.stages.cache_policy import ApplyCacheControl, Canonicalize
 from proxy.stages.coalesce import Coalesce
-from proxy.stages.tiers import StoreResponse
 from tests.admin.conftest import CHAT, Admin, ask, chat_body, reached_upstream
 from tests.support.proxy_server import ProxyServer
 

@@ -10,8 +10,8 @@ from proxy.context import Reply, RequestContext
 from proxy.endpoints import CHAT as CHAT_API
 from proxy.pipeline import Next, Pipeline
 from proxy.server.request import Request
+from proxy.stages.answers import ExactLookup, StoreResponse
 from proxy.stages.coalesce import Coalesce, Flights
-from proxy.stages.tiers import ExactLookup, StoreResponse
 from tiers.memory import MemoryStore
 from tiers.policies import make_policy
 from tiers.response_tier import ResponseTier

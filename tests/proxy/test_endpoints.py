@@ -16,7 +16,7 @@ from proxy.config import load_settings
 from proxy.doubles.openai_responses import response_object
 from proxy.endpoints import CHAT, COMPLETIONS, ENDPOINTS, RESPONSES, Endpoint, for_entry
 from proxy.reply import Reply
-from proxy.stages.tiers import complete_body
+from proxy.stages.answers import complete_body
 from tiers.entry import CachedResponse
 
 QUESTION = "How tall is the tower?"

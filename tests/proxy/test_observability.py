@@ -10,8 +10,8 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from proxy.doubles.llm_server import FakeLLM
+from proxy.observability.tracing import make_tracer
 from proxy.runtime import Runtime
-from proxy.tracing import make_tracer
 from tests.support.proxy_server import ProxyServer, proxy_settings
 
 

@@ -16,15 +16,15 @@ import proxy.endpoints
 from normalizer.cache_control import CachePolicy
 from proxy.context import Reply, RequestContext
 from proxy.endpoints import CHAT
-from proxy.metrics import Metrics
-from proxy.observe import record_metrics
+from proxy.observability.metrics import Metrics
+from proxy.observability.observe import record_metrics
 from proxy.outcome import CacheStatus
 from proxy.pipeline import Next, Pipeline
 from proxy.server.request import Request
 from proxy.sse import replay
+from proxy.stages.answers import StoreResponse
 from proxy.stages.coalesce import Coalesce, Flights
 from proxy.stages.stale import StaleIfError, StaleStore
-from proxy.stages.tiers import StoreResponse
 from tiers.memory import MemoryStore
 from tiers.policies import make_policy
 from tiers.response_tier import ResponseTier

@@ -15,9 +15,9 @@ from proxy.endpoints import CHAT
 from proxy.kv.stages import Shape
 from proxy.pipeline import Pipeline
 from proxy.runtime import Runtime
+from proxy.stages.answers import StoreResponse
 from proxy.stages.prompt import ReadPrompt
 from proxy.stages.stale import StaleIfError, StaleStore
-from proxy.stages.tiers import StoreResponse
 
 
 async def _terminal(ctx: RequestContext) -> Reply:

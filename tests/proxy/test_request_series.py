@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 
-from proxy.metrics import RequestSeries
+from proxy.observability.metrics import RequestSeries
 from tiers.latency import LATENCY_BUCKETS
 
 OBSERVED = [0.0001, 0.0005, 0.0007, 0.001, 0.003, 0.003, 0.2, 1.0, 7.5, 61.0, 400.0]

@@ -23,9 +23,9 @@ from normalizer.search_request import SearchItem
 from proxy.context import Reply, RequestContext
 from proxy.doubles.llm_server import FakeLLM
 from proxy.endpoints import CHAT as CHAT_API
+from proxy.observability.stats import COST_MEMORY, RequestStats
 from proxy.server.request import Request
 from proxy.stages.coalesce import Coalesce, Flights
-from proxy.stats import COST_MEMORY, RequestStats
 from tests.support.proxy_server import ProxyServer, proxy_settings
 from tiers.demotion import Demoter
 from tiers.memory import MemoryStore

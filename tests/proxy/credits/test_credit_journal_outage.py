@@ -29,7 +29,7 @@ from proxy.credits.stages import Credits
 from proxy.credits.store import ChargeDetails, CreditStore, LedgerFilter, ledger_entries
 from proxy.credits.usage import Usage
 from proxy.errors import ProxyError
-from proxy.metrics import Metrics
+from proxy.observability.metrics import Metrics
 from proxy.pipeline import Pipeline
 from proxy.server.request import Request
 from tests.support.processes import RedisServer

@@ -16,9 +16,9 @@ from opentelemetry.trace import Tracer
 from proxy.config import Settings
 from proxy.context import RequestContext
 from proxy.credits.pricing import MICRO
-from proxy.metrics import Metrics
+from proxy.observability.metrics import Metrics
+from proxy.observability.stats import RequestStats
 from proxy.outcome import COALESCED, HIT_STATUSES, CacheStatus
-from proxy.stats import RequestStats
 from tiers.policies.trace import TraceRecorder
 
 Observer = Callable[[RequestContext, int, float], None]
@@ -85,7 +85,7 @@ def record_trace(recorder: TraceRecorder) -> Observer:
 
 def end_span(ctx: RequestContext, status: int, seconds: float) -> None:
     """The request's span ends with its status and cache outcome."""
-    from proxy.tracing import end_request_span
+    from proxy.observability.tracing import end_request_span
 
     end_request_span(ctx, status)
 
