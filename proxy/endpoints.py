@@ -60,7 +60,7 @@ class Endpoint:
     owned: Callable[[Mapping[str, Any]], bool] | None = None
     """Whether a request makes a stored object of its own upstream (its answer is private to its tenant)."""
     plan: Planner = plan_request
-    """The KV layer's plan of a request (``None``: not routed by plan)."""
+    """The KV layer's plan of a request."""
     usage_on_request: bool = True
     """Whether a stream reports its token usage only when ``stream_options.include_usage`` asks for it (the
     forward stage asks for it when credits need it: :func:`proxy.credits.streaming.ask_upstream_for_usage`)."""

@@ -135,6 +135,8 @@ class SemanticStats:
     unjudged: int = 0
     """Comparisons made before the answer check had seen enough answers to judge: held and judged once it has
     (:data:`MAX_UNJUDGED`)."""
+    unjudged_dropped: int = 0
+    """Of those, the oldest dropped unjudged because :data:`MAX_UNJUDGED` were already held: evidence lost."""
     comparisons_dropped: int = 0
     """Comparisons skipped because :data:`MAX_COMPARISONS` were running."""
     index_errors: int = 0
@@ -305,6 +307,7 @@ class SemanticTier:
         self.stats.compared += 1
         if not self.answers.ready:
             self.stats.unjudged += 1
+            self.stats.unjudged_dropped += len(self._unjudged) == MAX_UNJUDGED
             self._unjudged.append((scope, probe, cached_answer, fresh_answer, question))
             return None
         return self._judge(scope, probe, cached_answer, fresh_answer, question)

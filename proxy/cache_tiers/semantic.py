@@ -89,7 +89,8 @@ class SemanticCacheTier:
         return {"lookups": s.lookups, "hits": s.hits, "below_threshold": s.below_threshold, "errors": s.errors,
                 "index_errors": s.index_errors, "vetoes": dict(s.vetoes),
                 "max_wrong_hit_rate": self.semantic.calibrator.target, "verified": s.verified, "compared": s.compared,
-                "disagreed": s.disagreed, "unjudged": s.unjudged, "comparisons_dropped": s.comparisons_dropped,
+                "disagreed": s.disagreed, "unjudged": s.unjudged, "unjudged_dropped": s.unjudged_dropped,
+                "comparisons_dropped": s.comparisons_dropped,
                 "namespaces": self.semantic.calibrator.report()}
 
     def lookup_stats(self) -> LookupStats:

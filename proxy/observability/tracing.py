@@ -2,9 +2,9 @@
 
 Off by default, and then it costs nothing: :func:`traced_stage` is not applied at all, so the pipeline is the same
 chain of awaits as without tracing. When on, the incoming W3C ``traceparent`` becomes the parent of the request span
-and the forwarded ``traceparent`` names the proxy's span, so backend spans join the same trace. A span whose stage
-(or a later one) changed the body sent upstream lists the changes' names in ``ragproxy.body_patches``
-(:class:`~proxy.context.Patch`).
+and the forwarded ``traceparent`` names the proxy's span, so backend spans join the same trace. Each span lists the
+patches made to the body sent upstream by the time it ends in ``ragproxy.body_patches``
+(:class:`~proxy.context.Patch`); a patch's name says which stage made it.
 """
 
 from __future__ import annotations

@@ -131,7 +131,7 @@ async def test_comparisons_before_the_answer_check_is_ready_are_judged_once_it_i
     for _ in range(MAX_UNJUDGED + 3):
         assert tier.compare(ACME, probe, answer, answer, "how can I reset my password") is None
     assert tier.calibrator.operating("docs", "acme").observations == 0
-    assert tier.stats.unjudged == MAX_UNJUDGED + 3
+    assert tier.stats.unjudged == MAX_UNJUDGED + 3 and tier.stats.unjudged_dropped == 3
     for i in range(MIN_ANSWERS):
         tier.learn_answer(f"Answer {i}: water the fern {i} times a week and keep it out of direct sunlight.")
     assert tier.calibrator.operating("docs", "acme").observations == MAX_UNJUDGED

@@ -207,7 +207,7 @@ async def test_a_one_message_prompt_keeps_its_bytes_and_a_system_prompt_names_it
     await pipeline(ctx_for(alone, 1))
     assert not sent[0].patches and sent[0].outgoing_body() == orjson.dumps(alone)
     assert sent[0].body is not None and sent[0].routed is not None
-    assert "prompt_cache_key" not in sent[0].body and not sent[0].routed.headers
+    assert "prompt_cache_key" not in orjson.loads(sent[0].outgoing_body()) and not sent[0].routed.headers
     assert replica.tree.node_count == 0, "nothing before the question: nothing to remember"
     for n, question in enumerate(("q?", "another q?"), start=2):
         body = {"model": "m", "messages": [{"role": "system", "content": "Be brief."},
