@@ -66,11 +66,11 @@ def test_sampled_answers_make_a_clusters_points_in_new_words() -> None:
     sampler = SampledAnswers(7)
     first = sampler.answer("What is the best way to learn Python?", 1)
     second = sampler.answer("How can I learn Python quickly?", 1)
-    other = sampler.answer("What is the best way to learn Java?", 2)
+    other = sampler.answer("What is the best way to learn Haskell?", 2)
     assert first != second
     for point in cluster_points(1):
         assert point.obj in first and point.obj in second, "the cluster's points, whatever the wording"
-    assert "learn java" in other and not all(point.obj in other for point in cluster_points(1))
+    assert "learn haskell" in other and not all(point.obj in other for point in cluster_points(1))
     assert topic("What is the best way to learn Python?") == "learn python"
 
 
