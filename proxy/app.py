@@ -10,17 +10,20 @@ its many routes and its authentication middleware, is an aiohttp application on 
 Routes: ``POST /v1/chat/completions``, ``/v1/completions``, ``/v1/responses``, ``/v1/embeddings`` run their
 pipelines; rerankers ``POST /v1/rerank``, ``/v2/rerank``, ``/rerank`` (Cohere/Jina/vLLM, or TEI's shape) and
 ``/v1/score``, ``/score`` (vLLM) run the rerank pipeline; everything under ``/v1/responses/`` (a stored response
-by id, its input items, cancel; ``input_tokens``, ``compact``) runs the stored-responses pipeline; any other
-``/v1/...`` is passed through (any method, those paths with another method too); ``GET /healthz`` and
+by id, its input items, cancel; ``input_tokens``, ``compact``) runs the stored-responses pipeline; another ``/v1/...``
+request is passed through (billed per request) only when ``upstreams.llm_passthrough`` allows it, else 404 (405 on an
+LLM API's path); ``GET /healthz`` and
 ``/readyz``; everything under the Qdrant prefixes below goes to the Qdrant pipelines, and so does ``GET /`` when a
 Qdrant upstream is configured (qdrant-client reads the server version there); without one, ``GET /`` describes the
-proxy (:mod:`proxy.routes.about`).
+proxy (:mod:`proxy.routes.about`). Before any of this, a path that servers read differently (dot segments, ``//``,
+encoded dots and slashes) is refused (:func:`normalizer.paths.path_problem`).
 """
 
 from __future__ import annotations
 
 import re
 
+from normalizer.paths import PathAllowList, path_problem
 from proxy.assembly import build_pipelines
 from proxy.config import Settings
 from proxy.endpoints import ENDPOINTS
@@ -43,29 +46,19 @@ _QDRANT_WRITE_METHODS = frozenset({"PUT", "POST", "PATCH", "DELETE"})
 
 _RERANK_PATHS = ("/v1/rerank", "/v2/rerank", "/rerank")
 _SCORE_PATHS = ("/v1/score", "/score")
-_OPENAI_OUTSIDE_V1 = frozenset({"/v2/rerank", "/rerank", "/score"})
+_OPENAI_FIRST_SEGMENTS = frozenset({"v1", "v2", "rerank", "score"})  # the Qdrant API has none of these
 
 
 def _dialect_for(path: str) -> Dialect:
-    return Dialect.OPENAI if path.startswith("/v1") or path in _OPENAI_OUTSIDE_V1 else Dialect.QDRANT
+    """The dialect of a path's errors, from its first segment (read through repeated slashes and backslashes, so
+    that a refused trick is answered in the dialect of the route it aimed at)."""
+    first = re.split(r"[/\\]+", path.lstrip("/\\"), maxsplit=1)[0]
+    return Dialect.OPENAI if first in _OPENAI_FIRST_SEGMENTS else Dialect.QDRANT
 
 
 def _error_body(path: str, status: int, message: str, code: str) -> bytes:
     """The body of an error the server answers itself (malformed request, handler failure)."""
     return ProxyError(status, message, code=code).body(_dialect_for(path))
-
-
-def _safe_path(request: Request, what: str) -> str:
-    """The raw path to forward, refusing dot segments and encoded slashes: the upstream must see the resource the
-    proxy checked (no path traversal upstream)."""
-    raw = request.raw_path
-    lowered = raw.lower()
-    if "%2f" in lowered or "%5c" in lowered or "\\" in raw:
-        raise ProxyError(400, f"encoded slashes are not allowed in {what} paths", code="bad_path")
-    segments = request.path.split("/")
-    if any(segment in ("..", ".") for segment in segments):
-        raise ProxyError(400, f"dot segments are not allowed in {what} paths", code="bad_path")
-    return raw
 
 
 def _is_qdrant_path(path: str) -> bool:
@@ -103,20 +96,27 @@ class DataPlane:
             self._exact[(method, "/")] = root
         self._get_only = frozenset({"/healthz", "/readyz", "/"})
         self._llm_passthrough = handler("llm_passthrough", "llm_passthrough", Dialect.OPENAI, False)
-        stored_responses = handler("stored_responses", "stored_responses", Dialect.OPENAI, False)
-
-        async def about_a_response(request: Request, out: Responder) -> None:  # its owner checks the id it reads
-            _safe_path(request, "/v1/responses")
-            await stored_responses(request, out)
-
-        self._stored_responses = about_a_response
+        self._passthrough_allowed = PathAllowList(settings.upstreams.llm_passthrough)
+        self._stored_responses = handler("stored_responses", "stored_responses", Dialect.OPENAI, False)
         self._qdrant_search = handler("qdrant_search", "qdrant_search", Dialect.QDRANT, True)
         self._qdrant_write = handler("qdrant_write", "qdrant_write", Dialect.QDRANT, False)
         self._qdrant_other = handler("qdrant_passthrough", "qdrant", Dialect.QDRANT, False)
 
+    def example_paths(self) -> list[tuple[str, str]]:
+        """One request target of every route this plane serves, as ``(method, path)``: the fixed routes, a stored
+        response, the allowed pass-through and the Qdrant routes (what a test walks with every path trick)."""
+        fixed = [key for key in self._exact if key[1] != "/"]
+        return [*fixed, ("GET", RESPONSES_PREFIX + "resp_1"), ("POST", RESPONSES_PREFIX + "input_tokens"),
+                ("GET", "/v1/models"), ("POST", "/collections/docs/points/search"),
+                ("POST", "/collections/docs/points/query/batch"), ("PUT", "/collections/docs/points"),
+                ("GET", "/collections/docs"), ("GET", "/aliases")]
+
     async def __call__(self, request: Request, out: Responder) -> None:
         path = request.path
         try:
+            problem = path_problem(request.raw_path, path)
+            if problem is not None:  # before routing: the upstream must read the path the proxy routed on
+                raise ProxyError(400, f"{problem}: {request.raw_path.partition('?')[0]!r}", code="bad_path")
             await self._resolve(request.method, path)(request, out)
         except ProxyError as exc:
             exc.send(out, _dialect_for(path))
@@ -125,8 +125,15 @@ class DataPlane:
         exact = self._exact.get((method, path))
         if exact is not None:
             return exact
+        if path.startswith(RESPONSES_PREFIX):
+            return self._stored_responses
         if path.startswith("/v1/"):
-            return self._stored_responses if path.startswith(RESPONSES_PREFIX) else self._llm_passthrough
+            if self._passthrough_allowed.allows(method, path):
+                return self._llm_passthrough
+            if ("POST", path) in self._exact:
+                raise ProxyError(405, "Method Not Allowed", code="method_not_allowed", headers={"Allow": "POST"})
+            raise ProxyError(404, f"{method} {path} is not served by this proxy (an operator may forward it: "
+                                  "upstreams.llm_passthrough)", code="not_found")
         if path in self._get_only:
             raise ProxyError(405, "Method Not Allowed", code="method_not_allowed", headers={"Allow": "GET,HEAD"})
         if _is_qdrant_path(path):
@@ -134,7 +141,6 @@ class DataPlane:
         raise ProxyError(404, "Not Found", code="not_found")
 
     async def _qdrant(self, request: Request, out: Responder) -> None:
-        _safe_path(request, "Qdrant")
         if request.method == "POST" and _QDRANT_SEARCH.match(request.path):
             await self._qdrant_search(request, out)
         elif request.method in _QDRANT_WRITE_METHODS:

@@ -45,7 +45,7 @@ from normalizer.canonical import RequestKind
 from normalizer.limits import RequestLimits
 from proxy.credits.endpoints import RerankCredits, ResponseCredits
 from proxy.credits.idempotency import Idempotency
-from proxy.credits.stages import Credits, Identify, SearchCredits
+from proxy.credits.stages import Credits, Identify, RequestCredits, SearchCredits
 from proxy.endpoints import CHAT, COMPLETIONS, RESPONSES, Endpoint
 from proxy.pipeline import Pipeline, Pipelines, Stage
 from proxy.runtime import Runtime
@@ -93,11 +93,12 @@ def build_pipelines(rt: Runtime) -> Pipelines:
         embeddings=Pipeline([*billing, *caching.items("embedding", EmbeddingItemsCache)], to_llm, tracer=tracer),
         rerank=Pipeline([*guard, *_billing(rt, RerankCredits), *caching.items("rerank", RerankItemsCache)],
                         to_llm, tracer=tracer),
-        llm_passthrough=Pipeline(identify, to_llm, tracer=tracer),
+        llm_passthrough=Pipeline([*identify, *_billing(rt, RequestCredits)], to_llm, tracer=tracer),
         qdrant_search=Pipeline([*identify, EnforceLimits(limits, search=True), *_billing(rt, SearchCredits),
                                 *_documents(rt), *rt.tiers.stages("search")], to_qdrant, tracer=tracer),
-        qdrant_write=Pipeline([*identify, *rt.tiers.stages("write")], to_qdrant, tracer=tracer),
-        qdrant_passthrough=Pipeline(identify, to_qdrant, tracer=tracer),
+        qdrant_write=Pipeline([*identify, *_billing(rt, RequestCredits), *rt.tiers.stages("write")], to_qdrant,
+                              tracer=tracer),
+        qdrant_passthrough=Pipeline([*identify, *_billing(rt, RequestCredits)], to_qdrant, tracer=tracer),
     )
 
 

@@ -32,6 +32,7 @@ from pydantic import (
     model_validator,
 )
 
+from normalizer.paths import check_pattern
 from proxy.kv.kinds import KINDS
 from tiers.policies import POLICY_NAMES
 from tiers.redis_connect import check_url, is_sentinel
@@ -131,6 +132,12 @@ class Upstreams(_Section):
         description="LLM replicas; the first healthy one is used until routing is configured",
     )
     qdrant: QdrantUpstream = Field(default_factory=QdrantUpstream)
+    llm_passthrough: list[str] = Field(
+        default_factory=lambda: ["GET /v1/models", "GET /v1/models/*"],
+        description="Other LLM API requests forwarded as they are, as 'METHOD /v1/path' patterns ('*': one path "
+        "segment); each is authenticated and billed credits.request_price; every other /v1 request the proxy has "
+        "no route for is refused (404)",
+    )
     response_retention_s: float = Field(
         default=30 * 86_400.0, gt=0, description="How long the LLM upstream keeps a stored response (OpenAI: 30 days): "
         "the proxy remembers that long which tenant and replica made it, and caches it no longer"
@@ -145,6 +152,11 @@ class Upstreams(_Section):
     pool_size: int = Field(default=256, ge=1, description="Keep-alive connections per upstream host")
     breaker_failures: int = Field(default=5, ge=1, description="Consecutive failures that open a replica's breaker")
     breaker_open_s: float = Field(default=5.0, gt=0, description="Seconds an open breaker waits before a probe")
+
+    @field_validator("llm_passthrough")
+    @classmethod
+    def _patterns(cls, value: list[str]) -> list[str]:
+        return [check_pattern(pattern) for pattern in value]
 
 
 class Server(_Section):
@@ -455,6 +467,10 @@ class CreditsSettings(_Section):
     default_completion_per_1k: Decimal = Field(default=Decimal("0.002"), ge=0)
     search_price: Decimal = Field(default=Decimal("0.0001"), ge=0, description="Credits per vector search")
     rerank_price: Decimal = Field(default=Decimal("0.00002"), ge=0, description="Credits per document reranked")
+    request_price: Decimal = Field(
+        default=Decimal("0.0001"), ge=0, description="Credits per forwarded request that has no price of its own "
+        "(upstreams.llm_passthrough requests; Qdrant requests other than searches)"
+    )
     hit_multipliers: dict[str, Decimal] = Field(
         default_factory=_default_multipliers, description="Share of the full price a cache hit costs, per tier"
     )

@@ -96,6 +96,7 @@ def price_book(settings: Settings) -> PriceBook:
         limits={name: ModelLimits(p.context_tokens, p.max_completion_tokens) for name, p in credits.models.items()},
         search_price=credits.search_price,
         rerank_price=credits.rerank_price,
+        request_price=credits.request_price,
         hit_multipliers=dict(credits.hit_multipliers),
     )
 

@@ -128,6 +128,8 @@ class PriceBook:
     """Credits per vector search (each search of a batch counts)."""
     rerank_price: Decimal = Decimal("0.00002")
     """Credits per document a reranker scores."""
+    request_price: Decimal = Decimal("0.0001")
+    """Credits per forwarded request that has no price of its own (allowed pass-through, Qdrant other than search)."""
     hit_multipliers: Mapping[str, Decimal] = field(default_factory=lambda: dict(DEFAULT_HIT_MULTIPLIERS))
     default_hit_multiplier: Decimal = Decimal("0.1")
     """Multiplier of a tier absent from ``hit_multipliers``."""
@@ -198,6 +200,10 @@ class PriceBook:
     def search_cost(self, searches: int = 1, tier: str | None = None) -> int:
         """µcr of ``searches`` vector searches (``tier="retrieval"`` when the retrieval cache answered)."""
         return to_micro(self.search_price * searches * self.hit_multiplier(tier))
+
+    def request_cost(self) -> int:
+        """µcr of one forwarded request that has no price of its own."""
+        return to_micro(self.request_price)
 
     def rerank_cost(self, scored: int, cached: int = 0, tier: str | None = None) -> int:
         """µcr of a rerank: ``scored`` documents scored upstream, ``cached`` ones answered by cache ``tier``."""

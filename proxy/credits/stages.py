@@ -179,6 +179,8 @@ class Credits:
     """A hit is charged at its tier's multiplier; without a tier (``None``) the upstream answered."""
     response = False
     """The requests are Responses API requests (their output limit is ``max_output_tokens``)."""
+    priced_by_body = True
+    """The price is read from a JSON body: a request without one is not this stage's to bill."""
 
     def __init__(
         self,
@@ -236,7 +238,7 @@ class Credits:
     # -- the flow --
 
     async def __call__(self, ctx: RequestContext, call_next: Next) -> Reply:
-        if ctx.body is None:
+        if ctx.body is None and self.priced_by_body:
             return await call_next(ctx)
         estimate = self.estimate(ctx)
         try:  # the ledger key is the proxy's own id, never the client's (see the module docstring)
@@ -272,7 +274,7 @@ class Credits:
             await self._release(reservation)
             self._charged(ctx, 0)
             return reply
-        if reply.chunks is not None:
+        if reply.chunks is not None and self.priced_by_body:
             meter = UsageChunkFilter(strip=not client_wants_usage)
             reply.chunks = meter.filter(reply.chunks)
             reply.on_finish(self._settle_stream(ctx, reservation, meter))
@@ -386,3 +388,25 @@ class SearchCredits(Credits):
             tenant=ctx.tenant, model="vector-search", tier=tier or "upstream", usage_source="searches"
         )
         return self.prices.search_cost(self._searches(ctx), tier), details
+
+
+class RequestCredits(Credits):
+    """Credits for a forwarded request that has no price of its own (an operator-allowed LLM pass-through, a Qdrant
+    request other than a search): ``credits.request_price`` each, whatever the body and the answer (a streamed
+    answer is settled before it is relayed)."""
+
+    name = "credits"
+    priced_by_body = False
+
+    def estimate(self, ctx: RequestContext) -> int:
+        return self.prices.request_cost()
+
+    def reported(self, ctx: RequestContext, body: bytes) -> Usage | None:
+        return Usage(0, 0)
+
+    def estimated(self, ctx: RequestContext, completion_tokens: int) -> Usage:
+        return Usage(0, 0)
+
+    def cost(self, ctx: RequestContext, usage: Usage, source: str = "reported") -> tuple[int, ChargeDetails]:
+        details = ChargeDetails(tenant=ctx.tenant, model="request", tier="upstream", usage_source="request")
+        return self.prices.request_cost(), details

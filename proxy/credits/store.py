@@ -97,7 +97,7 @@ class ChargeDetails:
     usage_source: str = "reported"
     """``reported`` (usage from the backend), ``reserved`` (none reported: the reservation was charged),
     ``relayed`` (a stream the client abandoned: the bounded prompt and the completion relayed until then) or
-    ``searches`` (vector searches, priced per search)."""
+    ``searches`` (vector searches, priced per search) or ``request`` (a flat price per forwarded request)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,7 +7,7 @@ import httpx
 
 from proxy.doubles.llm_server import FakeLLM
 from proxy.doubles.qdrant_shim import QdrantShim
-from tests.support.proxy_server import ProxyServer
+from tests.support.proxy_server import ProxyServer, proxy_settings
 
 
 def test_unknown_paths_are_404_in_each_dialect(proxy: ProxyServer) -> None:
@@ -35,14 +35,31 @@ def test_head_on_health_has_no_body(proxy: ProxyServer) -> None:
     assert response.content == b""
 
 
-def test_other_v1_paths_and_methods_pass_through(proxy: ProxyServer, fake_llm_thread: FakeLLM) -> None:
+def test_only_allowed_v1_paths_pass_through(proxy: ProxyServer, fake_llm_thread: FakeLLM) -> None:
     assert httpx.get(proxy.url + "/v1/models").status_code == 200
-    httpx.get(proxy.url + "/v1/chat/completions")  # a chat route with another method is the upstream's to answer
-    httpx.post(proxy.url + "/v1/chat/completions/", json={})  # so is a path that only looks like a chat route
-    seen = [(r.method, r.path) for r in fake_llm_thread.log.entries]
-    assert ("GET", "/v1/models") in seen
-    assert ("GET", "/v1/chat/completions") in seen
-    assert ("POST", "/v1/chat/completions/") in seen
+    assert httpx.get(proxy.url + "/v1/models/fake-model").status_code in (200, 404)  # the upstream's to answer
+    listing = httpx.get(proxy.url + "/v1/chat/completions")  # another method on an LLM route: stored completions
+    assert listing.status_code == 405 and listing.headers["Allow"] == "POST"
+    assert listing.json()["error"]["code"] == "method_not_allowed"
+    for method, path in (("POST", "/v1/chat/completions/"), ("GET", "/v1/files"), ("POST", "/v1/moderations"),
+                         ("DELETE", "/v1/models/fake-model"), ("GET", "/v1/models/a/b")):
+        refused = httpx.request(method, proxy.url + path, json={})
+        assert refused.status_code == 404, (method, path)
+        assert "upstreams.llm_passthrough" in refused.json()["error"]["message"]
+    seen = {(r.method, r.path) for r in fake_llm_thread.log.entries}  # health probes read /v1/models too
+    assert seen == {("GET", "/v1/models"), ("GET", "/v1/models/fake-model")}
+
+
+def test_an_operator_allows_more_pass_through(fake_llm_thread: FakeLLM, qdrant_shim: QdrantShim) -> None:
+    settings = proxy_settings(fake_llm_thread.url, qdrant_shim.url, **{
+        "cache.enabled": False, "upstreams.llm_passthrough": ["POST /v1/moderations", "* /v1/things/*"]})
+    with ProxyServer(settings) as server:
+        httpx.post(server.url + "/v1/moderations", json={"input": "x"})  # the fake answers 404: it has no such API
+        httpx.delete(server.url + "/v1/things/abc")
+        refused = httpx.get(server.url + "/v1/models/fake-model")
+        assert refused.status_code == 404 and "upstreams.llm_passthrough" in refused.text, "the defaults are replaced"
+    seen = {(r.method, r.path) for r in fake_llm_thread.log.entries}
+    assert seen - {("GET", "/v1/models")} == {("POST", "/v1/moderations"), ("DELETE", "/v1/things/abc")}
 
 
 def test_qdrant_prefixes_reach_qdrant(proxy: ProxyServer, qdrant_shim: QdrantShim) -> None:
