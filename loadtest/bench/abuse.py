@@ -25,7 +25,9 @@ Scenarios, in order:
 5. **malformed bodies** of wrong types (reranker documents and ``top_n``, ``/v1/score`` pairs, Responses ``input``
    and ``tools``, chat ``tools``): a 4xx each, nothing forwarded;
 6. **cross-tenant Responses**: tenant A stores a response; tenant B reads it by id and continues it with
-   ``previous_response_id`` (each 2xx is a cross-tenant read);
+   ``previous_response_id`` (each 2xx is a cross-tenant read); then **path tricks**
+   (:mod:`loadtest.bench.abuse_paths`): chat, embeddings and Responses with dot segments, ``//`` and encoded dots
+   and slashes as a user without credits, and ``GET``/``DELETE`` of A's stored response so disguised as tenant B;
 7. **idempotency under eviction** (E): a victim with a finished key and a running one; another user floods more
    keys than E holds; the victim retries both;
 8. **Redis restart** (A, B): keyed calls, Redis restarted while more arrive, every key retried on the other replica,
@@ -47,6 +49,7 @@ Figures (the last line with ``--json`` is one JSON object): ``requests`` (every 
 probes included), ``unbilled_upstream_calls`` (billable upstream calls — LLM and reranker POSTs — beyond the
 ledgers' charges for them), ``double_charges`` (answers to one ``Idempotency-Key`` charged under more than one
 ledger id), ``answers_without_charge`` (2xx answers whose ``X-Credits-Request-ID`` is not in a ledger),
+``path_bypass`` (path tricks answered 2xx or forwarded upstream),
 ``unanswered_requests`` (no HTTP answer within 60 s; the deliberate hang-ups are not counted), ``server_errors``
 (5xx), ``probe_failures`` (slow-connection and rerank probes), ``cross_tenant_reads``, ``rerank_probe_p99_ratio``
 (during the ``--rerank-documents`` rerank; ``..._at_default_limit``: during the 10,000-document ones), and per
@@ -76,6 +79,7 @@ import httpx
 import orjson
 
 from loadtest.bench import _surfaces as surfaces
+from loadtest.bench import abuse_paths
 from loadtest.bench._tally import CHAT, EMBEDDINGS, RESPONSES, Tally, chat, send
 from loadtest.bench.chaos import Redis
 from loadtest.harness import free_port, ledger_charges, proxy_child
@@ -276,6 +280,11 @@ def _key(admin: httpx.Client, user: str, tenant: str = TENANT) -> dict[str, str]
     return {"Authorization": f"Bearer {key}"}
 
 
+def _forwarded(log: Any) -> int:
+    """Requests the upstream saw, its health probes (``GET /v1/models``) aside."""
+    return sum(1 for entry in log.entries if (entry.method, entry.path) != ("GET", "/v1/models"))
+
+
 def _posts(log: Any, paths: tuple[str, ...]) -> int:
     return sum(1 for entry in log.entries if entry.method == "POST" and entry.path in paths)
 
@@ -317,6 +326,8 @@ def run(options: Options) -> dict[str, Any]:
             tenants = [_key(shared_admin, f"tenant-{t}-user", f"tenant-{t}") for t in "ab"]
             victim, flooder = _key(embedded_admin, "victim"), _key(embedded_admin, "flooder")
             rerank_headers = _key(rerank_admin, USER)
+            broke_key = shared_admin.post("/admin/keys", json={"user": "broke", "tenant": TENANT}).json()["key"]
+            broke = {"Authorization": f"Bearer {broke_key}"}  # no credits
 
             def set_latency(seconds: float) -> None:
                 llm.latency_s = seconds
@@ -336,6 +347,8 @@ def run(options: Options) -> dict[str, Any]:
                 started = time.monotonic()
                 seen["malformed_bodies"] = await surfaces.malformed(urls[0], headers, tally)
                 seen["cross_tenant_responses"] = await surfaces.cross_tenant_responses(urls[0], *tenants, tally)
+                seen["path_bypass"] = await abuse_paths.path_bypass(urls[0], broke, *tenants, tally,
+                                                                    lambda: _forwarded(llm.log))
                 seen["idempotency_eviction"] = await surfaces.idempotency_under_eviction(
                     urls[2], victim, flooder, tally, set_latency, lambda: _posts(llm.log, LLM_PATHS), options.flood)
                 seen["redis_restart"] = await surfaces.redis_restart(urls[:2], str(shared_admin.base_url), headers,
@@ -383,6 +396,7 @@ def _figures(tally: Tally, results: dict[str, Any], charges: list[dict[str, Any]
         "unanswered_requests": tally.unanswered, "server_errors": tally.server_errors,
         "probe_failures": results["probe_failures"] + rerank["probe_failures"],
         "cross_tenant_reads": tally.cross_tenant_reads,
+        "path_bypass": results["path_bypass"]["bypasses"],
         "rerank_probe_p99_ratio": rerank["raised_limit"]["probe_p99_ratio"],
         "rerank_probe_p99_ratio_at_default_limit": rerank["at_limit"]["probe_p99_ratio"],
         "upstream_calls": upstream_calls, "ledger_charges": len(charges),
@@ -391,7 +405,7 @@ def _figures(tally: Tally, results: dict[str, Any], charges: list[dict[str, Any]
         "probe_p50_ratio_to_baseline": round(attacked / baseline, 2) if baseline and attacked else None,
         "charges_by_usage_source": dict(Counter(str(c.get("usage_source")) for c in charges)),
         "statuses": {name: dict(counts) for name, counts in tally.statuses.items()},
-        **{name: results[name] for name in ("hang_ups", "malformed_bodies", "cross_tenant_responses",
+        **{name: results[name] for name in ("hang_ups", "malformed_bodies", "cross_tenant_responses", "path_bypass",
                                             "idempotency_eviction", "redis_restart", "rerank_flood",
                                             "oversize_and_deep")},
         "slow_connections": {"connections": options.slow, "fd_limit": options.fd_limit,
