@@ -154,9 +154,13 @@ def idempotency_store(settings: Settings) -> IdempotencyStore | None:
 
         return RedisIdempotencyStore.from_url(settings.redis.url, cluster=settings.redis.cluster,
                                               per_user=settings.idempotency.max_entries_per_user,
+                                              max_bytes=settings.idempotency.max_bytes,
+                                              max_bytes_per_user=settings.idempotency.max_bytes_per_user,
                                               ttl_s=settings.idempotency.ttl_s,
                                               reconnect_s=settings.redis.reconnect_s)
-    return MemoryIdempotencyStore(settings.idempotency.max_entries, settings.idempotency.max_entries_per_user)
+    return MemoryIdempotencyStore(settings.idempotency.max_entries, settings.idempotency.max_entries_per_user,
+                                  max_bytes=settings.idempotency.max_bytes,
+                                  max_bytes_per_user=settings.idempotency.max_bytes_per_user)
 
 
 class _ReapedReservations(Collector):
