@@ -25,13 +25,12 @@ header) and Stripe's API, which it describes:
 Bounds. A user holds at most ``per_user`` keys and the store ``max_entries`` in all; and, in bytes, a user holds at
 most ``max_bytes_per_user`` of kept answers and the store ``max_bytes`` in all (a kept key counts its answer, its
 key and :data:`RECORD_OVERHEAD`; see :func:`held_bytes`). Past any cap the oldest finished key goes first — the
-user's own, or, when the whole store is full, one of the user holding the most keys (bytes) — so one user's flood
-of keys or of large answers never evicts another user's within its fair share. An answer that cannot fit (larger
-than the user's byte budget, which then stays as it was, or no finished key left to make room) is not kept: its key is freed, as for an answer
-over ``max_response_bytes``. A running claim is never evicted (its
-retries would run, and be charged, again): a claim that would need one to go is refused with 429 and
-``Retry-After``. A running claim expires after ``running_ttl_s``, so a proxy that died mid-request does not block
-its key for longer.
+user's own, or, when the whole store is full, one of the user holding the most keys (bytes) — so one user's flood of
+keys or of large answers never evicts another user's within its fair share. An answer that cannot fit (larger than
+the user's byte budget, which then stays as it was, or no finished key left to make room) is not kept: its key is
+freed, as for an answer over ``max_response_bytes``. A running claim is never evicted (its retries would run, and be
+charged, again): a claim that would need one to go is refused with 429 and ``Retry-After``. A running claim expires
+after ``running_ttl_s``, so a proxy that died mid-request does not block its key for longer.
 
 Each claim carries an owner token (random, per request): keeping or freeing a key acts only on the owner's claim,
 and a claim repeated by a store client that lost the first answer (a connection dropped after Redis ran it) finds

@@ -8,12 +8,12 @@ Per user (``<scope>``, the user digest, as the hash tag: all of a user's keys sh
 * ``<prefix>:{<scope>}#keys`` — a sorted set of the user's keys by claim time (ms), at most ``per_user`` of them
   (no record's name has ``#`` right after the tag): a claim past the cap drops the oldest whose record is gone or
   finished, never a running claim (``full`` when there is none). It lives as long as the user's longest record
-  could (``ttl_s``).
-
+  could (``ttl_s``);
 * ``<prefix>:{<scope>}#bytes`` — a hash of the user's kept keys → the bytes each counts
-  (:func:`~proxy.credits.idempotency.held_bytes`), and their sum under `` total`` (a space: no key's name). A kept
-  answer that would take the user past ``max_bytes_per_user`` first drops the user's oldest gone or finished records;
-  when that is not enough the answer is not kept and its claim is dropped.
+  (:func:`~proxy.credits.idempotency.held_bytes`, rounded up as Redis allocates it: :func:`allocated`), and their
+  sum under `` total`` (a space: no key's name). A kept answer that would take the user past ``max_bytes_per_user``
+  first drops the user's oldest gone or finished records; when that is not enough the answer is not kept and its
+  claim is dropped.
 
 In all (one Redis Cluster slot, tag ``{#budget}``, which no user digest is):
 
@@ -142,6 +142,15 @@ local top = redis.call('ZREVRANGE', KEYS[1], 0, 0, 'WITHSCORES')
 return {tonumber(redis.call('GET', KEYS[3]) or '0'), top[1] or '', tonumber(top[2] or '0')}
 """
 
+def allocated(size: int) -> int:
+    """The bytes Redis's allocator (jemalloc) takes for a value of ``size`` bytes: above 16 KiB, sizes come in four
+    classes per power of two, so a 3.6 MiB answer takes 4 MiB. The budgets count this, not the answer's length."""
+    if size <= 16 * 1024:
+        return size
+    step = 1 << ((size - 1).bit_length() - 3)
+    return -(-size // step) * step
+
+
 _MOST_TRIMS = 64
 """Trims one keep makes at most to bring the overall count under ``max_bytes``."""
 
@@ -206,7 +215,7 @@ class RedisIdempotencyStore:
 
     @reconnecting
     async def keep(self, scope: str, key: str, owner: str, answer: bytes, ttl_s: float) -> bool:
-        args: list[str | int | bytes] = [owner, answer, int(ttl_s * 1000), key, held_bytes(key, answer),
+        args: list[str | int | bytes] = [owner, answer, int(ttl_s * 1000), key, allocated(held_bytes(key, answer)),
                                          min(self.max_bytes_per_user, self.max_bytes)]
         async with unavailable_on_failure("idempotency keep"):
             kept, held = await self._keep(keys=[self._key(scope, key), self._index(scope), self._sizes(scope)],
