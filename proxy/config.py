@@ -397,6 +397,9 @@ class RedisSettings(_Section):
                                "waits out a Redis that refuses connections (a restart) before the store counts as "
                                "unavailable")
     prefix: str = Field(default="ragproxy", min_length=1, description="Prefix of every shared-mode key and channel")
+    wipe_check_s: float = Field(default=1.0, gt=0, description="How often each replica checks that Redis still holds "
+                                "the sentinel written at start: gone, credits and keys run in outage mode and "
+                                "/readyz answers 503 (docs/credits.md)")
     near_ttl_s: float = Field(default=30.0, gt=0, description="Longest a replica keeps its near copy of an entry")
     bus_heartbeat_s: float = Field(default=0.5, gt=0, description="Heartbeat period of the invalidation bus")
     bus_lease_s: float = Field(

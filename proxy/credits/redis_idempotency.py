@@ -38,6 +38,7 @@ from typing import Any
 
 from proxy.credits.idempotency import Claim, Claimed, Full, Kept, Mismatch, Running, held_bytes
 from proxy.credits.redis_store import RedisClient, _text, connect, reconnecting, unavailable_on_failure
+from proxy.credits.redis_wipe import WipeWatch
 
 ROOM = """
 local function used(sizes) return tonumber(redis.call('HGET', sizes, ' total') or '0') end
@@ -167,6 +168,7 @@ class RedisIdempotencyStore:
         self.max_bytes = max_bytes
         self.max_bytes_per_user = max_bytes_per_user
         self.reconnect_s = reconnect_s
+        self.wipe: WipeWatch | None = None
         self.prefix = prefix
         self.per_user = per_user
         self.ttl_s = ttl_s
