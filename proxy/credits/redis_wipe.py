@@ -46,13 +46,16 @@ class WipeWatch:
 
     async def start(self) -> None:
         """Write (or read) the sentinel, then check it every ``interval_s``."""
-        await self.client.set(self.key, secrets.token_hex(16), nx=True)
-        self.token = await self.client.get(self.key)
+        await self.check()
         self._task = asyncio.get_running_loop().create_task(self._watch(), name="redis-wipe-watch")
 
     async def check(self) -> bool:
-        """Read the sentinel once; whether Redis lost its data (unchanged when Redis does not answer)."""
+        """Read the sentinel once (write it first if this replica has none yet: Redis was down at start); whether
+        Redis lost its data (unchanged when Redis does not answer)."""
         try:
+            if self.token is None:
+                await self.client.set(self.key, secrets.token_hex(16), nx=True)
+                self.token = await self.client.get(self.key)
             found = await self.client.get(self.key)
         except (RedisError, OSError) as exc:
             log.debug("wipe check: Redis did not answer: %s", exc)
