@@ -19,7 +19,9 @@ In all (one Redis Cluster slot, tag ``{#budget}``, which no user digest is):
 
 * ``<prefix>:{#budget}users`` — a sorted set of users by the bytes they hold (as their last keep or trim counted);
 * ``<prefix>:{#budget}seen`` — users by when their last kept answer expires: past it, their bytes leave the count;
-* ``<prefix>:{#budget}total`` — the sum of ``users``.
+* ``<prefix>:{#budget}total`` — the sum of ``users``;
+* ``<prefix>:{#budget}read`` — when each user's count was read (Redis's clock, µs, on the user's server): a count
+  older than the one held, from a replica that was overtaken, is not taken.
 
 Past ``max_bytes`` in all, a keep trims the user holding the most bytes (its oldest gone or finished record) until
 the total fits. Each step is one Lua script, atomic across replicas; a user's and the overall count are two steps,
@@ -42,6 +44,9 @@ from proxy.credits.redis_wipe import WipeWatch
 
 ROOM = """
 local function used(sizes) return tonumber(redis.call('HGET', sizes, ' total') or '0') end
+-- when a count was read: Redis's clock (µs), so that the overall count takes a user's counts in the order they were
+-- made (all of a user's keys live on one server)
+local function now_us() local t = redis.call('TIME') return tonumber(t[1]) * 1000000 + tonumber(t[2]) end
 local function drop(prefix, index, sizes, key)
   redis.call('DEL', prefix .. key)
   redis.call('ZREM', index, key)
@@ -87,15 +92,15 @@ return {'claimed'}
 
 KEEP = ROOM + """
 -- KEYS: the record, the user's keys, their bytes ; ARGV: owner, answer, TTL ms, key, bytes it counts, the user's
--- byte budget ; returns {1 kept or 0, the bytes the user holds}
+-- byte budget ; returns {1 kept or 0, the bytes the user holds, when that was read (µs)}
 if redis.call('HGET', KEYS[1], 'owner') ~= ARGV[1] or redis.call('HEXISTS', KEYS[1], 'answer') == 1 then
-  return {0, used(KEYS[3])}
+  return {0, used(KEYS[3]), now_us()}
 end
 local prefix = string.sub(KEYS[1], 1, #KEYS[1] - #ARGV[4])
 local size = tonumber(ARGV[5])
 if size > tonumber(ARGV[6]) or not make_room(prefix, KEYS[2], KEYS[3], math.huge, tonumber(ARGV[6]) - size) then
   drop(prefix, KEYS[2], KEYS[3], ARGV[4])
-  return {0, used(KEYS[3])}
+  return {0, used(KEYS[3]), now_us()}
 end
 redis.call('HSET', KEYS[1], 'answer', ARGV[2])
 redis.call('PEXPIRE', KEYS[1], ARGV[3])
@@ -103,14 +108,14 @@ redis.call('HSET', KEYS[3], ARGV[4], size)
 redis.call('HINCRBY', KEYS[3], ' total', size)
 redis.call('PEXPIRE', KEYS[2], ARGV[3])
 redis.call('PEXPIRE', KEYS[3], ARGV[3])
-return {1, used(KEYS[3])}
+return {1, used(KEYS[3]), now_us()}
 """
 
 TRIM = ROOM + """
 -- KEYS: the user's keys, their bytes ; ARGV: the prefix of the user's records ; drop its oldest gone or finished
--- record holding bytes ; returns {1 dropped or 0 none, the bytes the user holds}
+-- record holding bytes ; returns {1 dropped or 0 none, the bytes the user holds, when that was read (µs)}
 local held = used(KEYS[2])
-return {make_room(ARGV[1], KEYS[1], KEYS[2], math.huge, held - 1) and 1 or 0, used(KEYS[2])}
+return {make_room(ARGV[1], KEYS[1], KEYS[2], math.huge, held - 1) and 1 or 0, used(KEYS[2]), now_us()}
 """
 
 FREE = """
@@ -121,23 +126,29 @@ return redis.call('DEL', KEYS[1])
 """
 
 ACCOUNT = """
--- KEYS: users by bytes, users by expiry, total ; ARGV: user, bytes it holds, its expiry ms, now ms
+-- KEYS: users by bytes, users by expiry, total, when each user's count was read ; ARGV: user, bytes it holds, its
+-- expiry ms, now ms, when its count was read (µs; an older count than the one held is not taken)
 -- returns {total, the user holding the most, its bytes}
 for _, gone in ipairs(redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', ARGV[4], 'LIMIT', 0, 100)) do
   local held = redis.call('ZSCORE', KEYS[1], gone)
   if held then redis.call('DECRBY', KEYS[3], held) end
   redis.call('ZREM', KEYS[1], gone)
   redis.call('ZREM', KEYS[2], gone)
+  redis.call('HDEL', KEYS[4], gone)
 end
-local before = tonumber(redis.call('ZSCORE', KEYS[1], ARGV[1]) or '0')
-local held = tonumber(ARGV[2])
-redis.call('INCRBY', KEYS[3], held - before)
-if held > 0 then
-  redis.call('ZADD', KEYS[1], held, ARGV[1])
-  redis.call('ZADD', KEYS[2], ARGV[3], ARGV[1])
-else
-  redis.call('ZREM', KEYS[1], ARGV[1])
-  redis.call('ZREM', KEYS[2], ARGV[1])
+if tonumber(redis.call('HGET', KEYS[4], ARGV[1]) or '0') <= tonumber(ARGV[5]) then
+  local before = tonumber(redis.call('ZSCORE', KEYS[1], ARGV[1]) or '0')
+  local held = tonumber(ARGV[2])
+  redis.call('INCRBY', KEYS[3], held - before)
+  if held > 0 then
+    redis.call('ZADD', KEYS[1], held, ARGV[1])
+    redis.call('ZADD', KEYS[2], ARGV[3], ARGV[1])
+    redis.call('HSET', KEYS[4], ARGV[1], ARGV[5])
+  else
+    redis.call('ZREM', KEYS[1], ARGV[1])
+    redis.call('ZREM', KEYS[2], ARGV[1])
+    redis.call('HDEL', KEYS[4], ARGV[1])
+  end
 end
 local top = redis.call('ZREVRANGE', KEYS[1], 0, 0, 'WITHSCORES')
 return {tonumber(redis.call('GET', KEYS[3]) or '0'), top[1] or '', tonumber(top[2] or '0')}
@@ -192,12 +203,14 @@ class RedisIdempotencyStore:
     def _sizes(self, scope: str) -> str:
         return f"{self.prefix}:{{{scope}}}#bytes"
 
-    async def _count(self, scope: str, held: int) -> tuple[int, str, int]:
-        """Record that ``scope`` holds ``held`` bytes; the overall total, and the user holding the most."""
+    async def _count(self, scope: str, held: int, read_us: int) -> tuple[int, str, int]:
+        """Record that ``scope`` held ``held`` bytes at ``read_us`` (Redis's clock); the overall total, and the user
+        holding the most."""
         budget = f"{self.prefix}:{{#budget}}"
         now_ms = int(self.clock() * 1000)
-        total, top, top_held = await self._account(keys=[budget + "users", budget + "seen", budget + "total"],
-                                                   args=[scope, held, now_ms + int(self.ttl_s * 1000), now_ms])
+        keys = [budget + "users", budget + "seen", budget + "total", budget + "read"]
+        total, top, top_held = await self._account(keys=keys, args=[scope, held, now_ms + int(self.ttl_s * 1000),
+                                                                    now_ms, read_us])
         return int(total), _text(top), int(top_held)
 
     @reconnecting
@@ -220,15 +233,15 @@ class RedisIdempotencyStore:
         args: list[str | int | bytes] = [owner, answer, int(ttl_s * 1000), key, allocated(held_bytes(key, answer)),
                                          min(self.max_bytes_per_user, self.max_bytes)]
         async with unavailable_on_failure("idempotency keep"):
-            kept, held = await self._keep(keys=[self._key(scope, key), self._index(scope), self._sizes(scope)],
-                                          args=args)
-            total, top, _ = await self._count(scope, int(held))
+            kept, held, read_us = await self._keep(
+                keys=[self._key(scope, key), self._index(scope), self._sizes(scope)], args=args)
+            total, top, _ = await self._count(scope, int(held), int(read_us))
             for _ in range(_MOST_TRIMS):
                 if total <= self.max_bytes or not top:
                     break
-                trimmed, top_held = await self._trim(keys=[self._index(top), self._sizes(top)],
-                                                     args=[f"{self.prefix}:{{{top}}}:"])
-                total, top, _ = await self._count(top, int(top_held))
+                trimmed, top_held, read_us = await self._trim(keys=[self._index(top), self._sizes(top)],
+                                                              args=[f"{self.prefix}:{{{top}}}:"])
+                total, top, _ = await self._count(top, int(top_held), int(read_us))
                 if not trimmed:
                     break
         return bool(kept)
