@@ -261,8 +261,9 @@ class MemoryIdempotencyStore:
             largest_first = [user for count in sorted(self._by_size, reverse=True) for user in self._by_size[count]]
             if not any(self._evict_one(user) for user in largest_first):
                 return False
-        while self.bytes + size > self.max_bytes:
-            if not any(self._evict_one(user) for user in sorted(self._held, key=self._held.__getitem__, reverse=True)):
+        while self.bytes + size > self.max_bytes:  # the user holding the most bytes first; among equals, others
+            most_first = sorted(self._held, key=lambda user: (self._held[user], user != scope), reverse=True)
+            if not any(self._evict_one(user) for user in most_first):
                 return False
         return True
 

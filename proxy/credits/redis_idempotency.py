@@ -128,7 +128,7 @@ return redis.call('DEL', KEYS[1])
 ACCOUNT = """
 -- KEYS: users by bytes, users by expiry, total, when each user's count was read ; ARGV: user, bytes it holds, its
 -- expiry ms, now ms, when its count was read (µs; an older count than the one held is not taken)
--- returns {total, the user holding the most, its bytes}
+-- returns {total, the user holding the most (among equals, not this one), its bytes}
 for _, gone in ipairs(redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', ARGV[4], 'LIMIT', 0, 100)) do
   local held = redis.call('ZSCORE', KEYS[1], gone)
   if held then redis.call('DECRBY', KEYS[3], held) end
@@ -150,8 +150,10 @@ if tonumber(redis.call('HGET', KEYS[4], ARGV[1]) or '0') <= tonumber(ARGV[5]) th
     redis.call('HDEL', KEYS[4], ARGV[1])
   end
 end
-local top = redis.call('ZREVRANGE', KEYS[1], 0, 0, 'WITHSCORES')
-return {tonumber(redis.call('GET', KEYS[3]) or '0'), top[1] or '', tonumber(top[2] or '0')}
+local top = redis.call('ZREVRANGE', KEYS[1], 0, 1, 'WITHSCORES')
+local total = tonumber(redis.call('GET', KEYS[3]) or '0')
+if top[1] == ARGV[1] and top[3] and top[4] == top[2] then return {total, top[3], tonumber(top[4])} end
+return {total, top[1] or '', tonumber(top[2] or '0')}
 """
 
 def allocated(size: int) -> int:
