@@ -114,8 +114,10 @@ def _run(main: Coroutine[Any, Any, int | None]) -> int:
     """Run ``main`` on uvloop when installed; an address that cannot be bound is one line and exit code 1, credits
     in a Redis that persists nothing one line and exit code 2."""
     from proxy.credits.persistence import VolatileCreditStore
+    from proxy.memory import pin_mmap_threshold
     from proxy.serve import CannotListen, DataDirInUse
 
+    pin_mmap_threshold()
     try:
         import uvloop
 

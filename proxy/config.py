@@ -378,8 +378,14 @@ class IdempotencySettings(_Section):
     running_ttl_s: float = Field(default=600.0, gt=0, description="Longest a key stays held by an unfinished call")
     max_response_bytes: int = Field(default=4 * 1024 * 1024, ge=0, description="Larger answers are not kept (a "
                                     "repeat runs again)")
+    max_bytes: int = Field(default=256 * 1024**2, ge=0, description="Bytes of kept answers held in all (process "
+                           "memory, or Redis when redis.url is set): past it the oldest finished key of the user "
+                           "holding the most goes")
+    max_bytes_per_user: int = Field(default=16 * 1024**2, ge=0, description="Bytes of kept answers one user holds "
+                                    "at most: past it the user's oldest finished key goes; an answer that cannot fit "
+                                    "is not kept (a repeat runs again)")
     max_entries: int = Field(default=10_000, ge=1, description="Keys kept in memory in all (embedded mode; Redis, "
-                             "when redis.url is set, bounds them per user and by ttl_s)")
+                             "when redis.url is set, bounds them per user, in bytes and by ttl_s)")
     max_entries_per_user: int = Field(default=1_000, ge=1, description="Keys one user holds at most: past it the "
                                       "user's oldest finished key goes; with only running ones, 429")
 
@@ -403,6 +409,9 @@ class RedisSettings(_Section):
                                "waits out a Redis that refuses connections (a restart) before the store counts as "
                                "unavailable")
     prefix: str = Field(default="ragproxy", min_length=1, description="Prefix of every shared-mode key and channel")
+    wipe_check_s: float = Field(default=1.0, gt=0, description="How often each replica checks that Redis still holds "
+                                "the sentinel written at start: gone, credits and keys run in outage mode and "
+                                "/readyz answers 503 (docs/credits.md)")
     near_ttl_s: float = Field(default=30.0, gt=0, description="Longest a replica keeps its near copy of an entry")
     bus_heartbeat_s: float = Field(default=0.5, gt=0, description="Heartbeat period of the invalidation bus")
     bus_lease_s: float = Field(

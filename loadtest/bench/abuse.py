@@ -40,6 +40,7 @@ Scenarios, in order:
     was due, so a stall counts once per probe it delays), five requests of 10,000 distinct documents (the most the
     default limit accepts) and one of ``--rerank-documents``; the probe's p99 during each phase is compared with
     its p99 in the 3 s before;
+12. **idempotency bytes**: a keyed flood of large answers against byte budgets (:mod:`.abuse_idempotency`);
 11. **slow connections**: replica A's descriptors limited to ``--fd-limit`` (soft and hard, ``prlimit``), then
     ``--slow-connections`` connections each trickling one byte of a request head every 5 s for ``--attack-s``, while
     a probe (``GET /healthz`` and one small chat call) runs every 0.5 s against A. The probe's latency before the
@@ -52,7 +53,8 @@ ledger id), ``answers_without_charge`` (2xx answers whose ``X-Credits-Request-ID
 ``path_bypass`` (path tricks answered 2xx or forwarded upstream),
 ``unanswered_requests`` (no HTTP answer within 60 s; the deliberate hang-ups are not counted), ``server_errors``
 (5xx), ``probe_failures`` (slow-connection and rerank probes), ``cross_tenant_reads``, ``rerank_probe_p99_ratio``
-(during the ``--rerank-documents`` rerank; ``..._at_default_limit``: during the 10,000-document ones), and per
+(during the ``--rerank-documents`` rerank; ``..._at_default_limit``: during the 10,000-document ones),
+``idempotency_bytes_peak`` (RSS growth under scenario 12; its budget beside it), and per
 scenario the statuses seen. No timings are asserted; this is a command that prints what happened.
 
 A new data-plane endpoint is not done until this benchmark attacks it (see the README's "Contributing").
@@ -79,7 +81,7 @@ import httpx
 import orjson
 
 from loadtest.bench import _surfaces as surfaces
-from loadtest.bench import abuse_paths
+from loadtest.bench import abuse_idempotency, abuse_paths
 from loadtest.bench._tally import CHAT, EMBEDDINGS, RESPONSES, Tally, chat, send
 from loadtest.bench.chaos import Redis
 from loadtest.harness import free_port, ledger_charges, proxy_child
@@ -374,6 +376,7 @@ def run(options: Options) -> dict[str, Any]:
                                                   (embedded_admin, "flooder"), (rerank_admin, USER)]
                        for charge in _settled(admin, user)]
             upstream_calls = _posts(llm.log, LLM_PATHS) + _posts(reranker.log, (surfaces.RERANK,))
+            results["idempotency_bytes"] = abuse_idempotency.flood(llm.url, redis.url, quick)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return _figures(tally, results, charges, upstream_calls, timings, options)
@@ -398,6 +401,7 @@ def _figures(tally: Tally, results: dict[str, Any], charges: list[dict[str, Any]
         "cross_tenant_reads": tally.cross_tenant_reads,
         "path_bypass": results["path_bypass"]["bypasses"],
         "rerank_probe_p99_ratio": rerank["raised_limit"]["probe_p99_ratio"],
+        "idempotency_bytes_peak": results["idempotency_bytes"]["idempotency_bytes_peak"],
         "rerank_probe_p99_ratio_at_default_limit": rerank["at_limit"]["probe_p99_ratio"],
         "upstream_calls": upstream_calls, "ledger_charges": len(charges),
         "answers_without_charge": len(set(tally.ledger_ids) - charged),
@@ -407,7 +411,7 @@ def _figures(tally: Tally, results: dict[str, Any], charges: list[dict[str, Any]
         "statuses": {name: dict(counts) for name, counts in tally.statuses.items()},
         **{name: results[name] for name in ("hang_ups", "malformed_bodies", "cross_tenant_responses", "path_bypass",
                                             "idempotency_eviction", "redis_restart", "rerank_flood",
-                                            "oversize_and_deep")},
+                                            "oversize_and_deep", "idempotency_bytes")},
         "slow_connections": {"connections": options.slow, "fd_limit": options.fd_limit,
                              "attack_s": options.attack_s, "ended": results["slow_connections"]},
         "seconds": {name: round(value, 1) for name, value in timings.items()},

@@ -13,6 +13,7 @@ import asyncio
 import functools
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from prometheus_client.core import CounterMetricFamily
 from prometheus_client.registry import Collector
@@ -28,6 +29,9 @@ from proxy.credits.reaper import ReservationReaper
 from proxy.credits.replayer import JournalReplayer
 from proxy.credits.store import CreditStore
 from proxy.observability.metrics import Metrics
+
+if TYPE_CHECKING:
+    from proxy.credits.redis_wipe import WipeWatch
 
 
 @dataclass
@@ -46,6 +50,8 @@ class CreditComponents:
     idempotency: IdempotencyStore | None = None
     persistence_check: Callable[[], Awaitable[object]] | None = None
     """Refuses or warns about a credit store that would not survive a restart (Redis), run first at start."""
+    wipe: WipeWatch | None = None
+    """Notices a Redis that lost its data after the start (shared mode)."""
 
     @property
     def journaled(self) -> JournaledCreditStore | None:
@@ -56,6 +62,8 @@ class CreditComponents:
         previous process journaled)."""
         if self.persistence_check is not None:
             await self.persistence_check()
+        if self.wipe is not None:
+            await self.wipe.start()
         if self.replayer is not None:
             await self.replayer.start()
         if self.reaper is not None:
@@ -78,6 +86,8 @@ class CreditComponents:
             await asyncio.gather(*self.settling, return_exceptions=True)
         if self.reaper is not None:
             await self.reaper.stop()
+        if self.wipe is not None:
+            await self.wipe.stop()
         if self.replayer is not None:
             await self.replayer.stop()
         closed: set[int] = set()
@@ -108,15 +118,18 @@ def build_credits(settings: Settings) -> CreditComponents:
     keys: KeyStore | None = None
     store: CreditStore | None = None
     persistence_check: Callable[[], Awaitable[object]] | None = None
+    wipe: WipeWatch | None = None
     if use_redis:
         if settings.redis.url is None:
             raise ValueError("credits.store is redis but redis.url is not set")
         from proxy.credits.redis_keys import RedisKeyStore
         from proxy.credits.redis_store import RedisCreditStore
+        from proxy.credits.redis_wipe import WipeWatch
 
         reconnect_s = settings.redis.reconnect_s
-        if needs_keys:
-            keys = RedisKeyStore.from_url(settings.redis.url, cluster=settings.redis.cluster, reconnect_s=reconnect_s)
+        redis_keys = RedisKeyStore.from_url(settings.redis.url, cluster=settings.redis.cluster,
+                                            reconnect_s=reconnect_s) if needs_keys else None
+        keys = redis_keys
         if settings.credits.enabled:
             from proxy.credits.persistence import check_persistence
 
@@ -124,6 +137,10 @@ def build_credits(settings: Settings) -> CreditComponents:
                                                             reconnect_s=reconnect_s)
             persistence_check = functools.partial(check_persistence, redis_store.client,
                                                   allow_volatile=settings.credits.allow_volatile_redis)
+            redis_store.wipe = wipe = WipeWatch(redis_store.client, key=f"{settings.redis.prefix}:sentinel",
+                                                interval_s=settings.redis.wipe_check_s)
+            if redis_keys is not None:
+                redis_keys.wipe = wipe
     else:
         from proxy.credits.sqlite_keys import SqliteKeyStore
         from proxy.credits.sqlite_store import SqliteCreditStore
@@ -142,8 +159,14 @@ def build_credits(settings: Settings) -> CreditComponents:
                                     synchronous=settings.credits.sqlite_synchronous)
         store = JournaledCreditStore(store, journal, OutageAllowance(to_micro(settings.credits.outage_allowance)))
         replayer = JournalReplayer(store, interval_s=settings.credits.journal_replay_interval_s)
+    idempotency = idempotency_store(settings)
+    if wipe is not None:
+        from proxy.credits.redis_idempotency import RedisIdempotencyStore
+
+        if isinstance(idempotency, RedisIdempotencyStore):
+            idempotency.wipe = wipe
     return CreditComponents(keys=keys, store=store, prices=price_book(settings), reaper=reaper, replayer=replayer,
-                            idempotency=idempotency_store(settings), persistence_check=persistence_check)
+                            idempotency=idempotency, persistence_check=persistence_check, wipe=wipe)
 
 
 def idempotency_store(settings: Settings) -> IdempotencyStore | None:
@@ -155,9 +178,13 @@ def idempotency_store(settings: Settings) -> IdempotencyStore | None:
 
         return RedisIdempotencyStore.from_url(settings.redis.url, cluster=settings.redis.cluster,
                                               per_user=settings.idempotency.max_entries_per_user,
+                                              max_bytes=settings.idempotency.max_bytes,
+                                              max_bytes_per_user=settings.idempotency.max_bytes_per_user,
                                               ttl_s=settings.idempotency.ttl_s,
                                               reconnect_s=settings.redis.reconnect_s)
-    return MemoryIdempotencyStore(settings.idempotency.max_entries, settings.idempotency.max_entries_per_user)
+    return MemoryIdempotencyStore(settings.idempotency.max_entries, settings.idempotency.max_entries_per_user,
+                                  max_bytes=settings.idempotency.max_bytes,
+                                  max_bytes_per_user=settings.idempotency.max_bytes_per_user)
 
 
 class _ReapedReservations(Collector):

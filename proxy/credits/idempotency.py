@@ -22,12 +22,15 @@ header) and Stripe's API, which it describes:
 * the store unreachable (Redis down, after the client's retries rode out a restart): 503 with ``Retry-After``.
   Running the request without its key would charge a retry a second time.
 
-Bounds. A user holds at most ``per_user`` keys and the store ``max_entries`` in all. Past either cap the oldest
-finished key goes first — the user's own, or, when the whole store is full, one of the user holding the most keys —
-so one user's flood of keys never evicts another user's within its fair share. A running claim is never evicted (its
-retries would run, and be charged, again): a claim that would need one to go is refused with 429 and
-``Retry-After``. A running claim expires after ``running_ttl_s``, so a proxy that died mid-request does not block
-its key for longer.
+Bounds. A user holds at most ``per_user`` keys and the store ``max_entries`` in all; and, in bytes, a user holds at
+most ``max_bytes_per_user`` of kept answers and the store ``max_bytes`` in all (a kept key counts its answer, its
+key and :data:`RECORD_OVERHEAD`; see :func:`held_bytes`). Past any cap the oldest finished key goes first — the
+user's own, or, when the whole store is full, one of the user holding the most keys (bytes) — so one user's flood of
+keys or of large answers never evicts another user's within its fair share. An answer that cannot fit (larger than
+the user's byte budget, which then stays as it was, or no finished key left to make room) is not kept: its key is
+freed, as for an answer over ``max_response_bytes``. A running claim is never evicted (its retries would run, and be
+charged, again): a claim that would need one to go is refused with 429 and ``Retry-After``. A running claim expires
+after ``running_ttl_s``, so a proxy that died mid-request does not block its key for longer.
 
 Each claim carries an owner token (random, per request): keeping or freeing a key acts only on the owner's claim,
 and a claim repeated by a store client that lost the first answer (a connection dropped after Redis ran it) finds
@@ -116,6 +119,15 @@ class Record:
         return self.answer is None
 
 
+RECORD_OVERHEAD = 128
+"""Bytes counted for a kept key beyond its answer and key: the fingerprint, owner and the store's bookkeeping."""
+
+
+def held_bytes(key: str, answer: bytes) -> int:
+    """The bytes a kept key counts against its user's and the store's budgets."""
+    return len(answer) + len(key) + RECORD_OVERHEAD
+
+
 def fingerprint(method: str, target: str, body: bytes) -> str:
     """32 hex digits naming a request's method, target (path and query) and body bytes."""
     digest = hashlib.blake2b(digest_size=16, person=b"ragproxy-idem")
@@ -161,8 +173,9 @@ class IdempotencyStore(Protocol):
         """:func:`decide` on the record under ``(scope, key)``; a :class:`Claimed` key is held as running by
         ``owner`` (room made as the module docstring says, or :class:`Full`)."""
 
-    async def keep(self, scope: str, key: str, owner: str, answer: bytes, ttl_s: float) -> None:
-        """Keep the answer of ``owner``'s running claim for ``ttl_s`` (nothing if the claim is gone)."""
+    async def keep(self, scope: str, key: str, owner: str, answer: bytes, ttl_s: float) -> bool:
+        """Keep the answer of ``owner``'s running claim for ``ttl_s``, making room in bytes as the module docstring
+        says; ``False``: not kept (the claim is gone, or the answer does not fit: then the claim is dropped)."""
 
     async def free(self, scope: str, key: str, owner: str) -> None:
         """Drop ``owner``'s running claim (nothing if the key holds anything else)."""
@@ -172,19 +185,24 @@ class IdempotencyStore(Protocol):
 
 
 class MemoryIdempotencyStore:
-    """Records in this process, each until its expiry, bounded per user and in all (see the module docstring).
+    """Records in this process, each until its expiry, bounded per user and in all, in keys and in bytes (see the
+    module docstring).
 
     Per user, an ordered map key → (record, expiry), oldest first; users are also filed by how many keys they hold,
-    so that the one holding the most is found at once when the whole store is full."""
+    so that the one holding the most is found at once when the whole store is full of keys."""
 
-    def __init__(self, max_entries: int = 10_000, per_user: int = 1_000,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, max_entries: int = 10_000, per_user: int = 1_000, *, max_bytes: int = 256 * 1024**2,
+                 max_bytes_per_user: int = 16 * 1024**2, clock: Callable[[], float] = time.monotonic) -> None:
         self.max_entries = max_entries
         self.per_user = per_user
+        self.max_bytes = max_bytes
+        self.max_bytes_per_user = max_bytes_per_user
         self.clock = clock
         self._users: dict[str, OrderedDict[str, tuple[Record, float]]] = {}
         self._by_size: dict[int, set[str]] = {}
+        self._held: dict[str, int] = {}
         self.entries = 0
+        self.bytes = 0
 
     def _get(self, scope: str, key: str) -> Record | None:
         records = self._users.get(scope)
@@ -205,9 +223,20 @@ class MemoryIdempotencyStore:
         if after:
             self._by_size.setdefault(after, set()).add(scope)
 
+    def _count(self, scope: str, key: str, record: Record, sign: int) -> None:
+        """Add (``sign`` 1) or take away (-1) a record's bytes from its user's and the store's."""
+        if record.answer is None:
+            return
+        size = sign * held_bytes(key, record.answer)
+        self.bytes += size
+        self._held[scope] = self._held.get(scope, 0) + size
+        if not self._held[scope]:
+            del self._held[scope]
+
     def _drop(self, scope: str, key: str) -> None:
         records = self._users[scope]
-        del records[key]
+        record, _ = records.pop(key)
+        self._count(scope, key, record, -1)
         self.entries -= 1
         self._file(scope, len(records) + 1, len(records))
         if not records:
@@ -222,22 +251,30 @@ class MemoryIdempotencyStore:
                 return True
         return False
 
-    def _make_room(self, scope: str) -> bool:
-        while len(self._users.get(scope, ())) >= self.per_user:
+    def _make_room(self, scope: str, keys: int = 0, size: int = 0) -> bool:
+        """Evict until ``scope`` can hold ``keys`` more keys and ``size`` more bytes; ``False``: it cannot."""
+        while len(self._users.get(scope, ())) + keys > self.per_user \
+                or self._held.get(scope, 0) + size > self.max_bytes_per_user:
             if not self._evict_one(scope):
                 return False
-        while self.entries >= self.max_entries:
-            largest_first = [user for size in sorted(self._by_size, reverse=True) for user in self._by_size[size]]
+        while self.entries + keys > self.max_entries:
+            largest_first = [user for count in sorted(self._by_size, reverse=True) for user in self._by_size[count]]
             if not any(self._evict_one(user) for user in largest_first):
+                return False
+        while self.bytes + size > self.max_bytes:  # the user holding the most bytes first; among equals, others
+            most_first = sorted(self._held, key=lambda user: (self._held[user], user != scope), reverse=True)
+            if not any(self._evict_one(user) for user in most_first):
                 return False
         return True
 
     def _set(self, scope: str, key: str, record: Record, ttl_s: float) -> None:
         records = self._users.setdefault(scope, OrderedDict())
-        if key in records:
-            records[key] = (record, self.clock() + ttl_s)
-            return
+        held = records.get(key)
         records[key] = (record, self.clock() + ttl_s)
+        self._count(scope, key, record, 1)
+        if held is not None:
+            self._count(scope, key, held[0], -1)
+            return
         self.entries += 1
         self._file(scope, len(records) - 1, len(records))
 
@@ -245,15 +282,21 @@ class MemoryIdempotencyStore:
         held = self._get(scope, key)
         claim = decide(held, print_, owner)
         if isinstance(claim, Claimed) and held is None:
-            if not self._make_room(scope):
+            if not self._make_room(scope, keys=1):
                 return Full()
             self._set(scope, key, Record(print_, owner), running_ttl_s)
         return claim
 
-    async def keep(self, scope: str, key: str, owner: str, answer: bytes, ttl_s: float) -> None:
+    async def keep(self, scope: str, key: str, owner: str, answer: bytes, ttl_s: float) -> bool:
         held = self._get(scope, key)
-        if held is not None and held.running and held.owner == owner:
-            self._set(scope, key, Record(held.fingerprint, owner, answer), ttl_s)
+        if held is None or not held.running or held.owner != owner:
+            return False
+        size = held_bytes(key, answer)
+        if size > min(self.max_bytes_per_user, self.max_bytes) or not self._make_room(scope, size=size):
+            self._drop(scope, key)
+            return False
+        self._set(scope, key, Record(held.fingerprint, owner, answer), ttl_s)
+        return True
 
     async def free(self, scope: str, key: str, owner: str) -> None:
         held = self._get(scope, key)
@@ -263,7 +306,9 @@ class MemoryIdempotencyStore:
     async def close(self) -> None:
         self._users.clear()
         self._by_size.clear()
+        self._held.clear()
         self.entries = 0
+        self.bytes = 0
 
 
 class Idempotency:
@@ -320,12 +365,11 @@ class Idempotency:
             headers = CIMultiDict(reply.headers)
             headers.update(ctx.response_headers)
             try:
-                await self.store.keep(scope, key, owner, encode_answer(reply.status, list(headers.items()), body),
-                                      self.ttl_s)
+                return await self.store.keep(scope, key, owner,
+                                             encode_answer(reply.status, list(headers.items()), body), self.ttl_s)
             except CreditStoreUnavailable as exc:  # the answer was produced (and charged): it still goes out
                 log.warning("idempotency store unavailable, %s's answer is not kept: %s", ctx.request_id, exc)
                 return False
-            return True
 
         try:
             reply = await call_next(ctx)

@@ -17,6 +17,7 @@ import orjson
 
 from proxy.credits.keys import ApiKey, CreatedKey, display_of, key_hash, matches, new_key, new_key_id
 from proxy.credits.redis_store import RedisClient, connect, reconnecting, unavailable_on_failure
+from proxy.credits.redis_wipe import WipeWatch
 
 _CREATE = """
 -- KEYS: records, active ; ARGV: key id, hash, record
@@ -55,6 +56,7 @@ class RedisKeyStore:
     ) -> None:
         self.client = client
         self.reconnect_s = reconnect_s
+        self.wipe: WipeWatch | None = None
         self.records = f"{prefix}:{{keys}}:records"
         self.active = f"{prefix}:{{keys}}:active"
         self.clock = clock

@@ -46,6 +46,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from proxy.credits import redis_scripts
+from proxy.credits.redis_wipe import WipeWatch
 from proxy.credits.store import (
     ANY_ENTRY,
     Account,
@@ -85,6 +86,8 @@ async def unavailable_on_failure(what: str) -> AsyncIterator[None]:
 class Reconnects(Protocol):
     reconnect_s: float
     """How long an operation is retried while Redis refuses connections (0: not at all)."""
+    wipe: WipeWatch | None
+    """Set: operations are refused while it knows Redis lost its data."""
 
 
 S = TypeVar("S", bound=Reconnects)
@@ -96,10 +99,13 @@ def reconnecting(operation: Callable[Concatenate[S, P], Coroutine[Any, Any, R]],
                  ) -> Callable[Concatenate[S, P], Coroutine[Any, Any, R]]:
     """Run ``operation`` again while it fails because Redis refuses or drops connections (restarting, or loading
     its data after a restart), pausing 50 ms, doubling, at most 0.5 s, for up to the store's ``reconnect_s``. Only
-    for operations that are safe to run twice; timeouts are never retried."""
+    for operations that are safe to run twice; timeouts are never retried. A Redis that lost its data (the store's
+    :class:`~proxy.credits.redis_wipe.WipeWatch`) is unavailable: the operation is not run."""
 
     @functools.wraps(operation)
     async def retried(store: S, /, *args: P.args, **kwargs: P.kwargs) -> R:
+        if store.wipe is not None:
+            store.wipe.refuse()
         deadline = time.monotonic() + store.reconnect_s
         pause = 0.05
         while True:
@@ -141,6 +147,7 @@ class RedisCreditStore:
         self.reap_batch = reap_batch
         self.clock = clock
         self.reconnect_s = reconnect_s
+        self.wipe: WipeWatch | None = None
         self._reserve = client.register_script(redis_scripts.RESERVE)
         self._settle = client.register_script(redis_scripts.SETTLE)
         self._release = client.register_script(redis_scripts.RELEASE)

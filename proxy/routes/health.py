@@ -1,8 +1,9 @@
 """``/healthz`` (the process is alive) and ``/readyz`` (it can serve).
 
 ``/readyz`` answers 503 when the proxy is draining, when no LLM replica can take a call (each is down or its circuit
-breaker is open) or when the configured Qdrant does not answer. Every open breaker is listed under ``degraded``: a
-replica's (unready only when no replica is left) and a cache tier's (never unready: requests go upstream around it).
+breaker is open), when the configured Qdrant does not answer or when the shared Redis lost its credits and keys
+while the proxy ran (:mod:`proxy.credits.redis_wipe`). Every open breaker is listed under ``degraded``: a replica's
+(unready only when no replica is left) and a cache tier's (never unready: requests go upstream around it).
 """
 
 from __future__ import annotations
@@ -33,6 +34,8 @@ def health_handlers(rt: Runtime) -> tuple[Handler, Handler]:
             checks["llm"] = "ok"
         else:
             checks["llm"] = "no healthy replica" if not any(b.healthy for b in backends) else "breaker open"
+        if rt.credits.wipe is not None:
+            checks["redis"] = "lost its data (credits in outage mode)" if rt.credits.wipe.wiped else "ok"
         qdrant_url = rt.settings.upstreams.qdrant.url
         if qdrant_url is not None:
             try:

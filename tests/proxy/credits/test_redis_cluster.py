@@ -8,6 +8,8 @@ from collections.abc import AsyncIterator, Iterator
 
 import pytest
 
+from proxy.credits.idempotency import Claimed, Kept
+from proxy.credits.redis_idempotency import RedisIdempotencyStore
 from proxy.credits.redis_keys import RedisKeyStore
 from proxy.credits.redis_store import RedisCreditStore
 from proxy.credits.store import ChargeDetails, InsufficientCredit, LedgerFilter, Reservation, ledger_entries
@@ -102,3 +104,20 @@ async def test_api_keys(cluster_url: str) -> None:
         assert [k.key_id for k in await keys.list(include_revoked=True)] == [created.record.key_id]
     finally:
         await keys.close()
+
+
+async def test_idempotency_bytes_counted_per_user_and_in_all_across_slots(cluster_url: str) -> None:
+    prefix = f"t{time.monotonic_ns()}"
+    answer = b"x" * 20_000  # counted 20,480 and more: room for three in all, two a user
+    store = RedisIdempotencyStore.from_url(cluster_url, cluster=True, prefix=prefix, max_bytes=3 * 21_000,
+                                           max_bytes_per_user=2 * 21_000)
+    try:
+        for user, key in [("ann", "a0"), ("ann", "a1"), ("bob", "b0"), ("cy", "c0")]:
+            assert isinstance(await store.claim(user, key, "p", "o", 60), Claimed)
+            assert await store.keep(user, key, "o", answer, 600)
+        kept = [key for user, key in [("ann", "a0"), ("ann", "a1"), ("bob", "b0"), ("cy", "c0")]
+                if isinstance(await store.claim(user, key, "p", "probe", 60), Kept)]
+        assert kept == ["a1", "b0", "c0"], "the oldest answer of the user holding the most went, in another slot"
+        assert int(await store.client.get(f"{prefix}:{{#budget}}total") or 0) <= 3 * 21_000
+    finally:
+        await store.close()

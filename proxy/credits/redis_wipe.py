@@ -1,0 +1,89 @@
+"""A Redis that came back empty while the proxy runs: noticed, and treated as an outage rather than believed.
+
+A Redis restarted without persistence (or flushed, or failed over to an empty replica) answers every command, but
+every balance, API key and idempotency key is gone: believed, it answers 402 ("no credits") and then 401 ("unknown
+key") to everyone, and the settlements journaled meanwhile replay as ``no_account``. The start-up check
+(:mod:`proxy.credits.persistence`) cannot see a Redis whose settings change, or which is replaced, later.
+
+So the first replica to start writes a sentinel, ``<prefix>:sentinel``, holding a random token (``SET NX``: the
+replicas after it read the same one), and every replica reads it back every ``redis.wipe_check_s``. A sentinel
+that is gone or holds another token means the data went with it: the watch logs an error, ``/readyz`` answers 503
+(``checks.redis``), and every credit, key and idempotency operation raises
+:class:`~proxy.credits.store.CreditStoreUnavailable` — the outage mode that already exists: reservations on the
+outage allowance, settlements into the local journal, keys verified lately still trusted, the rest 503. A Redis
+that cannot be reached is not judged (that outage is handled where it occurs). The watch clears when the sentinel
+is back with its token (the data restored from a backup); to go on with the empty Redis instead, restart the
+replicas (the first writes a new sentinel). With Redis Cluster the sentinel lives on one master: an empty restart
+of another goes unseen.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import secrets
+from typing import Any
+
+from redis.exceptions import RedisError
+
+from proxy.credits.store import CreditStoreUnavailable
+
+log = logging.getLogger("ragproxy.credits")
+
+
+class WipeWatch:
+    """Notices a Redis that lost its data (see the module docstring)."""
+
+    def __init__(self, client: Any, *, key: str = "ragproxy:sentinel", interval_s: float = 1.0) -> None:
+        """``client``: a redis-py asyncio client (standalone or Cluster)."""
+        self.client = client
+        self.key = key
+        self.interval_s = interval_s
+        self.token: bytes | None = None
+        self.wiped = False
+        self._task: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        """Write (or read) the sentinel, then check it every ``interval_s``."""
+        await self.check()
+        self._task = asyncio.get_running_loop().create_task(self._watch(), name="redis-wipe-watch")
+
+    async def check(self) -> bool:
+        """Read the sentinel once (write it first if this replica has none yet: Redis was down at start); whether
+        Redis lost its data (unchanged when Redis does not answer)."""
+        try:
+            if self.token is None:
+                await self.client.set(self.key, secrets.token_hex(16), nx=True)
+                self.token = await self.client.get(self.key)
+            found = await self.client.get(self.key)
+        except (RedisError, OSError) as exc:
+            log.debug("wipe check: Redis did not answer: %s", exc)
+            return self.wiped
+        wiped = bool(found != self.token)
+        if wiped and not self.wiped:
+            log.error("Redis lost its data while the proxy ran (the sentinel %s is %s): every balance, API key and "
+                      "idempotency key it held is gone. Credits run on the outage allowance and the journal, and "
+                      "/readyz answers 503, until the data is restored; to go on with the empty Redis, restart the "
+                      "replicas", self.key, "gone" if found is None else "another")
+        elif self.wiped and not wiped:
+            log.warning("Redis has its data back (the sentinel %s is as it was): credits run on it again", self.key)
+        self.wiped = wiped
+        return wiped
+
+    def refuse(self) -> None:
+        """Raise :class:`CreditStoreUnavailable` while Redis is known to have lost its data."""
+        if self.wiped:
+            raise CreditStoreUnavailable("credit store (Redis) lost its data while the proxy ran; not believed")
+
+    async def _watch(self) -> None:
+        while True:
+            await asyncio.sleep(self.interval_s)
+            await self.check()
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None

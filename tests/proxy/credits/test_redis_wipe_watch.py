@@ -1,0 +1,38 @@
+"""The sentinel that tells a Redis which lost its data from one that kept it (:mod:`proxy.credits.redis_wipe`),
+against a real Redis."""
+
+from __future__ import annotations
+
+import pytest
+
+from proxy.credits.redis_store import connect
+from proxy.credits.redis_wipe import WipeWatch
+from proxy.credits.store import CreditStoreUnavailable
+
+
+async def test_a_sentinel_gone_or_replaced_is_a_wipe_until_it_is_back(redis_url: str) -> None:
+    client = connect(redis_url)
+    first, second = WipeWatch(client, key="t:sentinel"), WipeWatch(client, key="t:sentinel")
+    try:
+        assert not await first.check() and not await second.check()
+        assert first.token == second.token, "replicas share the first one's sentinel"
+        first.refuse()
+        saved = await client.get("t:sentinel")
+        assert saved is not None
+        await client.flushall()  # what a restart without persistence leaves
+        assert await first.check()
+        with pytest.raises(CreditStoreUnavailable):
+            first.refuse()
+        await client.set("t:sentinel", "written by a replica started later")
+        assert await first.check(), "another token: still the empty Redis"
+        await client.set("t:sentinel", saved)  # the data restored from a backup
+        assert not await first.check()
+        first.refuse()
+    finally:
+        await client.aclose()
+
+
+async def test_a_redis_that_does_not_answer_is_not_judged() -> None:
+    watch = WipeWatch(connect("redis://127.0.0.1:1/0", timeout_s=0.2), key="t:sentinel")
+    assert not await watch.check()
+    assert watch.token is None, "written at the first answer"
