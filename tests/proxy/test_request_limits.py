@@ -154,6 +154,7 @@ def test_the_prefix_header_sent_upstream_stays_bounded(fake_llm_thread: FakeLLM,
     ("/v1/responses", '{"model": "fake-model", "input": "hi", "text": 5}'),
     ("/v1/responses", '{"model": "fake-model", "input": "hi", "reasoning": "high"}'),
     ("/v1/responses", '{"model": "fake-model", "input": "hi", "previous_response_id": ["a"]}'),
+    ("/v1/responses", '{"model": "fake-model", "input": [{"role": "user", "content": 5}]}'),
 ])
 def test_wrong_types_the_proxy_recognises_are_a_400_never_forwarded(fake_llm_thread: FakeLLM, server: ProxyServer,
                                                                    path: str, body: str) -> None:
