@@ -155,6 +155,8 @@ def test_the_prefix_header_sent_upstream_stays_bounded(fake_llm_thread: FakeLLM,
     ("/v1/responses", '{"model": "fake-model", "input": "hi", "reasoning": "high"}'),
     ("/v1/responses", '{"model": "fake-model", "input": "hi", "previous_response_id": ["a"]}'),
     ("/v1/responses", '{"model": "fake-model", "input": [{"role": "user", "content": 5}]}'),
+    *[("/v1/responses/" + below, '{"model": "fake-model", "input": "hi", "previous_response_id": ["a"]}')
+      for below in ("input_tokens", "compact")],
 ])
 def test_wrong_types_the_proxy_recognises_are_a_400_never_forwarded(fake_llm_thread: FakeLLM, server: ProxyServer,
                                                                    path: str, body: str) -> None:
