@@ -22,7 +22,9 @@ limit (``limits.*``)      default  why this default
 Shapes refused with a 400 because no upstream of the route accepts them: a batch request's ``searches`` that is
 not a list of JSON objects (it is what the proxy counts, bills and caches per item); a reranker body whose
 documents, query or ``top_n`` have the wrong type (:func:`normalizer.rerank.malformed`); a chat or Responses
-``tools`` that is not a list of objects, a Responses ``input`` that is neither a string nor a list of objects.
+``tools`` that is not a list of objects, a Responses ``input`` that is neither a string nor a list of objects, any
+other Responses field the proxy reads of another type than the API's (:data:`_RESPONSE_TYPES`), a message item of
+``input`` the proxy cannot read (:func:`normalizer.responses.malformed_input`).
 Depth is counted in containers (the body object is level 1); a body with fewer brackets than the limit is not
 walked at all.
 """
@@ -34,6 +36,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from normalizer.rerank import document_count, malformed
+from normalizer.responses import malformed_input
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,6 +107,33 @@ def _list_of_objects(value: Any) -> bool:
     return isinstance(value, list) and all(isinstance(item, dict) for item in value)
 
 
+_NUMBER = (int, float)
+_RESPONSE_TYPES: Mapping[str, tuple[tuple[type, ...], str]] = {
+    "model": ((str,), "a string"), "previous_response_id": ((str,), "a string"), "instructions": ((str,), "a string"),
+    "conversation": ((str, dict), "a string or an object"), "tool_choice": ((str, dict), "a string or an object"),
+    "background": ((bool,), "a boolean"),
+    "text": ((dict,), "an object"), "reasoning": ((dict,), "an object"), "metadata": ((dict,), "an object"),
+    "store": ((bool,), "a boolean"), "stream": ((bool,), "a boolean"), "include": ((list,), "a list of strings"),
+    **{name: (_NUMBER, "a number") for name in ("temperature", "top_p", "max_output_tokens", "max_tool_calls",
+                                                 "top_logprobs")},
+}  # fmt: skip
+"""The Responses fields the proxy reads, and the JSON types it reads them as (``null`` is absent)."""
+
+
+def _response_field(body: Mapping[str, Any]) -> str | None:
+    """What makes a Responses body's field one of the wrong type (``None``: nothing)."""
+    for name, (types, what) in _RESPONSE_TYPES.items():
+        value = body.get(name)
+        if value is None:
+            continue
+        if (isinstance(value, bool) and bool not in types) or not isinstance(value, types):
+            return f"`{name}` must be {what}"
+    include = body.get("include")
+    if isinstance(include, list) and not all(isinstance(item, str) for item in include):
+        return "`include` must be a list of strings"
+    return None
+
+
 def _shape(route: str, body: Mapping[str, Any], limits: RequestLimits) -> Exceeded | None:
     """What no upstream of ``route`` accepts (see the module docstring), and the reranker document limit."""
     if route in ("rerank", "score"):
@@ -116,6 +146,9 @@ def _shape(route: str, body: Mapping[str, Any], limits: RequestLimits) -> Exceed
     elif route == "responses" and "input" in body and not (isinstance(body["input"], str)
                                                            or _list_of_objects(body["input"])):
         wrong = "`input` must be a string or a list of input items (objects)"
+    elif route == "responses":
+        wrong = _response_field(body) or (malformed_input(body["input"]) if isinstance(body.get("input"), list)
+                                          else None)
     else:
         wrong = None
     return None if wrong is None else Exceeded(400, wrong, "invalid_type")

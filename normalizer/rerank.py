@@ -238,27 +238,41 @@ def document_count(body: Mapping[str, Any]) -> int:
 
 
 _TEXT_TYPES = frozenset({str, dict})
+_OBJECT_FIELDS: Mapping[str, type] = {"text": str, "image": str, "content": list}
+"""The fields that make an object a document, and their types: Cohere's and Jina's ``text``, Jina's ``image``,
+vLLM's multimodal ``content`` (a list of parts)."""
 
 
-def _texts(value: Any, *, single: bool) -> bool:
-    """``value`` is a list of strings and objects (``single``: or one string or object)."""
+def _object(value: dict[str, Any], *, ranked: bool) -> bool:
+    """``value`` is a document object: its known fields of their types, at least one of them unless the request
+    names ``rank_fields`` (Cohere's objects of any fields)."""
+    known = [name for name in _OBJECT_FIELDS if name in value]
+    return (ranked or bool(known)) and all(isinstance(value[name], _OBJECT_FIELDS[name]) for name in known)
+
+
+def _texts(value: Any, *, single: bool, ranked: bool = False) -> bool:
+    """``value`` is a list of strings and document objects (``single``: or one string or object)."""
     if isinstance(value, list):  # the types of parsed JSON are exact; compared at C speed (5x a generator's)
-        return set(map(type, value)) <= _TEXT_TYPES
-    return isinstance(value, dict) or (single and isinstance(value, str))
+        kinds = set(map(type, value))
+        return kinds <= _TEXT_TYPES and (dict not in kinds or all(
+            _object(item, ranked=ranked) for item in value if type(item) is dict))
+    return _object(value, ranked=ranked) if isinstance(value, dict) else single and isinstance(value, str)
 
 
 def malformed(body: Mapping[str, Any], route: str) -> str | None:
     """What makes a reranker body one that no reranker server accepts (``None``: nothing), for a 400 before
-    anything reads it. Only the wrong types are refused: absent or empty fields, objects (multimodal items of
-    vLLM and Jina) and unknown fields are the upstream's to judge."""
+    anything reads it. Only the wrong types are refused, an object among them when it is no document (see
+    :data:`_OBJECT_FIELDS`): absent or empty fields and unknown fields are the upstream's to judge."""
     if route == "score":
         for field in ("text_1", "text_2"):
             if field in body and not _texts(body[field], single=True):
-                return f"`{field}` must be a string, an object, or a list of them"
+                return f"`{field}` must be a string, a document object, or a list of them"
         return None
+    ranked = isinstance(body.get("rank_fields"), list)
     for field in ("documents", "texts"):
-        if field in body and not _texts(body[field], single=False):
-            return f"`{field}` must be a list of strings or objects"
+        if field in body and not _texts(body[field], single=False, ranked=ranked):
+            return (f"`{field}` must be a list of strings or document objects (with a string `text` or `image`, "
+                    "or a list `content`)")
     query = body.get("query")
     if query is not None and not isinstance(query, str | dict):
         return "`query` must be a string"

@@ -150,6 +150,27 @@ def _item(item: Any) -> JSONValue:
     return canonical_value(fields)
 
 
+def malformed_input(items: list[Any]) -> str | None:
+    """What makes a list of input items one the proxy cannot read (``None``: nothing), for a 400 before anything
+    reads it: a message item (one with a ``role``, of type ``message`` or none) whose role is not a string, whose
+    content is neither a string nor a list of parts (objects), or whose text part has no string ``text``. Other
+    items are the upstream's to judge."""
+    for item in items:
+        if "role" not in item or item.get("type", "message") != "message":
+            continue
+        if not isinstance(item["role"], str):
+            return "a message's `role` must be a string"
+        content = item.get("content")
+        if content is None or isinstance(content, str):
+            continue
+        if not isinstance(content, list) or not all(isinstance(part, dict) for part in content):
+            return "a message's `content` must be a string or a list of content parts (objects)"
+        for part in content:
+            if part.get("type") in ("input_text", "output_text") and not isinstance(part.get("text"), str):
+                return f"an {part['type']} part needs a string `text`"
+    return None
+
+
 def canonical_input(value: Any) -> list[JSONValue]:
     """``input`` as a list of canonical items (a string is one user message)."""
     if isinstance(value, str):

@@ -34,6 +34,17 @@ def malformed_inputs() -> list[tuple[str, str, dict[str, Any]]]:
         ("responses_input_of_numbers", RESPONSES, {"model": "fake-model", "input": [1]}),
         ("responses_tools_a_string", RESPONSES, {"model": "fake-model", "input": "hi", "tools": "junk"}),
         ("chat_tools_a_string", CHAT, {**chat("hi"), "tools": "junk"}),
+        *[(f"{path.strip('/').replace('/', '_')}_document_{name}", path,
+           {"model": "fake-reranker", "query": "q", "documents": [document]})
+          for path in (RERANK, "/v2/rerank")
+          for name, document in (("text_a_number", {"text": 5}), ("empty_object", {}), ("content_a_string",
+                                                                                         {"content": "x"}))],
+        ("responses_text_a_number", RESPONSES, {"model": "fake-model", "input": "hi", "text": 5}),
+        ("responses_reasoning_a_string", RESPONSES, {"model": "fake-model", "input": "hi", "reasoning": "high"}),
+        ("responses_previous_response_id_a_list", RESPONSES, {"model": "fake-model", "input": "hi",
+                                                              "previous_response_id": ["a"]}),
+        ("responses_message_content_a_number", RESPONSES, {"model": "fake-model",
+                                                           "input": [{"role": "user", "content": 5}]}),
     ]
 
 

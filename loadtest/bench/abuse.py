@@ -22,8 +22,9 @@ Scenarios, in order:
    expected per key) and once with another body (422 expected);
 4. **hang-ups before the head**: the upstream slowed to 1 s, clients hang up after 0.3 s, streamed and not (the
    upstream had the prompt: each must be charged);
-5. **malformed bodies** of wrong types (reranker documents and ``top_n``, ``/v1/score`` pairs, Responses ``input``
-   and ``tools``, chat ``tools``): a 4xx each, nothing forwarded;
+5. **malformed bodies** of wrong types (reranker documents, document objects and ``top_n``, ``/v1/score`` pairs,
+   Responses ``input``, ``tools``, ``text``, ``reasoning`` and ``previous_response_id``, chat ``tools``): a 4xx
+   each, nothing forwarded;
 6. **cross-tenant Responses**: tenant A stores a response; tenant B reads it by id and continues it with
    ``previous_response_id`` (each 2xx is a cross-tenant read); then **path tricks**
    (:mod:`loadtest.bench.abuse_paths`): chat, embeddings and Responses with dot segments, ``//`` and encoded dots

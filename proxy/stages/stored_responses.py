@@ -190,11 +190,17 @@ class StoredResponseRequests(_OwnersStage):
 
 
 def _previous_in(raw: bytes) -> str | None:
-    """The ``previous_response_id`` of a JSON body (``None`` when there is none or the body is not an object)."""
+    """The ``previous_response_id`` of a JSON body (``None`` when there is none or the body is not an object); a
+    400 when it is there and not a string (the owner check could not read it)."""
     if b"previous_response_id" not in raw:
         return None
     try:
         body = orjson.loads(raw)
     except orjson.JSONDecodeError:
         return None
-    return continued_response(body) if isinstance(body, dict) else None
+    if not isinstance(body, dict):
+        return None
+    if body.get("previous_response_id") is not None and continued_response(body) is None:
+        raise ProxyError(400, "`previous_response_id` must be a string", code="invalid_type",
+                         param="previous_response_id", error_type="invalid_request_error")
+    return continued_response(body)

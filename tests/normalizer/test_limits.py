@@ -52,6 +52,56 @@ def test_reranker_bodies() -> None:
     assert _llm("score", {"text_1": "q", "text_2": [None]}) == (400, "invalid_type")
 
 
+@pytest.mark.parametrize("document", [{"text": 5}, {}, {"content": "x"}, {"image": 5}, {"text": None}])
+@pytest.mark.parametrize("route, field", [("rerank", "documents"), ("rerank", "texts"), ("score", "text_2")])
+def test_reranker_document_objects_of_wrong_types(route: str, field: str, document: dict[str, Any]) -> None:
+    body = {"query": "q", field: [document]} if route == "rerank" else {"text_1": "q", field: [document]}
+    assert _llm(route, body) == (400, "invalid_type")
+
+
+def test_reranker_document_objects_of_the_servers_shapes() -> None:
+    assert _llm("rerank", {"query": "q", "documents": [{"text": "a"}, "b"]}) is None
+    assert _llm("rerank", {"query": "q", "documents": [{"image": "https://x/a.png"}]}) is None, "Jina"
+    assert _llm("rerank", {"query": "q", "documents": [{"content": [{"type": "image_url"}]}]}) is None, "vLLM"
+    assert _llm("rerank", {"query": "q", "documents": [{"title": "t"}], "rank_fields": ["title"]}) is None, "Cohere"
+    assert _llm("score", {"text_1": {"content": [{"type": "text", "text": "q"}]}, "text_2": "a"}) is None
+    assert _llm("score", {"text_1": {"content": "q"}, "text_2": "a"}) == (400, "invalid_type")
+
+
+@pytest.mark.parametrize("field, value", [
+    ("text", 5), ("text", "plain"), ("reasoning", "high"), ("previous_response_id", ["a"]), ("model", 5),
+    ("include", "x"), ("include", [1]), ("temperature", "hot"), ("top_p", True), ("max_output_tokens", "9"),
+    ("store", "no"), ("stream", 1), ("metadata", []), ("instructions", 5), ("conversation", 5), ("tool_choice", 5),
+    ("background", "yes"),
+])  # fmt: skip
+def test_responses_fields_of_wrong_types(field: str, value: Any) -> None:
+    assert _llm("responses", {"model": "m", "input": "hi", field: value}) == (400, "invalid_type")
+
+
+@pytest.mark.parametrize("item", [
+    {"role": "user", "content": 5}, {"role": 5, "content": "x"}, {"role": "user", "content": ["x"]},
+    {"type": "message", "role": "user", "content": [{"type": "input_text", "text": 5}]},
+    {"role": "assistant", "content": [{"type": "output_text"}]},
+])  # fmt: skip
+def test_responses_message_items_of_wrong_types(item: dict[str, Any]) -> None:
+    assert _llm("responses", {"model": "m", "input": [item]}) == (400, "invalid_type")
+
+
+def test_responses_items_the_upstream_judges() -> None:
+    items = [{"role": "user", "content": [{"type": "input_image", "image_url": "u"}]}, {"role": "user"},
+             {"type": "function_call_output", "call_id": "c", "output": 5}, {"type": "item_reference", "id": "i"}]
+    assert _llm("responses", {"model": "m", "input": items}) is None
+
+
+def test_responses_fields_of_the_right_types() -> None:
+    body = {"model": "m", "input": "hi", "text": {"format": {"type": "text"}}, "reasoning": {"effort": "high"},
+            "previous_response_id": "resp_1", "include": ["x"], "temperature": 0.5, "top_p": 1,
+            "max_output_tokens": 9, "store": False, "stream": True, "metadata": {"a": "b"}, "instructions": "be brief",
+            "conversation": {"id": "conv_1"}, "tool_choice": "auto", "background": False}
+    assert _llm("responses", body) is None
+    assert _llm("responses", {**body, "text": None, "reasoning": None, "previous_response_id": None}) is None
+
+
 def test_responses_and_chat_bodies() -> None:
     assert _llm("responses", {"input": "hi"}) is None
     assert _llm("responses", {"input": [{"role": "user", "content": "hi"}], "tools": [{"type": "web_search"}]}) is None

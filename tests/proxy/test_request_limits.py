@@ -148,6 +148,15 @@ def test_the_prefix_header_sent_upstream_stays_bounded(fake_llm_thread: FakeLLM,
     ("/v1/responses", '{"model": "fake-model", "input": [1]}'),
     ("/v1/responses", '{"model": "fake-model", "input": "hi", "tools": "junk"}'),
     (CHAT, '{"model": "fake-model", "messages": [{"role": "user", "content": "hi"}], "tools": "junk"}'),
+    *[(path, '{"model": "fake-reranker", "query": "q", "documents": [' + document + ']}')
+      for path in ("/v1/rerank", "/v2/rerank") for document in ('{"text": 5}', "{}", '{"content": "x"}')],
+    ("/v1/score", '{"model": "fake-reranker", "text_1": "q", "text_2": [{"text": 5}]}'),
+    ("/v1/responses", '{"model": "fake-model", "input": "hi", "text": 5}'),
+    ("/v1/responses", '{"model": "fake-model", "input": "hi", "reasoning": "high"}'),
+    ("/v1/responses", '{"model": "fake-model", "input": "hi", "previous_response_id": ["a"]}'),
+    ("/v1/responses", '{"model": "fake-model", "input": [{"role": "user", "content": 5}]}'),
+    *[("/v1/responses/" + below, '{"model": "fake-model", "input": "hi", "previous_response_id": ["a"]}')
+      for below in ("input_tokens", "compact")],
 ])
 def test_wrong_types_the_proxy_recognises_are_a_400_never_forwarded(fake_llm_thread: FakeLLM, server: ProxyServer,
                                                                    path: str, body: str) -> None:
