@@ -361,7 +361,7 @@ def run(options: Options) -> dict[str, Any]:
                 seen["rerank_flood"] = await surfaces.rerank_flood(urls[0], urls[3], headers, rerank_headers, tally,
                                                                    options.rerank_documents)
                 timings["oversize_s"] = time.monotonic() - started
-                seen["calibration_poison"] = await abuse_poison.calibration_poison(llm, work / "poison", tally)
+                seen["calibration_poison"] = await abuse_poison.calibration_poison(work / "poison", tally)
                 _, baseline = await probe(urls[0], headers, time.monotonic() + 5.0, tally)
                 resource.prlimit(replicas[0][1].pid, resource.RLIMIT_NOFILE, (options.fd_limit, options.fd_limit))
                 attack = asyncio.ensure_future(slow_connections(int(urls[0].rsplit(":", 1)[1]), options.slow,
