@@ -29,6 +29,9 @@ MAX_DOCUMENTS = 20_000
 """Words whose answer counts :class:`AnswerAgreement` keeps before it halves them all (old answers fade)."""
 MIN_ANSWERS = 20
 """Answers :class:`AnswerAgreement` must have seen before its verdicts count as evidence."""
+SHORT_ANSWER_WORDS = 3
+"""Two equal answers of at most this many distinct words tell nothing about whether their questions need one answer
+(:func:`uninformative`)."""
 
 
 def _stem(word: str) -> str:
@@ -95,3 +98,16 @@ class AnswerAgreement:
 def answers_agree_exactly(cached: str, fresh: str) -> bool:
     """Whether two answers are the same text up to whitespace and case."""
     return " ".join(cached.split()).casefold() == " ".join(fresh.split()).casefold()
+
+
+def uninformative(cached: str, fresh: str, questions: Sequence[str] = ()) -> bool:
+    """Whether two equal answers agree by instruction rather than by meaning: very short (at most
+    :data:`SHORT_ANSWER_WORDS` distinct words: "ACK", "Yes.", "OK, done", "ACK ACK ACK"), or a verbatim echo of text
+    in one of the ``questions`` ("Reply with just: ACK", "Repeat after me: ..."). Such a pair agrees whatever its
+    questions ask, so counting it would let anyone who can send look-alike questions lower a namespace's threshold
+    for everyone (docs/semantic.md, "What one user of a tenant can do")."""
+    if not answers_agree_exactly(cached, fresh):
+        return False
+    answer = " ".join(fresh.split()).casefold()
+    return (len(set(_TOKEN.findall(answer))) <= SHORT_ANSWER_WORDS
+            or any(answer in " ".join(q.split()).casefold() for q in questions))

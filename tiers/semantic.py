@@ -45,7 +45,7 @@ import numpy as np
 import orjson
 
 from normalizer.guards import veto as guard_veto
-from tiers.answer_check import AnswerAgreement
+from tiers.answer_check import AnswerAgreement, uninformative
 from tiers.calibration import GRID, Calibrator
 from tiers.embedders.base import Embedder, FloatArray
 from tiers.latency import LatencyHistogram
@@ -137,6 +137,8 @@ class SemanticStats:
     (:data:`MAX_UNJUDGED`)."""
     unjudged_dropped: int = 0
     """Of those, the oldest dropped unjudged because :data:`MAX_UNJUDGED` were already held: evidence lost."""
+    uninformative: int = 0
+    """Comparisons not counted as evidence: equal answers given by instruction (:func:`uninformative`)."""
     comparisons_dropped: int = 0
     """Comparisons skipped because :data:`MAX_COMPARISONS` were running."""
     index_errors: int = 0
@@ -314,7 +316,11 @@ class SemanticTier:
 
     def _judge(self, scope: SemanticScope, probe: SemanticMatch, cached_answer: str, fresh_answer: str,
                question: str) -> bool:
-        agreed = self.answers.agree(cached_answer, fresh_answer, (probe.question, question))
+        questions = (probe.question, question)
+        if uninformative(cached_answer, fresh_answer, questions):
+            self.stats.uninformative += 1
+            return True
+        agreed = self.answers.agree(cached_answer, fresh_answer, questions)
         self.stats.disagreed += not agreed
         self.calibrator.observe(scope.namespace, probe.similarity, agreed, scope.tenant)
         return agreed

@@ -41,21 +41,23 @@ Scenarios, in order:
     was due, so a stall counts once per probe it delays), five requests of 10,000 distinct documents (the most the
     default limit accepts) and one of ``--rerank-documents``; the probe's p99 during each phase is compared with
     its p99 in the 3 s before;
-12. **idempotency bytes**: a keyed flood of large answers against byte budgets (:mod:`.abuse_idempotency`);
 11. **slow connections**: replica A's descriptors limited to ``--fd-limit`` (soft and hard, ``prlimit``), then
     ``--slow-connections`` connections each trickling one byte of a request head every 5 s for ``--attack-s``, while
     a probe (``GET /healthz`` and one small chat call) runs every 0.5 s against A. The probe's latency before the
     attack is the baseline of its latency during the attack.
+12. **calibration poisoning** (:mod:`loadtest.bench.abuse_poison`, a replica of its own with L2 on): one user's 200
+    agreeing look-alike pairs ("Reply with just: ACK"), then another user's 30 look-alikes needing other answers;
+13. **idempotency bytes**: a keyed flood of large answers against byte budgets (:mod:`.abuse_idempotency`).
 
 Figures (the last line with ``--json`` is one JSON object): ``requests`` (every request sent that expects an answer,
 probes included), ``unbilled_upstream_calls`` (billable upstream calls — LLM and reranker POSTs — beyond the
 ledgers' charges for them), ``double_charges`` (answers to one ``Idempotency-Key`` charged under more than one
 ledger id), ``answers_without_charge`` (2xx answers whose ``X-Credits-Request-ID`` is not in a ledger),
-``path_bypass`` (path tricks answered 2xx or forwarded upstream),
+``path_bypass`` (path tricks answered 2xx or forwarded upstream), ``calibration_poison_wrong_hits`` (the poisoning scenario),
 ``unanswered_requests`` (no HTTP answer within 60 s; the deliberate hang-ups are not counted), ``server_errors``
 (5xx), ``probe_failures`` (slow-connection and rerank probes), ``cross_tenant_reads``, ``rerank_probe_p99_ratio``
 (during the ``--rerank-documents`` rerank; ``..._at_default_limit``: during the 10,000-document ones),
-``idempotency_bytes_peak`` (RSS growth under scenario 12; its budget beside it), and per
+``idempotency_bytes_peak`` (RSS growth under scenario 13; its budget beside it), and per
 scenario the statuses seen. No timings are asserted; this is a command that prints what happened.
 
 A new data-plane endpoint is not done until this benchmark attacks it (see the README's "Contributing").
@@ -82,7 +84,7 @@ import httpx
 import orjson
 
 from loadtest.bench import _surfaces as surfaces
-from loadtest.bench import abuse_idempotency, abuse_paths
+from loadtest.bench import abuse_idempotency, abuse_paths, abuse_poison
 from loadtest.bench._tally import CHAT, EMBEDDINGS, RESPONSES, Tally, chat, send
 from loadtest.bench.chaos import Redis
 from loadtest.harness import free_port, ledger_charges, proxy_child
@@ -362,6 +364,7 @@ def run(options: Options) -> dict[str, Any]:
                 seen["rerank_flood"] = await surfaces.rerank_flood(urls[0], urls[3], headers, rerank_headers, tally,
                                                                    options.rerank_documents)
                 timings["oversize_s"] = time.monotonic() - started
+                seen["calibration_poison"] = await abuse_poison.calibration_poison(work / "poison", tally)
                 _, baseline = await probe(urls[0], headers, time.monotonic() + 5.0, tally)
                 resource.prlimit(replicas[0][1].pid, resource.RLIMIT_NOFILE, (options.fd_limit, options.fd_limit))
                 attack = asyncio.ensure_future(slow_connections(int(urls[0].rsplit(":", 1)[1]), options.slow,
@@ -401,6 +404,7 @@ def _figures(tally: Tally, results: dict[str, Any], charges: list[dict[str, Any]
         "probe_failures": results["probe_failures"] + rerank["probe_failures"],
         "cross_tenant_reads": tally.cross_tenant_reads,
         "path_bypass": results["path_bypass"]["bypasses"],
+        "calibration_poison_wrong_hits": results["calibration_poison"]["wrong_hits"],
         "rerank_probe_p99_ratio": rerank["raised_limit"]["probe_p99_ratio"],
         "idempotency_bytes_peak": results["idempotency_bytes"]["idempotency_bytes_peak"],
         "rerank_probe_p99_ratio_at_default_limit": rerank["at_limit"]["probe_p99_ratio"],
@@ -412,7 +416,7 @@ def _figures(tally: Tally, results: dict[str, Any], charges: list[dict[str, Any]
         "statuses": {name: dict(counts) for name, counts in tally.statuses.items()},
         **{name: results[name] for name in ("hang_ups", "malformed_bodies", "cross_tenant_responses", "path_bypass",
                                             "idempotency_eviction", "redis_restart", "rerank_flood",
-                                            "oversize_and_deep", "idempotency_bytes")},
+                                            "oversize_and_deep", "idempotency_bytes", "calibration_poison")},
         "slow_connections": {"connections": options.slow, "fd_limit": options.fd_limit,
                              "attack_s": options.attack_s, "ended": results["slow_connections"]},
         "seconds": {name: round(value, 1) for name, value in timings.items()},

@@ -90,7 +90,7 @@ class SemanticCacheTier:
                 "index_errors": s.index_errors, "vetoes": dict(s.vetoes),
                 "max_wrong_hit_rate": self.semantic.calibrator.target, "verified": s.verified, "compared": s.compared,
                 "disagreed": s.disagreed, "unjudged": s.unjudged, "unjudged_dropped": s.unjudged_dropped,
-                "comparisons_dropped": s.comparisons_dropped,
+                "uninformative": s.uninformative, "comparisons_dropped": s.comparisons_dropped,
                 "namespaces": self.semantic.calibrator.report()}
 
     def lookup_stats(self) -> LookupStats:
