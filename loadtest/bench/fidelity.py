@@ -1,6 +1,6 @@
 """``python -m loadtest.bench fidelity --pairs PATH [--labels same_answer|is_duplicate] [--mode shared|pairwise|
-population|variants] [--mix S] [--count N] [--answers fixed|varied] [--half H] [--seed N] [--quick] [--json]``: L2
-on real labelled question pairs, through a real ``ragproxy serve`` at its defaults, as users meet it.
+population|variants] [--mix S] [--count N] [--answers fixed|varied] [--half H] [--seed N] [--quick] [--rag K]
+[--json]``: L2 on real labelled question pairs, through a real ``ragproxy serve`` at its defaults, as users meet it.
 
 Input: a CSV of ``question1,question2,is_duplicate[,same_answer]`` (``../shared/data/qqp_dev_relabelled.csv``; read
 from the path given, never shipped). ``--labels same_answer`` (the default) reads whether one answer serves both
@@ -27,6 +27,14 @@ Modes (the proxy starts empty for each):
 - ``variants``: trivial retypings (whitespace, case, trailing punctuation, Unicode forms; ``trivial_variants``)
   of ``--count`` first questions in one context: each question, then three of its variants. Counts the variants
   served as exact ``HIT`` from the first repeat, and wrong answers.
+
+``--rag K`` (with ``--mode shared``): the RAG loop. Every question is asked under one system prompt with its own
+top-K documents (``ragproxy.documents``, retrieval order, best first), retrieved by the proxy's embedder from the
+questions of ``--rag-corpus`` (default: the pairs file) that are not in the traffic (:mod:`loadtest.rag_retrieval`;
+exact cosine search, ``--rag-corpus-size`` documents). The upstream cites the first document it was given
+(``... [doc-N]``), so a hit citing a document the new request does not carry is counted (``miscited_hits``); the
+report adds the share of pairs whose two questions retrieved identical documents. Run the same arguments without
+``--rag`` for the same pairs with one context each.
 
 Figures, over second questions: **recall** = second questions of same-answer pairs answered with their cluster's
 answer / all such; **wrong-hit share** = answers of another cluster / hits; the **hindsight oracle**: the best fixed
