@@ -1,6 +1,6 @@
 """``python -m loadtest.bench fidelity --pairs PATH [--labels same_answer|is_duplicate] [--mode shared|pairwise|
-population|variants] [--mix S] [--count N] [--answers fixed|varied] [--half H] [--seed N] [--quick] [--json]``: L2
-on real labelled question pairs, through a real ``ragproxy serve`` at its defaults, as users meet it.
+population|variants] [--mix S] [--count N] [--answers fixed|varied] [--half H] [--seed N] [--quick] [--rag K]
+[--json]``: L2 on real labelled question pairs, through a real ``ragproxy serve`` at its defaults, as users meet it.
 
 Input: a CSV of ``question1,question2,is_duplicate[,same_answer]`` (``../shared/data/qqp_dev_relabelled.csv``; read
 from the path given, never shipped). ``--labels same_answer`` (the default) reads whether one answer serves both
@@ -27,6 +27,14 @@ Modes (the proxy starts empty for each):
 - ``variants``: trivial retypings (whitespace, case, trailing punctuation, Unicode forms; ``trivial_variants``)
   of ``--count`` first questions in one context: each question, then three of its variants. Counts the variants
   served as exact ``HIT`` from the first repeat, and wrong answers.
+
+``--rag K`` (with ``--mode shared``): the RAG loop. Every question is asked under one system prompt with its own
+top-K documents (``ragproxy.documents``, retrieval order, best first), retrieved by the proxy's embedder from the
+questions of ``--rag-corpus`` (default: the pairs file) that are not in the traffic (:mod:`loadtest.rag_retrieval`;
+exact cosine search, ``--rag-corpus-size`` documents). The upstream cites the first document it was given
+(``... [doc-N]``), so a hit citing a document the new request does not carry is counted (``miscited_hits``); the
+report adds the share of pairs whose two questions retrieved identical documents. Run the same arguments without
+``--rag`` for the same pairs with one context each.
 
 Figures, over second questions: **recall** = second questions of same-answer pairs answered with their cluster's
 answer / all such; **wrong-hit share** = answers of another cluster / hits; the **hindsight oracle**: the best fixed
@@ -68,6 +76,7 @@ from loadtest.fidelity_traffic import (
     trivial_variants,
 )
 from loadtest.harness import child, free_port, percentiles, proxy_process
+from loadtest.rag_retrieval import cited, corpus, first_document, top_k
 from loadtest.sampled_answers import SampledAnswers
 from normalizer.guards import veto
 from proxy.calibrate import HALVES, LABELS, LabelledPair, half_of, read_pairs
@@ -75,6 +84,7 @@ from proxy.config import L2Settings
 from tiers.answer_check import AnswerAgreement
 
 BLOCK = 64
+RAG_SYSTEM = "Answer from the documents; cite the one you used."
 _WORDS = ("amber", "basalt", "cobalt", "delta", "ember", "fjord", "garnet", "harbor", "indigo", "juniper", "kelp",
           "lumen", "meadow", "nectar", "onyx", "prairie", "quartz", "russet", "sierra", "tundra", "umber", "velvet",
           "willow", "xenon", "yarrow", "zephyr")
@@ -104,10 +114,13 @@ class ClusterAnswerUpstream:
         async def chat(request: web.Request) -> web.Response:
             body = await request.json()
             question = next((m["content"] for m in reversed(body["messages"]) if m["role"] == "user"), "")
+            system = next((m["content"] for m in body["messages"] if m["role"] == "system"), "")
+            source = first_document(system)  # a RAG answer cites its first source
+            answer = self.answer(question) + (f" [{source}]" if source else "")
             return web.json_response({
                 "id": "chatcmpl-fidelity", "object": "chat.completion", "created": 1700000000,
                 "model": body.get("model", "fidelity"),
-                "choices": [{"index": 0, "message": {"role": "assistant", "content": self.answer(question)},
+                "choices": [{"index": 0, "message": {"role": "assistant", "content": answer},
                              "logprobs": None, "finish_reason": "stop"}],
                 "usage": {"prompt_tokens": 12, "completion_tokens": 24, "total_tokens": 36}})
 
@@ -141,6 +154,12 @@ class Tally:
     """(cached answer, fresh answer, cached question, new question, one answer serves both) of each miss whose
     context held a cached answer: what the proxy's answer check compared."""
 
+    documents: dict[str, list[dict[str, str]]] = field(default_factory=dict)
+    """RAG loop: each question's own retrieved documents (empty: each pair shares one context)."""
+    identical_documents: int = 0
+    miscited: int = 0
+    """Hits whose answer cites a document the new request does not carry."""
+
     def record(self, question: str, text: str, status: str) -> None:
         if status not in ("HIT", "SEMANTIC_HIT"):
             self.origin.setdefault(text, self.by_question[question])
@@ -168,14 +187,18 @@ class Tally:
         return self.wrong / self.hits if self.hits else 0.0
 
 
-def _body(question: str, context: str | None) -> bytes:
+def _body(question: str, context: str | None, documents: list[dict[str, str]] | None = None) -> bytes:
     messages = ([{"role": "system", "content": context}] if context else []) + [{"role": "user", "content": question}]
-    return orjson.dumps({"model": "fidelity", "messages": messages})
+    body: dict[str, Any] = {"model": "fidelity", "messages": messages}
+    if documents is not None:
+        body["ragproxy"] = {"documents": documents}
+    return orjson.dumps(body)
 
 
-async def _ask(session: aiohttp.ClientSession, url: str, question: str, context: str | None) -> tuple[str, str, float]:
+async def _ask(session: aiohttp.ClientSession, url: str, question: str, context: str | None,
+               documents: list[dict[str, str]] | None = None) -> tuple[str, str, float]:
     started = time.perf_counter()
-    async with session.post(url + "/v1/chat/completions", data=_body(question, context),
+    async with session.post(url + "/v1/chat/completions", data=_body(question, context, documents),
                             headers={"Content-Type": "application/json"}) as response:
         payload = await response.read()
         elapsed = time.perf_counter() - started
@@ -187,20 +210,27 @@ async def _ask(session: aiohttp.ClientSession, url: str, question: str, context:
 
 async def _pair(session: aiohttp.ClientSession, url: str, tally: Tally, index: int, pair: LabelledPair,
                 first: tuple[str, str, float] | None = None) -> None:
-    context = f"pair {index}"
-    status, cached, _ = first or await _ask(session, url, pair.question1, context)
+    rag = bool(tally.documents)
+    context = RAG_SYSTEM if rag else f"pair {index}"
+    docs1, docs2 = (tally.documents[pair.question1], tally.documents[pair.question2]) if rag else (None, None)
+    status, cached, _ = first or await _ask(session, url, pair.question1, context, docs1)
     tally.record(pair.question1, cached, status)
     if first is None:
         await asyncio.sleep(0.01)  # the index learns a question just after its answer was sent
-    status, text, elapsed = await _ask(session, url, pair.question2, context)
+    status, text, elapsed = await _ask(session, url, pair.question2, context, docs2)
     tally.record(pair.question2, text, status)
     tally.judge(pair.question2, text, status, elapsed, same(pair, tally.by_question), index + 1)
+    if docs2 is not None:
+        tally.identical_documents += docs1 == docs2
+        source = cited(text)
+        tally.miscited += status == "SEMANTIC_HIT" and source is not None and source not in {d["id"] for d in docs2}
     if status == "MISS":
         tally.compared.append((cached, text, pair.question1, pair.question2, same(pair, tally.by_question)))
 
 
 async def _exact(session: aiohttp.ClientSession, url: str, tally: Tally, question: str, context: str | None) -> None:
-    status, _, elapsed = await _ask(session, url, question, context)
+    documents = tally.documents.get(question)
+    status, _, elapsed = await _ask(session, url, question, RAG_SYSTEM if documents else context, documents)
     if status == "HIT":
         tally.exact_s.append(elapsed)
 
@@ -331,6 +361,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
            "RAGPROXY_DATA_DIR": tempfile.mkdtemp(prefix="ragproxy-fidelity-"),
            "RAGPROXY_ADMIN__PORT": str(admin_port)}
     tally = Tally(dict(by_question))
+    if args.rag:
+        tally.documents = asyncio.run(retrieve(args, pairs))
     upstream = ["-m", "loadtest.bench.fidelity", "--serve-upstream", str(upstream_port), str(args.pairs), args.labels,
                 args.answers, str(args.seed)]
     with child(upstream, upstream_port), proxy_process(env) as url:
@@ -338,6 +370,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         if args.mode == "variants":
             asyncio.run(run_variants(url, pairs, tally, args.seed))
         else:
+            if args.rag and args.mode != "shared":
+                raise SystemExit("--rag runs in --mode shared only")
             runner = {"shared": run_shared, "pairwise": run_pairwise, "population": run_population}[args.mode]
             asyncio.run(runner(url, pairs, tally))
         time.sleep(0.5)  # the last comparisons run in the background
@@ -355,6 +389,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "proxy_disagreed": stats.get("disagreed"), "proxy_verified": stats.get("verified"),
         "proxy_estimate": {name: row for name, row in stats.get("namespaces", {}).items() if "/" in name},
     }
+    if args.rag:
+        report.update({"rag_k": args.rag, "identical_documents_share": _share(tally.identical_documents, len(pairs)),
+                       "miscited_hits": tally.miscited})
     if args.mode == "variants":
         report.update({"exact_hits": tally.exact_hits, "first_repeats": tally.first_repeats,
                        "first_repeat_hits": tally.first_repeat_hits,
@@ -372,6 +409,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             report["answer_check"] = answer_check_rates(tally, l2.answer_agreement)
     report["elapsed_s"] = round(time.perf_counter() - started, 1)
     return report
+
+
+async def retrieve(args: argparse.Namespace, pairs: Sequence[LabelledPair]) -> dict[str, list[dict[str, str]]]:
+    """Each traffic question's own top ``--rag`` documents from a corpus of questions not in the traffic."""
+    questions = list(dict.fromkeys(q for p in pairs for q in (p.question1, p.question2)))
+    documents = corpus(args.rag_corpus or args.pairs, questions, args.rag_corpus_size)
+    vectors = await embed_all(documents + questions)
+    return top_k({q: vectors[q] for q in questions}, documents, vectors, args.rag)
 
 
 async def _warm(url: str) -> None:
@@ -396,6 +441,10 @@ def print_report(report: dict[str, Any]) -> None:
               f"({report['wrong_hits']}/{report['hits']} hits, bound {report['bound']}); oracle {report['oracle']}; "
               f"recall / oracle recall {report['oracle_recall_ratio']}; first semantic hit at pair "
               f"{report['first_semantic_hit_at']}")
+        if "rag_k" in report:
+            print(f"RAG loop, top-{report['rag_k']} own documents: pairs with identical documents "
+                  f"{report['identical_documents_share']}; hits citing a document the request lacks "
+                  f"{report['miscited_hits']}")
         print(f"semantic hit p50 {report['hit_p50_ms']} ms, p99 {report['hit_p99_ms']} ms "
               f"({report['semantic_hits_timed']} hits); exact hit p50 {report['exact_hit_p50_ms']} ms (same run)")
         print(f"answer check on this run's answers: {report.get('answer_check')}")
@@ -423,6 +472,11 @@ def main(argv: list[str]) -> int:
                         "default guards were not chosen on)")
     parser.add_argument("--seed", type=int, default=1, help="of the --mix draw, the variants and the varied answers")
     parser.add_argument("--quick", action="store_true", help="300 pairs")
+    parser.add_argument("--rag", type=int, metavar="K", help="RAG loop: each question carries its own top-K "
+                        "documents (ragproxy.documents, retrieval order) under one system prompt (--mode shared)")
+    parser.add_argument("--rag-corpus", type=Path, help="CSV whose questions not in the traffic are the documents "
+                        "(default: the pairs file)")
+    parser.add_argument("--rag-corpus-size", type=int, default=5000, help="documents in the corpus")
     parser.add_argument("--json", action="store_true", help="end with one JSON line")
     args = parser.parse_args(argv)
     if args.mix is not None and not 0 <= args.mix <= 1:
