@@ -53,7 +53,8 @@ Figures (the last line with ``--json`` is one JSON object): ``requests`` (every 
 probes included), ``unbilled_upstream_calls`` (billable upstream calls — LLM and reranker POSTs — beyond the
 ledgers' charges for them), ``double_charges`` (answers to one ``Idempotency-Key`` charged under more than one
 ledger id), ``answers_without_charge`` (2xx answers whose ``X-Credits-Request-ID`` is not in a ledger),
-``path_bypass`` (path tricks answered 2xx or forwarded upstream), ``calibration_poison_wrong_hits`` (the poisoning scenario),
+``path_bypass`` (path tricks answered 2xx or forwarded upstream), ``calibration_poison_wrong_hits``
+(scenario 12),
 ``unanswered_requests`` (no HTTP answer within 60 s; the deliberate hang-ups are not counted), ``server_errors``
 (5xx), ``probe_failures`` (slow-connection and rerank probes), ``cross_tenant_reads``, ``rerank_probe_p99_ratio``
 (during the ``--rerank-documents`` rerank; ``..._at_default_limit``: during the 10,000-document ones),
