@@ -27,7 +27,7 @@ Scenarios, in order:
    each, nothing forwarded;
 6. **cross-tenant Responses**: tenant A stores a response; tenant B reads it by id and continues it with
    ``previous_response_id`` (each 2xx is a cross-tenant read); then **path tricks**
-   (:mod:`loadtest.bench.abuse_paths`): chat, embeddings and Responses with dot segments, ``//`` and encoded dots
+   (:mod:`loadtest.bench._abuse_paths`): chat, embeddings and Responses with dot segments, ``//`` and encoded dots
    and slashes as a user without credits, and ``GET``/``DELETE`` of A's stored response so disguised as tenant B;
 7. **idempotency under eviction** (E): a victim with a finished key and a running one; another user floods more
    keys than E holds; the victim retries both;
@@ -45,7 +45,7 @@ Scenarios, in order:
     ``--slow-connections`` connections each trickling one byte of a request head every 5 s for ``--attack-s``, while
     a probe (``GET /healthz`` and one small chat call) runs every 0.5 s against A. The probe's latency before the
     attack is the baseline of its latency during the attack.
-12. **calibration poisoning** (:mod:`loadtest.bench.abuse_poison`, a replica of its own with L2 on): one user's 200
+12. **calibration poisoning** (:mod:`loadtest.bench._abuse_poison`, a replica of its own with L2 on): one user's 200
     agreeing look-alike pairs ("Reply with just: ACK"), then another user's 30 look-alikes needing other answers;
 13. **idempotency bytes**: a keyed flood of large answers against byte budgets (:mod:`.abuse_idempotency`).
 
@@ -84,8 +84,8 @@ from typing import Any
 import httpx
 import orjson
 
+from loadtest.bench import _abuse_paths, _abuse_poison, abuse_idempotency
 from loadtest.bench import _surfaces as surfaces
-from loadtest.bench import abuse_idempotency, abuse_paths, abuse_poison
 from loadtest.bench._tally import CHAT, EMBEDDINGS, RESPONSES, Tally, chat, send
 from loadtest.bench.chaos import Redis
 from loadtest.harness import free_port, ledger_charges, proxy_child
@@ -353,7 +353,7 @@ def run(options: Options) -> dict[str, Any]:
                 started = time.monotonic()
                 seen["malformed_bodies"] = await surfaces.malformed(urls[0], headers, tally)
                 seen["cross_tenant_responses"] = await surfaces.cross_tenant_responses(urls[0], *tenants, tally)
-                seen["path_bypass"] = await abuse_paths.path_bypass(urls[0], broke, *tenants, tally,
+                seen["path_bypass"] = await _abuse_paths.path_bypass(urls[0], broke, *tenants, tally,
                                                                     lambda: _forwarded(llm.log))
                 seen["idempotency_eviction"] = await surfaces.idempotency_under_eviction(
                     urls[2], victim, flooder, tally, set_latency, lambda: _posts(llm.log, LLM_PATHS), options.flood)
@@ -365,7 +365,7 @@ def run(options: Options) -> dict[str, Any]:
                 seen["rerank_flood"] = await surfaces.rerank_flood(urls[0], urls[3], headers, rerank_headers, tally,
                                                                    options.rerank_documents)
                 timings["oversize_s"] = time.monotonic() - started
-                seen["calibration_poison"] = await abuse_poison.calibration_poison(work / "poison", tally)
+                seen["calibration_poison"] = await _abuse_poison.calibration_poison(work / "poison", tally)
                 _, baseline = await probe(urls[0], headers, time.monotonic() + 5.0, tally)
                 resource.prlimit(replicas[0][1].pid, resource.RLIMIT_NOFILE, (options.fd_limit, options.fd_limit))
                 attack = asyncio.ensure_future(slow_connections(int(urls[0].rsplit(":", 1)[1]), options.slow,

@@ -28,6 +28,7 @@ from typing import Any
 
 import orjson
 
+from normalizer.canonical import user_digest
 from normalizer.responses import continued_response, stores
 from proxy.context import Reply, RequestContext
 from proxy.errors import ProxyError
@@ -39,6 +40,8 @@ from tiers.invalidation import Outcome, Selector
 log = logging.getLogger("ragproxy.responses")
 
 PREFIX = "/v1/responses/"
+USER_SEPARATOR = "~"
+"""Between the tenant and the user digest in the owner of a response made in a user-scoped request (as in keys)."""
 COLLECTION_ROUTES = frozenset({"input_tokens", "compact"})
 """Paths under ``/v1/responses/`` that name no response (their bodies may name one)."""
 _CREATED = b"response.created"
@@ -83,7 +86,7 @@ class StoredResponses:
             log.warning("owner of %s not known: %s", response_id, exc)
             raise ProxyError(503, "the store of response owners is unavailable; retry shortly",
                              code="owners_unavailable", headers={"Retry-After": "2"}) from None
-        replica = self.replicas.get(owner.replica) if owner is not None and owner.tenant == ctx.tenant else None
+        replica = self.replicas.get(owner.replica) if owner is not None and _may_use(ctx, owner.tenant) else None
         if replica is None:
             raise refusal
         ctx.pinned = replica
@@ -94,8 +97,9 @@ class StoredResponses:
             return
         if not response.get("store", stores(ctx.body or {})):
             return
+        scope = ctx.tenant if ctx.user_scope is None else f"{ctx.tenant}{USER_SEPARATOR}{ctx.user_scope}"
         try:
-            await self.owners.record(response["id"], ResponseOwner(ctx.tenant, ctx.backend.label))
+            await self.owners.record(response["id"], ResponseOwner(scope, ctx.backend.label))
         except OwnersUnavailable as exc:  # the response is answered; fetching it by id will not work
             log.warning("stored response %s not recorded as %s's: %s", response["id"], ctx.tenant, exc)
 
@@ -107,6 +111,24 @@ class StoredResponses:
             log.warning("owner of deleted response %s not forgotten: %s", response_id, exc)
         if self.invalidate is not None:
             await self.invalidate(Selector(responses=(response_id,)))
+
+
+def _may_use(ctx: RequestContext, owner: str) -> bool:
+    """Whether ``ctx``'s user may use a response owned by ``owner``: its tenant, or — for a response made in a
+    user-scoped (private) request — that user of the tenant only."""
+    if owner == ctx.tenant:
+        return True
+    tenant, separator, user = owner.partition(USER_SEPARATOR)
+    return bool(separator) and tenant == ctx.tenant and user == user_digest(ctx.tenant, ctx.user)
+
+
+def no_conversations() -> ProxyError:
+    """A request naming an upstream conversation: the proxy serves no Conversations API, so no conversation was made
+    through it and none can be checked as the caller's."""
+    return ProxyError(400, "`conversation` is not supported through this proxy: conversations are stored upstream "
+                      "under the proxy's key, where their owner cannot be checked; send the previous turns as input "
+                      "or use previous_response_id", code="unsupported_parameter", param="conversation",
+                      error_type="invalid_request_error")
 
 
 class _OwnersStage:
@@ -123,6 +145,8 @@ class ClaimStoredResponses(_OwnersStage):
 
     async def __call__(self, ctx: RequestContext, call_next: Next) -> Reply:
         body = ctx.body or {}
+        if body.get("conversation") is not None:
+            raise no_conversations()
         previous = continued_response(body)
         if previous is not None:
             await self.responses.pin(ctx, previous, previous_not_found(previous))
@@ -190,9 +214,10 @@ class StoredResponseRequests(_OwnersStage):
 
 
 def _previous_in(raw: bytes) -> str | None:
-    """The ``previous_response_id`` of a JSON body (``None`` when there is none or the body is not an object); a
-    400 when it is there and not a string (the owner check could not read it)."""
-    if b"previous_response_id" not in raw:
+    """The ``previous_response_id`` of a JSON body, read as JSON (a key written with escapes is the same key;
+    ``None`` when there is none or the body is not an object); a 400 when it is there and not a string (the owner
+    check could not read it), and for a ``conversation`` (see :func:`no_conversations`)."""
+    if not raw:
         return None
     try:
         body = orjson.loads(raw)
@@ -200,6 +225,8 @@ def _previous_in(raw: bytes) -> str | None:
         return None
     if not isinstance(body, dict):
         return None
+    if body.get("conversation") is not None:
+        raise no_conversations()
     if body.get("previous_response_id") is not None and continued_response(body) is None:
         raise ProxyError(400, "`previous_response_id` must be a string", code="invalid_type",
                          param="previous_response_id", error_type="invalid_request_error")
