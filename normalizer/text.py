@@ -175,11 +175,6 @@ class TextNormalizer:
         return text
 
 
-def normalize_text(text: str, steps: Iterable[str] = DEFAULT_STEPS) -> str:
-    """``text`` through the given steps (see :class:`TextNormalizer` to reuse one configuration)."""
-    return TextNormalizer(steps)(text)
-
-
 # -- the question as the exact key holds it -------------------------------------------------------------------------
 
 _PLAIN = (string.ascii_letters + " \t,.?!:()-/+%&@#$*").encode()

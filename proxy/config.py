@@ -461,8 +461,11 @@ class ModelPriceSettings(_Section):
     max_completion_tokens: int | None = Field(default=None, ge=1, description="Longest completion the model gives")
 
 
+_HIT_MULTIPLIER = Decimal("0.1")
+
+
 def _default_multipliers() -> dict[str, Decimal]:
-    return {tier: Decimal("0.1") for tier in ("l1", "l2", "l3", "retrieval", "coalesced")}
+    return {tier: _HIT_MULTIPLIER for tier in ("l1", "l2", "l3", "retrieval", "coalesced")}
 
 
 class CreditsSettings(_Section):
@@ -482,6 +485,10 @@ class CreditsSettings(_Section):
     )
     hit_multipliers: dict[str, Decimal] = Field(
         default_factory=_default_multipliers, description="Share of the full price a cache hit costs, per tier"
+    )
+    default_hit_multiplier: Decimal = Field(
+        default=_HIT_MULTIPLIER, ge=0, description="Share of the full price a hit of a tier absent from "
+        "hit_multipliers costs"
     )
     reservation_ttl_s: float = Field(default=600.0, gt=0, description="A reservation of a dead proxy is reaped after")
     fail_open: bool = Field(default=False, description="Serve unbilled when the credit store is down (else 503)")

@@ -115,10 +115,6 @@ def cell_of(score: float) -> int | None:
     return min(len(GRID) - 1, int(round((score - GRID[0]) * 100, 6)))
 
 
-def _log_sigmoid(x: float) -> float:
-    return -math.log1p(math.exp(-x)) if x >= 0 else x - math.log1p(math.exp(x))
-
-
 def _sigmoid(x: float) -> float:
     return 1 / (1 + math.exp(-x)) if x >= 0 else math.exp(x) / (1 + math.exp(x))
 

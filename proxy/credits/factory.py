@@ -108,6 +108,7 @@ def price_book(settings: Settings) -> PriceBook:
         rerank_price=credits.rerank_price,
         request_price=credits.request_price,
         hit_multipliers=dict(credits.hit_multipliers),
+        default_hit_multiplier=credits.default_hit_multiplier,
     )
 
 

@@ -45,6 +45,7 @@ from typing import Any
 
 import orjson
 
+from proxy.config import CreditsSettings, ModelPriceSettings
 from proxy.credits.usage import Usage
 
 MICRO = 1_000_000
@@ -97,7 +98,7 @@ class ModelPrice:
 class ModelLimits:
     """Token limits of one model, for the worst case when the request sets no ``max_tokens``."""
 
-    context_tokens: int = 32_768
+    context_tokens: int = ModelPriceSettings.model_fields["context_tokens"].default
     max_completion_tokens: int | None = None
     """``None`` = the context size."""
 
@@ -107,12 +108,8 @@ class ModelLimits:
         return self.context_tokens if cap is None else min(cap, self.context_tokens)
 
 
-DEFAULT_HIT_MULTIPLIERS: Mapping[str, Decimal] = {
-    "l1": Decimal("0.1"),
-    "l2": Decimal("0.1"),
-    "l3": Decimal("0.1"),
-    "retrieval": Decimal("0.1"),
-}
+_DEFAULTS = CreditsSettings()
+"""The settings' defaults: a price book built without overrides charges what an unconfigured proxy charges."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,18 +117,18 @@ class PriceBook:
     """Every price the proxy charges, and the limits it needs to bound a request's cost."""
 
     models: Mapping[str, ModelPrice] = field(default_factory=dict)
-    default_price: ModelPrice = ModelPrice(Decimal("0.001"), Decimal("0.002"))
+    default_price: ModelPrice = ModelPrice(_DEFAULTS.default_prompt_per_1k, _DEFAULTS.default_completion_per_1k)
     """Price of a model absent from ``models``."""
     limits: Mapping[str, ModelLimits] = field(default_factory=dict)
     default_limits: ModelLimits = ModelLimits()
-    search_price: Decimal = Decimal("0.0001")
+    search_price: Decimal = _DEFAULTS.search_price
     """Credits per vector search (each search of a batch counts)."""
-    rerank_price: Decimal = Decimal("0.00002")
+    rerank_price: Decimal = _DEFAULTS.rerank_price
     """Credits per document a reranker scores."""
-    request_price: Decimal = Decimal("0.0001")
+    request_price: Decimal = _DEFAULTS.request_price
     """Credits per forwarded request that has no price of its own (allowed pass-through, Qdrant other than search)."""
-    hit_multipliers: Mapping[str, Decimal] = field(default_factory=lambda: dict(DEFAULT_HIT_MULTIPLIERS))
-    default_hit_multiplier: Decimal = Decimal("0.1")
+    hit_multipliers: Mapping[str, Decimal] = field(default_factory=lambda: dict(_DEFAULTS.hit_multipliers))
+    default_hit_multiplier: Decimal = _DEFAULTS.default_hit_multiplier
     """Multiplier of a tier absent from ``hit_multipliers``."""
     prompt_bytes_per_token: Decimal = Decimal(1)
 

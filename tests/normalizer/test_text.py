@@ -6,7 +6,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from normalizer.text import DEFAULT_STEPS, STEPS, TextNormalizer, fold_question, normalize_text
+from normalizer.text import DEFAULT_STEPS, STEPS, TextNormalizer, fold_question
+
+normalize_text = TextNormalizer()
+"""The default configuration, as the proxy builds it."""
 
 
 @pytest.mark.parametrize(

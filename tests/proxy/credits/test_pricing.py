@@ -153,3 +153,13 @@ def test_rerank_price_per_document_with_cached_documents_discounted() -> None:
     assert book.rerank_cost(4) == 40_000
     assert book.rerank_cost(1, 2, "l1") == 12_000
     assert book.rerank_cost(0, 3, "l1") == 3_000
+
+
+def test_a_price_book_without_overrides_charges_the_settings_defaults() -> None:
+    """Every default price is defined once, in the settings: the engine built from unconfigured settings and the
+    price book built with no arguments are the same."""
+    from proxy.config import Settings
+    from proxy.credits.factory import price_book
+
+    assert price_book(Settings()) == PriceBook()
+    assert PriceBook().hit_multiplier("coalesced") == Settings().credits.hit_multipliers["coalesced"]
