@@ -201,5 +201,5 @@ class _Caching:
                                         write_behind=rt.tiers.write_behind)),
             *rt.tiers.stages(endpoint),
             live.register(Coalesce(endpoint=endpoint, wait_s=cache.coalesce_wait_s, flights=self.flights,
-                                   recheck=rt.tiers.first)),
+                                   recheck=rt.tiers.first, still_stored=rt.still_stored)),
         ]

@@ -34,7 +34,7 @@ from proxy.observability.logs import LogLevel
 from proxy.observability.metrics import Metrics, TierLookups
 from proxy.observability.observe import AccessLog, Observer, observer
 from proxy.observability.stats import RequestStats
-from proxy.response_owners import RedisResponseOwners, ResponseOwners, SqliteResponseOwners
+from proxy.response_owners import OwnersUnavailable, RedisResponseOwners, ResponseOwners, SqliteResponseOwners
 from proxy.shared import SharedMode, build_shared
 from proxy.upstream.backends import BackendPool
 from proxy.upstream.client import UpstreamClient
@@ -84,7 +84,12 @@ class Runtime:
         self.metrics = Metrics()
         self.shared = build_shared(settings, self.metrics)  # None unless redis.url is set
         self.versions = self.shared.versions if self.shared is not None else KnowledgeVersions()
-        self.tiers = build_tiers(REGISTERED, settings, self.shared, self.fetch_collection, self.client)
+        retention = upstreams.response_retention_s
+        self.owners = RedisResponseOwners(self.shared.near.shared.client, ttl_s=retention,
+                                          prefix=settings.redis.prefix) if self.shared is not None \
+            else SqliteResponseOwners(settings.data_dir / "responses.sqlite3", ttl_s=retention)
+        self.tiers = build_tiers(REGISTERED, settings, self.shared, self.fetch_collection, self.client,
+                                 still_stored=self.still_stored)
         self.metrics.registry.register(TierLookups(lambda: [(t.name, s.results, s.seconds) for t in self.tiers
                                                             for s in (t.lookup_stats(),)]))
         routing = settings.routing
@@ -95,10 +100,6 @@ class Runtime:
             self.kv.share(SharedPrefixes(self.shared.board, [b.label for b in upstreams.llm]))
         self.credits = build_credits(settings)
         self.credits.register_metrics(self.metrics)
-        retention = upstreams.response_retention_s
-        self.owners = RedisResponseOwners(self.shared.near.shared.client, ttl_s=retention,
-                                          prefix=settings.redis.prefix) if self.shared is not None \
-            else SqliteResponseOwners(settings.data_dir / "responses.sqlite3", ttl_s=retention)
         self.tracer = None
         if settings.telemetry.tracing:
             from proxy.observability.tracing import make_tracer
@@ -120,6 +121,15 @@ class Runtime:
         """Invalidation over every registered tier (cheap: built per use); removed keys leave the request
         statistics too."""
         return TierInvalidation(self.tiers, self.stats.forget)
+
+    async def still_stored(self, response_id: str) -> bool:
+        """Whether a stored response is still kept: its owner is recorded (a delete through the proxy, or an
+        upstream 404 for it, forgets the owner). An owner store that cannot answer counts as no: a cached copy
+        is then not served, and the request goes upstream."""
+        try:
+            return await self.owners.owner(response_id) is not None
+        except OwnersUnavailable:
+            return False
 
     async def fetch_collection(self, name: str) -> bytes | None:
         """``GET /collections/{name}`` from Qdrant (the search cache learns the collection's metric)."""

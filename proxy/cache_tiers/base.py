@@ -11,7 +11,7 @@ from proxy.endpoints import Endpoint
 from proxy.observability.metrics import GaugeReader
 from proxy.pipeline import Stage
 from proxy.shared import SharedMode
-from proxy.stages.answers import WriteBehind
+from proxy.stages.answers import StillStored, WriteBehind
 from proxy.stages.retrieval import CollectionFetcher
 from proxy.upstream.client import UpstreamClient
 from tiers.invalidation import Embedding, Outcome, Selector
@@ -103,6 +103,8 @@ class Build:
     built: Sequence[CacheTier]
     fetch_collection: CollectionFetcher
     client: UpstreamClient
+    still_stored: StillStored | None = None
+    """Whether a stored Responses API object is still kept upstream (its cached copies are served only then)."""
 
 
 Builder = Callable[[Build], "CacheTier | Off"]
@@ -160,12 +162,13 @@ async def answers_report(answers: ResponseTier) -> dict[str, Any]:
 
 
 def build_tiers(builders: Sequence[Builder], settings: Settings, shared: SharedMode | None,
-                fetch_collection: CollectionFetcher, client: UpstreamClient) -> TierSet:
+                fetch_collection: CollectionFetcher, client: UpstreamClient,
+                still_stored: StillStored | None = None) -> TierSet:
     """Build, in order, every tier of ``builders`` that this configuration turns on."""
     built: list[CacheTier] = []
     off: list[Off] = []
     for build in builders:
-        tier = build(Build(settings, shared, tuple(built), fetch_collection, client))
+        tier = build(Build(settings, shared, tuple(built), fetch_collection, client, still_stored))
         if isinstance(tier, Off):
             off.append(tier)
         else:

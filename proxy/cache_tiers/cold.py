@@ -8,6 +8,7 @@ from typing import Any
 from proxy.cache_tiers.base import Build, CacheTier, Off
 from proxy.cache_tiers.exact import ExactTier
 from proxy.shared import SharedMode
+from proxy.stages.answers import StillStored
 from tiers.cold import ColdStore
 from tiers.demotion import Demoter
 from tiers.entry import CachedResponse
@@ -20,8 +21,9 @@ class ColdTier(ExactTier):
     """Answers exact repeats from disk; takes copies of new answers behind the faster tiers; survives restarts."""
 
     def __init__(self, store: ColdStore, *, write_queue: int, shared: SharedMode | None = None,
-                 warm: MemoryStore | None = None, warmup_entries: int = 0) -> None:
-        super().__init__(ResponseTier("l3", store, op_timeout=2.0))
+                 warm: MemoryStore | None = None, warmup_entries: int = 0,
+                 still_stored: StillStored | None = None) -> None:
+        super().__init__(ResponseTier("l3", store, op_timeout=2.0), still_stored)
         self.store = store
         self.demoter = Demoter(store, max_queue=write_queue)
         self.shared = shared
@@ -63,4 +65,4 @@ def build(b: Build) -> CacheTier | Off:
     warm = next((t.answers.store for t in b.built if t.answers is not None), None)
     return ColdTier(store, write_queue=l3.write_queue, shared=b.shared,
                     warm=warm if isinstance(warm, MemoryStore) and b.shared is None else None,
-                    warmup_entries=l3.warmup_entries)
+                    warmup_entries=l3.warmup_entries, still_stored=b.still_stored)

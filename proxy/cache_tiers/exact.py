@@ -8,7 +8,7 @@ from typing import Any
 from proxy.cache_tiers.base import Build, CacheTier, Gauge, LookupStats, Off, StageKind, answers_report
 from proxy.endpoints import Endpoint
 from proxy.pipeline import Stage
-from proxy.stages.answers import ExactLookup, WriteBehind
+from proxy.stages.answers import ExactLookup, StillStored, WriteBehind
 from tiers.invalidation import Embedding, Invalidator, Outcome, Selector
 from tiers.memory import MemoryStore
 from tiers.policies import make_policy
@@ -22,15 +22,17 @@ class ExactTier:
     embedder: Embedding | None = None
     flushable = True
 
-    def __init__(self, answers: ResponseTier) -> None:
+    def __init__(self, answers: ResponseTier, still_stored: StillStored | None = None) -> None:
         self.name = answers.name
         self.answers: ResponseTier | None = answers
         self.write_behind: WriteBehind | None = None
+        self.still_stored = still_stored
 
     def stages(self, kind: StageKind, faster: Sequence[CacheTier]) -> list[Stage]:
         if not isinstance(kind, Endpoint) or self.answers is None:
             return []
-        return [ExactLookup(self.answers, promote_into=[t.answers for t in faster if t.answers is not None])]
+        return [ExactLookup(self.answers, promote_into=[t.answers for t in faster if t.answers is not None],
+                            still_stored=self.still_stored)]
 
     async def start(self) -> None:  # shared mode's connections are the runtime's
         pass
@@ -64,6 +66,7 @@ def build(b: Build) -> CacheTier | Off:
     if not cache.enabled or not cache.l1.enabled:
         return Off("l1", "cache.enabled is off" if not cache.enabled else "cache.l1.enabled is off")
     if b.shared is not None:
-        return ExactTier(b.shared.l1)
+        return ExactTier(b.shared.l1, b.still_stored)
     l1 = cache.l1
-    return ExactTier(ResponseTier("l1", MemoryStore(make_policy(l1.policy, l1.max_bytes), max_entries=l1.max_entries)))
+    return ExactTier(ResponseTier("l1", MemoryStore(make_policy(l1.policy, l1.max_bytes), max_entries=l1.max_entries)),
+                     b.still_stored)

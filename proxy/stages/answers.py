@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import orjson
@@ -44,6 +44,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("ragproxy.cache")
 
+StillStored = Callable[[str], Awaitable[bool]]
+"""Whether the stored Responses API object of this id is still kept upstream."""
 WriteBehind = Callable[[str, CachedResponse, "float | None", list[str], Any], None]
 """Takes a copy of a new answer (key, entry, TTL, tags, the question's embedding or ``None``) without waiting."""
 ALL_ENTRIES = "all"  # the tag every entry carries: listing and flushing without knowing keys
@@ -211,23 +213,36 @@ class StoreResponse:
         return store
 
 
+async def servable(entry: CachedResponse, policy: CachePolicy, still_stored: StillStored | None) -> bool:
+    """Whether a cached entry may answer: young enough for the request, and — a stored Responses API object —
+    still kept upstream (deleted or expired, whatever copy a race left behind is not served)."""
+    if policy.max_age is not None and entry.age() > policy.max_age:
+        return False
+    stored_id = entry.meta.get("response_id")
+    return stored_id is None or still_stored is None or await still_stored(stored_id)
+
+
 class ExactLookup:
     """Answer exact-key hits from one tier; promote them into ``promote_into`` (faster tiers)."""
 
     needs = frozenset({"cache_key", "cache_policy"})
     gives = frozenset({"entry", "cache_status", "cache_tier"})
 
-    def __init__(self, tier: ResponseTier, *, promote_into: Sequence[ResponseTier] = ()) -> None:
+    def __init__(self, tier: ResponseTier, *, promote_into: Sequence[ResponseTier] = (),
+                 still_stored: StillStored | None = None) -> None:
+        """``still_stored``: whether a stored Responses API object is still kept upstream (an entry of one that is
+        not — deleted, expired — is never served)."""
         self.tier = tier
         self.name = tier.name
         self.promote_into = tuple(promote_into)
+        self.still_stored = still_stored
 
     async def __call__(self, ctx: RequestContext, call_next: Next) -> Reply:
         key, policy = ctx.cache_key, ctx.cache_policy
         if key is None or policy is None or not policy.may_read:
             return await call_next(ctx)
         entry = await self.tier.get(key)
-        if entry is None or (policy.max_age is not None and entry.age() > policy.max_age):
+        if entry is None or not await servable(entry, policy, self.still_stored):
             return await call_next(ctx)
         for faster in self.promote_into:
             tags = entry_tags(ctx, entry.model, entry.meta.get("response_id"))

@@ -36,7 +36,7 @@ from proxy.endpoints import Endpoint
 from proxy.outcome import COALESCED, CacheStatus
 from proxy.pipeline import Next
 from proxy.reply import Complete
-from proxy.stages.answers import complete_body, hit_reply
+from proxy.stages.answers import StillStored, complete_body, hit_reply, servable
 from proxy.upstream.client import UpstreamStreamError
 from tiers.entry import CachedResponse
 from tiers.response_tier import ResponseTier
@@ -91,12 +91,14 @@ class Coalesce:
     live_keys = frozenset({"cache.coalesce_wait_s"})
 
     def __init__(self, *, endpoint: Endpoint, wait_s: float, flights: Flights,
-                 recheck: ResponseTier | None = None) -> None:
-        """``recheck``: where a finished leader stored its answer (the fastest answer tier)."""
+                 recheck: ResponseTier | None = None, still_stored: StillStored | None = None) -> None:
+        """``recheck``: where a finished leader stored its answer (the fastest answer tier); ``still_stored``: as
+        for :class:`~proxy.stages.answers.ExactLookup`."""
         self.endpoint = endpoint
         self.wait_s = wait_s
         self.flights = flights
         self.recheck = recheck
+        self.still_stored = still_stored
 
     def configure(self, settings: Settings) -> None:
         self.wait_s = settings.cache.coalesce_wait_s
@@ -123,7 +125,7 @@ class Coalesce:
         if self.recheck is None or policy is None or not policy.may_read:
             return None
         entry = await self.recheck.get(key)
-        if entry is None or (policy.max_age is not None and entry.age() > policy.max_age):
+        if entry is None or not await servable(entry, policy, self.still_stored):
             return None
         return hit_reply(ctx, entry, tier=self.recheck.name)
 

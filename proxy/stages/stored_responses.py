@@ -16,7 +16,14 @@ Two stages over one :class:`StoredResponses` (the owners store of :mod:`proxy.re
   bodies may carry a ``previous_response_id``. Another tenant's id, or an id the proxy does not know, is answered
   404 exactly as the upstream answers an id that does not exist; the tenant's own goes to the replica that keeps
   it. A ``DELETE`` the upstream accepted forgets the owner and invalidates every cached entry that carries the id
-  (the response itself, and answers that continued it: tag ``response:<id>``).
+  (the response itself, and answers that continued it: tag ``response:<id>``); so does an upstream 404 for an id,
+  or a ``previous_response_not_found`` (deleted at the upstream directly, or expired there).
+
+A response made in a user-scoped (private) request is its user's: its owner is ``<tenant>~<user digest>``, as in
+keys, and only that user may fetch, delete or continue it. Bodies are read as JSON (a key written with escapes is
+the same key). ``conversation`` is refused (400): the proxy serves no Conversations API, so no conversation was made
+through it and its owner cannot be checked. A cached copy of a stored response is served only while its owner is
+recorded (:func:`proxy.stages.answers.servable`), so nothing a race with its ``DELETE`` left behind is served.
 """
 
 from __future__ import annotations
@@ -151,6 +158,9 @@ class ClaimStoredResponses(_OwnersStage):
         if previous is not None:
             await self.responses.pin(ctx, previous, previous_not_found(previous))
         reply = await call_next(ctx)
+        if previous is not None and reply.status in (400, 404) and ctx.backend is not None \
+                and b"previous_response_not_found" in (reply.body or b""):
+            await self.responses.forget(previous)  # gone upstream: its cached copies go too
         if ctx.backend is None or reply.status != 200 or not stores(body):
             return reply  # answered by a cache tier, failed, or nothing the upstream keeps
         if reply.chunks is None:
@@ -208,8 +218,9 @@ class StoredResponseRequests(_OwnersStage):
         if previous is not None and named is None:
             await self.responses.pin(ctx, previous, previous_not_found(previous))
         reply = await call_next(ctx)
-        if ctx.method == "DELETE" and named is not None and path == PREFIX + named and reply.status == 200:
-            await self.responses.forget(named)
+        if named is not None and (reply.status == 404 or (
+                ctx.method == "DELETE" and path == PREFIX + named and reply.status == 200)):
+            await self.responses.forget(named)  # deleted here, or gone upstream (deleted there, expired)
         return reply
 
 

@@ -257,3 +257,68 @@ async def test_a_stored_answer_is_cached_and_served_no_longer_than_the_upstream_
                              request_id="r", body=body)
         await stage(ctx, seen)
     assert [(p.ttl, p.max_age) for p in policies] == [(600.0, 600.0), (86400.0, None)]
+
+
+def test_a_deleted_response_is_never_served_again_whatever_copy_a_race_left(
+        fake_llm_thread: FakeLLM, tenants: tuple[ProxyServer, openai.OpenAI, openai.OpenAI]) -> None:
+    proxy, ann, _ = tenants
+    raw = ann.responses.with_raw_response.create(model=MODEL, input="Raced with its delete")
+    first = raw.parse()
+    tier = proxy.runtime.tiers.first
+    assert tier is not None
+    keys = proxy.call(tier.store.keys_with_tag(f"response:{first.id}"))
+    copies = [(key, entry) for key in keys if (entry := proxy.call(tier.get(key))) is not None]
+    assert copies, "the stored original is cached"
+    ann.responses.delete(first.id)
+    for key, entry in copies:  # what a promotion or write-behind that raced the delete puts back
+        proxy.call(tier.put(key, entry, ttl=60.0, tags=["all"]))
+    again = ann.responses.with_raw_response.create(model=MODEL, input="Raced with its delete")
+    assert _status(again) == "MISS" and again.parse().id != first.id
+
+
+def test_a_response_gone_upstream_is_no_longer_served(
+        fake_llm_thread: FakeLLM, tenants: tuple[ProxyServer, openai.OpenAI, openai.OpenAI]) -> None:
+    _, ann, _ = tenants
+    first = ann.responses.create(model=MODEL, input="Deleted behind the proxy's back")
+    assert httpx.delete(f"{fake_llm_thread.base_url}/responses/{first.id}").status_code == 200
+    with pytest.raises(openai.NotFoundError):
+        ann.responses.retrieve(first.id)  # the upstream's 404 is news: the cached copies go
+    again = ann.responses.with_raw_response.create(model=MODEL, input="Deleted behind the proxy's back")
+    assert _status(again) == "MISS" and again.parse().id != first.id
+
+
+def test_escaped_keys_are_read_as_json_and_conversations_are_refused(
+        fake_llm_thread: FakeLLM, tenants: tuple[ProxyServer, openai.OpenAI, openai.OpenAI]) -> None:
+    proxy, ann, bob = tenants
+    first = ann.responses.create(model=MODEL, input="Ann's escaped secret")
+    before = len(fake_llm_thread.log.entries)
+    headers = {"Authorization": f"Bearer {bob.api_key}", "Content-Type": "application/json"}
+    for path in ("/v1/responses/input_tokens", "/v1/responses/compact"):
+        body = f'{{"model": "{MODEL}", "previous\\u005fresponse_id": "{first.id}"}}'  # the key written escaped
+        aside = httpx.post(proxy.url + path, content=body, headers=headers)
+        assert aside.status_code == 400 and aside.json()["error"]["code"] == "previous_response_not_found", path
+    for path in ("/v1/responses", "/v1/responses/input_tokens"):
+        talk = httpx.post(proxy.url + path, headers=headers,
+                          json={"model": MODEL, "input": "more", "conversation": "conv_of_someone_else"})
+        assert talk.status_code == 400 and talk.json()["error"]["param"] == "conversation", path
+    assert len(fake_llm_thread.log.entries) == before, "nothing reached the upstream"
+
+
+def test_in_a_private_namespace_a_stored_response_is_its_user_s(fake_llm_thread: FakeLLM, tmp_path: Path) -> None:
+    settings = proxy_settings(fake_llm_thread.url, **{"auth.mode": "keys", "data_dir": str(tmp_path),
+                                                      "cache.private_namespaces": ["mail"]})
+    with ProxyServer(settings) as proxy:
+        keys = proxy.runtime.credits.keys
+        assert keys is not None
+        private = {"X-Ragproxy-Namespace": "mail"}
+        ann_key, cid_key = (proxy.call(keys.create(user, "acme")).plaintext for user in ("ann", "cid"))
+        ann, cid = (openai.OpenAI(base_url=proxy.url + "/v1", api_key=key, max_retries=0, default_headers=private)
+                    for key in (ann_key, cid_key))
+        mine = ann.responses.create(model=MODEL, input="Ann's private mail")
+        team = openai.OpenAI(base_url=proxy.url + "/v1", api_key=ann_key, max_retries=0)  # the default namespace
+        shared = team.responses.create(model=MODEL, input="A team note")
+        for call in (lambda rid: cid.responses.retrieve(rid), lambda rid: cid.responses.delete(rid)):
+            with pytest.raises(openai.NotFoundError):
+                call(mine.id)
+        assert ann.responses.retrieve(mine.id).id == mine.id
+        assert cid.responses.retrieve(shared.id).id == shared.id, "outside private namespaces: the tenant's"
