@@ -42,29 +42,29 @@ request bypasses the cache): the JSON parser reads an integer literal beyond 64 
 answers them differently. Integers within 64 bits stay exact ints.
 
 Trivial variants of the question (:func:`fold_final_question`): the text of a final user message (chat) or input
-item (Responses) made of one text part is folded by :func:`normalizer.text.fold_question` — Unicode compatibility
-forms, whitespace, letter case and trailing ``? ! .`` — except where case can matter (quoted or backticked spans,
-words with an underscore or mixing digits with both letter cases, and code or multi-line text, which only loses its
-outer whitespace). "What is RAG?", "what is rag" and " What is RAG " share a key from the first repeat. Earlier
-messages, system prompts and multi-part content are keyed as written.
+item (Responses) made of one text part is folded by :func:`normalizer.text.fold_question` — only what cannot change
+the answer: whitespace between words outside quotes and code, canonically equivalent Unicode (NFC) and trailing
+question marks; letter case and other punctuation are kept. "What is RAG?", "What  is RAG" and " What is RAG " share
+a key from the first repeat. Earlier messages, system prompts and multi-part content are keyed as written.
 
 Key format (module :func:`cache_key`)::
 
-    rp3:<tenant>:<namespace>:<knowledge_version>:<kind>:<hex BLAKE2b-256 of the canonical JSON bytes>
+    rp4:<tenant>:<namespace>:<knowledge_version>:<kind>:<hex BLAKE2b-256 of the canonical JSON bytes>
 
-``rp3`` is the key-format version (bump it whenever canonicalization changes so old entries are never
-misread; ``rp2`` keys did not fold the final question's trivial variants, ``rp1`` keys did not cover the query
-string, the keyed headers or beyond-64-bit integers). Each scope
+``rp4`` is the key-format version (bump it whenever canonicalization changes so old entries are never
+misread; ``rp3`` keys also folded letter case, compatibility forms and trailing ``! .``, ``rp2`` keys did not
+fold the final question's trivial variants, ``rp1`` keys did not cover the query string, the keyed headers or
+beyond-64-bit integers). Each scope
 component is percent-encoded (RFC 3986, nothing kept safe but ``A-Z a-z 0-9 _ . - ~``, and in the tenant
 component not ``~`` either), so a ``:`` in a tenant id cannot forge another scope, and a
-prefix such as ``rp3:acme:docs:`` selects exactly one tenant's namespace. ``kind`` is ``chat``,
+prefix such as ``rp4:acme:docs:`` selects exactly one tenant's namespace. ``kind`` is ``chat``,
 ``completion``, ``embedding`` (one key per embedding input item), ``response`` or ``rerank`` (one key per
 scored document). The scope is a readable prefix rather
 than hashed so stores can scan and drop a tenant, namespace or knowledge version by prefix. Namespaces shared
 across tenants use :data:`SHARED_TENANT` as the tenant (the identity layer must never issue it).
 
 User-scoped keys (private namespaces, ``cache.private_namespaces``, or a request's ``Cache-Control:
-private``): the tenant component becomes ``<tenant>~<user digest>``, e.g. ``rp3:acme~3f…9a:docs:4:chat:…``,
+private``): the tenant component becomes ``<tenant>~<user digest>``, e.g. ``rp4:acme~3f…9a:docs:4:chat:…``,
 where the digest is :func:`user_digest` (32 hex digits of BLAKE2b of the tenant and user id; user ids never
 appear in keys, and equal ids in two tenants get different digests). A ``~`` in the tenant id itself is
 written ``%7E``, so the first raw ``~`` always separates the digest and no tenant name can forge another
@@ -97,7 +97,7 @@ RequestKind = Literal["chat", "completion", "embedding", "response", "rerank"]
 """The endpoint a body was sent to: ``/v1/chat/completions``, ``/v1/completions``, ``/v1/embeddings``,
 ``/v1/responses`` (:mod:`normalizer.responses`) or a reranker (:mod:`normalizer.rerank`)."""
 
-KEY_FORMAT_VERSION = "rp3"
+KEY_FORMAT_VERSION = "rp4"
 SHARED_TENANT = "*"
 """Tenant component for namespaces configured as shared across tenants (percent-encoded as ``%2A``)."""
 
@@ -458,7 +458,7 @@ class KeyScope:
         return f"{tenant}{USER_SEPARATOR}{self.user}" if self.user else tenant
 
     def prefix(self) -> str:
-        """``rp3:<tenant>:<namespace>:<knowledge_version>:`` with each component percent-encoded."""
+        """``rp4:<tenant>:<namespace>:<knowledge_version>:`` with each component percent-encoded."""
         return _prefix(self)
 
 

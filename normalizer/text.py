@@ -177,68 +177,53 @@ class TextNormalizer:
 
 # -- the question as the exact key holds it -------------------------------------------------------------------------
 
-_PLAIN = (string.ascii_letters + " \t,.?!:()-/+%&@#$*").encode()
+_PLAIN = (string.ascii_letters + string.digits + " \t,.?!:()-/+%&@#$*").encode()
 """ASCII characters that never need care: a question made of these only takes the short path."""
 _CODE = frozenset("{};=<>\\\n\r")
 """A question with any of these (or a code fence) is code or a multi-line prompt (documents, a pasted file):
-whitespace and case can matter there, so it only loses its outer whitespace."""
+whitespace can matter there, so it only loses its outer whitespace."""
 _QUOTES = frozenset("\"'`\u201c\u00ab\u2018")
 _QUOTED = re.compile(
     r'"[^"]*"|\u201c[^\u201d]*\u201d|\u00ab[^\u00bb]*\u00bb|`[^`]*`|\u2018[^\u2019]*\u2019|(?<!\w)\'[^\']*\'(?!\w)'
 )
 """Spans kept as written: anything quoted or in backticks."""
-_TRAILING = " ?!.\u2026"
+_SPACES = re.compile(r"\s+")
+_TRAILING = " ?"
 
 
-def _keeps_case(word: str) -> bool:
-    """A word with an underscore, or with a digit among letters of both cases (``my_var``, ``aB3x``)."""
-    if "_" in word:
-        return True
-    return any(c.isdigit() for c in word) and any(c.isupper() for c in word) and any(c.islower() for c in word)
-
-
-def _fold_words(text: str) -> str:
-    """Case folded, except in words that :func:`_keeps_case`."""
-    text = text.replace("\u2019", "'")
-    folded = text.casefold()
-    if folded == text:
-        return text
-    words = text.split(" ")
-    kept = [i for i, word in enumerate(words) if not word.isalpha() and word != word.casefold() and _keeps_case(word)]
-    if not kept:
-        return folded
-    out = folded.split(" ")  # case folding never adds or removes a space
-    for i in kept:
-        out[i] = words[i]
-    return " ".join(out)
+def _fold_prose(text: str) -> str:
+    """Runs of whitespace as one space, typographic apostrophes as apostrophes."""
+    return _SPACES.sub(" ", text).replace("\u2019", "'")
 
 
 def fold_question(text: str) -> str:
     """The final question as the exact key holds it: spellings that cannot change the answer folded into one.
 
-    Folded: Unicode compatibility forms (NFKC: full-width letters, ligatures, non-breaking spaces), typographic
-    apostrophes, runs of whitespace, leading and trailing whitespace, trailing ``? ! .`` and ellipses, and letter
-    case (``casefold``). Kept: the case of quoted and backticked spans (``"..."``, ``'...'``, curly quotes,
-    guillemets, backticks), of words with an underscore (``MAX_VALUE``) and of words mixing digits with upper and
-    lower case letters (``aB3x``), where case can name a different thing (``GPT4`` and ``gpt4`` fold alike). A
+    Folded: canonically equivalent Unicode (NFC: a precomposed ``\u00e9`` and ``e`` + combining accent), leading and
+    trailing whitespace, runs of whitespace between words outside quoted and backticked spans, typographic
+    apostrophes there, and trailing question marks. Kept as written: letter case (``CO`` carbon monoxide, ``Co``
+    cobalt; ``tar -C`` and ``tar -c``; ``MB`` and ``Mb``), every other punctuation (``5!`` is a factorial),
+    compatibility forms (NFKC would turn ``2\u00b3`` into ``23``), and everything inside quotes or backticks. A
     question that looks like code or spans lines (a code fence, any of ``{ } ; = < > \\``, a line break) only loses
-    its outer whitespace. Two questions that fold alike ask the same thing; what the rule is unsure of stays apart (a
-    miss, never a wrong answer). A question of plain ASCII letters, spaces and common punctuation takes a short path
-    of string methods (the exact key is on every request's path).
+    its outer whitespace. What the rule is unsure of stays apart: a miss, never a wrong answer
+    (``tests/normalizer/test_text.py`` holds the pairs that must not fold). A question of plain ASCII letters,
+    digits, spaces and common punctuation takes a short path of string methods (the exact key is on every
+    request's path).
     """
     if text.isascii() and not text.encode().translate(None, _PLAIN):
         plain = text.strip() if "  " not in text and "\t" not in text else " ".join(text.split())
-        return plain.casefold().rstrip(_TRAILING)
+        return plain.rstrip(_TRAILING)
     stripped = text.strip()
-    folded = " ".join((stripped if stripped.isascii() else unicodedata.normalize("NFKC", stripped)).split())
-    if "```" in folded or not _CODE.isdisjoint(folded) or "\n" in stripped or "\r" in stripped:
+    if not stripped.isascii():
+        stripped = unicodedata.normalize("NFC", stripped)
+    if "```" in stripped or not _CODE.isdisjoint(stripped) or "\n" in stripped or "\r" in stripped:
         return stripped
-    if _QUOTES.isdisjoint(folded):
-        return _fold_words(folded).rstrip(_TRAILING)
+    if _QUOTES.isdisjoint(stripped):
+        return _fold_prose(stripped).rstrip(_TRAILING)
     parts: list[str] = []
     last = 0
-    for match in _QUOTED.finditer(folded):
-        parts += (_fold_words(folded[last:match.start()]), match.group(0))
+    for match in _QUOTED.finditer(stripped):
+        parts += (_fold_prose(stripped[last:match.start()]), match.group(0))
         last = match.end()
-    parts.append(_fold_words(folded[last:]))
+    parts.append(_fold_prose(stripped[last:]))
     return "".join(parts).rstrip(_TRAILING)

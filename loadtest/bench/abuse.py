@@ -47,7 +47,10 @@ Scenarios, in order:
     attack is the baseline of its latency during the attack.
 12. **calibration poisoning** (:mod:`loadtest.bench._abuse_poison`, a replica of its own with L2 on): one user's 200
     agreeing look-alike pairs ("Reply with just: ACK"), then another user's 30 look-alikes needing other answers;
-13. **idempotency bytes**: a keyed flood of large answers against byte budgets (:mod:`.abuse_idempotency`).
+13. **folding** (:mod:`loadtest.bench._abuse_fold`, a replica of its own, exact cache only): pairs whose answers can
+    differ asked by two users of a tenant (``fold_wrong_hits``: exact hits among them) and pairs that keep the
+    meaning (``fold_kept_hit_share``);
+14. **idempotency bytes**: a keyed flood of large answers against byte budgets (:mod:`.abuse_idempotency`).
 
 Figures (the last line with ``--json`` is one JSON object): ``requests`` (every request sent that expects an answer,
 probes included), ``unbilled_upstream_calls`` (billable upstream calls — LLM and reranker POSTs — beyond the
@@ -58,7 +61,7 @@ ledger id), ``answers_without_charge`` (2xx answers whose ``X-Credits-Request-ID
 ``unanswered_requests`` (no HTTP answer within 60 s; the deliberate hang-ups are not counted), ``server_errors``
 (5xx), ``probe_failures`` (slow-connection and rerank probes), ``cross_tenant_reads``, ``rerank_probe_p99_ratio``
 (during the ``--rerank-documents`` rerank; ``..._at_default_limit``: during the 10,000-document ones),
-``idempotency_bytes_peak`` (RSS growth under scenario 13; its budget beside it), and per
+``idempotency_bytes_peak`` (RSS growth under scenario 14; its budget beside it), and per
 scenario the statuses seen. No timings are asserted; this is a command that prints what happened.
 
 A new data-plane endpoint is not done until this benchmark attacks it (see the README's "Contributing").
@@ -84,7 +87,7 @@ from typing import Any
 import httpx
 import orjson
 
-from loadtest.bench import _abuse_paths, _abuse_poison, abuse_idempotency
+from loadtest.bench import _abuse_fold, _abuse_paths, _abuse_poison, abuse_idempotency
 from loadtest.bench import _surfaces as surfaces
 from loadtest.bench._tally import CHAT, EMBEDDINGS, RESPONSES, Tally, chat, send
 from loadtest.bench.chaos import Redis
@@ -366,6 +369,7 @@ def run(options: Options) -> dict[str, Any]:
                                                                    options.rerank_documents)
                 timings["oversize_s"] = time.monotonic() - started
                 seen["calibration_poison"] = await _abuse_poison.calibration_poison(work / "poison", tally)
+                seen["fold_variants"] = await _abuse_fold.fold_variants(work / "fold", tally)
                 _, baseline = await probe(urls[0], headers, time.monotonic() + 5.0, tally)
                 resource.prlimit(replicas[0][1].pid, resource.RLIMIT_NOFILE, (options.fd_limit, options.fd_limit))
                 attack = asyncio.ensure_future(slow_connections(int(urls[0].rsplit(":", 1)[1]), options.slow,
@@ -406,6 +410,8 @@ def _figures(tally: Tally, results: dict[str, Any], charges: list[dict[str, Any]
         "cross_tenant_reads": tally.cross_tenant_reads,
         "path_bypass": results["path_bypass"]["bypasses"],
         "calibration_poison_wrong_hits": results["calibration_poison"]["wrong_hits"],
+        "fold_wrong_hits": results["fold_variants"]["wrong_hits"],
+        "fold_kept_hit_share": results["fold_variants"]["kept_hit_share"],
         "rerank_probe_p99_ratio": rerank["raised_limit"]["probe_p99_ratio"],
         "idempotency_bytes_peak": results["idempotency_bytes"]["idempotency_bytes_peak"],
         "rerank_probe_p99_ratio_at_default_limit": rerank["at_limit"]["probe_p99_ratio"],
@@ -417,7 +423,8 @@ def _figures(tally: Tally, results: dict[str, Any], charges: list[dict[str, Any]
         "statuses": {name: dict(counts) for name, counts in tally.statuses.items()},
         **{name: results[name] for name in ("hang_ups", "malformed_bodies", "cross_tenant_responses", "path_bypass",
                                             "idempotency_eviction", "redis_restart", "rerank_flood",
-                                            "oversize_and_deep", "idempotency_bytes", "calibration_poison")},
+                                            "oversize_and_deep", "idempotency_bytes", "calibration_poison",
+                                            "fold_variants")},
         "slow_connections": {"connections": options.slow, "fd_limit": options.fd_limit,
                              "attack_s": options.attack_s, "ended": results["slow_connections"]},
         "seconds": {name: round(value, 1) for name, value in timings.items()},

@@ -249,6 +249,6 @@ def test_embedding_items_are_one_request_per_input_in_order() -> None:
 def test_canonical_request_dispatches_per_kind() -> None:
     [keyed] = canonical_request("chat", chat())
     assert keyed == {**canonical_chat(chat()), "messages": [
-        {"role": "user", "content": [{"type": "text", "text": "what is rag"}]}]}, "the final question is folded"
+        {"role": "user", "content": [{"type": "text", "text": "What is RAG"}]}]}, "the final question is folded"
     assert len(canonical_request("embedding", {"model": "e", "input": ["a", "b"]})) == 2
     assert canonical_request("completion", {"model": "m", "prompt": "p"})[0]["prompt"] == ["p"]

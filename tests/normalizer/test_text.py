@@ -6,6 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from loadtest.fold_pairs import KEEPS_MEANING, MEANING_CHANGES
 from normalizer.text import DEFAULT_STEPS, STEPS, TextNormalizer, fold_question
 
 normalize_text = TextNormalizer()
@@ -78,36 +79,26 @@ def test_default_normalization_is_idempotent(text: str) -> None:
 # -- the question as the exact key holds it -------------------------------------------------------------------------
 
 @pytest.mark.parametrize("variant", [
-    "What is the capital of France?", "what is the capital of france", "WHAT IS THE CAPITAL OF FRANCE",
-    "  What is the capital of France??  ", "What  is the\tcapital of France", "What is the capital of France...",
-    "\uff37hat is the capital\u00a0of France?", "What is the capital of France !",
+    "What is the capital of France?", "What is the capital of France", "  What is the capital of France??  ",
+    "What  is the\tcapital of France", "What is the capital of France ?", "What is the capital\u00a0of France?",
 ])
-def test_trivial_variants_fold_into_one_question(variant: str) -> None:
-    assert fold_question(variant) == "what is the capital of france"
+def test_variants_that_keep_the_meaning_fold_into_one_question(variant: str) -> None:
+    assert fold_question(variant) == "What is the capital of France"
 
 
-def test_words_with_digits_fold_unless_they_mix_cases() -> None:
-    assert fold_question("What is GPT4?") == fold_question("what is gpt4") == "what is gpt4"
-    assert fold_question("IPHONE 7S PRICE") == fold_question("iPhone 7s price")
-    assert fold_question("Where is order aB3x?") == "where is order aB3x"
+def test_canonically_equivalent_unicode_folds() -> None:
+    composed, decomposed = "Who founded the caf\u00e9 chain?", "Who founded the cafe\u0301 chain?"
+    assert fold_question(composed) == fold_question(decomposed)
 
 
 def test_typographic_apostrophes_are_apostrophes() -> None:
-    assert fold_question("What\u2019s a proxy?") == fold_question("what's a proxy") == "what's a proxy"
+    assert fold_question("What\u2019s a proxy?") == fold_question("What's a proxy") == "What's a proxy"
 
 
-@pytest.mark.parametrize(("one", "other"), [
-    ('What does "Foo" return?', 'What does "foo" return?'),  # a quoted identifier
-    ("What is `getID` for?", "What is `getid` for?"),  # backticks
-    ("Where is order aB3x?", "Where is order AB3X?"),  # an ID mixing digits and both cases
-    ("Is MAX_VALUE set?", "Is max_value set?"),  # an identifier with an underscore
-    ("Why is 'Bob' late?", "Why is 'bob' late?"),  # single quotes around a name
-    ("Explain: x = Foo;", "Explain: x = foo;"),  # code: only the ends are stripped
-    ("Fix this\nMyVar = 1", "Fix this\nmyvar = 1"),  # more than one line
-    ("What is 3.5?", "What is 35?"),
-    ("Who is not here?", "Who is here?"),
-])
-def test_what_case_or_spacing_can_change_stays_apart(one: str, other: str) -> None:
+
+
+@pytest.mark.parametrize(("one", "other"), MEANING_CHANGES)
+def test_what_can_change_the_answer_stays_apart(one: str, other: str) -> None:
     assert fold_question(one) != fold_question(other)
 
 
@@ -130,3 +121,8 @@ def test_a_quoted_span_is_never_folded_into_another(text: str, quoted: str) -> N
     other = quoted.swapcase()
     if other != quoted:
         assert fold_question(f'{text} "{quoted}"') != fold_question(f'{text} "{other}"')
+
+
+@pytest.mark.parametrize(("one", "other"), KEEPS_MEANING)
+def test_what_cannot_change_the_answer_shares_a_key(one: str, other: str) -> None:
+    assert fold_question(one) == fold_question(other)
