@@ -356,7 +356,7 @@ def run(options: Options) -> dict[str, Any]:
                 started = time.monotonic()
                 seen["malformed_bodies"] = await surfaces.malformed(urls[0], headers, tally)
                 seen["cross_tenant_responses"] = await surfaces.cross_tenant_responses(urls[0], *tenants, tally)
-                seen["path_bypass"] = await _abuse_paths.path_bypass(urls[0], broke, *tenants, tally,
+                seen["path_tricks"] = await _abuse_paths.path_bypass(urls[0], broke, *tenants, tally,
                                                                     lambda: _forwarded(llm.log))
                 seen["idempotency_eviction"] = await surfaces.idempotency_under_eviction(
                     urls[2], victim, flooder, tally, set_latency, lambda: _posts(llm.log, LLM_PATHS), options.flood)
@@ -408,7 +408,7 @@ def _figures(tally: Tally, results: dict[str, Any], charges: list[dict[str, Any]
         "unanswered_requests": tally.unanswered, "server_errors": tally.server_errors,
         "probe_failures": results["probe_failures"] + rerank["probe_failures"],
         "cross_tenant_reads": tally.cross_tenant_reads,
-        "path_bypass": results["path_bypass"]["bypasses"],
+        "path_bypass": results["path_tricks"]["bypasses"],
         "calibration_poison_wrong_hits": results["calibration_poison"]["wrong_hits"],
         "fold_wrong_hits": results["fold_variants"]["wrong_hits"],
         "fold_kept_hit_share": results["fold_variants"]["kept_hit_share"],
@@ -421,7 +421,7 @@ def _figures(tally: Tally, results: dict[str, Any], charges: list[dict[str, Any]
         "probe_p50_ratio_to_baseline": round(attacked / baseline, 2) if baseline and attacked else None,
         "charges_by_usage_source": dict(Counter(str(c.get("usage_source")) for c in charges)),
         "statuses": {name: dict(counts) for name, counts in tally.statuses.items()},
-        **{name: results[name] for name in ("hang_ups", "malformed_bodies", "cross_tenant_responses", "path_bypass",
+        **{name: results[name] for name in ("hang_ups", "malformed_bodies", "cross_tenant_responses", "path_tricks",
                                             "idempotency_eviction", "redis_restart", "rerank_flood",
                                             "oversize_and_deep", "idempotency_bytes", "calibration_poison",
                                             "fold_variants")},
