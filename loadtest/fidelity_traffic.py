@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import random
+import unicodedata
 from collections.abc import Callable, Iterable, Sequence
 
 import numpy as np
@@ -134,9 +135,6 @@ def best_at(curve: Sequence[dict[str, float]], bound: float) -> dict[str, float]
     return max(within, key=lambda row: (row["recall"], -row["threshold"])) if within else None
 
 
-_FULL_WIDTH = {c: chr(ord(c) + 0xFEE0) for c in "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789"}
-
-
 def _spaces(question: str, rng: random.Random) -> str:
     words = question.split(" ")
     at = rng.randrange(len(words))
@@ -144,33 +142,27 @@ def _spaces(question: str, rng: random.Random) -> str:
     return rng.choice(("", " ", "  ", "\t")) + " ".join(words) + rng.choice(("", " ", "\n"))
 
 
-def _case(question: str, rng: random.Random) -> str:
-    change = rng.choice((str.lower, str.upper, lambda q: q[:1].swapcase() + q[1:], str.title))
-    return change(question)
-
-
-def _punctuation(question: str, rng: random.Random) -> str:
-    bare = question.rstrip(" ?!.")
-    return bare + rng.choice(("", "??", "?", " ?", ".", "!", "...")) if bare else question
+def _question_marks(question: str, rng: random.Random) -> str:
+    bare = question.rstrip(" ?")
+    return bare + rng.choice(("", "??", "?", " ?")) if bare else question
 
 
 def _unicode(question: str, rng: random.Random) -> str:
-    letters = [i for i, c in enumerate(question) if c in _FULL_WIDTH]
-    chars = list(question.replace("'", "\u2019") if rng.random() < 0.5 else question)
-    if letters:
-        at = rng.choice(letters)
-        chars[at] = _FULL_WIDTH[chars[at]]
-    return "".join(chars).replace(" ", "\u00a0", 1)
+    decomposed = unicodedata.normalize("NFD", question) if rng.random() < 0.5 else question
+    typographic = decomposed.replace("'", "\u2019") if rng.random() < 0.5 else decomposed
+    return typographic.replace(" ", "\u00a0", 1)
 
 
-VARIANTS = (_case, _unicode, _punctuation, _spaces)
-"""In the order they apply (whitespace last, so it is what the user's keyboard left at the ends)."""
+VARIANTS = (_unicode, _question_marks, _spaces)
+"""In the order they apply (whitespace last, so it is what the user's keyboard left at the ends). Only retypings
+that cannot change the answer: letter case and other punctuation can (``CO``/``Co``, ``5!``), so they are not
+retypings but other questions, left to the semantic tier."""
 
 
 def trivial_variants(question: str, count: int, rng: random.Random) -> list[str]:
-    """``count`` retypings of ``question``, each changing one to three of: whitespace, letter case, trailing
-    punctuation, Unicode forms (a full-width letter, a non-breaking space, a typographic apostrophe); none equal to
-    the question itself."""
+    """``count`` retypings of ``question``, each changing one to three of: whitespace, trailing question marks,
+    Unicode forms (decomposed accents, a non-breaking space, a typographic apostrophe); none equal to the question
+    itself."""
     found: list[str] = []
     for _ in range(count * 10):
         if len(found) == count:

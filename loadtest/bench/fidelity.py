@@ -24,7 +24,7 @@ Modes (the proxy starts empty for each):
 - ``pairwise``: the same, in blocks of 64 (first questions, then second questions).
 - ``population``: one context for all: every distinct first question, then every distinct second question not
   among them; each sees every cached question before it.
-- ``variants``: trivial retypings (whitespace, case, trailing punctuation, Unicode forms; ``trivial_variants``)
+- ``variants``: trivial retypings (whitespace, trailing question marks, Unicode forms; ``trivial_variants``)
   of ``--count`` first questions in one context: each question, then three of its variants. Counts the variants
   served as exact ``HIT`` from the first repeat, and wrong answers.
 
