@@ -125,3 +125,15 @@ def ledger_charges(admin: httpx.Client, user: str, since: float | None = None) -
         cursor = page.get("next_cursor")
         if not cursor:
             return entries
+
+
+def new_key(admin: httpx.Client, user: str, tenant: str) -> dict[str, str]:
+    """A new API key of ``user`` in ``tenant`` from a proxy's admin API (once it listens), as request headers."""
+    for _ in range(100):
+        try:
+            admin.get("/admin/stats")
+            break
+        except httpx.TransportError:
+            time.sleep(0.1)
+    key = admin.post("/admin/keys", json={"user": user, "tenant": tenant}).json()["key"]
+    return {"Authorization": f"Bearer {key}"}

@@ -9,7 +9,6 @@ For each pair of :data:`loadtest.fold_pairs.KEEPS_MEANING` the second should be 
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +16,7 @@ import httpx
 
 from loadtest.bench._tally import CHAT, Tally, chat, send
 from loadtest.fold_pairs import KEEPS_MEANING, MEANING_CHANGES
-from loadtest.harness import free_port, proxy_child
+from loadtest.harness import free_port, new_key, proxy_child
 from proxy.doubles.llm_server import FakeLLM
 
 TENANT = "fold-tenant"
@@ -33,7 +32,7 @@ async def fold_variants(data_dir: Path, tally: Tally) -> dict[str, Any]:
                "RAGPROXY_DATA_DIR": str(data_dir), "RAGPROXY_LOGGING__FORMAT": "text"}
         with proxy_child(env) as (url, _), httpx.Client(base_url=f"http://127.0.0.1:{admin_port}",
                                                         timeout=30) as admin:
-            first, second = (_key(admin, user) for user in ("asker", "other-user"))
+            first, second = (new_key(admin, user, TENANT) for user in ("asker", "other-user"))
             async with httpx.AsyncClient(base_url=url) as client:
                 async def statuses(pairs: list[tuple[str, str]]) -> list[str]:
                     seen = []
@@ -49,14 +48,3 @@ async def fold_variants(data_dir: Path, tally: Tally) -> dict[str, Any]:
     return {"meaning_changes": len(changed), "wrong_hits": changed.count("HIT"),
             "keeps_meaning": len(kept), "kept_hit_share": round(kept.count("HIT") / len(kept), 3)}
 
-
-def _key(admin: httpx.Client, user: str) -> dict[str, str]:
-    """A new API key of ``user`` in the scenario's tenant, as request headers (once the admin API listens)."""
-    for _ in range(100):
-        try:
-            admin.get("/admin/stats")
-            break
-        except httpx.TransportError:
-            time.sleep(0.1)
-    key = admin.post("/admin/keys", json={"user": user, "tenant": TENANT}).json()["key"]
-    return {"Authorization": f"Bearer {key}"}

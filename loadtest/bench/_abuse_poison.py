@@ -13,7 +13,6 @@ medication questions (a child's dose and an adult's), each needing its own answe
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -21,7 +20,7 @@ from typing import Any
 import httpx
 
 from loadtest.bench._tally import CHAT, Tally, chat, send
-from loadtest.harness import free_port, proxy_child
+from loadtest.harness import free_port, new_key, proxy_child
 from proxy.doubles.llm_server import FakeLLM
 from proxy.doubles.openai_shapes import default_answer
 
@@ -69,7 +68,7 @@ async def _run(llm_url: str, data_dir: Path, tally: Tally, flood: int) -> dict[s
            "RAGPROXY_CACHE__L2__ENABLED": "true", "RAGPROXY_DATA_DIR": str(data_dir),
            "RAGPROXY_LOGGING__FORMAT": "text"}
     with proxy_child(env) as (url, _), httpx.Client(base_url=f"http://127.0.0.1:{admin_port}", timeout=30) as admin:
-        flooder, victim = (_key(admin, user) for user in ("flooder", "victim"))
+        flooder, victim = (new_key(admin, user, TENANT) for user in ("flooder", "victim"))
         async with httpx.AsyncClient(base_url=url) as client:
             async def ask(question: str, headers: dict[str, str]) -> str:
                 reply = await send(client, tally, "calibration_poison", "POST", CHAT, json=chat(question),
@@ -109,14 +108,3 @@ def _namespace(admin: httpx.Client) -> dict[str, Any]:
     row["uninformative"] = l2.get("uninformative")
     return row
 
-
-def _key(admin: httpx.Client, user: str) -> dict[str, str]:
-    """A new API key of ``user``, as request headers (once the admin API listens)."""
-    for _ in range(100):
-        try:
-            admin.get("/admin/stats")
-            break
-        except httpx.TransportError:
-            time.sleep(0.1)
-    key = admin.post("/admin/keys", json={"user": user, "tenant": TENANT}).json()["key"]
-    return {"Authorization": f"Bearer {key}"}
