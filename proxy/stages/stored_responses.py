@@ -24,12 +24,15 @@ keys, and only that user may fetch, delete or continue it. Bodies are read as JS
 the same key). ``conversation`` is refused (400): the proxy serves no Conversations API, so no conversation was made
 through it and its owner cannot be checked. A cached copy of a stored response is served only while its owner is
 recorded (:func:`proxy.stages.answers.servable`), so nothing a race with its ``DELETE`` left behind is served.
+A response made while the owner store is down (shared mode: Redis) has its owner kept in memory (at most
+:data:`MAX_UNRECORDED`), known to this replica at once and recorded at the next use of the store once it is back.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
@@ -47,6 +50,8 @@ from tiers.invalidation import Outcome, Selector
 log = logging.getLogger("ragproxy.responses")
 
 PREFIX = "/v1/responses/"
+MAX_UNRECORDED = 10_000
+"""Owners kept in memory while the owner store is down (about 200 bytes each)."""
 USER_SEPARATOR = "~"
 """Between the tenant and the user digest in the owner of a response made in a user-scoped request (as in keys)."""
 COLLECTION_ROUTES = frozenset({"input_tokens", "compact"})
@@ -84,11 +89,25 @@ class StoredResponses:
         self.owners = owners
         self.replicas = {label: index for index, label in enumerate(replicas)}
         self.invalidate = invalidate
+        self._unrecorded: OrderedDict[str, ResponseOwner] = OrderedDict()
+        """Owners the store could not take when their responses were made, oldest first (at most
+        :data:`MAX_UNRECORDED`): recorded at the next use of the store, and known to this replica meanwhile."""
+
+    async def _record_late(self) -> None:
+        """Record the owners the store could not take before, oldest first, while it takes them."""
+        while self._unrecorded:
+            response_id, owner = next(iter(self._unrecorded.items()))
+            try:
+                await self.owners.record(response_id, owner)
+            except OwnersUnavailable:
+                return
+            self._unrecorded.pop(response_id, None)
 
     async def pin(self, ctx: RequestContext, response_id: str, refusal: ProxyError) -> None:
         """Pin ``ctx`` to the replica keeping ``response_id``; ``refusal`` unless ``ctx``'s tenant made it."""
+        await self._record_late()
         try:
-            owner = await self.owners.owner(response_id)
+            owner = self._unrecorded.get(response_id) or await self.owners.owner(response_id)
         except OwnersUnavailable as exc:
             log.warning("owner of %s not known: %s", response_id, exc)
             raise ProxyError(503, "the store of response owners is unavailable; retry shortly",
@@ -105,13 +124,19 @@ class StoredResponses:
         if not response.get("store", stores(ctx.body or {})):
             return
         scope = ctx.tenant if ctx.user_scope is None else f"{ctx.tenant}{USER_SEPARATOR}{ctx.user_scope}"
+        await self._record_late()
         try:
             await self.owners.record(response["id"], ResponseOwner(scope, ctx.backend.label))
-        except OwnersUnavailable as exc:  # the response is answered; fetching it by id will not work
-            log.warning("stored response %s not recorded as %s's: %s", response["id"], ctx.tenant, exc)
+        except OwnersUnavailable as exc:  # the response is answered; its owner is recorded once the store is back
+            log.warning("owner of stored response %s recorded later: %s", response["id"], exc)
+            self._unrecorded[response["id"]] = ResponseOwner(scope, ctx.backend.label)
+            while len(self._unrecorded) > MAX_UNRECORDED:
+                dropped, _ = self._unrecorded.popitem(last=False)
+                log.error("owner of stored response %s dropped: the owner store has been down too long", dropped)
 
     async def forget(self, response_id: str) -> None:
         """A deleted response: its owner and every cached entry carrying its id go."""
+        self._unrecorded.pop(response_id, None)
         try:
             await self.owners.forget(response_id)
         except OwnersUnavailable as exc:

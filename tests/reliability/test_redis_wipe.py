@@ -62,3 +62,24 @@ def test_a_redis_that_came_back_empty_is_an_outage_not_a_truth(fake_llm_thread: 
             assert answer.status_code == 200, answer.text  # on the outage allowance: not 402 for an empty balance
         finally:
             empty.stop()
+
+
+def test_a_response_made_while_redis_is_down_is_its_owner_s_once_redis_is_back(fake_llm_thread: FakeLLM,
+                                                                              redis: RedisServer) -> None:
+    settings = proxy_settings(fake_llm_thread.url, **{"redis.url": redis.url, "cache.enabled": False})
+    with ProxyServer(settings) as server:
+        redis.process.terminate()
+        redis.process.wait(timeout=10)
+        made = httpx.post(server.url + "/v1/responses", json={"model": "fake-model", "input": "made in an outage"},
+                          timeout=30)
+        assert made.status_code == 200, made.text
+        response_id = made.json()["id"]
+        back = RedisServer.start(redis.port, directory=redis.directory)
+        try:
+            def fetched() -> bool:
+                return httpx.get(f"{server.url}/v1/responses/{response_id}", timeout=30).status_code == 200
+
+            _until(fetched)  # once the store answers again, the owner kept in memory is recorded
+            assert server.call(server.runtime.owners.owner(response_id)) is not None, "recorded in Redis"
+        finally:
+            back.stop()
