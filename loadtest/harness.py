@@ -10,6 +10,7 @@ import sys
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -137,3 +138,16 @@ def new_key(admin: httpx.Client, user: str, tenant: str) -> dict[str, str]:
             time.sleep(0.1)
     key = admin.post("/admin/keys", json={"user": user, "tenant": tenant}).json()["key"]
     return {"Authorization": f"Bearer {key}"}
+
+
+@contextmanager
+def keyed_replica(llm_url: str, data_dir: Path, *, semantic: bool) -> Iterator[tuple[str, httpx.Client]]:
+    """An embedded ``ragproxy serve`` of one abuse scenario's own: API keys, caching on (L2 as ``semantic`` says),
+    credits off, in front of ``llm_url``; yields its base URL and a client of its admin API."""
+    admin_port = free_port()
+    env = {"RAGPROXY_ADMIN__PORT": str(admin_port), "RAGPROXY_UPSTREAMS__LLM": f'[{{"url": "{llm_url}"}}]',
+           "RAGPROXY_AUTH__MODE": "keys", "RAGPROXY_CREDITS__ENABLED": "false", "RAGPROXY_CACHE__ENABLED": "true",
+           "RAGPROXY_CACHE__L2__ENABLED": str(semantic).lower(), "RAGPROXY_DATA_DIR": str(data_dir),
+           "RAGPROXY_LOGGING__FORMAT": "text"}
+    with proxy_child(env) as (url, _), httpx.Client(base_url=f"http://127.0.0.1:{admin_port}", timeout=30) as admin:
+        yield url, admin

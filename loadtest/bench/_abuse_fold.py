@@ -16,7 +16,7 @@ import httpx
 
 from loadtest.bench._tally import CHAT, Tally, chat, send
 from loadtest.fold_pairs import KEEPS_MEANING, MEANING_CHANGES
-from loadtest.harness import free_port, new_key, proxy_child
+from loadtest.harness import keyed_replica, new_key
 from proxy.doubles.llm_server import FakeLLM
 
 TENANT = "fold-tenant"
@@ -24,27 +24,20 @@ TENANT = "fold-tenant"
 
 async def fold_variants(data_dir: Path, tally: Tally) -> dict[str, Any]:
     """Both lists of pairs through the exact cache: the wrong hits and the share of kept-meaning hits."""
-    with FakeLLM() as llm:
-        admin_port = free_port()
-        env = {"RAGPROXY_ADMIN__PORT": str(admin_port), "RAGPROXY_UPSTREAMS__LLM": f'[{{"url": "{llm.url}"}}]',
-               "RAGPROXY_AUTH__MODE": "keys", "RAGPROXY_CREDITS__ENABLED": "false",
-               "RAGPROXY_CACHE__ENABLED": "true", "RAGPROXY_CACHE__L2__ENABLED": "false",
-               "RAGPROXY_DATA_DIR": str(data_dir), "RAGPROXY_LOGGING__FORMAT": "text"}
-        with proxy_child(env) as (url, _), httpx.Client(base_url=f"http://127.0.0.1:{admin_port}",
-                                                        timeout=30) as admin:
-            first, second = (new_key(admin, user, TENANT) for user in ("asker", "other-user"))
-            async with httpx.AsyncClient(base_url=url) as client:
-                async def statuses(pairs: list[tuple[str, str]]) -> list[str]:
-                    seen = []
-                    for one, other in pairs:
-                        await send(client, tally, "fold_variants", "POST", CHAT, json=chat(one), headers=first)
-                        reply = await send(client, tally, "fold_variants", "POST", CHAT, json=chat(other),
-                                           headers=second)
-                        seen.append(reply.headers.get("X-Cache-Status", "") if reply is not None else "")
-                    return seen
+    with FakeLLM() as llm, keyed_replica(llm.url, data_dir, semantic=False) as (url, admin):
+        first, second = (new_key(admin, user, TENANT) for user in ("asker", "other-user"))
+        async with httpx.AsyncClient(base_url=url) as client:
+            async def statuses(pairs: list[tuple[str, str]]) -> list[str]:
+                seen = []
+                for one, other in pairs:
+                    await send(client, tally, "fold_variants", "POST", CHAT, json=chat(one), headers=first)
+                    reply = await send(client, tally, "fold_variants", "POST", CHAT, json=chat(other),
+                                       headers=second)
+                    seen.append(reply.headers.get("X-Cache-Status", "") if reply is not None else "")
+                return seen
 
-                changed = await statuses(MEANING_CHANGES)
-                kept = await statuses(KEEPS_MEANING)
+            changed = await statuses(MEANING_CHANGES)
+            kept = await statuses(KEEPS_MEANING)
     return {"meaning_changes": len(changed), "wrong_hits": changed.count("HIT"),
             "keeps_meaning": len(kept), "kept_hit_share": round(kept.count("HIT") / len(kept), 3)}
 

@@ -20,7 +20,7 @@ from typing import Any
 import httpx
 
 from loadtest.bench._tally import CHAT, Tally, chat, send
-from loadtest.harness import free_port, new_key, proxy_child
+from loadtest.harness import keyed_replica, new_key
 from proxy.doubles.llm_server import FakeLLM
 from proxy.doubles.openai_shapes import default_answer
 
@@ -62,12 +62,7 @@ async def calibration_poison(data_dir: Path, tally: Tally, flood: int = 200) -> 
 
 
 async def _run(llm_url: str, data_dir: Path, tally: Tally, flood: int) -> dict[str, Any]:
-    admin_port = free_port()
-    env = {"RAGPROXY_ADMIN__PORT": str(admin_port), "RAGPROXY_UPSTREAMS__LLM": f'[{{"url": "{llm_url}"}}]',
-           "RAGPROXY_AUTH__MODE": "keys", "RAGPROXY_CREDITS__ENABLED": "false", "RAGPROXY_CACHE__ENABLED": "true",
-           "RAGPROXY_CACHE__L2__ENABLED": "true", "RAGPROXY_DATA_DIR": str(data_dir),
-           "RAGPROXY_LOGGING__FORMAT": "text"}
-    with proxy_child(env) as (url, _), httpx.Client(base_url=f"http://127.0.0.1:{admin_port}", timeout=30) as admin:
+    with keyed_replica(llm_url, data_dir, semantic=True) as (url, admin):
         flooder, victim = (new_key(admin, user, TENANT) for user in ("flooder", "victim"))
         async with httpx.AsyncClient(base_url=url) as client:
             async def ask(question: str, headers: dict[str, str]) -> str:

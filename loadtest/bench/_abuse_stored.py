@@ -19,7 +19,7 @@ from typing import Any
 import httpx
 
 from loadtest.bench._tally import CHAT, RESPONSES, Tally, chat, send
-from loadtest.harness import free_port, new_key, proxy_child
+from loadtest.harness import keyed_replica, new_key
 
 TENANT = "stored-tenant"
 
@@ -56,13 +56,8 @@ async def cross_reads(url: str, owner: dict[str, str], other: dict[str, str], ta
 
 async def deleted_served(llm_url: str, data_dir: Path, tally: Tally, rounds: int) -> dict[str, Any]:
     """``rounds`` of create, then repeats racing a ``DELETE``, then repeats after it: the hits after it returned."""
-    admin_port = free_port()
-    env = {"RAGPROXY_ADMIN__PORT": str(admin_port), "RAGPROXY_UPSTREAMS__LLM": f'[{{"url": "{llm_url}"}}]',
-           "RAGPROXY_AUTH__MODE": "keys", "RAGPROXY_CREDITS__ENABLED": "false", "RAGPROXY_CACHE__ENABLED": "true",
-           "RAGPROXY_CACHE__L2__ENABLED": "false", "RAGPROXY_DATA_DIR": str(data_dir),
-           "RAGPROXY_LOGGING__FORMAT": "text"}
     served = 0
-    with proxy_child(env) as (url, _), httpx.Client(base_url=f"http://127.0.0.1:{admin_port}", timeout=30) as admin:
+    with keyed_replica(llm_url, data_dir, semantic=False) as (url, admin):
         headers = new_key(admin, "owner", TENANT)
         async with httpx.AsyncClient(base_url=url, headers=headers, timeout=60.0) as client:
             for n in range(rounds):
