@@ -18,10 +18,12 @@ What is in it:
 - ``parameters``: everything else the exact key covers — ``temperature``, ``top_p``, ``seed``, ``max_tokens``,
   ``stop``, ``response_format``, penalties, ``logit_bias``, ``n``, reasoning effort, unknown fields... — compared
   exactly (two temperatures are two contexts: an answer sampled at 0.2 is not one sampled at 1.0);
-- ``documents``: the documents the request carries — sent apart (``ragproxy.documents``, ``document`` parts) or
-  recognised in its text from earlier searches — as ``[id, BLAKE2b of the text, title]`` in the client's order
-  (the order is rendered into the prompt, so it can change the answer); a document whose text changed under the
-  same id is another context;
+- ``documents``: whether the request carries documents — sent apart (``ragproxy.documents``, ``document`` parts) or
+  recognised in its text from earlier searches — and nothing else about them: which documents, in which order, are
+  evidence, not identity (:mod:`normalizer.evidence`: a match needs the new prompt to carry what the cached answer
+  rests on). The documents are cut out of the messages the other fields hold (``document`` parts dropped, recognised
+  documents cut out of their message's text), so two paraphrases that retrieved different documents share a
+  signature, and a question asked with documents never shares one with a question asked without;
 - ``knowledge_version``: the knowledge version the answer was produced under;
 - ``variant``: what besides the body the upstream may answer by — the query string and the keyed headers
   (:func:`normalizer.canonical.request_variant`), as the exact key covers them.
@@ -30,14 +32,16 @@ When recognised documents sit inside the final user message, the question compar
 text with the documents cut out (:func:`final_question`): their text is in ``documents``, and left in the
 question it would drown the question itself.
 
-Digest: hex BLAKE2b-256 of the canonical JSON of ``{"format": "sig3", ...all fields above}`` (``sig2`` did not
-cover the variant).
+Digest: hex BLAKE2b-256 of the canonical JSON of ``{"format": "sig4", ...all fields above}`` (``sig3`` held the
+documents themselves, in order; ``sig2`` did not cover the variant).
 
 Responses API requests (:func:`response_signature`, format ``rsig2``, so never equal to a chat signature): the
 same fields from :func:`normalizer.responses.canonical_response` — ``system`` is ``instructions`` with the leading
 system/developer input items, ``history`` the input items before the final one, which must be a user message
 (:func:`normalizer.responses.final_input_question`); ``parameters`` everything else the exact key covers
-(``text``, ``reasoning``, ``include``, ``max_output_tokens``, ``previous_response_id``, sampling...). Stored
+(``text``, ``reasoning``, ``include``, ``max_output_tokens``, ``previous_response_id``, sampling...), and the
+documents themselves as ``[id, BLAKE2b of the text, title]`` in the client's order (input items are not cut out
+yet, so a Responses question still needs the very same documents). Stored
 requests have no question for the semantic stage (:func:`normalizer.responses.semantic_question`): only exact
 repeats answer them. :class:`PromptReading` names the
 question and signature functions of each endpoint for the semantic stage.
@@ -51,10 +55,17 @@ from typing import Any
 
 from normalizer.canonical import canonical_chat
 from normalizer.canonical_json import JSONValue, digest_hex, encode_canonical
-from normalizer.documents import NO_DOCUMENTS, TEXT_PARTS, PromptDocuments, content_id, message_text
+from normalizer.documents import (
+    DOCUMENT_PART_TYPE,
+    NO_DOCUMENTS,
+    TEXT_PARTS,
+    PromptDocuments,
+    content_id,
+    message_text,
+)
 from normalizer.responses import canonical_response, final_input_question, semantic_question, split_prompt
 
-SIGNATURE_FORMAT = "sig3"
+SIGNATURE_FORMAT = "sig4"
 RESPONSE_SIGNATURE_FORMAT = "rsig2"
 
 _SYSTEM_ROLES = frozenset({"system", "developer"})
@@ -106,6 +117,22 @@ def _documents(prompt: PromptDocuments) -> JSONValue:
     return [[document.id, content_id(document.text), document.title] for document in prompt.documents]
 
 
+def _cut_documents(messages: list[dict[str, JSONValue]], prompt: PromptDocuments) -> list[dict[str, JSONValue]]:
+    """Canonical ``messages`` without the documents ``prompt`` read from them: ``document`` parts dropped, the
+    recognised documents cut out of their message's text."""
+    if prompt.structured is not None:
+        return [{**message, "content": [part for part in content if not (
+                    isinstance(part, dict) and part.get("type") == DOCUMENT_PART_TYPE)]}
+                if isinstance(content := message.get("content"), list) else message for message in messages]
+    detected = prompt.detected
+    if detected is None:
+        return messages
+    cut = list(messages)
+    cut[detected.message] = {**cut[detected.message],
+                             "content": [{"type": "text", "text": detected.without_documents()}]}
+    return cut
+
+
 def context_signature(
     body: Mapping[str, Any],
     *,
@@ -121,13 +148,13 @@ def context_signature(
     if final_question(body, prompt) is None:
         return None
     canonical = canonical_chat(body)
-    messages: list[dict[str, JSONValue]] = list(canonical["messages"])
+    messages = _cut_documents(list(canonical["messages"]), prompt)
     final = messages.pop()
     leading = 0
     while leading < len(messages) and messages[leading]["role"] in _SYSTEM_ROLES:
         leading += 1
     return _signed(SIGNATURE_FORMAT, canonical, {"model", "messages"}, messages[:leading], messages[leading:],
-                   final, prompt, knowledge_version, variant)
+                   final, bool(prompt.documents), knowledge_version, variant)
 
 
 def response_signature(
@@ -144,11 +171,11 @@ def response_signature(
     canonical = canonical_response(body)
     system, history, final = split_prompt(canonical)
     return _signed(RESPONSE_SIGNATURE_FORMAT, canonical, {"model", "input", "instructions"}, system, history, final,
-                   prompt, knowledge_version, variant)
+                   _documents(prompt), knowledge_version, variant)
 
 
 def _signed(signature_format: str, canonical: Mapping[str, JSONValue], consumed: set[str], system: JSONValue,
-            history: JSONValue, final: Mapping[str, JSONValue], prompt: PromptDocuments,
+            history: JSONValue, final: Mapping[str, JSONValue], documents: JSONValue,
             knowledge_version: str, variant: JSONValue) -> ContextSignature:
     tools = {field: canonical[field] for field in _TOOL_FIELDS if field in canonical}
     parameters = {key: value for key, value in canonical.items() if key not in consumed and key not in tools}
@@ -160,7 +187,7 @@ def _signed(signature_format: str, canonical: Mapping[str, JSONValue], consumed:
         "history": history,
         "question_attachments": _attachments(final),
         "parameters": parameters,
-        "documents": _documents(prompt),
+        "documents": documents,
         "knowledge_version": knowledge_version,
         "variant": variant,
     }

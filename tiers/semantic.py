@@ -3,12 +3,14 @@
 A match needs all of:
 
 1. the same tenant, namespace and :class:`~normalizer.signature.ContextSignature` digest (model, system
-   prompt, tools, sampling class, earlier turns, documents, knowledge version...). Each such triple is one
-   partition of the vector store, so a search never even sees another context's questions;
+   prompt, tools, sampling class, earlier turns, whether documents are carried, knowledge version...). Each such
+   triple is one partition of the vector store, so a search never even sees another context's questions;
 2. cosine similarity of the final user questions' embeddings ≥ the namespace's threshold: by default the lowest one
    whose wrong share of served hits is, with 95% confidence, within ``max_wrong_hit_rate`` (:mod:`tiers.calibration`,
    docs/semantic.md), learned from comparisons of cached and fresh answers; or a fixed one set by the operator;
-3. no guard veto (:func:`normalizer.guards.veto`: numbers, dates, negations, quoted strings... that differ).
+3. no guard veto (:func:`normalizer.guards.veto`: numbers, dates, negations, quoted strings... that differ);
+4. the new prompt still carries the documents the cached answer rests on (:func:`normalizer.evidence.supports`:
+   the documents it cites, or all it was given when it cites none; the same texts, cited positions unchanged).
 
 The tier stores no response bytes. Each vector's id is the **entry key** (the L1 key under which the
 response is kept in a :class:`~tiers.storage.KeyValueStore`), and its payload holds the original question
@@ -17,10 +19,13 @@ text so that guards can compare it with the new one::
     partition  "<tenant>\\x1f<namespace>\\x1f<signature digest>"
                "<tenant>\\x1f<namespace>~<user digest>\\x1f<signature digest>"   (user-scoped: private namespaces)
     id         entry key (L1 key of the response)
-    payload    {"question": <original final user question>}
+    payload    {"question": <original final user question>,
+                "evidence": <what its answer rests on, normalizer.evidence; absent without documents>}
 
 Up to ``candidates`` nearest questions above the threshold are examined, most similar first; the first that
-no guard vetoes is the match (a vetoed nearest neighbour must not hide an equivalent one just behind it).
+no guard vetoes and whose documents the new prompt carries is the match (a vetoed nearest neighbour must not hide
+an equivalent one just behind it). The same rule picks the candidate compared for calibration, so the threshold's
+bound covers the decision served, documents included.
 Choosing is a pure function, :func:`choose_match`; :class:`SemanticTier` is the thin async part around it.
 
 One decision for every source of candidates: :meth:`SemanticTier.decide` searches this tier's index and, when its
@@ -44,6 +49,9 @@ from dataclasses import dataclass, field
 import numpy as np
 import orjson
 
+from normalizer.canonical_json import JSONValue
+from normalizer.documents import Document
+from normalizer.evidence import supports
 from normalizer.guards import veto as guard_veto
 from tiers.answer_check import AnswerAgreement, uninformative
 from tiers.calibration import GRID, Calibrator
@@ -180,10 +188,12 @@ def choose_match(
     guards: Iterable[str],
     veto: Veto = guard_veto,
     on_veto: Callable[[str], None] | None = None,
+    documents: Sequence[Document] = (),
 ) -> SemanticMatch | None:
-    """The most similar candidate at or above ``threshold`` that no enabled guard vetoes, else ``None``.
+    """The most similar candidate at or above ``threshold`` that no enabled guard vetoes and whose answer's
+    evidence a prompt carrying ``documents`` supports, else ``None``.
 
-    ``on_veto`` is called with each veto reason (for metrics).
+    ``on_veto`` is called with each veto reason (for metrics; ``documents`` when the evidence is not carried).
     """
     enabled = tuple(guards)
     for hit in sorted(candidates, key=lambda c: c.similarity, reverse=True):
@@ -191,6 +201,8 @@ def choose_match(
             return None
         original = str(hit.payload.get("question", ""))
         reason = veto(question, original, enabled) if enabled else None
+        if reason is None and not supports(hit.payload.get("evidence"), documents):
+            reason = "documents"
         if reason is None:
             return SemanticMatch(hit.id, hit.similarity, original, str(hit.payload.get("source", "l2")))
         if on_veto is not None:
@@ -247,13 +259,13 @@ class SemanticTier:
         return (await self.decide(scope, signature_digest, question)).match
 
     async def decide(self, scope: SemanticScope, signature_digest: str, question: str,
-                     more: CandidateSource | None = None) -> SemanticDecision:
+                     more: CandidateSource | None = None, documents: Sequence[Document] = ()) -> SemanticDecision:
         """Serve a match, or forward (and maybe compare answers with a probe afterwards); ``more``: a second source
-        of candidates, searched when this tier's own cannot serve."""
+        of candidates, searched when this tier's own cannot serve; ``documents``: those the new prompt carries."""
         self.stats.lookups += 1
         started = time.perf_counter()
         try:
-            return await self._decide(scope, signature_digest, question, more)
+            return await self._decide(scope, signature_digest, question, more, documents)
         except Exception:
             self.stats.errors += 1
             raise
@@ -261,7 +273,7 @@ class SemanticTier:
             self.stats.lookup_seconds.observe(time.perf_counter() - started)
 
     async def _decide(self, scope: SemanticScope, signature_digest: str, question: str,
-                      more: CandidateSource | None) -> SemanticDecision:
+                      more: CandidateSource | None, documents: Sequence[Document]) -> SemanticDecision:
         partition = partition_of(scope, signature_digest)
         indexed = await self.store.count(partition) > 0
         if not indexed and more is None:
@@ -270,11 +282,11 @@ class SemanticTier:
         hits = await self.store.search(partition, vector, k=self.candidates) if indexed else []
         threshold = self.threshold_for(scope)
         floor = min(threshold, GRID[0])
-        best = choose_match(question, hits, floor, self.guards, self.veto, self._count_veto)
+        best = choose_match(question, hits, floor, self.guards, self.veto, self._count_veto, documents)
         if (best is None or best.similarity < threshold) and more is not None:
             known = {hit.id for hit in hits}  # an answer both know is this index's (its own float32 score)
             extra = [hit for hit in await more(vector) if hit.id not in known]
-            other = choose_match(question, extra, floor, self.guards, self.veto, self._count_veto)
+            other = choose_match(question, extra, floor, self.guards, self.veto, self._count_veto, documents)
             if other is not None and (best is None or other.similarity > best.similarity):
                 best = other
         if best is None:
@@ -353,13 +365,16 @@ class SemanticTier:
         guard = reason.split(":", 1)[0]
         self.stats.vetoes[guard] = self.stats.vetoes.get(guard, 0) + 1
 
-    async def add(self, scope: SemanticScope, signature_digest: str, question: str, entry_key: str) -> None:
-        """Record that ``entry_key`` answers ``question`` under this scope and context."""
+    async def add(self, scope: SemanticScope, signature_digest: str, question: str, entry_key: str,
+                  evidence: JSONValue = None) -> None:
+        """Record that ``entry_key`` answers ``question`` under this scope and context; ``evidence``: what its answer
+        rests on (:func:`normalizer.evidence.evidence`), when the prompt carried documents."""
         [vector] = await self.embedder.embed([question])
+        payload: dict[str, JSONValue] = {"question": question}
+        if evidence is not None:
+            payload["evidence"] = evidence
         await self.store.add(
-            partition_of(scope, signature_digest), [entry_key], vector[None, :].astype(np.float32),
-            [{"question": question}],
-        )  # fmt: skip
+            partition_of(scope, signature_digest), [entry_key], vector[None, :].astype(np.float32), [payload])
 
     async def delete(self, entry_keys: Sequence[str]) -> int:
         """Forget entries (their responses were evicted or invalidated); the number that existed."""

@@ -30,6 +30,9 @@ from multidict import CIMultiDict
 
 from normalizer.bypass import unstorable_reason
 from normalizer.cache_control import CachePolicy
+from normalizer.canonical_json import JSONValue
+from normalizer.documents import Document
+from normalizer.evidence import evidence
 from normalizer.responses import continued_response
 from proxy.context import Reply, RequestContext
 from proxy.endpoints import Endpoint, for_entry, for_kind
@@ -38,6 +41,7 @@ from proxy.pipeline import Next
 from proxy.reply import Complete
 from tiers.entry import CachedResponse
 from tiers.response_tier import ResponseTier
+from tiers.semantic import answer_text
 
 if TYPE_CHECKING:
     from proxy.config import Settings
@@ -76,6 +80,27 @@ def entry_tags(ctx: RequestContext, model: str | None, response_id: str | None =
 def document_ids(ctx: RequestContext) -> list[str]:
     """The ids of the documents the prompt carries (the document reverse index of stored entries)."""
     return [document.id for document in ctx.prompt.documents] if ctx.prompt is not None else []
+
+
+def sent_documents(ctx: RequestContext) -> tuple[Document, ...]:
+    """The prompt's documents in the order the upstream saw them: the routed replica's order when the KV layer
+    reordered them, else the client's."""
+    documents = ctx.prompt.documents if ctx.prompt is not None else ()
+    shape, routed = ctx.shape, ctx.routed
+    if not documents or shape is None or routed is None or routed.replica >= len(shape.orders):
+        return documents
+    order = [segment.key for segment in shape.orders[routed.replica].order]
+    by_id = {document.id: document for document in documents}
+    if len(by_id) != len(documents) or sorted(order) != sorted(by_id):
+        return documents
+    return tuple(by_id[doc_id] for doc_id in order)
+
+
+def answer_evidence(ctx: RequestContext, body: bytes) -> JSONValue:
+    """What the answer ``body`` to ``ctx``'s prompt rests on (:func:`normalizer.evidence.evidence`); ``None``
+    when the prompt carried no documents."""
+    documents = sent_documents(ctx)
+    return evidence(answer_text(body) or "", documents) if documents else None
 
 
 def hit_reply(ctx: RequestContext, entry: CachedResponse, *, tier: str, status: CacheStatus = CacheStatus.HIT,
@@ -196,12 +221,14 @@ class StoreResponse:
             semantic, documents = ctx.semantic, document_ids(ctx)
             question = semantic.question if semantic is not None else \
                 endpoint.read_question(request, ctx.prompt) if ctx.prompt is not None else None
+            rests_on = answer_evidence(ctx, stored.body) if documents else None
             entry = CachedResponse(
                 body=stored.body, kind=endpoint.kind, model=model if isinstance(model, str) else None,
                 cost=ctx.upstream_seconds if ctx.upstream_seconds is not None else 1.0,
                 meta={"tenant": ctx.tenant, "namespace": ctx.namespace, "route": ctx.route,
                       **({"question": question} if question else {}),
                       **({"documents": documents} if documents else {}),
+                      **({"evidence": rests_on} if rests_on is not None else {}),
                       **({"response_id": response_id} if response_id else {}), **stored.meta},
             )
             tags = entry_tags(ctx, entry.model, response_id)

@@ -1,10 +1,12 @@
 """L2 lookup: answer a differently worded but equivalent question from the semantic tier.
 
 Only chat and Responses API requests whose final message (input item) is a user question take part (read by the
-endpoint's :class:`~normalizer.signature.PromptReading`). Everything but that question must match
-exactly (the :class:`~normalizer.signature.ContextSignature` digest over the request and the documents read by
-:class:`~proxy.stages.prompt.ReadPrompt`, computed under the same knowledge version as the exact key); the
-question is compared by embedding under the namespace's threshold, with guards vetoing false friends. It runs
+endpoint's :class:`~normalizer.signature.PromptReading`). Everything but that question and its documents must
+match exactly (the :class:`~normalizer.signature.ContextSignature` digest, computed under the same knowledge version
+as the exact key); the question is compared by embedding under the namespace's threshold, with guards vetoing false
+friends, and the documents read by :class:`~proxy.stages.prompt.ReadPrompt` must still carry what the cached answer
+rests on (:mod:`normalizer.evidence`; kept with each question as it is learnt, from the answer and the documents in
+the order the upstream saw them). It runs
 after the exact tiers (L1, L3 by key): an exact repeat never costs an embedding. A match points at an entry key;
 the response bytes come from L1, or from L3 when L1 has let it go. Candidates come from the L2 index and, when it
 has none that can serve, from the cold tier's stored question vectors; one decision
@@ -35,7 +37,7 @@ from proxy.endpoints import Endpoint
 from proxy.outcome import MISS_STATUSES, CacheStatus
 from proxy.pipeline import Next
 from proxy.slots import SemanticQuery
-from proxy.stages.answers import complete_body, entry_tags, hit_reply
+from proxy.stages.answers import answer_evidence, complete_body, entry_tags, hit_reply
 from tiers.calibration import GRID
 from tiers.embedders.base import FloatArray
 from tiers.entry import CachedResponse
@@ -131,8 +133,9 @@ class SemanticLookup:
                     answer = answer_text(complete.body) if complete is not None else None
                     if answer is not None:
                         self.semantic.learn_answer(answer)
+                    rests_on = answer_evidence(ctx, complete.body) if complete is not None else None
                     try:
-                        await self.semantic.add(where, query.digest, question, key)
+                        await self.semantic.add(where, query.digest, question, key, rests_on)
                     except Exception as exc:  # fail open: the index is an optimisation
                         self.semantic.stats.index_errors += 1
                         log.warning("semantic index add failed: %s", exc)
@@ -159,7 +162,8 @@ class SemanticLookup:
                     if entry is not None:
                         found[candidate] = entry
                         hits.append(VectorHit(candidate, similarity, {"question": str(entry.meta.get("question", "")),
-                                                                       "source": cold.tier.name}))
+                                                                       "source": cold.tier.name,
+                                                                       "evidence": entry.meta.get("evidence")}))
                 return hits
             except Exception as exc:  # fail open
                 self.semantic.stats.index_errors += 1
@@ -196,7 +200,8 @@ class SemanticLookup:
         found: dict[str, CachedResponse] = {}
         try:
             decision = await self.semantic.decide(query.where, query.digest, query.question,
-                                                  self._cold_candidates(query, key, found))
+                                                  self._cold_candidates(query, key, found), ctx.prompt.documents
+                                                  if ctx.prompt is not None else ())
         except Exception as exc:  # embedding model or vector store down: fail open (counted by the tier)
             log.warning("semantic lookup failed: %s", exc)
             return None, None

@@ -115,32 +115,57 @@ def docs(*pairs: tuple[str, str]) -> PromptDocuments:
     return read_prompt(chat(), [{"id": doc_id, "text": text} for doc_id, text in pairs])
 
 
-def test_documents_and_knowledge_version_are_part_of_the_signature() -> None:
+def test_which_documents_a_prompt_carries_is_evidence_not_identity() -> None:
+    """Paraphrases that retrieved other documents, or the same in another order, share a signature (whether the
+    cached answer's documents are still carried is :mod:`normalizer.evidence`'s decision); a question asked with
+    documents never shares one with a question asked without, nor across knowledge versions."""
     base = digest(chat(), prompt=docs(("d1", "alpha"), ("d2", "beta")), knowledge_version="3")
-    assert base == digest(chat(), prompt=docs(("d1", "alpha"), ("d2", "beta")), knowledge_version="3")
-    assert base != digest(chat(), prompt=docs(("d2", "beta"), ("d1", "alpha")), knowledge_version="3"), "order"
-    assert base != digest(chat(), prompt=docs(("d1", "alpha")), knowledge_version="3")
-    assert base != digest(chat(), prompt=docs(("d1", "alpha"), ("d2", "gamma")), knowledge_version="3"), "text"
+    assert base == digest(chat(), prompt=docs(("d2", "beta"), ("d1", "alpha")), knowledge_version="3"), "order"
+    assert base == digest(chat(), prompt=docs(("d1", "alpha")), knowledge_version="3"), "set"
+    assert base == digest(chat(), prompt=docs(("d1", "alpha"), ("d2", "gamma")), knowledge_version="3"), "text"
     assert base != digest(chat(), prompt=docs(("d1", "alpha"), ("d2", "beta")), knowledge_version="4")
     assert digest(chat(), prompt=docs(("d1", "alpha"))) != digest(chat())
 
 
-def test_recognised_documents_are_cut_out_of_the_question_and_named_in_the_signature() -> None:
+def test_document_parts_are_cut_out_of_every_message() -> None:
+    def with_parts(text: str, question: str) -> dict[str, Any]:
+        return {"model": "m", "messages": [
+            {"role": "system", "content": [{"type": "text", "text": "Be brief."},
+                                           {"type": "document", "id": "s", "text": text}]},
+            {"role": "user", "content": [{"type": "document", "text": text + " more"},
+                                         {"type": "text", "text": question}]}]}
+
+    def signed(body: dict[str, Any]) -> str:
+        return digest(body, prompt=read_prompt(body))
+
+    assert signed(with_parts("one passage", "why?")) == signed(with_parts("another passage", "why?"))
+    assert signed(with_parts("one passage", "why?")) != digest({"model": "m", "messages": [
+        {"role": "system", "content": "Be brief."}, {"role": "user", "content": "why?"}]}), "with and without"
+
+
+def test_recognised_documents_are_cut_out_of_the_question_and_of_the_signature() -> None:
     registry = DocumentRegistry()
-    passages = ["the first passage says many things about a topic", "another passage with other words in it"]
+    passages = ["the first passage says many things about a topic", "another passage with other words in it",
+                "a third passage that nobody asked about at all"]
     for text in passages:
         registry.add(text)
 
     def asked(context: list[str], question: str) -> dict[str, Any]:
         return chat("Context:\n" + "\n".join(context) + "\nQuestion: " + question)
 
-    body = asked(passages, "what does it say?")
+    def signed(body: dict[str, Any]) -> str:
+        return digest(body, prompt=read_prompt(body, registry=registry))
+
+    body = asked(passages[:2], "what does it say?")
     prompt = read_prompt(body, registry=registry)
     assert final_question(body, prompt) == "Context: Question: what does it say?"
-    reordered = asked(passages[::-1], "what does it say?")
-    assert digest(body, prompt=prompt) != digest(reordered, prompt=read_prompt(reordered, registry=registry))
-    other = asked(passages, "and what else?")
-    assert digest(body, prompt=prompt) == digest(other, prompt=read_prompt(other, registry=registry))
+    assert signed(body) == signed(asked(passages[1::-1], "what does it say?")) == signed(asked(passages[1:], "x"))
+    in_system = [{"role": "system", "content": "Use these:\n" + "\n\n".join(passages[:2])},
+                 {"role": "user", "content": "what does it say?"}]
+    other_system = [{**in_system[0], "content": "Use these:\n" + passages[2]}, in_system[1]]
+    assert signed({"model": "m", "messages": in_system}) == signed({"model": "m", "messages": other_system})
+    assert signed({"model": "m", "messages": in_system}) != signed(
+        {"model": "m", "messages": [{**in_system[0], "content": "Use only these:\n" + passages[2]}, in_system[1]]})
 
 
 def test_signature_fields() -> None:
@@ -150,7 +175,7 @@ def test_signature_fields() -> None:
     assert signature.system == [{"role": "system", "content": [{"type": "text", "text": SYSTEM["content"]}]}]
     assert [message["role"] for message in signature.history] == ["user", "assistant"]
     assert signature.tools["tool_choice"] == "auto"
-    assert [document[0] for document in signature.documents] == ["b", "a"]
+    assert signature.documents is True
     assert len(signature.digest) == 64
 
 

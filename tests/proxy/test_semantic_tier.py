@@ -129,23 +129,51 @@ FILM = {"id": "film", "text": "The 2005 film was directed by Joe Wright."}
 TOOL = {"type": "function", "function": {"name": "lookup", "parameters": {"type": "object"}}}
 
 
-def test_a_paraphrase_never_reaches_an_answer_built_from_other_documents(fake_llm_thread: FakeLLM,
-                                                                          semantic_proxy: ProxyServer) -> None:
-    """Documents sent apart from the messages (``ragproxy.documents``) are part of the context: another set, another
-    order, or another text under the same id is another context; the same documents are the same one."""
-    def ask(documents: list[dict[str, str]], question: str = PARAPHRASE) -> str:
-        response = httpx.post(semantic_proxy.url + CHAT, json=_with(question, ragproxy={"documents": documents}),
-                              timeout=60)
-        assert response.status_code == 200, response.text
-        return response.headers["X-Cache-Status"]
+def _ask_with(server: ProxyServer, documents: list[dict[str, str]], question: str = PARAPHRASE) -> httpx.Response:
+    response = httpx.post(server.url + CHAT, json=_with(question, ragproxy={"documents": documents}), timeout=60)
+    assert response.status_code == 200, response.text
+    return response
 
-    assert ask([NOVEL, FILM], QUESTION) == "MISS"
+
+def test_an_answer_that_cites_nothing_is_served_only_where_all_its_documents_are(
+        fake_llm_thread: FakeLLM, semantic_proxy: ProxyServer) -> None:
+    """Documents sent apart (``ragproxy.documents``) are evidence: an answer citing none rests on all it was given,
+    so a paraphrase is served it only when it carries them all with the same texts; their order is free."""
+    original = _ask_with(semantic_proxy, [NOVEL, FILM], QUESTION)
+    assert original.headers["X-Cache-Status"] == "MISS"
     _learned(semantic_proxy, 1)
-    others = [[FILM], [FILM, NOVEL], [NOVEL, {**FILM, "text": "The 1940 film starred Laurence Olivier."}], []]
-    assert [ask(documents) for documents in others] == ["MISS"] * 4
-    assert ask([NOVEL, FILM]) == "SEMANTIC_HIT", "the same documents: the same context"
+    others = [[FILM], [NOVEL, {**FILM, "text": "The 1940 film starred Laurence Olivier."}], []]
+    asked = [_ask_with(semantic_proxy, documents) for documents in others]
+    assert [response.headers["X-Cache-Status"] for response in asked] == ["MISS"] * 3
+    _learned(semantic_proxy, 4)
+    served = _ask_with(semantic_proxy, [FILM, NOVEL, {"id": "extra", "text": "Austen died in 1817."}],
+                       "Tell me who wrote the novel Pride and Prejudice")
+    assert served.headers["X-Cache-Status"] == "SEMANTIC_HIT", "all its documents, in another order, and one more"
+    assert served.json()["choices"] in (original.json()["choices"], asked[0].json()["choices"]), \
+        "an answer whose documents the prompt carries (the one given with the film's other text is not)"
     sent = fake_llm_thread.log.for_path(CHAT)
-    assert len(sent) == 5 and all("ragproxy" not in r.json() for r in sent)
+    assert len(sent) == 4 and all("ragproxy" not in r.json() for r in sent)
+
+
+def test_an_answer_that_cites_its_sources_needs_only_those_at_the_positions_it_cites(
+        fake_llm_thread: FakeLLM, semantic_proxy: ProxyServer) -> None:
+    """A RAG answer rests on what it cites: by id, any position will do; by position, that position must hold the
+    same document (a client reads ``[2]`` as its own second document)."""
+    fake_llm_thread.answer = lambda prompt: "Jane Austen wrote it [2]." if "Austen" in prompt else "Not said [film]."
+    assert _ask_with(semantic_proxy, [FILM, NOVEL], QUESTION).headers["X-Cache-Status"] == "MISS"
+    _learned(semantic_proxy, 1)
+    assert _ask_with(semantic_proxy, [NOVEL, FILM]).headers["X-Cache-Status"] == "MISS", "[2] is the film now"
+    other = {"id": "other", "text": "Jane Austen also wrote Emma."}
+    served = _ask_with(semantic_proxy, [other, NOVEL], "Tell me who wrote the novel Pride and Prejudice")
+    assert served.headers["X-Cache-Status"] == "SEMANTIC_HIT", "the cited document where it was cited"
+    assert served.json()["choices"][0]["message"]["content"] == "Jane Austen wrote it [2]."
+    fake_llm_thread.answer = lambda prompt: "The film was directed by Joe Wright [film]."
+    assert _ask_with(semantic_proxy, [FILM], "who directed the 2005 film").headers["X-Cache-Status"] == "MISS"
+    _learned(semantic_proxy, 3)
+    by_id = _ask_with(semantic_proxy, [NOVEL, FILM], "Tell me who directed the 2005 film?")
+    assert by_id.headers["X-Cache-Status"] == "SEMANTIC_HIT", "cited by id: found at another position"
+    changed = {**FILM, "text": "The 2005 film was directed by someone else."}
+    assert _ask_with(semantic_proxy, [changed], "Who directed the 2005 film?").headers["X-Cache-Status"] == "MISS"
 
 
 def test_a_paraphrase_never_crosses_documents_parts_tools_or_sampling(fake_llm_thread: FakeLLM,
@@ -171,8 +199,8 @@ def test_a_paraphrase_never_crosses_documents_parts_tools_or_sampling(fake_llm_t
 
 def test_documents_recognised_from_a_search_scope_paraphrases(fake_llm_thread: FakeLLM, qdrant_shim: QdrantShim,
                                                               tmp_path: Path) -> None:
-    """Documents the proxy saw in search results and finds again in a prompt are part of the context, and are cut
-    out of the question that is compared."""
+    """Documents the proxy saw in search results and finds again in a prompt are evidence like documents sent
+    apart, and are cut out of the question that is compared."""
     overrides = {"cache.l2.enabled": True, "cache.l2.threshold": 0.8, "data_dir": str(tmp_path),
                  "upstreams.qdrant.url": qdrant_shim.url}
     passages = [NOVEL["text"] + " It follows Elizabeth Bennet.", FILM["text"] + " It starred Keira Knightley."]
@@ -192,9 +220,8 @@ def test_documents_recognised_from_a_search_scope_paraphrases(fake_llm_thread: F
 
         assert ask(passages, QUESTION) == "MISS"
         _learned(server, 1)
-        assert ask(passages[::-1], PARAPHRASE) == "MISS", "documents in another order"
-        assert ask(passages[:1], PARAPHRASE) == "MISS", "other documents"
-        assert ask(passages, PARAPHRASE) == "SEMANTIC_HIT"
+        assert ask(passages[:1], PARAPHRASE) == "MISS", "a document its answer rests on is missing"
+        assert ask(passages[::-1], PARAPHRASE) == "SEMANTIC_HIT", "the same documents in another order"
 
 
 def test_an_exact_repeat_after_a_restart_is_an_exact_hit_from_the_cold_tier(fake_llm_thread: FakeLLM,

@@ -1,0 +1,88 @@
+"""Documents as evidence: what a cached answer rests on, and whether a new prompt still carries it.
+
+A retrieval-augmented question carries the documents it retrieved itself, and a paraphrase rarely retrieves the
+same ones in the same order. So the semantic tier does not ask for identical documents (they are left out of the
+:class:`~normalizer.signature.ContextSignature` digest, apart from whether there are any); it asks whether the new
+prompt still carries **the documents the cached answer rests on**, as :func:`supports` decides from the
+:func:`evidence` kept with each cached question:
+
+- an answer that cites its sources rests on the documents it cites: by id (``[doc-12]``), by position (``[2]``,
+  ``[Source 2]``, ``[doc 2, doc 3]``, ``【2】``; 1-based, in the order the model saw them) or by title (a title of at
+  least :data:`MIN_TITLE_CHARS` characters written in the answer);
+- an answer that cites nothing rests, as far as the proxy can tell, on every document it was given.
+
+A new prompt supports the answer when it carries every document the answer rests on with the same text (content
+hash), every position cited holds the document that was there (a client reads ``[2]`` as its own second document),
+and no document of both prompts changed its text under the same id. Whether the answer also serves the new
+question is the threshold's business: the comparisons that calibrate it come from the candidates this rule lets
+through, so its bound covers what the documents change too (docs/semantic.md).
+
+Wire shape (JSON, kept in the vector payload and in the cold tier's entry meta)::
+
+    {"documents": [[id, content hash], ...],   # in the order the model saw them
+     "cited": [[position or 0, id], ...] | null}   # null: the answer cites nothing
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from normalizer.canonical_json import JSONValue
+from normalizer.documents import Document, content_id
+
+MIN_TITLE_CHARS = 8
+"""A shorter title ("FAQ", "Intro") appears in answers by chance too often to count as a citation."""
+
+_BRACKETED = re.compile(r"\[([^\[\]\n]{1,200})\]|【([^【】\n]{1,200})】")
+_POSITION = re.compile(r"(?:(?:doc(?:ument)?|source|ref(?:erence)?|passage|context|chunk)\s*#?\s*|#)?(\d{1,3})"
+                       r"(?:[:†].*)?", re.IGNORECASE)
+_SEPARATORS = re.compile(r"[,;]|\band\b")
+
+
+def evidence(answer: str, documents: Sequence[Document]) -> dict[str, JSONValue] | None:
+    """What ``answer``, given ``documents`` (in the order the model saw them), rests on; ``None`` without
+    documents."""
+    if not documents:
+        return None
+    ids = {document.id for document in documents}
+    cited: dict[tuple[int, str], None] = {}
+    for match in _BRACKETED.finditer(answer):
+        for token in _SEPARATORS.split(match.group(1) or match.group(2)):
+            token = token.strip()
+            if token in ids:
+                cited[(0, token)] = None
+            position = _POSITION.fullmatch(token)
+            if position is not None and 1 <= int(position.group(1)) <= len(documents):
+                index = int(position.group(1))
+                cited[(index, documents[index - 1].id)] = None
+    for document in documents:
+        if document.title and len(document.title) >= MIN_TITLE_CHARS and document.title in answer:
+            cited[(0, document.id)] = None
+    return {"documents": [[document.id, content_id(document.text)] for document in documents],
+            "cited": [[position, doc_id] for position, doc_id in cited] if cited else None}
+
+
+def supports(kept: Any, documents: Sequence[Document]) -> bool:
+    """Whether a prompt carrying ``documents`` (the client's order) still supports an answer whose
+    :func:`evidence` is ``kept`` (``None``: an answer given without documents, which needs none)."""
+    if kept is None:
+        return True
+    if not isinstance(kept, Mapping):
+        return False
+    try:
+        given = {str(doc_id): str(digest) for doc_id, digest in kept["documents"]}
+        cited = kept.get("cited")
+        needed = [(0, doc_id) for doc_id in given] if cited is None else [(int(p), str(i)) for p, i in cited]
+    except (KeyError, TypeError, ValueError):  # not evidence this module wrote: supports nothing
+        return False
+    carried = {document.id: content_id(document.text) for document in documents}
+    if any(given[doc_id] != digest for doc_id, digest in carried.items() if doc_id in given):
+        return False  # a document of both prompts changed its text
+    for position, doc_id in needed:
+        if doc_id not in carried:
+            return False
+        if position and (position > len(documents) or documents[position - 1].id != doc_id):
+            return False
+    return True

@@ -1,0 +1,63 @@
+"""What a cached answer rests on, and whether a new prompt still carries it."""
+
+from __future__ import annotations
+
+import pytest
+
+from normalizer.documents import Document
+from normalizer.evidence import evidence, supports
+
+A, B, C = Document("a", "Alpha text."), Document("b", "Beta text.", "Beta handbook"), Document("c", "Gamma text.")
+
+
+def cited(answer: str, documents: tuple[Document, ...] = (A, B, C)) -> object:
+    kept = evidence(answer, documents)
+    assert kept is not None
+    return kept["cited"]  # type: ignore[call-overload]
+
+
+@pytest.mark.parametrize(("answer", "expected"), [
+    ("It is alpha [a].", [[0, "a"]]),
+    ("Both [a, c].", [[0, "a"], [0, "c"]]),
+    ("See [2].", [[2, "b"]]),
+    ("See [1][3] and [Source 2].", [[1, "a"], [3, "c"], [2, "b"]]),
+    ("See [doc 2; Document 3].", [[2, "b"], [3, "c"]]),
+    ("See 【1】.", [[1, "a"]]),
+    ("As the Beta handbook says.", [[0, "b"]]),
+    ("Nothing cited, not even [7] or [a note].", None),
+])
+def test_citations_by_id_position_and_title(answer: str, expected: object) -> None:
+    assert cited(answer) == expected
+
+
+def test_no_documents_no_evidence() -> None:
+    assert evidence("anything [1]", ()) is None
+    assert supports(None, (A,)), "an answer given without documents needs none"
+
+
+def test_an_uncited_answer_rests_on_every_document_in_any_order() -> None:
+    kept = evidence("An answer.", (A, B))
+    assert supports(kept, (B, A)) and supports(kept, (C, A, B))
+    assert not supports(kept, (A,)) and not supports(kept, (A, C))
+
+
+def test_a_cited_answer_rests_on_what_it_cites() -> None:
+    by_id = evidence("Alpha [a].", (A, B))
+    assert supports(by_id, (C, A)), "cited by id: any position"
+    assert not supports(by_id, (B, C))
+    by_position = evidence("Beta [2].", (A, B))
+    assert supports(by_position, (C, B)) and not supports(by_position, (B, C)), "cited by position: that position"
+    assert not supports(by_position, (B,)), "the position is gone"
+
+
+def test_a_document_that_changed_its_text_never_supports() -> None:
+    kept = evidence("Alpha [a].", (A, B))
+    assert not supports(kept, (Document("a", "Alpha, rewritten."),))
+    assert not supports(kept, (A, Document("b", "Beta, rewritten."))), "even one the answer does not cite"
+
+
+def test_malformed_evidence_supports_nothing() -> None:
+    assert not supports({"cited": None}, (A,))
+    assert not supports("evidence", (A,))
+    assert not supports({"documents": [["a"]], "cited": None}, (A,))
+    assert not supports({"documents": [["a", "x"]], "cited": [["one", "a"]]}, (A,))
