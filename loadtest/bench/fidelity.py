@@ -1,6 +1,7 @@
 """``python -m loadtest.bench fidelity --pairs PATH [--labels same_answer|is_duplicate] [--mode shared|pairwise|
 population|variants] [--mix S] [--count N] [--answers fixed|varied] [--half H] [--seed N] [--quick] [--rag K]
-[--json]``: L2 on real labelled question pairs, through a real ``ragproxy serve`` at its defaults, as users meet it.
+[--rag-form structured|inline] [--json]``: L2 on real labelled question pairs, through a real ``ragproxy serve`` at
+its defaults, as users meet it.
 
 Input: a CSV of ``question1,question2,is_duplicate[,same_answer]`` (``../shared/data/qqp_dev_relabelled.csv``; read
 from the path given, never shipped). ``--labels same_answer`` (the default) reads whether one answer serves both
@@ -28,13 +29,15 @@ Modes (the proxy starts empty for each):
   of ``--count`` first questions in one context: each question, then three of its variants. Counts the variants
   served as exact ``HIT`` from the first repeat, and wrong answers.
 
-``--rag K`` (with ``--mode shared``): the RAG loop. Every question is asked under one system prompt with its own
-top-K documents (``ragproxy.documents``, retrieval order, best first), retrieved by the proxy's embedder from the
-questions of ``--rag-corpus`` (default: the pairs file) that are not in the traffic (:mod:`loadtest.rag_retrieval`;
-exact cosine search, ``--rag-corpus-size`` documents). The upstream cites the first document it was given
-(``... [doc-N]``), so a hit citing a document the new request does not carry is counted (``miscited_hits``); the
-report adds the share of pairs whose two questions retrieved identical documents. Run the same arguments without
-``--rag`` for the same pairs with one context each.
+``--rag K`` (with ``--mode shared``): the RAG loop (:mod:`loadtest.rag_retrieval`). Every question is embedded,
+searched through the proxy's own Qdrant route (the TEST-ONLY shim behind it holds ``--rag-corpus-size`` questions of
+``--rag-corpus``, default the pairs file, that are not in the traffic), and asked under one system prompt with the
+top-K it retrieved, in the order returned: as ``ragproxy.documents`` (``--rag-form structured``) or pasted into
+the user message as numbered sources (``--rag-form inline``). The upstream cites the first document it was given
+(``[doc-N]``, or ``[1]`` inline), so a hit whose answer's source the new request does not carry where the answer
+cites it is counted (``miscited_hits``); the report adds the shares of pairs whose two questions retrieved identical
+documents (in order, and as sets) and how many searches the proxy's search cache answered. Run the same arguments
+without ``--rag`` for the same pairs with one context each.
 
 Figures, over second questions: **recall** = second questions of same-answer pairs answered with their cluster's
 answer / all such; **wrong-hit share** = answers of another cluster / hits; the **hindsight oracle**: the best fixed
@@ -49,6 +52,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import random
 import sys
@@ -76,7 +80,7 @@ from loadtest.fidelity_traffic import (
     trivial_variants,
 )
 from loadtest.harness import child, free_port, percentiles, proxy_process
-from loadtest.rag_retrieval import cited, corpus, first_document, top_k
+from loadtest.rag_retrieval import FORMS, Retriever, asked, corpus, first_source, inline_message, load
 from loadtest.sampled_answers import SampledAnswers
 from normalizer.guards import veto
 from proxy.calibrate import HALVES, LABELS, LabelledPair, half_of, read_pairs
@@ -113,10 +117,10 @@ class ClusterAnswerUpstream:
     def app(self) -> web.Application:
         async def chat(request: web.Request) -> web.Response:
             body = await request.json()
-            question = next((m["content"] for m in reversed(body["messages"]) if m["role"] == "user"), "")
+            user = next((m["content"] for m in reversed(body["messages"]) if m["role"] == "user"), "")
             system = next((m["content"] for m in body["messages"] if m["role"] == "system"), "")
-            source = first_document(system)  # a RAG answer cites its first source
-            answer = self.answer(question) + (f" [{source}]" if source else "")
+            source = first_source(system, user)  # a RAG answer cites its first source
+            answer = self.answer(asked(user)) + (f" {source}" if source else "")
             return web.json_response({
                 "id": "chatcmpl-fidelity", "object": "chat.completion", "created": 1700000000,
                 "model": body.get("model", "fidelity"),
@@ -127,6 +131,29 @@ class ClusterAnswerUpstream:
         app = web.Application()
         app.router.add_post("/v1/chat/completions", chat)
         return app
+
+
+@dataclass(slots=True)
+class RagLoop:
+    """The RAG loop: how questions retrieve and send documents, and what its hits cite."""
+
+    retriever: Retriever
+    form: str
+    grounded: dict[str, str] = field(default_factory=dict)
+    """Answer text → id of the document the upstream cited in it."""
+    identical_documents: int = 0
+    same_document_set: int = 0
+    miscited: int = 0
+    """Semantic hits whose answer's source is not where the answer cites it in the new request (by id: anywhere in
+    it; by position: at that position)."""
+
+    def judge(self, text: str, status: str, first: list[dict[str, str]], second: list[dict[str, str]]) -> None:
+        self.identical_documents += first == second
+        self.same_document_set += {d["id"] for d in first} == {d["id"] for d in second}
+        source = self.grounded.get(text)
+        if status == "SEMANTIC_HIT" and source is not None:
+            ids = [d["id"] for d in second]
+            self.miscited += source not in ids if self.form == "structured" else ids[:1] != [source]
 
 
 @dataclass(slots=True)
@@ -154,16 +181,15 @@ class Tally:
     """(cached answer, fresh answer, cached question, new question, one answer serves both) of each miss whose
     context held a cached answer: what the proxy's answer check compared."""
 
-    documents: dict[str, list[dict[str, str]]] = field(default_factory=dict)
-    """RAG loop: each question's own retrieved documents (empty: each pair shares one context)."""
-    identical_documents: int = 0
-    miscited: int = 0
-    """Hits whose answer cites a document the new request does not carry."""
+    rag: RagLoop | None = None
+    """The RAG loop's retrieval and figures (``None``: each pair shares one context)."""
 
-    def record(self, question: str, text: str, status: str) -> None:
+    def record(self, question: str, text: str, status: str, documents: list[dict[str, str]] | None = None) -> None:
         if status not in ("HIT", "SEMANTIC_HIT"):
             self.origin.setdefault(text, self.by_question[question])
             self.answers.append(text)
+            if self.rag is not None and documents:
+                self.rag.grounded.setdefault(text, documents[0]["id"])
 
     def judge(self, question: str, text: str, status: str, elapsed: float, wanted: bool, at: int) -> None:
         hit = status in ("HIT", "SEMANTIC_HIT")
@@ -187,18 +213,20 @@ class Tally:
         return self.wrong / self.hits if self.hits else 0.0
 
 
-def _body(question: str, context: str | None, documents: list[dict[str, str]] | None = None) -> bytes:
-    messages = ([{"role": "system", "content": context}] if context else []) + [{"role": "user", "content": question}]
+def _body(question: str, context: str | None, documents: list[dict[str, str]] | None = None,
+          form: str = "structured") -> bytes:
+    user = inline_message(question, documents) if documents is not None and form == "inline" else question
+    messages = ([{"role": "system", "content": context}] if context else []) + [{"role": "user", "content": user}]
     body: dict[str, Any] = {"model": "fidelity", "messages": messages}
-    if documents is not None:
+    if documents is not None and form == "structured":
         body["ragproxy"] = {"documents": documents}
     return orjson.dumps(body)
 
 
 async def _ask(session: aiohttp.ClientSession, url: str, question: str, context: str | None,
-               documents: list[dict[str, str]] | None = None) -> tuple[str, str, float]:
+               documents: list[dict[str, str]] | None = None, form: str = "structured") -> tuple[str, str, float]:
     started = time.perf_counter()
-    async with session.post(url + "/v1/chat/completions", data=_body(question, context, documents),
+    async with session.post(url + "/v1/chat/completions", data=_body(question, context, documents, form),
                             headers={"Content-Type": "application/json"}) as response:
         payload = await response.read()
         elapsed = time.perf_counter() - started
@@ -210,27 +238,29 @@ async def _ask(session: aiohttp.ClientSession, url: str, question: str, context:
 
 async def _pair(session: aiohttp.ClientSession, url: str, tally: Tally, index: int, pair: LabelledPair,
                 first: tuple[str, str, float] | None = None) -> None:
-    rag = bool(tally.documents)
+    rag = tally.rag
     context = RAG_SYSTEM if rag else f"pair {index}"
-    docs1, docs2 = (tally.documents[pair.question1], tally.documents[pair.question2]) if rag else (None, None)
-    status, cached, _ = first or await _ask(session, url, pair.question1, context, docs1)
-    tally.record(pair.question1, cached, status)
+    form = rag.form if rag else "structured"
+    docs1 = await rag.retriever.top_k(session, pair.question1) if rag else None
+    status, cached, _ = first or await _ask(session, url, pair.question1, context, docs1, form)
+    tally.record(pair.question1, cached, status, docs1)
     if first is None:
         await asyncio.sleep(0.01)  # the index learns a question just after its answer was sent
-    status, text, elapsed = await _ask(session, url, pair.question2, context, docs2)
-    tally.record(pair.question2, text, status)
+    docs2 = await rag.retriever.top_k(session, pair.question2) if rag else None
+    status, text, elapsed = await _ask(session, url, pair.question2, context, docs2, form)
+    tally.record(pair.question2, text, status, docs2)
     tally.judge(pair.question2, text, status, elapsed, same(pair, tally.by_question), index + 1)
-    if docs2 is not None:
-        tally.identical_documents += docs1 == docs2
-        source = cited(text)
-        tally.miscited += status == "SEMANTIC_HIT" and source is not None and source not in {d["id"] for d in docs2}
+    if rag is not None and docs1 is not None and docs2 is not None:
+        rag.judge(text, status, docs1, docs2)
     if status == "MISS":
         tally.compared.append((cached, text, pair.question1, pair.question2, same(pair, tally.by_question)))
 
 
 async def _exact(session: aiohttp.ClientSession, url: str, tally: Tally, question: str, context: str | None) -> None:
-    documents = tally.documents.get(question)
-    status, _, elapsed = await _ask(session, url, question, RAG_SYSTEM if documents else context, documents)
+    rag = tally.rag
+    documents = await rag.retriever.top_k(session, question) if rag else None
+    status, _, elapsed = await _ask(session, url, question, RAG_SYSTEM if rag else context, documents,
+                                    rag.form if rag else "structured")
     if status == "HIT":
         tally.exact_s.append(elapsed)
 
@@ -361,11 +391,19 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
            "RAGPROXY_DATA_DIR": tempfile.mkdtemp(prefix="ragproxy-fidelity-"),
            "RAGPROXY_ADMIN__PORT": str(admin_port)}
     tally = Tally(dict(by_question))
-    if args.rag:
-        tally.documents = asyncio.run(retrieve(args, pairs))
     upstream = ["-m", "loadtest.bench.fidelity", "--serve-upstream", str(upstream_port), str(args.pairs), args.labels,
                 args.answers, str(args.seed)]
-    with child(upstream, upstream_port), proxy_process(env) as url:
+    with contextlib.ExitStack() as stack:
+        vectors: dict[str, np.ndarray] = {}
+        if args.rag:
+            qdrant_port = free_port()
+            stack.enter_context(child(["-m", "proxy.doubles.qdrant_shim", "--port", str(qdrant_port)], qdrant_port))
+            env["RAGPROXY_UPSTREAMS__QDRANT__URL"] = f"http://127.0.0.1:{qdrant_port}"
+            vectors = asyncio.run(_load_corpus(args, pairs, f"http://127.0.0.1:{qdrant_port}"))
+        stack.enter_context(child(upstream, upstream_port))
+        url = stack.enter_context(proxy_process(env))
+        if args.rag:
+            tally.rag = RagLoop(Retriever(url, args.rag, vectors), args.rag_form)
         asyncio.run(_warm(url))
         if args.mode == "variants":
             asyncio.run(run_variants(url, pairs, tally, args.seed))
@@ -389,9 +427,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "proxy_disagreed": stats.get("disagreed"), "proxy_verified": stats.get("verified"),
         "proxy_estimate": {name: row for name, row in stats.get("namespaces", {}).items() if "/" in name},
     }
-    if args.rag:
-        report.update({"rag_k": args.rag, "identical_documents_share": _share(tally.identical_documents, len(pairs)),
-                       "miscited_hits": tally.miscited})
+    if tally.rag is not None:
+        rag = tally.rag
+        report.update({"rag_k": args.rag, "rag_form": rag.form,
+                       "identical_documents_share": _share(rag.identical_documents, len(pairs)),
+                       "same_document_set_share": _share(rag.same_document_set, len(pairs)),
+                       "miscited_hits": rag.miscited, "searches": rag.retriever.searches,
+                       "searches_answered_by_search_cache": rag.retriever.cached})
     if args.mode == "variants":
         report.update({"exact_hits": tally.exact_hits, "first_repeats": tally.first_repeats,
                        "first_repeat_hits": tally.first_repeat_hits,
@@ -411,12 +453,15 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     return report
 
 
-async def retrieve(args: argparse.Namespace, pairs: Sequence[LabelledPair]) -> dict[str, list[dict[str, str]]]:
-    """Each traffic question's own top ``--rag`` documents from a corpus of questions not in the traffic."""
+async def _load_corpus(args: argparse.Namespace, pairs: Sequence[LabelledPair],
+                       qdrant_url: str) -> dict[str, np.ndarray]:
+    """Load the corpus of questions not in the traffic into Qdrant; every text's vector (corpus and traffic)."""
     questions = list(dict.fromkeys(q for p in pairs for q in (p.question1, p.question2)))
     documents = corpus(args.rag_corpus or args.pairs, questions, args.rag_corpus_size)
     vectors = await embed_all(documents + questions)
-    return top_k({q: vectors[q] for q in questions}, documents, vectors, args.rag)
+    async with aiohttp.ClientSession() as session:
+        await load(session, qdrant_url, documents, vectors)
+    return vectors
 
 
 async def _warm(url: str) -> None:
@@ -442,9 +487,11 @@ def print_report(report: dict[str, Any]) -> None:
               f"recall / oracle recall {report['oracle_recall_ratio']}; first semantic hit at pair "
               f"{report['first_semantic_hit_at']}")
         if "rag_k" in report:
-            print(f"RAG loop, top-{report['rag_k']} own documents: pairs with identical documents "
-                  f"{report['identical_documents_share']}; hits citing a document the request lacks "
-                  f"{report['miscited_hits']}")
+            print(f"RAG loop, top-{report['rag_k']} own documents, {report['rag_form']}: pairs with identical "
+                  f"documents {report['identical_documents_share']} (same set {report['same_document_set_share']}); "
+                  f"hits citing a source the request lacks where cited {report['miscited_hits']}; "
+                  f"{report['searches_answered_by_search_cache']}/{report['searches']} searches from the search "
+                  f"cache")
         print(f"semantic hit p50 {report['hit_p50_ms']} ms, p99 {report['hit_p99_ms']} ms "
               f"({report['semantic_hits_timed']} hits); exact hit p50 {report['exact_hit_p50_ms']} ms (same run)")
         print(f"answer check on this run's answers: {report.get('answer_check')}")
@@ -474,6 +521,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--quick", action="store_true", help="300 pairs")
     parser.add_argument("--rag", type=int, metavar="K", help="RAG loop: each question carries its own top-K "
                         "documents (ragproxy.documents, retrieval order) under one system prompt (--mode shared)")
+    parser.add_argument("--rag-form", choices=FORMS, default="structured",
+                        help="how documents are sent: ragproxy.documents, or pasted into the user message")
     parser.add_argument("--rag-corpus", type=Path, help="CSV whose questions not in the traffic are the documents "
                         "(default: the pairs file)")
     parser.add_argument("--rag-corpus-size", type=int, default=5000, help="documents in the corpus")

@@ -1,16 +1,21 @@
-"""The fidelity bench's RAG-loop retrieval: corpus outside the traffic, best-first order, citations."""
+"""The fidelity bench's RAG loop: corpus outside the traffic, searches through the proxy's Qdrant route, the two
+ways documents are sent, and the upstream double's citations."""
 
 from __future__ import annotations
 
 import asyncio
 from pathlib import Path
 
+import aiohttp
 import numpy as np
 from aiohttp.test_utils import TestClient, TestServer
 
-from loadtest.bench.fidelity import ClusterAnswerUpstream
-from loadtest.rag_retrieval import cited, corpus, first_document, top_k
+from loadtest.bench.fidelity import ClusterAnswerUpstream, RagLoop
+from loadtest.rag_retrieval import Retriever, asked, corpus, first_source, inline_message, load
 from normalizer.documents import Document, render_system
+from proxy.doubles.llm_server import FakeLLM
+from proxy.doubles.qdrant_shim import QdrantShim
+from tests.support.proxy_server import ProxyServer, proxy_settings
 
 
 def test_corpus_never_holds_a_traffic_question(tmp_path: Path) -> None:
@@ -20,21 +25,48 @@ def test_corpus_never_holds_a_traffic_question(tmp_path: Path) -> None:
     assert corpus(path, {"A?"}, 2) == ["B?", "C?"]
 
 
-def test_top_k_is_best_first_by_cosine() -> None:
-    vectors = {"near": np.array([1.0, 0.1]), "far": np.array([0.0, 1.0]), "mid": np.array([1.0, 1.0])}
-    found = top_k({"q": np.array([2.0, 0.0])}, ["far", "near", "mid"], vectors, 2)
-    assert found["q"] == [{"id": "doc-1", "text": "near"}, {"id": "doc-2", "text": "mid"}]
+def test_searches_go_through_the_proxy_and_come_back_best_first(fake_llm_thread: FakeLLM,
+                                                                 qdrant_shim: QdrantShim) -> None:
+    vectors = {"near": np.array([1.0, 0.1]), "far": np.array([0.0, 1.0]), "mid": np.array([1.0, 1.0]),
+               "q": np.array([2.0, 0.0])}
+    settings = proxy_settings(fake_llm_thread.url, **{"upstreams.qdrant.url": qdrant_shim.url})
+    with ProxyServer(settings) as server:
+        async def run() -> tuple[list[dict[str, str]], list[dict[str, str]]]:
+            async with aiohttp.ClientSession() as session:
+                await load(session, qdrant_shim.url, ["far", "near", "mid"], vectors)
+                retriever = Retriever(server.url, 2, vectors)
+                first = await retriever.top_k(session, "q")
+                again = await retriever.top_k(session, "q")
+                assert (retriever.searches, retriever.cached) == (2, 1), "the repeat came from the search cache"
+                return first, again
+
+        first, again = asyncio.run(run())
+    assert first == again == [{"id": "doc-1", "text": "near"}, {"id": "doc-2", "text": "mid"}]
+    assert len(qdrant_shim.log.for_path("/collections/rag-corpus/points/search")) == 1
 
 
 def test_the_upstream_cites_the_first_document_it_was_given() -> None:
     documents = [Document(id="doc-7", text="seven"), Document(id="doc-3", text="three")]
 
-    async def ask(system: str | None) -> str:
-        messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": "q?"}]
+    async def ask(system: str | None, user: str = "q?") -> str:
+        messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": user}]
         async with TestClient(TestServer(ClusterAnswerUpstream({"q?": 4}).app())) as client:
             response = await client.post("/v1/chat/completions", json={"model": "m", "messages": messages})
             return str((await response.json())["choices"][0]["message"]["content"])
 
-    assert cited(asyncio.run(ask(render_system("Answer.", documents)))) == "doc-7"
-    assert cited(asyncio.run(ask("Answer."))) is None
-    assert first_document(render_system("", documents[1:])) == "doc-3"
+    structured = asyncio.run(ask(render_system("Answer.", documents)))
+    assert structured.endswith(" [doc-7]") and structured.startswith("Answer 4:")
+    inline = asyncio.run(ask("Answer.", inline_message("q?", [{"id": "doc-3", "text": "three"}])))
+    assert inline.endswith(" [1]") and inline.startswith("Answer 4:"), "the question read out of the sources"
+    assert first_source("Answer.", "q?") is None
+    assert asked("q?") == "q?"
+
+
+def test_a_hit_is_miscited_where_its_source_is_not_where_it_cites_it() -> None:
+    d1, d2, d3 = ({"id": f"doc-{i}", "text": str(i)} for i in range(1, 4))
+    for form, served_with, miscited in [("structured", [d2, d1], 0), ("structured", [d2, d3], 1),
+                                        ("inline", [d2, d1], 1), ("inline", [d1, d3], 0)]:
+        rag = RagLoop(Retriever("http://unused", 2, {}), form, grounded={"answer": "doc-1"})
+        rag.judge("answer", "SEMANTIC_HIT", [d1, d2], served_with)
+        assert rag.miscited == miscited, (form, served_with)
+        assert (rag.identical_documents, rag.same_document_set) == (0, served_with == [d2, d1])
