@@ -386,13 +386,15 @@ class DetectedDocuments:
     spans: tuple[Span, ...]
 
     def without_documents(self) -> str:
-        """The message's text with its documents cut out (what the app wrote around them)."""
+        """The message's text with its documents cut out (what the app wrote around them), line by line: each
+        line's whitespace folded, empty lines dropped, a document's place a line break."""
         pieces, cursor = [], 0
         for span in self.spans:
             pieces.append(self.text[cursor : span.start])
             cursor = span.end
         pieces.append(self.text[cursor:])
-        return " ".join(" ".join(pieces).split())
+        lines = (" ".join(line.split()) for line in "\n".join(pieces).splitlines())
+        return "\n".join(line for line in lines if line)
 
 
 @dataclass(frozen=True, slots=True)

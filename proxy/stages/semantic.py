@@ -16,6 +16,9 @@ into L1 under the new request's own key. On a miss, the question is recorded aga
 upstream answer has been stored, and the answer's words teach the answer check
 (:class:`~tiers.calibration.AnswerAgreement`).
 
+The lines an app's prompt template repeats around its questions are left out of the question compared
+(:class:`~tiers.question_templates.QuestionTemplates`, learnt per partition).
+
 In a user-scoped (private) request the index partition and the cold tier's signature tag carry the key scope's
 user digest too, so a paraphrase never reaches another user's answer.
 
@@ -41,8 +44,9 @@ from proxy.stages.answers import answer_evidence, complete_body, entry_tags, hit
 from tiers.calibration import GRID
 from tiers.embedders.base import FloatArray
 from tiers.entry import CachedResponse
+from tiers.question_templates import QuestionTemplates
 from tiers.response_tier import ResponseTier
-from tiers.semantic import CandidateSource, SemanticMatch, SemanticScope, SemanticTier, answer_text
+from tiers.semantic import CandidateSource, SemanticMatch, SemanticScope, SemanticTier, answer_text, partition_of
 from tiers.vectors.base import VectorHit
 
 log = logging.getLogger("ragproxy.semantic")
@@ -101,6 +105,7 @@ class SemanticLookup:
         self.promote_into = promote_into
         self.expose_similarity = expose_similarity
         self.cold = cold
+        self.templates = QuestionTemplates()
 
     async def __call__(self, ctx: RequestContext, call_next: Next) -> Reply:
         key, scope, policy, prompt = ctx.cache_key, ctx.key_scope, ctx.cache_policy, ctx.prompt
@@ -117,6 +122,7 @@ class SemanticLookup:
         if signature is None:
             return await call_next(ctx)
         where = SemanticScope(scope.tenant, scope.namespace, scope.user)
+        question = self.templates.question(partition_of(where, signature.digest), question)
         query = ctx.semantic = SemanticQuery(question, where, signature.digest, signature_tag(where, signature.digest))
         probe: SemanticMatch | None = None
         if policy.may_read:

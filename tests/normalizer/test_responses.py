@@ -206,7 +206,7 @@ def test_documents_are_recognised_in_input_and_instructions() -> None:
     in_input = request(input=[as_item(f"Context: {text}\n\nQuestion: how tall is it?")])
     prompt = read_response_prompt(in_input, None, registry)
     assert [d.text for d in prompt.documents] == [text]
-    assert final_input_question(in_input, prompt) == "Context: Question: how tall is it?"
+    assert final_input_question(in_input, prompt) == "Context:\nQuestion: how tall is it?"
     in_instructions = request(instructions=f"Answer from: {text}")
     assert [d.text for d in read_response_prompt(in_instructions, None, registry).documents] == [text]
     with pytest.raises(ValueError, match="not supported on /v1/responses"):

@@ -158,7 +158,7 @@ def test_recognised_documents_are_cut_out_of_the_question_and_of_the_signature()
 
     body = asked(passages[:2], "what does it say?")
     prompt = read_prompt(body, registry=registry)
-    assert final_question(body, prompt) == "Context: Question: what does it say?"
+    assert final_question(body, prompt) == "Context:\nQuestion: what does it say?"
     assert signed(body) == signed(asked(passages[1::-1], "what does it say?")) == signed(asked(passages[1:], "x"))
     in_system = [{"role": "system", "content": "Use these:\n" + "\n\n".join(passages[:2])},
                  {"role": "user", "content": "what does it say?"}]

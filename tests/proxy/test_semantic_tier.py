@@ -224,6 +224,42 @@ def test_documents_recognised_from_a_search_scope_paraphrases(fake_llm_thread: F
         assert ask(passages[::-1], PARAPHRASE) == "SEMANTIC_HIT", "the same documents in another order"
 
 
+TEMPLATE = ("You are a careful assistant for our product documentation and you answer in the user's language.\n"
+            "Use only the sources below, cite them by number, and say so when they do not hold the answer.\n"
+            "Keep answers short, friendly and factual; never invent product names, prices or dates.\n"
+            "If a source contradicts another, prefer the most recent one and mention the conflict.\n"
+            "Sources:\n{sources}\nQuestion: {question}\nAnswer:")
+
+
+def test_the_lines_an_apps_template_repeats_are_not_compared(fake_llm_thread: FakeLLM, qdrant_shim: QdrantShim,
+                                                              tmp_path: Path) -> None:
+    """Documents pasted into the question's own message, inside a template: the template's lines, learnt from the
+    namespace's questions, are left out of the question compared, so two questions are not alike for sharing it."""
+    overrides = {"cache.l2.enabled": True, "cache.l2.threshold": 0.8, "data_dir": str(tmp_path),
+                 "upstreams.qdrant.url": qdrant_shim.url}
+    passages = [NOVEL["text"] + " It follows Elizabeth Bennet.", FILM["text"] + " It starred Keira Knightley."]
+    with ProxyServer(proxy_settings(fake_llm_thread.url, **overrides)) as server:
+        _model_loaded(server)
+        httpx.put(server.url + "/collections/kb", json={"vectors": {"size": 2, "distance": "Cosine"}})
+        httpx.put(server.url + "/collections/kb/points?wait=true", json={"points": [
+            {"id": i, "vector": [1.0, i / 10], "payload": {"text": text}} for i, text in enumerate(passages)]})
+        assert httpx.post(server.url + "/collections/kb/points/query",
+                          json={"query": [1.0, 0.0], "limit": 2, "with_payload": True}).status_code == 200
+
+        def ask(question: str) -> str:
+            sources = "\n".join(f"[{i}] {text}" for i, text in enumerate(passages, 1))
+            content = TEMPLATE.format(sources=sources, question=question)
+            body = {"model": "fake-model", "temperature": 0, "messages": [{"role": "user", "content": content}]}
+            return str(httpx.post(server.url + CHAT, json=body, timeout=60).headers["X-Cache-Status"])
+
+        for question in ("what year was the book published", "how long is the film"):
+            assert ask(question) == "MISS"
+        assert ask("who wrote the novel") == "MISS"
+        _learned(server, 3)
+        assert ask("who directed the film") == "MISS", "another question in the same template"
+        assert ask("Tell me who wrote the novel?") == "SEMANTIC_HIT"
+
+
 def test_an_exact_repeat_after_a_restart_is_an_exact_hit_from_the_cold_tier(fake_llm_thread: FakeLLM,
                                                                             tmp_path: Path) -> None:
     """The exact tiers answer before any embedding is computed: L1, then L3 by key, then L2."""
