@@ -425,6 +425,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "semantic_hits_timed": len(tally.hit_s),
         "proxy_semantic_hits": stats.get("hits"), "proxy_compared": stats.get("compared"),
         "proxy_disagreed": stats.get("disagreed"), "proxy_verified": stats.get("verified"),
+        "proxy_vetoes": stats.get("vetoes"),
         "proxy_estimate": {name: row for name, row in stats.get("namespaces", {}).items() if "/" in name},
     }
     if tally.rag is not None:
@@ -496,7 +497,8 @@ def print_report(report: dict[str, Any]) -> None:
               f"({report['semantic_hits_timed']} hits); exact hit p50 {report['exact_hit_p50_ms']} ms (same run)")
         print(f"answer check on this run's answers: {report.get('answer_check')}")
     print(f"proxy: {report['proxy_semantic_hits']} semantic hits counted, {report['proxy_compared']} answers compared, "
-          f"{report['proxy_disagreed']} disagreed, {report['proxy_verified']} would-be hits verified; its estimate: "
+          f"{report['proxy_disagreed']} disagreed, {report['proxy_verified']} would-be hits verified, vetoes "
+          f"{report['proxy_vetoes']}; its estimate: "
           f"{report['proxy_estimate']}")
     print(f"elapsed {report['elapsed_s']} s")
 
