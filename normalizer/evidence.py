@@ -12,8 +12,9 @@ prompt still carries **the documents the cached answer rests on**, as :func:`sup
 - an answer that cites nothing rests, as far as the proxy can tell, on every document it was given.
 
 A new prompt supports the answer when it carries every document the answer rests on with the same text (content
-hash), every position cited holds the document that was there (a client reads ``[2]`` as its own second document),
-and no document of both prompts changed its text under the same id. Whether the answer also serves the new
+hash), and no document of both prompts changed its text under the same id. A client reads ``[2]`` as its own second
+document, so an answer that cites by position is served :func:`renumbered`: each position rewritten to where the new
+prompt holds that document. Whether the answer also serves the new
 question is the threshold's business: the comparisons that calibrate it come from the candidates this rule lets
 through, so its bound covers what the documents change too (docs/semantic.md).
 
@@ -35,10 +36,11 @@ from normalizer.documents import Document, content_id
 MIN_TITLE_CHARS = 8
 """A shorter title ("FAQ", "Intro") appears in answers by chance too often to count as a citation."""
 
-_BRACKETED = re.compile(r"\[([^\[\]\n]{1,200})\]|【([^【】\n]{1,200})】")
+_BRACKETED = re.compile(r"(?<![\w)])\[([^\[\]\n]{1,200})\]|【([^【】\n]{1,200})】")
+"""A bracketed citation; not an index (``a[1]``, ``f(x)[2]``), which renumbering must never touch."""
 _POSITION = re.compile(r"(?:(?:doc(?:ument)?|source|ref(?:erence)?|passage|context|chunk)\s*#?\s*|#)?(\d{1,3})"
                        r"(?:[:†].*)?", re.IGNORECASE)
-_SEPARATORS = re.compile(r"[,;]|\band\b")
+_SEPARATORS = re.compile(r"([,;]|\band\b)")
 
 
 def evidence(answer: str, documents: Sequence[Document]) -> dict[str, JSONValue] | None:
@@ -49,7 +51,7 @@ def evidence(answer: str, documents: Sequence[Document]) -> dict[str, JSONValue]
     ids = {document.id for document in documents}
     cited: dict[tuple[int, str], None] = {}
     for match in _BRACKETED.finditer(answer):
-        for token in _SEPARATORS.split(match.group(1) or match.group(2)):
+        for token in _SEPARATORS.split(match.group(1) or match.group(2))[::2]:
             token = token.strip()
             if token in ids:
                 cited[(0, token)] = None
@@ -80,9 +82,24 @@ def supports(kept: Any, documents: Sequence[Document]) -> bool:
     carried = {document.id: content_id(document.text) for document in documents}
     if any(given[doc_id] != digest for doc_id, digest in carried.items() if doc_id in given):
         return False  # a document of both prompts changed its text
-    for position, doc_id in needed:
-        if doc_id not in carried:
-            return False
-        if position and (position > len(documents) or documents[position - 1].id != doc_id):
-            return False
-    return True
+    return all(doc_id in carried for _, doc_id in needed)
+
+
+def renumbered(answer: str, kept: Any, documents: Sequence[Document]) -> str:
+    """``answer`` (whose :func:`evidence` is ``kept``, which a prompt carrying ``documents`` :func:`supports`) with
+    each positional citation rewritten to the position ``documents`` hold its document at (1-based)."""
+    if not isinstance(kept, Mapping) or not kept.get("cited") or not any(p for p, _ in kept["cited"]):
+        return answer
+    given = [str(doc_id) for doc_id, _ in kept["documents"]]
+    now = {document.id: position for position, document in enumerate(documents, 1)}
+
+    def group(match: re.Match[str]) -> str:
+        pieces = _SEPARATORS.split(match.group(0)[1:-1])
+        for i in range(0, len(pieces), 2):
+            position = _POSITION.fullmatch(pieces[i].strip())
+            if position is not None and 1 <= (old := int(position.group(1))) <= len(given) \
+                    and given[old - 1] in now and pieces[i].strip() not in now:  # an id is not a position
+                pieces[i] = re.sub(r"\d{1,3}", str(now[given[old - 1]]), pieces[i], count=1)
+        return match.group(0)[0] + "".join(pieces) + match.group(0)[-1]
+
+    return _BRACKETED.sub(group, answer)

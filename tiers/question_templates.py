@@ -1,4 +1,4 @@
-"""The lines an app's prompt template repeats around each question, learnt per partition and left out of the
+"""The lines an app's prompt template repeats around each question, learnt per namespace and left out of the
 question the semantic tier compares.
 
 RAG apps often send the question inside a template in the same message as the documents ("Use the sources below
@@ -7,12 +7,14 @@ the same words in every request: embedded whole, every two questions look alike,
 what the calibration prior says, and the namespace stays calibrating. So the lines a partition's recent questions
 repeat are taken for template and dropped from the question that is embedded.
 
-Per partition (tenant, namespace, context signature), the line hashes of the last :data:`WINDOW` distinct question
-texts are kept; a line is template when more than half of them, and at least two, carry it. What remains, joined,
-is the question; a text that would be left empty (a hot question repeated more often than the template itself, a
-single-line question) stays whole. Partitions beyond ``partitions`` are forgotten least recently used first, so
-memory is bounded by ``partitions x WINDOW x MAX_LINES`` hashes. Learnt per process: replicas learn the same
-templates from their own traffic.
+Per namespace (a tenant's, or a user's in a private one: an app's template spans its contexts), the line hashes of
+the last :data:`WINDOW` distinct question texts are kept (a text repeated counts once); a line is template when at
+least a quarter of them, and at least two, carry it, so two templates in turn are both learnt, and a question's own
+line counts only when it comes back around other lines. What remains, joined, is the question; a text that would be
+left empty (a single-line question is never split) stays whole. The first question of a namespace is compared whole:
+nothing is known to repeat yet. Namespaces beyond ``namespaces`` are forgotten least recently used first, so memory
+is bounded by ``namespaces x WINDOW x MAX_LINES`` hashes. Learnt per process: replicas learn the same templates from
+their own traffic.
 """
 
 from __future__ import annotations
@@ -45,26 +47,26 @@ class _Recent:
 
 
 class QuestionTemplates:
-    """Template lines learnt per partition (module docstring)."""
+    """Template lines learnt per namespace (module docstring)."""
 
-    def __init__(self, partitions: int = 4096) -> None:
-        self.partitions = max(1, partitions)
+    def __init__(self, namespaces: int = 4096) -> None:
+        self.namespaces = max(1, namespaces)
         self._recent: OrderedDict[str, _Recent] = OrderedDict()
 
-    def question(self, partition: str, text: str) -> str:
-        """``text`` without the lines ``partition``'s template repeats (learning from it first)."""
+    def question(self, namespace: str, text: str) -> str:
+        """``text`` without the lines ``namespace``'s template repeats (learning from it first)."""
         lines = text.split("\n")
         if len(lines) < 2:
             return text
         hashes = [hash(line) for line in lines[:MAX_LINES]]
-        recent = self._recent.get(partition)
+        recent = self._recent.get(namespace)
         if recent is None:
-            recent = self._recent[partition] = _Recent()
-            while len(self._recent) > self.partitions:
+            recent = self._recent[namespace] = _Recent()
+            while len(self._recent) > self.namespaces:
                 self._recent.popitem(last=False)
         else:
-            self._recent.move_to_end(partition)
+            self._recent.move_to_end(namespace)
         recent.learn(frozenset(hashes))
-        need = max(2, len(recent.texts) // 2 + 1)
+        need = max(2, len(recent.texts) // 4)
         kept = [line for i, line in enumerate(lines) if i >= MAX_LINES or recent.counts[hashes[i]] < need]
         return " ".join(kept) if kept else " ".join(lines)

@@ -45,6 +45,7 @@ import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import orjson
@@ -110,6 +111,8 @@ class SemanticMatch:
     similarity: float
     question: str
     source: str = "l2"
+    evidence: JSONValue = None
+    """What its answer rests on (:func:`normalizer.evidence.evidence`), when asked with documents."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -175,6 +178,34 @@ def answer_text(body: bytes) -> str | None:
     return None
 
 
+def edit_answer_text(body: bytes, edit: Callable[[str], str]) -> bytes:
+    """``body`` (a complete answer, as :func:`answer_text` reads it) with ``edit`` applied to each text the assistant
+    wrote: every chat choice's ``message.content``, every ``output_text`` part of a Responses object; the same bytes
+    when nothing changed."""
+    try:
+        payload = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return body
+    if not isinstance(payload, dict):
+        return body
+    texts: list[tuple[dict[str, Any], str]] = []
+    for choice in payload.get("choices") or ():
+        message = choice.get("message") if isinstance(choice, dict) else None
+        if isinstance(message, dict) and isinstance(message.get("content"), str):
+            texts.append((message, "content"))
+    for item in payload.get("output") or ():
+        if isinstance(item, dict) and item.get("type") == "message":
+            texts.extend((part, "text") for part in item.get("content") or ()
+                         if isinstance(part, dict) and part.get("type") == "output_text"
+                         and isinstance(part.get("text"), str))
+    changed = False
+    for holder, name in texts:
+        edited = edit(holder[name])
+        changed |= edited != holder[name]
+        holder[name] = edited
+    return orjson.dumps(payload) if changed else body
+
+
 def partition_of(scope: SemanticScope, signature_digest: str) -> str:
     """The vector-store partition of a tenant, namespace (and user, :attr:`SemanticScope.label`) and context
     signature."""
@@ -204,7 +235,8 @@ def choose_match(
         if reason is None and not supports(hit.payload.get("evidence"), documents):
             reason = "documents"
         if reason is None:
-            return SemanticMatch(hit.id, hit.similarity, original, str(hit.payload.get("source", "l2")))
+            return SemanticMatch(hit.id, hit.similarity, original, str(hit.payload.get("source", "l2")),
+                                 hit.payload.get("evidence"))
         if on_veto is not None:
             on_veto(reason)
     return None

@@ -6,7 +6,8 @@ match exactly (the :class:`~normalizer.signature.ContextSignature` digest, compu
 as the exact key); the question is compared by embedding under the namespace's threshold, with guards vetoing false
 friends, and the documents read by :class:`~proxy.stages.prompt.ReadPrompt` must still carry what the cached answer
 rests on (:mod:`normalizer.evidence`; kept with each question as it is learnt, from the answer and the documents in
-the order the upstream saw them). It runs
+the order the upstream saw them). An answer that cites by position is served with its positions rewritten to where
+the new prompt holds the documents, and promoted so. It runs
 after the exact tiers (L1, L3 by key): an exact repeat never costs an embedding. A match points at an entry key;
 the response bytes come from L1, or from L3 when L1 has let it go. Candidates come from the L2 index and, when it
 has none that can serve, from the cold tier's stored question vectors; one decision
@@ -17,7 +18,7 @@ upstream answer has been stored, and the answer's words teach the answer check
 (:class:`~tiers.calibration.AnswerAgreement`).
 
 The lines an app's prompt template repeats around its questions are left out of the question compared
-(:class:`~tiers.question_templates.QuestionTemplates`, learnt per partition).
+(:class:`~tiers.question_templates.QuestionTemplates`, learnt per namespace).
 
 In a user-scoped (private) request the index partition and the cold tier's signature tag carry the key scope's
 user digest too, so a paraphrase never reaches another user's answer.
@@ -30,10 +31,11 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol, runtime_checkable
 
 from normalizer.canonical_json import CanonicalizationError
+from normalizer.evidence import renumbered
 from normalizer.signature import PromptReading
 from proxy.context import FinishCallback, Reply, RequestContext
 from proxy.endpoints import Endpoint
@@ -46,7 +48,14 @@ from tiers.embedders.base import FloatArray
 from tiers.entry import CachedResponse
 from tiers.question_templates import QuestionTemplates
 from tiers.response_tier import ResponseTier
-from tiers.semantic import CandidateSource, SemanticMatch, SemanticScope, SemanticTier, answer_text, partition_of
+from tiers.semantic import (
+    CandidateSource,
+    SemanticMatch,
+    SemanticScope,
+    SemanticTier,
+    answer_text,
+    edit_answer_text,
+)
 from tiers.vectors.base import VectorHit
 
 log = logging.getLogger("ragproxy.semantic")
@@ -122,7 +131,7 @@ class SemanticLookup:
         if signature is None:
             return await call_next(ctx)
         where = SemanticScope(scope.tenant, scope.namespace, scope.user)
-        question = self.templates.question(partition_of(where, signature.digest), question)
+        question = self.templates.question(f"{where.tenant}\x1f{where.label}", question)
         query = ctx.semantic = SemanticQuery(question, where, signature.digest, signature_tag(where, signature.digest))
         probe: SemanticMatch | None = None
         if policy.may_read:
@@ -199,6 +208,16 @@ class SemanticLookup:
 
         return compare
 
+    @staticmethod
+    def _renumbered(ctx: RequestContext, entry: CachedResponse, match: SemanticMatch) -> CachedResponse:
+        """``entry`` with its answer's positional citations pointing where the new prompt holds the documents
+        (:func:`normalizer.evidence.renumbered`), and the evidence that answer now has."""
+        documents = ctx.prompt.documents if ctx.prompt is not None else ()
+        body = edit_answer_text(entry.body, lambda text: renumbered(text, match.evidence, documents))
+        if body is entry.body:
+            return entry
+        return replace(entry, body=body, meta={**entry.meta, "evidence": answer_evidence(ctx, body)})
+
     async def _lookup(self, ctx: RequestContext, query: SemanticQuery,
                       key: str) -> tuple[Reply | None, SemanticMatch | None]:
         """A semantic hit, or a miss with the candidate whose answer to compare with the fresh one."""
@@ -227,6 +246,7 @@ class SemanticLookup:
             return None, None
         if policy.max_age is not None and entry.age() > policy.max_age:
             return None, None
+        entry = self._renumbered(ctx, entry, match)
         await self.promote_into.put(key, entry, ttl=policy.ttl, tags=entry_tags(ctx, entry.model))
         self.semantic.served()
         extra = {"X-Cache-Similarity": f"{match.similarity:.4f}"} if self.expose_similarity else None

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from normalizer.documents import Document
-from normalizer.evidence import evidence, supports
+from normalizer.evidence import evidence, renumbered, supports
 
 A, B, C = Document("a", "Alpha text."), Document("b", "Beta text.", "Beta handbook"), Document("c", "Gamma text.")
 
@@ -46,8 +46,20 @@ def test_a_cited_answer_rests_on_what_it_cites() -> None:
     assert supports(by_id, (C, A)), "cited by id: any position"
     assert not supports(by_id, (B, C))
     by_position = evidence("Beta [2].", (A, B))
-    assert supports(by_position, (C, B)) and not supports(by_position, (B, C)), "cited by position: that position"
-    assert not supports(by_position, (B,)), "the position is gone"
+    assert supports(by_position, (C, B)) and supports(by_position, (B, C)), "cited by position: carried anywhere"
+    assert not supports(by_position, (A, C))
+
+
+def test_positions_are_renumbered_to_where_the_new_prompt_holds_the_document() -> None:
+    answer = "Beta [2], and gamma [Source 3; doc 1]; not a[2] nor f(x)[3]. [b] stays."
+    kept = evidence(answer, (A, B, C))
+    assert renumbered(answer, kept, (C, A, B)) == \
+        "Beta [3], and gamma [Source 1; doc 2]; not a[2] nor f(x)[3]. [b] stays."
+    assert renumbered(answer, kept, (A, B, C)) == answer
+    assert renumbered("By id [a].", evidence("By id [a].", (A, B)), (B, A)) == "By id [a]."
+    numeric = (Document("2", "Two."), Document("1", "One."))
+    assert renumbered("Cited by id [2].", evidence("Cited by id [2].", numeric), numeric[::-1]) == "Cited by id [2].", \
+        "a token that is a document's id is left as written"
 
 
 def test_a_document_that_changed_its_text_never_supports() -> None:

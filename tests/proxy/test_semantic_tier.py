@@ -155,18 +155,25 @@ def test_an_answer_that_cites_nothing_is_served_only_where_all_its_documents_are
     assert len(sent) == 4 and all("ragproxy" not in r.json() for r in sent)
 
 
-def test_an_answer_that_cites_its_sources_needs_only_those_at_the_positions_it_cites(
+def test_an_answer_that_cites_its_sources_needs_only_those_and_is_renumbered(
         fake_llm_thread: FakeLLM, semantic_proxy: ProxyServer) -> None:
-    """A RAG answer rests on what it cites: by id, any position will do; by position, that position must hold the
-    same document (a client reads ``[2]`` as its own second document)."""
+    """A RAG answer rests on what it cites, wherever the new prompt holds it; cited by position, it is served with
+    the position where the new prompt holds that document (a client reads ``[2]`` as its own second document)."""
     fake_llm_thread.answer = lambda prompt: "Jane Austen wrote it [2]." if "Austen" in prompt else "Not said [film]."
     assert _ask_with(semantic_proxy, [FILM, NOVEL], QUESTION).headers["X-Cache-Status"] == "MISS"
     _learned(semantic_proxy, 1)
-    assert _ask_with(semantic_proxy, [NOVEL, FILM]).headers["X-Cache-Status"] == "MISS", "[2] is the film now"
+    moved = _ask_with(semantic_proxy, [NOVEL, FILM])
+    assert moved.headers["X-Cache-Status"] == "SEMANTIC_HIT"
+    assert moved.json()["choices"][0]["message"]["content"] == "Jane Austen wrote it [1].", "renumbered"
+    assert _ask_with(semantic_proxy, [FILM]).headers["X-Cache-Status"] == "MISS", "the novel is not carried"
     other = {"id": "other", "text": "Jane Austen also wrote Emma."}
     served = _ask_with(semantic_proxy, [other, NOVEL], "Tell me who wrote the novel Pride and Prejudice")
     assert served.headers["X-Cache-Status"] == "SEMANTIC_HIT", "the cited document where it was cited"
     assert served.json()["choices"][0]["message"]["content"] == "Jane Austen wrote it [2]."
+    streamed = httpx.post(semantic_proxy.url + CHAT, json=_with("Who wrote the novel Pride and Prejudice?", stream=True,
+                                                                 ragproxy={"documents": [NOVEL]}), timeout=60)
+    assert streamed.headers["X-Cache-Status"] == "SEMANTIC_HIT"
+    assert "[1]" in streamed.text and "[2]" not in streamed.text
     fake_llm_thread.answer = lambda prompt: "The film was directed by Joe Wright [film]."
     assert _ask_with(semantic_proxy, [FILM], "who directed the 2005 film").headers["X-Cache-Status"] == "MISS"
     _learned(semantic_proxy, 3)
