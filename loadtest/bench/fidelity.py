@@ -1,7 +1,7 @@
 """``python -m loadtest.bench fidelity --pairs PATH [--labels same_answer|is_duplicate] [--mode shared|pairwise|
 population|variants] [--mix S] [--count N] [--answers fixed|varied] [--half H] [--seed N] [--quick] [--rag K]
-[--rag-form structured|inline] [--json]``: L2 on real labelled question pairs, through a real ``ragproxy serve`` at
-its defaults, as users meet it.
+[--rag-form structured|inline] [--rag-prompt pair|one] [--json]``: L2 on real labelled question pairs, through a
+real ``ragproxy serve`` at its defaults, as users meet it.
 
 Input: a CSV of ``question1,question2,is_duplicate[,same_answer]`` (``../shared/data/qqp_dev_relabelled.csv``; read
 from the path given, never shipped). ``--labels same_answer`` (the default) reads whether one answer serves both
@@ -32,7 +32,9 @@ Modes (the proxy starts empty for each):
 ``--rag K`` (with ``--mode shared``): the RAG loop (:mod:`loadtest.rag_retrieval`). Every question is embedded,
 searched through the proxy's own Qdrant route (the TEST-ONLY shim behind it holds ``--rag-corpus-size`` questions of
 ``--rag-corpus``, default the pairs file, that are not in the traffic), and asked under one system prompt with the
-top-K it retrieved, in the order returned: as ``ragproxy.documents`` (``--rag-form structured``) or pasted into
+top-K it retrieved, in the order returned (each pair under its own system prompt as without ``--rag``, so the two
+runs differ by the documents alone; ``--rag-prompt one``: all under one, as an app sends them, where every question
+meets every other as in ``population``): as ``ragproxy.documents`` (``--rag-form structured``) or pasted into
 the user message as numbered sources (``--rag-form inline``). The upstream cites the first document it was given
 (``[doc-N]``, or ``[1]`` inline), so a hit whose answer's source the new request does not carry where the answer
 cites it is counted (``miscited_hits``); the report adds the shares of pairs whose two questions retrieved identical
@@ -55,6 +57,7 @@ import asyncio
 import contextlib
 import json
 import random
+import re
 import sys
 import tempfile
 import time
@@ -133,12 +136,20 @@ class ClusterAnswerUpstream:
         return app
 
 
+def _uncited(answer: str) -> str:
+    """An answer of the bench's upstream without its trailing citation (which a hit may have had renumbered)."""
+    return re.sub(r" \[[^\[\]]+\]$", "", answer)
+
+
 @dataclass(slots=True)
 class RagLoop:
     """The RAG loop: how questions retrieve and send documents, and what its hits cite."""
 
     retriever: Retriever
     form: str
+    one_prompt: bool = False
+    """All pairs under one system prompt (an app's shape: every question can meet every other), else each pair
+    under its own as in the run with one context per pair (so the two runs differ by the documents alone)."""
     grounded: dict[str, str] = field(default_factory=dict)
     """Answer text → id of the document the upstream cited in it."""
     identical_documents: int = 0
@@ -150,10 +161,12 @@ class RagLoop:
     def judge(self, text: str, status: str, first: list[dict[str, str]], second: list[dict[str, str]]) -> None:
         self.identical_documents += first == second
         self.same_document_set += {d["id"] for d in first} == {d["id"] for d in second}
-        source = self.grounded.get(text)
+        source = self.grounded.get(_uncited(text))
         if status == "SEMANTIC_HIT" and source is not None:
             ids = [d["id"] for d in second]
-            self.miscited += source not in ids if self.form == "structured" else ids[:1] != [source]
+            position = re.search(r"\[(\d+)\]$", text)
+            cites = ids[int(position.group(1)) - 1:int(position.group(1))] if position else []
+            self.miscited += source not in ids if self.form == "structured" else cites != [source]
 
 
 @dataclass(slots=True)
@@ -162,7 +175,8 @@ class Tally:
 
     by_question: dict[str, int]
     origin: dict[str, int] = field(default_factory=dict)
-    """Answer text → cluster of the question the upstream gave it for."""
+    """Answer text (without a trailing citation: a hit may be renumbered) → cluster of the question the upstream gave
+    it for."""
     answers: list[str] = field(default_factory=list)
     """Every answer the upstream gave, in order."""
     wanted: int = 0
@@ -170,6 +184,8 @@ class Tally:
     hits: int = 0
     exact_hits: int = 0
     wrong: int = 0
+    wrong_semantic: int = 0
+    """Of the wrong hits, the semantic ones (the rest: exact repeats of a question the labels put in two clusters)."""
     first_repeats: int = 0
     first_repeat_hits: int = 0
     """Variants: questions retyped, and those whose first retyping was an exact ``HIT``."""
@@ -186,18 +202,19 @@ class Tally:
 
     def record(self, question: str, text: str, status: str, documents: list[dict[str, str]] | None = None) -> None:
         if status not in ("HIT", "SEMANTIC_HIT"):
-            self.origin.setdefault(text, self.by_question[question])
+            self.origin.setdefault(_uncited(text), self.by_question[question])
             self.answers.append(text)
             if self.rag is not None and documents:
-                self.rag.grounded.setdefault(text, documents[0]["id"])
+                self.rag.grounded.setdefault(_uncited(text), documents[0]["id"])
 
     def judge(self, question: str, text: str, status: str, elapsed: float, wanted: bool, at: int) -> None:
         hit = status in ("HIT", "SEMANTIC_HIT")
-        right = self.origin.get(text) == self.by_question[question]
+        right = self.origin.get(_uncited(text)) == self.by_question[question]
         self.wanted += wanted
         self.hits += hit
         self.exact_hits += status == "HIT"
         self.wrong += hit and not right
+        self.wrong_semantic += status == "SEMANTIC_HIT" and not right
         self.recalled += wanted and hit and right
         if status == "SEMANTIC_HIT":
             self.hit_s.append(elapsed)
@@ -239,7 +256,7 @@ async def _ask(session: aiohttp.ClientSession, url: str, question: str, context:
 async def _pair(session: aiohttp.ClientSession, url: str, tally: Tally, index: int, pair: LabelledPair,
                 first: tuple[str, str, float] | None = None) -> None:
     rag = tally.rag
-    context = RAG_SYSTEM if rag else f"pair {index}"
+    context = RAG_SYSTEM if rag and rag.one_prompt else f"pair {index}"
     form = rag.form if rag else "structured"
     docs1 = await rag.retriever.top_k(session, pair.question1) if rag else None
     status, cached, _ = first or await _ask(session, url, pair.question1, context, docs1, form)
@@ -259,8 +276,8 @@ async def _pair(session: aiohttp.ClientSession, url: str, tally: Tally, index: i
 async def _exact(session: aiohttp.ClientSession, url: str, tally: Tally, question: str, context: str | None) -> None:
     rag = tally.rag
     documents = await rag.retriever.top_k(session, question) if rag else None
-    status, _, elapsed = await _ask(session, url, question, RAG_SYSTEM if rag else context, documents,
-                                    rag.form if rag else "structured")
+    system = RAG_SYSTEM if rag and rag.one_prompt else context
+    status, _, elapsed = await _ask(session, url, question, system, documents, rag.form if rag else "structured")
     if status == "HIT":
         tally.exact_s.append(elapsed)
 
@@ -403,7 +420,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         stack.enter_context(child(upstream, upstream_port))
         url = stack.enter_context(proxy_process(env))
         if args.rag:
-            tally.rag = RagLoop(Retriever(url, args.rag, vectors), args.rag_form)
+            tally.rag = RagLoop(Retriever(url, args.rag, vectors), args.rag_form, args.rag_prompt == "one")
         asyncio.run(_warm(url))
         if args.mode == "variants":
             asyncio.run(run_variants(url, pairs, tally, args.seed))
@@ -418,7 +435,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "bench": "fidelity", "mode": args.mode, "labels": args.labels, "answers": args.answers, "half": args.half,
         "mix": args.mix, "seed": args.seed, "pairs": len(pairs), "bound": bound,
         "recall": round(tally.recall, 4), "wrong_hit_share": round(tally.wrong_share, 4), "hits": tally.hits,
-        "wrong_hits": tally.wrong, "same_answer_questions": tally.wanted, "first_semantic_hit_at": tally.first_hit,
+        "wrong_hits": tally.wrong, "wrong_semantic_hits": tally.wrong_semantic,
+        "same_answer_questions": tally.wanted, "first_semantic_hit_at": tally.first_hit,
         "hit_p50_ms": percentiles(tally.hit_s)["p50_ms"] if tally.hit_s else None,
         "hit_p99_ms": percentiles(tally.hit_s)["p99_ms"] if tally.hit_s else None,
         "exact_hit_p50_ms": percentiles(tally.exact_s)["p50_ms"] if tally.exact_s else None,
@@ -430,7 +448,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     }
     if tally.rag is not None:
         rag = tally.rag
-        report.update({"rag_k": args.rag, "rag_form": rag.form,
+        report.update({"rag_k": args.rag, "rag_form": rag.form, "rag_prompt": args.rag_prompt,
                        "identical_documents_share": _share(rag.identical_documents, len(pairs)),
                        "same_document_set_share": _share(rag.same_document_set, len(pairs)),
                        "miscited_hits": rag.miscited, "searches": rag.retriever.searches,
@@ -484,11 +502,13 @@ def print_report(report: dict[str, Any]) -> None:
         for row in report["curve"]:
             print(f"{row['threshold']:>9.2f} {row['recall']:>7.3f} {row['wrong_hit_share']:>7.3f} {row['hits']:>6}")
         print(f"proxy at its defaults: recall {report['recall']}, wrong-hit share {report['wrong_hit_share']} "
-              f"({report['wrong_hits']}/{report['hits']} hits, bound {report['bound']}); oracle {report['oracle']}; "
+              f"({report['wrong_hits']}/{report['hits']} hits, {report['wrong_semantic_hits']} of them semantic, bound "
+              f"{report['bound']}); oracle {report['oracle']}; "
               f"recall / oracle recall {report['oracle_recall_ratio']}; first semantic hit at pair "
               f"{report['first_semantic_hit_at']}")
         if "rag_k" in report:
-            print(f"RAG loop, top-{report['rag_k']} own documents, {report['rag_form']}: pairs with identical "
+            print(f"RAG loop, top-{report['rag_k']} own documents, {report['rag_form']}, {report['rag_prompt']} system "
+                  f"prompt: pairs with identical "
                   f"documents {report['identical_documents_share']} (same set {report['same_document_set_share']}); "
                   f"hits citing a source the request lacks where cited {report['miscited_hits']}; "
                   f"{report['searches_answered_by_search_cache']}/{report['searches']} searches from the search "
@@ -525,6 +545,8 @@ def main(argv: list[str]) -> int:
                         "documents (ragproxy.documents, retrieval order) under one system prompt (--mode shared)")
     parser.add_argument("--rag-form", choices=FORMS, default="structured",
                         help="how documents are sent: ragproxy.documents, or pasted into the user message")
+    parser.add_argument("--rag-prompt", choices=("pair", "one"), default="pair",
+                        help="each pair under its own system prompt (as without --rag), or all under one")
     parser.add_argument("--rag-corpus", type=Path, help="CSV whose questions not in the traffic are the documents "
                         "(default: the pairs file)")
     parser.add_argument("--rag-corpus-size", type=int, default=5000, help="documents in the corpus")

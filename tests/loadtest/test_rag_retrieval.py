@@ -64,9 +64,11 @@ def test_the_upstream_cites_the_first_document_it_was_given() -> None:
 
 def test_a_hit_is_miscited_where_its_source_is_not_where_it_cites_it() -> None:
     d1, d2, d3 = ({"id": f"doc-{i}", "text": str(i)} for i in range(1, 4))
-    for form, served_with, miscited in [("structured", [d2, d1], 0), ("structured", [d2, d3], 1),
-                                        ("inline", [d2, d1], 1), ("inline", [d1, d3], 0)]:
+    cases = [("structured", "answer [doc-1]", [d2, d1], 0), ("structured", "answer [doc-1]", [d2, d3], 1),
+             ("inline", "answer [1]", [d2, d1], 1), ("inline", "answer [2]", [d2, d1], 0),
+             ("inline", "answer [1]", [d1, d3], 0)]
+    for form, served, served_with, miscited in cases:
         rag = RagLoop(Retriever("http://unused", 2, {}), form, grounded={"answer": "doc-1"})
-        rag.judge("answer", "SEMANTIC_HIT", [d1, d2], served_with)
-        assert rag.miscited == miscited, (form, served_with)
+        rag.judge(served, "SEMANTIC_HIT", [d1, d2], served_with)
+        assert rag.miscited == miscited, (form, served, served_with)
         assert (rag.identical_documents, rag.same_document_set) == (0, served_with == [d2, d1])
