@@ -66,6 +66,12 @@ def evidence(answer: str, documents: Sequence[Document]) -> dict[str, JSONValue]
             "cited": [[position, doc_id] for position, doc_id in cited] if cited else None}
 
 
+def without_citations(answer: str) -> str:
+    """``answer`` without its bracketed citations: what two answers are compared on (two answers that cite the same
+    document are not alike for it, nor unlike for citing different ones)."""
+    return _BRACKETED.sub("", answer)
+
+
 def supports(kept: Any, documents: Sequence[Document]) -> bool:
     """Whether a prompt carrying ``documents`` (the client's order) still supports an answer whose
     :func:`evidence` is ``kept`` (``None``: an answer given without documents, which needs none)."""

@@ -52,7 +52,7 @@ import orjson
 
 from normalizer.canonical_json import JSONValue
 from normalizer.documents import Document
-from normalizer.evidence import supports
+from normalizer.evidence import supports, without_citations
 from normalizer.guards import veto as guard_veto
 from tiers.answer_check import AnswerAgreement, uninformative
 from tiers.calibration import GRID, Calibrator
@@ -340,7 +340,7 @@ class SemanticTier:
     def learn_answer(self, answer: str) -> None:
         """An answer the upstream gave (word weights of the answer check); once the check is ready, the comparisons
         held until then are judged."""
-        self.answers.learn(answer)
+        self.answers.learn(without_citations(answer))
         if self._unjudged and self.answers.ready:
             while self._unjudged:
                 self._judge(*self._unjudged.popleft())
@@ -361,6 +361,7 @@ class SemanticTier:
     def _judge(self, scope: SemanticScope, probe: SemanticMatch, cached_answer: str, fresh_answer: str,
                question: str) -> bool:
         questions = (probe.question, question)
+        cached_answer, fresh_answer = without_citations(cached_answer), without_citations(fresh_answer)
         if uninformative(cached_answer, fresh_answer, questions):
             self.stats.uninformative += 1
             return True

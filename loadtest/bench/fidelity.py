@@ -85,6 +85,7 @@ from loadtest.fidelity_traffic import (
 from loadtest.harness import child, free_port, percentiles, proxy_process
 from loadtest.rag_retrieval import FORMS, Retriever, asked, corpus, first_source, inline_message, load
 from loadtest.sampled_answers import SampledAnswers
+from normalizer.evidence import without_citations
 from normalizer.guards import veto
 from proxy.calibrate import HALVES, LABELS, LabelledPair, half_of, read_pairs
 from proxy.config import L2Settings
@@ -353,18 +354,19 @@ async def embed_all(texts: Sequence[str]) -> dict[str, np.ndarray]:
 
 
 def answer_check_rates(tally: Tally, cut: float) -> dict[str, float | int | None]:
-    """How often the proxy's answer check, fed this run's answers in order, agreed on the compared pairs that need
-    one answer and on the others (comparisons before it was ready left out, as the proxy leaves them out)."""
+    """How often the proxy's answer check, fed this run's answers in order (without their citations, as the proxy
+    compares them), agreed on the compared pairs that need one answer and on the others (comparisons before it was
+    ready left out, as the proxy leaves them out)."""
     check = AnswerAgreement(cut)
     agreed = {True: [0, 0], False: [0, 0]}
     compared = iter(tally.compared)
     pending = next(compared, None)
     for text in tally.answers:
-        check.learn(text)
+        check.learn(without_citations(text))
         while pending is not None and pending[1] == text:
             cached, fresh, first, second, alike = pending
             if check.ready:
-                agreed[alike][0] += check.agree(cached, fresh, (first, second))
+                agreed[alike][0] += check.agree(without_citations(cached), without_citations(fresh), (first, second))
                 agreed[alike][1] += 1
             pending = next(compared, None)
     return {"same_answer_pairs": agreed[True][1], "agreed_on_same_answer": _share(*agreed[True]),

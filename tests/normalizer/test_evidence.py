@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from normalizer.documents import Document
-from normalizer.evidence import evidence, renumbered, supports
+from normalizer.evidence import evidence, renumbered, supports, without_citations
 
 A, B, C = Document("a", "Alpha text."), Document("b", "Beta text.", "Beta handbook"), Document("c", "Gamma text.")
 
@@ -73,3 +73,8 @@ def test_malformed_evidence_supports_nothing() -> None:
     assert not supports("evidence", (A,))
     assert not supports({"documents": [["a"]], "cited": None}, (A,))
     assert not supports({"documents": [["a", "x"]], "cited": [["one", "a"]]}, (A,))
+
+
+def test_answers_are_compared_without_their_citations() -> None:
+    cited = "Austen wrote it [doc-3], in 1813 [2]; see a[1]."
+    assert without_citations(cited) == "Austen wrote it , in 1813 ; see a[1]."
