@@ -1,9 +1,10 @@
 """The one start-up summary of ``ragproxy serve``: where it listens, its upstreams (each probed once), which tiers
 are on and why one is off, where its data lives, the admin URL and whether it needs a token.
 
-Who reads it decides its form (:func:`announce`): with ``logging.format=text``, or when stderr is a terminal, a
-plain block on stderr; otherwise one log record carrying the same facts under ``startup``. JSON logs usually go to
-a collector that parses every line of stderr, where a plain block would arrive as a dozen broken records. The
+It takes the form of the logs (:func:`announce`): where they are plain text (``logging.format=text``, or ``auto``
+and stderr a terminal) a plain block on stderr; where they are JSON, one log record carrying the same facts under
+``startup``. JSON logs usually go to a collector that parses every line of stderr, where a plain block would arrive
+as a dozen broken records. The
 facts are gathered by :func:`gather` (the only I/O: one probe per upstream) and shaped by pure functions.
 """
 
@@ -19,6 +20,7 @@ from typing import Any, TextIO
 
 from proxy.config import QdrantUpstream, Settings, redact_url
 from proxy.kv.kinds import KINDS
+from proxy.observability.logs import plain
 from proxy.runtime import Runtime
 from proxy.upstream.backends import Backend
 from proxy.upstream.client import UpstreamClient
@@ -189,7 +191,7 @@ def render(report: StartupReport) -> str:
 def announce(report: StartupReport, log_format: str, stream: TextIO | None = None) -> None:
     """Write the report for whoever reads stderr (see the module docstring)."""
     out = stream or sys.stderr
-    if log_format == "text" or out.isatty():
+    if plain(log_format, out):
         out.write(render(report))
         out.flush()
     else:
