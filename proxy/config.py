@@ -539,7 +539,8 @@ class TelemetrySettings(_Section):
 
 class LoggingSettings(_Section):
     level: Literal["debug", "info", "warning", "error"] = Field(default="info", description="Minimum level logged")
-    format: Literal["json", "text"] = Field(default="json", description="Log line format")
+    format: Literal["auto", "json", "text"] = Field(
+        default="auto", description="Log line format; auto: plain text when stderr is a terminal, else JSON")
     access_log: bool = Field(default=False, description="One structured line per data-plane request")
 
 

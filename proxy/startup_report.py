@@ -1,9 +1,10 @@
 """The one start-up summary of ``ragproxy serve``: where it listens, its upstreams (each probed once), which tiers
 are on and why one is off, where its data lives, the admin URL and whether it needs a token.
 
-Who reads it decides its form (:func:`announce`): with ``logging.format=text``, or when stderr is a terminal, a
-plain block on stderr; otherwise one log record carrying the same facts under ``startup``. JSON logs usually go to
-a collector that parses every line of stderr, where a plain block would arrive as a dozen broken records. The
+It takes the form of the logs (:func:`announce`): where they are plain text (``logging.format=text``, or ``auto``
+and stderr a terminal) a plain block on stderr; where they are JSON, one log record carrying the same facts under
+``startup``. JSON logs usually go to a collector that parses every line of stderr, where a plain block would arrive
+as a dozen broken records. The
 facts are gathered by :func:`gather` (the only I/O: one probe per upstream) and shaped by pure functions.
 """
 
@@ -17,8 +18,10 @@ import sys
 from dataclasses import asdict, dataclass
 from typing import Any, TextIO
 
+from proxy.cache_tiers.semantic import SemanticCacheTier
 from proxy.config import QdrantUpstream, Settings, redact_url
 from proxy.kv.kinds import KINDS
+from proxy.observability.logs import plain
 from proxy.runtime import Runtime
 from proxy.upstream.backends import Backend
 from proxy.upstream.client import UpstreamClient
@@ -84,29 +87,35 @@ def _tier_detail(name: str, settings: Settings, shared: bool) -> str:
     cache = settings.cache
     details = {
         "l1": "shared in Redis, near copies in memory" if shared else f"in memory, up to {_size(cache.l1.max_bytes)}",
-        "l2": f"{cache.l2.embedder} embedder, {cache.l2.vector_store} index, " + (
-            f"threshold {cache.l2.threshold:g} (fixed)" if cache.l2.threshold is not None else
-            "serves a namespace's semantic hits once its own comparisons of cached and fresh answers (near misses, "
-            f"sampled hits) bound their wrong share within {cache.l2.max_wrong_hit_rate:.0%}; until then "
-            "paraphrases are forwarded and compared (/admin/stats: tiers.l2.namespaces)" + (
-                f"; fixed thresholds in {', '.join(sorted(cache.l2.namespace_thresholds))}"
-                if cache.l2.namespace_thresholds else "")),
         "l3": f"{settings.data_dir.resolve() / 'cold'}, up to {_size(cache.l3.max_bytes)}",
         "retrieval": "" if settings.upstreams.qdrant.url else "idle until a Qdrant upstream is configured",
     }
     return details.get(name, "")
 
 
-def _tier_state(name: str, settings: Settings) -> str:
-    """``on``, or ``calibrating`` for L2 while its threshold is learned per namespace (no hits before evidence)."""
-    return "calibrating" if name == "l2" and settings.cache.l2.threshold is None else "on"
+def l2_line(settings: Settings, warming: bool) -> str:
+    """Whether L2 serves hits now and, if not, what it waits for: its embedding model (``warming``: still loading)
+    and, calibrated, each namespace's own checks of its hits (none are served before them)."""
+    l2 = settings.cache.l2
+    rate = f"{l2.max_wrong_hit_rate:.0%}"
+    if l2.threshold is not None:
+        serves = f"hits at threshold {l2.threshold:g}"
+    elif l2.namespace_thresholds:
+        names = sorted(l2.namespace_thresholds)
+        fixed = ", ".join(names) if len(names) <= 3 else f"{len(names)} namespaces"
+        serves = f"hits in {fixed}; others once checks bound wrong hits under {rate}"
+    else:
+        serves = f"no hits until checks bound a namespace's wrong hits under {rate}"
+    state = "on" if l2.threshold is not None else "calibrating"
+    return f"warming up: model loading, then {serves}" if warming else f"{state}: {serves}"
 
 
 def describe_features(settings: Settings, runtime: Runtime) -> dict[str, str]:
-    """Each cache tier and layer: ``on: what it runs on`` (``calibrating: ...`` for a calibrated L2), or
-    ``off: why``."""
-    states = {tier.name: f"{_tier_state(tier.name, settings)}: {detail}"
-              if (detail := _tier_detail(tier.name, settings, runtime.shared is not None)) else "on"
+    """Each cache tier and layer: ``on: what it runs on``, or ``off: why``; L2 as :func:`l2_line` says."""
+    warming = any(isinstance(tier, SemanticCacheTier) and tier.warming for tier in runtime.tiers)
+    shared = runtime.shared is not None
+    states = {tier.name: l2_line(settings, warming) if tier.name == "l2"
+              else f"on: {detail}" if (detail := _tier_detail(tier.name, settings, shared)) else "on"
               for tier in runtime.tiers}
     states.update({off.name: f"off: {off.reason}" for off in runtime.tiers.off})
     order = [*TIER_LABELS, *sorted(set(states) - set(TIER_LABELS))]
@@ -189,7 +198,7 @@ def render(report: StartupReport) -> str:
 def announce(report: StartupReport, log_format: str, stream: TextIO | None = None) -> None:
     """Write the report for whoever reads stderr (see the module docstring)."""
     out = stream or sys.stderr
-    if log_format == "text" or out.isatty():
+    if plain(log_format, out):
         out.write(render(report))
         out.flush()
     else:

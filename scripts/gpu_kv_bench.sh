@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The kv benchmarks on one NVIDIA GPU, with no network: build llama-server with CUDA from the vendored llama.cpp,
-# write random-weight models, run `python -m loadtest.bench kv` and `kv --load`. Stops itself within 9 minutes.
+# write random-weight models, run `python -m loadtest.bench kv` and `kv_load`. Stops itself within 9 minutes.
 #
 #   scripts/gpu_kv_bundle.sh                      # first, where the registries are reachable: makes build/gpu-kv/
 #   OUT=DIR scripts/gpu_kv_bench.sh               # then on the GPU machine, from a copy of the repository that
@@ -18,7 +18,7 @@
 #      -> seq_fair.json, and with FlashAttention off -> seq_fa_off.json: where a request's time goes (prefill share
 #      of TTFT, host prompt-cache time per request) with and without the transposed V cache that the host prompt
 #      cache copies one row at a time
-#   4. `kv --load --quick --shape 8b` with the fair flags: goodput at the TTFT objective -> load.json (skipped,
+#   4. `kv_load --quick --shape 8b` with the fair flags: goodput at the TTFT objective -> load.json (skipped,
 #      and said so, when less than GPU_KV_LOAD_MIN_S is left: run again at once with GPU_KV_STEPS=load)
 # With GPU_KV_FA=0 the build has no FlashAttention kernels (shorter) and the fair flags are FlashAttention off
 # and no host prompt cache (--cache-ram 0: the proxy then pins slots).
@@ -26,7 +26,7 @@
 #
 # Knobs (environment): OUT (required), GPU_KV_DEADLINE_S (530), GPU_KV_STEPS ("seq load"), GPU_KV_WORK
 # (/tmp/ragproxy-gpu-kv), GPU_KV_BUNDLE (build/gpu-kv), GPU_KV_TYPE (f16|q8_0 for the 8b shape; default by GPU
-# memory), GPU_KV_ARCH (e.g. 90; default from nvidia-smi), GPU_KV_LOAD_ARGS (extra `kv --load` arguments),
+# memory), GPU_KV_ARCH (e.g. 90; default from nvidia-smi), GPU_KV_LOAD_ARGS (extra `kv_load` arguments),
 # GPU_KV_LOAD_MIN_S (200), GPU_KV_STOP_AFTER (preflight|configure: a dry run of the first steps; configure
 # needs no GPU with GPU_KV_ARCH set), GPU_KV_CUBLAS (a folder with cuBLAS's include/ and lib/), GPU_KV_CMAKE_ARGS
 # (more CMake arguments for the CUDA build), JOBS (nproc), PY (python3).
@@ -76,7 +76,7 @@ preflight() {
       "$BUNDLE"/wheels/*.whl || fail "installing the wheels of $BUNDLE/wheels"
   fi
   export PYTHONPATH="$WORK/site:$ROOT${PYTHONPATH:+:$PYTHONPATH}"
-  timeout 60 "$PY" -c "import loadtest.kv_load, gguf, orjson, httptools, httpx, numpy; print('imports ok')" \
+  timeout 60 "$PY" -c "import loadtest.bench.kv_load, gguf, orjson, httptools, httpx, numpy; print('imports ok')" \
     || fail "the benchmark's imports (scripts/gpu_kv_wheels.txt lists what the bundle brings)"
   CMAKE_EXTRA=""
   if [ -z "$CPU" ]; then
@@ -165,10 +165,10 @@ write_models() {  # in the background, beside the build
   MODELS_PID=$!
 }
 
-bench() {  # bench NAME TIMEOUT ARGS...: python -m loadtest.bench kv ARGS, its JSON line to $OUT/NAME.json
-  local name=$1 limit=$2 t=$SECONDS; shift 2
+bench() {  # bench NAME TIMEOUT BENCH ARGS...: python -m loadtest.bench BENCH ARGS, its JSON line to $OUT/NAME.json
+  local name=$1 limit=$2 module=$3 t=$SECONDS; shift 3
   [ "$limit" -ge 30 ] || { echo "skipping $name: ${limit}s left"; mark "${name}_skipped" "$(left)s left"; return 1; }
-  RAGPROXY_LLAMA_SERVER="$SERVER" timeout "$limit" "$PY" -m loadtest.bench kv --json "$@" | tee "$WORK/$name.out"
+  RAGPROXY_LLAMA_SERVER="$SERVER" timeout "$limit" "$PY" -m loadtest.bench "$module" --json "$@" | tee "$WORK/$name.out"
   local rc=${PIPESTATUS[0]}
   tail -n1 "$WORK/$name.out" | grep '^{' > "$OUT/$name.json" || { rm -f "$OUT/$name.json"; echo "no JSON from $name (rc=$rc)"; }
   mark "${name}_s" $((SECONDS - t))
@@ -193,14 +193,14 @@ main() {
   [ "$FA" = 1 ] || fair=(--server-arg=-fa --server-arg=off --cache-ram 0)
   [[ " $STEPS " == *" load "* ]] && reserve=$LOAD_MIN_S
   if [[ " $STEPS " == *" seq "* ]]; then
-    bench seq_fair "$(budget 90 "$reserve")" --quick --model "$MODEL_SEQ" "${gpu[@]}" "${fair[@]}"
-    bench seq_fa_off "$(budget 90 "$reserve")" --quick --model "$MODEL_SEQ" "${gpu[@]}" \
+    bench seq_fair "$(budget 90 "$reserve")" kv --quick --model "$MODEL_SEQ" "${gpu[@]}" "${fair[@]}"
+    bench seq_fa_off "$(budget 90 "$reserve")" kv --quick --model "$MODEL_SEQ" "${gpu[@]}" \
       --server-arg=-fa --server-arg=off
   fi
   if [[ " $STEPS " == *" load "* ]]; then
     read -r -a extra <<< "${GPU_KV_LOAD_ARGS:-}"
     if [ "$(left)" -ge "$LOAD_MIN_S" ] || [ -n "$CPU" ]; then
-      bench load "$(budget 400 10)" --load --quick --model "$MODEL_LOAD" "${gpu[@]}" "${fair[@]}" "${extra[@]}"
+      bench load "$(budget 400 10)" kv_load --quick --model "$MODEL_LOAD" "${gpu[@]}" "${fair[@]}" "${extra[@]}"
     else
       echo "skipping the load run: $(left)s left (GPU_KV_STEPS=load on the same machine reuses the build)"
       mark load_skipped "$(left)s left"

@@ -1,5 +1,5 @@
-"""Imports run one way: normalizer < tiers < proxy < admin < the shipped test doubles < entry points, and no module
-imports itself back through others.
+"""Imports run one way: normalizer < tiers < proxy < admin < the shipped test doubles < entry points < the load
+tests and benchmarks, and no module imports itself back through others.
 
 Every import counts: at module level, inside functions and under ``TYPE_CHECKING``. The graph comes from grimp
 (import-linter's engine); import-linter's own layers contract cannot state this order, as it refuses a layer
@@ -14,10 +14,10 @@ import graphlib
 import grimp
 import pytest
 
-PACKAGES = ("normalizer", "tiers", "proxy", "admin")
+PACKAGES = ("normalizer", "tiers", "proxy", "admin", "loadtest")
 ENTRY_POINTS = ("proxy.cli", "proxy.serve", "proxy.demo")
 DOUBLES = ("proxy.doubles",)
-LAYERS = ("normalizer", "tiers", "proxy", "admin", "test doubles", "entry points")
+LAYERS = ("normalizer", "tiers", "proxy", "admin", "test doubles", "entry points", "loadtest")
 
 
 def _within(module: str, packages: tuple[str, ...]) -> bool:

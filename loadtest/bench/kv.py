@@ -1,7 +1,7 @@
 """``python -m loadtest.bench kv [--quick] [--json]``: KV reuse on real llama-server replicas, direct vs proxy.
 
-``--load`` runs the load benchmark instead (goodput at a TTFT objective under open-loop arrivals,
-:mod:`loadtest.kv_load`); what follows is the sequential one, whose figures the load benchmark also prints as its
+The load benchmark (goodput at a TTFT objective under open-loop arrivals) is
+:mod:`loadtest.bench.kv_load`; this is the sequential one, whose figures the load benchmark also prints as its
 calibration.
 
 Needs ``llama-server`` and a model: runs ``scripts/build_llama_server.sh`` (idempotent; the first build takes
@@ -551,14 +551,9 @@ async def sequential(
 
 
 def main(argv: list[str]) -> int:
-    if "--load" in argv:
-        from loadtest.kv_load import main as load_main
-
-        return load_main([a for a in argv if a != "--load"])
     parser = argparse.ArgumentParser(prog="python -m loadtest.bench kv")
     parser.add_argument("--quick", action="store_true", help="fewer requests and documents")
     parser.add_argument("--json", action="store_true", help="print one JSON object as the last line")
-    parser.add_argument("--load", action="store_true", help="the load benchmark (loadtest.kv_load)")
     parser.add_argument("--requests", type=int, help="measured requests (quick 16, else 40)")
     parser.add_argument("--warmup", type=int, help="requests sent before, not counted (default: --requests)")
     parser.add_argument("--docs", type=int)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -40,6 +41,11 @@ class SemanticCacheTier:
         """The model's warm-up at start (lookups fail open until it is done)."""
         self._persist: asyncio.Task[None] | None = None
 
+    @property
+    def warming(self) -> bool:
+        """Whether the embedding model is still loading (after :meth:`start`)."""
+        return self.ready is not None and not self.ready.done()
+
     def stages(self, kind: StageKind, faster: Sequence[CacheTier]) -> list[Stage]:
         sources = [t.answers for t in faster if t.answers is not None]
         if not isinstance(kind, Endpoint) or kind.reading is None or not sources:
@@ -66,10 +72,14 @@ class SemanticCacheTier:
 
     async def _warm_embedder(self) -> None:
         """Load the model in the background at start, so no request waits for it."""
+        started = time.perf_counter()
         try:
             await self.semantic.embedder.embed(["warm-up"])
         except Exception as exc:
             log.warning("embedding model failed to load: %s; the semantic tier fails open", exc)
+        else:
+            log.info("L2 semantic: embedding model %s loaded in %.1f s", self.semantic.embedder.name,
+                     time.perf_counter() - started)
 
     async def stop(self) -> None:
         await self.semantic.stop_comparisons()

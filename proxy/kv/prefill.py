@@ -12,7 +12,7 @@ coefficients stay non-negative.
 
 :func:`share_fits`: a replica's model that has not been fitted yet takes the mean coefficients of the fitted ones.
 The replicas behind one proxy serve the same model, and the router compares their estimates: one left at the
-defaults looks slower (or faster) than it is. In the load benchmark (``python -m loadtest.bench kv --load``) a
+defaults looks slower (or faster) than it is. In the load benchmark (``python -m loadtest.bench kv_load``) a
 second replica left at a pessimistic default was never chosen, so it was never fitted either: the proxy served
 everything from one of its two replicas.
 """

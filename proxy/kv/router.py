@@ -12,7 +12,7 @@ replica overlaps). It is 1 by default, and right for llama.cpp whatever its slot
 with the prompt tokens of its slots in slot order (``update_slots`` in ``tools/server/server-context.cpp``), so
 the prompts of several slots are computed one after the other, not side by side; counting its slots as
 parallelism halved the estimated wait on a 2-slot server and let the proxy admit requests that could not meet
-the objective (``python -m loadtest.bench kv --load``).
+the objective (``python -m loadtest.bench kv_load``).
 
 A prefill that overlapped another on the same replica was slowed by it, so its reported time says little about
 the prefill alone: :meth:`Router.first_token` says whether the request's prefill ran alone, and only those are fed
@@ -44,7 +44,7 @@ excess of the best estimate, rounded up to whole seconds, at least one); the Rou
 the SLO: the waiting queue is cache-aware, not first-come, and drops what can no longer start in time, so
 requests ahead of it may never run; the queue then decides, with what it knows when a slot frees, and drops it
 (429) if it cannot start in time. Refusing on the estimate with the queue in it refused requests that would
-have made it: at the direct side's knee in ``kv --load``, 11% refused where the direct side answered 98% in time.
+have made it: at the direct side's knee in ``kv_load``, 11% refused where the direct side answered 98% in time.
 
 With an SLO, a first token sooner than the SLO earns nothing, while every token a replica computes is capacity
 taken from the requests behind it. So among the replicas whose estimate is within ``affinity_headroom`` times

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import sys
 import time
+from typing import TextIO
 
 import orjson
 
@@ -30,10 +31,15 @@ class JsonFormatter(logging.Formatter):
         return orjson.dumps(entry, default=str).decode()
 
 
+def plain(fmt: str, stream: TextIO) -> bool:
+    """Whether ``logging.format`` ``fmt`` means plain text on ``stream`` (``auto``: when a person reads it)."""
+    return fmt == "text" or (fmt == "auto" and stream.isatty())
+
+
 def configure(level: str, fmt: str) -> None:
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(JsonFormatter() if fmt == "json" else logging.Formatter(
-        "%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
+                         if plain(fmt, sys.stderr) else JsonFormatter())
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())

@@ -75,8 +75,8 @@ class BackendPool:
         """The next healthy replica not tried yet (for the one safe retry: connection refused)."""
         return next((b for b in self.backends if b.healthy and b.index not in tried and b.breaker.allow()), None)
 
-    def mark_down(self, backend: Backend, reason: str) -> None:
-        if backend.healthy:
+    def mark_down(self, backend: Backend, reason: str, *, warn: bool = True) -> None:
+        if backend.healthy and warn:
             log.warning("backend %s marked down: %s", backend.label, reason)
         backend.healthy = False
         backend.last_error = reason
@@ -92,14 +92,14 @@ class BackendPool:
             return
         except (OSError, ValueError) as exc:
             ok, reason = False, exc.__class__.__name__
-        backend.checked_at = time.monotonic()
+        first, backend.checked_at = backend.checked_at == 0.0, time.monotonic()
         if ok and not backend.healthy:
             log.info("backend %s is back", backend.label)
             backend.breaker.half_open()
         if ok:
             backend.healthy, backend.last_error = True, None
-        else:
-            self.mark_down(backend, reason)
+        else:  # a replica down from the start is reported by the start-up summary, not by a warning before it
+            self.mark_down(backend, reason, warn=not first)
 
     def start(self, client: UpstreamClient, interval: float, down_interval: float) -> None:
         """Probe a replica every ``interval`` seconds, one that is down every ``down_interval`` seconds."""

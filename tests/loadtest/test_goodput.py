@@ -9,6 +9,7 @@ import statistics
 
 import pytest
 
+from loadtest.bench.kv_load import next_rate, open_loop
 from loadtest.goodput import (
     ERROR,
     LATE,
@@ -22,7 +23,6 @@ from loadtest.goodput import (
     ratio_rate,
     run_figures,
 )
-from loadtest.kv_load import next_rate, open_loop
 
 
 def test_arrivals_are_a_poisson_process_of_the_rate() -> None:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from loadtest import kv_load
+from loadtest.bench import kv_load
 
 CACHE = Path.home() / ".cache" / "ragproxy"
 pytestmark = pytest.mark.llama

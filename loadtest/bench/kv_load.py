@@ -1,4 +1,4 @@
-"""``python -m loadtest.bench kv --load [--quick] [--json]``: goodput at a TTFT objective on real llama-server
+"""``python -m loadtest.bench kv_load [--quick] [--json]``: goodput at a TTFT objective on real llama-server
 replicas under open-loop load, direct round-robin vs through the proxy.
 
 Two sets of replicas with the same flags (:mod:`loadtest.bench.kv`: ``--replicas`` 2, ``--slots`` 2, model
@@ -121,7 +121,7 @@ def next_rate(direct: dict[float, RunFigures], start: float, step: float = 1.6, 
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="python -m loadtest.bench kv --load")
+    parser = argparse.ArgumentParser(prog="python -m loadtest.bench kv_load")
     parser.add_argument("--quick", action="store_true", help="fewer documents, rates and seconds")
     parser.add_argument("--json", action="store_true", help="print one JSON object as the last line")
     parser.add_argument("--docs", type=int, help="corpus size (quick 10, else 24)")
