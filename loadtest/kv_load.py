@@ -16,10 +16,12 @@ its gateway.
 2. **Load runs** — for each rate, every side gets the same requests at the same Poisson send times
    (:func:`loadtest.goodput.poisson_arrivals`), ``--duration`` seconds of them in ``--chunks`` repeats: a repeat
    of each side in turn (which goes first rotates), each starting on idle replicas, so that all see the same
-   drift of a shared machine. A request unanswered ``--give-up`` times the objective after it was sent is
-   abandoned (the client disconnects) and counts as late. The rates: a sweep (``--sweep``, in unloaded service
-   rates, from low load to past every side's knee), or the ``--rates`` given, or with ``--search`` the earlier
-   search for the direct side's knee (:func:`next_rate`).
+   drift of a shared machine. A sweep runs repeat 1 of every rate, then repeat 2, and so on: a burst of other
+   work on the machine then hits one repeat of a few rates, which the bootstrap sees, not every repeat of one.
+   A request unanswered ``--give-up`` times the objective after it was sent is abandoned (the client
+   disconnects) and counts as late. The rates: a sweep (``--sweep``, in unloaded service rates, from low load to
+   past every side's knee), or the ``--rates`` given, or with ``--search`` the earlier search for the direct
+   side's knee (:func:`next_rate`), which runs a rate's repeats one after the other.
 
 The proxy's sides run with the objective as their ``ttft_slo_s``: requests no replica can serve in time are
 refused with 429 (:data:`~loadtest.goodput.REJECTED`), never goodput, reported apart. Direct and smg send
@@ -220,40 +222,63 @@ async def _run(
         give_up_s = args.give_up * slo_s
         client_cpu = dict.fromkeys(sides, 0.0)
         """CPU seconds of this process (the load generator, and the proxy's stages on its sides) per side."""
-        print(f"  {'rate/s':>7} {'side':<9} {'goodput':>7} {'in SLO':>6} {'429':>4} {'late':>4} {'p50':>6} "
-              f"{'p99':>6} {'reuse':>5}")
-        queue = fixed or [round(args.low_load * service, 3), round(args.start * service, 3)]
-        searching = not fixed
         names = list(sides)
-        while queue or (searching and probes > 0):
-            if queue:
-                rate = queue.pop(0)
-            else:
-                found = next_rate(figures["direct"], round(args.start * service, 3))
-                if found is None or found in figures["direct"]:
-                    break
-                rate, probes = found, probes - 1
-            outcomes: dict[str, list[Outcome]] = {name: [] for name in sides}
-            estimated_from = len(proxy.estimates)
-            for chunk in range(chunks):  # the sides in turn, chunk by chunk: the same drift of the machine on all
-                arrivals = poisson_arrivals(rate, duration / chunks, random.Random(f"{args.seed}-{rate}-{chunk}"))
-                turn = (len(figures["direct"]) + chunk) % len(names)
-                for name in names[turn:] + names[:turn]:
-                    await fleet.servers[name].wait_idle(client)
-                    cpu = time.process_time()
-                    got = await open_loop(sides[name], first, arrivals, give_up_s)
-                    client_cpu[name] += time.process_time() - cpu
-                    outcomes[name] += got
-                    within = sum(1 for o in got if o.status == OK and o.ttft_s <= slo_s)
-                    trials[name].setdefault(rate, []).append((within, len(got)))
-                ranges.append((first, first + len(arrivals)))
-                first += len(arrivals)
+        outcomes: dict[float, dict[str, list[Outcome]]] = {}
+        estimate_errors: dict[float, list[float]] = {}
+
+        async def repeat(rate: float, chunk: int) -> None:
+            """One repeat at ``rate``: the same arrivals to every side in turn (which goes first rotates)."""
+            nonlocal first
+            got_by_side = outcomes.setdefault(rate, {name: [] for name in names})
+            arrivals = poisson_arrivals(rate, duration / chunks, random.Random(f"{args.seed}-{rate}-{chunk}"))
+            turn = (list(outcomes).index(rate) + chunk) % len(names)
+            for name in names[turn:] + names[:turn]:
+                await fleet.servers[name].wait_idle(client)
+                estimated_from = len(proxy.estimates)
+                cpu = time.process_time()
+                got = await open_loop(sides[name], first, arrivals, give_up_s)
+                client_cpu[name] += time.process_time() - cpu
+                got_by_side[name] += got
+                within = sum(1 for o in got if o.status == OK and o.ttft_s <= slo_s)
+                trials[name].setdefault(rate, []).append((within, len(got)))
+                if name == "proxy":
+                    estimate_errors.setdefault(rate, []).extend(
+                        measured / estimated for estimated, measured in proxy.estimates[estimated_from:] if estimated)
+            ranges.append((first, first + len(arrivals)))
+            first += len(arrivals)
+
+        def finish(rate: float) -> None:
+            if not figures["direct"]:
+                print(f"  {'rate/s':>7} {'side':<9} {'goodput':>7} {'in SLO':>6} {'429':>4} {'late':>4} "
+                      f"{'p50':>6} {'p99':>6} {'reuse':>5}")
             for name in names:
-                figures[name][rate] = run_figures(rate, duration, outcomes[name], slo_s)
-                load_outcomes[name] += outcomes[name]
-            errors = [measured / estimated for estimated, measured in proxy.estimates[estimated_from:] if estimated]
-            _print_rate({name: figures[name][rate] for name in names},
-                        statistics.median(errors) if errors else None)
+                figures[name][rate] = run_figures(rate, duration, outcomes[rate][name], slo_s)
+                load_outcomes[name] += outcomes[rate][name]
+            errors = estimate_errors.get(rate)
+            _print_rate({name: figures[name][rate] for name in names}, statistics.median(errors) if errors else None)
+
+        if fixed:
+            # repeats outer, rates inner: a burst of other work on the machine hits one repeat of a few rates
+            # (which the bootstrap over repeats sees), not every repeat of one rate
+            for chunk in range(chunks):
+                for rate in fixed:
+                    await repeat(rate, chunk)
+                print(f"  (repeat {chunk + 1} of {chunks} done)", flush=True)
+            for rate in fixed:
+                finish(rate)
+        else:
+            queue = [round(args.low_load * service, 3), round(args.start * service, 3)]
+            while queue or probes > 0:
+                if queue:
+                    rate = queue.pop(0)
+                else:
+                    found = next_rate(figures["direct"], round(args.start * service, 3))
+                    if found is None or found in figures["direct"]:
+                        break
+                    rate, probes = found, probes - 1
+                for chunk in range(chunks):
+                    await repeat(rate, chunk)
+                finish(rate)
         for servers in fleet.servers.values():
             await servers.wait_idle(client)
     sent = sum(f.sent for f in figures["direct"].values()) or 1
