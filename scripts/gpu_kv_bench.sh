@@ -193,14 +193,18 @@ main() {
   [ "$FA" = 1 ] || fair=(--server-arg=-fa --server-arg=off --cache-ram 0)
   [[ " $STEPS " == *" load "* ]] && reserve=$LOAD_MIN_S
   if [[ " $STEPS " == *" seq "* ]]; then
-    bench seq_fair "$(budget 90 "$reserve")" kv --quick --model "$MODEL_SEQ" "${gpu[@]}" "${fair[@]}"
-    bench seq_fa_off "$(budget 90 "$reserve")" kv --quick --model "$MODEL_SEQ" "${gpu[@]}" \
+    # two sides and the knee search, as budgeted: the smg and preserve sides and the capacity sweep take more
+    # replicas' memory and more than one run's minutes
+    bench seq_fair "$(budget 90 "$reserve")" kv --quick --sides direct,proxy --model "$MODEL_SEQ" "${gpu[@]}" \
+      "${fair[@]}"
+    bench seq_fa_off "$(budget 90 "$reserve")" kv --quick --sides direct,proxy --model "$MODEL_SEQ" "${gpu[@]}" \
       --server-arg=-fa --server-arg=off
   fi
   if [[ " $STEPS " == *" load "* ]]; then
     read -r -a extra <<< "${GPU_KV_LOAD_ARGS:-}"
     if [ "$(left)" -ge "$LOAD_MIN_S" ] || [ -n "$CPU" ]; then
-      bench load "$(budget 400 10)" kv_load --quick --model "$MODEL_LOAD" "${gpu[@]}" "${fair[@]}" "${extra[@]}"
+      bench load "$(budget 400 10)" kv_load --quick --search --sides direct,proxy --model "$MODEL_LOAD" "${gpu[@]}" \
+        "${fair[@]}" "${extra[@]}"
     else
       echo "skipping the load run: $(left)s left (GPU_KV_STEPS=load on the same machine reuses the build)"
       mark load_skipped "$(left)s left"

@@ -1,4 +1,5 @@
-"""``python -m loadtest.bench kv [--quick] [--json]``: KV reuse on real llama-server replicas, direct vs proxy.
+"""``python -m loadtest.bench kv [--quick] [--json]``: KV reuse on real llama-server replicas, direct, SGLang's
+gateway and the proxy.
 
 The load benchmark (goodput at a TTFT objective under open-loop arrivals) is
 :mod:`loadtest.bench.kv_load`; this is the sequential one, whose figures the load benchmark also prints as its
@@ -9,10 +10,10 @@ minutes) and ``scripts/make_tiny_gguf.py --shape SHAPE`` when they are missing (
 ``RAGPROXY_LLAMA_SERVER``, ``--model``; ``RAGPROXY_LLAMA_CACHE`` moves the cache folder).
 
 Workload: a corpus of documents with Zipf-distributed popularity; each request has one system prompt, the
-top-k (3-5) documents in a varying retrieval order, and a fresh question. Both sides send the same requests,
-one at a time, each first direct then through the proxy (interleaved, so both see the same load on this shared
-machine), to two separate sets of 2 fresh llama-server replicas with the same flags (each with ``--slots``
-slots; ``--server-arg`` adds flags to every replica of both sides):
+top-k (3-5) documents in a varying retrieval order, and a fresh question. Every side sends the same requests,
+one at a time, each to every side in turn (interleaved, so all see the same load on this shared machine), each
+side to its own set of 2 fresh llama-server replicas with the same flags (each with ``--slots`` slots;
+``--server-arg`` adds flags to every replica of every side). The sides (``--sides``, :data:`SIDES`):
 
 * direct (:class:`DirectSide`) — what an app does without ragproxy: documents rendered in retrieval order (the
   same byte-stable template as the proxy's, so only order, routing and hints differ), replicas taken in
@@ -22,7 +23,13 @@ slots; ``--server-arg`` adds flags to every replica of both sides):
   per replica, TTFT router, llama.cpp ``cache_prompt`` hint — these servers keep prompts in host memory, so the
   slot is theirs to pick, see :class:`~proxy.kv.hints.SlotTable` — tree correction from ``timings.cache_n``,
   slots and capacity read from ``/slots``), run in-process as a pipeline whose terminal sends the shaped body to
-  the chosen replica (the HTTP front is not involved).
+  the chosen replica (the HTTP front is not involved);
+* smg (:class:`Smg`) — the direct side's requests sent to SGLang's model gateway (``smg launch``, policy
+  ``cache_aware``: an approximate prefix tree over the request text per worker) in front of its replicas: the
+  router a team would otherwise run. Found by :func:`find_smg` (``pip install smg``; no dependency of this
+  project); when missing the bench says so in one line and runs without it;
+* preserve — the proxy with ``routing.order=preserve``: routing, hints and admission, documents in retrieval
+  order. Against ``proxy`` it shows what the order adds to the routing.
 
 Two phases, both sent to both sides: ``--warmup`` requests (default: as many as are measured), then the measured
 requests. The headline ``ttft_speedup`` is the measured phase — steady state, what an app that keeps the proxy in
@@ -61,6 +68,7 @@ import math
 import os
 import random
 import re
+import shutil
 import signal
 import socket
 import statistics
@@ -68,10 +76,10 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import httpx
 import orjson
@@ -204,6 +212,9 @@ def ensure_binaries(shape: str = "tiny", weight_type: str = "f16", model: Path |
     return server, model
 
 
+MODEL_ID = "tiny"
+"""The model id every replica serves (``--alias``) and every request names: smg groups its workers by it."""
+
 PROMPT_CACHE_UPDATE = re.compile(rb"prompt cache update took ([0-9.]+) ms")
 """The line llama-server logs (verbosity 4) after each save/restore of its host-memory prompt cache."""
 
@@ -234,7 +245,7 @@ class Servers:
             command = [str(binary), "-m", str(model), "--host", "127.0.0.1", "--port", str(port)]
             command += ["-c", str(ctx_per_slot * slots), "-np", str(slots), "-t", str(threads)]
             command += ["-tb", str(threads), "--poll", "0", "--no-warmup", "-b", "512", "-ub", "512"]
-            command += ["--cache-ram", str(cache_ram_mib)]
+            command += ["--cache-ram", str(cache_ram_mib), "--alias", MODEL_ID]
             if verbosity is not None:
                 command += ["-lv", str(verbosity)]
             command += list(extra_args)
@@ -292,6 +303,59 @@ class Servers:
         self._logs.cleanup()
 
 
+def find_smg() -> Path | None:
+    """SGLang's model gateway (``pip install smg``): ``RAGPROXY_SMG``, else ``smg`` on the PATH or beside this
+    Python; ``None`` when there is none (it is no dependency of this project)."""
+    if os.environ.get("RAGPROXY_SMG"):
+        given = Path(os.environ["RAGPROXY_SMG"])
+        return given if given.exists() else None
+    found = shutil.which("smg")
+    if found:
+        return Path(found)
+    beside = Path(sys.executable).parent / "smg"
+    return beside if beside.exists() else None
+
+
+class Smg:
+    """``smg launch`` (started and stopped by this process) in front of ``urls`` with its ``cache_aware`` policy:
+    what a team would put in front of its replicas instead of ragproxy."""
+
+    def __init__(self, binary: Path, urls: Sequence[str], policy: str = "cache_aware") -> None:
+        port = _free_port()
+        self.url = f"http://127.0.0.1:{port}"
+        self._log = tempfile.NamedTemporaryFile(prefix="ragproxy-smg-", suffix=".log")  # noqa: SIM115
+        command = [str(binary), "launch", "--host", "127.0.0.1", "--port", str(port), "--worker-urls", *urls,
+                   "--policy", policy, "--prometheus-host", "127.0.0.1", "--prometheus-port", str(_free_port()),
+                   "--worker-startup-check-interval", "1", "--log-level", "warn"]
+        self._proc = subprocess.Popen(command, stdout=self._log, stderr=subprocess.STDOUT)
+
+    def wait_ready(self, timeout_s: float = 120) -> None:
+        """Until the gateway lists the replicas' model (it has registered its workers)."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            if self._proc.poll() is not None:
+                self._log.seek(0)
+                tail = self._log.read()[-2000:].decode(errors="replace")
+                raise RuntimeError(f"smg exited with {self._proc.returncode}: {tail}")
+            try:
+                response = httpx.get(self.url + "/v1/models", timeout=2)
+                if response.status_code == 200 and MODEL_ID in response.text:
+                    return
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"smg at {self.url} not ready")
+            time.sleep(0.3)
+
+    def stop(self) -> None:
+        self._proc.terminate()
+        try:
+            self._proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self._proc.kill()
+        self._log.close()
+
+
 def exit_on_sigterm() -> None:
     """Turn SIGTERM (``timeout``, a CI job stopped) into ``SystemExit``, so that ``finally`` stops the replicas
     instead of leaving them running (holding a GPU's memory for the next run)."""
@@ -314,6 +378,75 @@ def add_server_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", type=Path, help="a GGUF model to use instead of the shape's random one")
     parser.add_argument("--no-trace", action="store_true",
                         help="run the replicas at the default log verbosity (no prompt-cache update times)")
+    parser.add_argument("--sides", default=",".join(SIDES),
+                        help="comma-separated, of: direct (round-robin), smg (SGLang's gateway, cache_aware; skipped, "
+                             "and said so, when smg is not installed), proxy (ragproxy), preserve (ragproxy with "
+                             "routing.order=preserve); direct and proxy are always run")
+
+
+SIDES = ("direct", "smg", "proxy", "preserve")
+"""The sides a benchmark can run, each on its own fresh replicas with the same flags: round-robin direct, SGLang's
+gateway with its cache-aware policy, ragproxy, and ragproxy keeping the documents in retrieval order (routing,
+hints and admission without reordering: what order adds over routing is ``proxy`` against ``preserve``)."""
+
+
+def chosen_sides(spec: str) -> list[str]:
+    """The sides of ``--sides``, in :data:`SIDES` order; ``smg`` dropped, in one printed line, when not installed."""
+    asked = {name.strip() for name in spec.split(",") if name.strip()} | {"direct", "proxy"}
+    unknown = asked - set(SIDES)
+    if unknown:
+        raise SystemExit(f"unknown sides: {', '.join(sorted(unknown))} (known: {', '.join(SIDES)})")
+    if "smg" in asked and find_smg() is None:
+        print("smg not found (pip install smg, or RAGPROXY_SMG=PATH): running without the smg side", flush=True)
+        asked.discard("smg")
+    return [name for name in SIDES if name in asked]
+
+
+class Side(Protocol):
+    work: Workload
+
+    async def send(self, index: int) -> Outcome: ...
+
+
+class Fleet:
+    """Fresh replicas per side (started and stopped by this process), and smg in front of its own."""
+
+    def __init__(self, args: argparse.Namespace, binary: Path, model: Path, names: Sequence[str]) -> None:
+        self.args = args
+        self.servers: dict[str, Servers] = {}
+        self.gateway: Smg | None = None
+        for name in names:
+            self.servers[name] = start_servers(args, binary, model)
+
+    def wait_ready(self) -> None:
+        for servers in self.servers.values():
+            servers.wait_ready(300)
+        if "smg" in self.servers:
+            smg = find_smg()
+            assert smg is not None
+            self.gateway = Smg(smg, self.servers["smg"].urls)
+            self.gateway.wait_ready()
+
+    def sides(self, work: Workload, client: httpx.AsyncClient, direct_shift: int = 0) -> dict[str, Side]:
+        args = self.args
+        sides: dict[str, Side] = {}
+        for name, servers in self.servers.items():
+            if name == "direct":
+                sides[name] = DirectSide(servers.urls, work, client, direct_shift)
+            elif name == "smg":
+                assert self.gateway is not None
+                sides[name] = DirectSide([self.gateway.url], work, client)
+            else:
+                policy = OrderPolicy(args.order) if name == "proxy" else OrderPolicy.PRESERVE
+                sides[name] = ProxySide(servers.urls, work, client, slots=args.slots, ctx_per_slot=args.ctx_per_slot,
+                                        policy=policy, prompt_cache=args.cache_ram != 0)
+        return sides
+
+    def stop(self) -> None:
+        if self.gateway is not None:
+            self.gateway.stop()
+        for servers in self.servers.values():
+            servers.stop()
 
 
 def start_servers(args: argparse.Namespace, binary: Path, model: Path) -> Servers:
@@ -322,7 +455,7 @@ def start_servers(args: argparse.Namespace, binary: Path, model: Path) -> Server
 
 
 def _body(messages: list[dict[str, Any]]) -> dict[str, Any]:
-    return {"model": "tiny", "messages": messages, "max_tokens": 1, "temperature": 0}
+    return {"model": MODEL_ID, "messages": messages, "max_tokens": 1, "temperature": 0}
 
 
 def _outcome(started: float, status: int, content: bytes) -> Outcome:
@@ -464,19 +597,16 @@ class ProxySide:
         return outcome
 
 
-async def run_interleaved(
-    direct: DirectSide, proxy: ProxySide, indices: Sequence[int]
-) -> tuple[list[Outcome], list[Outcome]]:
-    """Each request goes direct, then through the proxy, one at a time: both see the same (noisy, shared)
-    machine."""
-    direct_out: list[Outcome] = []
-    proxy_out: list[Outcome] = []
+async def run_interleaved(sides: Mapping[str, Side], indices: Sequence[int]) -> dict[str, list[Outcome]]:
+    """Each request goes to every side in turn, one at a time: all see the same (noisy, shared) machine."""
+    out: dict[str, list[Outcome]] = {name: [] for name in sides}
     for index in indices:
-        direct_out.append(await direct.send(index))
-        proxy_out.append(await proxy.send(index))
-        if direct_out[-1].status != OK or proxy_out[-1].status != OK:
-            raise RuntimeError(f"request {index} failed: direct {direct_out[-1]}, proxy {proxy_out[-1]}")
-    return direct_out, proxy_out
+        for name, side in sides.items():
+            out[name].append(await side.send(index))
+        failed = {name: got[-1] for name, got in out.items() if got[-1].status != OK}
+        if failed:
+            raise RuntimeError(f"request {index} failed: {failed}")
+    return out
 
 
 def _reuse(samples: list[Outcome]) -> float:
@@ -494,11 +624,13 @@ def _prefill_share(samples: list[Outcome]) -> float:
 class Phase:
     direct: list[Outcome]
     proxy: list[Outcome]
+    others: dict[str, list[Outcome]] = field(default_factory=dict)
+    """The further sides (``smg``, ``preserve``), by name."""
 
     def summary(self) -> dict[str, float]:
         p50_direct = statistics.median(s.ttft_s for s in self.direct) * 1000
         p50_proxy = statistics.median(s.ttft_s for s in self.proxy) * 1000
-        return {
+        figures = {
             "ttft_p50_direct_ms": round(p50_direct, 1),
             "ttft_p50_proxy_ms": round(p50_proxy, 1),
             "ttft_mean_direct_ms": round(statistics.mean(s.ttft_s for s in self.direct) * 1000, 1),
@@ -511,6 +643,13 @@ class Phase:
             "prompt_ms_mean": round(statistics.mean(s.prompt_ms for s in self.proxy), 1),
             "prompt_ms_mean_direct": round(statistics.mean(s.prompt_ms for s in self.direct), 1),
         }
+        for name, samples in self.others.items():
+            p50 = statistics.median(s.ttft_s for s in samples) * 1000
+            figures[f"ttft_p50_{name}_ms"] = round(p50, 1)
+            figures[f"ttft_speedup_vs_{name}"] = round(p50 / p50_proxy, 2)
+            figures[f"prefix_token_reuse_{name}"] = round(_reuse(samples), 3)
+            figures[f"prefill_share_{name}"] = round(_prefill_share(samples), 3)
+        return figures
 
 
 def prefill_bound_speedup(phase: Phase) -> float:
@@ -528,25 +667,31 @@ class Sequential:
     fixed_ms: float
     cold: Phase | None
     steady: Phase
-    prompt_cache_ms_direct: float
-    prompt_cache_ms_proxy: float
-    """Mean time per request the replicas spent saving and restoring prompts in host memory (verbosity 4)."""
+    prompt_cache_ms: dict[str, float]
+    """Per side, the mean time per request its replicas spent saving and restoring prompts in host memory
+    (verbosity 4)."""
 
 
 async def sequential(
-    direct_servers: Servers, proxy_servers: Servers, direct: DirectSide, proxy: ProxySide, warmup: int, measured: int
+    servers: Mapping[str, Servers], sides: Mapping[str, Side], warmup: int, measured: int
 ) -> Sequential:
-    """The fixed cost, then ``warmup`` + ``measured`` requests sent one at a time to both sides."""
-    fixed_ms = await fixed_cost_ms(proxy_servers.urls[-1])
-    await proxy.discover()
-    direct_out, proxy_out = await run_interleaved(direct, proxy, range(warmup + measured))
+    """The fixed cost, then ``warmup`` + ``measured`` requests sent one at a time to every side."""
+    fixed_ms = await fixed_cost_ms(servers["proxy"].urls[-1])
+    for side in sides.values():
+        if isinstance(side, ProxySide):
+            await side.discover()
+    out = await run_interleaved(sides, range(warmup + measured))
     count = max(1, warmup + measured)
+
+    def phase(part: slice) -> Phase:
+        return Phase(out["direct"][part], out["proxy"][part],
+                     {name: got[part] for name, got in out.items() if name not in ("direct", "proxy")})
+
     return Sequential(
         fixed_ms,
-        Phase(direct_out[:warmup], proxy_out[:warmup]) if warmup else None,
-        Phase(direct_out[warmup:], proxy_out[warmup:]),
-        sum(direct_servers.prompt_cache_updates_ms()) / count,
-        sum(proxy_servers.prompt_cache_updates_ms()) / count,
+        phase(slice(0, warmup)) if warmup else None,
+        phase(slice(warmup, None)),
+        {name: sum(s.prompt_cache_updates_ms()) / count for name, s in servers.items()},
     )
 
 
@@ -574,23 +719,18 @@ def main(argv: list[str]) -> int:
     exit_on_sigterm()
     work = make_workload(docs=docs, requests=warmup + requests, doc_words=args.doc_words, seed=args.seed)
     started = time.perf_counter()
-    direct_servers = start_servers(args, server, model)
-    proxy_servers = start_servers(args, server, model)
+    names = chosen_sides(args.sides)
+    fleet = Fleet(args, server, model, names)
 
     async def run() -> Sequential:
         async with _client() as client:
-            direct = DirectSide(direct_servers.urls, work, client, args.direct_shift)
-            proxy = ProxySide(proxy_servers.urls, work, client, slots=args.slots, ctx_per_slot=args.ctx_per_slot,
-                              policy=OrderPolicy(args.order), prompt_cache=args.cache_ram != 0)
-            return await sequential(direct_servers, proxy_servers, direct, proxy, warmup, requests)
+            return await sequential(fleet.servers, fleet.sides(work, client, args.direct_shift), warmup, requests)
 
     try:
-        direct_servers.wait_ready(300)
-        proxy_servers.wait_ready(300)
+        fleet.wait_ready()
         result = asyncio.run(run())
     finally:
-        direct_servers.stop()
-        proxy_servers.stop()
+        fleet.stop()
     cold, steady = result.cold, result.steady
     if args.verbose:
         phases = ([("w", cold)] if cold else []) + [(" ", steady)]
@@ -618,8 +758,9 @@ def main(argv: list[str]) -> int:
         **steady.summary(),
         "prefill_bound_speedup": round(prefill_bound_speedup(steady), 2),
         "prefix_token_reuse_ceiling": round(prefix_reuse_ceiling(work, warmup), 3),
-        "prompt_cache_ms_per_request": round(result.prompt_cache_ms_proxy, 1),
-        "prompt_cache_ms_per_request_direct": round(result.prompt_cache_ms_direct, 1),
+        "prompt_cache_ms_per_request": round(result.prompt_cache_ms["proxy"], 1),
+        "prompt_cache_ms_per_request_direct": round(result.prompt_cache_ms["direct"], 1),
+        "sides": names,
     }
     if cold is not None:
         summary.update({f"{k}_cold" if k.startswith(("ttft_sp", "prefix")) else f"cold_{k}": v
@@ -655,4 +796,11 @@ def print_phases(cold: Phase | None, steady: Phase) -> None:
             f"    proxy:  TTFT p50 {figures['ttft_p50_proxy_ms']:8.1f} ms   prefix reuse "
             f"{figures['prefix_token_reuse']:.3f}   prefill share {figures['prefill_share']:.2f}"
         )
-        print(f"    ttft_speedup (p50 direct / p50 proxy): {figures['ttft_speedup']}")
+        for other in phase.others:
+            label = f"{other}:"
+            print(
+                f"    {label:<7} TTFT p50 {figures[f'ttft_p50_{other}_ms']:8.1f} ms   prefix reuse "
+                f"{figures[f'prefix_token_reuse_{other}']:.3f}   prefill share {figures[f'prefill_share_{other}']:.2f}"
+            )
+        print(f"    ttft_speedup (p50 direct / p50 proxy): {figures['ttft_speedup']}"
+              + "".join(f"; vs {o} {figures[f'ttft_speedup_vs_{o}']}" for o in phase.others))

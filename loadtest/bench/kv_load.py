@@ -1,41 +1,43 @@
-"""``python -m loadtest.bench kv_load [--quick] [--json]``: goodput at a TTFT objective on real llama-server
-replicas under open-loop load, direct round-robin vs through the proxy.
+"""``python -m loadtest.bench kv_load [--quick] [--json]``: goodput and capacity at a TTFT objective on real
+llama-server replicas under open-loop load: direct round-robin, SGLang's gateway (smg), the proxy, and the proxy
+keeping retrieval order.
 
-Two sets of replicas with the same flags (:mod:`loadtest.bench.kv`: ``--replicas`` 2, ``--slots`` 2, model
-``--shape``), one per side, started once; the proxy side's KV layer (knowledge trees, prefill models, router,
-admission queues) lives as long as its replicas, as a running proxy's does.
+A set of replicas per side with the same flags (:mod:`loadtest.bench.kv`: ``--replicas`` 2, ``--slots`` 2, model
+``--shape``; ``--sides`` as there), started once; a proxy side's KV layer (knowledge trees, prefill models,
+router, admission queues) lives as long as its replicas, as a running proxy's does, and smg's tree as long as
+its gateway.
 
 1. **Calibration** — the sequential benchmark's phases (:func:`loadtest.bench.kv.sequential`: warm-up, then
-   measured requests, one at a time, each direct then through the proxy). It warms both sides' caches, fits the
+   measured requests, one at a time, each to every side in turn). It warms every side's caches, fits the
    proxy's prefill model, and gives what the load runs are scaled by: the direct side's unloaded TTFT p50 (the
    objective is ``--slo-factor`` times it, unless ``--slo-ms``) and its unloaded service rate, 1 / its mean TTFT
    (one replica's worth: on one GPU, or on CPU cores shared with other work, the replicas compete for the same
-   compute). Its figures — TTFT, reuse, the prefill share of TTFT, host prompt-cache time — are printed as the
-   sequential bench does.
-2. **Load runs** — for each rate, both sides get the same requests at the same Poisson send times
-   (:func:`loadtest.goodput.poisson_arrivals`), ``--duration`` seconds of them in ``--chunks`` turns: a turn of
-   one side, then the same turn of the other (which goes first alternates), each starting on idle replicas, so
-   that both see the same drift of a shared machine. A request
-   unanswered ``--give-up`` times the objective after it was sent is abandoned (the client disconnects;
-   llama-server then cancels it) and counts as late. The rates: ``--low-load`` service rates first (where TTFT p99
-   is compared), then a search for the direct side's knee from ``--start`` service rates (:func:`next_rate`: up
-   or down by 1.6x until it is bracketed, then halving the bracket; at most ``--probes`` rates after the start),
-   so the ratio below is read near the knee, not a grid step before it — or the ``--rates`` given.
+   compute).
+2. **Load runs** — for each rate, every side gets the same requests at the same Poisson send times
+   (:func:`loadtest.goodput.poisson_arrivals`), ``--duration`` seconds of them in ``--chunks`` repeats: a repeat
+   of each side in turn (which goes first rotates), each starting on idle replicas, so that all see the same
+   drift of a shared machine. A sweep runs repeat 1 of every rate, then repeat 2, and so on: a burst of other
+   work on the machine then hits one repeat of a few rates, which the bootstrap sees, not every repeat of one.
+   A request unanswered ``--give-up`` times the objective after it was sent is abandoned (the client
+   disconnects) and counts as late. The rates: a sweep (``--sweep``, in unloaded service rates, from low load to
+   past every side's knee), or the ``--rates`` given, or with ``--search`` the earlier search for the direct
+   side's knee (:func:`next_rate`), which runs a rate's repeats one after the other.
 
-The proxy side runs with the objective as its ``ttft_slo_s``: requests no replica can serve in time are refused
-with 429 (:data:`~loadtest.goodput.REJECTED`), which is never goodput and is reported apart. The direct side
-sends everything; what is late is late.
+The proxy's sides run with the objective as their ``ttft_slo_s``: requests no replica can serve in time are
+refused with 429 (:data:`~loadtest.goodput.REJECTED`), never goodput, reported apart. Direct and smg send
+everything; what is late is late.
 
 Workload: the sequential bench's (Zipf-popular documents shared by all users, top-k 3-5 in a retrieval order
 drawn at random per request, a fresh question each), continued from where the calibration stopped: each run
-gets the next requests. The retrieval order does not follow popularity or any rule the proxy uses.
+gets the next requests.
 
-Figures per rate and side (:func:`loadtest.goodput.run_figures`): goodput (requests/s answered within the
-objective), attainment, TTFT p50/p99 of the answered ones, refusals, late, prompt-token reuse and prefill share
-(the server's ``timings``). Headline: ``goodput_ratio`` = proxy / direct goodput at the highest rate where the
-direct side answers at least half within the objective (:func:`loadtest.goodput.goodput_ratio`); beside it
-``ttft_p99_ratio_low_load`` (proxy / direct TTFT p99 at the lowest rate) and ``reuse_vs_ceiling`` (the proxy's
-reuse over all load runs against :func:`loadtest.bench.kv.prefix_reuse_ceiling` of the same requests).
+Headline: **capacity** per side (:mod:`loadtest.capacity`): the highest rate at which ``--target`` (0.9) of the
+requests are answered within the objective, fitted across the sweep's rates and repeats, with a paired bootstrap
+interval over the repeats; ``capacity_ratio_vs_smg`` (proxy / smg) and its interval. Detail, per rate and side
+(:func:`loadtest.goodput.run_figures`): goodput, attainment, TTFT p50/p99 of the answered ones, refusals, late,
+prompt-token reuse; ``goodput_ratio`` (proxy / direct at the highest rate where direct answers half in time),
+``ttft_p99_ratio_low_load`` (at the lowest rate, against direct and smg), and the reuse of every side over the
+load runs against :func:`loadtest.bench.kv.prefix_reuse_ceiling` of the same requests.
 
 Decode is not part of it: every request asks for one token, so a slot is busy for the prefill only.
 """
@@ -50,30 +52,35 @@ import random
 import statistics
 import time
 from dataclasses import asdict
-from typing import Protocol
+from typing import Any
 
 from loadtest.bench.kv import (
-    DirectSide,
+    Fleet,
     ProxySide,
     Sequential,
-    Servers,
+    Side,
     Workload,
     _client,
     add_server_options,
+    chosen_sides,
     ensure_binaries,
     exit_on_sigterm,
     make_workload,
     prefix_reuse_ceiling,
     print_phases,
     sequential,
-    start_servers,
 )
-from loadtest.goodput import ERROR, LATE, Outcome, RunFigures, goodput_ratio, poisson_arrivals, run_figures
-from proxy.kv.order import OrderPolicy
-
-
-class Side(Protocol):
-    async def send(self, index: int) -> Outcome: ...
+from loadtest.capacity import Sweep, bootstrap, capacity_ratio, fit_capacity, percentile_interval
+from loadtest.goodput import (
+    ERROR,
+    LATE,
+    OK,
+    Outcome,
+    RunFigures,
+    goodput_ratio,
+    poisson_arrivals,
+    run_figures,
+)
 
 
 async def open_loop(side: Side, first: int, arrivals: list[float], give_up_s: float) -> list[Outcome]:
@@ -120,6 +127,11 @@ def next_rate(direct: dict[float, RunFigures], start: float, step: float = 1.6, 
     return round((best + low) / 2, 3) if low > best * (1 + precision) else None
 
 
+QUICK_SWEEP, FULL_SWEEP = "0.3,0.6,0.85,1.2,1.7,2.4,3.4", "0.3,0.45,0.65,0.9,1.25,1.75,2.5,3.5"
+"""The capacity sweep's rates, in unloaded service rates: from low load to well past every side's knee (the
+lowest is where TTFT p99 is compared)."""
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m loadtest.bench kv_load")
     parser.add_argument("--quick", action="store_true", help="fewer documents, rates and seconds")
@@ -129,40 +141,43 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--calibration", type=int, help="sequential warm-up and measured requests each (quick 8, "
                                                          "else 16)")
-    parser.add_argument("--duration", type=float, help="seconds of arrivals per rate and side (quick 12, else 36)")
-    parser.add_argument("--chunks", type=int, help="turns per rate: each side gets the rate's seconds in this many "
-                                                   "runs, alternating with the other side (quick 2, else 3)")
-    parser.add_argument("--rates", help="offered rates in requests/s, comma-separated (default: a low-load rate, "
-                                        "then a search for the direct side's knee)")
+    parser.add_argument("--duration", type=float, help="seconds of arrivals per rate and side (quick 18, else 36)")
+    parser.add_argument("--chunks", type=int, help="repeats per rate: each side gets the rate's seconds in this many "
+                                                   "runs, in turn with the other sides (quick 3, else 4)")
+    parser.add_argument("--rates", help="offered rates in requests/s, comma-separated (default: --sweep)")
+    parser.add_argument("--sweep", help=f"offered rates in unloaded service rates (quick {QUICK_SWEEP}, else "
+                                        f"{FULL_SWEEP})")
+    parser.add_argument("--search", action="store_true",
+                        help="instead of the sweep: a low-load rate, then a search for the direct side's knee")
     parser.add_argument("--low-load", type=float, default=0.3,
-                        help="the first rate, in unloaded service rates (1 / the direct side's unloaded mean TTFT)")
-    parser.add_argument("--start", type=float, default=1.0, help="where the search starts, in service rates")
+                        help="with --search, the first rate, in unloaded service rates (1 / the direct side's "
+                             "unloaded mean TTFT)")
+    parser.add_argument("--start", type=float, default=1.0, help="with --search, where it starts, in service rates")
     parser.add_argument("--probes", type=int, help="rates the search may add after the start (quick 3, else 5)")
     parser.add_argument("--slo-ms", type=float, help="the TTFT objective (default: --slo-factor x the direct "
                                                      "side's unloaded TTFT p50)")
     parser.add_argument("--slo-factor", type=float, default=3.0)
     parser.add_argument("--give-up", type=float, default=4.0, help="abandon a request after this many objectives")
+    parser.add_argument("--target", type=float, default=0.9,
+                        help="capacity: the highest rate at which this share is answered within the objective")
+    parser.add_argument("--resamples", type=int, default=2000, help="bootstrap resamples of the repeats")
     parser.add_argument("--order", choices=["reuse", "shift"], default="reuse")
     add_server_options(parser)
     args = parser.parse_args(argv)
     docs = args.docs or (10 if args.quick else 24)
     calibration = args.calibration or (8 if args.quick else 16)
-    duration = args.duration or (12.0 if args.quick else 36.0)
-    chunks = max(1, args.chunks or (2 if args.quick else 3))
+    duration = args.duration or (18.0 if args.quick else 36.0)
+    chunks = max(1, args.chunks or (3 if args.quick else 4))
     probes = args.probes if args.probes is not None else (3 if args.quick else 5)
     server, model = ensure_binaries(args.shape, args.weight_type, args.model)
     exit_on_sigterm()
     started = time.perf_counter()
-    direct_servers = start_servers(args, server, model)
-    proxy_servers = start_servers(args, server, model)
+    fleet = Fleet(args, server, model, chosen_sides(args.sides))
     try:
-        direct_servers.wait_ready(300)
-        proxy_servers.wait_ready(300)
-        result = asyncio.run(_run(args, docs, calibration, duration, chunks, probes, direct_servers,
-                                  proxy_servers))
+        fleet.wait_ready()
+        result = asyncio.run(_run(args, docs, calibration, duration, chunks, probes, fleet))
     finally:
-        direct_servers.stop()
-        proxy_servers.stop()
+        fleet.stop()
     result["elapsed_s"] = round(time.perf_counter() - started, 1)
     if args.json:
         print(json.dumps(result))
@@ -170,74 +185,108 @@ def main(argv: list[str]) -> int:
 
 
 async def _run(
-    args: argparse.Namespace, docs: int, calibration: int, duration: float, chunks: int, probes: int,
-    direct_servers: Servers, proxy_servers: Servers,
+    args: argparse.Namespace, docs: int, calibration: int, duration: float, chunks: int, probes: int, fleet: Fleet
 ) -> dict[str, object]:
     work = make_workload(docs=docs, requests=2 * calibration, doc_words=args.doc_words, seed=args.seed)
     async with _client() as client:
-        direct = DirectSide(direct_servers.urls, work, client)
-        proxy = ProxySide(proxy_servers.urls, work, client, slots=args.slots, ctx_per_slot=args.ctx_per_slot,
-                          policy=OrderPolicy(args.order), prompt_cache=args.cache_ram != 0)
-        calib = await sequential(direct_servers, proxy_servers, direct, proxy, calibration, calibration)
+        sides = fleet.sides(work, client)
+        proxy = sides["proxy"]
+        assert isinstance(proxy, ProxySide)
+        calib = await sequential(fleet.servers, sides, calibration, calibration)
         unloaded_ms = statistics.median(o.ttft_s for o in calib.steady.direct) * 1000
         slo_s = (args.slo_ms if args.slo_ms else args.slo_factor * unloaded_ms) / 1000
         service = 1 / statistics.mean(o.ttft_s for o in calib.steady.direct)
-        fixed = [float(r) for r in args.rates.split(",")] if args.rates else []
-        proxy.set_objective(slo_s)
+        if args.rates:
+            fixed = [float(r) for r in args.rates.split(",")]
+        elif args.search:
+            fixed = []
+        else:
+            sweep = args.sweep or (QUICK_SWEEP if args.quick else FULL_SWEEP)
+            fixed = [round(float(m) * service, 3) for m in sweep.split(",")]
+        for side in sides.values():
+            if isinstance(side, ProxySide):
+                side.set_objective(slo_s)
         _print_calibration(args, calib, unloaded_ms, slo_s, service)
         # the workload, long enough for every run (make_workload extends the same sequence)
         highest = max([*fixed, args.start * service * 1.6 ** probes])
         needed = 2 * calibration + (len(fixed) or probes + 2) * math.ceil(highest * duration * 1.5 + 20 * chunks)
         work = make_workload(docs=docs, requests=needed, doc_words=args.doc_words, seed=args.seed)
-        direct.work = proxy.work = work
+        for side in sides.values():
+            side.work = work
         first = 2 * calibration
-        direct_figures: dict[float, RunFigures] = {}
-        proxy_figures: dict[float, RunFigures] = {}
-        proxy_outcomes: list[Outcome] = []
+        figures: dict[str, dict[float, RunFigures]] = {name: {} for name in sides}
+        trials: dict[str, dict[float, list[tuple[int, int]]]] = {name: {} for name in sides}
+        """Per side and rate, ``(answered within the objective, sent)`` of each repeat (chunk)."""
+        load_outcomes: dict[str, list[Outcome]] = {name: [] for name in sides}
         ranges: list[tuple[int, int]] = []
         give_up_s = args.give_up * slo_s
-        client_cpu = {"direct": 0.0, "proxy": 0.0}
-        """CPU seconds of this process (the load generator, and the proxy's stages on the proxy side) per side."""
-        print(f"  {'rate/s':>7} | {'direct: goodput':>15} {'in SLO':>6} {'p50':>6} {'p99':>6} {'reuse':>5} | "
-              f"{'proxy: goodput':>14} {'in SLO':>6} {'429':>4} {'p50':>6} {'p99':>6} {'reuse':>5} {'est.':>5} | "
-              "ratio")
-        queue = fixed or [round(args.low_load * service, 3), round(args.start * service, 3)]
-        searching = not fixed
-        while queue or (searching and probes > 0):
-            if queue:
-                rate = queue.pop(0)
-            else:
-                found = next_rate(direct_figures, round(args.start * service, 3))
-                if found is None or found in direct_figures:
-                    break
-                rate, probes = found, probes - 1
-            outcomes: dict[str, list[Outcome]] = {"direct": [], "proxy": []}
-            estimated_from = len(proxy.estimates)
-            for chunk in range(chunks):  # both sides in turn, chunk by chunk: the same drift of the machine on both
-                arrivals = poisson_arrivals(rate, duration / chunks, random.Random(f"{args.seed}-{rate}-{chunk}"))
-                sides: list[tuple[str, Servers, Side]] = [("direct", direct_servers, direct),
-                                                          ("proxy", proxy_servers, proxy)]
-                if (len(direct_figures) + chunk) % 2:
-                    sides.reverse()
-                for name, servers, side in sides:
-                    await servers.wait_idle(client)
-                    cpu = time.process_time()
-                    outcomes[name] += await open_loop(side, first, arrivals, give_up_s)
-                    client_cpu[name] += time.process_time() - cpu
-                ranges.append((first, first + len(arrivals)))
-                first += len(arrivals)
-            direct_figures[rate] = run_figures(rate, duration, outcomes["direct"], slo_s)
-            proxy_figures[rate] = run_figures(rate, duration, outcomes["proxy"], slo_s)
-            proxy_outcomes += outcomes["proxy"]
-            errors = [measured / estimated for estimated, measured in proxy.estimates[estimated_from:] if estimated]
-            _print_rate(direct_figures[rate], proxy_figures[rate], statistics.median(errors) if errors else None)
-        await direct_servers.wait_idle(client)
-        await proxy_servers.wait_idle(client)
-    sent = sum(f.sent for f in direct_figures.values()) or 1
-    print(f"this process's CPU per request sent (load generator; the proxy's stages too on the proxy side): direct "
-          f"{client_cpu['direct'] / sent * 1000:.1f} ms, proxy {client_cpu['proxy'] / sent * 1000:.1f} ms")
-    summary = _summary(args, calib, unloaded_ms, slo_s, service, duration, direct_figures, proxy_figures,
-                       proxy_outcomes, work, ranges, direct_servers, proxy_servers)
+        client_cpu = dict.fromkeys(sides, 0.0)
+        """CPU seconds of this process (the load generator, and the proxy's stages on its sides) per side."""
+        names = list(sides)
+        outcomes: dict[float, dict[str, list[Outcome]]] = {}
+        estimate_errors: dict[float, list[float]] = {}
+
+        async def repeat(rate: float, chunk: int) -> None:
+            """One repeat at ``rate``: the same arrivals to every side in turn (which goes first rotates)."""
+            nonlocal first
+            got_by_side = outcomes.setdefault(rate, {name: [] for name in names})
+            arrivals = poisson_arrivals(rate, duration / chunks, random.Random(f"{args.seed}-{rate}-{chunk}"))
+            turn = (list(outcomes).index(rate) + chunk) % len(names)
+            for name in names[turn:] + names[:turn]:
+                await fleet.servers[name].wait_idle(client)
+                estimated_from = len(proxy.estimates)
+                cpu = time.process_time()
+                got = await open_loop(sides[name], first, arrivals, give_up_s)
+                client_cpu[name] += time.process_time() - cpu
+                got_by_side[name] += got
+                within = sum(1 for o in got if o.status == OK and o.ttft_s <= slo_s)
+                trials[name].setdefault(rate, []).append((within, len(got)))
+                if name == "proxy":
+                    estimate_errors.setdefault(rate, []).extend(
+                        measured / estimated for estimated, measured in proxy.estimates[estimated_from:] if estimated)
+            ranges.append((first, first + len(arrivals)))
+            first += len(arrivals)
+
+        def finish(rate: float) -> None:
+            if not figures["direct"]:
+                print(f"  {'rate/s':>7} {'side':<9} {'goodput':>7} {'in SLO':>6} {'429':>4} {'late':>4} "
+                      f"{'p50':>6} {'p99':>6} {'reuse':>5}")
+            for name in names:
+                figures[name][rate] = run_figures(rate, duration, outcomes[rate][name], slo_s)
+                load_outcomes[name] += outcomes[rate][name]
+            errors = estimate_errors.get(rate)
+            _print_rate({name: figures[name][rate] for name in names}, statistics.median(errors) if errors else None)
+
+        if fixed:
+            # repeats outer, rates inner: a burst of other work on the machine hits one repeat of a few rates
+            # (which the bootstrap over repeats sees), not every repeat of one rate
+            for chunk in range(chunks):
+                for rate in fixed:
+                    await repeat(rate, chunk)
+                print(f"  (repeat {chunk + 1} of {chunks} done)", flush=True)
+            for rate in fixed:
+                finish(rate)
+        else:
+            queue = [round(args.low_load * service, 3), round(args.start * service, 3)]
+            while queue or probes > 0:
+                if queue:
+                    rate = queue.pop(0)
+                else:
+                    found = next_rate(figures["direct"], round(args.start * service, 3))
+                    if found is None or found in figures["direct"]:
+                        break
+                    rate, probes = found, probes - 1
+                for chunk in range(chunks):
+                    await repeat(rate, chunk)
+                finish(rate)
+        for servers in fleet.servers.values():
+            await servers.wait_idle(client)
+    sent = sum(f.sent for f in figures["direct"].values()) or 1
+    print("this process's CPU per request sent (load generator; the proxy's stages too on its sides): "
+          + ", ".join(f"{name} {cpu / sent * 1000:.1f} ms" for name, cpu in client_cpu.items()))
+    summary = _summary(args, calib, unloaded_ms, slo_s, service, duration, figures, load_outcomes, work, ranges,
+                       fleet)
+    summary.update(_capacity(args, trials, chunks))
     summary["client_cpu_ms_per_request"] = {k: round(v / sent * 1000, 2) for k, v in client_cpu.items()}
     return summary
 
@@ -246,8 +295,8 @@ def _print_calibration(
     args: argparse.Namespace, calib: Sequential, unloaded_ms: float, slo_s: float, service: float
 ) -> None:
     print(f"calibration (sequential): {args.replicas} replicas x {args.slots} slots per side, fixed cost "
-          f"{calib.fixed_ms:.1f} ms; host prompt-cache updates per request: direct "
-          f"{calib.prompt_cache_ms_direct:.1f} ms, proxy {calib.prompt_cache_ms_proxy:.1f} ms")
+          f"{calib.fixed_ms:.1f} ms; host prompt-cache updates per request: "
+          + ", ".join(f"{name} {ms:.1f} ms" for name, ms in calib.prompt_cache_ms.items()))
     print_phases(calib.cold, calib.steady)
     print(f"objective: TTFT <= {slo_s * 1000:.0f} ms ({slo_s * 1000 / unloaded_ms:.1f} x the direct side's "
           f"unloaded p50 {unloaded_ms:.0f} ms); unloaded service rate {service:.2f} requests/s")
@@ -257,37 +306,48 @@ def _fmt(value: float | None) -> str:
     return f"{value:6.0f}" if value is not None else "     -"
 
 
-def _print_rate(d: RunFigures, p: RunFigures, estimate: float | None) -> None:
-    ratio = f"{p.goodput_rps / d.goodput_rps:.2f}" if d.goodput_rps else "-"
-    est = f"{estimate:5.2f}" if estimate is not None else "    -"
-    print(f"  {d.rate:7.2f} | {d.goodput_rps:15.2f} {d.attainment:6.0%} {_fmt(d.ttft_p50_ms)} {_fmt(d.ttft_p99_ms)} "
-          f"{d.reuse:5.2f} | {p.goodput_rps:14.2f} {p.attainment:6.0%} {p.rejected:4} {_fmt(p.ttft_p50_ms)} "
-          f"{_fmt(p.ttft_p99_ms)} {p.reuse:5.2f} {est} | {ratio}  (sent {d.sent}; late {d.late}/{p.late}, errors "
-          f"{d.errors}/{p.errors})", flush=True)
+def _print_rate(figures: dict[str, RunFigures], estimate: float | None) -> None:
+    for name, f in figures.items():
+        est = f"  estimates {estimate:.2f}x short" if name == "proxy" and estimate is not None else ""
+        print(f"  {f.rate:7.2f} {name:<9} {f.goodput_rps:7.2f} {f.attainment:6.0%} {f.rejected:4} {f.late:4} "
+              f"{_fmt(f.ttft_p50_ms)} {_fmt(f.ttft_p99_ms)} {f.reuse:5.2f}{est}"
+              + (f"  (sent {f.sent}, errors {f.errors})" if name == "direct" or f.errors else ""), flush=True)
+
+
+def _reuse(outcomes: list[Outcome]) -> float:
+    cached = sum(o.cache_n for o in outcomes)
+    return cached / max(1, cached + sum(o.prompt_n for o in outcomes))
 
 
 def _summary(
     args: argparse.Namespace, calib: Sequential, unloaded_ms: float, slo_s: float, service: float, duration: float,
-    direct: dict[float, RunFigures], proxy: dict[float, RunFigures], proxy_outcomes: list[Outcome],
-    work: Workload, ranges: list[tuple[int, int]], direct_servers: Servers, proxy_servers: Servers,
+    figures: dict[str, dict[float, RunFigures]], outcomes: dict[str, list[Outcome]], work: Workload,
+    ranges: list[tuple[int, int]], fleet: Fleet,
 ) -> dict[str, object]:
+    direct, proxy = figures["direct"], figures["proxy"]
     rate, ratio = goodput_ratio(direct, proxy)
     low = min(direct)
     low_d, low_p = direct[low].ttft_p99_ms, proxy[low].ttft_p99_ms
     p99_ratio = low_p / low_d if low_d and low_p else None
-    cached = sum(o.cache_n for o in proxy_outcomes)
-    reuse = cached / max(1, cached + sum(o.prompt_n for o in proxy_outcomes))
+    smg = figures.get("smg")
+    low_s = smg[low].ttft_p99_ms if smg else None
+    p99_vs_smg = low_p / low_s if low_s and low_p else None
+    below_smg = sorted(r for r in proxy if smg and proxy[r].goodput_rps < smg[r].goodput_rps)
+    reuse = {name: round(_reuse(got), 3) for name, got in outcomes.items()}
     # the ceiling over the load runs' requests (every request of the runs, in order, after the calibration's)
     first = ranges[0][0] if ranges else len(work.requests)
     last = ranges[-1][1] if ranges else len(work.requests)
     ceiling = prefix_reuse_ceiling(Workload(work.system, work.documents, work.requests[:last]), first)
     print(f"goodput_ratio (proxy / direct at {rate} requests/s, the highest rate where direct meets the objective "
           f"for half the requests): {ratio if ratio is None else round(ratio, 2)}")
-    print(f"TTFT p99 at the lowest rate, proxy / direct: {p99_ratio if p99_ratio is None else round(p99_ratio, 2)}; "
-          f"reuse over the load runs {reuse:.3f} against a ceiling of {ceiling:.3f}")
+    print(f"TTFT p99 at the lowest rate, proxy / direct: {p99_ratio if p99_ratio is None else round(p99_ratio, 2)}"
+          + (f", proxy / smg: {round(p99_vs_smg, 2) if p99_vs_smg else None}" if smg else "")
+          + (f"; rates where the proxy's goodput is below smg's: {below_smg}" if smg else ""))
+    print("reuse over the load runs: " + ", ".join(f"{name} {value:.3f}" for name, value in reuse.items())
+          + f" against a ceiling of {ceiling:.3f}")
     calibration = {**calib.steady.summary(), "fixed_cost_ms": round(calib.fixed_ms, 1),
-                   "prompt_cache_ms_per_request": round(calib.prompt_cache_ms_proxy, 1),
-                   "prompt_cache_ms_per_request_direct": round(calib.prompt_cache_ms_direct, 1)}
+                   "prompt_cache_ms_per_request": round(calib.prompt_cache_ms["proxy"], 1),
+                   "prompt_cache_ms_per_request_direct": round(calib.prompt_cache_ms["direct"], 1)}
     return {
         "bench": "kv-load",
         "shape": args.model.name if args.model else f"{args.shape}-{args.weight_type}",
@@ -295,21 +355,76 @@ def _summary(
         "slots_per_replica": args.slots,
         "server_args": args.server_arg,
         "order": args.order,
+        "sides": list(figures),
         "duration_s": duration,
         "slo_ms": round(slo_s * 1000, 1),
         "unloaded_ttft_p50_direct_ms": round(unloaded_ms, 1),
         "service_rate_rps": round(service, 3),
         "calibration": calibration,
-        "rates": [{"rate": r, "direct": _rounded(direct[r]), "proxy": _rounded(proxy[r])} for r in sorted(direct)],
+        "rates": [{"rate": r, **{name: _rounded(f[r]) for name, f in figures.items()}} for r in sorted(direct)],
         "goodput_ratio": None if ratio is None else round(ratio, 3),
         "goodput_ratio_rate": rate,
         "ttft_p99_ratio_low_load": None if p99_ratio is None else round(p99_ratio, 3),
-        "prefix_token_reuse_load": round(reuse, 3),
+        "ttft_p99_ratio_vs_smg_low_load": None if p99_vs_smg is None else round(p99_vs_smg, 3),
+        "rates_proxy_goodput_below_smg": below_smg if smg else None,
+        "prefix_token_reuse_load": reuse["proxy"],
+        "prefix_token_reuse_load_by_side": reuse,
         "prefix_token_reuse_ceiling_load": round(ceiling, 3),
-        "reuse_vs_ceiling": round(reuse / ceiling, 3) if ceiling else None,
-        "prompt_cache_ms_total_direct": round(sum(direct_servers.prompt_cache_updates_ms())),
-        "prompt_cache_ms_total_proxy": round(sum(proxy_servers.prompt_cache_updates_ms())),
+        "reuse_vs_ceiling": round(reuse["proxy"] / ceiling, 3) if ceiling else None,
+        "prompt_cache_ms_total_direct": round(sum(fleet.servers["direct"].prompt_cache_updates_ms())),
+        "prompt_cache_ms_total_proxy": round(sum(fleet.servers["proxy"].prompt_cache_updates_ms())),
     }
+
+
+def _capacity(args: argparse.Namespace, trials: dict[str, dict[float, list[tuple[int, int]]]],
+              repeats: int) -> dict[str, object]:
+    """Per side, the fitted capacity and its bootstrap interval; the ratios to smg (and to direct)."""
+    sweeps: dict[str, Sweep] = dict(trials)
+    fitted = {name: fit_capacity(sweep, args.target) for name, sweep in sweeps.items()}
+    samples = bootstrap(sweeps, random.Random(args.seed), args.resamples, args.target)
+    per_side: dict[str, dict[str, Any]] = {}
+    for name, capacity in fitted.items():
+        values = [v for v in samples[name] if v is not None]
+        interval = percentile_interval(values) if values else None
+        per_side[name] = {"rps": _r(capacity.rps), "censored": capacity.censored,
+                          "ci": [_r(v) for v in interval] if interval else None}
+    ratios: dict[str, dict[str, dict[str, Any]]] = {}
+    for base in ("smg", "direct"):
+        if base not in sweeps:
+            continue
+        for name in sweeps:
+            if name != base:
+                ratio = capacity_ratio(sweeps, name, base, target=args.target, resamples=args.resamples,
+                                       seed=args.seed)
+                ratios.setdefault(base, {})[name] = {
+                    "ratio": _r(ratio.value), "ci": [_r(v) for v in ratio.interval] if ratio.interval else None,
+                    "censored": ratio.censored}
+    rates = len(next(iter(sweeps.values())))
+    print(f"capacity (highest rate with >= {args.target:.0%} within the objective; fitted over {rates} rates x "
+          f"{repeats} repeats, 95% bootstrap interval):")
+    for name, entry in per_side.items():
+        mark = {"above": " (at least: never below the target)", "below": " (at most: below the target at every "
+                "rate)"}.get(entry["censored"] or "", "")
+        print(f"  {name:<9} {entry['rps']} requests/s {entry['ci']}{mark}")
+    for base, by_side in ratios.items():
+        print(f"  ratio to {base}: " + "; ".join(
+            f"{name} {r['ratio']} {r['ci']}{' (censored: a bound)' if r['censored'] else ''}"
+            for name, r in by_side.items()))
+    vs_smg = ratios.get("smg", {}).get("proxy", {})
+    return {
+        "capacity_target": args.target,
+        "capacity_repeats": repeats,
+        "capacity": per_side,
+        "capacity_rps": {name: entry["rps"] for name, entry in per_side.items()},
+        "capacity_ratio_vs_smg": vs_smg.get("ratio"),
+        "capacity_ratio_vs_smg_ci": vs_smg.get("ci"),
+        "capacity_ratio_vs_smg_censored": vs_smg.get("censored"),
+        "capacity_ratios": ratios,
+    }
+
+
+def _r(value: float | None) -> float | None:
+    return None if value is None else round(value, 3)
 
 
 def _rounded(figures: RunFigures) -> dict[str, object]:

@@ -31,3 +31,9 @@ def test_both_sides_answer_and_the_figures_come_from_the_servers_timings(capsys:
     assert high["direct"]["rejected"] == 0  # the direct side has nobody to refuse
     assert high["proxy"]["goodput_rps"] <= high["proxy"]["sent"] / result["duration_s"]
     assert result["calibration"]["prompt_cache_ms_per_request"] >= 0  # read from the replicas' own logs
+    for side in result["sides"]:  # every side got the same requests; capacity fitted for each
+        assert low[side]["sent"] == low["direct"]["sent"] and low[side]["goodput_rps"] > 0
+        assert result["capacity_rps"][side] is not None
+    assert high["preserve"]["rejected"] > 0  # the proxy keeping retrieval order refuses at the objective too
+    if "smg" in result["sides"]:
+        assert high["smg"]["rejected"] == 0 and result["capacity_ratio_vs_smg"] is not None

@@ -1,0 +1,32 @@
+"""The kv benchmarks' sides: smg is found where pip puts it, and its absence costs one line, not the run."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from loadtest.bench.kv import SIDES, chosen_sides, find_smg
+
+
+def test_a_missing_smg_is_said_in_one_line_and_the_other_sides_run(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("RAGPROXY_SMG", str(tmp_path / "no-smg"))
+    assert find_smg() is None
+    assert chosen_sides(",".join(SIDES)) == ["direct", "proxy", "preserve"]
+    out = capsys.readouterr().out
+    assert out.count("\n") == 1 and "smg not found" in out
+
+
+def test_smg_is_taken_where_it_is_installed(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    smg = tmp_path / "smg"
+    smg.write_text("#!/bin/sh\n")
+    monkeypatch.setenv("RAGPROXY_SMG", str(smg))
+    assert find_smg() == smg
+    assert chosen_sides("smg") == ["direct", "smg", "proxy"]  # direct and proxy always run, in a fixed order
+
+
+def test_an_unknown_side_is_refused() -> None:
+    with pytest.raises(SystemExit, match="unknown sides: vllm"):
+        chosen_sides("direct,vllm")
