@@ -47,5 +47,9 @@ HIT_STATUSES = frozenset({CacheStatus.HIT, CacheStatus.SEMANTIC_HIT})
 """Answered from a cache tier without the upstream."""
 MISS_STATUSES = frozenset({CacheStatus.MISS, CacheStatus.REFRESH})
 """Looked up and answered by the upstream (what is stored, kept stale, learned from)."""
+SEMANTIC_TIER = "l2"
+"""The name semantic hits are priced under (``credits.hit_multipliers``), whichever tier held the answer: the
+semantic tier decided the hit, the cold tier's question vectors only found it (``X-Cache-Tier`` still says where the
+answer came from)."""
 COALESCED = "coalesced"
 """The ``cache_tier`` of a follower answered by an identical request's upstream call (a ``MISS``)."""

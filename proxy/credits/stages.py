@@ -71,7 +71,10 @@ from proxy.credits.store import (
 from proxy.credits.streaming import UsageChunkFilter, client_asked_for_usage
 from proxy.credits.usage import Usage, usage_from_body
 from proxy.errors import ProxyError
+from proxy.outcome import SEMANTIC_TIER, CacheStatus
 from proxy.pipeline import Next
+
+_SEMANTIC_HIT = CacheStatus.SEMANTIC_HIT  # read once (a member read through its class costs ~1,000 instructions)
 
 log = logging.getLogger("ragproxy.credits")
 
@@ -227,7 +230,7 @@ class Credits:
         came from)."""
         model = ctx.body.get("model") if ctx.body else None
         model = model if isinstance(model, str) else ""
-        tier = ctx.cache_tier
+        tier = SEMANTIC_TIER if ctx.cache_status is _SEMANTIC_HIT else ctx.cache_tier
         bounded = self.prices.bounded(ctx.body or {}, usage, response=self.response)
         details = ChargeDetails(tenant=ctx.tenant, model=model, tier=tier or "upstream",
                                 usage_source=source if bounded == usage else "capped",
@@ -383,7 +386,7 @@ class SearchCredits(Credits):
         return self.prices.search_cost(self._searches(ctx))
 
     def cost(self, ctx: RequestContext, usage: Usage, source: str = "reported") -> tuple[int, ChargeDetails]:
-        tier = ctx.cache_tier
+        tier = SEMANTIC_TIER if ctx.cache_status is _SEMANTIC_HIT else ctx.cache_tier
         details = ChargeDetails(
             tenant=ctx.tenant, model="vector-search", tier=tier or "upstream", usage_source="searches"
         )

@@ -39,7 +39,7 @@ from normalizer.evidence import renumbered
 from normalizer.signature import PromptReading
 from proxy.context import FinishCallback, Reply, RequestContext
 from proxy.endpoints import Endpoint
-from proxy.outcome import MISS_STATUSES, CacheStatus
+from proxy.outcome import MISS_STATUSES, SEMANTIC_TIER, CacheStatus
 from proxy.pipeline import Next
 from proxy.slots import SemanticQuery
 from proxy.stages.answers import answer_evidence, complete_body, entry_tags, hit_reply
@@ -93,7 +93,7 @@ def signature_tag(where: SemanticScope, digest: str) -> str:
 class SemanticLookup:
     """Serve semantic hits; teach the index on misses."""
 
-    name = "l2"
+    name = SEMANTIC_TIER
     needs = frozenset({"cache_key", "key_scope", "key_variant", "cache_policy", "prompt"})
     gives = frozenset({"semantic", "entry", "cache_status", "cache_tier"})
     reads_if_given = frozenset({"cache_status"})
