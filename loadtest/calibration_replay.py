@@ -33,10 +33,10 @@ from loadtest.bench.fidelity import embed_all
 from loadtest.fidelity_traffic import best_at, clusters, oracle_curve, same, sample_mix
 from loadtest.sampled_answers import SampledAnswers
 from normalizer.guards import veto
-from proxy.calibrate import HALVES, LabelledPair, half_of, read_pairs
 from proxy.config import load_settings
 from tiers.answer_check import AnswerAgreement
 from tiers.calibration import GRID, Calibrator
+from tiers.labelled_pairs import HALVES, LabelledPair, half_of, read_pairs
 from tiers.semantic import MAX_UNJUDGED
 
 Vectors = dict[str, np.ndarray]

@@ -17,8 +17,8 @@ from collections.abc import Callable, Iterable, Sequence
 
 import numpy as np
 
-from proxy.calibrate import LabelledPair
 from tiers.calibration import GRID
+from tiers.labelled_pairs import LabelledPair
 
 Veto = Callable[[str, str], bool]
 """Whether the proxy's guards veto a match between two questions."""

@@ -13,7 +13,7 @@ learns each namespace's threshold from its traffic, :mod:`tiers.calibration`), a
 pairs at or above it / duplicate pairs). ``--write`` puts them into ``cache.l2.namespace_thresholds`` of a YAML
 config file (created if missing, other keys kept). ``--curve`` also prints the wrong-hit share at or above every
 threshold of :data:`tiers.calibration.GRID`; ``--half calibration|held-out`` keeps one deterministic half of the
-pairs (:func:`half_of`). ``--prior`` prints
+pairs (:func:`tiers.labelled_pairs.half_of`). ``--prior`` prints
 :data:`tiers.calibration.PRIOR_WRONG_SHARE` and :data:`tiers.calibration.PRIOR_PAIRS` as measured on the pairs
 (:func:`prior_curve`), ready to paste.
 """
@@ -22,8 +22,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import csv
-import hashlib
 import os
 import sys
 from collections.abc import Iterable, Sequence
@@ -36,45 +34,10 @@ import yaml
 
 from normalizer.guards import veto
 from tiers.calibration import GRID, cell_of, upper_bound
+from tiers.labelled_pairs import HALVES, LABELS, LabelledPair, PairsError, half_of, read_pairs
 
-HALVES = ("calibration", "held-out")
-LABELS = ("is_duplicate", "same_answer")
 MIN_TOP_PAIRS = 100
 """Pairs the prior's top block pools at least (the highest cells hold few pairs, and decide the first hits)."""
-
-
-@dataclass(frozen=True, slots=True)
-class LabelledPair:
-    question1: str
-    question2: str
-    duplicate: bool
-    namespace: str = "default"
-
-
-class PairsError(ValueError):
-    """A pairs file that cannot be read."""
-
-
-def read_pairs(path: Path, namespace: str = "default", labels: str = "is_duplicate") -> list[LabelledPair]:
-    """The pairs of a CSV file (columns question1, question2, is_duplicate, optional namespace and same_answer),
-    labelled by ``labels`` (``same_answer``: that column where given, ``is_duplicate`` elsewhere)."""
-    try:
-        with path.open(newline="", encoding="utf-8") as handle:
-            reader = csv.DictReader(handle)
-            missing = {"question1", "question2", "is_duplicate", labels} - set(reader.fieldnames or ())
-            if missing:
-                raise PairsError(f"{path}: missing column(s) {', '.join(sorted(missing))}")
-            return [LabelledPair(row["question1"], row["question2"],
-                                 (row[labels].strip() or row["is_duplicate"].strip()) == "1",
-                                 row.get("namespace") or namespace) for row in reader]
-    except (OSError, UnicodeDecodeError, csv.Error) as exc:
-        raise PairsError(f"{path}: {exc}") from None
-
-
-def half_of(pair: LabelledPair) -> str:
-    """The deterministic half a pair belongs to: by the parity of sha256 of its two questions."""
-    digest = hashlib.sha256(f"{pair.question1}\x1f{pair.question2}".encode()).digest()
-    return HALVES[digest[-1] & 1]
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,7 +15,7 @@ import grimp
 import pytest
 
 PACKAGES = ("normalizer", "tiers", "proxy", "admin", "loadtest")
-ENTRY_POINTS = ("proxy.cli", "proxy.serve", "proxy.demo")
+ENTRY_POINTS = ("proxy.cli", "proxy.serve", "proxy.demo", "proxy.calibrate")
 DOUBLES = ("proxy.doubles",)
 LAYERS = ("normalizer", "tiers", "proxy", "admin", "test doubles", "entry points", "loadtest")
 

@@ -5,10 +5,10 @@ real ``ragproxy serve`` at its defaults, as users meet it.
 
 Input: a CSV of ``question1,question2,is_duplicate[,same_answer]`` (``../shared/data/qqp_dev_relabelled.csv``; read
 from the path given, never shipped). ``--labels same_answer`` (the default) reads whether one answer serves both
-questions from ``same_answer`` where it is given and from ``is_duplicate`` elsewhere (:func:`proxy.calibrate.
+questions from ``same_answer`` where it is given and from ``is_duplicate`` elsewhere (:func:`tiers.labelled_pairs.
 read_pairs`). Clusters are the connected components of the pairs labelled 1 (:mod:`loadtest.fidelity_traffic`);
 two questions need the same answer when they share a cluster. ``--half`` keeps one deterministic half
-(:func:`proxy.calibrate.half_of`; report ``held-out``, the default: the prior curve and the defaults were set on
+(:func:`tiers.labelled_pairs.half_of`; report ``held-out``, the default: the prior curve and the defaults were set on
 ``calibration``). ``--mix S`` draws ``--count`` pairs of which a share ``S`` need the same answer (else the first
 ``--count`` pairs of the half as they come).
 
@@ -87,9 +87,9 @@ from loadtest.rag_retrieval import FORMS, Retriever, asked, corpus, first_source
 from loadtest.sampled_answers import SampledAnswers
 from normalizer.evidence import without_citations
 from normalizer.guards import veto
-from proxy.calibrate import HALVES, LABELS, LabelledPair, half_of, read_pairs
 from proxy.config import L2Settings
 from tiers.answer_check import AnswerAgreement
+from tiers.labelled_pairs import HALVES, LABELS, LabelledPair, half_of, read_pairs
 
 BLOCK = 64
 RAG_SYSTEM = "Answer from the documents; cite the one you used."

@@ -22,7 +22,7 @@ from loadtest.fidelity_traffic import (
 )
 from loadtest.sampled_answers import SampledAnswers, cluster_points, topic
 from normalizer.text import fold_question
-from proxy.calibrate import LabelledPair
+from tiers.labelled_pairs import LabelledPair
 
 PAIRS = [LabelledPair("a", "b", True), LabelledPair("b", "c", True), LabelledPair("d", "e", False),
          LabelledPair("a", "d", False)]

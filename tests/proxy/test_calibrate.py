@@ -7,9 +7,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from proxy.calibrate import LabelledPair, PairsError, choose, half_of, prior_curve, read_pairs, write_thresholds
+from proxy.calibrate import choose, prior_curve, write_thresholds
 from proxy.cli import main
 from tiers.calibration import GRID
+from tiers.labelled_pairs import LabelledPair, PairsError, half_of, read_pairs
 
 
 def test_the_lowest_threshold_within_the_target_and_its_recall() -> None:
