@@ -35,7 +35,7 @@ Rows: the default workload (``--zipf``/``--distinct``/``--requests``/``--l1-mb``
 4,000 questions, 64 MiB per replica — memory no constraint). Then ``--invalidations`` single-key invalidations
 from replica A (Redis unbounded): the time until the call returns (every live replica acknowledged), p50/p99,
 and a check that B and C miss right after each call. Last, routing quality with and without shared prefix
-summaries (:func:`routing_hit_ratio`: a stand-in router over :class:`~proxy.shared.PrefixSummaryBoard`, 2
+summaries (:func:`routing_hit_ratio`: a stand-in router over :class:`~proxy.kv.prefix_board.PrefixSummaryBoard`, 2
 modelled backends, 30 document contexts drawn Zipf 1.0). The last output line with ``--json`` carries
 ``shared_hit_ratio``, ``isolated_hit_ratio``, ``hit_ratio_gain`` (shared over isolated), the other variants'
 ``<variant>_hit_ratio`` and ``<variant>_hit_ratio_gain``, ``best_possible_hit_ratio`` (every distinct question
@@ -62,7 +62,8 @@ from loadtest.harness import free_port, wait_for_port
 from loadtest.scale_workload import HEAD_HEAVY, Shape, Workload, build, zipf_trace
 from proxy.config import load_settings
 from proxy.kv.hints import prefix_hashes as path_hashes
-from proxy.shared import PrefixSummaryBoard, SharedMode, build_shared
+from proxy.kv.prefix_board import PrefixSummaryBoard
+from proxy.shared import SharedMode, build_shared
 from tiers.entry import CachedResponse
 from tiers.memory import MemoryStore
 from tiers.policies import make_policy

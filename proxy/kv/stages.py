@@ -92,7 +92,7 @@ class EndpointStage(partial[Coroutine[Any, Any, Reply]]):
 
 
 class PrefixBoard(Protocol):
-    """Prefix summaries shared between proxy replicas (``proxy.shared.PrefixSummaryBoard``)."""
+    """Prefix summaries shared between proxy replicas (``proxy.kv.prefix_board.PrefixSummaryBoard``)."""
 
     def record(self, backend: str, prefixes: Iterable[tuple[str, int]]) -> None: ...
 

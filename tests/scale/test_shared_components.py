@@ -14,7 +14,8 @@ import redis.asyncio as aioredis
 
 from proxy.config import load_settings
 from proxy.kv.hints import prefix_hashes as path_hashes
-from proxy.shared import PrefixSummaryBoard, SharedMode, SharedOptions, build_shared
+from proxy.kv.prefix_board import PrefixSummaryBoard
+from proxy.shared import SharedMode, SharedOptions, build_shared
 from tiers.entry import CachedResponse
 from tiers.invalidation_bus import Pending, lease_valid
 from tiers.memory import MemoryStore
