@@ -16,7 +16,7 @@ from admin.models import FlushBody, InvalidateBody, KeysDeleteBody, VersionBumpB
 from admin.state import RUNTIME, json_response
 from proxy.observability.stats import latency_percentiles
 from proxy.runtime import Runtime
-from tiers.invalidation import InvalidSelector, Near, Outcome, Selector
+from tiers.invalidation import InvalidSelector, Near, Removal, Selector
 
 routes = web.RouteTableDef()
 M = TypeVar("M", bound=BaseModel)
@@ -69,7 +69,7 @@ def _text(request: web.Request, name: str) -> str | None:
     return value if value else None
 
 
-def _outcome(outcome: Outcome) -> dict[str, Any]:
+def _outcome(outcome: Removal) -> dict[str, Any]:
     return {"removed": outcome.removed, "total": outcome.total}
 
 

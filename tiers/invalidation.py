@@ -157,7 +157,7 @@ class SearchResultCache(Protocol):
 
 
 @dataclass(slots=True)
-class Outcome:
+class Removal:
     """How many entries went, per tier (``semantic`` counts vectors, ``retrieval`` cached searches)."""
 
     removed: dict[str, int] = field(default_factory=dict)
@@ -167,8 +167,8 @@ class Outcome:
     def total(self) -> int:
         return sum(self.removed.values())
 
-    def add(self, other: Outcome) -> None:
-        """Count ``other``'s removals in this outcome too."""
+    def add(self, other: Removal) -> None:
+        """Count ``other``'s removals in this removal too."""
         self.removed.update(other.removed)
         self.keys = sorted({*self.keys, *other.keys})
 
@@ -194,39 +194,39 @@ class Invalidator:
     def tier(self, name: str) -> ResponseTier | None:
         return next((t for t in self.tiers if t.name == name), None)
 
-    async def invalidate(self, selector: Selector) -> Outcome:
+    async def invalidate(self, selector: Selector) -> Removal:
         if selector.near is not None and self.embedder is None:
             raise InvalidSelector("a semantic radius needs the semantic tier, which this proxy does not run")
-        outcome = Outcome()
+        removal = Removal()
         if selector.empty:
-            return outcome
+            return removal
         removed: set[str] = set()
         whole_tag = single_tag(selector)
         for tier in self.tiers:
             if whole_tag is not None:  # one tag says it all: one removal (one broadcast in shared mode)
                 removed.update(await tier.store.keys_with_tag(whole_tag))
-                outcome.removed[tier.name] = await tier.delete_tag(whole_tag)
+                removal.removed[tier.name] = await tier.delete_tag(whole_tag)
                 continue
             count = 0
             for key in await self._select(tier, selector):
                 if await tier.delete(key):
                     count += 1
                     removed.add(key)
-            outcome.removed[tier.name] = count
-        outcome.keys = sorted(removed)
-        await self._after_removal(outcome)
+            removal.removed[tier.name] = count
+        removal.keys = sorted(removed)
+        await self._after_removal(removal)
         if self.retrieval is not None and (selector.collection is not None or selector.documents):
-            outcome.removed["retrieval"] = await self._invalidate_searches(selector)
-        return outcome
+            removal.removed["retrieval"] = await self._invalidate_searches(selector)
+        return removal
 
-    async def delete_keys(self, keys: Sequence[str]) -> Outcome:
+    async def delete_keys(self, keys: Sequence[str]) -> Removal:
         """Remove these keys from every tier."""
         return await self.invalidate(Selector(keys=tuple(keys)))
 
-    async def flush(self, names: Sequence[str] | None = None) -> Outcome:
+    async def flush(self, names: Sequence[str] | None = None) -> Removal:
         """Empty the named tiers (all when ``None``); ``retrieval`` flushes cached searches.
 
-        The outcome names only what was flushed: emptying one answer tier leaves the semantic index alone (its
+        The removal names only what was flushed: emptying one answer tier leaves the semantic index alone (its
         vectors still point at the answers the other tiers hold; one whose answer is gone everywhere is dropped
         when it is next matched), and only a flush of everything forgets the vectors of the removed answers."""
         known = {t.name for t in self.tiers} | ({"retrieval"} if self.retrieval is not None else set())
@@ -234,30 +234,30 @@ class Invalidator:
         unknown = sorted(set(wanted) - known)
         if unknown:
             raise InvalidSelector(f"unknown tier(s): {', '.join(unknown)}; known: {', '.join(sorted(known))}")
-        outcome = Outcome()
+        removal = Removal()
         removed: set[str] = set()
         for tier in self.tiers:
             if tier.name not in wanted:
                 continue
             keys = await tier.store.keys_with_tag(ALL_TAG)
-            outcome.removed[tier.name] = await tier.store.clear()
+            removal.removed[tier.name] = await tier.store.clear()
             removed.update(keys)
-        outcome.keys = sorted(removed)
+        removal.keys = sorted(removed)
         if names is None:
-            await self._after_removal(outcome)
-        elif self.on_removed is not None and outcome.keys:
-            self.on_removed(outcome.keys)
+            await self._after_removal(removal)
+        elif self.on_removed is not None and removal.keys:
+            self.on_removed(removal.keys)
         if self.retrieval is not None and "retrieval" in wanted:
-            outcome.removed["retrieval"] = await self.retrieval.invalidate(WriteEffect(WriteScope.ALL))
-        return outcome
+            removal.removed["retrieval"] = await self.retrieval.invalidate(WriteEffect(WriteScope.ALL))
+        return removal
 
-    async def _after_removal(self, outcome: Outcome) -> None:
-        if not outcome.keys:
+    async def _after_removal(self, removal: Removal) -> None:
+        if not removal.keys:
             return
         if self.semantic is not None:
-            outcome.removed["semantic"] = await self.semantic.delete(outcome.keys)
+            removal.removed["semantic"] = await self.semantic.delete(removal.keys)
         if self.on_removed is not None:
-            self.on_removed(outcome.keys)
+            self.on_removed(removal.keys)
 
     async def _select(self, tier: ResponseTier, selector: Selector) -> list[str]:
         store = tier.store

@@ -14,7 +14,7 @@ from proxy.shared import SharedMode
 from proxy.stages.answers import StillStored, WriteBehind
 from proxy.stages.retrieval import CollectionFetcher
 from proxy.upstream.client import UpstreamClient
-from tiers.invalidation import Embedding, Outcome, Selector
+from tiers.invalidation import Embedding, Removal, Selector
 from tiers.latency import LatencyHistogram
 from tiers.memory import MemoryStore
 from tiers.response_tier import ResponseTier
@@ -52,12 +52,12 @@ class CacheTier(Protocol):
         """Lookups per result and their durations (``ragproxy_cache_lookups_total`` and ``_duration_seconds``)."""
         ...
 
-    async def invalidate(self, selector: Selector, embedder: Embedding | None, removed: Outcome) -> None:
+    async def invalidate(self, selector: Selector, embedder: Embedding | None, removed: Removal) -> None:
         """Drop what ``selector`` names (``embedder``: for ``near``), adding it to ``removed``. Tiers are called in
         registration order, so a tier pointing at other tiers' answers sees the keys they removed."""
         ...
 
-    async def flush(self, removed: Outcome) -> None:
+    async def flush(self, removed: Removal) -> None:
         """Drop everything the tier holds (a tier that is not :attr:`flushable`: what points at ``removed.keys``),
         adding it to ``removed``."""
         ...

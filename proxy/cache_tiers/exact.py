@@ -9,7 +9,7 @@ from proxy.cache_tiers.base import Build, CacheTier, Gauge, LookupStats, Off, St
 from proxy.endpoints import Endpoint
 from proxy.pipeline import Stage
 from proxy.stages.answers import ExactLookup, StillStored, WriteBehind
-from tiers.invalidation import Embedding, Invalidator, Outcome, Selector
+from tiers.invalidation import Embedding, Invalidator, Removal, Selector
 from tiers.memory import MemoryStore
 from tiers.policies import make_policy
 from tiers.response_tier import ResponseTier
@@ -49,11 +49,11 @@ class ExactTier:
         counters = self.answers.counters
         return LookupStats(counters.lookups(), counters.lookup_seconds)
 
-    async def invalidate(self, selector: Selector, embedder: Embedding | None, removed: Outcome) -> None:
+    async def invalidate(self, selector: Selector, embedder: Embedding | None, removed: Removal) -> None:
         assert self.answers is not None
         removed.add(await Invalidator([self.answers], embedder=embedder).invalidate(selector))
 
-    async def flush(self, removed: Outcome) -> None:
+    async def flush(self, removed: Removal) -> None:
         assert self.answers is not None
         removed.add(await Invalidator([self.answers]).flush())
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from proxy.cache_tiers.base import TierSet
-from tiers.invalidation import InvalidSelector, Outcome, Selector
+from tiers.invalidation import InvalidSelector, Removal, Selector
 
 
 class TierInvalidation:
@@ -17,22 +17,22 @@ class TierInvalidation:
         self.tiers = tiers
         self.on_removed = on_removed
 
-    async def invalidate(self, selector: Selector) -> Outcome:
+    async def invalidate(self, selector: Selector) -> Removal:
         embedder = next((tier.embedder for tier in self.tiers if tier.embedder is not None), None)
         if selector.near is not None and embedder is None:
             raise InvalidSelector("a semantic radius needs the semantic tier, which this proxy does not run")
-        removed = Outcome()
+        removed = Removal()
         if selector.empty:
             return removed
         for tier in self.tiers:
             await tier.invalidate(selector, embedder, removed)
         return self._told(removed)
 
-    async def delete_keys(self, keys: Sequence[str]) -> Outcome:
+    async def delete_keys(self, keys: Sequence[str]) -> Removal:
         """Remove these keys from every tier."""
         return await self.invalidate(Selector(keys=tuple(keys)))
 
-    async def flush(self, names: Sequence[str] | None = None) -> Outcome:
+    async def flush(self, names: Sequence[str] | None = None) -> Removal:
         """Empty the named tiers (every flushable one when ``None``).
 
         The outcome names only what was flushed: emptying one answer tier leaves the tiers that are not flushed by
@@ -43,13 +43,13 @@ class TierInvalidation:
         unknown = sorted(wanted - known)
         if unknown:
             raise InvalidSelector(f"unknown tier(s): {', '.join(unknown)}; known: {', '.join(sorted(known))}")
-        removed = Outcome()
+        removed = Removal()
         for tier in self.tiers:
             if tier.name in wanted or (names is None and not tier.flushable):
                 await tier.flush(removed)
         return self._told(removed)
 
-    def _told(self, removed: Outcome) -> Outcome:
+    def _told(self, removed: Removal) -> Removal:
         if removed.keys:
             self.on_removed(removed.keys)
         return removed

@@ -10,7 +10,7 @@ from proxy.cache_tiers.base import Build, CacheTier, Gauge, LookupStats, Off, St
 from proxy.pipeline import Stage
 from proxy.stages.answers import WriteBehind
 from proxy.stages.retrieval import CollectionFetcher, InvalidateSearches, RetrievalLookup
-from tiers.invalidation import Embedding, Invalidator, Outcome, Selector
+from tiers.invalidation import Embedding, Invalidator, Removal, Selector
 from tiers.policies import make_policy
 from tiers.response_tier import ResponseTier
 from tiers.retrieval import RetrievalCache
@@ -51,12 +51,12 @@ class SearchTier:
     def lookup_stats(self) -> LookupStats:
         return LookupStats(dict(self.cache.counts), self.cache.lookup_seconds)
 
-    async def invalidate(self, selector: Selector, embedder: Embedding | None, removed: Outcome) -> None:
+    async def invalidate(self, selector: Selector, embedder: Embedding | None, removed: Removal) -> None:
         """A collection, or documents that are Qdrant point ids, drop the cached searches that read them."""
         searches = Invalidator([], retrieval=self.cache, collections=self.cache.collections, embedder=embedder)
         removed.add(await searches.invalidate(selector))
 
-    async def flush(self, removed: Outcome) -> None:
+    async def flush(self, removed: Removal) -> None:
         removed.removed[self.name] = await self.cache.invalidate(WriteEffect(WriteScope.ALL))
 
     def gauges(self) -> Sequence[Gauge]:

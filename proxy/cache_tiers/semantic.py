@@ -17,7 +17,7 @@ from proxy.pipeline import Stage
 from proxy.semantic_factory import build_semantic
 from proxy.stages.answers import WriteBehind
 from proxy.stages.semantic import SemanticLookup, question_vectors
-from tiers.invalidation import Embedding, Outcome, Selector
+from tiers.invalidation import Embedding, Removal, Selector
 from tiers.response_tier import ResponseTier
 from tiers.semantic import SemanticTier
 
@@ -108,13 +108,13 @@ class SemanticCacheTier:
         return LookupStats({"hit": s.hits, "miss": s.lookups - s.hits - s.errors, "error": s.errors},
                            s.lookup_seconds)
 
-    async def invalidate(self, selector: Selector, embedder: Embedding | None, removed: Outcome) -> None:
+    async def invalidate(self, selector: Selector, embedder: Embedding | None, removed: Removal) -> None:
         await self._forget(removed)
 
-    async def flush(self, removed: Outcome) -> None:
+    async def flush(self, removed: Removal) -> None:
         await self._forget(removed)
 
-    async def _forget(self, removed: Outcome) -> None:
+    async def _forget(self, removed: Removal) -> None:
         """No vector may point at an answer the tiers before this one removed."""
         if removed.keys:
             removed.removed["semantic"] = await self.semantic.delete(removed.keys)

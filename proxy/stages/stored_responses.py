@@ -45,7 +45,7 @@ from proxy.errors import ProxyError
 from proxy.pipeline import Next
 from proxy.response_owners import OwnersUnavailable, ResponseOwner, ResponseOwners
 from proxy.sse import EventSplitter, event_data
-from tiers.invalidation import Outcome, Selector
+from tiers.invalidation import Removal, Selector
 
 log = logging.getLogger("ragproxy.responses")
 
@@ -84,7 +84,7 @@ class StoredResponses:
     """Checks and records the owners of stored responses; pins requests to the replica that keeps one."""
 
     def __init__(self, owners: ResponseOwners, replicas: Sequence[str],
-                 invalidate: Callable[[Selector], Awaitable[Outcome]] | None = None) -> None:
+                 invalidate: Callable[[Selector], Awaitable[Removal]] | None = None) -> None:
         """``replicas``: the LLM replicas' labels, by index; ``invalidate``: removes cached entries."""
         self.owners = owners
         self.replicas = {label: index for index, label in enumerate(replicas)}
