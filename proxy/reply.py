@@ -14,17 +14,25 @@ The complete answer a finished reply carried (:class:`Complete`: a streamed one 
 once, by the first finish callback that asks for it (:meth:`Reply.completed`), and shared by every other: the store,
 stale-if-error, coalescing and the semantic tier all read the same one.
 
+:func:`finish` runs a sent reply's finish callbacks so that a client hanging up cannot cancel them;
+:func:`drain_finishers` waits for those still running at shutdown (the runtime calls it, the routes call
+:func:`finish`: both import down to this module).
+
 Apart from :mod:`proxy.context` so that the upstream client, which builds replies, needs nothing of the request
 context (and the context can name the stages' slot types without an import cycle).
 """
 
 from __future__ import annotations
 
+import asyncio
+import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from multidict import CIMultiDict
+
+log = logging.getLogger("ragproxy.respond")
 
 FinishCallback = Callable[["Reply", bool, bytes], Awaitable[None]]
 EndCallback = Callable[["Reply", bool], None]
@@ -102,3 +110,35 @@ class Reply:
         self.end(ok)
         for callback in self._callbacks:
             await callback(self, ok, body)
+
+
+_unfinished: set[asyncio.Task[None]] = set()
+"""Finish work of replies whose client hung up, still running: :func:`drain_finishers` waits for it at shutdown."""
+
+
+async def _run_finish(reply: Reply, ok: bool, body: bytes) -> None:
+    try:
+        await reply.finish(ok, body)
+    except Exception:  # a failing store or ledger write must not break the response already sent
+        log.exception("finish callback failed")
+
+
+async def finish(reply: Reply, ok: bool, body: bytes) -> None:
+    """Run the finish callbacks to completion even if the client hangs up meanwhile (the handler is then
+    cancelled): storing, indexing and settling what was sent must not depend on the client's patience."""
+    reply.end(ok)
+    if not reply.wants_body:
+        return
+    task = asyncio.ensure_future(_run_finish(reply, ok, body))
+    try:
+        await asyncio.shield(task)
+    except asyncio.CancelledError:
+        _unfinished.add(task)
+        task.add_done_callback(_unfinished.discard)
+        raise
+
+
+async def drain_finishers(wait_s: float) -> None:
+    """Wait (bounded) for finish work left running by clients that hung up; called at shutdown."""
+    if _unfinished:
+        await asyncio.wait(list(_unfinished), timeout=wait_s)

@@ -34,6 +34,7 @@ from proxy.observability.logs import LogLevel
 from proxy.observability.metrics import Metrics, TierLookups
 from proxy.observability.observe import AccessLog, Observer, observer
 from proxy.observability.stats import RequestStats
+from proxy.reply import drain_finishers
 from proxy.response_owners import OwnersUnavailable, RedisResponseOwners, ResponseOwners, SqliteResponseOwners
 from proxy.shared import SharedMode, build_shared
 from proxy.upstream.backends import BackendPool
@@ -145,8 +146,6 @@ class Runtime:
 
     async def start(self) -> None:
         """Start every component, in order; a failure stops the ones already started and is raised."""
-        from proxy.routes.respond import drain_finishers
-
         async with AsyncExitStack() as stack:
             stack.push_async_callback(self.client.close)
             if self.trace is not None:

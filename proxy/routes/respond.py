@@ -9,7 +9,6 @@ the response; any other route closes the connection mid-body, so the client sees
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 
@@ -17,6 +16,7 @@ import orjson
 
 from proxy.context import Reply, RequestContext
 from proxy.errors import Dialect
+from proxy.reply import finish
 from proxy.server.responder import Responder
 from proxy.sse import DONE
 from proxy.upstream.client import UpstreamStreamError
@@ -30,37 +30,6 @@ def _error_event(message: str) -> bytes:
     return b"data: " + orjson.dumps(payload) + b"\n\n"
 
 
-_unfinished: set[asyncio.Task[None]] = set()
-
-
-async def _run_finish(reply: Reply, ok: bool, body: bytes) -> None:
-    try:
-        await reply.finish(ok, body)
-    except Exception:  # a failing store or ledger write must not break the response already sent
-        log.exception("finish callback failed")
-
-
-async def _finish(reply: Reply, ok: bool, body: bytes) -> None:
-    """Run the finish callbacks to completion even if the client hangs up meanwhile (the handler is then
-    cancelled): storing, indexing and settling what was sent must not depend on the client's patience."""
-    reply.end(ok)
-    if not reply.wants_body:
-        return
-    task = asyncio.ensure_future(_run_finish(reply, ok, body))
-    try:
-        await asyncio.shield(task)
-    except asyncio.CancelledError:
-        _unfinished.add(task)
-        task.add_done_callback(_unfinished.discard)
-        raise
-
-
-async def drain_finishers(wait_s: float) -> None:
-    """Wait (bounded) for finish work left running by clients that hung up; called at shutdown."""
-    if _unfinished:
-        await asyncio.wait(list(_unfinished), timeout=wait_s)
-
-
 async def respond(out: Responder, ctx: RequestContext, reply: Reply, dialect: Dialect) -> None:
     """Send ``reply`` with the context's extra headers."""
     headers = reply.headers
@@ -70,7 +39,7 @@ async def respond(out: Responder, ctx: RequestContext, reply: Reply, dialect: Di
         body = reply.body or b""
         out.send(reply.status, headers.items(), body)
         if reply.wants_body:
-            await _finish(reply, 200 <= reply.status < 300, body)
+            await finish(reply, 200 <= reply.status < 300, body)
         else:  # nothing to store or settle: the end callbacks alone, no coroutine
             reply.end(200 <= reply.status < 300)
         return
@@ -102,7 +71,7 @@ async def respond(out: Responder, ctx: RequestContext, reply: Reply, dialect: Di
             await aclose()
         # The SDKs close the connection once they read [DONE], often before the upstream's response has ended
         # (the handler is then being cancelled): what the client received in full is stored and billed in full.
-        await _finish(reply, (ok or delivered) and 200 <= reply.status < 300, b"".join(collected or ()))
+        await finish(reply, (ok or delivered) and 200 <= reply.status < 300, b"".join(collected or ()))
     # The terminating chunk only after storing and settling: a client that has seen the end of a stream finds it
     # billed and cached (a complete body, sent in one write, is finished after it is sent).
     if ok or terminate:
