@@ -4,16 +4,11 @@ against standalone Redis; layout, budget, tag index and tombstones: tests/test_r
 from __future__ import annotations
 
 import asyncio
-import shutil
-import socket
-import subprocess
-import time
 from collections.abc import AsyncIterator, Iterator
 
 import pytest
-import redis
 
-from tests.support.processes import RedisServer, free_port
+from tests.support.redis_cluster import RedisClusterProcesses, cluster_available
 from tiers.redis_store import RedisStore
 
 
@@ -39,57 +34,13 @@ async def test_prefixes_isolate_stores(redis_url: str) -> None:
 # -- Redis Cluster ------------------------------------------------------------------------------------------
 
 
-def _cluster_port() -> int:
-    """A free port whose cluster bus port (port + 10000) is valid and free too."""
-    while True:
-        port = free_port()
-        if port + 10000 > 65535:
-            continue
-        with socket.socket() as probe:
-            try:
-                probe.bind(("127.0.0.1", port + 10000))
-            except OSError:
-                continue
-        return port
-
-
 @pytest.fixture(scope="module")
 def cluster_url() -> Iterator[str]:
     """A 3-master Redis Cluster on free loopback ports (no replicas)."""
-    if shutil.which("redis-cli") is None:
+    if not cluster_available():
         pytest.skip("redis-cli is not installed")
-    servers = [
-        RedisServer.start(_cluster_port(), "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf")
-        for _ in range(3)
-    ]
-    try:
-        subprocess.run(
-            [
-                "redis-cli",
-                "--cluster",
-                "create",
-                *(f"127.0.0.1:{s.port}" for s in servers),
-                "--cluster-replicas",
-                "0",
-                "--cluster-yes",
-            ],
-            check=True,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            timeout=30,
-        )
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:
-            infos = [redis.Redis(port=s.port).cluster("info") for s in servers]
-            if all(info.get("cluster_state") == "ok" for info in infos):
-                break
-            time.sleep(0.1)
-        else:
-            raise TimeoutError("cluster did not reach state ok")
-        yield f"redis+cluster://127.0.0.1:{servers[0].port}/0"
-    finally:
-        for server in servers:
-            server.stop()
+    with RedisClusterProcesses(masters=3) as cluster:
+        yield cluster.url
 
 
 async def test_works_on_redis_cluster(cluster_url: str) -> None:

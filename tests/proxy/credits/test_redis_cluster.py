@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import subprocess
 import time
 from collections.abc import AsyncIterator, Iterator
 
@@ -13,7 +12,7 @@ from proxy.credits.redis_idempotency import RedisIdempotencyStore
 from proxy.credits.redis_keys import RedisKeyStore
 from proxy.credits.redis_store import RedisCreditStore
 from proxy.credits.store import ChargeDetails, InsufficientCredit, LedgerFilter, Reservation, ledger_entries
-from tests.support.processes import RedisServer, free_port
+from tests.support.redis_cluster import RedisClusterProcesses, cluster_available
 
 CREDIT = 1_000_000
 T0 = 1_800_000_000.0
@@ -21,50 +20,11 @@ T0 = 1_800_000_000.0
 
 @pytest.fixture(scope="module")
 def cluster_url() -> Iterator[str]:
-    nodes = []
-    try:
-        for _ in range(3):
-            port = free_port()
-            # the cluster bus gets a free port of its own: the default, port + 10000, may be past 65535
-            bus = free_port()
-            nodes.append(
-                RedisServer.start(
-                    port,
-                    "--cluster-enabled",
-                    "yes",
-                    "--cluster-config-file",
-                    f"nodes-{port}.conf",
-                    "--cluster-port",
-                    str(bus),
-                )
-            )
-        subprocess.run(
-            [
-                "redis-cli",
-                "--cluster",
-                "create",
-                *(f"127.0.0.1:{n.port}" for n in nodes),
-                "--cluster-replicas",
-                "0",
-                "--cluster-yes",
-            ],
-            check=True,
-            capture_output=True,
-            timeout=30,
-        )
-        deadline = time.monotonic() + 20
-        while (
-            b"cluster_state:ok"
-            not in subprocess.run(
-                ["redis-cli", "-p", str(nodes[0].port), "cluster", "info"], capture_output=True, timeout=5
-            ).stdout
-        ):
-            assert time.monotonic() < deadline, "the test cluster did not come up"
-            time.sleep(0.1)
-        yield f"redis://127.0.0.1:{nodes[0].port}/0"
-    finally:
-        for node in nodes:
-            node.stop()
+    """A 3-master Redis Cluster on free loopback ports (no replicas)."""
+    if not cluster_available():
+        pytest.skip("redis-cli is not installed")
+    with RedisClusterProcesses(masters=3) as cluster:
+        yield cluster.plain_url
 
 
 @pytest.fixture
