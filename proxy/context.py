@@ -1,7 +1,7 @@
 """What travels through the pipeline: the per-request context, and the reply the stages hand back.
 
 :class:`Reply` (and its callbacks) is defined in :mod:`proxy.reply` and is part of the vocabulary stages import from
-here; the values the stages hand on through the context's slots are defined in :mod:`proxy.slots`.
+here; the values the stages hand on through the context's slots are defined in :mod:`proxy.handoffs`.
 
 The way in and the way up are kept apart. ``ctx.body`` is the client's JSON body as the route handler parsed it
 (less the proxy's own fields, ``ctx.proxy_fields``) and stays so for the whole request: it is ``Final`` (never
@@ -34,7 +34,7 @@ if TYPE_CHECKING:
     from normalizer.canonical import KeyScope
     from normalizer.documents import PromptDocuments
     from proxy.credits.store import Reservation
-    from proxy.slots import RequestTrace, RerankCount, RoutedRequest, SemanticQuery, ShapedRequest
+    from proxy.handoffs import RequestTrace, RerankCount, RoutedRequest, SemanticQuery, ShapedRequest
     from proxy.upstream.backends import Backend
     from tiers.entry import CachedResponse
 

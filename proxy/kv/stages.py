@@ -63,6 +63,7 @@ from typing import Any, Protocol
 from proxy.context import Reply, RequestContext
 from proxy.endpoints import CHAT, Endpoint
 from proxy.errors import ProxyError
+from proxy.handoffs import ReplicaOrder, RoutedRequest, ShapedRequest
 from proxy.kv.admission_queue import AdmissionQueue, DeadlineExceeded
 from proxy.kv.discovery import apply_slots, read_slots
 from proxy.kv.hints import SlotTable, prefix_hashes, reply_objects, reports_cache
@@ -72,7 +73,6 @@ from proxy.kv.prefill import PrefillModel, share_fits
 from proxy.kv.router import Candidate, Reject, Router
 from proxy.kv.tree import KnowledgeTree, Match, Segment
 from proxy.pipeline import Next
-from proxy.slots import ReplicaOrder, RoutedRequest, ShapedRequest
 from proxy.upstream.client import UpstreamClient
 
 

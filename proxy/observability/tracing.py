@@ -20,7 +20,7 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor
 from opentelemetry.trace import Tracer
 
 from proxy.context import Reply, RequestContext
-from proxy.slots import RequestTrace
+from proxy.handoffs import RequestTrace
 
 Next = Callable[[RequestContext], Awaitable[Reply]]
 

@@ -42,10 +42,10 @@ from normalizer.rerank import (
 )
 from proxy.context import Reply, RequestContext
 from proxy.errors import ProxyError
+from proxy.handoffs import RerankCount
 from proxy.outcome import CacheStatus
 from proxy.pacing import Pacer, finish
 from proxy.pipeline import Next
-from proxy.slots import RerankCount
 from proxy.stages.answers import entry_tags
 from proxy.stages.items import ItemsCache
 from tiers.entry import CachedResponse

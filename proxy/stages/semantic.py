@@ -39,9 +39,9 @@ from normalizer.evidence import renumbered
 from normalizer.signature import PromptReading
 from proxy.context import FinishCallback, Reply, RequestContext
 from proxy.endpoints import Endpoint
+from proxy.handoffs import SemanticQuery
 from proxy.outcome import MISS_STATUSES, SEMANTIC_TIER, CacheStatus
 from proxy.pipeline import Next
-from proxy.slots import SemanticQuery
 from proxy.stages.answers import answer_evidence, complete_body, entry_tags, hit_reply
 from tiers.calibration import GRID
 from tiers.embedders.base import FloatArray
