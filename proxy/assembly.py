@@ -11,7 +11,7 @@ exact → L2 semantic, so an exact repeat is answered before any embedding is co
 tier's question vectors). Legacy completions: the same without prompt, L2, shape and route. Responses API
 (``POST /v1/responses``): the same as chat (L2, shape and route included) after a stored_responses stage that
 lets a request continue only its own tenant's stored responses and records the ones it makes
-(:mod:`proxy.stages.stored_responses`), with its own credits (:class:`~proxy.credits.endpoints.ResponseCredits`)
+(:mod:`proxy.stages.stored_responses`), with its own credits (:class:`~proxy.credits.priced_apart.ResponseCredits`)
 and its documents read from ``instructions`` and ``input`` (shape plans from that chat view but never reorders:
 the body goes out as the client wrote it, plus hints); a stored answer's cache lifetime is bounded by the
 upstream's retention. Requests about a stored response (``/v1/responses/{id}`` and below, ``input_tokens``,
@@ -43,8 +43,8 @@ from normalizer.bypass import BypassSettings
 from normalizer.cache_control import CacheDefaults
 from normalizer.canonical import RequestKind
 from normalizer.limits import RequestLimits
-from proxy.credits.endpoints import RerankCredits, ResponseCredits
 from proxy.credits.idempotency import Idempotency
+from proxy.credits.priced_apart import RerankCredits, ResponseCredits
 from proxy.credits.stages import Credits, Identify, RequestCredits, SearchCredits
 from proxy.endpoints import CHAT, COMPLETIONS, RESPONSES, Endpoint
 from proxy.pipeline import Pipeline, Pipelines, Stage
