@@ -22,6 +22,10 @@ Wire shape (JSON, kept in the vector payload and in the cold tier's entry meta):
 
     {"documents": [[id, content hash], ...],   # in the order the model saw them
      "cited": [[position or 0, id], ...] | null}   # null: the answer cites nothing
+    {"too_many": n}                             # more than MAX_DOCUMENTS documents: supports nothing
+
+Its size is bounded whatever the client sends: at most :data:`MAX_DOCUMENTS` documents, an id longer than
+:data:`MAX_ID_CHARS` kept as ``~`` and 16 hex digits of its BLAKE2b.
 """
 
 from __future__ import annotations
@@ -33,6 +37,10 @@ from typing import Any
 from normalizer.canonical_json import JSONValue
 from normalizer.documents import Document, content_id
 
+MAX_DOCUMENTS = 64
+"""Evidence of a prompt with more documents is their count alone, and supports no other prompt: such a question is
+answered from the cache only by an exact repeat."""
+MAX_ID_CHARS = 64
 MIN_TITLE_CHARS = 8
 """A shorter title ("FAQ", "Intro") appears in answers by chance too often to count as a citation."""
 
@@ -48,6 +56,8 @@ def evidence(answer: str, documents: Sequence[Document]) -> dict[str, JSONValue]
     documents."""
     if not documents:
         return None
+    if len(documents) > MAX_DOCUMENTS:
+        return {"too_many": len(documents)}
     ids = {document.id for document in documents}
     cited: dict[tuple[int, str], None] = {}
     for match in _BRACKETED.finditer(answer):
@@ -62,8 +72,13 @@ def evidence(answer: str, documents: Sequence[Document]) -> dict[str, JSONValue]
     for document in documents:
         if document.title and len(document.title) >= MIN_TITLE_CHARS and document.title in answer:
             cited[(0, document.id)] = None
-    return {"documents": [[document.id, content_id(document.text)] for document in documents],
-            "cited": [[position, doc_id] for position, doc_id in cited] if cited else None}
+    return {"documents": [[_ref(document.id), content_id(document.text)] for document in documents],
+            "cited": [[position, _ref(doc_id)] for position, doc_id in cited] if cited else None}
+
+
+def _ref(doc_id: str) -> str:
+    """How evidence names a document: its id, or a digest of an id longer than :data:`MAX_ID_CHARS`."""
+    return doc_id if len(doc_id) <= MAX_ID_CHARS else "~" + content_id(doc_id)
 
 
 def without_citations(answer: str) -> str:
@@ -85,7 +100,7 @@ def supports(kept: Any, documents: Sequence[Document]) -> bool:
         needed = [(0, doc_id) for doc_id in given] if cited is None else [(int(p), str(i)) for p, i in cited]
     except (KeyError, TypeError, ValueError):  # not evidence this module wrote: supports nothing
         return False
-    carried = {document.id: content_id(document.text) for document in documents}
+    carried = {_ref(document.id): content_id(document.text) for document in documents}
     if any(given[doc_id] != digest for doc_id, digest in carried.items() if doc_id in given):
         return False  # a document of both prompts changed its text
     return all(doc_id in carried for _, doc_id in needed)
@@ -97,7 +112,7 @@ def renumbered(answer: str, kept: Any, documents: Sequence[Document]) -> str:
     if not isinstance(kept, Mapping) or not kept.get("cited") or not any(p for p, _ in kept["cited"]):
         return answer
     given = [str(doc_id) for doc_id, _ in kept["documents"]]
-    now = {document.id: position for position, document in enumerate(documents, 1)}
+    now = {_ref(document.id): position for position, document in enumerate(documents, 1)}
 
     def group(match: re.Match[str]) -> str:
         pieces = _SEPARATORS.split(match.group(0)[1:-1])

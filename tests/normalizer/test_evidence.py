@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import orjson
 import pytest
 
 from normalizer.documents import Document
-from normalizer.evidence import evidence, renumbered, supports, without_citations
+from normalizer.evidence import MAX_DOCUMENTS, evidence, renumbered, supports, without_citations
 
 A, B, C = Document("a", "Alpha text."), Document("b", "Beta text.", "Beta handbook"), Document("c", "Gamma text.")
 
@@ -78,3 +79,13 @@ def test_malformed_evidence_supports_nothing() -> None:
 def test_answers_are_compared_without_their_citations() -> None:
     cited = "Austen wrote it [doc-3], in 1813 [2]; see a[1]."
     assert without_citations(cited) == "Austen wrote it , in 1813 ; see a[1]."
+
+
+def test_evidence_is_bounded_whatever_the_client_sends() -> None:
+    many = tuple(Document(f"d{i}", f"text {i}") for i in range(MAX_DOCUMENTS + 1))
+    kept = evidence("Cites nothing.", many)
+    assert kept == {"too_many": MAX_DOCUMENTS + 1} and not supports(kept, many), "exact repeats only"
+    long_id = Document("x" * 10_000, "Long id text.")
+    kept = evidence("Cites nothing.", (long_id, A))
+    assert len(orjson.dumps(kept)) < 200
+    assert supports(kept, (A, long_id)) and not supports(kept, (A,))
