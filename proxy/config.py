@@ -15,15 +15,12 @@ import ipaddress
 import os
 import re
 from collections.abc import Mapping
-from decimal import Decimal
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import (
     AfterValidator,
-    BaseModel,
-    ConfigDict,
     Field,
     SecretStr,
     ValidationError,
@@ -33,7 +30,9 @@ from pydantic import (
 )
 
 from normalizer.paths import check_pattern
+from proxy.credits.settings import CreditsSettings, IdempotencySettings
 from proxy.kv.kinds import KINDS
+from proxy.settings_section import Section
 from tiers.policies import POLICY_NAMES
 from tiers.redis_connect import check_url, is_sentinel
 
@@ -42,10 +41,6 @@ ENV_PREFIX = "RAGPROXY_"
 
 class ConfigError(ValueError):
     """A configuration value that cannot be used."""
-
-
-class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
 
 def _known_policy(name: str) -> str:
@@ -63,7 +58,7 @@ def _http_url(value: str) -> str:
     return value.rstrip("/")
 
 
-class LLMBackend(_Section):
+class LLMBackend(Section):
     """One OpenAI-compatible inference replica."""
 
     url: str = Field(description="Base URL without /v1, e.g. http://vllm:8000")
@@ -113,7 +108,7 @@ class LLMBackend(_Section):
         return self.name or redact_url(self.url, mask="")
 
 
-class QdrantUpstream(_Section):
+class QdrantUpstream(Section):
     """The Qdrant server behind the proxy (REST)."""
 
     url: str | None = Field(default=None, description="e.g. http://qdrant:6333; unset = Qdrant routes answer 502")
@@ -125,7 +120,7 @@ class QdrantUpstream(_Section):
         return None if value is None else _http_url(value)
 
 
-class Upstreams(_Section):
+class Upstreams(Section):
     llm: list[LLMBackend] = Field(
         default_factory=lambda: [LLMBackend(url="http://127.0.0.1:8000")],
         min_length=1,
@@ -159,7 +154,7 @@ class Upstreams(_Section):
         return [check_pattern(pattern) for pattern in value]
 
 
-class Server(_Section):
+class Server(Section):
     host: str = Field(default="127.0.0.1", description="Data-plane bind address")
     port: int = Field(default=8080, ge=1, le=65535, description="Data-plane port")
     max_body_bytes: int = Field(default=16 * 1024 * 1024, ge=1024, description="Largest request body accepted")
@@ -182,7 +177,7 @@ class Server(_Section):
     trust_forwarded: bool = Field(default=False, description="Keep incoming X-Forwarded-* chains")
 
 
-class RoutingSettings(_Section):
+class RoutingSettings(Section):
     enabled: bool = Field(default=True, description="Knowledge tree, document order, prefix hints, TTFT routing")
     ttft_slo_s: float | None = Field(default=None, gt=0, description="Answer 429 when no replica can start sooner")
     order: Literal["preserve", "reuse", "shift"] = Field(
@@ -215,7 +210,7 @@ class RoutingSettings(_Section):
     )
 
 
-class L1Settings(_Section):
+class L1Settings(Section):
     enabled: bool = Field(default=True, description="In-process exact cache")
     max_bytes: int = Field(default=256 * 1024 * 1024, ge=0, description="Bytes of cached responses in memory")
     max_entries: int = Field(default=200_000, ge=1, description="Entries in memory")
@@ -225,7 +220,7 @@ class L1Settings(_Section):
     )
 
 
-class L2Settings(_Section):
+class L2Settings(Section):
     enabled: bool = Field(default=True, description="Semantic tier: equivalent questions reuse an answer")
     embedder: Literal["local", "upstream"] = Field(
         default="local", description="local: all-MiniLM-L6-v2 on the CPU; upstream: an OpenAI /v1/embeddings URL"
@@ -274,7 +269,7 @@ class L2Settings(_Section):
         return self
 
 
-class L3Settings(_Section):
+class L3Settings(Section):
     enabled: bool = Field(default=True, description="Persistent lz4-compressed cold tier under data_dir/cold")
     max_bytes: int = Field(default=8 * 1024**3, ge=1024 * 1024, description="Disk bytes the cold tier may use")
     policy: PolicyName = Field(default="bpcache", description="Eviction policy of the cold tier")
@@ -282,7 +277,7 @@ class L3Settings(_Section):
     warmup_entries: int = Field(default=0, ge=0, description="Hottest cold entries copied into L1 at start")
 
 
-class RetrievalSettings(_Section):
+class RetrievalSettings(Section):
     enabled: bool = Field(default=True, description="Reuse Qdrant search results for equal or nearby query vectors")
     tolerance: float = Field(default=0.015, ge=0, description="Default cosine distance (1 - cos) for a reuse")
     collection_tolerances: dict[str, float] = Field(
@@ -296,7 +291,7 @@ class RetrievalSettings(_Section):
     )
 
 
-class StaleSettings(_Section):
+class StaleSettings(Section):
     namespaces: list[str] = Field(
         default_factory=list, description="Stale-tolerant namespaces: on upstream failure, serve the last good answer"
     )
@@ -305,7 +300,7 @@ class StaleSettings(_Section):
     max_stale_s: float = Field(default=86_400.0, gt=0, description="Oldest answer served stale")
 
 
-class CacheSettings(_Section):
+class CacheSettings(Section):
     enabled: bool = Field(default=True, description="Master switch of every response tier")
     l1: L1Settings = Field(default_factory=L1Settings)
     l2: L2Settings = Field(default_factory=L2Settings)
@@ -357,7 +352,7 @@ class CacheSettings(_Section):
         return value
 
 
-class LimitsSettings(_Section):
+class LimitsSettings(Section):
     json_depth: int = Field(
         default=128, ge=2, le=255, description="Deepest nesting of a JSON request body, 400 beyond (Qdrant's JSON "
         "parser refuses more than 128 levels; the proxy re-encodes at most 255)"
@@ -371,33 +366,14 @@ class LimitsSettings(_Section):
                                   "413 beyond (Cohere's limit)")
 
 
-class IdempotencySettings(_Section):
-    enabled: bool = Field(default=True, description="Honour Idempotency-Key on LLM calls: a repeat gets the first "
-                          "answer and is charged once")
-    ttl_s: float = Field(default=86_400.0, gt=0, description="How long a finished call's answer serves repeats")
-    running_ttl_s: float = Field(default=600.0, gt=0, description="Longest a key stays held by an unfinished call")
-    max_response_bytes: int = Field(default=4 * 1024 * 1024, ge=0, description="Larger answers are not kept (a "
-                                    "repeat runs again)")
-    max_bytes: int = Field(default=256 * 1024**2, ge=0, description="Bytes of kept answers held in all (process "
-                           "memory, or Redis when redis.url is set): past it the oldest finished key of the user "
-                           "holding the most goes")
-    max_bytes_per_user: int = Field(default=16 * 1024**2, ge=0, description="Bytes of kept answers one user holds "
-                                    "at most: past it the user's oldest finished key goes; an answer that cannot fit "
-                                    "is not kept (a repeat runs again)")
-    max_entries: int = Field(default=10_000, ge=1, description="Keys kept in memory in all (embedded mode; Redis, "
-                             "when redis.url is set, bounds them per user, in bytes and by ttl_s)")
-    max_entries_per_user: int = Field(default=1_000, ge=1, description="Keys one user holds at most: past it the "
-                                      "user's oldest finished key goes; with only running ones, 429")
-
-
-class AuthSettings(_Section):
+class AuthSettings(Section):
     mode: Literal["open", "keys"] = Field(
         default="open", description="open: one anonymous tenant; keys: Authorization: Bearer <API key> required"
     )
     key_cache_ttl_s: float = Field(default=30.0, ge=0, description="How long a verified key is trusted without lookup")
 
 
-class RedisSettings(_Section):
+class RedisSettings(Section):
     url: str | None = Field(
         default=None,
         description="redis://, redis+cluster:// or redis+sentinel://host:26379[,host:26379...]/service[/db] "
@@ -453,59 +429,6 @@ class RedisSettings(_Section):
         return value
 
 
-class ModelPriceSettings(_Section):
-    prompt_per_1k: Decimal = Field(description="Credits per 1,000 prompt tokens")
-    completion_per_1k: Decimal = Field(description="Credits per 1,000 completion tokens")
-    cached_prompt_per_1k: Decimal | None = Field(default=None, description="Rate for backend-cached prompt tokens")
-    context_tokens: int = Field(default=32_768, ge=1, description="Context size, bounds the worst case")
-    max_completion_tokens: int | None = Field(default=None, ge=1, description="Longest completion the model gives")
-
-
-_HIT_MULTIPLIER = Decimal("0.1")
-
-
-def _default_multipliers() -> dict[str, Decimal]:
-    return {tier: _HIT_MULTIPLIER for tier in ("l1", "l2", "l3", "retrieval", "coalesced")}
-
-
-class CreditsSettings(_Section):
-    enabled: bool = Field(default=False, description="Charge every request to the user behind its API key")
-    store: Literal["auto", "sqlite", "redis"] = Field(default="auto", description="auto: redis when redis.url is set")
-    sqlite_synchronous: Literal["FULL", "NORMAL"] = Field(
-        default="FULL", description="FULL: entries survive a power cut; NORMAL: about 10x faster, survives crashes"
-    )
-    models: dict[str, ModelPriceSettings] = Field(default_factory=dict, description="Prices per model name")
-    default_prompt_per_1k: Decimal = Field(default=Decimal("0.001"), ge=0)
-    default_completion_per_1k: Decimal = Field(default=Decimal("0.002"), ge=0)
-    search_price: Decimal = Field(default=Decimal("0.0001"), ge=0, description="Credits per vector search")
-    rerank_price: Decimal = Field(default=Decimal("0.00002"), ge=0, description="Credits per document reranked")
-    request_price: Decimal = Field(
-        default=Decimal("0.0001"), ge=0, description="Credits per forwarded request that has no price of its own "
-        "(upstreams.llm_passthrough requests; Qdrant requests other than searches)"
-    )
-    hit_multipliers: dict[str, Decimal] = Field(
-        default_factory=_default_multipliers, description="Share of the full price a cache hit costs, per tier"
-    )
-    default_hit_multiplier: Decimal = Field(
-        default=_HIT_MULTIPLIER, ge=0, description="Share of the full price a hit of a tier absent from "
-        "hit_multipliers costs"
-    )
-    reservation_ttl_s: float = Field(default=600.0, gt=0, description="A reservation of a dead proxy is reaped after")
-    fail_open: bool = Field(default=False, description="Serve unbilled when the credit store is down (else 503)")
-    allow_volatile_redis: bool = Field(
-        default=False, description="Start even when credits live in a Redis that persists nothing (a restart "
-        "erases every balance; logged as an error); by default such a start is refused"
-    )
-    outage_allowance: Decimal = Field(
-        default=Decimal("1"), ge=0,
-        description="Credits a user may spend per replica while the credit store is down, within the last known "
-        "balance; settlements are journaled under data_dir and replayed (0: 503 at once)",
-    )
-    journal_replay_interval_s: float = Field(
-        default=1.0, gt=0, description="How often settlements journaled during a credit store outage are retried"
-    )
-
-
 def is_loopback(host: str) -> bool:
     """Whether binding ``host`` only accepts connections from this machine."""
     if host == "localhost":
@@ -516,7 +439,7 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-class AdminSettings(_Section):
+class AdminSettings(Section):
     enabled: bool = True
     host: str = "127.0.0.1"
     port: int = Field(default=8081, ge=1, le=65535)
@@ -531,20 +454,20 @@ class AdminSettings(_Section):
         return None
 
 
-class TelemetrySettings(_Section):
+class TelemetrySettings(Section):
     tracing: bool = Field(default=False, description="OpenTelemetry spans per request and pipeline stage")
     otlp_endpoint: str | None = Field(default=None, description="OTLP/HTTP traces endpoint, e.g. http://otel:4318/v1/traces")
     service_name: str = Field(default="ragproxy", description="service.name resource attribute")
 
 
-class LoggingSettings(_Section):
+class LoggingSettings(Section):
     level: Literal["debug", "info", "warning", "error"] = Field(default="info", description="Minimum level logged")
     format: Literal["auto", "json", "text"] = Field(
         default="auto", description="Log line format; auto: plain text when stderr is a terminal, else JSON")
     access_log: bool = Field(default=False, description="One structured line per data-plane request")
 
 
-class Settings(_Section):
+class Settings(Section):
     """Everything ragproxy can be told."""
 
     server: Server = Field(default_factory=Server)

@@ -45,7 +45,7 @@ from typing import Any
 
 import orjson
 
-from proxy.config import CreditsSettings, ModelPriceSettings
+from proxy.credits.settings import CreditsSettings, ModelPriceSettings
 from proxy.credits.usage import Usage
 
 MICRO = 1_000_000
