@@ -32,6 +32,7 @@ from pydantic import (
 from normalizer.paths import check_pattern
 from proxy.credits.settings import CreditsSettings, IdempotencySettings
 from proxy.kv.kinds import KINDS
+from proxy.kv.settings import RoutingSettings
 from proxy.settings_section import Section
 from tiers.policies import POLICY_NAMES
 from tiers.redis_connect import check_url, is_sentinel
@@ -175,39 +176,6 @@ class Server(Section):
     )
     shutdown_grace_s: float = Field(default=30.0, ge=0, description="Drain time for in-flight requests on SIGTERM")
     trust_forwarded: bool = Field(default=False, description="Keep incoming X-Forwarded-* chains")
-
-
-class RoutingSettings(Section):
-    enabled: bool = Field(default=True, description="Knowledge tree, document order, prefix hints, TTFT routing")
-    ttft_slo_s: float | None = Field(default=None, gt=0, description="Answer 429 when no replica can start sooner")
-    order: Literal["preserve", "reuse", "shift"] = Field(
-        default="preserve",
-        description="preserve: retrieval order; reuse: follow the longest cached path; shift: reuse, and llama.cpp "
-                    "may also reuse cached documents outside the prefix (approximate)",
-    )
-    namespace_orders: dict[str, Literal["preserve", "reuse", "shift"]] = Field(
-        default_factory=dict, description="Order policy per namespace"
-    )
-    shift_min_tokens: int = Field(
-        default=64, ge=1, description="shift: shortest cached run llama.cpp moves instead of recomputing"
-    )
-    queue_max_wait_s: float = Field(default=30.0, gt=0, description="Longest wait for a replica's concurrency slot")
-    starvation_window_s: float = Field(default=2.0, ge=0, description="Cache-aware queue order yields after this")
-    affinity_headroom: float = Field(
-        default=0.7, gt=0, le=1, description="With an SLO: least prefill among replicas within this share of it"
-    )
-    llama_prompt_cache: bool = Field(
-        default=True, description="llama.cpp keeps prompts in host memory (--cache-ram): id_slot on shared prefixes"
-    )
-    documents: int = Field(default=10_000, ge=1, description="Documents remembered from search results")
-    documents_max_bytes: int = Field(
-        default=128 * 1024 * 1024, ge=1024, description="Memory for those documents (estimated; oldest leave first)"
-    )
-    salt_secret: SecretStr | None = Field(default=None, description="Secret mixed into per-tenant cache_salt hints")
-    expose_headers: bool = Field(
-        default=False,
-        description="Send X-RagProxy-Replica and X-RagProxy-Cached-Tokens-Estimate (they reveal others' prompts)",
-    )
 
 
 class L1Settings(Section):
