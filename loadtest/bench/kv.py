@@ -90,7 +90,7 @@ from proxy.context import Reply, RequestContext
 from proxy.errors import ProxyError
 from proxy.kv.admission_queue import AdmissionQueue
 from proxy.kv.discovery import apply_slots, read_slots
-from proxy.kv.hints import SlotTable
+from proxy.kv.hints import SlotTable, reported_prompt_tokens
 from proxy.kv.kinds import LLAMACPP
 from proxy.kv.order import OrderPolicy
 from proxy.kv.prefill import PrefillCoefficients, PrefillModel
@@ -529,6 +529,10 @@ class ProxySide:
         self.urls, self.work, self.client = urls, work, client
         self.estimates: list[tuple[float, float]] = []
         """``(estimated, measured)`` TTFT of every answered request, in seconds."""
+        self.checked = 0
+        self.over_predicted = 0
+        """Answered requests whose reuse the backend reported, and those for which the knowledge tree (or the chosen
+        slot) predicted more cached tokens than it reported, beyond the tree's tolerance."""
         models = [PrefillModel(PrefillCoefficients(0.02, 0.0006, 0.0), min_observations=4) for _ in urls]
         self.router = Router(models, ttft_slo_s=slo_s)
         self.replicas = [
@@ -594,7 +598,25 @@ class ProxySide:
         outcome = _outcome(started, reply.status, reply.body or b"")
         if ctx.routed is not None and outcome.status == OK:
             self.estimates.append((ctx.routed.estimated_ttft_s, outcome.ttft_s))
+            self._check_prediction(ctx, reply.body or b"")
         return outcome
+
+    def _check_prediction(self, ctx: RequestContext, body: bytes) -> None:
+        """Count whether the prediction the request was routed on exceeded what the backend reported it reused
+        (the tree counts estimated tokens: the report is scaled by the prompt's estimated / reported length)."""
+        routed, cached = ctx.routed, ctx.reported_cached_tokens
+        if routed is None or cached is None:
+            return
+        prompt = reported_prompt_tokens(body)
+        scale = routed.total_tokens / prompt if prompt and routed.total_tokens else 1.0
+        expected = routed.slot_match if routed.slot_match is not None else routed.predicted
+        self.checked += 1
+        tolerance = self.replicas[routed.replica].tree.tolerance_tokens
+        self.over_predicted += expected.tokens > round(cached * scale) + tolerance
+
+    @property
+    def over_predicted_share(self) -> float | None:
+        return round(self.over_predicted / self.checked, 3) if self.checked else None
 
 
 async def run_interleaved(sides: Mapping[str, Side], indices: Sequence[int]) -> dict[str, list[Outcome]]:
@@ -670,6 +692,8 @@ class Sequential:
     prompt_cache_ms: dict[str, float]
     """Per side, the mean time per request its replicas spent saving and restoring prompts in host memory
     (verbosity 4)."""
+    over_predicted: dict[str, float | None] = field(default_factory=dict)
+    """Per proxy side, the share of requests whose predicted reuse exceeded the backend's report."""
 
 
 async def sequential(
@@ -692,6 +716,7 @@ async def sequential(
         phase(slice(0, warmup)) if warmup else None,
         phase(slice(warmup, None)),
         {name: sum(s.prompt_cache_updates_ms()) / count for name, s in servers.items()},
+        {name: side.over_predicted_share for name, side in sides.items() if isinstance(side, ProxySide)},
     )
 
 
@@ -761,6 +786,7 @@ def main(argv: list[str]) -> int:
         "prompt_cache_ms_per_request": round(result.prompt_cache_ms["proxy"], 1),
         "prompt_cache_ms_per_request_direct": round(result.prompt_cache_ms["direct"], 1),
         "sides": names,
+        "tree_over_predicted_share": result.over_predicted,
     }
     if cold is not None:
         summary.update({f"{k}_cold" if k.startswith(("ttft_sp", "prefix")) else f"cold_{k}": v
@@ -777,6 +803,7 @@ def main(argv: list[str]) -> int:
           f"{summary['prompt_cache_ms_per_request']} ms")
     print(f"  a perfect prefix cache with the same order rule would reuse {summary['prefix_token_reuse_ceiling']}"
           " of the measured requests' prompt tokens (estimated tokens)")
+    print(f"  requests whose predicted reuse exceeded the backend's report: {result.over_predicted}")
     if args.json:
         print(json.dumps(summary))
     return 0
