@@ -74,8 +74,9 @@ class RoutedRequest:
     total_tokens: int = 0
     """The prompt's estimated length (the tree's unit)."""
     slot_match: Match | None = None
-    """llama.cpp without a prompt cache: the part of the path the chosen slot holds — what the server can reuse,
-    and what its report is compared with (another slot lacking a prefix says nothing about the tree)."""
+    """The part of the path the chosen llama.cpp slot holds, where that is all the server can reuse (no prompt
+    cache, or a slot it reuses as it is without restoring from its cache, :class:`~proxy.kv.hints.SlotTable`), and
+    what its report is compared with (another slot lacking a prefix says nothing about the tree)."""
     shifted: bool = False
     """The backend was allowed to reuse chunks outside the common prefix (``shift`` policy): its report then
     counts more than the prefix, so it can show a shortfall but not a surplus."""

@@ -90,11 +90,14 @@ class Hints:
 
 @dataclass(frozen=True, slots=True)
 class SlotChoice:
-    """The slot a request will use, its shared prefix in tokens, and whether to send ``id_slot``."""
+    """The slot a request will use, its shared prefix in tokens, and whether to send ``id_slot``; ``bound``: the
+    most the server will reuse when it is that slot's prefix (it restores nothing from its prompt cache), ``None``
+    when what its prompt cache holds may be restored."""
 
     slot: int
     shared_tokens: int
     pin: bool
+    bound: int | None = None
 
 
 class SlotTable:
@@ -108,10 +111,15 @@ class SlotTable:
     prompt that shares the longest prefix with the new one. A request *with* ``id_slot`` whose slot shares less
     than the similarity skips both: the slot's prompt is lost and nothing is restored. Hence :meth:`choose`:
 
-    * with the server's prompt cache, ``id_slot`` is never sent: the server's own choice is the slot sharing the
-      longest prefix (what the table would pick), it keeps what it overwrites, and an ``id_slot`` taken from a
+    * with the server's prompt cache, ``id_slot`` is not sent as a rule: the server's own choice is the slot sharing
+      the longest prefix (what the table would pick), it keeps what it overwrites, and an ``id_slot`` taken from a
       table that drifted (another client, a restart) would cost a recomputation; the table records the slot the
-      server takes;
+      server takes. But the server restores from its prompt cache only when the slot it takes would keep less
+      than half of its prompt (llama.cpp's ``get_available_slot``, ``f_keep < 0.5``): a slot that keeps more is
+      reused as it is, and a longer prefix in the prompt cache (``cached_tokens``, the knowledge tree's estimate)
+      is not restored. Then the request is pinned to another idle slot that would keep less than half of its
+      (non-empty) prompt, whose choice makes the server save that prompt and restore the longer one; with no such
+      slot the reuse is bounded by the slot's prefix (``bound``);
     * without one (``prompt_cache=False``) an overwritten prompt is gone, so every request is pinned: to the
       idle slot sharing more than ``similarity`` of the prompt and more than its first segment (the system
       prompt every request shares; the longest), else to the idle slot whose
@@ -133,6 +141,8 @@ class SlotTable:
         self.similarity = similarity
         self.prompt_cache = prompt_cache
         self._paths: list[tuple[Segment, ...]] = [() for _ in range(slots)]
+        self._sizes: list[int] = [0] * slots
+        """Each slot's whole prompt in tokens (its path and what followed it), when known."""
         self._used: list[float] = [float("-inf")] * slots
         self._busy: list[int] = [0] * slots
         self._clock = clock
@@ -146,6 +156,7 @@ class SlotTable:
             raise ValueError("slots must be at least 1")
         extra = max(0, slots - len(self._paths))
         self._paths = self._paths[:slots] + [() for _ in range(extra)]
+        self._sizes = self._sizes[:slots] + [0] * extra
         self._used = self._used[:slots] + [float("-inf")] * extra
         self._busy = self._busy[:slots] + [0] * extra
 
@@ -163,14 +174,25 @@ class SlotTable:
         path: Sequence[Segment],
         total_tokens: int,
         value: Callable[[Sequence[Segment]], float] | None = None,
+        cached_tokens: int = 0,
     ) -> SlotChoice:
-        """The slot for a prompt of ``total_tokens`` whose prefix is ``path`` (see the class docs)."""
+        """The slot for a prompt of ``total_tokens`` whose prefix is ``path``; ``cached_tokens``: how much of it the
+        server's prompt cache probably holds (see the class docs)."""
         slot, shared = self.best(path)
         similar = shared > self.similarity * max(1, total_tokens)
         idle = [s for s in range(len(self._paths)) if not self._busy[s]] or list(range(len(self._paths)))
         if self.prompt_cache:
             if similar:
-                return SlotChoice(slot, shared, False)
+                if not self._keeps_half(slot, shared):
+                    return SlotChoice(slot, shared, False)  # the server saves the slot's prompt and restores
+                if cached_tokens <= shared:
+                    return SlotChoice(slot, shared, False, bound=shared)
+                other = [s for s in idle if s != slot and self._paths[s]
+                         and not self._keeps_half(s, _common_tokens(self._paths[s], path))]
+                if not other:
+                    return SlotChoice(slot, shared, False, bound=shared)
+                freed = min(other, key=lambda s: (value(self._paths[s]) if value is not None else 0.0, self._used[s]))
+                return SlotChoice(freed, _common_tokens(self._paths[freed], path), True)
             lru = min(idle, key=lambda s: (self._used[s], -s))
             return SlotChoice(lru, _common_tokens(self._paths[lru], path), False)
         if similar and shared > (path[0].tokens if path else 0):  # more than the system prompt all share
@@ -183,8 +205,16 @@ class SlotTable:
         victim = min(idle, key=worth)
         return SlotChoice(victim, _common_tokens(self._paths[victim], path), True)
 
-    def assign(self, slot: int, path: Sequence[Segment]) -> None:
+    def _keeps_half(self, slot: int, shared: int) -> bool:
+        """Whether a slot reused for a prompt sharing ``shared`` tokens keeps at least half of what it holds (so
+        the server restores nothing)."""
+        held = self._sizes[slot] or sum(segment.tokens for segment in self._paths[slot])
+        return held > 0 and shared >= 0.5 * held
+
+    def assign(self, slot: int, path: Sequence[Segment], total_tokens: int = 0) -> None:
+        """``slot`` now holds a prompt of ``total_tokens`` (0: its path's) whose prefix is ``path``."""
         self._paths[slot] = tuple(path)
+        self._sizes[slot] = total_tokens
         self._used[slot] = self._clock()
         self._busy[slot] += 1
 

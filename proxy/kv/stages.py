@@ -263,10 +263,13 @@ class Route:
         slot = pinned = None
         slot_match: Match | None = None
         if replica.slots is not None:
-            choice = replica.slots.choose(path, total, value=replica.tree.reuse_value)
+            choice = replica.slots.choose(path, total, value=replica.tree.reuse_value,
+                                          cached_tokens=orders[decision.replica].cached_tokens)
             slot, pinned = choice.slot, (choice.slot if choice.pin else None)
             if not replica.slots.prompt_cache:  # the server reuses only what this slot holds
                 slot_match = _prefix_match(path, choice.shared_tokens)
+            elif choice.bound is not None:  # the server reuses the slot as it is, restoring nothing
+                slot_match = _prefix_match(path, choice.bound)
         shifted = _shifts(replica, shaped.policy)
         hints = build_hints(
             replica.kind,
@@ -403,7 +406,7 @@ class Route:
             raise
         self.router.started(routed.ticket, routed.replica)
         if replica.slots is not None and routed.slot is not None:
-            replica.slots.assign(routed.slot, routed.path)
+            replica.slots.assign(routed.slot, routed.path, routed.total_tokens)
 
         def release() -> None:
             self.router.finished(routed.ticket, routed.replica)

@@ -14,7 +14,7 @@ from aiohttp.test_utils import TestServer
 from proxy.context import Reply, RequestContext
 from proxy.kv.admission_queue import AdmissionQueue
 from proxy.kv.discovery import apply_slots, read_slots
-from proxy.kv.hints import SlotTable
+from proxy.kv.hints import SlotChoice, SlotTable
 from proxy.kv.kinds import LLAMACPP
 from proxy.kv.order import OrderPolicy
 from proxy.kv.prefill import PrefillCoefficients, PrefillModel
@@ -220,3 +220,23 @@ async def test_reports_in_backend_tokens_are_converted_before_correcting_the_tre
         assert (await pipeline(ctx)).status == 200
     assert ctx.reported_cached_tokens is not None and ctx.reported_cached_tokens > 0
     assert tree.capacity_tokens == 100_000  # neither a surplus nor a shortfall once converted
+
+
+def test_with_a_prompt_cache_a_longer_cached_prefix_is_restored_through_a_slot_that_keeps_less_than_half() -> None:
+    """llama.cpp restores from its prompt cache only into a slot that would keep less than half of its prompt: a
+    similar slot that keeps more is reused as it is, so the request goes to another slot, pinned, when the cache
+    holds more than the similar slot does; with no such slot, reuse is bounded by the similar slot's prefix."""
+    slots = table(prompt_cache=True)
+    near = [SYS, d("a"), d("b"), d("c")]
+    slots.assign(0, near, 1300)
+    slots.release(0)
+    asked = [SYS, d("a"), d("b"), d("x")]  # shares 820 of slot 0's 1,300: it would keep 63%, restoring nothing
+    alone = slots.choose(asked, 1300, cached_tokens=1220)
+    assert (alone.slot, alone.pin, alone.bound) == (0, False, 820), "slot 1 is empty: nothing to save there"
+    slots.assign(1, [SYS, d("y"), d("z")], 900)
+    slots.release(1)
+    moved = slots.choose(asked, 1300, cached_tokens=1220)
+    assert (moved.slot, moved.pin, moved.bound) == (1, True, None), "slot 1 keeps 20 of 900: the server restores"
+    assert slots.choose(asked, 1300, cached_tokens=820).bound == 820, "the cache holds no more than slot 0"
+    far = [SYS, d("a"), d("q"), d("r"), d("s")]  # shares 420 of 1,300: slot 0 would keep less than half
+    assert slots.choose(far, 1800, cached_tokens=1220) == SlotChoice(0, 420, False, None)
