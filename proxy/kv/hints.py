@@ -108,8 +108,9 @@ class SlotTable:
     else its least recently used idle slot (the last such slot on a tie). With its host-memory prompt cache
     (``--cache-ram``, on by default in current llama.cpp: ``prompt_cache``), before it reuses a slot by LRU, or
     one that would lose more than half of its prompt, it saves that prompt in host memory and restores the stored
-    prompt that shares the longest prefix with the new one. A request *with* ``id_slot`` whose slot shares less
-    than the similarity skips both: the slot's prompt is lost and nothing is restored. Hence :meth:`choose`:
+    prompt that shares the longest prefix with the new one. A request *with* ``id_slot`` gets that slot, saved and
+    restored the same way when it would keep less than half of its prompt (the vendored server's
+    ``get_available_slot``). Hence :meth:`choose`:
 
     * with the server's prompt cache, ``id_slot`` is not sent as a rule: the server's own choice is the slot sharing
       the longest prefix (what the table would pick), it keeps what it overwrites, and an ``id_slot`` taken from a
