@@ -127,7 +127,7 @@ def next_rate(direct: dict[float, RunFigures], start: float, step: float = 1.6, 
     return round((best + low) / 2, 3) if low > best * (1 + precision) else None
 
 
-QUICK_SWEEP, FULL_SWEEP = "0.3,0.6,0.85,1.2,1.7,2.4,3.4", "0.3,0.45,0.65,0.9,1.25,1.75,2.5,3.5"
+QUICK_SWEEP, FULL_SWEEP = "0.3,0.6,0.85,1.2,1.7,2.4,3.4,4.8", "0.3,0.45,0.65,0.9,1.25,1.75,2.5,3.5,5.0"
 """The capacity sweep's rates, in unloaded service rates: from low load to well past every side's knee (the
 lowest is where TTFT p99 is compared)."""
 
