@@ -76,7 +76,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -219,6 +219,23 @@ PROMPT_CACHE_UPDATE = re.compile(rb"prompt cache update took ([0-9.]+) ms")
 """The line llama-server logs (verbosity 4) after each save/restore of its host-memory prompt cache."""
 
 
+def wait_until(proc: subprocess.Popen[bytes], ready: Callable[[], bool], deadline: float, what: str,
+               logs: Callable[[], str]) -> None:
+    """Poll ``ready`` (connection errors count as not yet) until it holds; fail when ``proc`` exits (with ``logs()``)
+    or at ``deadline`` (monotonic)."""
+    while True:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{what} exited with {proc.returncode}: {logs()}")
+        try:
+            if ready():
+                return
+        except httpx.HTTPError:
+            pass
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{what} not ready")
+        time.sleep(0.2)
+
+
 class Servers:
     """Fresh llama-server replicas (started and stopped by this process only), all with the same flags."""
 
@@ -257,19 +274,8 @@ class Servers:
     def wait_ready(self, timeout_s: float = 60) -> None:
         deadline = time.monotonic() + timeout_s
         for url, proc in zip(self.urls, self._procs, strict=True):
-            while True:
-                if proc.poll() is not None:
-                    raise RuntimeError(
-                        f"llama-server exited with {proc.returncode}; logs in {self._logs.name}"
-                    )
-                try:
-                    if httpx.get(url + "/health", timeout=2).status_code == 200:
-                        break
-                except httpx.HTTPError:
-                    pass
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"llama-server at {url} not ready")
-                time.sleep(0.2)
+            wait_until(proc, lambda url=url: httpx.get(url + "/health", timeout=2).status_code == 200, deadline,
+                       f"llama-server at {url}", lambda: f"logs in {self._logs.name}")
 
     def prompt_cache_updates_ms(self) -> list[float]:
         """Durations of every host prompt-cache update the replicas logged so far (needs verbosity 4)."""
@@ -331,21 +337,15 @@ class Smg:
 
     def wait_ready(self, timeout_s: float = 120) -> None:
         """Until the gateway lists the replicas' model (it has registered its workers)."""
-        deadline = time.monotonic() + timeout_s
-        while True:
-            if self._proc.poll() is not None:
-                self._log.seek(0)
-                tail = self._log.read()[-2000:].decode(errors="replace")
-                raise RuntimeError(f"smg exited with {self._proc.returncode}: {tail}")
-            try:
-                response = httpx.get(self.url + "/v1/models", timeout=2)
-                if response.status_code == 200 and MODEL_ID in response.text:
-                    return
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"smg at {self.url} not ready")
-            time.sleep(0.3)
+        def listed() -> bool:
+            response = httpx.get(self.url + "/v1/models", timeout=2)
+            return response.status_code == 200 and MODEL_ID in response.text
+
+        def tail() -> str:
+            self._log.seek(0)
+            return self._log.read()[-2000:].decode(errors="replace")
+
+        wait_until(self._proc, listed, time.monotonic() + timeout_s, f"smg at {self.url}", tail)
 
     def stop(self) -> None:
         self._proc.terminate()
