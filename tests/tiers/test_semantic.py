@@ -213,3 +213,17 @@ async def test_a_second_source_is_searched_only_when_the_index_cannot_serve(enco
     assert drawn.match is None and drawn.probe is not None and drawn.probe.source == "l3", "verified like any hit"
     assert checking.stats.verified == 1
     await embedder.close()
+
+
+async def test_two_answers_are_compared_without_their_citations(encoder: MiniLMEncoder, store: VectorStore) -> None:
+    """Answers grounded in the same document cite it alike: a shared citation is not agreement (it made a child's
+    and an adult's dose agree), and citing different documents is not disagreement."""
+    tier = SemanticTier(LocalEmbedder(encoder=encoder), store)
+    for i in range(MIN_ANSWERS):
+        tier.learn_answer(f"Answer {i}: water the fern {i} times a week and keep it out of direct sunlight [{i}].")
+    cite = " [Dosage chart, pediatric weight table, poison control hotline]"
+    probe = SemanticMatch("k1", 0.9, "how much paracetamol for a child")
+    child, adult = "Give children paracetamol by weight every six hours", "Adults take ibuprofen with food twice daily"
+    assert tier.compare(ACME, probe, child + cite, adult + cite, "how much ibuprofen for an adult") is False
+    same = "Open the security settings, choose reset, and follow the emailed link within an hour"
+    assert tier.compare(ACME, probe, same + " [doc-12]", same + " [Source 3]", "how can I reset my password") is True
