@@ -148,7 +148,7 @@ class SemanticLookup:
                     answer = answer_text(complete.body) if complete is not None else None
                     if answer is not None:
                         self.semantic.learn_answer(answer)
-                    rests_on = answer_evidence(ctx, complete.body) if complete is not None else None
+                    rests_on = answer_evidence(ctx, answer)
                     try:
                         await self.semantic.add(where, query.digest, question, key, rests_on)
                     except Exception as exc:  # fail open: the index is an optimisation
@@ -216,7 +216,7 @@ class SemanticLookup:
         body = edit_answer_text(entry.body, lambda text: renumbered(text, match.evidence, documents))
         if body is entry.body:
             return entry
-        return replace(entry, body=body, meta={**entry.meta, "evidence": answer_evidence(ctx, body)})
+        return replace(entry, body=body, meta={**entry.meta, "evidence": answer_evidence(ctx, answer_text(body))})
 
     async def _lookup(self, ctx: RequestContext, query: SemanticQuery,
                       key: str) -> tuple[Reply | None, SemanticMatch | None]:
