@@ -17,7 +17,7 @@ from admin import cache_routes, credit_routes, system_routes
 from admin.auth import auth_middleware
 from admin.errors import json_errors
 from admin.state import RUNTIME
-from proxy.runtime import Runtime
+from proxy.assembly.runtime import Runtime
 
 MAX_BODY = 4 * 1024 * 1024
 DASHBOARD = "/admin/ui"

@@ -1,6 +1,6 @@
 """Who may use the admin API: a Bearer token, compared in constant time.
 
-Rules (also enforced at start-up by :meth:`proxy.config.AdminSettings.bind_problem`):
+Rules (also enforced at start-up by :meth:`proxy.assembly.config.AdminSettings.bind_problem`):
 
 - a configured ``admin.token`` is always required (``Authorization: Bearer <token>``), whatever the bind;
 - with no token, the API is open only when it listens on a loopback address (``127.0.0.0/8``, ``::1``,
@@ -16,7 +16,7 @@ import hmac
 from aiohttp import web
 
 from admin.errors import Handler, error_response
-from proxy.config import Settings, is_loopback
+from proxy.assembly.config import Settings, is_loopback
 
 PUBLIC_PATHS = frozenset({"/", "/admin/ui", "/admin/ui/"})
 

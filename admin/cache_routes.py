@@ -14,8 +14,8 @@ from admin.entries import MAX_LIMIT, EntryQuery, decoded_body, list_entries, rea
 from admin.errors import AdminError
 from admin.models import FlushBody, InvalidateBody, KeysDeleteBody, VersionBumpBody
 from admin.state import RUNTIME, json_response
+from proxy.assembly.runtime import Runtime
 from proxy.observability.stats import latency_percentiles
-from proxy.runtime import Runtime
 from tiers.invalidation import InvalidSelector, Near, Removal, Selector
 
 routes = web.RouteTableDef()

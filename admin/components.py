@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from proxy.cache_tiers.invalidation import TierInvalidation
+from proxy.answers.cache_tiers.invalidation import TierInvalidation
+from proxy.assembly.runtime import Runtime
 from proxy.credits.keys import KeyStore
 from proxy.credits.store import CreditStore
-from proxy.runtime import Runtime
 from tiers.response_tier import ResponseTier
 
 

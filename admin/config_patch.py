@@ -1,10 +1,11 @@
 """Runtime configuration changes: which keys may change without a restart, and how a patch is validated.
 
 A patch is a JSON object of dotted keys (``{"cache.expose_key": true}``) or the same keys nested
-(``{"cache": {"expose_key": true}}``). Only the live keys (:data:`proxy.live_settings.LIVE_KEYS`) are accepted.
-The new values are validated by building a whole new :class:`~proxy.config.Settings` (same rules and messages as
+(``{"cache": {"expose_key": true}}``). Only the live keys (:data:`proxy.assembly.live_settings.LIVE_KEYS`) are accepted.
+The new values are validated by building a whole new :class:`~proxy.assembly.config.Settings` (same rules and messages
+as
 at start-up); the route then hands the new settings to the runtime, whose owners of the changed keys apply them in
-place — nothing is rebuilt. What a change means for requests in flight is said in :mod:`proxy.live_settings`.
+place — nothing is rebuilt. What a change means for requests in flight is said in :mod:`proxy.assembly.live_settings`.
 """
 
 from __future__ import annotations
@@ -14,8 +15,8 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from proxy.config import Settings
-from proxy.live_settings import LIVE_KEYS
+from proxy.assembly.config import Settings
+from proxy.assembly.live_settings import LIVE_KEYS
 
 
 class PatchRejected(ValueError):

@@ -7,7 +7,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from proxy.runtime import Runtime
+from proxy.assembly.runtime import Runtime
 
 RUNTIME = web.AppKey("admin_runtime", Runtime)
 

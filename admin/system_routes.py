@@ -15,9 +15,9 @@ from admin.config_patch import PatchRejected, patched
 from admin.errors import AdminError
 from admin.openapi import openapi_document
 from admin.state import RUNTIME, json_response
-from proxy.config import redact_url, redacted
-from proxy.live_settings import LIVE_KEYS
-from proxy.runtime import Runtime
+from proxy.assembly.config import redact_url, redacted
+from proxy.assembly.live_settings import LIVE_KEYS
+from proxy.assembly.runtime import Runtime
 
 routes = web.RouteTableDef()
 PROMETHEUS_TEXT = "text/plain; version=0.0.4; charset=utf-8"

@@ -33,7 +33,7 @@ from loadtest.bench.fidelity import embed_all
 from loadtest.fidelity_traffic import best_at, clusters, oracle_curve, same, sample_mix
 from loadtest.sampled_answers import SampledAnswers
 from normalizer.guards import veto
-from proxy.config import load_settings
+from proxy.assembly.config import load_settings
 from tiers.answer_check import AnswerAgreement
 from tiers.calibration import GRID, Calibrator
 from tiers.labelled_pairs import HALVES, LabelledPair, half_of, read_pairs

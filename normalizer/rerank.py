@@ -1,6 +1,6 @@
 """Reranker requests in the shapes of the common servers, as (query, document) pairs each with its own exact key,
 and their answers reassembled in the upstream's own shape. Pure: the cache stage is
-:class:`proxy.stages.rerank.RerankItemsCache`.
+:class:`proxy.items.rerank.RerankItemsCache`.
 
 Shapes (``form``):
 
@@ -30,7 +30,7 @@ the batch it was scored in.
 
 Work that grows with the number of documents is written as :data:`~normalizer.steps.Steps`, so that the proxy
 gives its event loop a turn between documents: a request of 10,000 documents must not stop every other request for
-the time its items take (:mod:`proxy.pacing`).
+the time its items take (:mod:`proxy.core.pacing`).
 """
 
 from __future__ import annotations

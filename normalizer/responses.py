@@ -30,7 +30,7 @@ same id), ``background`` (the answer is fetched later by id), ``item_reference``
 upstream).
 
 ``previous_response_id`` is in the key: a stored response does not change, so the same input after the same
-response is the same request (who may name a response id is :mod:`proxy.stages.stored_responses`' decision,
+response is the same request (who may name a response id is :mod:`proxy.stored.stages`' decision,
 taken before any cache tier).
 
 Stored responses (``store``, which the API defaults to **true**, so every SDK call that does not say otherwise).

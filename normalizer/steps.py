@@ -2,7 +2,7 @@
 
 A :data:`Steps` is a generator that does one item per step (each ``yield`` is a point where the caller may pause)
 and returns its result. :func:`at_once` runs it in one go; the proxy runs it in slices between which its event loop
-serves other requests (:func:`proxy.pacing.finish`).
+serves other requests (:func:`proxy.core.pacing.finish`).
 """
 
 from __future__ import annotations

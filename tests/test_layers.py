@@ -3,7 +3,8 @@ tests and benchmarks, and no module imports itself back through others.
 
 Every import counts: at module level, inside functions and under ``TYPE_CHECKING``. The graph comes from grimp
 (import-linter's engine); import-linter's own layers contract cannot state this order, as it refuses a layer
-inside another (the entry points ``proxy.cli``, ``proxy.serve`` and ``proxy.demo`` live inside ``proxy``) and
+inside another (the entry points ``proxy.commands.cli``, ``proxy.commands.serve`` and ``proxy.commands.demo`` live
+inside ``proxy``) and
 checks cycles between sibling packages only, not between modules.
 """
 
@@ -15,7 +16,7 @@ import grimp
 import pytest
 
 PACKAGES = ("normalizer", "tiers", "proxy", "admin", "loadtest")
-ENTRY_POINTS = ("proxy.cli", "proxy.serve", "proxy.demo", "proxy.calibrate")
+ENTRY_POINTS = ("proxy.commands",)
 DOUBLES = ("proxy.doubles",)
 LAYERS = ("normalizer", "tiers", "proxy", "admin", "test doubles", "entry points", "loadtest")
 

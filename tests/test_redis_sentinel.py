@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from proxy.config import ConfigError, load_settings
+from proxy.assembly.config import ConfigError, load_settings
 from proxy.credits.redis_store import RedisCreditStore
 from proxy.credits.store import LedgerFilter, Reservation, ledger_entries
 from proxy.doubles.llm_server import FakeLLM

@@ -7,7 +7,7 @@ explicit operation (:meth:`Invalidator.flush`).
 How entries are found, per response tier, without reading every entry when the selector allows it:
 
 1. candidate keys come from the store's tag index (``tiers.storage.KeyValueStore.keys_with_tag``) — the tags
-   every entry carries (``proxy.stages.answers.entry_tags``): ``tenant:<t>``, ``ns:<t>/<ns>``, ``model:<m>``,
+   every entry carries (``proxy.answers.replies.entry_tags``): ``tenant:<t>``, ``ns:<t>/<ns>``, ``model:<m>``,
    ``doc:<id>`` (the document reverse index), ``response:<id>`` (a stored response's own id and the one it
    continues), ``collection:<c>``, ``all``; or from ``keys`` directly. Every tag
    part of the selector narrows the set (set intersection); the ``all`` tag is used only when no part maps to

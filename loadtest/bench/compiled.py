@@ -32,8 +32,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("proxy", "tiers", "normalizer", "admin", "loadtest")
 NOT_COMPILED = (
-    "proxy/upstream/client.py", "proxy/upstream/http1.py", "proxy/stages/coalesce.py", "proxy/stages/answers.py",
-    "proxy/kv/admission_queue.py", "proxy/kv/stages.py", "proxy/config.py", "proxy/config_reference.py", "proxy/cli.py",
+    "proxy/upstream/client.py", "proxy/upstream/http1.py", "proxy/answers/coalesce.py", "proxy/answers/replies.py",
+    "proxy/kv/admission_queue.py", "proxy/kv/stages.py", "proxy/assembly/config.py",
+    "proxy/assembly/config_reference.py", "proxy/commands/cli.py",
 )
 """Besides every ``__init__.py`` and the ``credits`` package (see the module docstring)."""
 TIMED = ("added_p50_ms_c1", "floor_added_p50_ms_c1", "throughput_ratio_c64", "proxy_cpu_us_c64", "floor_cpu_us_c64",

@@ -87,7 +87,7 @@ from loadtest.rag_retrieval import FORMS, Retriever, asked, corpus, first_source
 from loadtest.sampled_answers import SampledAnswers
 from normalizer.evidence import without_citations
 from normalizer.guards import veto
-from proxy.config import L2Settings
+from proxy.assembly.config import L2Settings
 from tiers.answer_check import AnswerAgreement
 from tiers.labelled_pairs import HALVES, LABELS, LabelledPair, half_of, read_pairs
 
@@ -402,7 +402,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     started = time.perf_counter()
     pairs, by_question = select(args)
     l2 = L2Settings()
-    from proxy.config import load_settings
+    from proxy.assembly.config import load_settings
 
     bound = load_settings(None).cache.l2.max_wrong_hit_rate
     upstream_port, admin_port = free_port(), free_port()

@@ -86,8 +86,10 @@ import orjson
 
 from loadtest.goodput import ERROR, OK, REJECTED, Outcome
 from normalizer.documents import Document, render, render_document
-from proxy.context import Reply, RequestContext
-from proxy.errors import ProxyError
+from proxy.core.context import Reply, RequestContext
+from proxy.core.errors import ProxyError
+from proxy.core.pipeline import Pipeline
+from proxy.core.prompt import ReadPrompt
 from proxy.kv.admission_queue import AdmissionQueue
 from proxy.kv.discovery import apply_slots, read_slots
 from proxy.kv.hints import SlotTable, reported_prompt_tokens
@@ -97,9 +99,7 @@ from proxy.kv.prefill import PrefillCoefficients, PrefillModel
 from proxy.kv.router import Router
 from proxy.kv.stages import Replica, Route, Shape
 from proxy.kv.tree import KnowledgeTree
-from proxy.pipeline import Pipeline
 from proxy.server.request import Request
-from proxy.stages.prompt import ReadPrompt
 from proxy.upstream.client import UpstreamClient
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -1,6 +1,6 @@
 """Per-user credit accounting: API keys, prices, reserve-then-settle with cache-hit discounts, the ledger.
 
-Where to look: :mod:`~proxy.credits.pricing` (prices and the worst case, pure), :mod:`~proxy.credits.usage`
+Where to look: :mod:`~proxy.credits.pricing` (prices and the worst case, pure), :mod:`~proxy.core.usage`
 and :mod:`~proxy.credits.streaming` (reading usage from replies), :mod:`~proxy.credits.store` (the store
 contract and its semantics) with :mod:`~proxy.credits.sqlite_store` and :mod:`~proxy.credits.redis_store`,
 :mod:`~proxy.credits.keys` (API keys) with its two backends, :mod:`~proxy.credits.stages` (``Identify`` and

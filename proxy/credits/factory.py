@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 from prometheus_client.core import CounterMetricFamily
 from prometheus_client.registry import Collector
 
-from proxy.config import Settings
+from proxy.assembly.config import Settings
 from proxy.credits.idempotency import IdempotencyStore, MemoryIdempotencyStore
 from proxy.credits.journal import SettlementJournal
 from proxy.credits.journaled_store import JournaledCreditStore

@@ -58,12 +58,12 @@ import orjson
 from multidict import CIMultiDict
 
 from normalizer.canonical import user_digest
-from proxy.context import Reply, RequestContext
+from proxy.core.context import Reply, RequestContext
+from proxy.core.errors import ProxyError
+from proxy.core.pipeline import Next
+from proxy.core.sse import DONE
 from proxy.credits.stages import CHARGED, LEDGER_ID, REMAINING, RESERVED
 from proxy.credits.store import CreditStoreUnavailable
-from proxy.errors import ProxyError
-from proxy.pipeline import Next
-from proxy.sse import DONE
 
 log = logging.getLogger("ragproxy.idempotency")
 

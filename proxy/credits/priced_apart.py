@@ -5,10 +5,10 @@ releasing are :class:`~proxy.credits.stages.Credits`'s; only what is priced diff
 from __future__ import annotations
 
 from normalizer.rerank import document_count
-from proxy.context import RequestContext
+from proxy.core.context import RequestContext
+from proxy.core.usage import Usage
 from proxy.credits.stages import Credits
 from proxy.credits.store import ChargeDetails
-from proxy.credits.usage import Usage
 
 
 class ResponseCredits(Credits):

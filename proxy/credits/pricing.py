@@ -45,8 +45,8 @@ from typing import Any
 
 import orjson
 
+from proxy.core.usage import Usage
 from proxy.credits.settings import CreditsSettings, ModelPriceSettings
-from proxy.credits.usage import Usage
 
 MICRO = 1_000_000
 """Micro-credits per credit."""

@@ -1,6 +1,7 @@
 """The ``credits`` and ``idempotency`` settings sections: prices, hit multipliers, the credit store's behaviour in
 an outage, and how long and how much of an idempotent call's answer is kept. Composed into
-:class:`proxy.config.Settings`; their defaults are defined here once (:mod:`proxy.credits.pricing` reads them)."""
+:class:`proxy.assembly.config.Settings`; their defaults are defined here once (:mod:`proxy.credits.pricing` reads
+them)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from proxy.settings_section import Section
+from proxy.core.settings_section import Section
 
 
 class ModelPriceSettings(Section):

@@ -57,7 +57,11 @@ from collections.abc import Callable
 
 from multidict import CIMultiDictProxy
 
-from proxy.context import FinishCallback, Reply, RequestContext
+from proxy.core.context import FinishCallback, Reply, RequestContext
+from proxy.core.errors import ProxyError
+from proxy.core.outcome import SEMANTIC_TIER, CacheStatus
+from proxy.core.pipeline import Next
+from proxy.core.usage import Usage, usage_from_body
 from proxy.credits.keys import ApiKey, KeyStore, key_hash
 from proxy.credits.pricing import CHARS_PER_TOKEN, PriceBook, format_credits
 from proxy.credits.store import (
@@ -69,10 +73,6 @@ from proxy.credits.store import (
     Settlement,
 )
 from proxy.credits.streaming import UsageChunkFilter, client_asked_for_usage
-from proxy.credits.usage import Usage, usage_from_body
-from proxy.errors import ProxyError
-from proxy.outcome import SEMANTIC_TIER, CacheStatus
-from proxy.pipeline import Next
 
 _SEMANTIC_HIT = CacheStatus.SEMANTIC_HIT  # read once (a member read through its class costs ~1,000 instructions)
 

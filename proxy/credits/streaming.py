@@ -20,10 +20,10 @@ from typing import Any
 
 import orjson
 
-from proxy.context import RequestContext
+from proxy.core.context import RequestContext
+from proxy.core.sse import EventSplitter, event_data
+from proxy.core.usage import Usage, usage_from_json
 from proxy.credits.pricing import CHARS_PER_TOKEN
-from proxy.credits.usage import Usage, usage_from_json
-from proxy.sse import EventSplitter, event_data
 
 
 def client_asked_for_usage(body: Mapping[str, Any] | None) -> bool:
@@ -37,7 +37,7 @@ def ask_upstream_for_usage(ctx: RequestContext) -> bool:
     patch of the body sent upstream; ``ctx.body`` stays the client's); ``True`` if it was added.
 
     Call from the forward stage of an endpoint whose streams report usage only when asked
-    (:attr:`proxy.endpoints.Endpoint.usage_on_request`: chat and completions; a Responses stream always reports it,
+    (:attr:`proxy.core.endpoints.Endpoint.usage_on_request`: chat and completions; a Responses stream always reports it,
     and its API has no such option). It acts only when the credits stage holds a reservation (``ctx.reservation``),
     because that stage is what reads the usage and hides the extra chunk from a client that did not ask for it.
     """

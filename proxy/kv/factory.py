@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from proxy.config import Settings
+from proxy.assembly.config import Settings
 from proxy.kv.admission_queue import AdmissionQueue
 from proxy.kv.hints import SlotTable
 from proxy.kv.kinds import KINDS

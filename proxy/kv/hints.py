@@ -43,9 +43,9 @@ from urllib.parse import quote
 
 import orjson
 
-from proxy.credits.usage import reply_object
+from proxy.core.sse import last_json_events
+from proxy.core.usage import reply_object
 from proxy.kv.tree import Segment
-from proxy.sse import last_json_events
 
 MAX_PREFIX_DOCS_BYTES = 1024
 """Longest ``X-Prefix-Docs`` value: the headers the proxy adds stay far below the 8 KB that servers accept in all."""
@@ -272,7 +272,7 @@ def _last_json_objects(raw: bytes) -> list[dict[str, Any]]:
 
 
 def usage_object(obj: Mapping[str, Any]) -> dict[str, Any] | None:
-    """The ``usage`` object of a reply or stream event (:func:`proxy.credits.usage.reply_object`)."""
+    """The ``usage`` object of a reply or stream event (:func:`proxy.core.usage.reply_object`)."""
     usage = reply_object(obj).get("usage")
     return usage if isinstance(usage, dict) else None
 

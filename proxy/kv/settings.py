@@ -1,5 +1,5 @@
 """The ``routing`` settings section: the KV layer's knowledge tree, document order, prefix hints and routing by
-estimated time to first token. Composed into :class:`proxy.config.Settings`."""
+estimated time to first token. Composed into :class:`proxy.assembly.config.Settings`."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import Field, SecretStr
 
-from proxy.settings_section import Section
+from proxy.core.settings_section import Section
 
 
 class RoutingSettings(Section):

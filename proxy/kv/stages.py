@@ -5,7 +5,7 @@ document order that reuses the most KV depends on the replica, and the best repl
 work is split this way:
 
 * :class:`Shape` builds the request's :class:`~proxy.kv.plan.PromptPlan` from the documents
-  :class:`~proxy.stages.prompt.ReadPrompt` read (``ctx.prompt``: structured documents to render, or registered
+  :class:`~proxy.core.prompt.ReadPrompt` read (``ctx.prompt``: structured documents to render, or registered
   documents recognised in the prompt) and, for every replica, the document order of the namespace's policy and
   the tokens that replica probably has cached for it: ``ctx.shape`` (:class:`ShapedRequest`). It also counts
   document popularity (the canonical order of ``reuse``).
@@ -32,21 +32,21 @@ tree is shared by every tenant of a replica: the estimate would tell a client wh
 same system prompt and documents.
 
 Isolation hints follow the cache scope: ``cache_salt`` is per tenant, and per user of a private namespace
-(``ctx.user_scope``, set by :class:`~proxy.stages.cache_policy.Canonicalize`).
+(``ctx.user_scope``, set by :class:`~proxy.answers.cache_policy.Canonicalize`).
 
 A plain prompt (no documents) keeps the client's body bytes unless a hint must go into the body: re-rendering
 and re-serializing an unchanged body would only cost time on the hot path.
 
 Both stages serve chat as they are; another endpoint's pipeline runs them through :meth:`Shape.serving` and
-:meth:`Route.serving` (one state, shared by every endpoint), and the endpoint (:mod:`proxy.endpoints`) plans its
-requests. Responses requests are planned from their chat view (:func:`~proxy.endpoints.plan_stateless_response`)
-and forwarded as the client wrote them (:attr:`~proxy.endpoints.Endpoint.forwarded_as_sent`), plus body hints: the
+:meth:`Route.serving` (one state, shared by every endpoint), and the endpoint (:mod:`proxy.core.endpoints`) plans its
+requests. Responses requests are planned from their chat view (:func:`~proxy.core.endpoints.plan_stateless_response`)
+and forwarded as the client wrote them (:attr:`~proxy.core.endpoints.Endpoint.forwarded_as_sent`), plus body hints: the
 documents keep the order sent (the ``preserve`` policy whatever the namespace's), so the path in the tree is the
 order the backend saw. The backend's report is read from the response object's ``usage``, or from the
 ``response.completed`` event's.
 A request building on state kept on one replica (:func:`normalizer.responses.one_replica_reason`) is not routed:
 one continuing a stored response is pinned to the replica that made it (``ctx.pinned``,
-:mod:`proxy.stages.stored_responses`), the others go to the first healthy replica. New stored responses are routed
+:mod:`proxy.stored.stages`), the others go to the first healthy replica. New stored responses are routed
 like any request: the proxy records which replica made each.
 """
 
@@ -60,10 +60,11 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any, Protocol
 
-from proxy.context import Reply, RequestContext
-from proxy.endpoints import CHAT, Endpoint
-from proxy.errors import ProxyError
-from proxy.handoffs import ReplicaOrder, RoutedRequest, ShapedRequest
+from proxy.core.context import Reply, RequestContext
+from proxy.core.endpoints import CHAT, Endpoint
+from proxy.core.errors import ProxyError
+from proxy.core.handoffs import ReplicaOrder, RoutedRequest, ShapedRequest
+from proxy.core.pipeline import Next
 from proxy.kv.admission_queue import AdmissionQueue, DeadlineExceeded
 from proxy.kv.discovery import apply_slots, read_slots
 from proxy.kv.hints import SlotTable, prefix_hashes, reply_objects, reports_cache
@@ -72,7 +73,6 @@ from proxy.kv.order import OrderPolicy, Popularity, order_documents, shift_reusa
 from proxy.kv.prefill import PrefillModel, share_fits
 from proxy.kv.router import Candidate, Reject, Router
 from proxy.kv.tree import KnowledgeTree, Match, Segment
-from proxy.pipeline import Next
 from proxy.upstream.client import UpstreamClient
 
 

@@ -9,7 +9,7 @@ from typing import TextIO
 
 import orjson
 
-from proxy.config import Settings
+from proxy.assembly.config import Settings
 
 _FIELDS = ("request_id", "tenant", "route", "tier", "status", "latency_ms", "startup")
 
@@ -47,7 +47,7 @@ def configure(level: str, fmt: str) -> None:
 
 class LogLevel:
     """The root logger's level (``logging.level``): set by :func:`configure` at start, changed live
-    (:mod:`proxy.live_settings`)."""
+    (:mod:`proxy.assembly.live_settings`)."""
 
     live_keys = frozenset({"logging.level"})
 

@@ -13,12 +13,12 @@ from typing import Protocol
 
 from opentelemetry.trace import Tracer
 
-from proxy.config import Settings
-from proxy.context import RequestContext
+from proxy.assembly.config import Settings
+from proxy.core.context import RequestContext
+from proxy.core.outcome import COALESCED, HIT_STATUSES, CacheStatus
 from proxy.credits.pricing import MICRO
 from proxy.observability.metrics import Metrics
 from proxy.observability.stats import RequestStats
-from proxy.outcome import COALESCED, HIT_STATUSES, CacheStatus
 from tiers.policies.trace import TraceRecorder
 
 Observer = Callable[[RequestContext, int, float], None]
@@ -26,7 +26,7 @@ access_log = logging.getLogger("ragproxy.access")
 
 
 class Observed(Protocol):
-    """What the observers read from the runtime (:class:`proxy.runtime.Runtime`)."""
+    """What the observers read from the runtime (:class:`proxy.assembly.runtime.Runtime`)."""
 
     metrics: Metrics
     stats: RequestStats
@@ -36,7 +36,7 @@ class Observed(Protocol):
 
 def record_metrics(metrics: Metrics) -> Observer:
     """Requests, durations, upstream time, reused prompt tokens and credits charged."""
-    undecided = CacheStatus.NONE  # read once: see proxy.outcome
+    undecided = CacheStatus.NONE  # read once: see proxy.core.outcome
 
     def observe(ctx: RequestContext, status: int, seconds: float) -> None:
         metrics.per_request.answered(ctx.route, status, ctx.cache_status or undecided, seconds)
@@ -85,7 +85,7 @@ def record_trace(recorder: TraceRecorder) -> Observer:
 
 def end_span(ctx: RequestContext, status: int, seconds: float) -> None:
     """The request's span ends with its status and cache outcome."""
-    from proxy.observability.tracing import end_request_span
+    from proxy.core.tracing import end_request_span
 
     end_request_span(ctx, status)
 
@@ -98,7 +98,7 @@ def log_access(ctx: RequestContext, status: int, seconds: float) -> None:
 
 
 class AccessLog:
-    """Whether each answered request is logged (``logging.access_log``, live: :mod:`proxy.live_settings`)."""
+    """Whether each answered request is logged (``logging.access_log``, live: :mod:`proxy.assembly.live_settings`)."""
 
     live_keys = frozenset({"logging.access_log"})
 

@@ -1,7 +1,7 @@
 """Request statistics for the admin API: counts per route and tier, cost saved, coalescing, the hottest entries.
 
 :class:`RequestStats` is fed one answered request at a time by ``Runtime.observe`` (with what the pipeline left on
-the :class:`~proxy.context.RequestContext`) and read by ``GET /admin/stats``. It is pure: no I/O, no awaits, an
+the :class:`~proxy.core.context.RequestContext`) and read by ``GET /admin/stats``. It is pure: no I/O, no awaits, an
 injectable clock, constant memory.
 
 Counting rules (``ctx.cache_status`` → bucket): ``HIT``/``SEMANTIC_HIT`` → ``hits`` (and the serving tier's
@@ -30,7 +30,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from proxy.outcome import COALESCED, HIT_STATUSES, MISS_STATUSES, CacheStatus
+from proxy.core.outcome import COALESCED, HIT_STATUSES, MISS_STATUSES, CacheStatus
 
 COST_MEMORY = 50_000
 """How many keys' upstream costs are remembered to price later hits."""

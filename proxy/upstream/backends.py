@@ -17,7 +17,7 @@ import logging
 import time
 from dataclasses import dataclass, field
 
-from proxy.config import LLMBackend
+from proxy.assembly.config import LLMBackend
 from proxy.kv.kinds import KINDS
 from proxy.upstream.client import UpstreamClient
 from proxy.upstream.http1 import LocalResourceError

@@ -28,9 +28,9 @@ from typing import Any
 import orjson
 from multidict import CIMultiDict
 
-from proxy.errors import ProxyError
-from proxy.headers import client_response_headers
-from proxy.reply import Reply
+from proxy.core.errors import ProxyError
+from proxy.core.headers import client_response_headers
+from proxy.core.reply import Reply
 from proxy.upstream.http1 import ConnectFailed, ConnectionReset, Headers, Http1Client, LocalResourceError, Response
 
 

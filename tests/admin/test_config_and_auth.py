@@ -12,7 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 
-from proxy.config import load_settings
+from proxy.assembly.config import load_settings
 from proxy.doubles.llm_server import FakeLLM
 from proxy.doubles.qdrant_shim import QdrantShim
 from tests.admin.conftest import CHAT, TOKEN, Admin, ask, reached_upstream
@@ -90,7 +90,8 @@ def test_refuses_to_start_public_admin_without_token() -> None:
     env = {**os.environ, "RAGPROXY_ADMIN__HOST": "0.0.0.0", "RAGPROXY_SERVER__PORT": str(free_port()),
            "RAGPROXY_ADMIN__PORT": str(free_port()), "RAGPROXY_LOGGING__FORMAT": "text"}
     env.pop("RAGPROXY_ADMIN__TOKEN", None)
-    done = subprocess.run([sys.executable, "-m", "proxy.cli", "serve"], env=env, capture_output=True, timeout=60)
+    done = subprocess.run([sys.executable, "-m", "proxy.commands.cli", "serve"], env=env,
+                           capture_output=True, timeout=60)
     assert done.returncode == 2
     lines = done.stderr.decode().strip().splitlines()
     assert len(lines) == 1 and "admin.token" in lines[0] and lines[0].startswith("ragproxy: refusing to start")

@@ -15,10 +15,10 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 
+from proxy.answers.cache_policy import ApplyCacheControl, Canonicalize
+from proxy.answers.coalesce import Coalesce
+from proxy.answers.replies import StoreResponse
 from proxy.doubles.llm_server import FakeLLM
-from proxy.stages.answers import StoreResponse
-from proxy.stages.cache_policy import ApplyCacheControl, Canonicalize
-from proxy.stages.coalesce import Coalesce
 from tests.admin.conftest import CHAT, Admin, ask, chat_body, reached_upstream
 from tests.support.proxy_server import ProxyServer
 

@@ -5,7 +5,7 @@ carries (``toYaml .Values.config``, reproduced by :mod:`tests.charts.chart_sourc
 environment the Deployment sets from the chart's Secret (admin token, Qdrant key, Redis URL, LLM keys) is
 accepted by the real ``ragproxy check-config`` (exit code 0), and the effective settings keep the ports and
 data_dir the templates use. A config with a misspelt key is refused (exit code 2), so the check can fail. Every
-``SecretStr`` setting of ``proxy.config.Settings`` has a chart secret that reaches the pod's environment.
+``SecretStr`` setting of ``proxy.assembly.config.Settings`` has a chart secret that reaches the pod's environment.
 Not verified: the Go template execution itself (no helm binary here), or that the upstream URLs answer.
 """
 
@@ -41,7 +41,7 @@ def check_config(
     config = tmp_path / "config.yaml"
     config.write_text(config_text, encoding="utf-8")
     script = shutil.which("ragproxy", path=str(Path(sys.executable).parent))
-    command = [script] if script else [sys.executable, "-m", "proxy.cli"]
+    command = [script] if script else [sys.executable, "-m", "proxy.commands.cli"]
     clean = {key: value for key, value in os.environ.items() if not key.startswith("RAGPROXY_")}
     return subprocess.run([*command, "check-config", "--config", str(config)], env={**clean, **(env or {})},
                           capture_output=True, text=True, timeout=60, cwd=tmp_path)
@@ -120,7 +120,7 @@ def _secret_settings(model: type[BaseModel], prefix: str = "") -> list[str]:
 
 def test_every_secret_setting_has_a_chart_secret() -> None:
     """A new SecretStr setting fails here until the chart can pass it from a Secret (secret.yaml, _env.tpl)."""
-    from proxy.config import Settings
+    from proxy.assembly.config import Settings
 
     chart_env = set(SECRET_ENVIRONMENT.values()) | {"RAGPROXY_UPSTREAMS__LLM"}
     env_template = (CHART / "templates" / "_env.tpl").read_text(encoding="utf-8")

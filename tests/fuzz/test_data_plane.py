@@ -310,6 +310,6 @@ async def _settle() -> None:
 
 
 def _assembles(payload: bytes) -> bool:
-    from proxy.sse import assemble
+    from proxy.core.sse import assemble
 
     return assemble(payload) is not None

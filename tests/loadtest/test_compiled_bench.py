@@ -16,6 +16,6 @@ def test_every_module_it_leaves_interpreted_exists() -> None:
 
 def test_it_compiles_the_data_plane_and_leaves_out_what_mypyc_cannot_take() -> None:
     modules = compiled_modules(ROOT)
-    assert {"proxy/server/connection.py", "proxy/pipeline.py", "proxy/routes/handler.py"} <= set(modules)
+    assert {"proxy/server/connection.py", "proxy/core/pipeline.py", "proxy/assembly/routes/handler.py"} <= set(modules)
     assert not set(modules) & set(NOT_COMPILED)
     assert not [module for module in modules if module.startswith("proxy/credits/") or module.endswith("__init__.py")]

@@ -10,9 +10,9 @@ import tracemalloc
 import orjson
 
 from normalizer.documents import DocumentRegistry, entry_bytes
-from proxy.context import Reply, RequestContext
+from proxy.core.context import Reply, RequestContext
+from proxy.search.stages import RegisterDocuments
 from proxy.server.request import Request
-from proxy.stages.retrieval import RegisterDocuments
 
 CAP = 1024 * 1024
 

@@ -1,4 +1,4 @@
-"""The client's body is read-only; what goes upstream is that body plus named patches (proxy/context.py)."""
+"""The client's body is read-only; what goes upstream is that body plus named patches (proxy/core/context.py)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,11 @@ from typing import Any, Final, get_args, get_origin
 
 import orjson
 
-import proxy.context as context_module
+import proxy.core.context as context_module
 from normalizer.cache_control import split_proxy_fields
-from proxy.context import Reply, RequestContext
+from proxy.core.context import Reply, RequestContext
+from proxy.core.pipeline import Next, Pipeline
+from proxy.core.prompt import ReadPrompt
 from proxy.credits.store import Reservation
 from proxy.credits.streaming import ask_upstream_for_usage
 from proxy.kv.admission_queue import AdmissionQueue
@@ -20,9 +22,7 @@ from proxy.kv.prefill import PrefillCoefficients, PrefillModel
 from proxy.kv.router import Router
 from proxy.kv.stages import Replica, Route, Shape
 from proxy.kv.tree import KnowledgeTree
-from proxy.pipeline import Next, Pipeline
 from proxy.server.request import Request
-from proxy.stages.prompt import ReadPrompt
 
 
 def context(raw: bytes, **slots: Any) -> RequestContext:

@@ -6,12 +6,12 @@ from __future__ import annotations
 import asyncio
 
 from normalizer.cache_control import CachePolicy
-from proxy.context import Reply, RequestContext
-from proxy.endpoints import CHAT as CHAT_API
-from proxy.pipeline import Next, Pipeline
+from proxy.answers.coalesce import Coalesce, Flights
+from proxy.answers.replies import ExactLookup, StoreResponse
+from proxy.core.context import Reply, RequestContext
+from proxy.core.endpoints import CHAT as CHAT_API
+from proxy.core.pipeline import Next, Pipeline
 from proxy.server.request import Request
-from proxy.stages.answers import ExactLookup, StoreResponse
-from proxy.stages.coalesce import Coalesce, Flights
 from tiers.memory import MemoryStore
 from tiers.policies import make_policy
 from tiers.response_tier import ResponseTier

@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from proxy.config import ConfigError, load_settings
+from proxy.assembly.config import ConfigError, load_settings
 
 
 def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "proxy.cli", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "proxy.commands.cli", *args], capture_output=True, text=True,
                           env={"PATH": "/usr/bin:/bin", **(env or {})}, timeout=60)
 
 

@@ -1,4 +1,4 @@
-"""The data plane's own routing (:class:`proxy.app.DataPlane`): what goes to which pipeline, and JSON errors in
+"""The data plane's own routing (:class:`proxy.assembly.app.DataPlane`): what goes to which pipeline, and JSON errors in
 the route's dialect for paths and methods it does not serve."""
 
 from __future__ import annotations

@@ -4,15 +4,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from proxy.config import Settings
-from proxy.config_reference import reference
+from proxy.assembly.config import Settings
+from proxy.assembly.config_reference import reference
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_configuration_reference_is_current() -> None:
     committed = (ROOT / "docs" / "configuration.md").read_text(encoding="utf-8")
-    assert committed == reference(), "run: python -m proxy.config_reference > docs/configuration.md"
+    assert committed == reference(), "run: python -m proxy.assembly.config_reference > docs/configuration.md"
 
 
 def _tuning_row(key: str) -> list[str]:

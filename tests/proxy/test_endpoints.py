@@ -11,12 +11,12 @@ import pytest
 
 from normalizer.documents import DocumentRegistry, PromptDocuments
 from normalizer.signature import CHAT_READING, RESPONSE_READING
-from proxy.app import DataPlane
-from proxy.config import load_settings
+from proxy.answers.replies import complete_body
+from proxy.assembly.app import DataPlane
+from proxy.assembly.config import load_settings
+from proxy.core.endpoints import CHAT, COMPLETIONS, ENDPOINTS, RESPONSES, Endpoint, for_entry
+from proxy.core.reply import Reply
 from proxy.doubles.openai_responses import response_object
-from proxy.endpoints import CHAT, COMPLETIONS, ENDPOINTS, RESPONSES, Endpoint, for_entry
-from proxy.reply import Reply
-from proxy.stages.answers import complete_body
 from tiers.entry import CachedResponse
 
 QUESTION = "How tall is the tower?"

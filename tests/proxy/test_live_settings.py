@@ -1,4 +1,5 @@
-"""Live settings (``proxy.live_settings``): every live key has an owner among the assembled parts, and configuring
+"""Live settings (``proxy.assembly.live_settings``): every live key has an owner among the assembled parts, and
+configuring
 them in place leaves each stage as a fresh assembly from the new settings would have built it."""
 
 from __future__ import annotations
@@ -10,11 +11,11 @@ from typing import Any
 import pytest
 
 from admin.config_patch import patched
-from proxy.assembly import build_pipelines
-from proxy.config import Settings, load_settings
-from proxy.live_settings import LIVE_KEYS, LiveSettings
-from proxy.pipeline import Pipelines
-from proxy.runtime import Runtime
+from proxy.assembly.config import Settings, load_settings
+from proxy.assembly.live_settings import LIVE_KEYS, LiveSettings
+from proxy.assembly.pipelines import build_pipelines
+from proxy.assembly.runtime import Runtime
+from proxy.core.pipeline import Pipelines
 
 PATCHES: list[dict[str, Any]] = [
     {"cache.l1.ttl_s": 5.0},

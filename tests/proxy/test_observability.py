@@ -9,9 +9,9 @@ import httpx
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
+from proxy.assembly.runtime import Runtime
+from proxy.core.tracing import make_tracer
 from proxy.doubles.llm_server import FakeLLM
-from proxy.observability.tracing import make_tracer
-from proxy.runtime import Runtime
 from tests.support.proxy_server import ProxyServer, proxy_settings
 
 

@@ -12,19 +12,19 @@ import orjson
 import pytest
 
 import proxy
-import proxy.endpoints
+import proxy.core.endpoints
 from normalizer.cache_control import CachePolicy
-from proxy.context import Reply, RequestContext
-from proxy.endpoints import CHAT
+from proxy.answers.coalesce import Coalesce, Flights
+from proxy.answers.replies import StoreResponse
+from proxy.answers.stale import StaleIfError, StaleStore
+from proxy.core.context import Reply, RequestContext
+from proxy.core.endpoints import CHAT
+from proxy.core.outcome import CacheStatus
+from proxy.core.pipeline import Next, Pipeline
+from proxy.core.sse import replay
 from proxy.observability.metrics import Metrics
 from proxy.observability.observe import record_metrics
-from proxy.outcome import CacheStatus
-from proxy.pipeline import Next, Pipeline
 from proxy.server.request import Request
-from proxy.sse import replay
-from proxy.stages.answers import StoreResponse
-from proxy.stages.coalesce import Coalesce, Flights
-from proxy.stages.stale import StaleIfError, StaleStore
 from tiers.memory import MemoryStore
 from tiers.policies import make_policy
 from tiers.response_tier import ResponseTier
@@ -56,13 +56,13 @@ async def test_a_streamed_miss_is_assembled_once_for_every_stage_that_reads_it(
         monkeypatch: pytest.MonkeyPatch) -> None:
     events = replay(ANSWER, include_usage=False)
     assembled: list[bytes] = []
-    assemble_stream = proxy.endpoints.assemble_stream
+    assemble_stream = proxy.core.endpoints.assemble_stream
 
     def counted(raw: bytes) -> Any:
         assembled.append(raw)
         return assemble_stream(raw)
 
-    monkeypatch.setattr(proxy.endpoints, "assemble_stream", counted)
+    monkeypatch.setattr(proxy.core.endpoints, "assemble_stream", counted)
 
     async def chunks() -> AsyncIterator[bytes]:
         for event in events:
@@ -112,7 +112,7 @@ def test_statuses_are_their_wire_values() -> None:
 
 
 def test_no_bare_status_string_is_left_in_the_proxy() -> None:
-    """Statuses are written, compared and reported as :class:`CacheStatus` members (``proxy.outcome`` alone spells
+    """Statuses are written, compared and reported as :class:`CacheStatus` members (``proxy.core.outcome`` alone spells
     them out)."""
     root = Path(proxy.__file__).parent
     values = {status.value for status in CacheStatus}

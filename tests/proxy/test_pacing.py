@@ -1,4 +1,4 @@
-"""Paced work (:mod:`proxy.pacing`) of several large requests at once takes turns: a small request waits about one
+"""Paced work (:mod:`proxy.core.pacing`) of several large requests at once takes turns: a small request waits about one
 slice per turn of the event loop it needs, not one slice per large request in flight."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import time
 
-from proxy.pacing import Pacer
+from proxy.core.pacing import Pacer
 
 
 def _busy(seconds: float) -> None:

@@ -14,8 +14,8 @@ from urllib.parse import urlsplit
 import pytest
 
 from normalizer.paths import PathAllowList, path_problem
-from proxy.app import DataPlane
-from proxy.config import Settings
+from proxy.assembly.app import DataPlane
+from proxy.assembly.config import Settings
 from proxy.doubles.llm_server import FakeLLM
 from proxy.doubles.qdrant_shim import QdrantShim
 from tests.support.proxy_server import ProxyServer

@@ -8,16 +8,16 @@ from typing import Any
 
 import pytest
 
-from proxy.assembly import build_pipelines
-from proxy.config import load_settings
-from proxy.context import Reply, RequestContext
-from proxy.endpoints import CHAT
+from proxy.answers.replies import StoreResponse
+from proxy.answers.stale import StaleIfError, StaleStore
+from proxy.assembly.config import load_settings
+from proxy.assembly.pipelines import build_pipelines
+from proxy.assembly.runtime import Runtime
+from proxy.core.context import Reply, RequestContext
+from proxy.core.endpoints import CHAT
+from proxy.core.pipeline import Pipeline
+from proxy.core.prompt import ReadPrompt
 from proxy.kv.stages import Shape
-from proxy.pipeline import Pipeline
-from proxy.runtime import Runtime
-from proxy.stages.answers import StoreResponse
-from proxy.stages.prompt import ReadPrompt
-from proxy.stages.stale import StaleIfError, StaleStore
 
 
 async def _terminal(ctx: RequestContext) -> Reply:

@@ -21,12 +21,12 @@ import pytest
 from normalizer.bypass import BypassSettings
 from normalizer.cache_control import CacheDefaults, cache_policy
 from normalizer.canonical import KeyScope, user_digest
-from proxy.config import ConfigError, Settings
-from proxy.context import Reply, RequestContext
+from proxy.answers.cache_policy import Canonicalize, asks_private
+from proxy.answers.stale import StaleIfError
+from proxy.assembly.config import ConfigError, Settings
+from proxy.core.context import Reply, RequestContext
 from proxy.doubles.llm_server import FakeLLM
 from proxy.server.request import Request
-from proxy.stages.cache_policy import Canonicalize, asks_private
-from proxy.stages.stale import StaleIfError
 from tests.support.proxy_server import ProxyServer, proxy_settings
 from tiers.versions import KnowledgeVersions
 

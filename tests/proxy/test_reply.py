@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from proxy.context import Reply
+from proxy.core.context import Reply
 
 
 async def test_end_callbacks_run_inline_once_and_before_finish_callbacks() -> None:

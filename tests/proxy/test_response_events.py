@@ -9,10 +9,10 @@ import orjson
 from hypothesis import given
 from hypothesis import strategies as st
 
+from proxy.core.response_events import assemble_response, replay_response
+from proxy.core.sse import iter_events
 from proxy.doubles import openai_responses as wire
 from proxy.doubles.openai_shapes import default_answer
-from proxy.response_events import assemble_response, replay_response
-from proxy.sse import iter_events
 
 text = st.text(max_size=200)
 

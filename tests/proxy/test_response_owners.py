@@ -10,14 +10,14 @@ import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
-from proxy.response_owners import (
+from proxy.stored.owners import (
     OwnersUnavailable,
     RedisResponseOwners,
     ResponseOwner,
     ResponseOwners,
     SqliteResponseOwners,
 )
-from proxy.stages.stored_responses import named_response
+from proxy.stored.stages import named_response
 from tests.support.processes import free_port
 
 ANN = ResponseOwner("acme", "replica-a")

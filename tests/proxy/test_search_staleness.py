@@ -12,7 +12,7 @@ from typing import Any
 import httpx
 import pytest
 
-from proxy.cache_tiers.search import SearchTier
+from proxy.answers.cache_tiers.search import SearchTier
 from proxy.doubles.qdrant_shim import QdrantShim
 from tests.support.proxy_server import ProxyServer, proxy_settings
 

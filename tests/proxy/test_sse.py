@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from proxy.sse import DONE, EventSplitter, assemble, event_data, iter_events, replay
+from proxy.core.sse import DONE, EventSplitter, assemble, event_data, iter_events, replay
 
 text = st.text(max_size=300)
 

@@ -18,9 +18,9 @@ from typing import cast
 import orjson
 import pytest
 
+from proxy.assembly.startup_report import StartupReport, announce
 from proxy.doubles.llm_server import FakeLLM
 from proxy.doubles.qdrant_shim import VERSION, QdrantShim
-from proxy.startup_report import StartupReport, announce
 from tests.support.commands import ragproxy, site_without_model, start
 from tests.support.processes import free_port, refused_port
 
@@ -117,8 +117,8 @@ def test_without_the_model_package_l2_says_why(fake_llm_thread: FakeLLM, tmp_pat
 def test_the_l2_line_says_in_short_whether_it_serves_and_what_it_waits_for() -> None:
     """A calibrated L2 serves nothing in a namespace until its own checks bound the wrong share; one with a fixed
     threshold serves at once; either waits for its model first."""
-    from proxy.config import load_settings
-    from proxy.startup_report import l2_line
+    from proxy.assembly.config import load_settings
+    from proxy.assembly.startup_report import l2_line
 
     calibrated = load_settings(env={})
     assert l2_line(calibrated, warming=False) == "calibrating: no hits until checks bound a namespace's wrong hits " \
@@ -134,8 +134,8 @@ def test_the_l2_line_says_in_short_whether_it_serves_and_what_it_waits_for() -> 
 
 
 async def test_the_semantic_tier_is_warming_until_its_model_has_loaded() -> None:
-    from proxy.cache_tiers.semantic import SemanticCacheTier
-    from proxy.config import L2Settings
+    from proxy.answers.cache_tiers.semantic import SemanticCacheTier
+    from proxy.assembly.config import L2Settings
     from tiers.semantic import SemanticTier
 
     loaded = asyncio.Event()
@@ -180,7 +180,7 @@ class Terminal(io.StringIO):
 async def test_a_replica_down_from_the_start_is_left_to_the_summary(caplog: pytest.LogCaptureFixture) -> None:
     """The first probe finding a replica down marks it down without a warning (the summary says it); one that was
     up and goes down is warned about."""
-    from proxy.config import LLMBackend
+    from proxy.assembly.config import LLMBackend
     from proxy.upstream.backends import BackendPool
     from proxy.upstream.client import UpstreamClient
 

@@ -241,9 +241,9 @@ def until(condition: Callable[[], bool], failure: str, timeout_s: float = 60.0) 
 async def test_a_stored_answer_is_cached_and_served_no_longer_than_the_upstream_keeps_it() -> None:
     from normalizer.cache_control import CacheDefaults
     from normalizer.responses import stores
-    from proxy.context import Reply, RequestContext
+    from proxy.answers.cache_policy import ApplyCacheControl
+    from proxy.core.context import Reply, RequestContext
     from proxy.server.request import Request
-    from proxy.stages.cache_policy import ApplyCacheControl
 
     stage = ApplyCacheControl(CacheDefaults(ttl=3600.0), lambda body: 600.0 if stores(body) else None)
     policies = []

@@ -11,8 +11,8 @@ import openai
 import orjson
 import pytest
 
+from proxy.core.sse import iter_events
 from proxy.doubles.llm_server import FakeLLM
-from proxy.sse import iter_events
 from tests.support.objects import without
 from tests.support.proxy_server import ProxyServer, proxy_settings
 

@@ -20,12 +20,12 @@ import pytest
 
 from normalizer.documents import DocumentRegistry
 from normalizer.search_request import SearchItem
-from proxy.context import Reply, RequestContext
+from proxy.answers.coalesce import Coalesce, Flights
+from proxy.core.context import Reply, RequestContext
+from proxy.core.endpoints import CHAT as CHAT_API
 from proxy.doubles.llm_server import FakeLLM
-from proxy.endpoints import CHAT as CHAT_API
 from proxy.observability.stats import COST_MEMORY, RequestStats
 from proxy.server.request import Request
-from proxy.stages.coalesce import Coalesce, Flights
 from tests.support.proxy_server import ProxyServer, proxy_settings
 from tiers.demotion import Demoter
 from tiers.memory import MemoryStore

@@ -1,6 +1,7 @@
-"""Stale-if-error for stale-tolerant namespaces (``proxy.stages.stale``), through the real data plane.
+"""Stale-if-error for stale-tolerant namespaces (``proxy.answers.stale``), through the real data plane.
 
-Each proxy switches it on through configuration (``cache.stale.namespaces``), as ``proxy/assembly.py`` wires it;
+Each proxy switches it on through configuration (``cache.stale.namespaces``), as ``proxy/assembly/pipelines.py`` wires
+it;
 most tests watch the chat pipeline's stale store to know when an answer was kept.
 """
 
@@ -14,8 +15,8 @@ import httpx
 import openai
 import pytest
 
+from proxy.answers.stale import StaleIfError, StaleStore
 from proxy.doubles.llm_server import FakeLLM
-from proxy.stages.stale import StaleIfError, StaleStore
 from tests.support.proxy_server import ProxyServer, proxy_settings
 from tiers.entry import CachedResponse
 

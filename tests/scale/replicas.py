@@ -2,7 +2,7 @@
 
 ``shared_replica`` runs one replica in-thread (:class:`~tests.support.proxy_server.ProxyServer`, with its admin
 app). When the runtime wires shared mode itself (``Runtime.shared``), the replica is used as built; until then the
-helper applies :func:`proxy.shared.build_shared` exactly as the runtime is to do (``l1`` and ``versions``
+helper applies :func:`proxy.assembly.shared.build_shared` exactly as the runtime is to do (``l1`` and ``versions``
 replaced, the shared components started and stopped with the server).
 """
 
@@ -14,8 +14,8 @@ from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from typing import Any
 
-from proxy.config import Settings
-from proxy.runtime import Runtime
+from proxy.assembly.config import Settings
+from proxy.assembly.runtime import Runtime
 from tests.support.proxy_server import ProxyServer, proxy_settings
 from tiers.near_cache import NearCachedStore
 

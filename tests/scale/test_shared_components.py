@@ -12,10 +12,10 @@ from collections.abc import AsyncIterator
 import pytest
 import redis.asyncio as aioredis
 
-from proxy.config import load_settings
+from proxy.assembly.config import load_settings
+from proxy.assembly.shared import SharedMode, SharedOptions, build_shared
 from proxy.kv.hints import prefix_hashes as path_hashes
 from proxy.kv.prefix_board import PrefixSummaryBoard
-from proxy.shared import SharedMode, SharedOptions, build_shared
 from tiers.entry import CachedResponse
 from tiers.invalidation_bus import Pending, lease_valid
 from tiers.memory import MemoryStore

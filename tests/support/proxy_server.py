@@ -17,11 +17,11 @@ from typing import Any, Self, TypeVar
 
 from aiohttp import web
 
-from proxy.app import DataPlane, create_server
-from proxy.cache_tiers.cold import ColdTier
-from proxy.cache_tiers.semantic import SemanticCacheTier
-from proxy.config import Settings, load_settings
-from proxy.runtime import Runtime
+from proxy.answers.cache_tiers.cold import ColdTier
+from proxy.answers.cache_tiers.semantic import SemanticCacheTier
+from proxy.assembly.app import DataPlane, create_server
+from proxy.assembly.config import Settings, load_settings
+from proxy.assembly.runtime import Runtime
 from proxy.server.connection import HttpServer
 from tests.support.processes import free_port, wait_for_port
 from tiers.demotion import Demoter
@@ -166,7 +166,7 @@ class ProxyProcess:
                 resource.setrlimit(resource.RLIMIT_NOFILE, limits)
 
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "proxy.cli", "serve"], env=self.env, cwd=self.cwd,
+            [sys.executable, "-m", "proxy.commands.cli", "serve"], env=self.env, cwd=self.cwd,
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, preexec_fn=limit_open_files,
         )
         wait_for_port(self.port, timeout=30)

@@ -16,8 +16,11 @@ import orjson
 import pytest
 from multidict import CIMultiDict
 
-from proxy.config import Settings
-from proxy.context import Reply, RequestContext
+from proxy.assembly.config import Settings
+from proxy.core.context import Reply, RequestContext
+from proxy.core.errors import ProxyError
+from proxy.core.pipeline import Pipeline
+from proxy.core.usage import Usage
 from proxy.credits.factory import build_credits
 from proxy.credits.journal import JournaledSettlement, SettlementJournal
 from proxy.credits.journaled_store import JournaledCreditStore
@@ -27,10 +30,7 @@ from proxy.credits.redis_store import RedisCreditStore
 from proxy.credits.replayer import JournalReplayer
 from proxy.credits.stages import Credits
 from proxy.credits.store import ChargeDetails, CreditStore, LedgerFilter, ledger_entries
-from proxy.credits.usage import Usage
-from proxy.errors import ProxyError
 from proxy.observability.metrics import Metrics
-from proxy.pipeline import Pipeline
 from proxy.server.request import Request
 from tests.support.processes import RedisServer
 

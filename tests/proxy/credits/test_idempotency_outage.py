@@ -9,11 +9,11 @@ import orjson
 import pytest
 from multidict import CIMultiDict, CIMultiDictProxy
 
-from proxy.context import Reply, RequestContext
+from proxy.core.context import Reply, RequestContext
+from proxy.core.sse import DONE
 from proxy.credits.idempotency import HEADER, Idempotency
 from proxy.credits.redis_idempotency import RedisIdempotencyStore
 from proxy.server.request import Request
-from proxy.sse import DONE
 from tests.support.processes import RedisServer
 
 BODY = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}

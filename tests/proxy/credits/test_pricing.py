@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from proxy.core.usage import Usage
 from proxy.credits.pricing import MICRO, ModelLimits, ModelPrice, PriceBook, format_credits, to_micro
-from proxy.credits.usage import Usage
 
 GPT = ModelPrice(Decimal("0.5"), Decimal("1.5"), Decimal("0.25"))
 BOOK = PriceBook(
@@ -158,7 +158,7 @@ def test_rerank_price_per_document_with_cached_documents_discounted() -> None:
 def test_a_price_book_without_overrides_charges_the_settings_defaults() -> None:
     """Every default price is defined once, in the settings: the engine built from unconfigured settings and the
     price book built with no arguments are the same."""
-    from proxy.config import Settings
+    from proxy.assembly.config import Settings
     from proxy.credits.factory import price_book
 
     assert price_book(Settings()) == PriceBook()

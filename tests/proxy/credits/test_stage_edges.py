@@ -12,13 +12,13 @@ import orjson
 import pytest
 from multidict import CIMultiDict
 
-from proxy.context import Reply, RequestContext
+from proxy.core.context import Reply, RequestContext
+from proxy.core.pipeline import Pipeline
+from proxy.core.usage import Usage
 from proxy.credits.pricing import ModelPrice, PriceBook
 from proxy.credits.sqlite_store import SqliteCreditStore
 from proxy.credits.stages import Credits, SearchCredits
 from proxy.credits.store import ChargeDetails, CreditStore, LedgerFilter, ledger_entries
-from proxy.credits.usage import Usage
-from proxy.pipeline import Pipeline
 from proxy.server.request import Request
 
 CREDIT = 1_000_000

@@ -18,7 +18,11 @@ import orjson
 import pytest
 from multidict import CIMultiDict
 
-from proxy.context import Reply, RequestContext
+from proxy.assembly.routes.handler import make_handler
+from proxy.core.context import Reply, RequestContext
+from proxy.core.errors import Dialect, ProxyError
+from proxy.core.pipeline import Pipeline, Stage
+from proxy.core.usage import Usage
 from proxy.credits.keys import KeyStore
 from proxy.credits.pricing import ModelPrice, PriceBook, format_credits
 from proxy.credits.redis_keys import RedisKeyStore
@@ -28,10 +32,6 @@ from proxy.credits.sqlite_store import SqliteCreditStore
 from proxy.credits.stages import Credits, Identify
 from proxy.credits.store import CreditStore, LedgerFilter, ledger_entries
 from proxy.credits.streaming import ask_upstream_for_usage
-from proxy.credits.usage import Usage
-from proxy.errors import Dialect, ProxyError
-from proxy.pipeline import Pipeline, Stage
-from proxy.routes.handler import make_handler
 from proxy.server.connection import HttpServer
 from proxy.server.request import Request
 from proxy.server.responder import Responder

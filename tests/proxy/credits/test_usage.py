@@ -11,7 +11,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from proxy.context import RequestContext
+from proxy.core.context import RequestContext
+from proxy.core.sse import last_json_events
+from proxy.core.usage import Usage, usage_from_body, usage_from_json
 from proxy.credits.store import Reservation
 from proxy.credits.streaming import (
     UsageChunkFilter,
@@ -19,9 +21,7 @@ from proxy.credits.streaming import (
     client_asked_for_usage,
     generated_chars,
 )
-from proxy.credits.usage import Usage, usage_from_body, usage_from_json
 from proxy.server.request import Request
-from proxy.sse import last_json_events
 
 
 def test_openai_usage_with_cached_tokens() -> None:

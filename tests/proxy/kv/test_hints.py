@@ -7,7 +7,7 @@ import itertools
 import orjson
 import pytest
 
-from proxy.config import ConfigError, load_settings
+from proxy.assembly.config import ConfigError, load_settings
 from proxy.doubles.openai_responses import encode, response_object, stream_events
 from proxy.kv.hints import (
     SlotTable,

@@ -15,7 +15,9 @@ import orjson
 import pytest
 
 from loadtest.bench.kv import Servers, make_workload
-from proxy.context import Reply, RequestContext
+from proxy.core.context import Reply, RequestContext
+from proxy.core.pipeline import Pipeline
+from proxy.core.prompt import ReadPrompt
 from proxy.kv.admission_queue import AdmissionQueue
 from proxy.kv.hints import SlotTable
 from proxy.kv.kinds import LLAMACPP
@@ -24,9 +26,7 @@ from proxy.kv.prefill import PrefillModel
 from proxy.kv.router import Router
 from proxy.kv.stages import Replica, Route, Shape
 from proxy.kv.tree import KnowledgeTree
-from proxy.pipeline import Pipeline
 from proxy.server.request import Request
-from proxy.stages.prompt import ReadPrompt
 
 CACHE = Path.home() / ".cache" / "ragproxy"
 pytestmark = pytest.mark.llama

@@ -20,7 +20,9 @@ import orjson
 import pytest
 
 from loadtest.bench.kv import Servers, make_workload
-from proxy.context import Reply, RequestContext
+from proxy.core.context import Reply, RequestContext
+from proxy.core.pipeline import Pipeline
+from proxy.core.prompt import ReadPrompt
 from proxy.kv.admission_queue import AdmissionQueue
 from proxy.kv.discovery import apply_slots, read_slots
 from proxy.kv.hints import SlotTable
@@ -30,9 +32,7 @@ from proxy.kv.prefill import PrefillModel
 from proxy.kv.router import Router
 from proxy.kv.stages import Replica, Route, Shape
 from proxy.kv.tree import KnowledgeTree
-from proxy.pipeline import Pipeline
 from proxy.server.request import Request
-from proxy.stages.prompt import ReadPrompt
 from proxy.upstream.client import UpstreamClient
 
 CACHE = Path.home() / ".cache" / "ragproxy"

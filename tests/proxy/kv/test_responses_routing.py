@@ -11,10 +11,12 @@ import pytest
 
 from normalizer.documents import DocumentRegistry
 from normalizer.responses import read_response_prompt
-from proxy.context import Reply, RequestContext
+from proxy.core.context import Reply, RequestContext
+from proxy.core.endpoints import RESPONSES
+from proxy.core.errors import ProxyError
+from proxy.core.pipeline import Pipeline
+from proxy.core.prompt import ReadPrompt
 from proxy.doubles.openai_responses import encode, response_object, stream_events
-from proxy.endpoints import RESPONSES
-from proxy.errors import ProxyError
 from proxy.kv.admission_queue import AdmissionQueue
 from proxy.kv.kinds import GENERIC, LLAMACPP, OPENAI, SGLANG, VLLM, BackendKind
 from proxy.kv.order import OrderPolicy
@@ -22,8 +24,6 @@ from proxy.kv.prefill import PrefillCoefficients, PrefillModel
 from proxy.kv.router import Router
 from proxy.kv.stages import Replica, Route, Shape
 from proxy.kv.tree import KnowledgeTree
-from proxy.pipeline import Pipeline
-from proxy.stages.prompt import ReadPrompt
 from tests.proxy.kv.clocks import Clock
 from tests.proxy.kv.test_stages import DOCS, ctx_for, replicas
 

@@ -8,8 +8,10 @@ import asyncio
 import orjson
 import pytest
 
-from proxy.context import Reply, RequestContext
-from proxy.errors import ProxyError
+from proxy.core.context import Reply, RequestContext
+from proxy.core.errors import ProxyError
+from proxy.core.pipeline import Pipeline
+from proxy.core.prompt import ReadPrompt
 from proxy.kv.admission_queue import AdmissionQueue, CacheAwareOrder, DeadlineExceeded
 from proxy.kv.hints import SlotTable
 from proxy.kv.kinds import LLAMACPP
@@ -18,9 +20,7 @@ from proxy.kv.prefill import PrefillCoefficients, PrefillModel
 from proxy.kv.router import Candidate, RouteDecision, Router
 from proxy.kv.stages import Replica, Route, Shape
 from proxy.kv.tree import KnowledgeTree, Match, Segment
-from proxy.pipeline import Pipeline
 from proxy.server.request import Request
-from proxy.stages.prompt import ReadPrompt
 from tests.proxy.kv.clocks import Clock, models
 
 # --- the pure order ----------------------------------------------------------------------------------------

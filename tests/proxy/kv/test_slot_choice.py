@@ -11,7 +11,9 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
-from proxy.context import Reply, RequestContext
+from proxy.core.context import Reply, RequestContext
+from proxy.core.pipeline import Pipeline
+from proxy.core.prompt import ReadPrompt
 from proxy.kv.admission_queue import AdmissionQueue
 from proxy.kv.discovery import apply_slots, read_slots
 from proxy.kv.hints import SlotChoice, SlotTable
@@ -21,9 +23,7 @@ from proxy.kv.prefill import PrefillCoefficients, PrefillModel
 from proxy.kv.router import Router
 from proxy.kv.stages import Replica, Route, Shape
 from proxy.kv.tree import KnowledgeTree, Segment
-from proxy.pipeline import Pipeline
 from proxy.server.request import Request
-from proxy.stages.prompt import ReadPrompt
 from proxy.upstream.client import UpstreamClient
 
 SYS = Segment("p:s", 20)

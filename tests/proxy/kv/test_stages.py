@@ -12,8 +12,10 @@ import pytest
 
 from normalizer.cache_control import split_proxy_fields
 from normalizer.documents import DocumentRegistry, read_prompt
-from proxy.context import Reply, RequestContext
-from proxy.errors import ProxyError
+from proxy.core.context import Reply, RequestContext
+from proxy.core.errors import ProxyError
+from proxy.core.pipeline import Pipeline
+from proxy.core.prompt import ReadPrompt
 from proxy.kv.admission_queue import AdmissionQueue
 from proxy.kv.hints import SlotTable
 from proxy.kv.kinds import GENERIC, LLAMACPP, OPENAI, SGLANG, VLLM, BackendKind
@@ -22,9 +24,7 @@ from proxy.kv.prefill import PrefillCoefficients, PrefillModel
 from proxy.kv.router import Router
 from proxy.kv.stages import Replica, Route, Shape
 from proxy.kv.tree import KnowledgeTree
-from proxy.pipeline import Pipeline
 from proxy.server.request import Request
-from proxy.stages.prompt import ReadPrompt
 
 DOCS = {name: " ".join(f"{name}{i}" for i in range(200)) for name in "abcd"}
 

@@ -1,0 +1,27 @@
+"""The cache tiers of one process: each registered once, in lookup order.
+
+The assembly asks every tier for its stages (in the order of :data:`REGISTERED`: an exact repeat is answered by L1,
+then by L3 by key, before L2 computes any embedding), the runtime starts and stops them, and the admin plane
+reports, lists and invalidates through them. Adding a tier is a module here (a class satisfying
+:class:`~proxy.answers.cache_tiers.base.CacheTier` and a ``build`` function) plus one line in :data:`REGISTERED` (and
+its
+settings section in ``proxy.assembly.config``).
+
+A tier that holds whole answers under their exact keys exposes them as ``answers`` (a
+:class:`~tiers.response_tier.ResponseTier`): new answers are stored into the first such tier (and copied behind it
+by tiers with a ``write_behind``), promoted into the faster ones on a hit in a slower one, listed and invalidated by
+the admin plane.
+"""
+
+from __future__ import annotations
+
+from proxy.answers.cache_tiers import cold, exact, search, semantic
+from proxy.answers.cache_tiers.base import Builder
+
+REGISTERED: tuple[Builder, ...] = (
+    exact.build,  # l1: answers by exact key in memory (near copies of Redis in shared mode)
+    cold.build,  # l3: answers by exact key on local disk, written behind L1
+    semantic.build,  # l2: an equivalent question under the same context points at an answer of L1 or L3
+    search.build,  # retrieval: Qdrant searches with nearby query vectors reuse results
+)
+"""The registered tiers, in lookup order."""

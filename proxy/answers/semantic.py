@@ -1,0 +1,253 @@
+"""L2 lookup: answer a differently worded but equivalent question from the semantic tier.
+
+Only chat and Responses API requests whose final message (input item) is a user question take part (read by the
+endpoint's :class:`~normalizer.signature.PromptReading`). Everything but that question and its documents must
+match exactly (the :class:`~normalizer.signature.ContextSignature` digest, computed under the same knowledge version
+as the exact key); the question is compared by embedding under the namespace's threshold, with guards vetoing false
+friends, and the documents read by :class:`~proxy.core.prompt.ReadPrompt` must still carry what the cached answer
+rests on (:mod:`normalizer.evidence`; kept with each question as it is learnt, from the answer and the documents in
+the order the upstream saw them). An answer that cites by position is served with its positions rewritten to where
+the new prompt holds the documents, and promoted so. It runs
+after the exact tiers (L1, L3 by key): an exact repeat never costs an embedding. A match points at an entry key;
+the response bytes come from L1, or from L3 when L1 has let it go. Candidates come from the L2 index and, when it
+has none that can serve, from the cold tier's stored question vectors; one decision
+(:meth:`~tiers.semantic.SemanticTier.decide`) chooses among both, so a would-be hit drawn for verification is
+forwarded and compared whichever tier holds its answer, and every semantic hit is counted once. The hit is promoted
+into L1 under the new request's own key. On a miss, the question is recorded against the new entry's key once the
+upstream answer has been stored, and the answer's words teach the answer check
+(:class:`~tiers.calibration.AnswerAgreement`).
+
+The lines an app's prompt template repeats around its questions are left out of the question compared
+(:class:`~tiers.question_templates.QuestionTemplates`, learnt per namespace).
+
+In a user-scoped (private) request the index partition and the cold tier's signature tag carry the key scope's
+user digest too, so a paraphrase never reaches another user's answer.
+
+``X-Cache-Similarity`` is sent only when ``cache.semantic.expose_similarity`` is on (it tells a tenant how close
+its question came to someone else's).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import Protocol, runtime_checkable
+
+from normalizer.canonical_json import CanonicalizationError
+from normalizer.evidence import renumbered
+from normalizer.signature import PromptReading
+from proxy.answers.replies import answer_evidence, complete_body, entry_tags, hit_reply
+from proxy.core.context import FinishCallback, Reply, RequestContext
+from proxy.core.endpoints import Endpoint
+from proxy.core.handoffs import SemanticQuery
+from proxy.core.outcome import MISS_STATUSES, SEMANTIC_TIER, CacheStatus
+from proxy.core.pipeline import Next
+from tiers.calibration import GRID
+from tiers.embedders.base import FloatArray
+from tiers.entry import CachedResponse
+from tiers.question_templates import QuestionTemplates
+from tiers.response_tier import ResponseTier
+from tiers.semantic import (
+    CandidateSource,
+    SemanticMatch,
+    SemanticScope,
+    SemanticTier,
+    answer_text,
+    edit_answer_text,
+)
+from tiers.vectors.base import VectorHit
+
+log = logging.getLogger("ragproxy.semantic")
+
+
+@runtime_checkable
+class QuestionVectorStore(Protocol):
+    """A store that keeps each answer's question vector and searches them (the cold tier's)."""
+
+    async def nearest(self, vector: FloatArray, k: int = 1, *, tag: str | None = None) -> list[tuple[str, float]]:
+        """Up to ``k`` (key, cosine similarity), best first, among entries carrying ``tag``."""
+
+
+@dataclass(frozen=True, slots=True)
+class QuestionVectors:
+    """An answer tier and its store's search of question vectors."""
+
+    tier: ResponseTier
+    store: QuestionVectorStore
+
+
+def question_vectors(tiers: Sequence[ResponseTier]) -> QuestionVectors | None:
+    """The answer tier whose store keeps question vectors (found by what it can do, not where it stands)."""
+    for tier in tiers:
+        if isinstance(tier.store, QuestionVectorStore):
+            return QuestionVectors(tier, tier.store)
+    return None
+
+
+def signature_tag(where: SemanticScope, digest: str) -> str:
+    """The tag that keeps the cold tier's question-vector search inside one scope and context."""
+    return f"sig:{where.tenant}/{where.label}/{digest}"
+
+
+class SemanticLookup:
+    """Serve semantic hits; teach the index on misses."""
+
+    name = SEMANTIC_TIER
+    needs = frozenset({"cache_key", "key_scope", "key_variant", "cache_policy", "prompt"})
+    gives = frozenset({"semantic", "entry", "cache_status", "cache_tier"})
+    reads_if_given = frozenset({"cache_status"})
+
+    def __init__(self, semantic: SemanticTier, sources: Sequence[ResponseTier], promote_into: ResponseTier,
+                 *, expose_similarity: bool = False, cold: QuestionVectors | None = None,
+                 endpoint: Endpoint) -> None:
+        """``sources``: the answer tiers a match's key is read from, fastest first; ``cold``: an answer tier that
+        also keeps its questions' vectors (searched for candidates when this tier's index has none that can serve);
+        ``endpoint``: how its requests are read (:attr:`~proxy.core.endpoints.Endpoint.reading`), and its answers
+        assembled."""
+        if endpoint.reading is None:
+            raise ValueError(f"the {endpoint.route} endpoint is not looked up by meaning")
+        self.semantic = semantic
+        self.reading: PromptReading = endpoint.reading
+        self.endpoint = endpoint
+        self.sources = tuple(sources)
+        self.promote_into = promote_into
+        self.expose_similarity = expose_similarity
+        self.cold = cold
+        self.templates = QuestionTemplates()
+
+    async def __call__(self, ctx: RequestContext, call_next: Next) -> Reply:
+        key, scope, policy, prompt = ctx.cache_key, ctx.key_scope, ctx.cache_policy, ctx.prompt
+        body = ctx.body or {}
+        if key is None or scope is None or policy is None or prompt is None:
+            return await call_next(ctx)
+        question = self.reading.question(body, prompt)
+        if question is None:
+            return await call_next(ctx)
+        try:
+            signature = self.reading.signature(body, prompt, scope.knowledge_version, ctx.key_variant)
+        except CanonicalizationError:
+            return await call_next(ctx)
+        if signature is None:
+            return await call_next(ctx)
+        where = SemanticScope(scope.tenant, scope.namespace, scope.user)
+        question = self.templates.question(f"{where.tenant}\x1f{where.label}", question)
+        query = ctx.semantic = SemanticQuery(question, where, signature.digest, signature_tag(where, signature.digest))
+        probe: SemanticMatch | None = None
+        if policy.may_read:
+            reply, probe = await self._lookup(ctx, query, key)
+            if reply is not None:
+                return reply
+        reply = await call_next(ctx)
+        if probe is not None:
+            reply.on_finish(self._comparison(where, probe, question))
+        if policy.may_store and not ctx.follower:
+            async def learn(done: Reply, ok: bool, body_bytes: bytes) -> None:
+                if ok and done.status == 200 and (ctx.cache_status is None or ctx.cache_status in MISS_STATUSES):
+                    complete = complete_body(done, body_bytes, self.endpoint)
+                    answer = answer_text(complete.body) if complete is not None else None
+                    if answer is not None:
+                        self.semantic.learn_answer(answer)
+                    rests_on = answer_evidence(ctx, answer)
+                    try:
+                        await self.semantic.add(where, query.digest, question, key, rests_on)
+                    except Exception as exc:  # fail open: the index is an optimisation
+                        self.semantic.stats.index_errors += 1
+                        log.warning("semantic index add failed: %s", exc)
+
+            reply.on_finish(learn)
+        return reply
+
+    def _cold_candidates(self, query: SemanticQuery, key: str,
+                         found: dict[str, CachedResponse]) -> CandidateSource | None:
+        """The cold tier's stored questions of the same context nearest to the question (their entries kept in
+        ``found``, so a match is not read twice); fails open."""
+        cold = self.cold
+        if cold is None:
+            return None
+
+        async def candidates(vector: FloatArray) -> list[VectorHit]:
+            try:
+                nearest = await cold.store.nearest(vector, self.semantic.candidates, tag=query.tag)
+                hits = []
+                for candidate, similarity in nearest:
+                    if candidate == key or similarity < GRID[0]:
+                        continue
+                    entry = await cold.tier.get(candidate)
+                    if entry is not None:
+                        found[candidate] = entry
+                        hits.append(VectorHit(candidate, similarity, {"question": str(entry.meta.get("question", "")),
+                                                                       "source": cold.tier.name,
+                                                                       "evidence": entry.meta.get("evidence")}))
+                return hits
+            except Exception as exc:  # fail open
+                self.semantic.stats.index_errors += 1
+                log.warning("cold semantic lookup failed: %s", exc)
+                return []
+
+        return candidates
+
+    def _comparison(self, where: SemanticScope, probe: SemanticMatch, question: str) -> FinishCallback:
+        """After forwarding: compare the fresh answer with the one cached for ``probe`` (calibration evidence), in
+        the background (:meth:`SemanticTier.compare_later`)."""
+        async def compare(done: Reply, ok: bool, body_bytes: bytes) -> None:
+            complete = complete_body(done, body_bytes, self.endpoint) if ok and done.status == 200 else None
+            fresh = answer_text(complete.body) if complete is not None else None
+            if fresh is None:
+                return
+
+            async def comparison() -> None:
+                for tier in self.sources:
+                    entry = await tier.get(probe.key)
+                    cached = answer_text(entry.body) if entry is not None else None
+                    if cached is not None:
+                        self.semantic.compare(where, probe, cached, fresh, question)
+                        return
+
+            self.semantic.compare_later(comparison)
+
+        return compare
+
+    @staticmethod
+    def _renumbered(ctx: RequestContext, entry: CachedResponse, match: SemanticMatch) -> CachedResponse:
+        """``entry`` with its answer's positional citations pointing where the new prompt holds the documents
+        (:func:`normalizer.evidence.renumbered`), and the evidence that answer now has."""
+        documents = ctx.prompt.documents if ctx.prompt is not None else ()
+        body = edit_answer_text(entry.body, lambda text: renumbered(text, match.evidence, documents))
+        if body is entry.body:
+            return entry
+        return replace(entry, body=body, meta={**entry.meta, "evidence": answer_evidence(ctx, answer_text(body))})
+
+    async def _lookup(self, ctx: RequestContext, query: SemanticQuery,
+                      key: str) -> tuple[Reply | None, SemanticMatch | None]:
+        """A semantic hit, or a miss with the candidate whose answer to compare with the fresh one."""
+        assert ctx.cache_policy is not None
+        found: dict[str, CachedResponse] = {}
+        try:
+            decision = await self.semantic.decide(query.where, query.digest, query.question,
+                                                  self._cold_candidates(query, key, found), ctx.prompt.documents
+                                                  if ctx.prompt is not None else ())
+        except Exception as exc:  # embedding model or vector store down: fail open (counted by the tier)
+            log.warning("semantic lookup failed: %s", exc)
+            return None, None
+        query.vector = decision.vector
+        match = decision.match
+        if match is None:
+            return None, decision.probe
+        policy = ctx.cache_policy
+        entry = found.get(match.key)
+        if entry is None:
+            for tier in self.sources:
+                entry = await tier.get(match.key)
+                if entry is not None:
+                    break
+        if entry is None:
+            await self.semantic.delete([match.key])  # the answer it pointed at is gone
+            return None, None
+        if policy.max_age is not None and entry.age() > policy.max_age:
+            return None, None
+        entry = self._renumbered(ctx, entry, match)
+        await self.promote_into.put(key, entry, ttl=policy.ttl, tags=entry_tags(ctx, entry.model))
+        self.semantic.served()
+        extra = {"X-Cache-Similarity": f"{match.similarity:.4f}"} if self.expose_similarity else None
+        return hit_reply(ctx, entry, status=CacheStatus.SEMANTIC_HIT, tier=match.source, extra=extra), None

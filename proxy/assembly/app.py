@@ -1,0 +1,158 @@
+"""The data plane: one request handler for the data plane's server (:mod:`proxy.server`), routing by path to the
+pipelines.
+
+:class:`DataPlane` resolves a request with one dict lookup and a few prefix tests (the data plane has a dozen
+fixed routes; a router and a middleware chain would cost more per request than the pass-through pipeline), and
+turns everything that is not a pipeline's answer — an unknown path (404), a wrong method (405), an unexpected
+exception (500, logged by the server) — into JSON in the route's dialect, never a traceback. The admin API, with
+its many routes and its authentication middleware, is an aiohttp application on its own port.
+
+Routes: ``POST /v1/chat/completions``, ``/v1/completions``, ``/v1/responses``, ``/v1/embeddings`` run their
+pipelines; rerankers ``POST /v1/rerank``, ``/v2/rerank``, ``/rerank`` (Cohere/Jina/vLLM, or TEI's shape) and
+``/v1/score``, ``/score`` (vLLM) run the rerank pipeline; everything under ``/v1/responses/`` (a stored response
+by id, its input items, cancel; ``input_tokens``, ``compact``) runs the stored-responses pipeline; another ``/v1/...``
+request is passed through (billed per request) only when ``upstreams.llm_passthrough`` allows it, else 404 (405 on an
+LLM API's path); ``GET /healthz`` and
+``/readyz``; everything under the Qdrant prefixes below goes to the Qdrant pipelines, and so does ``GET /`` when a
+Qdrant upstream is configured (qdrant-client reads the server version there); without one, ``GET /`` describes the
+proxy (:mod:`proxy.assembly.routes.about`). Before any of this, a path that servers read differently (dot segments,
+``//``,
+encoded dots and slashes) is refused (:func:`normalizer.paths.path_problem`).
+"""
+
+from __future__ import annotations
+
+import re
+
+from normalizer.paths import PathAllowList, path_problem
+from proxy.assembly.config import Settings
+from proxy.assembly.pipelines import build_pipelines
+from proxy.assembly.routes.about import about_handler
+from proxy.assembly.routes.handler import Handler, make_handler
+from proxy.assembly.routes.health import health_handlers
+from proxy.assembly.runtime import Runtime
+from proxy.core.endpoints import ENDPOINTS
+from proxy.core.errors import Dialect, ProxyError
+from proxy.core.pipeline import Pipeline
+from proxy.server.connection import HttpServer
+from proxy.server.request import Request
+from proxy.server.responder import Responder
+from proxy.stored.stages import PREFIX as RESPONSES_PREFIX
+
+# Qdrant REST paths the proxy forwards (everything else outside /v1 is a 404 of ours).
+_QDRANT_PREFIXES = ("/collections", "/aliases", "/cluster", "/telemetry", "/snapshots", "/locks", "/issues")
+_QDRANT_SEARCH = re.compile(r"^/collections/[^/]+/points/(search|query|recommend|discover)(/batch)?$")
+_QDRANT_WRITE_METHODS = frozenset({"PUT", "POST", "PATCH", "DELETE"})
+
+
+_RERANK_PATHS = ("/v1/rerank", "/v2/rerank", "/rerank")
+_SCORE_PATHS = ("/v1/score", "/score")
+_OPENAI_FIRST_SEGMENTS = frozenset({"v1", "v2", "rerank", "score"})  # the Qdrant API has none of these
+
+
+def _dialect_for(path: str) -> Dialect:
+    """The dialect of a path's errors, from its first segment (read through repeated slashes and backslashes, so
+    that a refused trick is answered in the dialect of the route it aimed at)."""
+    first = re.split(r"[/\\]+", path.lstrip("/\\"), maxsplit=1)[0]
+    return Dialect.OPENAI if first in _OPENAI_FIRST_SEGMENTS else Dialect.QDRANT
+
+
+def _error_body(path: str, status: int, message: str, code: str) -> bytes:
+    """The body of an error the server answers itself (malformed request, handler failure)."""
+    return ProxyError(status, message, code=code).body(_dialect_for(path))
+
+
+def _is_qdrant_path(path: str) -> bool:
+    return any(path == prefix or path.startswith(prefix + "/") for prefix in _QDRANT_PREFIXES)
+
+
+class DataPlane:
+    """The data-plane handler (served by :func:`create_server`); :attr:`runtime` is started and stopped by
+    whoever serves it (:func:`proxy.commands.serve.serve`)."""
+
+    def __init__(self, settings: Settings, runtime: Runtime | None = None) -> None:
+        rt = runtime or Runtime(settings)
+        self.runtime = rt
+        self.pipelines = pipelines = build_pipelines(rt)  # once: a config patch changes them in place
+        limit = self.max_body = settings.server.max_body_bytes
+
+        def handler(name: str, route: str, dialect: Dialect, json_body: bool) -> Handler:
+            pipeline: Pipeline = getattr(pipelines, name)
+            return make_handler(pipeline, route, dialect, max_body=limit, json_body=json_body,
+                                lift_proxy_fields=json_body and dialect is Dialect.OPENAI, observe=rt.observe)
+
+        healthz, readyz = health_handlers(rt)
+        self._exact: dict[tuple[str, str], Handler] = {  # an LLM API's pipeline is named by its endpoint's route
+            **{("POST", e.path): handler(e.route, e.route, Dialect.OPENAI, True) for e in ENDPOINTS},
+            ("POST", "/v1/embeddings"): handler("embeddings", "embeddings", Dialect.OPENAI, True),
+        }
+        rerank = handler("rerank", "rerank", Dialect.OPENAI, True)
+        score = handler("rerank", "score", Dialect.OPENAI, True)
+        self._exact.update({("POST", path): rerank for path in _RERANK_PATHS})
+        self._exact.update({("POST", path): score for path in _SCORE_PATHS})
+        root = self._qdrant if settings.upstreams.qdrant.url else about_handler(settings)
+        for method in ("GET", "HEAD"):
+            self._exact[(method, "/healthz")] = healthz
+            self._exact[(method, "/readyz")] = readyz
+            self._exact[(method, "/")] = root
+        self._get_only = frozenset({"/healthz", "/readyz", "/"})
+        self._llm_passthrough = handler("llm_passthrough", "llm_passthrough", Dialect.OPENAI, False)
+        self._passthrough_allowed = PathAllowList(settings.upstreams.llm_passthrough)
+        self._stored_responses = handler("stored_responses", "stored_responses", Dialect.OPENAI, False)
+        self._qdrant_search = handler("qdrant_search", "qdrant_search", Dialect.QDRANT, True)
+        self._qdrant_write = handler("qdrant_write", "qdrant_write", Dialect.QDRANT, False)
+        self._qdrant_other = handler("qdrant_passthrough", "qdrant", Dialect.QDRANT, False)
+
+    def example_paths(self) -> list[tuple[str, str]]:
+        """One request target of every route this plane serves, as ``(method, path)``: the fixed routes, a stored
+        response, the allowed pass-through and the Qdrant routes (what a test walks with every path trick)."""
+        fixed = [key for key in self._exact if key[1] != "/"]
+        return [*fixed, ("GET", RESPONSES_PREFIX + "resp_1"), ("POST", RESPONSES_PREFIX + "input_tokens"),
+                ("GET", "/v1/models"), ("POST", "/collections/docs/points/search"),
+                ("POST", "/collections/docs/points/query/batch"), ("PUT", "/collections/docs/points"),
+                ("GET", "/collections/docs"), ("GET", "/aliases")]
+
+    async def __call__(self, request: Request, out: Responder) -> None:
+        path = request.path
+        try:
+            problem = path_problem(request.raw_path, path)
+            if problem is not None:  # before routing: the upstream must read the path the proxy routed on
+                raise ProxyError(400, f"{problem}: {request.raw_path.partition('?')[0]!r}", code="bad_path")
+            await self._resolve(request.method, path)(request, out)
+        except ProxyError as exc:
+            exc.send(out, _dialect_for(path))
+
+    def _resolve(self, method: str, path: str) -> Handler:
+        exact = self._exact.get((method, path))
+        if exact is not None:
+            return exact
+        if path.startswith(RESPONSES_PREFIX):
+            return self._stored_responses
+        if path.startswith("/v1/"):
+            if self._passthrough_allowed.allows(method, path):
+                return self._llm_passthrough
+            if ("POST", path) in self._exact:
+                raise ProxyError(405, "Method Not Allowed", code="method_not_allowed", headers={"Allow": "POST"})
+            raise ProxyError(404, f"{method} {path} is not served by this proxy (an operator may forward it: "
+                                  "upstreams.llm_passthrough)", code="not_found")
+        if path in self._get_only:
+            raise ProxyError(405, "Method Not Allowed", code="method_not_allowed", headers={"Allow": "GET,HEAD"})
+        if _is_qdrant_path(path):
+            return self._qdrant
+        raise ProxyError(404, "Not Found", code="not_found")
+
+    async def _qdrant(self, request: Request, out: Responder) -> None:
+        if request.method == "POST" and _QDRANT_SEARCH.match(request.path):
+            await self._qdrant_search(request, out)
+        elif request.method in _QDRANT_WRITE_METHODS:
+            await self._qdrant_write(request, out)
+        else:
+            await self._qdrant_other(request, out)
+
+
+def create_server(plane: DataPlane) -> HttpServer:
+    """The data plane's server around ``plane``; a client that hangs up cancels its request's handler."""
+    server = plane.runtime.settings.server
+    return HttpServer(plane, max_body=plane.max_body, error_body=_error_body, read_timeout_s=server.read_timeout_s,
+                      head_timeout_s=server.head_timeout_s, body_timeout_s=server.body_timeout_s,
+                      max_connections=server.max_connections)

@@ -1,0 +1,205 @@
+"""The order of the whole system: which stages each kind of request goes through.
+
+Chat::
+
+    identify → limits → idempotency → credits (reserve … settle) → prompt (its documents, read once) →
+    cache_control → canonicalize → [stale_if_error] → store (on the way back) → the tiers' lookups → coalesce →
+    shape → route → forward
+
+The tiers' lookups come from the registered cache tiers in order (:mod:`proxy.answers.cache_tiers`): L1 exact → L3
+exact → L2 semantic, so an exact repeat is answered before any embedding is computed (L2 also searches the cold
+tier's question vectors). Legacy completions: the same without prompt, L2, shape and route. Responses API
+(``POST /v1/responses``): the same as chat (L2, shape and route included) after a stored_responses stage that
+lets a request continue only its own tenant's stored responses and records the ones it makes
+(:mod:`proxy.stored.stages`), with its own credits (:class:`~proxy.credits.priced_apart.ResponseCredits`)
+and its documents read from ``instructions`` and ``input`` (shape plans from that chat view but never reorders:
+the body goes out as the client wrote it, plus hints); a stored answer's cache lifetime is bounded by the
+upstream's retention. Requests about a stored response (``/v1/responses/{id}`` and below, ``input_tokens``,
+``compact``): identify → stored_responses (the owner's tenant only, to the replica that keeps it) → forward.
+
+The three LLM APIs (chat, legacy completions, Responses) are one :class:`~proxy.core.endpoints.Endpoint` object each,
+chosen here from the route and handed to every stage that reads its requests or answers (:func:`_answers`): the
+stages never ask which API they serve.
+
+Each stage wraps the ones after it: the way back (store in the tiers, settle credits) runs in reverse order.
+Embeddings: identify → limits → idempotency → credits → cache_control → per-item exact cache → forward.
+Rerankers (``/v1/rerank``, ``/rerank``, ``/v2/rerank``, ``/v1/score``, ``/score``): identify → limits → idempotency
+→ credits per document → cache_control → per-document exact cache → forward.
+Qdrant searches: identify → limits → credits → documents (remembered for prompt detection) → the tiers' search
+stages (the search cache) → forward; Qdrant writes: identify → the tiers' write stages (invalidation) → forward;
+anything else: identify → forward.
+
+The pipelines are built once per runtime. State that only some stages keep across requests is made here with them
+(the coalescing flights and the stale answers, each shared by the stages of every kind of request), and every stage
+that reads a live setting is registered in ``rt.live`` as it is made, so that ``PATCH /admin/config`` reaches it in
+place (:mod:`proxy.assembly.live_settings`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from normalizer.bypass import BypassSettings
+from normalizer.cache_control import CacheDefaults
+from normalizer.canonical import RequestKind
+from normalizer.limits import RequestLimits
+from proxy.answers.cache_policy import ApplyCacheControl, Canonicalize, Lifetime
+from proxy.answers.coalesce import Coalesce, Flights
+from proxy.answers.replies import StoreResponse
+from proxy.answers.stale import StaleIfError, StaleStore
+from proxy.assembly.runtime import Runtime
+from proxy.core.endpoints import CHAT, COMPLETIONS, RESPONSES, Endpoint
+from proxy.core.limits import EnforceLimits
+from proxy.core.pipeline import Pipeline, Pipelines, Stage
+from proxy.core.prompt import PromptReader, ReadPrompt
+from proxy.credits.idempotency import Idempotency
+from proxy.credits.priced_apart import RerankCredits, ResponseCredits
+from proxy.credits.stages import Credits, Identify, RequestCredits, SearchCredits
+from proxy.items.embeddings import EmbeddingItemsCache
+from proxy.items.rerank import RerankItemsCache
+from proxy.search.stages import RegisterDocuments
+from proxy.stored.stages import ClaimStoredResponses, StoredResponseRequests, StoredResponses
+from proxy.upstream.forward import ForwardToLLM, ForwardToQdrant
+from tiers.response_tier import ResponseTier
+
+
+def build_pipelines(rt: Runtime) -> Pipelines:
+    """Assemble every pipeline from the runtime's components (the cache tiers' stages in registration order); the
+    stages that own live settings are registered in ``rt.live``. Once per runtime."""
+    trust = rt.settings.server.trust_forwarded
+    to_llm = ForwardToLLM(rt.client, rt.backends, trust_forwarded=trust)
+
+    def forward(endpoint: Endpoint) -> ForwardToLLM:
+        return ForwardToLLM(rt.client, rt.backends, trust_forwarded=trust, endpoint=endpoint)
+    qdrant = rt.settings.upstreams.qdrant
+    to_qdrant = ForwardToQdrant(
+        rt.client, qdrant.url, qdrant.api_key.get_secret_value() if qdrant.api_key else None, trust_forwarded=trust
+    )
+    identify: list[Stage] = [Identify(rt.credits.keys, open_mode=rt.settings.auth.mode == "open",
+                                      key_cache_ttl_s=rt.settings.auth.key_cache_ttl_s, known=rt.credits.known_keys)]
+    limits = _limits(rt)
+    guard: list[Stage] = [*identify, EnforceLimits(limits), *_idempotency(rt)]
+    billing = [*guard, *_billing(rt, Credits)]
+    tracer = rt.tracer
+    caching = _Caching(rt)
+    stored = StoredResponses(rt.owners, [backend.label for backend in rt.backends.backends],
+                             lambda selector: rt.invalidator().invalidate(selector))
+    return Pipelines(
+        chat=Pipeline([*billing, *_answers(rt, CHAT, caching)], forward(CHAT), tracer=tracer),
+        completions=Pipeline([*billing, *_answers(rt, COMPLETIONS, caching)], forward(COMPLETIONS), tracer=tracer),
+        responses=Pipeline([*guard, ClaimStoredResponses(stored), *_billing(rt, ResponseCredits),
+                            *_answers(rt, RESPONSES, caching)], forward(RESPONSES), tracer=tracer),
+        stored_responses=Pipeline([*identify, StoredResponseRequests(stored)], to_llm, tracer=tracer),
+        embeddings=Pipeline([*billing, *caching.items("embedding", EmbeddingItemsCache)], to_llm, tracer=tracer),
+        rerank=Pipeline([*guard, *_billing(rt, RerankCredits), *caching.items("rerank", RerankItemsCache)],
+                        to_llm, tracer=tracer),
+        llm_passthrough=Pipeline([*identify, *_billing(rt, RequestCredits)], to_llm, tracer=tracer),
+        qdrant_search=Pipeline([*identify, EnforceLimits(limits, search=True), *_billing(rt, SearchCredits),
+                                *_documents(rt), *rt.tiers.stages("search")], to_qdrant, tracer=tracer),
+        qdrant_write=Pipeline([*identify, *_billing(rt, RequestCredits), *rt.tiers.stages("write")], to_qdrant,
+                              tracer=tracer),
+        qdrant_passthrough=Pipeline([*identify, *_billing(rt, RequestCredits)], to_qdrant, tracer=tracer),
+    )
+
+
+def _limits(rt: Runtime) -> RequestLimits:
+    """limits: outsized or overly deep bodies are refused before any stage reads them."""
+    return RequestLimits(**rt.settings.limits.model_dump())
+
+
+def _idempotency(rt: Runtime) -> list[Stage]:
+    """idempotency: a repeated Idempotency-Key gets the first answer, charged once."""
+    store, settings = rt.credits.idempotency, rt.settings.idempotency
+    if store is None:
+        return []
+    return [Idempotency(store, ttl_s=settings.ttl_s, running_ttl_s=settings.running_ttl_s,
+                        max_response_bytes=settings.max_response_bytes)]
+
+
+def _billing(rt: Runtime, stage: type[Credits]) -> list[Stage]:
+    """credits: reserve the worst case, settle the actual usage (hits at the tier's multiplier)."""
+    store, credits = rt.credits.store, rt.settings.credits
+    if store is None:
+        return []
+    return [stage(store, rt.credits.prices, reservation_ttl_s=credits.reservation_ttl_s, fail_open=credits.fail_open,
+                  settling=rt.credits.settling)]
+
+
+def _answers(rt: Runtime, endpoint: Endpoint, caching: _Caching) -> list[Stage]:
+    """An LLM API's stages after its guards and credits: prompt → the answer caches → shape → route. The endpoint
+    (:mod:`proxy.core.endpoints`) is chosen here, once, and every stage that reads its requests or answers gets it."""
+    if endpoint.read_prompt is None:  # no prompt to read (legacy completions): no documents, no KV planning
+        return caching.answers(endpoint)
+    return [*_prompt(rt, endpoint.read_prompt), *caching.answers(endpoint), *_kv(rt, endpoint)]
+
+
+def _kv(rt: Runtime, endpoint: Endpoint) -> list[Stage]:
+    """shape → route: documents ordered for KV reuse, the replica chosen by estimated TTFT, prefix hints."""
+    return [] if rt.kv is None else [rt.kv.shape.serving(endpoint), rt.kv.route.serving(endpoint)]
+
+
+def _prompt(rt: Runtime, read: PromptReader) -> list[Stage]:
+    """prompt: the documents a prompt carries, read once for every cache tier and the KV stages."""
+    if rt.documents is None:
+        return []
+    return [ReadPrompt(rt.documents, read)]
+
+
+def _documents(rt: Runtime) -> list[Stage]:
+    """documents: texts returned by searches are remembered, to be recognised inside later prompts."""
+    return [] if rt.documents is None else [RegisterDocuments(rt.documents)]
+
+
+class _Caching:
+    """The cache stages of each kind of request, sharing the state they keep across requests and registered as the
+    owners of the live cache settings they read."""
+
+    def __init__(self, rt: Runtime) -> None:
+        self.rt = rt
+        self.live = rt.live
+        self.flights = Flights()
+        stale = rt.settings.cache.stale
+        self.stale = StaleStore(max_entries=stale.max_entries, max_bytes=stale.max_bytes,
+                                max_stale_s=stale.max_stale_s) if stale.namespaces else None
+
+    def _control(self, lifetime: Lifetime | None = None) -> ApplyCacheControl:
+        defaults = CacheDefaults(enabled=True, ttl=self.rt.settings.cache.l1.ttl_s)
+        return self.live.register(ApplyCacheControl(defaults, lifetime))
+
+    def _canonicalize(self, kind: RequestKind, endpoint: Endpoint | None = None) -> Canonicalize:
+        """The exact key of ``kind``'s requests (``endpoint``: an LLM API's, whose prompt and ownership count)."""
+        rt, cache = self.rt, self.rt.settings.cache
+        bypass = BypassSettings(unknown_fields=cache.unknown_fields, cache_sampled=cache.cache_sampled,
+                                cache_stored_responses=cache.cache_stored_responses,
+                                rerank_max_documents=cache.rerank_max_documents)
+        return self.live.register(Canonicalize(kind, bypass, rt.versions, frozenset(cache.shared_namespaces),
+                                               frozenset(cache.private_namespaces), tuple(cache.key_headers),
+                                               owned=endpoint.owned if endpoint is not None else None,
+                                               reads_prompt=endpoint is not None and endpoint.read_prompt is not None))
+
+    def items(self, kind: RequestKind, stage: Callable[[ResponseTier, Canonicalize], Stage]) -> list[Stage]:
+        """cache_control → per-item exact cache (embeddings inputs, reranker pairs) in the fastest answer tier,
+        when there is one."""
+        first = self.rt.tiers.first
+        if first is None:
+            return []
+        return [self._control(), stage(first, self._canonicalize(kind))]
+
+    def answers(self, endpoint: Endpoint) -> list[Stage]:
+        """cache_control → canonicalize → [stale_if_error] → store (on the way back) → each tier's lookups →
+        coalesce, when caching is on."""
+        rt, live = self.rt, self.live
+        cache = rt.settings.cache
+        if not cache.enabled:
+            return []
+        stale = self.stale
+        return [
+            self._control(endpoint.lifetime(rt.settings.upstreams.response_retention_s)),
+            self._canonicalize(endpoint.kind, endpoint),
+            *([] if stale is None else [StaleIfError(stale, endpoint=endpoint, namespaces=cache.stale.namespaces)]),
+            live.register(StoreResponse(rt.tiers.first, endpoint=endpoint, expose_key=cache.expose_key,
+                                        write_behind=rt.tiers.write_behind)),
+            *rt.tiers.stages(endpoint),
+            live.register(Coalesce(endpoint=endpoint, wait_s=cache.coalesce_wait_s, flights=self.flights,
+                                   recheck=rt.tiers.first, still_stored=rt.still_stored)),
+        ]

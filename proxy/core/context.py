@@ -1,0 +1,165 @@
+"""What travels through the pipeline: the per-request context, and the reply the stages hand back.
+
+:class:`Reply` (and its callbacks) is defined in :mod:`proxy.core.reply` and is part of the vocabulary stages import
+from
+here; the values the stages hand on through the context's slots are defined in :mod:`proxy.core.handoffs`.
+
+The way in and the way up are kept apart. ``ctx.body`` is the client's JSON body as the route handler parsed it
+(less the proxy's own fields, ``ctx.proxy_fields``) and stays so for the whole request: it is ``Final`` (never
+reassigned) and a ``Mapping`` (never changed in place), so every stage — cache keys, limits, credits, the tiers on
+the way back — reads what the client asked, whatever was changed for the upstream. What goes upstream is that body
+plus an ordered list of named :class:`Patch` es (``ctx.patch(name, apply)``: the per-item caches asking for the
+missing items only, the KV layer's document order and hints, credits asking a stream for its usage).
+:meth:`RequestContext.outgoing_json` applies them in order; :meth:`RequestContext.outgoing_body` serialises that
+once, and with no patch (and nothing lifted out) sends the client's bytes unchanged. Besides the forward stages,
+only credits read the upstream-bound body: what the upstream did is estimated from what it was sent, and a search
+batch is charged for the searches sent. The patch names are the ``ragproxy.body_patches`` attribute of the
+request's spans (:mod:`proxy.core.tracing`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, fields
+from typing import TYPE_CHECKING, Any, Final, NamedTuple
+
+import orjson
+
+from proxy.core.errors import ProxyError
+from proxy.core.outcome import CacheStatus
+from proxy.core.reply import EndCallback, FinishCallback, Reply
+from proxy.server.request import Request
+
+if TYPE_CHECKING:
+    from normalizer.cache_control import CachePolicy
+    from normalizer.canonical import KeyScope
+    from normalizer.documents import PromptDocuments
+    from proxy.core.handoffs import RequestTrace, RerankCount, RoutedRequest, SemanticQuery, ShapedRequest
+    from proxy.credits.store import Reservation
+    from proxy.upstream.backends import Backend
+    from tiers.entry import CachedResponse
+
+__all__ = ["SLOTS", "EndCallback", "FinishCallback", "Patch", "Reply", "RequestContext"]
+
+Rewrite = Callable[[Mapping[str, Any]], dict[str, Any]]
+"""The body as patched so far in, the next one out: a new dict (the argument is never changed) that keeps every
+field it does not mean to change, what earlier patches did included."""
+
+
+class Patch(NamedTuple):
+    """One named change to the body sent upstream: ``name`` says what changed and which stage changed it
+    (``"<stage>.<what>"``, shown in the request's trace); ``apply`` makes the change."""
+
+    name: str
+    apply: Rewrite
+
+
+@dataclass(slots=True)
+class RequestContext:
+    """Everything the stages know about one data-plane request.
+
+    Stages hand results to later stages through these typed slots, each set by the one stage named next to it
+    (a stage declares the slots it reads and sets in ``needs``/``gives``; :class:`~proxy.core.pipeline.Pipeline` checks
+    at assembly that every slot a stage needs is set by an earlier one). ``None`` means "not decided for this
+    request" (the stage is not in the pipeline, or did not apply).
+    """
+
+    # the route handler (proxy.assembly.routes.handler): the parsed request
+    request: Request
+    route: str
+    request_id: str
+    raw_body: bytes = b""
+    body: Final[Mapping[str, Any] | None] = None
+    """The client's JSON body, never reassigned nor changed (see the module docstring); what goes upstream is
+    :meth:`outgoing_json`."""
+    proxy_fields: Mapping[str, Any] = field(default_factory=dict)
+    """The proxy's own body objects (``cache``, ``ragproxy``), lifted out of ``body`` before anything else."""
+    upstream_path: str = ""
+    method: str = "POST"
+    stream: bool = False
+    patches: tuple[Patch, ...] = ()
+    """The changes to ``body`` for the upstream, in the order they apply (added by :meth:`patch`)."""
+    # identify
+    tenant: str = "anonymous"
+    user: str = "anonymous"
+    api_key_id: str | None = None
+    # stored_responses
+    pinned: int | None = None
+    """The LLM replica (index) that keeps the stored response this request names: forward sends it there only."""
+    # credits
+    reservation: Reservation | None = None
+    """The billing reservation held for this request (the upstream is then asked to report its usage)."""
+    # cache_control
+    cache_policy: CachePolicy | None = None
+    namespace: str = "default"
+    # prompt
+    prompt: PromptDocuments | None = None
+    """The documents the prompt carries, read once before any cache tier."""
+    # canonicalize (user_scope and key_scope also by the embeddings items cache)
+    user_scope: str | None = None
+    """The user digest when the request's answers are user-scoped (private), set even when it is not cached."""
+    key_scope: KeyScope | None = None
+    key_variant: Any = None
+    """What besides the body the upstream may answer by (query string, keyed headers): in the key and signature."""
+    cache_key: str | None = None
+    bypass_reason: str | None = None
+    # l2
+    semantic: SemanticQuery | None = None
+    # rerank_items
+    rerank: RerankCount | None = None
+    """How many of a reranker request's documents the upstream scored and how many came from the cache."""
+    # coalesce
+    follower: bool = False
+    """The request waited on another's identical upstream call: its answer is not stored a second time."""
+    # shape
+    shape: ShapedRequest | None = None
+    # route
+    routed: RoutedRequest | None = None
+    reported_cached_tokens: int | None = None
+    """Prompt tokens the backend reported as reused from its KV cache (read on the way back)."""
+    # forward
+    upstream_called: bool = False
+    """The request was sent to an upstream, which may have started working on it."""
+    backend: Backend | None = None
+    upstream_seconds: float | None = None
+    # the outcome (proxy.core.outcome): set by the stage that decided it, read on the way back
+    cache_status: CacheStatus | None = None
+    """How the cache took part (``None``: no cache stage decided anything)."""
+    cache_tier: str | None = None
+    """The tier that answered (``None``: the upstream did)."""
+    charged: int | None = None
+    """Micro-credits charged, when settled with the reply (``X-Credits-Charged``; a stream settles later)."""
+    entry: CachedResponse | None = None
+    response_headers: dict[str, str] = field(default_factory=dict)
+    # tracing (proxy.core.tracing), when on
+    trace: RequestTrace | None = None
+
+    def patch(self, name: str, apply: Rewrite) -> None:
+        """Change the body sent upstream with ``apply``, after the patches already made; ``ctx.body`` stays the
+        client's."""
+        self.patches = (*self.patches, Patch(name, apply))
+
+    def outgoing_json(self) -> Mapping[str, Any] | None:
+        """The JSON body the upstream gets: ``body`` with every patch applied in order (``body`` itself when
+        there is none)."""
+        if not self.patches:
+            return self.body
+        body: Mapping[str, Any] = self.body if self.body is not None else {}
+        for patch in self.patches:
+            body = patch.apply(body)
+        return body
+
+    def outgoing_body(self) -> bytes:
+        """The bytes to forward: the client's own, unless a stage patched the body or the proxy's own fields were
+        lifted out of it (then :meth:`outgoing_json`, serialised)."""
+        if not self.patches and not self.proxy_fields:
+            return self.raw_body
+        try:
+            return orjson.dumps(self.outgoing_json())
+        except TypeError:  # orjson encodes at most 255 levels of nesting (it decodes 1024)
+            message = "the request body nests too deeply to be forwarded"
+            raise ProxyError(400, message, code="invalid_json") from None
+
+
+SLOTS = frozenset(f.name for f in fields(RequestContext))
+"""The names of the context's slots (what stages may declare in ``needs``/``gives``)."""

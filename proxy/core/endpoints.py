@@ -1,0 +1,164 @@
+"""The LLM APIs the proxy caches, one :class:`Endpoint` object each: Chat Completions, legacy Completions and the
+Responses API.
+
+An endpoint owns everything the stages would otherwise branch on: how its prompt's documents are read, the final
+question stored with an answer, the semantic reading, what a complete answer is (a streamed one assembled, a
+Responses object only when ``completed`` or ``incomplete``), how a cached answer is replayed (JSON, chat chunks, or
+Responses typed events), whether a request makes a stored object of its own (Responses ``store``) and how the KV
+layer plans it. :func:`proxy.assembly.pipelines.build_pipelines` picks the endpoint of each route once and hands it to
+the
+stages it builds; no stage compares route or kind names.
+
+One vocabulary: an endpoint is named by its route (``chat``, ``completions``, ``responses``: ``ctx.route``, the
+pipeline, metric labels and the ``route:`` tag). :attr:`Endpoint.kind` is the name the cache layer keeps for it
+(``chat``, ``completion``, ``response``): it is hashed into every exact key and written into every stored entry, so
+it keeps its values for the entries earlier versions persisted in L3 and Redis; :func:`for_entry` finds an entry's
+endpoint by it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from normalizer.canonical import RequestKind
+from normalizer.documents import PromptDocuments, read_prompt
+from normalizer.responses import echo_request, final_input_question, one_replica_reason, read_response_prompt, stores
+from normalizer.signature import CHAT_READING, RESPONSE_READING, PromptReading, final_question
+from proxy.core.prompt import PromptReader
+from proxy.core.response_events import assemble_response, replay_response
+from proxy.core.sse import StreamShape, assemble_stream, replay
+from proxy.kv.plan import PromptPlan, plan_request, plan_response
+from tiers.entry import CachedResponse
+
+QuestionReader = Callable[[Mapping[str, Any], PromptDocuments], "str | None"]
+"""Reads the final user question of a body (kept in a stored entry's ``meta``)."""
+Planner = Callable[..., "PromptPlan | None"]
+"""``(body, prompt, *, chars_per_token)`` → the KV plan of a request (:mod:`proxy.kv.plan`)."""
+Answer = bytes | list[bytes]
+"""A cached answer as sent: the JSON body, or the events of a replayed stream."""
+
+
+@dataclass(frozen=True, slots=True)
+class Endpoint:
+    """One LLM API, in the Chat Completions family's conventions (``choices``; a stream of ``chat.completion.chunk``
+    or ``text_completion`` chunks, assembled into one object and replayed in the upstream's own stream shape)."""
+
+    route: str
+    """The route's name: ``ctx.route``, the pipeline's, the metric label, the ``route:`` tag of stored entries."""
+    kind: RequestKind
+    """The cache layer's name: part of every exact key and of every stored entry (persisted: never renamed)."""
+    path: str
+    """Where the data plane serves it (``POST``)."""
+    read_prompt: PromptReader | None = None
+    """How the prompt's documents are read (``None``: the endpoint has no prompt stage)."""
+    read_question: QuestionReader = final_question
+    reading: PromptReading | None = None
+    """How the semantic tier reads its requests (``None``: not looked up by meaning)."""
+    owned: Callable[[Mapping[str, Any]], bool] | None = None
+    """Whether a request makes a stored object of its own upstream (its answer is private to its tenant)."""
+    plan: Planner = plan_request
+    """The KV layer's plan of a request."""
+    usage_on_request: bool = True
+    """Whether a stream reports its token usage only when ``stream_options.include_usage`` asks for it (the
+    forward stage asks for it when credits need it: :func:`proxy.credits.streaming.ask_upstream_for_usage`)."""
+    forwarded_as_sent: bool = False
+    """Whether the body goes upstream as the client wrote it, never re-rendered from the KV plan: its documents keep
+    the order sent, and only the hints its API takes are added to it."""
+
+    def assemble(self, raw: bytes) -> tuple[dict[str, Any], dict[str, Any]] | None:
+        """A finished stream as one answer object, and the entry metadata its replay needs; ``None`` if unusable."""
+        assembled = assemble_stream(raw)
+        if assembled is None:
+            return None
+        return assembled[0], {"stream": assembled[1].as_meta()}
+
+    def finished(self, answer: Mapping[str, Any]) -> bool:
+        """Whether a JSON answer without an error is a final answer, worth storing."""
+        return True
+
+    def answer(self, entry: CachedResponse, request: Mapping[str, Any], stream: bool) -> Answer:
+        """A cached entry as this request gets it: its body, or replayed as a stream when the request asked."""
+        if not stream:
+            return entry.body
+        include_usage = bool((request.get("stream_options") or {}).get("include_usage"))
+        shape = StreamShape.from_meta(entry.meta.get("stream"))
+        return replay(orjson.loads(entry.body), include_usage=include_usage, shape=shape)
+
+    def stored_id(self, request: Mapping[str, Any], body: bytes) -> str | None:
+        """The id of the object the upstream keeps for this answer (``None``: it keeps none)."""
+        return None
+
+    def lifetime(self, retention_s: float) -> Callable[[Mapping[str, Any]], float | None] | None:
+        """What bounds a stored answer's cache lifetime beyond the request's own (``None``: nothing)."""
+        return None
+
+
+
+@dataclass(frozen=True, slots=True)
+class ResponsesEndpoint(Endpoint):
+    """The Responses API: a response object with a ``status``, typed stream events, requests that make stored
+    responses (``store``) and continue them, and bodies forwarded in their own shape."""
+
+    def assemble(self, raw: bytes) -> tuple[dict[str, Any], dict[str, Any]] | None:
+        response = assemble_response(raw)
+        return None if response is None else (response, {})
+
+    def finished(self, answer: Mapping[str, Any]) -> bool:
+        return answer.get("status") in ("completed", "incomplete")  # not failed, queued or running (background)
+
+    def answer(self, entry: CachedResponse, request: Mapping[str, Any], stream: bool) -> Answer:
+        """The request's own fields outside the key are echoed (:func:`normalizer.responses.echo_request`); a stream
+        is replayed as typed events (:mod:`proxy.core.response_events`)."""
+        response = orjson.loads(entry.body)
+        echoed = echo_request(response, request)
+        if stream:
+            return replay_response(response)
+        return orjson.dumps(response) if echoed else entry.body
+
+    def stored_id(self, request: Mapping[str, Any], body: bytes) -> str | None:
+        if not stores(request):
+            return None
+        try:
+            response = orjson.loads(body)
+        except orjson.JSONDecodeError:
+            return None
+        identifier = response.get("id") if isinstance(response, dict) else None
+        return identifier if isinstance(identifier, str) else None
+
+    def lifetime(self, retention_s: float) -> Callable[[Mapping[str, Any]], float | None] | None:
+        """A stored response lives upstream for ``retention_s`` at most: its cached answer no longer."""
+        return lambda body: retention_s if stores(body) else None
+
+
+def plan_stateless_response(body: Mapping[str, Any], prompt: PromptDocuments, *,
+                            chars_per_token: float = 4.0) -> PromptPlan | None:
+    """A Responses request's plan, from its chat view (:func:`~proxy.kv.plan.plan_response`); none when its state
+    lives on one replica (pinned, or the first healthy one: :func:`normalizer.responses.one_replica_reason`)."""
+    if one_replica_reason(body) is not None:
+        return None
+    return plan_response(body, prompt, chars_per_token=chars_per_token)
+
+
+CHAT = Endpoint("chat", "chat", "/v1/chat/completions", read_prompt=read_prompt, reading=CHAT_READING)
+COMPLETIONS = Endpoint("completions", "completion", "/v1/completions")
+RESPONSES = ResponsesEndpoint("responses", "response", "/v1/responses", read_prompt=read_response_prompt,
+                              read_question=final_input_question, reading=RESPONSE_READING, owned=stores,
+                              plan=plan_stateless_response, usage_on_request=False, forwarded_as_sent=True)
+ENDPOINTS = (CHAT, COMPLETIONS, RESPONSES)
+"""Every LLM API whose answers are cached."""
+
+_BY_KIND: dict[str, Endpoint] = {endpoint.kind: endpoint for endpoint in ENDPOINTS}
+
+
+def for_kind(kind: str) -> Endpoint:
+    """The endpoint the cache layer names ``kind``."""
+    return _BY_KIND[kind]
+
+
+def for_entry(entry: CachedResponse) -> Endpoint:
+    """The endpoint whose answer a stored entry holds (by its kind, as stored)."""
+    return _BY_KIND[entry.kind]

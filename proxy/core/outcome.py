@@ -1,0 +1,55 @@
+"""The outcome of a request on its way back: how the cache took part (:class:`CacheStatus`).
+
+The outcome is carried by three typed slots of :class:`~proxy.core.context.RequestContext`:
+``cache_status`` (a :class:`CacheStatus`), ``cache_tier`` (the tier that answered: an answer tier's name,
+``coalesced``, ``stale``, ``retrieval``) and ``charged`` (the micro-credits this request was charged, once
+settled with the reply). The stages that set them declare them in ``gives``; a stage that reads them on the way
+back declares them in ``reads`` (or ``reads_if_given``), checked at assembly (:func:`proxy.core.pipeline.check_slots`).
+
+:class:`CacheStatus` is a ``StrEnum``: each member *is* its wire value, so the ``X-Cache-Status`` header, the
+``cache_status`` metric label and the statistics read exactly the bare strings they always did. A header is given
+``str(status)``, the plain string: the server formats each header into the response head, and formatting a ``str``
+subclass goes through its ``__format__`` (about 1,500 instructions a header on Python 3.11), a plain string not.
+On Python 3.11 reading a member through its class (``CacheStatus.HIT``) also costs about a thousand instructions
+(``EnumType.__getattr__`` sends every lookup of a class attribute down the slow path): the paths measured by
+``loadtest.bench instructions`` (a request no cache stage decides; with ``--hits``, an exact hit) read the members
+they need once (a closure variable, a default argument) or test the sets below; elsewhere a status costs that once
+where it is decided.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class CacheStatus(StrEnum):
+    """How the cache took part in answering a request (the ``X-Cache-Status`` header's values)."""
+
+    HIT = "HIT"
+    """Answered from a tier by the request's exact key (or, for items, every item was)."""
+    SEMANTIC_HIT = "SEMANTIC_HIT"
+    """Answered from a tier by an equivalent question (or, for searches, at least one nearby vector)."""
+    MISS = "MISS"
+    """Answered by the upstream (a coalesced follower too: it waited on another request's upstream call)."""
+    REFRESH = "REFRESH"
+    """Answered by the upstream because the request asked for a fresh answer; stored like a miss."""
+    BYPASS = "BYPASS"
+    """Not cacheable (the request's own cache control, or a bypass rule): forwarded, neither read nor stored."""
+    STALE = "STALE"
+    """The upstream failed and the last good answer was served past its lifetime (stale-if-error)."""
+    ERROR = "ERROR"
+    """The request was refused or failed before there was an answer (set by the route handler)."""
+    NONE = "NONE"
+    """No cache stage decided anything (a pass-through route): what metrics and statistics report for ``None``."""
+
+
+HIT_STATUSES = frozenset({CacheStatus.HIT, CacheStatus.SEMANTIC_HIT})
+"""Answered from a cache tier without the upstream."""
+MISS_STATUSES = frozenset({CacheStatus.MISS, CacheStatus.REFRESH})
+"""Looked up and answered by the upstream (what is stored, kept stale, learned from)."""
+SEMANTIC_TIER = "l2"
+"""The name semantic hits are priced under (``credits.hit_multipliers``), whichever tier held the answer: the
+semantic tier decided the hit, the cold tier's question vectors only found it (``X-Cache-Tier`` still says where the
+answer came from)."""
+COALESCED = "coalesced"
+"""The ``cache_tier`` of a follower answered by an identical request's upstream call (a ``MISS``)."""

@@ -1,0 +1,152 @@
+"""The terminal stages: send the request to its upstream and hand back the reply."""
+
+from __future__ import annotations
+
+import time
+
+from proxy.core.context import EndCallback, Reply, RequestContext
+from proxy.core.endpoints import Endpoint
+from proxy.core.errors import ProxyError
+from proxy.core.headers import upstream_request_headers
+from proxy.credits.streaming import ask_upstream_for_usage
+from proxy.upstream.backends import Backend, BackendPool
+from proxy.upstream.client import UpstreamClient, UpstreamError
+
+
+def _headers_for(ctx: RequestContext, auth: dict[str, str], trust_forwarded: bool,
+                 hints: dict[str, str] | None = None) -> list[tuple[str, str]]:
+    request = ctx.request
+    extra = hints
+    if ctx.trace is not None:  # tracing on: the upstream's parent is the proxy's forward span
+        from opentelemetry.propagate import inject
+
+        carrier: dict[str, str] = {}
+        inject(carrier)
+        extra = {**(hints or {}), **carrier}
+    return upstream_request_headers(
+        request.headers,
+        client_ip=request.peer,
+        scheme=request.scheme,
+        host=request.host,
+        request_id=ctx.request_id,
+        auth=auth,
+        extra=extra,
+        trust_forwarded=trust_forwarded,
+    )
+
+
+# Statuses that say the replica itself is unwell (overloaded, down behind a gateway, timing out). A 500 is kept out:
+# one client's malformed request can make a backend answer 500, and that must not open the replica for everyone.
+_REPLICA_FAILING = frozenset({502, 503, 504})
+
+
+class ForwardToLLM:
+    """Send to the replica a stored response pins the request to (``ctx.pinned``), else the one routing chose (or
+    the first healthy one); retry only a refused connection, and never away from a pinned replica."""
+
+    name = "forward"
+    gives = frozenset({"upstream_called", "backend", "upstream_seconds"})
+
+    def __init__(self, client: UpstreamClient, pool: BackendPool, *, trust_forwarded: bool = False,
+                 endpoint: Endpoint | None = None) -> None:
+        """``endpoint``: the LLM API this stage forwards, if one (whether its streams report usage only when
+        asked)."""
+        self.asks_for_usage = endpoint is not None and endpoint.usage_on_request
+        self.client = client
+        self.pool = pool
+        self.trust_forwarded = trust_forwarded
+
+    async def __call__(self, ctx: RequestContext) -> Reply:
+        if self.asks_for_usage:
+            ask_upstream_for_usage(ctx)
+        body = ctx.outgoing_body() if ctx.method not in ("GET", "HEAD") else None
+        routed = ctx.routed
+        if ctx.pinned is not None:  # a stored response lives on this replica only: no other may answer
+            keeper = self.pool.backends[ctx.pinned]
+            if not keeper.breaker.allow():
+                raise ProxyError(503, f"{keeper.described}, which keeps this response, is failing; retrying shortly",
+                                 code="upstream_circuit_open", headers={"Retry-After": "2"})
+            picked: Backend | None = keeper
+        else:
+            chosen = self.pool.backends[routed.replica] if routed is not None else None
+            # routing's choice stands unless that replica is down or its breaker is open
+            usable = chosen is not None and chosen.healthy and chosen.breaker.allow()
+            picked = chosen if usable else self.pool.first_healthy()
+        if picked is None:
+            raise ProxyError(503, "every LLM backend is failing; retrying shortly", code="upstream_circuit_open",
+                             headers={"Retry-After": "2"})
+        backend: Backend = picked  # its breaker let this call through: it hears how the call ended, whatever happens
+        tried: set[int] = set()
+        started = time.perf_counter()
+        hints = routed.headers if routed is not None else None
+        while True:
+            backend.in_flight += 1
+            ctx.upstream_called = True
+            try:
+                headers = _headers_for(ctx, backend.auth_headers(), self.trust_forwarded, hints)
+                reply = await self.client.send(
+                    ctx.method, backend.url + ctx.upstream_path, headers, body,
+                    label=backend.described,
+                )
+            except UpstreamError as exc:
+                backend.in_flight -= 1
+                if not exc.upstream_fault:  # this process failed (out of descriptors): no verdict on the replica
+                    backend.breaker.release()
+                    raise
+                backend.breaker.failure()
+                if not exc.retryable:
+                    raise
+                self.pool.mark_down(backend, exc.message)
+                tried.add(backend.index)
+                following = self.pool.healthy_after(tried) if ctx.pinned is None else None
+                if following is None:
+                    raise
+                backend = following
+                continue
+            except BaseException:  # cancelled (the client hung up) or broken otherwise: no longer in flight
+                backend.in_flight -= 1
+                backend.breaker.release()
+                raise
+            ctx.backend = backend
+            if reply.status in _REPLICA_FAILING:
+                backend.breaker.failure()
+            else:
+                backend.breaker.success()
+            streamed = reply.chunks is not None
+            if not streamed:  # complete already: stages on the way back may price what they keep by it
+                ctx.upstream_seconds = time.perf_counter() - started
+            reply.on_end(_release(ctx, backend, started, streamed))
+            return reply
+
+
+def _release(ctx: RequestContext, backend: Backend, started: float, streamed: bool) -> EndCallback:
+    def done(_reply: Reply, ok: bool) -> None:
+        backend.in_flight -= 1
+        if streamed:  # until its last chunk
+            ctx.upstream_seconds = time.perf_counter() - started
+
+    return done
+
+
+class ForwardToQdrant:
+    """Send to the configured Qdrant server."""
+
+    name = "forward"
+    gives = frozenset({"upstream_called"})
+
+    def __init__(self, client: UpstreamClient, url: str | None, api_key: str | None, *,
+                 trust_forwarded: bool = False) -> None:
+        self.client = client
+        self.url = url
+        self.auth = {"api-key": api_key} if api_key else {}
+        self.trust_forwarded = trust_forwarded
+
+    async def __call__(self, ctx: RequestContext) -> Reply:
+        if self.url is None:
+            raise ProxyError(502, "no Qdrant upstream is configured (upstreams.qdrant.url)", code="no_upstream")
+        headers = _headers_for(ctx, self.auth, self.trust_forwarded)
+        body = ctx.outgoing_body() if ctx.method not in ("GET", "HEAD") else None
+        ctx.upstream_called = True
+        return await self.client.send(
+            ctx.method, self.url + ctx.upstream_path, headers, body, label="Qdrant"
+        )
