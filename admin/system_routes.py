@@ -15,9 +15,10 @@ from admin.config_patch import PatchRejected, patched
 from admin.errors import AdminError
 from admin.openapi import openapi_document
 from admin.state import RUNTIME, json_response
-from proxy.assembly.config import redact_url, redacted
+from proxy.assembly.config import redacted
 from proxy.assembly.live_settings import LIVE_KEYS
 from proxy.assembly.runtime import Runtime
+from proxy.upstream.settings import redact_url
 
 routes = web.RouteTableDef()
 PROMETHEUS_TEXT = "text/plain; version=0.0.4; charset=utf-8"

@@ -39,11 +39,12 @@ from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
+from normalizer.prompt_plan import Segment
 from proxy.kv.admission_queue import CacheAwareOrder
 from proxy.kv.order import OrderPolicy, Popularity, order_documents
 from proxy.kv.prefill import PrefillCoefficients, PrefillModel
 from proxy.kv.router import Candidate, Reject, Router
-from proxy.kv.tree import KnowledgeTree, Match, Segment
+from proxy.kv.tree import KnowledgeTree, Match
 
 ROUTERS = ("round_robin", "least_loaded", "prefix_hash", "ragproxy")
 

@@ -87,7 +87,7 @@ from loadtest.rag_retrieval import FORMS, Retriever, asked, corpus, first_source
 from loadtest.sampled_answers import SampledAnswers
 from normalizer.evidence import without_citations
 from normalizer.guards import veto
-from proxy.assembly.config import L2Settings
+from proxy.answers.settings import L2Settings
 from tiers.answer_check import AnswerAgreement
 from tiers.labelled_pairs import HALVES, LABELS, LabelledPair, half_of, read_pairs
 

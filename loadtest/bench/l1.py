@@ -98,7 +98,7 @@ def run(env: dict[str, str], quick: bool, expect_tier: str) -> dict[str, float]:
 
 def full_collection_ms(rounds: int = 3) -> float:
     """The median pause of a full collection with a default L1 store full (see the module docstring)."""
-    from proxy.assembly.config import L1Settings
+    from proxy.answers.settings import L1Settings
     from tiers.memory import MemoryStore
     from tiers.policies import make_policy
 

@@ -43,7 +43,7 @@ from proxy.core.pipeline import Next
 from tiers.versions import VersionSource
 
 if TYPE_CHECKING:
-    from proxy.assembly.config import Settings
+    from proxy.answers.settings import CacheSettings
 
 
 def asks_private(headers: Mapping[str, str]) -> bool:
@@ -74,8 +74,8 @@ class ApplyCacheControl:
         self.defaults = defaults
         self.lifetime = lifetime
 
-    def configure(self, settings: Settings) -> None:
-        self.defaults = replace(self.defaults, ttl=settings.cache.l1.ttl_s)
+    def configure(self, cache: CacheSettings) -> None:
+        self.defaults = replace(self.defaults, ttl=cache.l1.ttl_s)
 
     async def __call__(self, ctx: RequestContext, call_next: Next) -> Reply:
         try:
@@ -121,8 +121,7 @@ class Canonicalize:
         self.shared = shared_namespaces
         self.private = private_namespaces
 
-    def configure(self, settings: Settings) -> None:
-        cache = settings.cache
+    def configure(self, cache: CacheSettings) -> None:
         self.bypass = replace(self.bypass, unknown_fields=cache.unknown_fields, cache_sampled=cache.cache_sampled)
         self.shared = frozenset(cache.shared_namespaces)
 

@@ -42,7 +42,7 @@ from tiers.entry import CachedResponse
 from tiers.response_tier import ResponseTier
 
 if TYPE_CHECKING:
-    from proxy.assembly.config import Settings
+    from proxy.answers.settings import CacheSettings
 
 
 @dataclass
@@ -100,8 +100,8 @@ class Coalesce:
         self.recheck = recheck
         self.still_stored = still_stored
 
-    def configure(self, settings: Settings) -> None:
-        self.wait_s = settings.cache.coalesce_wait_s
+    def configure(self, cache: CacheSettings) -> None:
+        self.wait_s = cache.coalesce_wait_s
 
     async def __call__(self, ctx: RequestContext, call_next: Next) -> Reply:
         key = ctx.cache_key

@@ -45,7 +45,7 @@ from tiers.response_tier import ResponseTier
 from tiers.semantic import answer_text
 
 if TYPE_CHECKING:
-    from proxy.assembly.config import Settings
+    from proxy.answers.settings import CacheSettings
 
 log = logging.getLogger("ragproxy.cache")
 
@@ -182,8 +182,8 @@ class StoreResponse:
         self.write_behind = tuple(write_behind)
         self.expose_key = expose_key
 
-    def configure(self, settings: Settings) -> None:
-        self.expose_key = settings.cache.expose_key
+    def configure(self, cache: CacheSettings) -> None:
+        self.expose_key = cache.expose_key
 
     async def __call__(self, ctx: RequestContext, call_next: Next) -> Reply:
         key = ctx.cache_key

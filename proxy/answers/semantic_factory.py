@@ -12,7 +12,7 @@ import importlib.util
 import os
 from pathlib import Path
 
-from proxy.assembly.config import L2Settings
+from proxy.answers.settings import L2Settings
 from proxy.upstream.client import UpstreamClient
 from tiers.embedders import build_embedder
 from tiers.semantic import SemanticTier

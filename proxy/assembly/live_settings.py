@@ -27,7 +27,7 @@ passed decided:
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from proxy.assembly.config import Settings
 
@@ -51,11 +51,17 @@ class Configurable(Protocol):
     def live_keys(self) -> frozenset[str]:
         """The keys of :data:`LIVE_KEYS` this part reads."""
 
-    def configure(self, settings: Settings) -> None:
-        """Apply the values of :attr:`live_keys` in ``settings`` (already validated) to this part, in place."""
+    def configure(self, section: Any) -> None:
+        """Apply the values of :attr:`live_keys` in ``section`` (the settings section they all belong to, already
+        validated) to this part, in place."""
 
 
 Owner = TypeVar("Owner", bound=Configurable)
+
+
+def section_of(owner: Configurable) -> str:
+    """The settings section ``owner``'s live keys belong to (one per owner: it is handed that section alone)."""
+    return next(iter(owner.live_keys)).split(".")[0]
 
 
 class LiveSettings:
@@ -70,6 +76,9 @@ class LiveSettings:
         fixed = owner.live_keys - frozenset(LIVE_KEYS)
         if fixed:
             raise ValueError(f"{type(owner).__name__} claims settings that are not live: {sorted(fixed)}")
+        if len({key.split(".")[0] for key in owner.live_keys}) != 1:
+            raise ValueError(f"{type(owner).__name__} claims settings of more than one section: "
+                             f"{sorted(owner.live_keys)}")
         self.owners.append(owner)
         return owner
 
@@ -78,7 +87,7 @@ class LiveSettings:
         keys = frozenset(changed)
         for owner in self.owners:
             if owner.live_keys & keys:
-                owner.configure(settings)
+                owner.configure(getattr(settings, section_of(owner)))
 
     def owning(self, key: str) -> list[Configurable]:
         """The owners of ``key``."""

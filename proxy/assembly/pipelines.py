@@ -68,9 +68,6 @@ def build_pipelines(rt: Runtime) -> Pipelines:
     stages that own live settings are registered in ``rt.live``. Once per runtime."""
     trust = rt.settings.server.trust_forwarded
     to_llm = ForwardToLLM(rt.client, rt.backends, trust_forwarded=trust)
-
-    def forward(endpoint: Endpoint) -> ForwardToLLM:
-        return ForwardToLLM(rt.client, rt.backends, trust_forwarded=trust, endpoint=endpoint)
     qdrant = rt.settings.upstreams.qdrant
     to_qdrant = ForwardToQdrant(
         rt.client, qdrant.url, qdrant.api_key.get_secret_value() if qdrant.api_key else None, trust_forwarded=trust
@@ -80,15 +77,20 @@ def build_pipelines(rt: Runtime) -> Pipelines:
     limits = _limits(rt)
     guard: list[Stage] = [*identify, EnforceLimits(limits), *_idempotency(rt)]
     billing = [*guard, *_billing(rt, Credits)]
+
+    def asking(endpoint: Endpoint) -> list[Stage]:
+        """The guards and credits of an LLM API whose streams report usage only when asked."""
+        return [*guard, *_billing(rt, Credits, asks_for_usage=endpoint.usage_on_request)]
     tracer = rt.tracer
     caching = _Caching(rt)
     stored = StoredResponses(rt.owners, [backend.label for backend in rt.backends.backends],
                              lambda selector: rt.invalidator().invalidate(selector))
     return Pipelines(
-        chat=Pipeline([*billing, *_answers(rt, CHAT, caching)], forward(CHAT), tracer=tracer),
-        completions=Pipeline([*billing, *_answers(rt, COMPLETIONS, caching)], forward(COMPLETIONS), tracer=tracer),
+        chat=Pipeline([*asking(CHAT), *_answers(rt, CHAT, caching)], to_llm, tracer=tracer),
+        completions=Pipeline([*asking(COMPLETIONS), *_answers(rt, COMPLETIONS, caching)], to_llm,
+                             tracer=tracer),
         responses=Pipeline([*guard, ClaimStoredResponses(stored), *_billing(rt, ResponseCredits),
-                            *_answers(rt, RESPONSES, caching)], forward(RESPONSES), tracer=tracer),
+                            *_answers(rt, RESPONSES, caching)], to_llm, tracer=tracer),
         stored_responses=Pipeline([*identify, StoredResponseRequests(stored)], to_llm, tracer=tracer),
         embeddings=Pipeline([*billing, *caching.items("embedding", EmbeddingItemsCache)], to_llm, tracer=tracer),
         rerank=Pipeline([*guard, *_billing(rt, RerankCredits), *caching.items("rerank", RerankItemsCache)],
@@ -116,13 +118,13 @@ def _idempotency(rt: Runtime) -> list[Stage]:
                         max_response_bytes=settings.max_response_bytes)]
 
 
-def _billing(rt: Runtime, stage: type[Credits]) -> list[Stage]:
+def _billing(rt: Runtime, stage: type[Credits], *, asks_for_usage: bool = False) -> list[Stage]:
     """credits: reserve the worst case, settle the actual usage (hits at the tier's multiplier)."""
     store, credits = rt.credits.store, rt.settings.credits
     if store is None:
         return []
     return [stage(store, rt.credits.prices, reservation_ttl_s=credits.reservation_ttl_s, fail_open=credits.fail_open,
-                  settling=rt.credits.settling)]
+                  settling=rt.credits.settling, asks_for_usage=asks_for_usage)]
 
 
 def _answers(rt: Runtime, endpoint: Endpoint, caching: _Caching) -> list[Stage]:

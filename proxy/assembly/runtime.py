@@ -25,9 +25,9 @@ from normalizer.documents import DocumentRegistry
 from proxy.answers.cache_tiers import REGISTERED
 from proxy.answers.cache_tiers.base import TierSet, build_tiers
 from proxy.answers.cache_tiers.invalidation import TierInvalidation
+from proxy.answers.shared_mode import SharedMode, build_shared
 from proxy.assembly.config import Settings
 from proxy.assembly.live_settings import LiveSettings
-from proxy.assembly.shared import SharedMode, build_shared
 from proxy.core.reply import drain_finishers
 from proxy.credits.factory import CreditComponents, build_credits
 from proxy.kv.factory import KVLayer, build_kv

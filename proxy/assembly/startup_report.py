@@ -19,13 +19,13 @@ from dataclasses import asdict, dataclass
 from typing import Any, TextIO
 
 from proxy.answers.cache_tiers.semantic import SemanticCacheTier
-from proxy.assembly.config import QdrantUpstream, Settings, redact_url
+from proxy.assembly.config import Settings
 from proxy.assembly.runtime import Runtime
-from proxy.kv.kinds import KINDS
 from proxy.observability.logs import plain
-from proxy.upstream.backends import Backend
+from proxy.upstream.backends import HEALTH_PATH, Backend
 from proxy.upstream.client import UpstreamClient
 from proxy.upstream.http1 import ConnectFailed
+from proxy.upstream.settings import QdrantUpstream, redact_url
 
 log = logging.getLogger("ragproxy")
 
@@ -159,7 +159,7 @@ def _models(body: Any) -> list[str]:
 
 
 async def _llm(client: UpstreamClient, backend: Backend) -> Upstream:
-    state, body = await probe(client, backend.url + KINDS[backend.config.kind].health_path, backend.auth_headers())
+    state, body = await probe(client, backend.url + HEALTH_PATH, backend.auth_headers())
     models = _models(body)
     if models:
         state += f", models: {', '.join(models[:3])}{' ...' if len(models) > 3 else ''}"

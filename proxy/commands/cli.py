@@ -22,16 +22,9 @@ from typing import Any
 
 import yaml
 
-from proxy.assembly.config import (
-    ConfigError,
-    LLMBackend,
-    Settings,
-    load_settings,
-    parse_assignment,
-    redact_url,
-    redacted,
-)
+from proxy.assembly.config import ConfigError, Settings, load_settings, parse_assignment, redacted
 from proxy.kv.kinds import KINDS
+from proxy.upstream.settings import LLMBackend, redact_url
 
 LLM_OPTIONS = tuple(name for name in LLMBackend.model_fields if name not in ("url", "api_key"))
 """The options of ``--llm-upstream URL,OPTION=VALUE,...`` (``api_key_env``, never ``api_key``)."""

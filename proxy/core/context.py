@@ -34,9 +34,8 @@ if TYPE_CHECKING:
     from normalizer.cache_control import CachePolicy
     from normalizer.canonical import KeyScope
     from normalizer.documents import PromptDocuments
-    from proxy.core.handoffs import RequestTrace, RerankCount, RoutedRequest, SemanticQuery, ShapedRequest
-    from proxy.credits.store import Reservation
-    from proxy.upstream.backends import Backend
+    from proxy.core.handoffs import RequestTrace, RerankCount, Reservation, SemanticQuery
+    from proxy.kv.handoffs import RoutedRequest, ShapedRequest
     from tiers.entry import CachedResponse
 
 __all__ = ["SLOTS", "EndCallback", "FinishCallback", "Patch", "Reply", "RequestContext"]
@@ -120,7 +119,8 @@ class RequestContext:
     # forward
     upstream_called: bool = False
     """The request was sent to an upstream, which may have started working on it."""
-    backend: Backend | None = None
+    replica: str | None = None
+    """The label of the LLM replica that answered (what metrics, logs and stored-response owners name it by)."""
     upstream_seconds: float | None = None
     # the outcome (proxy.core.outcome): set by the stage that decided it, read on the way back
     cache_status: CacheStatus | None = None

@@ -26,18 +26,18 @@ import orjson
 
 from normalizer.canonical import RequestKind
 from normalizer.documents import PromptDocuments, read_prompt
+from normalizer.prompt_plan import PromptPlan, plan_request, plan_response
 from normalizer.responses import echo_request, final_input_question, one_replica_reason, read_response_prompt, stores
 from normalizer.signature import CHAT_READING, RESPONSE_READING, PromptReading, final_question
 from proxy.core.prompt import PromptReader
 from proxy.core.response_events import assemble_response, replay_response
 from proxy.core.sse import StreamShape, assemble_stream, replay
-from proxy.kv.plan import PromptPlan, plan_request, plan_response
 from tiers.entry import CachedResponse
 
 QuestionReader = Callable[[Mapping[str, Any], PromptDocuments], "str | None"]
 """Reads the final user question of a body (kept in a stored entry's ``meta``)."""
 Planner = Callable[..., "PromptPlan | None"]
-"""``(body, prompt, *, chars_per_token)`` → the KV plan of a request (:mod:`proxy.kv.plan`)."""
+"""``(body, prompt, *, chars_per_token)`` → the KV plan of a request (:mod:`normalizer.prompt_plan`)."""
 Answer = bytes | list[bytes]
 """A cached answer as sent: the JSON body, or the events of a replayed stream."""
 
@@ -136,8 +136,9 @@ class ResponsesEndpoint(Endpoint):
 
 def plan_stateless_response(body: Mapping[str, Any], prompt: PromptDocuments, *,
                             chars_per_token: float = 4.0) -> PromptPlan | None:
-    """A Responses request's plan, from its chat view (:func:`~proxy.kv.plan.plan_response`); none when its state
-    lives on one replica (pinned, or the first healthy one: :func:`normalizer.responses.one_replica_reason`)."""
+    """A Responses request's plan, from its chat view (:func:`~normalizer.prompt_plan.plan_response`); none
+    when its state lives on one replica (pinned, or the first healthy one:
+    :func:`normalizer.responses.one_replica_reason`)."""
     if one_replica_reason(body) is not None:
         return None
     return plan_response(body, prompt, chars_per_token=chars_per_token)

@@ -47,6 +47,8 @@ HIT_STATUSES = frozenset({CacheStatus.HIT, CacheStatus.SEMANTIC_HIT})
 """Answered from a cache tier without the upstream."""
 MISS_STATUSES = frozenset({CacheStatus.MISS, CacheStatus.REFRESH})
 """Looked up and answered by the upstream (what is stored, kept stale, learned from)."""
+MICRO = 1_000_000
+"""Micro-credits per credit: the unit of ``ctx.charged``."""
 SEMANTIC_TIER = "l2"
 """The name semantic hits are priced under (``credits.hit_multipliers``), whichever tier held the answer: the
 semantic tier decided the hit, the cold tier's question vectors only found it (``X-Cache-Tier`` still says where the

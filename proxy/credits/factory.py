@@ -13,12 +13,13 @@ import asyncio
 import functools
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from pathlib import Path
+from typing import TYPE_CHECKING, Protocol
 
 from prometheus_client.core import CounterMetricFamily
 from prometheus_client.registry import Collector
 
-from proxy.assembly.config import Settings
+from proxy.core.redis_settings import RedisSettings
 from proxy.credits.idempotency import IdempotencyStore, MemoryIdempotencyStore
 from proxy.credits.journal import SettlementJournal
 from proxy.credits.journaled_store import JournaledCreditStore
@@ -27,6 +28,7 @@ from proxy.credits.outage import OutageAllowance
 from proxy.credits.pricing import ModelLimits, ModelPrice, PriceBook, to_micro
 from proxy.credits.reaper import ReservationReaper
 from proxy.credits.replayer import JournalReplayer
+from proxy.credits.settings import AuthSettings, CreditsSettings, IdempotencySettings
 from proxy.credits.store import CreditStore
 from proxy.observability.metrics import Metrics
 
@@ -97,7 +99,26 @@ class CreditComponents:
                 await resource.close()
 
 
-def price_book(settings: Settings) -> PriceBook:
+class CreditsConfig(Protocol):
+    """The settings the credit components are built from (:class:`proxy.assembly.config.Settings` is one)."""
+
+    @property
+    def credits(self) -> CreditsSettings: ...
+
+    @property
+    def auth(self) -> AuthSettings: ...
+
+    @property
+    def idempotency(self) -> IdempotencySettings: ...
+
+    @property
+    def redis(self) -> RedisSettings: ...
+
+    @property
+    def data_dir(self) -> Path: ...
+
+
+def price_book(settings: CreditsConfig) -> PriceBook:
     credits = settings.credits
     return PriceBook(
         models={name: ModelPrice(p.prompt_per_1k, p.completion_per_1k, p.cached_prompt_per_1k)
@@ -112,7 +133,7 @@ def price_book(settings: Settings) -> PriceBook:
     )
 
 
-def build_credits(settings: Settings) -> CreditComponents:
+def build_credits(settings: CreditsConfig) -> CreditComponents:
     """Stores are created only when something needs them (API keys, billing)."""
     needs_keys = settings.auth.mode == "keys" or settings.credits.enabled
     use_redis = settings.credits.store == "redis" or (settings.credits.store == "auto" and settings.redis.url)
@@ -170,7 +191,7 @@ def build_credits(settings: Settings) -> CreditComponents:
                             idempotency=idempotency, persistence_check=persistence_check, wipe=wipe)
 
 
-def idempotency_store(settings: Settings) -> IdempotencyStore | None:
+def idempotency_store(settings: CreditsConfig) -> IdempotencyStore | None:
     """Redis when ``redis.url`` is set (every replica sees every key), else this process's memory."""
     if not settings.idempotency.enabled:
         return None

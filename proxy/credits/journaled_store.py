@@ -38,6 +38,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
+from proxy.core.handoffs import Reservation
 from proxy.credits.journal import JournaledSettlement, SettlementJournal
 from proxy.credits.outage import OutageAllowance
 from proxy.credits.store import (
@@ -49,7 +50,6 @@ from proxy.credits.store import (
     InsufficientCredit,
     LedgerFilter,
     LedgerPage,
-    Reservation,
     Settlement,
 )
 from tiers.breaker import CircuitBreaker

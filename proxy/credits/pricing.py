@@ -45,11 +45,9 @@ from typing import Any
 
 import orjson
 
+from proxy.core.outcome import MICRO
 from proxy.core.usage import Usage
 from proxy.credits.settings import CreditsSettings, ModelPriceSettings
-
-MICRO = 1_000_000
-"""Micro-credits per credit."""
 
 CHARS_PER_TOKEN = 4
 """Characters of text per token, the usual English average: the estimate of what the upstream did not report."""

@@ -45,6 +45,7 @@ from redis.exceptions import ClusterDownError, MasterDownError, RedisClusterExce
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from proxy.core.handoffs import Reservation
 from proxy.credits import redis_scripts
 from proxy.credits.redis_wipe import WipeWatch
 from proxy.credits.store import (
@@ -57,7 +58,6 @@ from proxy.credits.store import (
     LedgerFilter,
     LedgerPage,
     RequestClosed,
-    Reservation,
     Settlement,
     decode_cursor,
     encode_cursor,

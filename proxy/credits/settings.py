@@ -83,3 +83,10 @@ class IdempotencySettings(Section):
                              "when redis.url is set, bounds them per user, in bytes and by ttl_s)")
     max_entries_per_user: int = Field(default=1_000, ge=1, description="Keys one user holds at most: past it the "
                                       "user's oldest finished key goes; with only running ones, 429")
+
+
+class AuthSettings(Section):
+    mode: Literal["open", "keys"] = Field(
+        default="open", description="open: one anonymous tenant; keys: Authorization: Bearer <API key> required"
+    )
+    key_cache_ttl_s: float = Field(default=30.0, ge=0, description="How long a verified key is trusted without lookup")

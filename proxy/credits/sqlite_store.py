@@ -17,6 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from proxy.core.handoffs import Reservation
 from proxy.credits.sqlite_worker import SqliteWorker
 from proxy.credits.store import (
     ANY_ENTRY,
@@ -27,7 +28,6 @@ from proxy.credits.store import (
     LedgerFilter,
     LedgerPage,
     RequestClosed,
-    Reservation,
     Settlement,
     decode_cursor,
     encode_cursor,

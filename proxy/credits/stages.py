@@ -59,20 +59,14 @@ from multidict import CIMultiDictProxy
 
 from proxy.core.context import FinishCallback, Reply, RequestContext
 from proxy.core.errors import ProxyError
+from proxy.core.handoffs import Reservation
 from proxy.core.outcome import SEMANTIC_TIER, CacheStatus
 from proxy.core.pipeline import Next
 from proxy.core.usage import Usage, usage_from_body
 from proxy.credits.keys import ApiKey, KeyStore, key_hash
 from proxy.credits.pricing import CHARS_PER_TOKEN, PriceBook, format_credits
-from proxy.credits.store import (
-    ChargeDetails,
-    CreditStore,
-    CreditStoreUnavailable,
-    InsufficientCredit,
-    Reservation,
-    Settlement,
-)
-from proxy.credits.streaming import UsageChunkFilter, client_asked_for_usage
+from proxy.credits.store import ChargeDetails, CreditStore, CreditStoreUnavailable, InsufficientCredit, Settlement
+from proxy.credits.streaming import UsageChunkFilter, ask_upstream_for_usage, client_asked_for_usage
 
 _SEMANTIC_HIT = CacheStatus.SEMANTIC_HIT  # read once (a member read through its class costs ~1,000 instructions)
 
@@ -195,9 +189,12 @@ class Credits:
         retry_after_s: int = 5,
         settle_retry_window_s: float = 3600.0,
         settling: set[asyncio.Task[None]] | None = None,
+        asks_for_usage: bool = False,
     ) -> None:
         """``settling``: settlements retried in the background (kept by the runtime, which waits for them at
-        shutdown, so a rebuilt stage loses none)."""
+        shutdown, so a rebuilt stage loses none); ``asks_for_usage``: the endpoint's streams report usage only when
+        asked (:attr:`proxy.core.endpoints.Endpoint.usage_on_request`), so a stream is asked for it."""
+        self.asks_for_usage = asks_for_usage
         self.store = store
         self.prices = prices
         self.reservation_ttl_s = reservation_ttl_s
@@ -262,6 +259,8 @@ class Credits:
         client_wants_usage = client_asked_for_usage(ctx.body)
         ctx.reservation = reservation
         ctx.response_headers[LEDGER_ID] = reservation.request_id
+        if self.asks_for_usage:
+            ask_upstream_for_usage(ctx)
         try:
             reply = await call_next(ctx)
         except asyncio.CancelledError:  # the client hung up before the answer started

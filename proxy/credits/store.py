@@ -41,6 +41,7 @@ from typing import Protocol, runtime_checkable
 
 import orjson
 
+from proxy.core.handoffs import Reservation
 from proxy.credits.pricing import format_credits
 
 
@@ -62,16 +63,6 @@ class Account:
     @property
     def balance(self) -> int:
         return self.available + self.held
-
-
-@dataclass(frozen=True, slots=True)
-class Reservation:
-    request_id: str
-    user: str
-    amount: int
-    expires_at: float
-    available_after: int
-    """What the account had left to reserve right after this hold."""
 
 
 @dataclass(frozen=True, slots=True)

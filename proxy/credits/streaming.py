@@ -1,10 +1,10 @@
 """Usage of streamed replies: ask the upstream for it, read it on the way, hide it if the client did not ask.
 
 A streamed chat completion reports its token usage only when the request carries ``stream_options:
-{"include_usage": true}``. The forward stage calls :func:`ask_upstream_for_usage` just before it sends the
-body upstream; the credits stage wraps the reply's chunks in a :class:`UsageChunkFilter`, which reads the
-usage chunk as it passes and, when the client did not ask for it, leaves it out of what the client sees (a
-client that did not ask may not expect a chunk with empty ``choices``).
+{"include_usage": true}``. The credits stage asks for it (:func:`ask_upstream_for_usage`, a patch of the
+body sent upstream) once it holds a reservation, and wraps the reply's chunks in a :class:`UsageChunkFilter`,
+which reads the usage chunk as it passes and, when the client did not ask for it, leaves it out of what the client
+sees (a client that did not ask may not expect a chunk with empty ``choices``).
 
 The filter works on whole SSE events (separated by a blank line): bytes of a partial event are held until the
 event is complete, every other byte passes unchanged and without delay. It also counts what it relayed of the
@@ -36,7 +36,7 @@ def ask_upstream_for_usage(ctx: RequestContext) -> bool:
     """Add ``stream_options.include_usage=true`` to a streamed request lacking it (the ``credits.include_usage``
     patch of the body sent upstream; ``ctx.body`` stays the client's); ``True`` if it was added.
 
-    Call from the forward stage of an endpoint whose streams report usage only when asked
+    Called by the credits stage of an endpoint whose streams report usage only when asked
     (:attr:`proxy.core.endpoints.Endpoint.usage_on_request`: chat and completions; a Responses stream always reports it,
     and its API has no such option). It acts only when the credits stage holds a reservation (``ctx.reservation``),
     because that stage is what reads the usage and hides the extra chunk from a client that did not ask for it.

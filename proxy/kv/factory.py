@@ -4,18 +4,20 @@ the router over them, and the ``Shape``/``Route`` stages."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
-from proxy.assembly.config import Settings
 from proxy.kv.admission_queue import AdmissionQueue
 from proxy.kv.hints import SlotTable
 from proxy.kv.kinds import KINDS
 from proxy.kv.order import OrderPolicy, Popularity
 from proxy.kv.prefill import PrefillModel
 from proxy.kv.router import Router
+from proxy.kv.settings import RoutingSettings
 from proxy.kv.stages import Replica, Route, Shape, SharedPrefixes
 from proxy.kv.tree import KnowledgeTree
 from proxy.upstream.backends import BackendPool
 from proxy.upstream.client import UpstreamClient
+from proxy.upstream.settings import Upstreams
 
 
 @dataclass
@@ -38,7 +40,17 @@ class KVLayer:
                  "in_flight": r.queue.active} for r in self.replicas]
 
 
-def build_kv(settings: Settings, pool: BackendPool, client: UpstreamClient | None = None) -> KVLayer | None:
+class KVConfig(Protocol):
+    """The settings the KV layer is built from (:class:`proxy.assembly.config.Settings` is one)."""
+
+    @property
+    def routing(self) -> RoutingSettings: ...
+
+    @property
+    def upstreams(self) -> Upstreams: ...
+
+
+def build_kv(settings: KVConfig, pool: BackendPool, client: UpstreamClient | None = None) -> KVLayer | None:
     routing = settings.routing
     if not routing.enabled:
         return None

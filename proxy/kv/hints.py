@@ -43,9 +43,9 @@ from urllib.parse import quote
 
 import orjson
 
+from normalizer.prompt_plan import Segment
 from proxy.core.sse import last_json_events
 from proxy.core.usage import reply_object
-from proxy.kv.tree import Segment
 
 MAX_PREFIX_DOCS_BYTES = 1024
 """Longest ``X-Prefix-Docs`` value: the headers the proxy adds stay far below the 8 KB that servers accept in all."""

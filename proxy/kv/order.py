@@ -30,7 +30,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from enum import Enum
 
-from proxy.kv.tree import KnowledgeTree, Segment
+from normalizer.prompt_plan import Segment
+from proxy.kv.tree import KnowledgeTree
 
 
 class OrderPolicy(Enum):

@@ -4,7 +4,7 @@ Order in the pipeline: ``Shape`` then ``Route``, just before forward, in the cha
 document order that reuses the most KV depends on the replica, and the best replica depends on the order, so the
 work is split this way:
 
-* :class:`Shape` builds the request's :class:`~proxy.kv.plan.PromptPlan` from the documents
+* :class:`Shape` builds the request's :class:`~normalizer.prompt_plan.PromptPlan` from the documents
   :class:`~proxy.core.prompt.ReadPrompt` read (``ctx.prompt``: structured documents to render, or registered
   documents recognised in the prompt) and, for every replica, the document order of the namespace's policy and
   the tokens that replica probably has cached for it: ``ctx.shape`` (:class:`ShapedRequest`). It also counts
@@ -60,19 +60,20 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any, Protocol
 
+from normalizer.prompt_plan import Segment
 from proxy.core.context import Reply, RequestContext
 from proxy.core.endpoints import CHAT, Endpoint
 from proxy.core.errors import ProxyError
-from proxy.core.handoffs import ReplicaOrder, RoutedRequest, ShapedRequest
 from proxy.core.pipeline import Next
 from proxy.kv.admission_queue import AdmissionQueue, DeadlineExceeded
 from proxy.kv.discovery import apply_slots, read_slots
+from proxy.kv.handoffs import ReplicaOrder, RoutedRequest, ShapedRequest
 from proxy.kv.hints import SlotTable, prefix_hashes, reply_objects, reports_cache
 from proxy.kv.kinds import BackendKind, build_hints
 from proxy.kv.order import OrderPolicy, Popularity, order_documents, shift_reusable_tokens
 from proxy.kv.prefill import PrefillModel, share_fits
 from proxy.kv.router import Candidate, Reject, Router
-from proxy.kv.tree import KnowledgeTree, Match, Segment
+from proxy.kv.tree import KnowledgeTree, Match
 from proxy.upstream.client import UpstreamClient
 
 

@@ -33,15 +33,8 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
+from normalizer.prompt_plan import Segment
 from proxy.kv.prefill import PrefillModel
-
-
-@dataclass(frozen=True, slots=True)
-class Segment:
-    """One piece of a prompt prefix: the system prompt or a document."""
-
-    key: str
-    tokens: int
 
 
 @dataclass(eq=False, slots=True)

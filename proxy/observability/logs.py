@@ -9,7 +9,7 @@ from typing import TextIO
 
 import orjson
 
-from proxy.assembly.config import Settings
+from proxy.observability.settings import LoggingSettings
 
 _FIELDS = ("request_id", "tenant", "route", "tier", "status", "latency_ms", "startup")
 
@@ -51,5 +51,5 @@ class LogLevel:
 
     live_keys = frozenset({"logging.level"})
 
-    def configure(self, settings: Settings) -> None:
-        logging.getLogger().setLevel(settings.logging.level.upper())
+    def configure(self, logging_settings: LoggingSettings) -> None:
+        logging.getLogger().setLevel(logging_settings.level.upper())

@@ -13,11 +13,10 @@ from typing import Protocol
 
 from opentelemetry.trace import Tracer
 
-from proxy.assembly.config import Settings
 from proxy.core.context import RequestContext
-from proxy.core.outcome import COALESCED, HIT_STATUSES, CacheStatus
-from proxy.credits.pricing import MICRO
+from proxy.core.outcome import COALESCED, HIT_STATUSES, MICRO, CacheStatus
 from proxy.observability.metrics import Metrics
+from proxy.observability.settings import LoggingSettings
 from proxy.observability.stats import RequestStats
 from tiers.policies.trace import TraceRecorder
 
@@ -40,8 +39,7 @@ def record_metrics(metrics: Metrics) -> Observer:
 
     def observe(ctx: RequestContext, status: int, seconds: float) -> None:
         metrics.per_request.answered(ctx.route, status, ctx.cache_status or undecided, seconds)
-        backend = ctx.backend
-        label = backend.label if backend is not None else ("qdrant" if "qdrant" in ctx.route else "llm")
+        label = ctx.replica or ("qdrant" if "qdrant" in ctx.route else "llm")
         if ctx.upstream_seconds is not None:
             metrics.per_request.upstream(label, ctx.upstream_seconds)
         if ctx.reported_cached_tokens:
@@ -105,8 +103,8 @@ class AccessLog:
     def __init__(self, on: bool) -> None:
         self.on = on
 
-    def configure(self, settings: Settings) -> None:
-        self.on = settings.logging.access_log
+    def configure(self, logging_settings: LoggingSettings) -> None:
+        self.on = logging_settings.access_log
 
 
 def observer(rt: Observed, access: AccessLog) -> Observer:

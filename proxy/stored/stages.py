@@ -6,7 +6,7 @@ Two stages over one :class:`StoredResponses` (the owners store of :mod:`proxy.st
   tier): a request that continues a response (``previous_response_id``) is refused unless its tenant made that
   response — with the upstream's own answer to an unknown id, a 400 ``previous_response_not_found`` — and is
   pinned (``ctx.pinned``) to the replica that keeps it. On the way back, a response the upstream made and stores
-  is recorded as this tenant's, on the replica that answered (``ctx.backend``): a complete reply before it is
+  is recorded as this tenant's, on the replica that answered (``ctx.replica``): a complete reply before it is
   handed back, a stream when its ``response.created`` event passes, before the client sees the id. Cache hits
   record nothing: a hit is the stored original, recorded when it was made, and exact keys of stored requests are
   never shared across tenants (:class:`~proxy.answers.cache_policy.Canonicalize`).
@@ -119,17 +119,17 @@ class StoredResponses:
 
     async def record(self, ctx: RequestContext, response: Any) -> None:
         """Record a response object the upstream made for ``ctx`` as its tenant's, when the upstream keeps it."""
-        if not isinstance(response, Mapping) or not isinstance(response.get("id"), str) or ctx.backend is None:
+        if not isinstance(response, Mapping) or not isinstance(response.get("id"), str) or ctx.replica is None:
             return
         if not response.get("store", stores(ctx.body or {})):
             return
         scope = ctx.tenant if ctx.user_scope is None else f"{ctx.tenant}{USER_SEPARATOR}{ctx.user_scope}"
         await self._record_late()
         try:
-            await self.owners.record(response["id"], ResponseOwner(scope, ctx.backend.label))
+            await self.owners.record(response["id"], ResponseOwner(scope, ctx.replica))
         except OwnersUnavailable as exc:  # the response is answered; its owner is recorded once the store is back
             log.warning("owner of stored response %s recorded later: %s", response["id"], exc)
-            self._unrecorded[response["id"]] = ResponseOwner(scope, ctx.backend.label)
+            self._unrecorded[response["id"]] = ResponseOwner(scope, ctx.replica)
             while len(self._unrecorded) > MAX_UNRECORDED:
                 dropped, _ = self._unrecorded.popitem(last=False)
                 log.error("owner of stored response %s dropped: the owner store has been down too long", dropped)
@@ -183,10 +183,10 @@ class ClaimStoredResponses(_OwnersStage):
         if previous is not None:
             await self.responses.pin(ctx, previous, previous_not_found(previous))
         reply = await call_next(ctx)
-        if previous is not None and reply.status in (400, 404) and ctx.backend is not None \
+        if previous is not None and reply.status in (400, 404) and ctx.replica is not None \
                 and b"previous_response_not_found" in (reply.body or b""):
             await self.responses.forget(previous)  # gone upstream: its cached copies go too
-        if ctx.backend is None or reply.status != 200 or not stores(body):
+        if ctx.replica is None or reply.status != 200 or not stores(body):
             return reply  # answered by a cache tier, failed, or nothing the upstream keeps
         if reply.chunks is None:
             with contextlib.suppress(orjson.JSONDecodeError):

@@ -17,11 +17,13 @@ import logging
 import time
 from dataclasses import dataclass, field
 
-from proxy.assembly.config import LLMBackend
-from proxy.kv.kinds import KINDS
 from proxy.upstream.client import UpstreamClient
 from proxy.upstream.http1 import LocalResourceError
+from proxy.upstream.settings import LLMBackend
 from tiers.breaker import CircuitBreaker
+
+HEALTH_PATH = "/v1/models"
+"""What the health probe reads: the OpenAI route every kind of backend serves, so a gateway in front passes it too."""
 
 log = logging.getLogger("ragproxy.backends")
 
@@ -83,7 +85,7 @@ class BackendPool:
 
     async def _probe_one(self, client: UpstreamClient, backend: Backend, wait_s: float) -> None:
         try:
-            answer = await client.fetch("GET", backend.url + KINDS[backend.config.kind].health_path,
+            answer = await client.fetch("GET", backend.url + HEALTH_PATH,
                                         headers=backend.auth_headers(),
                                         timeout_s=wait_s)
             ok, reason = answer.status < 500, f"status {answer.status}"

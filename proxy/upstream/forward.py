@@ -5,10 +5,8 @@ from __future__ import annotations
 import time
 
 from proxy.core.context import EndCallback, Reply, RequestContext
-from proxy.core.endpoints import Endpoint
 from proxy.core.errors import ProxyError
 from proxy.core.headers import upstream_request_headers
-from proxy.credits.streaming import ask_upstream_for_usage
 from proxy.upstream.backends import Backend, BackendPool
 from proxy.upstream.client import UpstreamClient, UpstreamError
 
@@ -45,20 +43,14 @@ class ForwardToLLM:
     the first healthy one); retry only a refused connection, and never away from a pinned replica."""
 
     name = "forward"
-    gives = frozenset({"upstream_called", "backend", "upstream_seconds"})
+    gives = frozenset({"upstream_called", "replica", "upstream_seconds"})
 
-    def __init__(self, client: UpstreamClient, pool: BackendPool, *, trust_forwarded: bool = False,
-                 endpoint: Endpoint | None = None) -> None:
-        """``endpoint``: the LLM API this stage forwards, if one (whether its streams report usage only when
-        asked)."""
-        self.asks_for_usage = endpoint is not None and endpoint.usage_on_request
+    def __init__(self, client: UpstreamClient, pool: BackendPool, *, trust_forwarded: bool = False) -> None:
         self.client = client
         self.pool = pool
         self.trust_forwarded = trust_forwarded
 
     async def __call__(self, ctx: RequestContext) -> Reply:
-        if self.asks_for_usage:
-            ask_upstream_for_usage(ctx)
         body = ctx.outgoing_body() if ctx.method not in ("GET", "HEAD") else None
         routed = ctx.routed
         if ctx.pinned is not None:  # a stored response lives on this replica only: no other may answer
@@ -107,7 +99,7 @@ class ForwardToLLM:
                 backend.in_flight -= 1
                 backend.breaker.release()
                 raise
-            ctx.backend = backend
+            ctx.replica = backend.label
             if reply.status in _REPLICA_FAILING:
                 backend.breaker.failure()
             else:

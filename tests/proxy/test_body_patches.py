@@ -11,9 +11,9 @@ import orjson
 import proxy.core.context as context_module
 from normalizer.cache_control import split_proxy_fields
 from proxy.core.context import Reply, RequestContext
+from proxy.core.handoffs import Reservation
 from proxy.core.pipeline import Next, Pipeline
 from proxy.core.prompt import ReadPrompt
-from proxy.credits.store import Reservation
 from proxy.credits.streaming import ask_upstream_for_usage
 from proxy.kv.admission_queue import AdmissionQueue
 from proxy.kv.hints import SlotTable

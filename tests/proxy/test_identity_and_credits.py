@@ -12,7 +12,7 @@ import httpx
 import openai
 import pytest
 
-from proxy.credits.pricing import MICRO
+from proxy.core.outcome import MICRO
 from proxy.credits.store import ledger_entries
 from proxy.doubles.llm_server import FakeLLM
 from tests.support.proxy_server import ProxyServer, proxy_settings

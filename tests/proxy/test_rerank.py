@@ -14,7 +14,7 @@ import orjson
 import pytest
 
 from loadtest.bench._surfaces import HealthProbe
-from proxy.credits.pricing import MICRO
+from proxy.core.outcome import MICRO
 from proxy.credits.store import CreditStore, LedgerEntry, ledger_entries
 from proxy.doubles.rerankers import FakeReranker
 from tests.support.objects import without

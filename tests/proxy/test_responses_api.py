@@ -14,7 +14,8 @@ import pytest
 from qdrant_client import QdrantClient, models
 
 from normalizer.documents import content_id
-from proxy.credits.pricing import MICRO, format_credits, to_micro
+from proxy.core.outcome import MICRO
+from proxy.credits.pricing import format_credits, to_micro
 from proxy.credits.store import ledger_entries
 from proxy.doubles.llm_server import FakeLLM
 from proxy.doubles.qdrant_shim import QdrantShim

@@ -135,7 +135,7 @@ def test_the_l2_line_says_in_short_whether_it_serves_and_what_it_waits_for() -> 
 
 async def test_the_semantic_tier_is_warming_until_its_model_has_loaded() -> None:
     from proxy.answers.cache_tiers.semantic import SemanticCacheTier
-    from proxy.assembly.config import L2Settings
+    from proxy.answers.settings import L2Settings
     from tiers.semantic import SemanticTier
 
     loaded = asyncio.Event()
@@ -180,9 +180,9 @@ class Terminal(io.StringIO):
 async def test_a_replica_down_from_the_start_is_left_to_the_summary(caplog: pytest.LogCaptureFixture) -> None:
     """The first probe finding a replica down marks it down without a warning (the summary says it); one that was
     up and goes down is warned about."""
-    from proxy.assembly.config import LLMBackend
     from proxy.upstream.backends import BackendPool
     from proxy.upstream.client import UpstreamClient
+    from proxy.upstream.settings import LLMBackend
 
     pool = BackendPool([LLMBackend(url=f"http://127.0.0.1:{refused_port()}")])
     [backend] = pool.backends

@@ -15,7 +15,7 @@ from typing import Any
 import httpx
 import pytest
 
-from proxy.credits.pricing import MICRO
+from proxy.core.outcome import MICRO
 from proxy.doubles.llm_server import FakeLLM
 from proxy.doubles.qdrant_shim import QdrantShim
 from tests.support.processes import refused_port

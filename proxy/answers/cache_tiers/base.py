@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Literal, Protocol, TypeVar
 
 from proxy.answers.replies import StillStored, WriteBehind
-from proxy.assembly.config import Settings
-from proxy.assembly.shared import SharedMode
+from proxy.answers.settings import CacheSettings
+from proxy.answers.shared_mode import SharedMode
 from proxy.core.endpoints import Endpoint
 from proxy.core.pipeline import Stage
 from proxy.observability.metrics import GaugeReader
@@ -67,6 +68,16 @@ class CacheTier(Protocol):
         ...
 
 
+
+class TiersConfig(Protocol):
+    """The settings the tiers are built from (:class:`proxy.assembly.config.Settings` is one)."""
+
+    @property
+    def cache(self) -> CacheSettings: ...
+
+    @property
+    def data_dir(self) -> Path: ...
+
 @dataclass(frozen=True, slots=True)
 class Gauge:
     """A gauge of ``/metrics``: its name, help text, label names and reader."""
@@ -98,7 +109,7 @@ class Build:
     """What a tier is built from: the settings, shared mode (when on), the tiers built before it, the Qdrant
     collection lookup, and the HTTP client its own outbound calls go through."""
 
-    settings: Settings
+    settings: TiersConfig
     shared: SharedMode | None
     built: Sequence[CacheTier]
     fetch_collection: CollectionFetcher
@@ -161,7 +172,7 @@ async def answers_report(answers: ResponseTier) -> dict[str, Any]:
     return report
 
 
-def build_tiers(builders: Sequence[Builder], settings: Settings, shared: SharedMode | None,
+def build_tiers(builders: Sequence[Builder], settings: TiersConfig, shared: SharedMode | None,
                 fetch_collection: CollectionFetcher, client: UpstreamClient,
                 still_stored: StillStored | None = None) -> TierSet:
     """Build, in order, every tier of ``builders`` that this configuration turns on."""

@@ -8,7 +8,7 @@ from typing import Any
 from proxy.answers.cache_tiers.base import Build, CacheTier, Off
 from proxy.answers.cache_tiers.exact import ExactTier
 from proxy.answers.replies import StillStored
-from proxy.assembly.shared import SharedMode
+from proxy.answers.shared_mode import SharedMode
 from tiers.cold import ColdStore
 from tiers.demotion import Demoter
 from tiers.entry import CachedResponse

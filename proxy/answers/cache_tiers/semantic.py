@@ -14,7 +14,7 @@ from proxy.answers.cache_tiers.base import Build, CacheTier, Gauge, LookupStats,
 from proxy.answers.replies import WriteBehind
 from proxy.answers.semantic import SemanticLookup, question_vectors
 from proxy.answers.semantic_factory import build_semantic
-from proxy.assembly.config import L2Settings
+from proxy.answers.settings import L2Settings
 from proxy.core.endpoints import Endpoint
 from proxy.core.pipeline import Stage
 from tiers.invalidation import Embedding, Removal, Selector

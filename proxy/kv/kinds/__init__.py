@@ -1,8 +1,8 @@
 """Backend kinds as adapters, looked up by the name configured as ``upstreams.llm[].kind``.
 
 Every kind-specific choice the proxy makes lives in its adapter (:class:`~proxy.kv.kinds.base.BackendKind`): the
-body hints, whether the proxy follows the server's slots, the health path, the reading of reports. Adding a kind is
-a module here with a subclass and one line in :data:`KINDS`.
+body hints, whether the proxy follows the server's slots, the reading of reports. Adding a kind is a module
+here with a subclass, one line in :data:`KINDS` and its name in :data:`proxy.upstream.settings.BACKEND_KINDS`.
 """
 
 from __future__ import annotations

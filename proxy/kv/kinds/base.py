@@ -8,6 +8,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from normalizer.prompt_plan import Segment
 from proxy.kv.hints import (
     Hints,
     Reported,
@@ -18,7 +19,6 @@ from proxy.kv.hints import (
     reported_prefill,
     reported_prompt_tokens,
 )
-from proxy.kv.tree import Segment
 
 
 def tenant_salt(tenant: str, secret: str = "") -> str:
@@ -58,8 +58,6 @@ class BackendKind:
     tracks_slots = False
     """Whether the server keeps one prompt per slot that the proxy follows (``id_slot``, ``GET /slots``, reuse of
     cached chunks outside the prefix)."""
-    health_path = "/v1/models"
-    """What the health probe reads (the OpenAI route every kind serves, so a gateway in front passes it too)."""
 
     def body_hints(self, request: HintRequest) -> Mapping[str, Any]:
         """Fields merged into the upstream JSON body."""

@@ -10,7 +10,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from proxy.credits.pricing import MICRO
+from proxy.core.outcome import MICRO
 from proxy.credits.store import ledger_entries
 from proxy.doubles.llm_server import FakeLLM
 from proxy.doubles.qdrant_shim import QdrantShim

@@ -9,8 +9,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from proxy.core.outcome import MICRO
 from proxy.core.usage import Usage
-from proxy.credits.pricing import MICRO, ModelLimits, ModelPrice, PriceBook, format_credits, to_micro
+from proxy.credits.pricing import ModelLimits, ModelPrice, PriceBook, format_credits, to_micro
 
 GPT = ModelPrice(Decimal("0.5"), Decimal("1.5"), Decimal("0.25"))
 BOOK = PriceBook(

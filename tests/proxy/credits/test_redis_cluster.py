@@ -7,11 +7,12 @@ from collections.abc import AsyncIterator, Iterator
 
 import pytest
 
+from proxy.core.handoffs import Reservation
 from proxy.credits.idempotency import Claimed, Kept
 from proxy.credits.redis_idempotency import RedisIdempotencyStore
 from proxy.credits.redis_keys import RedisKeyStore
 from proxy.credits.redis_store import RedisCreditStore
-from proxy.credits.store import ChargeDetails, InsufficientCredit, LedgerFilter, Reservation, ledger_entries
+from proxy.credits.store import ChargeDetails, InsufficientCredit, LedgerFilter, ledger_entries
 from tests.support.redis_cluster import RedisClusterProcesses, cluster_available
 
 CREDIT = 1_000_000

@@ -10,6 +10,7 @@ import random
 
 import pytest
 
+from proxy.core.handoffs import Reservation
 from proxy.credits.store import (
     ANY_ENTRY,
     ChargeDetails,
@@ -18,7 +19,6 @@ from proxy.credits.store import (
     LedgerEntry,
     LedgerFilter,
     RequestClosed,
-    Reservation,
     export_ledger_csv,
     ledger_entries,
 )

@@ -12,9 +12,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from proxy.core.context import RequestContext
+from proxy.core.handoffs import Reservation
 from proxy.core.sse import last_json_events
 from proxy.core.usage import Usage, usage_from_body, usage_from_json
-from proxy.credits.store import Reservation
 from proxy.credits.streaming import (
     UsageChunkFilter,
     ask_upstream_for_usage,

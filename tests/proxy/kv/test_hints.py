@@ -7,6 +7,7 @@ import itertools
 import orjson
 import pytest
 
+from normalizer.prompt_plan import Segment
 from proxy.assembly.config import ConfigError, load_settings
 from proxy.doubles.openai_responses import encode, response_object, stream_events
 from proxy.kv.hints import (
@@ -18,7 +19,6 @@ from proxy.kv.hints import (
     reported_prompt_tokens,
 )
 from proxy.kv.kinds import GENERIC, KINDS, LLAMACPP, OPENAI, SGLANG, VLLM, build_hints
-from proxy.kv.tree import Segment
 
 PATH = [Segment("p:s", 10), Segment("d1", 100), Segment("d2", 100)]
 

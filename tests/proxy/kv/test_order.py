@@ -8,8 +8,9 @@ import itertools
 from hypothesis import given
 from hypothesis import strategies as st
 
+from normalizer.prompt_plan import Segment
 from proxy.kv.order import OrderPolicy, Popularity, order_documents, shift_reusable_tokens
-from proxy.kv.tree import KnowledgeTree, Segment
+from proxy.kv.tree import KnowledgeTree
 
 SYS = Segment("p:s", 50)
 

@@ -8,6 +8,7 @@ import asyncio
 import orjson
 import pytest
 
+from normalizer.prompt_plan import Segment
 from proxy.core.context import Reply, RequestContext
 from proxy.core.errors import ProxyError
 from proxy.core.pipeline import Pipeline
@@ -19,7 +20,7 @@ from proxy.kv.order import OrderPolicy
 from proxy.kv.prefill import PrefillCoefficients, PrefillModel
 from proxy.kv.router import Candidate, RouteDecision, Router
 from proxy.kv.stages import Replica, Route, Shape
-from proxy.kv.tree import KnowledgeTree, Match, Segment
+from proxy.kv.tree import KnowledgeTree, Match
 from proxy.server.request import Request
 from tests.proxy.kv.clocks import Clock, models
 

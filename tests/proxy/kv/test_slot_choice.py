@@ -11,6 +11,7 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
+from normalizer.prompt_plan import Segment
 from proxy.core.context import Reply, RequestContext
 from proxy.core.pipeline import Pipeline
 from proxy.core.prompt import ReadPrompt
@@ -22,7 +23,7 @@ from proxy.kv.order import OrderPolicy
 from proxy.kv.prefill import PrefillCoefficients, PrefillModel
 from proxy.kv.router import Router
 from proxy.kv.stages import Replica, Route, Shape
-from proxy.kv.tree import KnowledgeTree, Segment
+from proxy.kv.tree import KnowledgeTree
 from proxy.server.request import Request
 from proxy.upstream.client import UpstreamClient
 

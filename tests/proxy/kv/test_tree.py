@@ -5,7 +5,8 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from proxy.kv.tree import KnowledgeTree, Match, Segment
+from normalizer.prompt_plan import Segment
+from proxy.kv.tree import KnowledgeTree, Match
 
 SYS = Segment("p:sys", 100)
 

@@ -26,13 +26,15 @@ import contextlib
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from prometheus_client import Counter
 
-from proxy.assembly.config import Settings
+from proxy.answers.settings import CacheSettings
+from proxy.core.redis_settings import RedisSettings
 from proxy.kv.prefix_board import PrefixSummaryBoard
 from proxy.observability.metrics import Metrics
+from proxy.upstream.settings import Upstreams
 from tiers.invalidation_bus import Delivery, InvalidationBus
 from tiers.memory import MemoryStore
 from tiers.near_cache import NearCachedStore, SharedResponseTier
@@ -131,13 +133,26 @@ class SharedOptions:
         return self.near_ttl_s + 1.0
 
     @classmethod
-    def from_settings(cls, settings: Settings) -> SharedOptions:
+    def from_settings(cls, settings: SharedConfig) -> SharedOptions:
         defaults = cls()
         return cls(**{name: type(getattr(defaults, name))(getattr(settings.redis, name))
                       for name in cls.__dataclass_fields__})
 
 
-def build_shared(settings: Settings, metrics: Metrics | None = None,
+class SharedConfig(Protocol):
+    """The settings shared mode is built from (:class:`proxy.assembly.config.Settings` is one)."""
+
+    @property
+    def redis(self) -> RedisSettings: ...
+
+    @property
+    def cache(self) -> CacheSettings: ...
+
+    @property
+    def upstreams(self) -> Upstreams: ...
+
+
+def build_shared(settings: SharedConfig, metrics: Metrics | None = None,
                  options: SharedOptions | None = None) -> SharedMode | None:
     """The shared components, or ``None`` in embedded mode (``redis.url`` unset)."""
     url = settings.redis.url

@@ -38,7 +38,15 @@ from normalizer.documents import (
     reorder_spans,
 )
 from normalizer.responses import prompt_messages
-from proxy.kv.tree import Segment
+
+
+@dataclass(frozen=True, slots=True)
+class Segment:
+    """One piece of a prompt prefix: the system prompt or a document."""
+
+    key: str
+    tokens: int
+
 
 EMPTY_PREFIX = Segment("p:", 0)
 """The prefix of a one-message plain prompt: nothing before the question (left out of every path)."""

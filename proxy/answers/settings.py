@@ -1,0 +1,163 @@
+"""The ``cache`` settings section: the answer tiers (L1 exact, L2 semantic, L3 cold), the search cache,
+stale-if-error and what every tier shares. Composed into :class:`proxy.assembly.config.Settings`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import AfterValidator, Field, SecretStr, field_validator, model_validator
+
+from proxy.core.settings_section import Section
+from tiers.policies import POLICY_NAMES
+
+
+def _known_policy(name: str) -> str:
+    if name not in POLICY_NAMES:
+        raise ValueError(f"unknown eviction policy; allowed: {', '.join(POLICY_NAMES)}")
+    return name
+
+
+PolicyName = Annotated[str, AfterValidator(_known_policy)]
+
+
+class L1Settings(Section):
+    enabled: bool = Field(default=True, description="In-process exact cache")
+    max_bytes: int = Field(default=256 * 1024 * 1024, ge=0, description="Bytes of cached responses in memory")
+    max_entries: int = Field(default=200_000, ge=1, description="Entries in memory")
+    ttl_s: float = Field(default=3600.0, gt=0, description="Default entry lifetime (every tier)")
+    policy: PolicyName = Field(
+        default="bpcache", description="Eviction policy: lru, fifo, s3fifo, gdsf, landlord, bpcache"
+    )
+
+
+class L2Settings(Section):
+    enabled: bool = Field(default=True, description="Semantic tier: equivalent questions reuse an answer")
+    embedder: Literal["local", "upstream"] = Field(
+        default="local", description="local: all-MiniLM-L6-v2 on the CPU; upstream: an OpenAI /v1/embeddings URL"
+    )
+    upstream_url: str | None = Field(default=None, description="Embeddings base URL (upstream embedder)")
+    upstream_model: str = Field(default="text-embedding-3-small", description="Model of the upstream embedder")
+    upstream_dim: int = Field(default=1536, ge=1, description="Vector size of the upstream embedder")
+    upstream_api_key: SecretStr | None = Field(default=None, description="Key for the upstream embedder")
+    embedder_runtime: Literal["auto", "onnx", "numpy"] = Field(
+        default="auto", description="local embedder: onnx (int8 graph on onnxruntime, a few ms), numpy (no onnxruntime "
+        "needed, 10-30 ms); auto: onnx when onnxruntime and onnx are installed")
+    max_wrong_hit_rate: float = Field(
+        default=0.05, gt=0, lt=1, description="Error bound: per tenant and namespace, the lowest threshold where the "
+        "wrong share of served semantic hits is within it with 95% confidence (see docs/semantic.md); reported in "
+        "/admin/stats and /metrics")
+    verify_fraction: float = Field(
+        default=0.02, ge=0, le=1, description="Share of would-be semantic hits forwarded and compared with the cached "
+        "answer to keep the estimate honest (misses with a near candidate are compared for free; 10% while a "
+        "namespace has fewer than 20 comparisons at or above its threshold)")
+    answer_agreement: float = Field(
+        default=0.4, gt=0, le=1, description="Similarity of two answers (TF-IDF cosine of their content words, the "
+        "questions' own words left out) from which they agree; identical text always does")
+    threshold: float | None = Field(
+        default=None, gt=0, le=1, description="Fixed cosine threshold for every namespace: overrides the error bound "
+        "(no calibration)")
+    namespace_thresholds: dict[str, float] = Field(
+        default_factory=dict, description="Fixed per-namespace thresholds, e.g. written by ragproxy calibrate --write")
+    guards: list[str] = Field(
+        default_factory=lambda: ["numbers", "dates", "negations", "entities", "order"],
+        description="Vetoes of look-alike questions (normalizer.guards); the defaults pay on real question pairs",
+    )
+    candidates: int = Field(default=4, ge=1, description="Nearest questions examined per lookup")
+    vector_store: Literal["hnsw", "qdrant"] = Field(
+        default="hnsw", description="hnsw: per-process index under data_dir; qdrant: shared collection"
+    )
+    qdrant_url: str | None = Field(default=None, description="Qdrant for the shared semantic index")
+    expose_similarity: bool = Field(default=False, description="Send X-Cache-Similarity (tells how close a hit was)")
+    persist_interval_s: float = Field(default=60.0, gt=0, description="How often the hnsw index is saved")
+
+    @model_validator(mode="after")
+    def _complete(self) -> L2Settings:
+        if self.enabled and self.embedder == "upstream" and self.upstream_url is None:
+            raise ValueError("embedder is upstream but upstream_url is not set")
+        if self.enabled and self.vector_store == "qdrant" and self.qdrant_url is None:
+            raise ValueError("vector_store is qdrant but qdrant_url is not set")
+        return self
+
+
+class L3Settings(Section):
+    enabled: bool = Field(default=True, description="Persistent lz4-compressed cold tier under data_dir/cold")
+    max_bytes: int = Field(default=8 * 1024**3, ge=1024 * 1024, description="Disk bytes the cold tier may use")
+    policy: PolicyName = Field(default="bpcache", description="Eviction policy of the cold tier")
+    write_queue: int = Field(default=1024, ge=1, description="Pending cold writes; beyond it writes are dropped")
+    warmup_entries: int = Field(default=0, ge=0, description="Hottest cold entries copied into L1 at start")
+
+
+class RetrievalSettings(Section):
+    enabled: bool = Field(default=True, description="Reuse Qdrant search results for equal or nearby query vectors")
+    tolerance: float = Field(default=0.015, ge=0, description="Default cosine distance (1 - cos) for a reuse")
+    collection_tolerances: dict[str, float] = Field(
+        default_factory=dict, description="Per collection, in the collection's own metric"
+    )
+    max_bytes: int = Field(default=64 * 1024 * 1024, ge=1024, description="Memory for cached search results")
+    policy: PolicyName = Field(default="lru", description="Eviction policy of the search cache")
+    ttl_s: float | None = Field(
+        default=300.0, gt=0, description="Lifetime of a cached search: bounds how long a change made directly in "
+        "Qdrant (not through the proxy) can go unseen (none: until a write through the proxy; see operations.md)"
+    )
+
+
+class StaleSettings(Section):
+    namespaces: list[str] = Field(
+        default_factory=list, description="Stale-tolerant namespaces: on upstream failure, serve the last good answer"
+    )
+    max_entries: int = Field(default=10_000, ge=1, description="Last good answers kept for stale-if-error")
+    max_bytes: int = Field(default=64 * 1024 * 1024, ge=1024, description="Memory for those answers")
+    max_stale_s: float = Field(default=86_400.0, gt=0, description="Oldest answer served stale")
+
+
+class CacheSettings(Section):
+    enabled: bool = Field(default=True, description="Master switch of every response tier")
+    l1: L1Settings = Field(default_factory=L1Settings)
+    l2: L2Settings = Field(default_factory=L2Settings)
+    l3: L3Settings = Field(default_factory=L3Settings)
+    retrieval: RetrievalSettings = Field(default_factory=RetrievalSettings)
+    stale: StaleSettings = Field(default_factory=StaleSettings)
+    cache_sampled: bool = Field(
+        default=True, description="Cache answers to requests with temperature > 0 (see normalizer docs)"
+    )
+    unknown_fields: Literal["bypass", "ignore"] = Field(
+        default="bypass", description="Requests with fields the key cannot judge are not cached"
+    )
+    rerank_max_documents: int = Field(
+        default=1000, ge=0, description="Documents of one rerank or score request cached one by one; a request with "
+        "more goes upstream and back uncached (BYPASS): parsing and re-encoding its answer would hold the event loop "
+        "(normalizer.bypass)"
+    )
+    cache_stored_responses: bool = Field(
+        default=True, description="Answer an exact repeat of a /v1/responses request stored upstream (store: true, the "
+        "API's default) with the stored original: same id, so retrieving and continuing it work upstream; never a "
+        "semantic hit, never shared across tenants (normalizer.responses)"
+    )
+    shared_namespaces: list[str] = Field(default_factory=list, description="Namespaces shared by all tenants")
+    private_namespaces: list[str] = Field(
+        default_factory=list, description="Namespaces whose answers are cached per user: never served to another user"
+    )
+    coalesce_wait_s: float = Field(default=30.0, gt=0, description="Longest a duplicate miss waits for the leader")
+    expose_key: bool = Field(default=False, description="Send X-Cache-Key on responses (a probing oracle)")
+    key_headers: list[str] = Field(
+        default_factory=lambda: ["OpenAI-Organization", "OpenAI-Project", "OpenAI-Beta"],
+        description="Request headers forwarded upstream that may change its answer: part of every cache key and "
+        "context signature (the query string always is)",
+    )
+    trace_file: Path | None = Field(
+        default=None, description="Append key/size/cost/time of every cached or stored answer (for ragproxy simulate)"
+    )
+
+    @field_validator("private_namespaces")
+    @classmethod
+    def _private(cls, value: list[str], info: Any) -> list[str]:
+        from normalizer.cache_control import NAMESPACE_PATTERN
+
+        for name in value:
+            if not NAMESPACE_PATTERN.fullmatch(name):
+                raise ValueError(f"{name!r} is not a namespace (1-64 of A-Z a-z 0-9 _ . -, starting alphanumeric)")
+        both = sorted(set(value) & set(info.data.get("shared_namespaces") or ()))
+        if both:
+            raise ValueError(f"{both} cannot be both shared by all tenants and private to each user")
+        return value

@@ -1,0 +1,63 @@
+"""What the KV stages decide for a request and hand on through the request context (``ctx.shape``, ``ctx.routed``).
+
+The context names these types in annotations only (:mod:`proxy.core.context`): the one import from the core up
+into a feature, listed as an exception in ``tests/test_layers.py``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from normalizer.prompt_plan import PromptPlan, Segment
+from proxy.kv.order import OrderPolicy
+from proxy.kv.router import FirstToken
+from proxy.kv.tree import Match
+
+
+@dataclass(slots=True)  # not frozen: built per request, and frozen fields cost about 5 times more to set
+class ReplicaOrder:
+    replica: int
+    order: tuple[Segment, ...]
+    cached_tokens: int
+
+
+@dataclass(slots=True)  # not frozen: built per request, and frozen fields cost about 5 times more to set
+class ShapedRequest:
+    """What :class:`~proxy.kv.stages.Shape` decided (``ctx.shape``): the prompt's plan, the order policy, and each
+    replica's order."""
+
+    plan: PromptPlan
+    policy: OrderPolicy
+    orders: list[ReplicaOrder]
+    """One per replica, in index order."""
+
+
+@dataclass(slots=True)  # not frozen: built per request, and frozen fields cost about 5 times more to set
+class RoutedRequest:
+    """What :meth:`proxy.kv.stages.Route.route` decided (``ctx.routed``)."""
+
+    replica: int
+    path: tuple[Segment, ...]
+    predicted: Match
+    slot: int | None
+    estimated_ttft_s: float
+    start_deadline: float | None = None
+    """Latest start (router clock) that still meets the TTFT objective; the queue drops the request after it."""
+    total_tokens: int = 0
+    """The prompt's estimated length (the tree's unit)."""
+    slot_match: Match | None = None
+    """The part of the path the chosen llama.cpp slot holds, where that is all the server can reuse (no prompt
+    cache, or a slot it reuses as it is without restoring from its cache, :class:`~proxy.kv.hints.SlotTable`), and
+    what its report is compared with (another slot lacking a prefix says nothing about the tree)."""
+    shifted: bool = False
+    """The backend was allowed to reuse chunks outside the common prefix (``shift`` policy): its report then
+    counts more than the prefix, so it can show a shortfall but not a surplus."""
+    headers: dict[str, str] | None = None
+    """Hint headers for the upstream request."""
+    ticket: str = ""
+    """The router's name for this request while it is in flight: the proxy's own, unique among requests in flight
+    (a client's ``X-Request-ID`` is not: clients reuse them)."""
+    first_token: FirstToken | None = None
+    """What the router knew of it at its first token (:meth:`~proxy.kv.router.Router.first_token`): whether its
+    prefill ran alone on the replica (only then does the reported prefill time go to the prefill model), and the
+    inputs of the slowdown (``None`` when the router tracks no load)."""
