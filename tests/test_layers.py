@@ -1,24 +1,47 @@
 """Imports run one way: normalizer < tiers < proxy < admin < the shipped test doubles < entry points < the load
 tests and benchmarks, and no module imports itself back through others.
 
+Inside ``proxy/`` the folders are layers too: the HTTP server < the core (context, reply, pipeline, outcome, wire
+helpers) < the upstream transport < the features (one package each) < assembly; the entry points
+(``proxy/commands``) sit above admin, as above. No folder imports one above it, save the named exceptions of
+:data:`EXCEPTIONS`, and the folders import each other in no circle.
+
 Every import counts: at module level, inside functions and under ``TYPE_CHECKING``. The graph comes from grimp
-(import-linter's engine); import-linter's own layers contract cannot state this order, as it refuses a layer
-inside another (the entry points ``proxy.commands.cli``, ``proxy.commands.serve`` and ``proxy.commands.demo`` live
-inside ``proxy``) and
-checks cycles between sibling packages only, not between modules.
+(import-linter's engine); import-linter's own layers contract cannot state this order, as it refuses a layer inside
+another (the entry points ``proxy.commands`` live inside ``proxy``) and checks cycles between sibling packages only,
+not between modules.
 """
 
 from __future__ import annotations
 
 import graphlib
+import importlib
+from pathlib import Path
 
 import grimp
 import pytest
 
+ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("normalizer", "tiers", "proxy", "admin", "loadtest")
 ENTRY_POINTS = ("proxy.commands",)
 DOUBLES = ("proxy.doubles",)
 LAYERS = ("normalizer", "tiers", "proxy", "admin", "test doubles", "entry points", "loadtest")
+
+
+PROXY_LAYERS = (
+    ("proxy.server",),
+    ("proxy.core",),
+    ("proxy.upstream",),
+    ("proxy.observability", "proxy.credits", "proxy.search", "proxy.answers", "proxy.items", "proxy.kv",
+     "proxy.stored"),
+    ("proxy.assembly",),
+)
+"""The layers inside ``proxy/``, lowest first; the features (one rank) may import each other, in no circle."""
+EXCEPTIONS = {
+    ("proxy.core.context", "proxy.kv.handoffs"):
+        "the context names the KV layer's two decisions (ctx.shape, ctx.routed) in annotations only",
+}
+"""Imports from a lower folder of ``proxy/`` up to a higher one, each with its reason (at most 3)."""
 
 
 def _within(module: str, packages: tuple[str, ...]) -> bool:
@@ -55,3 +78,57 @@ def test_no_module_imports_itself_back(graph: grimp.ImportGraph) -> None:
         sorter.prepare()
     except graphlib.CycleError as error:
         pytest.fail(f"import cycle: {' -> '.join(reversed(error.args[1]))}")
+
+
+def proxy_folder(module: str) -> str | None:
+    """The folder of ``proxy/`` that ``module`` belongs to, when it is one of :data:`PROXY_LAYERS`."""
+    folder = ".".join(module.split(".")[:2])
+    return folder if any(folder in rank for rank in PROXY_LAYERS) else None
+
+
+def proxy_rank(folder: str) -> int:
+    return next(rank for rank, folders in enumerate(PROXY_LAYERS) if folder in folders)
+
+
+def _proxy_imports(graph: grimp.ImportGraph) -> list[tuple[str, str]]:
+    """Every import between two different layered folders of ``proxy/``, as (importer, imported) modules."""
+    return [(importer, imported) for importer in sorted(graph.modules) if proxy_folder(importer)
+            for imported in graph.find_modules_directly_imported_by(importer)
+            if proxy_folder(imported) not in (None, proxy_folder(importer))]
+
+
+def test_every_proxy_folder_has_a_layer() -> None:
+    folders = {path.name for path in (ROOT / "proxy").iterdir()
+               if path.is_dir() and (path / "__init__.py").exists()}
+    layered = {folder.split(".")[1] for rank in PROXY_LAYERS for folder in rank}
+    assert folders - layered == {"doubles", "commands"}, "a new folder of proxy/ needs its layer here"
+    assert not [path.name for path in (ROOT / "proxy").glob("*.py") if path.name != "__init__.py"], \
+        "a module loose in proxy/ belongs in one of its folders"
+
+
+def test_proxy_folders_import_only_down(graph: grimp.ImportGraph) -> None:
+    upward = sorted(f"{importer} imports {imported}" for importer, imported in _proxy_imports(graph)
+                    if proxy_rank(proxy_folder(imported) or "") > proxy_rank(proxy_folder(importer) or "")
+                    and (importer, imported) not in EXCEPTIONS)
+    assert not upward, "\n".join(upward)
+
+
+def test_the_exceptions_are_few_real_and_annotations_only(graph: grimp.ImportGraph) -> None:
+    assert len(EXCEPTIONS) <= 3
+    for importer, imported in EXCEPTIONS:
+        assert imported in graph.find_modules_directly_imported_by(importer), f"stale exception: {importer}"
+        defined = {name for name, value in vars(importlib.import_module(imported)).items()
+                   if getattr(value, "__module__", None) == imported}
+        assert not defined & set(vars(importlib.import_module(importer))), \
+            f"{importer} binds names of {imported} at run time"
+
+
+def test_no_circle_between_proxy_folders(graph: grimp.ImportGraph) -> None:
+    folders: dict[str, set[str]] = {}
+    for importer, imported in _proxy_imports(graph):
+        if (importer, imported) not in EXCEPTIONS:
+            folders.setdefault(proxy_folder(importer) or "", set()).add(proxy_folder(imported) or "")
+    try:
+        graphlib.TopologicalSorter(folders).prepare()
+    except graphlib.CycleError as error:
+        pytest.fail(f"folders of proxy/ import each other: {' -> '.join(reversed(error.args[1]))}")

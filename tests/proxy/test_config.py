@@ -85,3 +85,10 @@ def test_a_rejected_url_never_shows_its_password(url: str) -> None:
     with pytest.raises(ConfigError) as error:
         load_settings(overrides={"redis.url": url})
     assert "redis.url" in str(error.value) and "hunter2" not in str(error.value)
+
+
+def test_the_configurable_backend_kinds_are_the_registered_adapters() -> None:
+    from proxy.kv.kinds import KINDS
+    from proxy.upstream.settings import BACKEND_KINDS
+
+    assert sorted(BACKEND_KINDS) == sorted(KINDS)
