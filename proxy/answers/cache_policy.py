@@ -38,7 +38,7 @@ from normalizer.canonical_request import canonical_request
 from normalizer.documents import PromptDocuments
 from proxy.core.context import Reply, RequestContext
 from proxy.core.errors import ProxyError
-from proxy.core.outcome import CacheStatus
+from proxy.core.outcome import CacheStatus, Outcome
 from proxy.core.pipeline import Next
 from tiers.versions import VersionSource
 
@@ -104,7 +104,7 @@ class Canonicalize:
     only its tenant may fetch or continue) is never keyed under the shared tenant of ``cache.shared_namespaces``."""
 
     name = "canonicalize"
-    gives = frozenset({"user_scope", "key_scope", "key_variant", "cache_key", "bypass_reason", "cache_status"})
+    gives = frozenset({"user_scope", "key_scope", "key_variant", "cache_key", "bypass_reason", "outcome"})
     live_keys = frozenset({"cache.unknown_fields", "cache.cache_sampled", "cache.shared_namespaces"})
 
     def __init__(self, kind: RequestKind, bypass: BypassSettings, versions: VersionSource,
@@ -149,7 +149,7 @@ class Canonicalize:
         self.user_scope(ctx)  # set for later stages even when this request is not cached
         policy = ctx.cache_policy
         if policy is None or not (policy.may_read or policy.may_store):
-            ctx.cache_status = CacheStatus.BYPASS
+            ctx.outcome = Outcome(CacheStatus.BYPASS)
             return await call_next(ctx)
         reason = bypass_reason(ctx.body, self.bypass, kind=self.kind, namespace=ctx.namespace)
         if reason is None:
@@ -161,5 +161,5 @@ class Canonicalize:
                 reason = f"not canonicalizable: {exc}"
         if reason is not None:
             ctx.bypass_reason = reason
-            ctx.cache_status = CacheStatus.BYPASS
+            ctx.outcome = Outcome(CacheStatus.BYPASS)
         return await call_next(ctx)

@@ -34,7 +34,7 @@ from multidict import CIMultiDict
 from proxy.answers.replies import StillStored, complete_body, hit_reply, servable
 from proxy.core.context import Reply, RequestContext
 from proxy.core.endpoints import Endpoint
-from proxy.core.outcome import COALESCED, CacheStatus
+from proxy.core.outcome import COALESCED, CacheStatus, Matched, Outcome
 from proxy.core.pipeline import Next
 from proxy.core.reply import Complete
 from proxy.upstream.client import UpstreamStreamError
@@ -43,6 +43,8 @@ from tiers.response_tier import ResponseTier
 
 if TYPE_CHECKING:
     from proxy.answers.settings import CacheSettings
+
+_HIT, _EXACT = CacheStatus.HIT, Matched.EXACT  # read once: see proxy.core.outcome
 
 
 @dataclass
@@ -87,7 +89,7 @@ class Coalesce:
 
     name = "coalesce"
     needs = frozenset({"cache_key", "cache_policy"})
-    gives = frozenset({"follower", "entry", "cache_status", "cache_tier"})
+    gives = frozenset({"follower", "entry", "outcome"})
     live_keys = frozenset({"cache.coalesce_wait_s"})
 
     def __init__(self, *, endpoint: Endpoint, wait_s: float, flights: Flights,
@@ -127,7 +129,7 @@ class Coalesce:
         entry = await self.recheck.get(key)
         if entry is None or not await servable(entry, policy, self.still_stored):
             return None
-        return hit_reply(ctx, entry, tier=self.recheck.name)
+        return hit_reply(ctx, entry, Outcome(_HIT, self.recheck.name, _EXACT))
 
     async def _lead(self, ctx: RequestContext, key: str, call_next: Next) -> Reply:
         flight = Flight()
@@ -185,7 +187,7 @@ class Coalesce:
         try:
             await asyncio.wait_for(flight.ready.wait(), self.wait_s)
             if flight.streamed and ctx.stream and not flight.failed:
-                ctx.cache_status, ctx.cache_tier = CacheStatus.MISS, COALESCED
+                ctx.outcome = Outcome(CacheStatus.MISS, COALESCED)
                 headers = CIMultiDict(flight.headers)
                 headers["X-Cache-Coalesced"] = "true"
                 return Reply(status=200, headers=headers, chunks=self._replay(flight, self.wait_s))
@@ -197,7 +199,7 @@ class Coalesce:
             ctx.follower = False
             return None
         entry = CachedResponse(body=flight.answer.body, kind=self.endpoint.kind, meta=flight.answer.meta)
-        return hit_reply(ctx, entry, status=CacheStatus.MISS, tier=COALESCED, extra={"X-Cache-Coalesced": "true"})
+        return hit_reply(ctx, entry, Outcome(CacheStatus.MISS, COALESCED), extra={"X-Cache-Coalesced": "true"})
 
     @staticmethod
     async def _replay(flight: Flight, gap_s: float) -> AsyncIterator[bytes]:

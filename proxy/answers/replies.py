@@ -37,7 +37,7 @@ from normalizer.evidence import evidence
 from normalizer.responses import continued_response
 from proxy.core.context import Reply, RequestContext
 from proxy.core.endpoints import Endpoint, for_entry, for_kind
-from proxy.core.outcome import HIT_STATUSES, CacheStatus
+from proxy.core.outcome import HIT_STATUSES, CacheStatus, Matched, Outcome
 from proxy.core.pipeline import Next
 from proxy.core.reply import Complete
 from tiers.entry import CachedResponse
@@ -56,6 +56,8 @@ WriteBehind = Callable[[str, CachedResponse, "float | None", list[str], Any], No
 ALL_ENTRIES = "all"  # the tag every entry carries: listing and flushing without knowing keys
 JSON = "application/json"
 SSE = "text/event-stream"
+
+_HIT, _EXACT = CacheStatus.HIT, Matched.EXACT  # read once: see proxy.core.outcome
 
 
 def entry_tags(ctx: RequestContext, model: str | None, response_id: str | None = None) -> list[str]:
@@ -104,16 +106,13 @@ def answer_evidence(ctx: RequestContext, answer: str | None) -> JSONValue:
     return evidence(answer or "", documents) if documents else None
 
 
-def hit_reply(ctx: RequestContext, entry: CachedResponse, *, tier: str, status: CacheStatus = CacheStatus.HIT,
+def hit_reply(ctx: RequestContext, entry: CachedResponse, outcome: Outcome,
               extra: dict[str, str] | None = None) -> Reply:
-    """A reply built from a cached entry, in the form the client asked for: a ``HIT`` unless ``status`` says
-    otherwise (the default is read once: on Python 3.11 reading an enum member through its class costs about a
-    thousand instructions, and this is the path of every exact hit)."""
-    ctx.cache_status, ctx.cache_tier = status, tier
+    """A reply built from a cached entry, in the form the client asked for, with what the cache did
+    (``ctx.outcome``)."""
+    ctx.outcome = outcome
     ctx.entry = entry
     headers: CIMultiDict[str] = CIMultiDict()
-    headers["X-Cache-Status"] = str(status)
-    headers["X-Cache-Tier"] = tier
     headers["Age"] = str(math.floor(entry.age()))
     if extra:
         headers.update(extra)
@@ -169,8 +168,8 @@ class StoreResponse:
 
     name = "store"
     needs = frozenset({"cache_key", "cache_policy"})
-    gives = frozenset({"entry", "cache_status"})
-    reads_if_given = frozenset({"cache_status"})
+    gives = frozenset({"entry", "outcome"})
+    reads_if_given = frozenset({"outcome"})
     live_keys = frozenset({"cache.expose_key"})
 
     def __init__(self, into: ResponseTier | None, *, endpoint: Endpoint, write_behind: Sequence[WriteBehind] = (),
@@ -188,22 +187,21 @@ class StoreResponse:
     async def __call__(self, ctx: RequestContext, call_next: Next) -> Reply:
         key = ctx.cache_key
         reply = await call_next(ctx)
-        policy = ctx.cache_policy
-        if key is None or policy is None or ctx.cache_status in HIT_STATUSES:
-            if key is None and ctx.cache_status is None:
-                ctx.cache_status = CacheStatus.BYPASS
+        policy, outcome = ctx.cache_policy, ctx.outcome
+        if key is None or policy is None or (outcome is not None and outcome.status in HIT_STATUSES):
+            if key is None and outcome is None:
+                ctx.outcome = Outcome(CacheStatus.BYPASS)
             self._headers(ctx, reply, key)
             return reply
-        if ctx.cache_status is None:
-            ctx.cache_status = CacheStatus.REFRESH if policy.force_refresh else CacheStatus.MISS
+        if outcome is None:
+            ctx.outcome = Outcome(CacheStatus.REFRESH if policy.force_refresh else CacheStatus.MISS)
         self._headers(ctx, reply, key)
         if self.into is not None and policy.may_store and policy.ttl != 0 and not ctx.follower:
             reply.on_finish(self._store(ctx, key, policy, self.into))
         return reply
 
     def _headers(self, ctx: RequestContext, reply: Reply, key: str | None) -> None:
-        reply.headers["X-Cache-Status"] = str(ctx.cache_status or CacheStatus.BYPASS)
-        if ctx.bypass_reason is not None and ctx.cache_status == CacheStatus.BYPASS:
+        if ctx.bypass_reason is not None and ctx.outcome is not None and ctx.outcome.status == CacheStatus.BYPASS:
             reply.headers["X-Cache-Bypass-Reason"] = bypass_header(ctx.bypass_reason)
         if self.expose_key and key is not None:
             reply.headers["X-Cache-Key"] = key
@@ -254,7 +252,7 @@ class ExactLookup:
     """Answer exact-key hits from one tier; promote them into ``promote_into`` (faster tiers)."""
 
     needs = frozenset({"cache_key", "cache_policy"})
-    gives = frozenset({"entry", "cache_status", "cache_tier"})
+    gives = frozenset({"entry", "outcome"})
 
     def __init__(self, tier: ResponseTier, *, promote_into: Sequence[ResponseTier] = (),
                  still_stored: StillStored | None = None) -> None:
@@ -275,4 +273,4 @@ class ExactLookup:
         for faster in self.promote_into:
             tags = entry_tags(ctx, entry.model, entry.meta.get("response_id"))
             await faster.put(key, entry, ttl=policy.ttl, tags=tags)
-        return hit_reply(ctx, entry, tier=self.tier.name)
+        return hit_reply(ctx, entry, Outcome(_HIT, self.tier.name, _EXACT))

@@ -41,7 +41,7 @@ from proxy.answers.replies import answer_evidence, complete_body, entry_tags, hi
 from proxy.core.context import FinishCallback, Reply, RequestContext
 from proxy.core.endpoints import Endpoint
 from proxy.core.handoffs import SemanticQuery
-from proxy.core.outcome import MISS_STATUSES, SEMANTIC_TIER, CacheStatus
+from proxy.core.outcome import MISS_STATUSES, SEMANTIC_TIER, CacheStatus, Matched, Outcome
 from proxy.core.pipeline import Next
 from tiers.calibration import GRID
 from tiers.embedders.base import FloatArray
@@ -95,8 +95,8 @@ class SemanticLookup:
 
     name = SEMANTIC_TIER
     needs = frozenset({"cache_key", "key_scope", "key_variant", "cache_policy", "prompt"})
-    gives = frozenset({"semantic", "entry", "cache_status", "cache_tier"})
-    reads_if_given = frozenset({"cache_status"})
+    gives = frozenset({"semantic", "entry", "outcome"})
+    reads_if_given = frozenset({"outcome"})
 
     def __init__(self, semantic: SemanticTier, sources: Sequence[ResponseTier], promote_into: ResponseTier,
                  *, expose_similarity: bool = False, cold: QuestionVectors | None = None,
@@ -143,7 +143,7 @@ class SemanticLookup:
             reply.on_finish(self._comparison(where, probe, question))
         if policy.may_store and not ctx.follower:
             async def learn(done: Reply, ok: bool, body_bytes: bytes) -> None:
-                if ok and done.status == 200 and (ctx.cache_status is None or ctx.cache_status in MISS_STATUSES):
+                if ok and done.status == 200 and (ctx.outcome is None or ctx.outcome.status in MISS_STATUSES):
                     complete = complete_body(done, body_bytes, self.endpoint)
                     answer = answer_text(complete.body) if complete is not None else None
                     if answer is not None:
@@ -250,4 +250,5 @@ class SemanticLookup:
         await self.promote_into.put(key, entry, ttl=policy.ttl, tags=entry_tags(ctx, entry.model))
         self.semantic.served()
         extra = {"X-Cache-Similarity": f"{match.similarity:.4f}"} if self.expose_similarity else None
-        return hit_reply(ctx, entry, status=CacheStatus.SEMANTIC_HIT, tier=match.source, extra=extra), None
+        outcome = Outcome(CacheStatus.SEMANTIC_HIT, match.source, Matched.SEMANTIC)
+        return hit_reply(ctx, entry, outcome, extra=extra), None

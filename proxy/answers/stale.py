@@ -42,7 +42,7 @@ from proxy.answers.replies import complete_body, hit_reply
 from proxy.core.context import FinishCallback, Reply, RequestContext
 from proxy.core.endpoints import Endpoint
 from proxy.core.errors import ProxyError
-from proxy.core.outcome import MISS_STATUSES, CacheStatus
+from proxy.core.outcome import MISS_STATUSES, CacheStatus, Matched, Outcome
 from proxy.core.pipeline import Next
 from tiers.entry import CachedResponse
 
@@ -116,9 +116,8 @@ class StaleIfError:
 
     name = "stale_if_error"
     needs = frozenset({"cache_key", "cache_policy"})
-    gives = frozenset({"cache_status", "cache_tier", "entry"})
-    reads = frozenset({"cache_status"})
-    reads_if_given = frozenset({"cache_tier"})
+    gives = frozenset({"outcome", "entry"})
+    reads = frozenset({"outcome"})
 
     def __init__(self, store: StaleStore, *, endpoint: Endpoint, namespaces: Collection[str],
                  on_status: Collection[int] = DEFAULT_ERROR_STATUSES) -> None:
@@ -155,7 +154,9 @@ class StaleIfError:
                 await _discard(reply)
                 return stale
             return reply
-        if 200 <= reply.status < 300 and ctx.cache_status in MISS_STATUSES and ctx.cache_tier is None:
+        outcome = ctx.outcome
+        if 200 <= reply.status < 300 and outcome is not None and outcome.status in MISS_STATUSES \
+                and outcome.tier is None:
             reply.on_finish(self._keep(ctx, key))
         return reply
 
@@ -165,7 +166,7 @@ class StaleIfError:
             return None
         self.store.served += 1
         log.info("serving a stale answer for request %s (%s)", ctx.request_id, reason)
-        return hit_reply(ctx, entry, status=CacheStatus.STALE, tier=STALE_TIER,
+        return hit_reply(ctx, entry, Outcome(CacheStatus.STALE, STALE_TIER, Matched.EXACT),
                          extra={"X-Cache-Stale": "true", "Warning": STALE_WARNING})
 
     def _keep(self, ctx: RequestContext, key: str) -> FinishCallback:

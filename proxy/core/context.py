@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, Final, NamedTuple
 import orjson
 
 from proxy.core.errors import ProxyError
-from proxy.core.outcome import CacheStatus
+from proxy.core.outcome import Outcome
 from proxy.core.reply import EndCallback, FinishCallback, Reply
 from proxy.server.request import Request
 
@@ -123,10 +123,8 @@ class RequestContext:
     """The label of the LLM replica that answered (what metrics, logs and stored-response owners name it by)."""
     upstream_seconds: float | None = None
     # the outcome (proxy.core.outcome): set by the stage that decided it, read on the way back
-    cache_status: CacheStatus | None = None
-    """How the cache took part (``None``: no cache stage decided anything)."""
-    cache_tier: str | None = None
-    """The tier that answered (``None``: the upstream did)."""
+    outcome: Outcome | None = None
+    """What the cache did: status, tier and how it matched (``None``: no cache stage decided anything)."""
     charged: int | None = None
     """Micro-credits charged, when settled with the reply (``X-Credits-Charged``; a stream settles later)."""
     entry: CachedResponse | None = None

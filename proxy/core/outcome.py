@@ -1,10 +1,11 @@
 """The outcome of a request on its way back: how the cache took part (:class:`CacheStatus`).
 
-The outcome is carried by three typed slots of :class:`~proxy.core.context.RequestContext`:
-``cache_status`` (a :class:`CacheStatus`), ``cache_tier`` (the tier that answered: an answer tier's name,
-``coalesced``, ``stale``, ``retrieval``) and ``charged`` (the micro-credits this request was charged, once
-settled with the reply). The stages that set them declare them in ``gives``; a stage that reads them on the way
-back declares them in ``reads`` (or ``reads_if_given``), checked at assembly (:func:`proxy.core.pipeline.check_slots`).
+The outcome is carried by two typed slots of :class:`~proxy.core.context.RequestContext`: ``outcome`` (an
+:class:`Outcome`: the :class:`CacheStatus`, the tier that held the answer and how it :class:`Matched`, set whole by
+the stage that decided it) and ``charged`` (the micro-credits this request was charged, once settled with the
+reply). ``X-Cache-Status`` and ``X-Cache-Tier`` are written from it in one place, :func:`add_headers`.
+The stages that set them declare them in ``gives``; a stage that reads them on the way back declares them in
+``reads`` (or ``reads_if_given``), checked at assembly (:func:`proxy.core.pipeline.check_slots`).
 
 :class:`CacheStatus` is a ``StrEnum``: each member *is* its wire value, so the ``X-Cache-Status`` header, the
 ``cache_status`` metric label and the statistics read exactly the bare strings they always did. A header is given
@@ -19,7 +20,9 @@ where it is decided.
 
 from __future__ import annotations
 
+from collections.abc import MutableMapping
 from enum import StrEnum
+from typing import NamedTuple
 
 
 class CacheStatus(StrEnum):
@@ -54,4 +57,47 @@ SEMANTIC_TIER = "l2"
 semantic tier decided the hit, the cold tier's question vectors only found it (``X-Cache-Tier`` still says where the
 answer came from)."""
 COALESCED = "coalesced"
-"""The ``cache_tier`` of a follower answered by an identical request's upstream call (a ``MISS``)."""
+"""The tier of a follower answered by an identical request's upstream call (a ``MISS``)."""
+
+
+class Matched(StrEnum):
+    """How a cached answer matched the request."""
+
+    EXACT = "exact"
+    """By the request's exact key (its final question folded, :func:`normalizer.canonical.fold_final_question`)."""
+    SEMANTIC = "semantic"
+    """By an equivalent question (the semantic tier decided, whichever tier held the answer)."""
+    NEARBY = "nearby"
+    """A vector search answered from a search with a nearby query vector (within the collection's tolerance)."""
+
+
+_SEMANTIC = Matched.SEMANTIC  # read once: see the module docstring
+
+
+class Outcome(NamedTuple):
+    """What the cache did for one request (``ctx.outcome``), set whole by the stage that decided it and read whole
+    by pricing, metrics, statistics, logs and traces; :func:`add_headers` turns it into the response's headers."""
+
+    status: CacheStatus
+    tier: str | None = None
+    """Where the answer was held (an answer tier's name, ``retrieval``, ``stale``, ``coalesced``); ``None``: the
+    upstream answered all of it."""
+    matched: Matched | None = None
+    """How the cached answer (or, for items, the cached part) matched; ``None`` when nothing cached served it."""
+
+    @property
+    def priced_as(self) -> str | None:
+        """The name the answer is priced under (``credits.hit_multipliers``): :data:`SEMANTIC_TIER` for a
+        semantic hit wherever its answer was held, else the tier; ``None``: the upstream's full price."""
+        return SEMANTIC_TIER if self.matched is _SEMANTIC else self.tier
+
+
+def add_headers(headers: MutableMapping[str, str], outcome: Outcome | None) -> None:
+    """Write ``outcome`` into a response's headers: ``X-Cache-Status`` and, when a tier held (part of) the
+    answer, ``X-Cache-Tier``. The one place these headers are written (the reply to the client, an idempotent
+    call's kept answer)."""
+    if outcome is None:
+        return
+    headers["X-Cache-Status"] = str(outcome.status)  # a plain str: see the module docstring
+    if outcome.tier is not None:
+        headers["X-Cache-Tier"] = outcome.tier

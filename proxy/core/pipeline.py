@@ -9,7 +9,7 @@ reads before calling the rest) and ``gives`` (slots it sets); building a :class:
 needs a slot that no earlier stage gives, so a consumer placed before its producer is caught at assembly.
 
 The way back is declared the same way. A stage that reads a slot once the rest has answered (the outcome,
-:mod:`proxy.core.outcome`: ``cache_status``, ``cache_tier``, ``charged``) declares it in ``reads`` when it cannot do its
+:mod:`proxy.core.outcome`: ``outcome``, ``charged``) declares it in ``reads`` when it cannot do its
 work without it, and building fails unless a later stage (one that has answered by then) gives it; a read that
 is meaningful when nothing set the slot (``None``: the upstream answered, nothing was cached) is declared in
 ``reads_if_given``, checked only for naming a real slot. Both are optional (most stages read nothing then).

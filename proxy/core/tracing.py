@@ -60,10 +60,13 @@ def _attributes(span: Any, ctx: RequestContext) -> None:
     span.set_attribute("ragproxy.tenant", ctx.tenant)
     if ctx.patches:  # what was changed in the body sent upstream, and by which stage, in order
         span.set_attribute("ragproxy.body_patches", [patch.name for patch in ctx.patches])
-    if ctx.cache_status:
-        span.set_attribute("ragproxy.cache_status", ctx.cache_status)
-    if ctx.cache_tier:
-        span.set_attribute("ragproxy.cache_tier", ctx.cache_tier)
+    outcome = ctx.outcome
+    if outcome is not None:
+        span.set_attribute("ragproxy.cache_status", str(outcome.status))
+        if outcome.tier:
+            span.set_attribute("ragproxy.cache_tier", outcome.tier)
+        if outcome.matched:
+            span.set_attribute("ragproxy.cache_matched", str(outcome.matched))
 
 
 def end_request_span(ctx: RequestContext, status: int) -> None:

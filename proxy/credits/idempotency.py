@@ -60,6 +60,7 @@ from multidict import CIMultiDict
 from normalizer.canonical import user_digest
 from proxy.core.context import Reply, RequestContext
 from proxy.core.errors import ProxyError
+from proxy.core.outcome import add_headers
 from proxy.core.pipeline import Next
 from proxy.core.sse import DONE
 from proxy.credits.stages import CHARGED, LEDGER_ID, REMAINING, RESERVED
@@ -363,6 +364,7 @@ class Idempotency:
             if len(body) > self.max_response_bytes:
                 return False
             headers = CIMultiDict(reply.headers)
+            add_headers(headers, ctx.outcome)
             headers.update(ctx.response_headers)
             try:
                 return await self.store.keep(scope, key, owner,

@@ -32,9 +32,10 @@ class RerankCredits(Credits):
 
     def cost(self, ctx: RequestContext, usage: Usage, source: str = "reported") -> tuple[int, ChargeDetails]:
         model = (ctx.body or {}).get("model")
+        tier = ctx.outcome.priced_as if ctx.outcome is not None else None
         counted = ctx.rerank  # None when the request bypassed the cache: every document went upstream
         scored, cached = (counted.scored, counted.cached) if counted else (document_count(ctx.body or {}), 0)
         details = ChargeDetails(tenant=ctx.tenant, model=model if isinstance(model, str) else "",
-                                tier=ctx.cache_tier or "upstream", usage_source="documents",
+                                tier=tier or "upstream", usage_source="documents",
                                 prompt_tokens=usage.prompt_tokens if source == "reported" else 0)
-        return self.prices.rerank_cost(scored, cached, ctx.cache_tier), details
+        return self.prices.rerank_cost(scored, cached, tier), details

@@ -16,7 +16,8 @@ it), then settles what the reply used:
   usage chunk is read on the way and hidden from a client that did not ask for it (see
   :mod:`proxy.credits.streaming`). Headers leave before the usage is known, so a stream carries
   ``X-Credits-Reserved`` and ``X-Credits-Remaining`` (what was left after the reservation) instead;
-* a reply from a cache tier (``ctx.cache_tier``) costs its usage times that tier's hit multiplier;
+* a reply from a cache tier costs its usage times the hit multiplier it is priced under (``ctx.outcome``,
+  :attr:`~proxy.core.outcome.Outcome.priced_as`: a semantic hit's is ``l2`` wherever its answer was held);
 * reported usage is held to what the request allows (:meth:`~proxy.credits.pricing.PriceBook.bounded`:
   completion tokens at most ``max_tokens`` times the choices, prompt tokens at most the model's context), recorded with
   ``usage_source="capped"`` when it had to be;
@@ -60,15 +61,12 @@ from multidict import CIMultiDictProxy
 from proxy.core.context import FinishCallback, Reply, RequestContext
 from proxy.core.errors import ProxyError
 from proxy.core.handoffs import Reservation
-from proxy.core.outcome import SEMANTIC_TIER, CacheStatus
 from proxy.core.pipeline import Next
 from proxy.core.usage import Usage, usage_from_body
 from proxy.credits.keys import ApiKey, KeyStore, key_hash
 from proxy.credits.pricing import CHARS_PER_TOKEN, PriceBook, format_credits
 from proxy.credits.store import ChargeDetails, CreditStore, CreditStoreUnavailable, InsufficientCredit, Settlement
 from proxy.credits.streaming import UsageChunkFilter, ask_upstream_for_usage, client_asked_for_usage
-
-_SEMANTIC_HIT = CacheStatus.SEMANTIC_HIT  # read once (a member read through its class costs ~1,000 instructions)
 
 log = logging.getLogger("ragproxy.credits")
 
@@ -172,7 +170,7 @@ class Credits:
     name = "credits"
     needs: frozenset[str] = frozenset()
     gives = frozenset({"reservation", "charged"})
-    reads_if_given = frozenset({"cache_tier"})
+    reads_if_given = frozenset({"outcome"})
     """A hit is charged at its tier's multiplier; without a tier (``None``) the upstream answered."""
     response = False
     """The requests are Responses API requests (their output limit is ``max_output_tokens``)."""
@@ -227,7 +225,7 @@ class Credits:
         came from)."""
         model = ctx.body.get("model") if ctx.body else None
         model = model if isinstance(model, str) else ""
-        tier = SEMANTIC_TIER if ctx.cache_status is _SEMANTIC_HIT else ctx.cache_tier
+        tier = ctx.outcome.priced_as if ctx.outcome is not None else None
         bounded = self.prices.bounded(ctx.body or {}, usage, response=self.response)
         details = ChargeDetails(tenant=ctx.tenant, model=model, tier=tier or "upstream",
                                 usage_source=source if bounded == usage else "capped",
@@ -385,7 +383,7 @@ class SearchCredits(Credits):
         return self.prices.search_cost(self._searches(ctx))
 
     def cost(self, ctx: RequestContext, usage: Usage, source: str = "reported") -> tuple[int, ChargeDetails]:
-        tier = SEMANTIC_TIER if ctx.cache_status is _SEMANTIC_HIT else ctx.cache_tier
+        tier = ctx.outcome.priced_as if ctx.outcome is not None else None
         details = ChargeDetails(
             tenant=ctx.tenant, model="vector-search", tier=tier or "upstream", usage_source="searches"
         )

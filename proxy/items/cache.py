@@ -15,7 +15,7 @@ from normalizer.steps import Steps
 from proxy.answers.cache_policy import Canonicalize
 from proxy.answers.replies import bypass_header
 from proxy.core.context import Reply, RequestContext
-from proxy.core.outcome import CacheStatus
+from proxy.core.outcome import CacheStatus, Outcome
 from proxy.core.pacing import Pacer, finish
 from proxy.core.pipeline import Next
 from tiers.entry import CachedResponse
@@ -47,9 +47,8 @@ class ItemsCache:
     async def bypassed(ctx: RequestContext, reason: str | None, call_next: Next) -> Reply:
         """Forward the request uncached, its answer marked ``X-Cache-Status: BYPASS`` (with the reason when there is
         one)."""
-        ctx.cache_status, ctx.bypass_reason = CacheStatus.BYPASS, reason
+        ctx.outcome, ctx.bypass_reason = Outcome(CacheStatus.BYPASS), reason
         reply = await call_next(ctx)
-        reply.headers["X-Cache-Status"] = str(CacheStatus.BYPASS)
         if reason is not None:
             reply.headers["X-Cache-Bypass-Reason"] = bypass_header(reason)
         return reply

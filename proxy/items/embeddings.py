@@ -30,7 +30,7 @@ from normalizer.canonical import canonical_embedding_items, embedding_inputs
 from normalizer.canonical_json import CanonicalizationError
 from proxy.answers.replies import entry_tags
 from proxy.core.context import Reply, RequestContext
-from proxy.core.outcome import CacheStatus
+from proxy.core.outcome import CacheStatus, Matched, Outcome
 from proxy.core.pipeline import Next
 from proxy.items.cache import ItemsCache
 from tiers.entry import CachedResponse
@@ -68,7 +68,7 @@ class EmbeddingItemsCache(ItemsCache):
     """Serve cached items, forward the missing ones in one upstream call, store them, assemble in order."""
 
     name = "embedding_items"
-    gives = frozenset({"user_scope", "key_scope", "key_variant", "cache_status", "cache_tier"})
+    gives = frozenset({"user_scope", "key_scope", "key_variant", "outcome"})
 
     async def __call__(self, ctx: RequestContext, call_next: Next) -> Reply:
         body = ctx.body or {}
@@ -126,13 +126,9 @@ class EmbeddingItemsCache(ItemsCache):
                   "data": [_item(entry, i, encoding) for i, entry in enumerate(found) if entry is not None],
                   "model": model, "usage": _usage(envelope, upstream_usage + cached_tokens)}
         hits = len(keys) - len(missing)
-        ctx.cache_status = CacheStatus.HIT if not missing else CacheStatus.MISS
-        if hits:
-            ctx.cache_tier = self.tier.name
+        status = CacheStatus.HIT if not missing else CacheStatus.MISS
+        ctx.outcome = Outcome(status, self.tier.name, Matched.EXACT) if hits else Outcome(status)
         headers: CIMultiDict[str] = CIMultiDict({"Content-Type": "application/json",
-                                                 "X-Cache-Status": str(ctx.cache_status),
                                                  "X-Cache-Hits": f"{hits}/{len(keys)}"})
-        if hits:
-            headers["X-Cache-Tier"] = self.tier.name
         answer = Reply(status=200, headers=headers, body=orjson.dumps(result))
         return answer.take_over(upstream_reply) if upstream_reply is not None else answer

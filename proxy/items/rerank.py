@@ -44,7 +44,7 @@ from proxy.answers.replies import entry_tags
 from proxy.core.context import Reply, RequestContext
 from proxy.core.errors import ProxyError
 from proxy.core.handoffs import RerankCount
-from proxy.core.outcome import CacheStatus
+from proxy.core.outcome import CacheStatus, Matched, Outcome
 from proxy.core.pacing import Pacer, finish
 from proxy.core.pipeline import Next
 from proxy.items.cache import ItemsCache
@@ -57,8 +57,7 @@ class RerankItemsCache(ItemsCache):
     """Serve cached pairs, score the missing ones in one upstream call, store them, answer the whole request."""
 
     name = "rerank_items"
-    gives = frozenset({"user_scope", "key_scope", "key_variant", "bypass_reason", "rerank", "cache_status",
-                       "cache_tier"})
+    gives = frozenset({"user_scope", "key_scope", "key_variant", "bypass_reason", "rerank", "outcome"})
 
     async def __call__(self, ctx: RequestContext, call_next: Next) -> Reply:
         body = ctx.body or {}
@@ -102,12 +101,10 @@ class RerankItemsCache(ItemsCache):
                                      cached_tokens=sum(int(e.meta.get("tokens", 0)) for e in cached)), pacer)
         ctx.rerank = RerankCount(scored=len(missing), cached=len(cached),
                                  tokens=reported_tokens(answer) if isinstance(answer, dict) else 0)
-        ctx.cache_status = CacheStatus.MISS if missing else CacheStatus.HIT
+        status = CacheStatus.MISS if missing else CacheStatus.HIT
+        ctx.outcome = Outcome(status, self.tier.name, Matched.EXACT) if cached else Outcome(status)
         headers: CIMultiDict[str] = CIMultiDict({
-            "Content-Type": shaped_by.get("json_type") or JSON,
-            "X-Cache-Status": str(ctx.cache_status), "X-Cache-Hits": f"{len(cached)}/{len(keys)}"})
-        if cached:
-            ctx.cache_tier = headers["X-Cache-Tier"] = self.tier.name
+            "Content-Type": shaped_by.get("json_type") or JSON, "X-Cache-Hits": f"{len(cached)}/{len(keys)}"})
         reply = Reply(status=200, headers=headers, body=orjson.dumps(answer))
         return reply.take_over(upstream) if upstream is not None else reply
 

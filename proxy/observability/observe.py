@@ -38,14 +38,16 @@ def record_metrics(metrics: Metrics) -> Observer:
     undecided = CacheStatus.NONE  # read once: see proxy.core.outcome
 
     def observe(ctx: RequestContext, status: int, seconds: float) -> None:
-        metrics.per_request.answered(ctx.route, status, ctx.cache_status or undecided, seconds)
+        outcome = ctx.outcome
+        metrics.per_request.answered(ctx.route, status, outcome.status if outcome is not None else undecided, seconds)
         label = ctx.replica or ("qdrant" if "qdrant" in ctx.route else "llm")
         if ctx.upstream_seconds is not None:
             metrics.per_request.upstream(label, ctx.upstream_seconds)
         if ctx.reported_cached_tokens:
             metrics.child(metrics.prefix_tokens, label).inc(ctx.reported_cached_tokens)
         if ctx.charged is not None:
-            metrics.child(metrics.credits_charged, "hit" if ctx.cache_tier else "upstream").inc(ctx.charged / MICRO)
+            held = outcome is not None and outcome.tier is not None
+            metrics.child(metrics.credits_charged, "hit" if held else "upstream").inc(ctx.charged / MICRO)
 
     return observe
 
@@ -55,17 +57,19 @@ def record_stats(stats: RequestStats, metrics: Metrics) -> Observer:
 
     def observe(ctx: RequestContext, status: int, seconds: float) -> None:
         asked: dict[str, str] | None = None
-        if ctx.cache_status in HIT_STATUSES:  # the top-entries list says who asked
+        outcome = ctx.outcome
+        cache_status, tier = (outcome.status, outcome.tier) if outcome is not None else (None, None)
+        if cache_status in HIT_STATUSES:  # the top-entries list says who asked
             semantic = ctx.semantic
             asked = {"tenant": ctx.tenant, "namespace": ctx.namespace,
                      **({"question": semantic.question[:200]} if semantic is not None else {})}
         entry = ctx.entry
-        saved = stats.record(route=ctx.route, cache_status=ctx.cache_status, tier=ctx.cache_tier, key=ctx.cache_key,
+        saved = stats.record(route=ctx.route, cache_status=cache_status, tier=tier, key=ctx.cache_key,
                              upstream_seconds=ctx.upstream_seconds, hit_cost=entry.cost if entry else None,
                              label=asked)
         if saved:
-            metrics.child(metrics.cost_saved, ctx.cache_tier or "unknown").inc(saved)
-        if ctx.cache_tier == COALESCED:
+            metrics.child(metrics.cost_saved, tier or "unknown").inc(saved)
+        if tier == COALESCED:
             metrics.child(metrics.events, "coalesce", "coalesced").inc()
 
     return observe
@@ -91,7 +95,8 @@ def end_span(ctx: RequestContext, status: int, seconds: float) -> None:
 def log_access(ctx: RequestContext, status: int, seconds: float) -> None:
     """One structured access-log line."""
     access_log.info("%s %s %d", ctx.method, ctx.route, status, extra={
-        "request_id": ctx.request_id, "tenant": ctx.tenant, "route": ctx.route, "tier": ctx.cache_tier,
+        "request_id": ctx.request_id, "tenant": ctx.tenant, "route": ctx.route,
+        "tier": ctx.outcome.tier if ctx.outcome is not None else None,
         "status": status, "latency_ms": round(seconds * 1000, 3)})
 
 

@@ -4,7 +4,7 @@
 the :class:`~proxy.core.context.RequestContext`) and read by ``GET /admin/stats``. It is pure: no I/O, no awaits, an
 injectable clock, constant memory.
 
-Counting rules (``ctx.cache_status`` → bucket): ``HIT``/``SEMANTIC_HIT`` → ``hits`` (and the serving tier's
+Counting rules (the outcome's status → bucket): ``HIT``/``SEMANTIC_HIT`` → ``hits`` (and the serving tier's
 ``hits``), ``MISS``/``REFRESH`` → ``misses`` (a coalesced follower is a miss with tier ``coalesced``, counted in
 ``coalesced`` too), ``BYPASS`` → ``bypasses``, ``ERROR`` → ``errors``, anything else (pass-through routes) only
 in ``requests``. ``hit_ratio = hits / (hits + misses)`` — bypasses are not lookups.

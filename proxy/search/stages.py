@@ -29,7 +29,7 @@ from multidict import CIMultiDict
 from normalizer.documents import DocumentRegistry, payload_texts
 from normalizer.search_request import parse_search
 from proxy.core.context import Reply, RequestContext
-from proxy.core.outcome import CacheStatus
+from proxy.core.outcome import CacheStatus, Matched, Outcome
 from proxy.core.pipeline import Next
 from tiers.retrieval import RetrievalCache, WriteEffect, WriteScope, write_effect
 
@@ -38,6 +38,9 @@ log = logging.getLogger("ragproxy.retrieval")
 CollectionFetcher = Callable[[str], Awaitable[bytes | None]]
 """``GET /collections/{name}`` of the Qdrant upstream (``None`` when it cannot say)."""
 INVALIDATE = "X-Cache-Invalidate"
+
+RETRIEVAL = "retrieval"
+"""The tier name of answers from the search cache (``X-Cache-Tier``, pricing, statistics)."""
 
 
 def asked_invalidation(ctx: RequestContext) -> WriteEffect | None:
@@ -59,9 +62,9 @@ async def honour_invalidation(cache: RetrievalCache, ctx: RequestContext) -> Non
 class RetrievalLookup:
     """Answer searches from the vector-search cache; forward only the missing items."""
 
-    name = "retrieval"
+    name = RETRIEVAL
     needs: frozenset[str] = frozenset()
-    gives = frozenset({"cache_status", "cache_tier"})
+    gives = frozenset({"outcome"})
 
     def __init__(self, cache: RetrievalCache, fetch_collection: CollectionFetcher) -> None:
         self.cache = cache
@@ -74,7 +77,7 @@ class RetrievalLookup:
         except Exception:  # the parser never guesses; anything odd is simply not cached
             request = None
         if request is None:
-            ctx.cache_status = CacheStatus.BYPASS
+            ctx.outcome = Outcome(CacheStatus.BYPASS)
             return await call_next(ctx)
         if not self.cache.knows(request.collection):
             info = await self.fetch_collection(request.collection)
@@ -84,9 +87,10 @@ class RetrievalLookup:
         hits = len(plan.hits)
         approximate = any(not match.exact for match in plan.hits.values())
         status = CacheStatus.SEMANTIC_HIT if approximate else CacheStatus.HIT
+        found = Outcome(status, RETRIEVAL, Matched.NEARBY if approximate else Matched.EXACT)
         if plan.complete:
-            ctx.cache_status, ctx.cache_tier = status, "retrieval"
-            return self._reply(plan.response(), status, hits, len(request.items))
+            ctx.outcome = found
+            return self._reply(plan.response(), hits, len(request.items))
         if hits:
             ctx.patch("retrieval.missing", plan.upstream_body)
         reply = await call_next(ctx)
@@ -95,17 +99,12 @@ class RetrievalLookup:
         merged = await self.cache.store(plan, reply.body, cost=ctx.upstream_seconds or 1.0)
         if merged is None:
             return reply
-        ctx.cache_status = status = status if hits else CacheStatus.MISS
-        if hits:
-            ctx.cache_tier = "retrieval"
-        return self._reply(merged, status, hits, len(request.items)).take_over(reply)
+        ctx.outcome = found if hits else Outcome(CacheStatus.MISS)
+        return self._reply(merged, hits, len(request.items)).take_over(reply)
 
     @staticmethod
-    def _reply(body: bytes, status: CacheStatus, hits: int, items: int) -> Reply:
-        headers: CIMultiDict[str] = CIMultiDict({"Content-Type": "application/json", "X-Cache-Status": str(status),
-                                                 "X-Cache-Hits": f"{hits}/{items}"})
-        if hits:
-            headers["X-Cache-Tier"] = "retrieval"
+    def _reply(body: bytes, hits: int, items: int) -> Reply:
+        headers: CIMultiDict[str] = CIMultiDict({"Content-Type": "application/json", "X-Cache-Hits": f"{hits}/{items}"})
         return Reply(status=200, headers=headers, body=body)
 
 

@@ -19,7 +19,7 @@ from proxy.answers.replies import StoreResponse
 from proxy.answers.stale import StaleIfError, StaleStore
 from proxy.core.context import Reply, RequestContext
 from proxy.core.endpoints import CHAT
-from proxy.core.outcome import CacheStatus
+from proxy.core.outcome import CacheStatus, Matched, Outcome
 from proxy.core.pipeline import Next, Pipeline
 from proxy.core.sse import replay
 from proxy.observability.metrics import Metrics
@@ -83,7 +83,7 @@ async def test_a_streamed_miss_is_assembled_once_for_every_stage_that_reads_it(
     await reply.finish(True, body)
 
     assert assembled == [body], "the store, stale-if-error and coalescing share one assembly"
-    assert ctx.cache_status is CacheStatus.MISS and reply.headers["X-Cache-Status"] == "MISS"
+    assert ctx.outcome == Outcome(CacheStatus.MISS)
     stored, kept = await l1.get("k"), stale.get("k")
     assert stored is not None and kept is not None
     assert stored.body == kept.body
@@ -97,7 +97,7 @@ def test_the_charge_reaches_the_metrics_as_a_number_not_through_the_header() -> 
     ctx.charged = 1_234_567
     observe(ctx, 200, 0.01)
     ctx = _ctx()
-    ctx.cache_status, ctx.cache_tier, ctx.charged = CacheStatus.HIT, "l1", 0
+    ctx.outcome, ctx.charged = Outcome(CacheStatus.HIT, "l1", Matched.EXACT), 0
     observe(ctx, 200, 0.01)
     assert metrics.registry.get_sample_value("ragproxy_credits_charged_total", {"kind": "upstream"}) == 1.234567
     assert metrics.registry.get_sample_value("ragproxy_credits_charged_total", {"kind": "hit"}) == 0.0

@@ -57,9 +57,9 @@ def _stale() -> StaleIfError:
 def test_a_stage_reading_an_outcome_no_later_stage_gives_is_refused() -> None:
     """stale_if_error keeps answers the store marked MISS/REFRESH on the way back: without the store, or with the
     store outside it (it marks the status after stale_if_error has read it), it could never keep one."""
-    with pytest.raises(ValueError, match=r"'stale_if_error' reads \['cache_status'\] on the way back"):
+    with pytest.raises(ValueError, match=r"'stale_if_error' reads \['outcome'\] on the way back"):
         Pipeline([_Keyed(), _stale()], _terminal)
-    with pytest.raises(ValueError, match=r"'stale_if_error' reads \['cache_status'\] on the way back"):
+    with pytest.raises(ValueError, match=r"'stale_if_error' reads \['outcome'\] on the way back"):
         Pipeline([_Keyed(), StoreResponse(None, endpoint=CHAT), _stale()], _terminal)
 
 
@@ -70,7 +70,7 @@ def test_a_stage_reading_an_outcome_a_later_stage_gives_is_assembled() -> None:
 
 def test_an_outcome_read_only_if_given_needs_no_writer() -> None:
     """The store reads the status only to leave a hit alone: with no lookup behind it, every answer is a miss."""
-    assert StoreResponse(None, endpoint=CHAT).reads_if_given == {"cache_status"}
+    assert StoreResponse(None, endpoint=CHAT).reads_if_given == {"outcome"}
     Pipeline([_Keyed(), StoreResponse(None, endpoint=CHAT)], _terminal)
 
 

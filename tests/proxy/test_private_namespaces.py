@@ -245,7 +245,7 @@ def test_user_scope_is_recorded_even_when_the_request_bypasses_the_cache() -> No
                              namespace=namespace)
         ctx.cache_policy = cache_policy({}, None, CacheDefaults())
         asyncio.run(stage(ctx, answer))
-        assert ctx.cache_status == "BYPASS"
+        assert ctx.outcome is not None and ctx.outcome.status == "BYPASS"
         seen[(user, namespace)] = ctx.user_scope
     assert seen[("alice", "mine")] == user_digest("acme", "alice") != seen[("bob", "mine")]
     assert seen[("alice", "team")] is None

@@ -13,7 +13,7 @@ from proxy.assembly.routes.respond import respond
 from proxy.core.context import RequestContext
 from proxy.core.errors import Dialect, ProxyError
 from proxy.core.headers import request_id
-from proxy.core.outcome import CacheStatus
+from proxy.core.outcome import CacheStatus, Outcome
 from proxy.core.pipeline import Pipeline
 from proxy.server.request import Request
 from proxy.server.responder import Responder
@@ -85,7 +85,7 @@ def make_handler(
         except ProxyError as exc:
             if observe is not None:
                 failed = ctx or RequestContext(request=request, route=route, request_id=rid)
-                failed.cache_status = failed.cache_status or CacheStatus.ERROR
+                failed.outcome = failed.outcome or Outcome(CacheStatus.ERROR)
                 observe(failed, exc.status, time.perf_counter() - started)
             exc.send(out, dialect, rid)
             return

@@ -16,6 +16,7 @@ import orjson
 
 from proxy.core.context import Reply, RequestContext
 from proxy.core.errors import Dialect
+from proxy.core.outcome import add_headers
 from proxy.core.reply import finish
 from proxy.core.sse import DONE
 from proxy.server.responder import Responder
@@ -33,6 +34,7 @@ def _error_event(message: str) -> bytes:
 async def respond(out: Responder, ctx: RequestContext, reply: Reply, dialect: Dialect) -> None:
     """Send ``reply`` with the context's extra headers."""
     headers = reply.headers
+    add_headers(headers, ctx.outcome)
     headers.update(ctx.response_headers)
     headers["X-Request-ID"] = ctx.request_id
     if reply.chunks is None:

@@ -13,6 +13,7 @@ import pytest
 from multidict import CIMultiDict
 
 from proxy.core.context import Reply, RequestContext
+from proxy.core.outcome import CacheStatus, Matched, Outcome
 from proxy.core.pipeline import Pipeline
 from proxy.core.usage import Usage
 from proxy.credits.pricing import ModelPrice, PriceBook
@@ -53,7 +54,8 @@ def context(body: dict[str, Any], request_id: str = "req-1") -> RequestContext:
 
 def answering(body: dict[str, Any], tier: str | None = None):  # type: ignore[no-untyped-def]
     async def terminal(ctx: RequestContext) -> Reply:
-        ctx.cache_tier = tier
+        if tier is not None:
+            ctx.outcome = Outcome(CacheStatus.HIT, tier, Matched.EXACT)
         return Reply(200, CIMultiDict({"Content-Type": "application/json"}), body=orjson.dumps(body))
 
     return terminal
@@ -71,6 +73,20 @@ async def test_vector_searches_cost_per_search_and_less_on_a_retrieval_hit(store
     assert ctx.response_headers["X-Credits-Charged"] == "0.03"
     await Pipeline([stage], answering({"result": []}, tier="retrieval"))(context({"vector": [0.1]}, "s2"))
     assert await costs(store) == [30_000, 1_000]
+
+
+async def test_a_search_answered_from_a_nearby_vector_costs_the_search_cache_s_share(store: CreditStore) -> None:
+    """Pricing reads how a hit matched, not its status alone: a search answered from a nearby query vector (a
+    ``SEMANTIC_HIT``) is the search cache's hit, priced at ``retrieval``'s share, not at the semantic tier's."""
+    prices = PriceBook(search_price=Decimal("0.01"),
+                       hit_multipliers={"retrieval": Decimal("0.1"), "l2": Decimal("0.5")})
+
+    async def nearby(ctx: RequestContext) -> Reply:
+        ctx.outcome = Outcome(CacheStatus.SEMANTIC_HIT, "retrieval", Matched.NEARBY)
+        return Reply(200, CIMultiDict({"Content-Type": "application/json"}), body=b'{"result": []}')
+
+    await Pipeline([SearchCredits(store, prices)], nearby)(context({"vector": [0.1]}, "near"))
+    assert await costs(store) == [1_000]
 
 
 async def test_an_estimate_counts_the_prompt_sent_upstream_not_the_clients(store: CreditStore) -> None:

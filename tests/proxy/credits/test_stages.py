@@ -21,6 +21,7 @@ from multidict import CIMultiDict
 from proxy.assembly.routes.handler import make_handler
 from proxy.core.context import Reply, RequestContext
 from proxy.core.errors import Dialect, ProxyError
+from proxy.core.outcome import CacheStatus, Matched, Outcome
 from proxy.core.pipeline import Pipeline, Stage
 from proxy.core.usage import Usage
 from proxy.credits.keys import KeyStore
@@ -31,7 +32,6 @@ from proxy.credits.sqlite_keys import SqliteKeyStore
 from proxy.credits.sqlite_store import SqliteCreditStore
 from proxy.credits.stages import Credits, Identify
 from proxy.credits.store import CreditStore, LedgerFilter, ledger_entries
-from proxy.credits.streaming import ask_upstream_for_usage
 from proxy.server.connection import HttpServer
 from proxy.server.request import Request
 from proxy.server.responder import Responder
@@ -56,10 +56,10 @@ class UpstreamDouble:
     sent: list[dict[str, Any]] = field(default_factory=list)
 
     async def __call__(self, ctx: RequestContext) -> Reply:
-        ask_upstream_for_usage(ctx)  # what the forward stage does before sending
         body = orjson.loads(ctx.outgoing_body())
         self.sent.append(body)
-        ctx.cache_tier = self.cache_tier
+        if self.cache_tier is not None:
+            ctx.outcome = Outcome(CacheStatus.HIT, self.cache_tier, Matched.EXACT)
         if self.mode == "error":
             error = {"error": {"message": "backend exploded", "type": "server_error"}}
             return Reply(500, CIMultiDict({"Content-Type": "application/json"}), body=orjson.dumps(error))
@@ -137,7 +137,7 @@ async def make_proxy(tmp_path: Path) -> AsyncIterator[Callable[..., Awaitable[Pr
         store = store or SqliteCreditStore(tmp_path / "credits.sqlite3")
         keys = keys or SqliteKeyStore(tmp_path / "credits.sqlite3")
         upstream = UpstreamDouble()
-        credits = Credits(store, PRICES, fail_open=fail_open)
+        credits = Credits(store, PRICES, fail_open=fail_open, asks_for_usage=True)
         server = server_for([Identify(keys, open_mode=open_mode), credits], upstream)
         port = free_port()
         await server.start("127.0.0.1", port)
