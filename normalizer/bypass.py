@@ -4,7 +4,7 @@
 logs and reports with ``X-Cache-Status: BYPASS``. Rules, in the order they are checked:
 
 1. the body is not a JSON object — the upstream gives its own error;
-1a. Responses API (``kind="response"``): the answer depends on state kept upstream that the key cannot see
+1a. Responses API (:data:`RESPONSE_RULES`): the answer depends on state kept upstream that the key cannot see
     (:func:`normalizer.responses.state_reason`), or the response is stored upstream and ``cache_stored_responses``
     is off (it is on by default: an exact repeat is answered with the stored original, see
     :mod:`normalizer.responses`);
@@ -18,7 +18,7 @@ logs and reports with ``X-Cache-Status: BYPASS``. Rules, in the order they are c
    does not judge it either but caches anyway; the field still goes into the key verbatim (canonical
    ``extra``), so "ignore" never merges requests that differ in it — it costs hit rate, never correctness.
    Backend extensions such as vLLM's ``top_k``/``min_p`` are best declared in ``extra_known_fields``;
-4a. a reranker request (``kind="rerank"``) of more than ``rerank_max_documents`` documents (1,000): it goes
+4a. a reranker request (:data:`RERANK_RULES`) of more than ``rerank_max_documents`` documents (1,000): it goes
     upstream and its answer back as they are, not cached document by document. Caching a document means parsing
     the reranker's answer, encoding the reply and storing an entry per document, and the parsing and encoding are
     single calls that hold the event loop for the whole answer, which every other tenant's requests wait for:
@@ -53,17 +53,14 @@ cannot become a cached one.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
 from typing import Any, Literal
 
-from normalizer.canonical import EXCLUDED_FIELDS, KNOWN_FIELDS, RequestKind
+from normalizer.canonical import EXCLUDED_FIELDS, KNOWN_FIELDS
 from normalizer.rerank import RERANK_KNOWN_FIELDS, document_count
 from normalizer.responses import RESPONSE_KNOWN_FIELDS, state_reason, stores
-
-_KNOWN: Mapping[RequestKind, frozenset[str]] = {
-    **KNOWN_FIELDS, "response": RESPONSE_KNOWN_FIELDS, "rerank": RERANK_KNOWN_FIELDS | EXCLUDED_FIELDS.keys()}
 
 UnknownFieldPolicy = Literal["bypass", "ignore"]
 
@@ -114,51 +111,85 @@ def _temperature(body: Mapping[str, Any]) -> float:
     return float(value)
 
 
-def _asks_for_logprobs(body: Mapping[str, Any], kind: RequestKind) -> str | None:
-    if kind == "completion":
-        return "logprobs requested" if body.get("logprobs") is not None else None
+def chat_logprobs(body: Mapping[str, Any]) -> str | None:
+    """``logprobs`` / ``top_logprobs`` asked for (Chat Completions, and the default)."""
     if body.get("logprobs"):
-        return "logprobs requested"
-    include = body.get("include") if kind == "response" else None
-    if isinstance(include, list) and "message.output_text.logprobs" in include:
         return "logprobs requested"
     if body.get("top_logprobs") is not None:
         return "top_logprobs requested"
     return None
 
 
-def _response_state(body: Mapping[str, Any], settings: BypassSettings) -> str | None:
+def completion_logprobs(body: Mapping[str, Any]) -> str | None:
+    """Legacy Completions: ``logprobs`` is a number of alternatives, any of them asked for."""
+    return "logprobs requested" if body.get("logprobs") is not None else None
+
+
+def response_logprobs(body: Mapping[str, Any]) -> str | None:
+    """The Responses API: chat's rules, and the log probabilities named in ``include``."""
+    include = body.get("include")
+    if body.get("logprobs") or (isinstance(include, list) and "message.output_text.logprobs" in include):
+        return "logprobs requested"
+    return chat_logprobs(body)
+
+
+def response_state(body: Mapping[str, Any], settings: BypassSettings) -> str | None:
+    """Rule 1a: state kept upstream that the key cannot see, or a stored response not to be cached."""
     if not settings.cache_stored_responses and stores(body):
         return "store: the response is stored upstream (store defaults to true) and cache.cache_stored_responses is off"
     return state_reason(body)
+
+
+@dataclass(frozen=True, slots=True)
+class BypassRules:
+    """What an endpoint's bodies are judged by (the rules of the module docstring), named by its endpoint row."""
+
+    known: frozenset[str]
+    """The top-level fields the proxy understands (rule 4)."""
+    logprobs: Callable[[Mapping[str, Any]], str | None] = chat_logprobs
+    """Rule 3: the sampling inspected."""
+    state: Callable[[Mapping[str, Any], BypassSettings], str | None] | None = None
+    """Rule 1a: state kept upstream (the Responses API)."""
+    documents: Callable[[Mapping[str, Any]], int] | None = None
+    """Rule 4a: the documents counted against ``rerank_max_documents`` (rerankers)."""
+    sampled: bool = True
+    """Rules 5-7 apply: the answer is sampled from a model (not embeddings, nor a reranker's scores)."""
+
+
+CHAT_RULES = BypassRules(KNOWN_FIELDS["chat"])
+COMPLETION_RULES = BypassRules(KNOWN_FIELDS["completion"], logprobs=completion_logprobs)
+RESPONSE_RULES = BypassRules(RESPONSE_KNOWN_FIELDS, logprobs=response_logprobs, state=response_state)
+EMBEDDING_RULES = BypassRules(KNOWN_FIELDS["embedding"], sampled=False)
+RERANK_RULES = BypassRules(RERANK_KNOWN_FIELDS | EXCLUDED_FIELDS.keys(), documents=document_count, sampled=False)
 
 
 def bypass_reason(
     body: Any,
     settings: BypassSettings | None = None,
     *,
-    kind: RequestKind = "chat",
+    rules: BypassRules = CHAT_RULES,
     namespace: str | None = None,
 ) -> str | None:
-    """Why this request must not be served from or stored in the cache, or ``None`` when it may be."""
+    """Why this request (judged by its endpoint's ``rules``) must not be served from or stored in the cache, or
+    ``None`` when it may be."""
     settings = settings or BypassSettings()
     if not isinstance(body, dict):
         return "body is not a JSON object"
-    if kind == "response" and (state := _response_state(body, settings)):
+    if rules.state is not None and (state := rules.state(body, settings)):
         return state
     n = body.get("n")
     if isinstance(n, int | float) and not isinstance(n, bool) and n > 1:
         return f"n={n}: several sampled choices requested"
-    logprobs = _asks_for_logprobs(body, kind)
+    logprobs = rules.logprobs(body)
     if logprobs:
         return logprobs
-    known = _KNOWN[kind] | settings.extra_known_fields
+    known = rules.known | settings.extra_known_fields
     unknown = sorted(key for key in body if key not in known)
     if unknown and settings.unknown_fields == "bypass":
         return "unknown field(s): " + ", ".join(unknown)
-    if kind == "rerank" and (documents := document_count(body)) > settings.rerank_max_documents:
+    if rules.documents is not None and (documents := rules.documents(body)) > settings.rerank_max_documents:
         return f"{documents} documents: more than {settings.rerank_max_documents} are not cached one by one"
-    if kind in ("embedding", "rerank"):
+    if not rules.sampled:
         return None
     temperature = _temperature(body)
     model = body.get("model") if isinstance(body.get("model"), str) else None

@@ -79,7 +79,7 @@ import hashlib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any, Literal
+from typing import Any
 from urllib.parse import quote
 
 from normalizer.canonical_json import (
@@ -93,9 +93,9 @@ from normalizer.canonical_json import (
 )
 from normalizer.text import fold_question
 
-RequestKind = Literal["chat", "completion", "embedding", "response", "rerank"]
-"""The endpoint a body was sent to: ``/v1/chat/completions``, ``/v1/completions``, ``/v1/embeddings``,
-``/v1/responses`` (:mod:`normalizer.responses`) or a reranker (:mod:`normalizer.rerank`)."""
+RequestKind = str
+"""The cache layer's name of the endpoint a body was sent to, hashed into its keys (``chat``, ``completion``,
+``embedding``, ``response``, ``rerank``...: :attr:`proxy.core.endpoints.Endpoint.kind`)."""
 
 KEY_FORMAT_VERSION = "rp4"
 SHARED_TENANT = "*"

@@ -31,7 +31,7 @@ walked at all.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -134,42 +134,69 @@ def _response_field(body: Mapping[str, Any]) -> str | None:
     return None
 
 
-def _shape(route: str, body: Mapping[str, Any], limits: RequestLimits) -> Exceeded | None:
-    """What no upstream of ``route`` accepts (see the module docstring), and the reranker document limit."""
-    if route in ("rerank", "score"):
-        wrong = malformed(body, route)
-        if wrong is None and document_count(body) > limits.rerank_documents:
-            return Exceeded(413, f"the request holds {document_count(body)} documents; at most "
-                            f"{limits.rerank_documents} are accepted in one request", "too_many_documents")
-    elif body.get("tools") is not None and not _list_of_objects(body["tools"]):
-        wrong = "`tools` must be a list of tool objects"
-    elif route == "responses" and "input" in body and not (isinstance(body["input"], str)
-                                                           or _list_of_objects(body["input"])):
-        wrong = "`input` must be a string or a list of input items (objects)"
-    elif route == "responses":
-        wrong = _response_field(body) or (malformed_input(body["input"]) if isinstance(body.get("input"), list)
-                                          else None)
-    else:
-        wrong = None
+Shape = Callable[[Mapping[str, Any], RequestLimits], "Exceeded | None"]
+"""What an endpoint's bodies must be besides not too deep: a check an endpoint row names (``None``: none)."""
+
+
+def _invalid(wrong: str | None) -> Exceeded | None:
     return None if wrong is None else Exceeded(400, wrong, "invalid_type")
 
 
-_SHAPED = frozenset({"rerank", "score", "responses"})
-"""Routes whose bodies :func:`_shape` checks (and chat, when it has ``tools``)."""
+def _tools(body: Mapping[str, Any]) -> str | None:
+    tools = body.get("tools")
+    return None if tools is None or _list_of_objects(tools) else "`tools` must be a list of tool objects"
 
 
-def check_llm(route: str, body: Mapping[str, Any], raw: bytes, limits: RequestLimits) -> Exceeded | None:
-    """The limits of an OpenAI-style request (``route``: ``chat``, ``completions``, ``responses``,
-    ``embeddings``, ``rerank``, ``score``...)."""
+def chat_shape(body: Mapping[str, Any], limits: RequestLimits) -> Exceeded | None:
+    """Chat Completions: ``tools``, when present, is a list of objects."""
+    return _invalid(_tools(body)) if "tools" in body else None
+
+
+def response_shape(body: Mapping[str, Any], limits: RequestLimits) -> Exceeded | None:
+    """The Responses API: ``tools`` as chat's, ``input`` a string or a list of readable items, the fields the
+    proxy reads of the API's types."""
+    value = body.get("input")
+    if (wrong := _tools(body)) is None:
+        if "input" in body and not (isinstance(value, str) or _list_of_objects(value)):
+            wrong = "`input` must be a string or a list of input items (objects)"
+        else:
+            wrong = _response_field(body) or (malformed_input(value) if isinstance(value, list) else None)
+    return _invalid(wrong)
+
+
+def embedding_shape(body: Mapping[str, Any], limits: RequestLimits) -> Exceeded | None:
+    """Embeddings: at most ``embedding_inputs`` items in ``input``."""
+    if _embedding_items(body) > limits.embedding_inputs:
+        return Exceeded(413, f"'input' holds {_embedding_items(body)} items; at most {limits.embedding_inputs} are "
+                        "accepted in one request", "too_many_inputs")
+    return None
+
+
+def _reranker(body: Mapping[str, Any], limits: RequestLimits, score: bool) -> Exceeded | None:
+    wrong = malformed(body, score)
+    if wrong is None and document_count(body) > limits.rerank_documents:
+        return Exceeded(413, f"the request holds {document_count(body)} documents; at most "
+                        f"{limits.rerank_documents} are accepted in one request", "too_many_documents")
+    return _invalid(wrong)
+
+
+def rerank_shape(body: Mapping[str, Any], limits: RequestLimits) -> Exceeded | None:
+    """Rerankers (Cohere, Jina, vLLM, TEI): the types :func:`normalizer.rerank.malformed` reads, and at most
+    ``rerank_documents`` documents."""
+    return _reranker(body, limits, score=False)
+
+
+def score_shape(body: Mapping[str, Any], limits: RequestLimits) -> Exceeded | None:
+    """vLLM's score API (``text_1``/``text_2``): as :func:`rerank_shape`."""
+    return _reranker(body, limits, score=True)
+
+
+def check_llm(body: Mapping[str, Any], raw: bytes, limits: RequestLimits, shape: Shape | None) -> Exceeded | None:
+    """The limits of an OpenAI-style request: its depth, then its endpoint's ``shape``."""
     too_deep = _too_deep(raw, body, limits.json_depth)
     if too_deep is not None:
         return too_deep
-    if route == "chat":  # the common request: one look for tools
-        return _shape(route, body, limits) if "tools" in body else None
-    if route == "embeddings" and _embedding_items(body) > limits.embedding_inputs:
-        return Exceeded(413, f"'input' holds {_embedding_items(body)} items; at most {limits.embedding_inputs} are "
-                        "accepted in one request", "too_many_inputs")
-    return _shape(route, body, limits) if route in _SHAPED else None
+    return None if shape is None else shape(body, limits)
 
 
 def check_search(batch: bool, body: Mapping[str, Any], raw: bytes, limits: RequestLimits) -> Exceeded | None:

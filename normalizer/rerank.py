@@ -97,10 +97,10 @@ def _list(value: Any, field: str) -> list[Any]:
     return value
 
 
-def read_rerank(body: Mapping[str, Any], route: str) -> RerankRequest:
-    """The pairs of a reranker body sent to ``route`` (``"rerank"`` or ``"score"``); :class:`CanonicalizationError`
-    when it is in none of the shapes."""
-    form: RerankForm = "score" if route == "score" else "tei" if "texts" in body else "rerank"
+def read_rerank(body: Mapping[str, Any], score: bool) -> RerankRequest:
+    """The pairs of a reranker body (``score``: sent to a score route, ``text_1``/``text_2``);
+    :class:`CanonicalizationError` when it is in none of the shapes."""
+    form: RerankForm = "score" if score else "tei" if "texts" in body else "rerank"
     if form == "score":
         first, second = body.get("text_1"), body.get("text_2")
         documents = _list(second, "text_2") if isinstance(second, list) else [second]
@@ -259,11 +259,12 @@ def _texts(value: Any, *, single: bool, ranked: bool = False) -> bool:
     return _object(value, ranked=ranked) if isinstance(value, dict) else single and isinstance(value, str)
 
 
-def malformed(body: Mapping[str, Any], route: str) -> str | None:
-    """What makes a reranker body one that no reranker server accepts (``None``: nothing), for a 400 before
+def malformed(body: Mapping[str, Any], score: bool) -> str | None:
+    """What makes a reranker body (``score``: of a score route) one that no reranker server accepts (``None``:
+    nothing), for a 400 before
     anything reads it. Only the wrong types are refused, an object among them when it is no document (see
     :data:`_OBJECT_FIELDS`): absent or empty fields and unknown fields are the upstream's to judge."""
-    if route == "score":
+    if score:
         for field in ("text_1", "text_2"):
             if field in body and not _texts(body[field], single=True):
                 return f"`{field}` must be a string, a document object, or a list of them"

@@ -27,16 +27,15 @@ from normalizer.canonical import (
     DEFAULT_KEY_HEADERS,
     SHARED_TENANT,
     KeyScope,
-    RequestKind,
     cache_key,
     keyed_request,
     request_variant,
     user_digest,
 )
 from normalizer.canonical_json import CanonicalizationError
-from normalizer.canonical_request import canonical_request
 from normalizer.documents import PromptDocuments
 from proxy.core.context import Reply, RequestContext
+from proxy.core.endpoints import Endpoint
 from proxy.core.errors import ProxyError
 from proxy.core.outcome import CacheStatus, Outcome
 from proxy.core.pipeline import Next
@@ -107,15 +106,15 @@ class Canonicalize:
     gives = frozenset({"user_scope", "key_scope", "key_variant", "cache_key", "bypass_reason", "outcome"})
     live_keys = frozenset({"cache.unknown_fields", "cache.cache_sampled", "cache.shared_namespaces"})
 
-    def __init__(self, kind: RequestKind, bypass: BypassSettings, versions: VersionSource,
+    def __init__(self, endpoint: Endpoint, bypass: BypassSettings, versions: VersionSource,
                  shared_namespaces: frozenset[str], private_namespaces: frozenset[str] = frozenset(),
-                 key_headers: tuple[str, ...] = DEFAULT_KEY_HEADERS,
-                 owned: Callable[[Mapping[str, Any]], bool] | None = None, reads_prompt: bool = False) -> None:
-        """``reads_prompt``: the request's prompt documents (``ctx.prompt``) are part of its key."""
-        self.kind = kind
-        self.owned = owned
+                 key_headers: tuple[str, ...] = DEFAULT_KEY_HEADERS) -> None:
+        """``endpoint``: its bypass rules, its canonicaliser, its kind, whether its answers are owned upstream, and
+        whether its prompt documents (``ctx.prompt``) are part of its key."""
+        self.endpoint = endpoint
+        self.owned = endpoint.owned
         self.key_headers = key_headers
-        self.needs = frozenset({"cache_policy", "prompt"} if reads_prompt else {"cache_policy"})
+        self.needs = frozenset({"cache_policy", "prompt"} if endpoint.read_prompt else {"cache_policy"})
         self.bypass = bypass
         self.versions = versions
         self.shared = shared_namespaces
@@ -151,12 +150,13 @@ class Canonicalize:
         if policy is None or not (policy.may_read or policy.may_store):
             ctx.outcome = Outcome(CacheStatus.BYPASS)
             return await call_next(ctx)
-        reason = bypass_reason(ctx.body, self.bypass, kind=self.kind, namespace=ctx.namespace)
-        if reason is None:
+        endpoint = self.endpoint
+        reason = bypass_reason(ctx.body, self.bypass, rules=endpoint.rules, namespace=ctx.namespace)
+        if reason is None and endpoint.canonical is not None:
             try:
-                canonical = canonical_request(self.kind, ctx.body or {})[0]
+                canonical = endpoint.canonical(ctx.body or {})
                 keyed = keyed_request(canonical, documents=_documents(ctx.prompt), variant=self.variant(ctx))
-                ctx.cache_key = cache_key(self.kind, keyed, self.scope(ctx))
+                ctx.cache_key = cache_key(endpoint.kind, keyed, self.scope(ctx))
             except CanonicalizationError as exc:
                 reason = f"not canonicalizable: {exc}"
         if reason is not None:

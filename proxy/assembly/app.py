@@ -23,6 +23,7 @@ encoded dots and slashes) is refused (:func:`normalizer.paths.path_problem`).
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 
 from normalizer.paths import PathAllowList, path_problem
 from proxy.assembly.config import Settings
@@ -31,7 +32,7 @@ from proxy.assembly.routes.about import about_handler
 from proxy.assembly.routes.handler import Handler, make_handler
 from proxy.assembly.routes.health import health_handlers
 from proxy.assembly.runtime import Runtime
-from proxy.core.endpoints import ENDPOINTS
+from proxy.core.endpoints import ENDPOINTS, Endpoint
 from proxy.core.errors import Dialect, ProxyError
 from proxy.core.pipeline import Pipeline
 from proxy.server.connection import HttpServer
@@ -45,9 +46,8 @@ _QDRANT_SEARCH = re.compile(r"^/collections/[^/]+/points/(search|query|recommend
 _QDRANT_WRITE_METHODS = frozenset({"PUT", "POST", "PATCH", "DELETE"})
 
 
-_RERANK_PATHS = ("/v1/rerank", "/v2/rerank", "/rerank")
-_SCORE_PATHS = ("/v1/score", "/score")
-_OPENAI_FIRST_SEGMENTS = frozenset({"v1", "v2", "rerank", "score"})  # the Qdrant API has none of these
+_OPENAI_FIRST_SEGMENTS = frozenset({"v1"} | {path.split("/")[1] for endpoint in ENDPOINTS for path in endpoint.paths
+                                             if endpoint.dialect is Dialect.OPENAI})  # none is the Qdrant API's
 
 
 def _dialect_for(path: str) -> Dialect:
@@ -70,38 +70,35 @@ class DataPlane:
     """The data-plane handler (served by :func:`create_server`); :attr:`runtime` is started and stopped by
     whoever serves it (:func:`proxy.commands.serve.serve`)."""
 
-    def __init__(self, settings: Settings, runtime: Runtime | None = None) -> None:
+    def __init__(self, settings: Settings, runtime: Runtime | None = None,
+                 endpoints: Iterable[Endpoint] = ENDPOINTS) -> None:
+        """``endpoints``: the rows served (all of :data:`~proxy.core.endpoints.ENDPOINTS` but in tests)."""
         rt = runtime or Runtime(settings)
         self.runtime = rt
-        self.pipelines = pipelines = build_pipelines(rt)  # once: a config patch changes them in place
+        self.pipelines = pipelines = build_pipelines(rt, endpoints)  # once: a config patch changes them in place
         limit = self.max_body = settings.server.max_body_bytes
 
-        def handler(name: str, route: str, dialect: Dialect, json_body: bool) -> Handler:
-            pipeline: Pipeline = getattr(pipelines, name)
+        def handler(pipeline: Pipeline, route: str, dialect: Dialect, json_body: bool) -> Handler:
             return make_handler(pipeline, route, dialect, max_body=limit, json_body=json_body,
                                 lift_proxy_fields=json_body and dialect is Dialect.OPENAI, observe=rt.observe)
 
         healthz, readyz = health_handlers(rt)
-        self._exact: dict[tuple[str, str], Handler] = {  # an LLM API's pipeline is named by its endpoint's route
-            **{("POST", e.path): handler(e.route, e.route, Dialect.OPENAI, True) for e in ENDPOINTS},
-            ("POST", "/v1/embeddings"): handler("embeddings", "embeddings", Dialect.OPENAI, True),
-        }
-        rerank = handler("rerank", "rerank", Dialect.OPENAI, True)
-        score = handler("rerank", "score", Dialect.OPENAI, True)
-        self._exact.update({("POST", path): rerank for path in _RERANK_PATHS})
-        self._exact.update({("POST", path): score for path in _SCORE_PATHS})
+        self._exact: dict[tuple[str, str], Handler] = {}  # each endpoint row at each of its paths
+        for endpoint, pipeline in pipelines.served.items():
+            served = handler(pipeline, endpoint.route, endpoint.dialect, True)
+            self._exact.update({("POST", path): served for path in endpoint.paths})
         root = self._qdrant if settings.upstreams.qdrant.url else about_handler(settings)
         for method in ("GET", "HEAD"):
             self._exact[(method, "/healthz")] = healthz
             self._exact[(method, "/readyz")] = readyz
             self._exact[(method, "/")] = root
         self._get_only = frozenset({"/healthz", "/readyz", "/"})
-        self._llm_passthrough = handler("llm_passthrough", "llm_passthrough", Dialect.OPENAI, False)
+        self._llm_passthrough = handler(pipelines.llm_passthrough, "llm_passthrough", Dialect.OPENAI, False)
         self._passthrough_allowed = PathAllowList(settings.upstreams.llm_passthrough)
-        self._stored_responses = handler("stored_responses", "stored_responses", Dialect.OPENAI, False)
-        self._qdrant_search = handler("qdrant_search", "qdrant_search", Dialect.QDRANT, True)
-        self._qdrant_write = handler("qdrant_write", "qdrant_write", Dialect.QDRANT, False)
-        self._qdrant_other = handler("qdrant_passthrough", "qdrant", Dialect.QDRANT, False)
+        self._stored_responses = handler(pipelines.stored_responses, "stored_responses", Dialect.OPENAI, False)
+        self._qdrant_search = handler(pipelines.qdrant_search, "qdrant_search", Dialect.QDRANT, True)
+        self._qdrant_write = handler(pipelines.qdrant_write, "qdrant_write", Dialect.QDRANT, False)
+        self._qdrant_other = handler(pipelines.qdrant_passthrough, "qdrant", Dialect.QDRANT, False)
 
     def example_paths(self) -> list[tuple[str, str]]:
         """One request target of every route this plane serves, as ``(method, path)``: the fixed routes, a stored

@@ -17,14 +17,15 @@ the body goes out as the client wrote it, plus hints); a stored answer's cache l
 upstream's retention. Requests about a stored response (``/v1/responses/{id}`` and below, ``input_tokens``,
 ``compact``): identify → stored_responses (the owner's tenant only, to the replica that keeps it) → forward.
 
-The three LLM APIs (chat, legacy completions, Responses) are one :class:`~proxy.core.endpoints.Endpoint` object each,
-chosen here from the route and handed to every stage that reads its requests or answers (:func:`_answers`): the
-stages never ask which API they serve.
+Every API served as an :class:`~proxy.core.endpoints.Endpoint` row (chat, legacy completions, Responses, embeddings,
+rerankers, vLLM's score API) gets one pipeline, built by one function from the row (:func:`build_pipelines`): its
+shape checked by limits, its ``pricing``'s credit stage, the stored_responses stage when its requests make objects of
+their own upstream (``owned``), and its ``cache``'s stages, handed the row: the stages never ask which API they serve.
 
 Each stage wraps the ones after it: the way back (store in the tiers, settle credits) runs in reverse order.
 Embeddings: identify → limits → idempotency → credits → cache_control → per-item exact cache → forward.
-Rerankers (``/v1/rerank``, ``/rerank``, ``/v2/rerank``, ``/v1/score``, ``/score``): identify → limits → idempotency
-→ credits per document → cache_control → per-document exact cache → forward.
+Rerankers (``/v1/rerank``, ``/rerank``, ``/v2/rerank``; ``/v1/score``, ``/score`` its own row): identify → limits →
+idempotency → credits per document → cache_control → per-document exact cache → forward.
 Qdrant searches: identify → limits → credits → documents (remembered for prompt detection) → the tiers' search
 stages (the search cache) → forward; Qdrant writes: identify → the tiers' write stages (invalidation) → forward;
 anything else: identify → forward.
@@ -37,20 +38,20 @@ place (:mod:`proxy.assembly.live_settings`).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 
 from normalizer.bypass import BypassSettings
 from normalizer.cache_control import CacheDefaults
-from normalizer.canonical import RequestKind
 from normalizer.limits import RequestLimits
 from proxy.answers.cache_policy import ApplyCacheControl, Canonicalize, Lifetime
 from proxy.answers.coalesce import Coalesce, Flights
 from proxy.answers.replies import StoreResponse
 from proxy.answers.stale import StaleIfError, StaleStore
 from proxy.assembly.runtime import Runtime
-from proxy.core.endpoints import CHAT, COMPLETIONS, RESPONSES, Endpoint
+from proxy.core.endpoints import ENDPOINTS, Cache, Endpoint, Pricing, RerankEndpoint
 from proxy.core.limits import EnforceLimits
-from proxy.core.pipeline import Pipeline, Pipelines, Stage
+from proxy.core.pipeline import Pipeline, Stage
 from proxy.core.prompt import PromptReader, ReadPrompt
 from proxy.credits.idempotency import Idempotency
 from proxy.credits.priced_apart import RerankCredits, ResponseCredits
@@ -63,9 +64,34 @@ from proxy.upstream.forward import ForwardToLLM, ForwardToQdrant
 from tiers.response_tier import ResponseTier
 
 
-def build_pipelines(rt: Runtime) -> Pipelines:
-    """Assemble every pipeline from the runtime's components (the cache tiers' stages in registration order); the
-    stages that own live settings are registered in ``rt.live``. Once per runtime."""
+@dataclass(frozen=True, slots=True)
+class Pipelines:
+    """One pipeline per endpoint row (:data:`proxy.core.endpoints.ENDPOINTS`), and those of the routes that are
+    not rows: requests about a stored response, the pass-throughs and the Qdrant routes."""
+
+    served: Mapping[Endpoint, Pipeline]
+    stored_responses: Pipeline
+    llm_passthrough: Pipeline
+    qdrant_search: Pipeline
+    qdrant_write: Pipeline
+    qdrant_passthrough: Pipeline
+
+    def by_route(self) -> dict[str, Pipeline]:
+        """Every pipeline by its route's name (an endpoint's ``route``, or the field's name)."""
+        return {**{endpoint.route: pipeline for endpoint, pipeline in self.served.items()},
+                "stored_responses": self.stored_responses, "llm_passthrough": self.llm_passthrough,
+                "qdrant_search": self.qdrant_search, "qdrant_write": self.qdrant_write,
+                "qdrant_passthrough": self.qdrant_passthrough}
+
+
+_CREDITS: Mapping[Pricing, type[Credits]] = {
+    Pricing.TOKENS: Credits, Pricing.RESPONSE: ResponseCredits, Pricing.RERANK: RerankCredits}
+"""The credit stage of each way of pricing an endpoint."""
+
+
+def build_pipelines(rt: Runtime, endpoints: Iterable[Endpoint] = ENDPOINTS) -> Pipelines:
+    """Assemble every pipeline from the runtime's components (the cache tiers' stages in registration order), one
+    per row of ``endpoints``; the stages that own live settings are registered in ``rt.live``. Once per runtime."""
     trust = rt.settings.server.trust_forwarded
     to_llm = ForwardToLLM(rt.client, rt.backends, trust_forwarded=trust)
     qdrant = rt.settings.upstreams.qdrant
@@ -75,26 +101,22 @@ def build_pipelines(rt: Runtime) -> Pipelines:
     identify: list[Stage] = [Identify(rt.credits.keys, open_mode=rt.settings.auth.mode == "open",
                                       key_cache_ttl_s=rt.settings.auth.key_cache_ttl_s, known=rt.credits.known_keys)]
     limits = _limits(rt)
-    guard: list[Stage] = [*identify, EnforceLimits(limits), *_idempotency(rt)]
-    billing = [*guard, *_billing(rt, Credits)]
-
-    def asking(endpoint: Endpoint) -> list[Stage]:
-        """The guards and credits of an LLM API whose streams report usage only when asked."""
-        return [*guard, *_billing(rt, Credits, asks_for_usage=endpoint.usage_on_request)]
     tracer = rt.tracer
     caching = _Caching(rt)
     stored = StoredResponses(rt.owners, [backend.label for backend in rt.backends.backends],
                              lambda selector: rt.invalidator().invalidate(selector))
+
+    def served(endpoint: Endpoint) -> Pipeline:
+        """identify → limits (the row's shape) → idempotency → [stored_responses, when its requests make objects of
+        their own upstream] → credits (the row's pricing) → the row's caches."""
+        return Pipeline([*identify, EnforceLimits(limits, shape=endpoint.shape), *_idempotency(rt),
+                         *([ClaimStoredResponses(stored)] if endpoint.owned is not None else []),
+                         *_billing(rt, _CREDITS[endpoint.pricing], asks_for_usage=endpoint.usage_on_request),
+                         *_caches(rt, endpoint, caching)], to_llm, tracer=tracer)
+
     return Pipelines(
-        chat=Pipeline([*asking(CHAT), *_answers(rt, CHAT, caching)], to_llm, tracer=tracer),
-        completions=Pipeline([*asking(COMPLETIONS), *_answers(rt, COMPLETIONS, caching)], to_llm,
-                             tracer=tracer),
-        responses=Pipeline([*guard, ClaimStoredResponses(stored), *_billing(rt, ResponseCredits),
-                            *_answers(rt, RESPONSES, caching)], to_llm, tracer=tracer),
+        served={endpoint: served(endpoint) for endpoint in endpoints},
         stored_responses=Pipeline([*identify, StoredResponseRequests(stored)], to_llm, tracer=tracer),
-        embeddings=Pipeline([*billing, *caching.items("embedding", EmbeddingItemsCache)], to_llm, tracer=tracer),
-        rerank=Pipeline([*guard, *_billing(rt, RerankCredits), *caching.items("rerank", RerankItemsCache)],
-                        to_llm, tracer=tracer),
         llm_passthrough=Pipeline([*identify, *_billing(rt, RequestCredits)], to_llm, tracer=tracer),
         qdrant_search=Pipeline([*identify, EnforceLimits(limits, search=True), *_billing(rt, SearchCredits),
                                 *_documents(rt), *rt.tiers.stages("search")], to_qdrant, tracer=tracer),
@@ -102,6 +124,17 @@ def build_pipelines(rt: Runtime) -> Pipelines:
                               tracer=tracer),
         qdrant_passthrough=Pipeline([*identify, *_billing(rt, RequestCredits)], to_qdrant, tracer=tracer),
     )
+
+
+def _caches(rt: Runtime, endpoint: Endpoint, caching: _Caching) -> list[Stage]:
+    """The stages of the row's ``cache``: whole answers (and the prompt, L2 and KV stages of an LLM API that reads
+    one), or its items."""
+    if endpoint.cache is Cache.EMBEDDING_ITEMS:
+        return caching.items(endpoint, EmbeddingItemsCache)
+    if endpoint.cache is Cache.RERANK_ITEMS:
+        score = isinstance(endpoint, RerankEndpoint) and endpoint.score
+        return caching.items(endpoint, lambda tier, scope: RerankItemsCache(tier, scope, score=score))
+    return _answers(rt, endpoint, caching)
 
 
 def _limits(rt: Runtime) -> RequestLimits:
@@ -168,36 +201,36 @@ class _Caching:
         defaults = CacheDefaults(enabled=True, ttl=self.rt.settings.cache.l1.ttl_s)
         return self.live.register(ApplyCacheControl(defaults, lifetime))
 
-    def _canonicalize(self, kind: RequestKind, endpoint: Endpoint | None = None) -> Canonicalize:
-        """The exact key of ``kind``'s requests (``endpoint``: an LLM API's, whose prompt and ownership count)."""
+    def _canonicalize(self, endpoint: Endpoint) -> Canonicalize:
+        """The bypass rules and the exact key of the endpoint's requests (its prompt and ownership count)."""
         rt, cache = self.rt, self.rt.settings.cache
         bypass = BypassSettings(unknown_fields=cache.unknown_fields, cache_sampled=cache.cache_sampled,
                                 cache_stored_responses=cache.cache_stored_responses,
                                 rerank_max_documents=cache.rerank_max_documents)
-        return self.live.register(Canonicalize(kind, bypass, rt.versions, frozenset(cache.shared_namespaces),
-                                               frozenset(cache.private_namespaces), tuple(cache.key_headers),
-                                               owned=endpoint.owned if endpoint is not None else None,
-                                               reads_prompt=endpoint is not None and endpoint.read_prompt is not None))
+        return self.live.register(Canonicalize(endpoint, bypass, rt.versions, frozenset(cache.shared_namespaces),
+                                               frozenset(cache.private_namespaces), tuple(cache.key_headers)))
 
-    def items(self, kind: RequestKind, stage: Callable[[ResponseTier, Canonicalize], Stage]) -> list[Stage]:
+    def items(self, endpoint: Endpoint, stage: Callable[[ResponseTier, Canonicalize], Stage]) -> list[Stage]:
         """cache_control → per-item exact cache (embeddings inputs, reranker pairs) in the fastest answer tier,
         when there is one."""
         first = self.rt.tiers.first
         if first is None:
             return []
-        return [self._control(), stage(first, self._canonicalize(kind))]
+        return [self._control(), stage(first, self._canonicalize(endpoint))]
 
     def answers(self, endpoint: Endpoint) -> list[Stage]:
         """cache_control → canonicalize → [stale_if_error] → store (on the way back) → each tier's lookups →
         coalesce, when caching is on."""
         rt, live = self.rt, self.live
         cache = rt.settings.cache
+        if endpoint.canonical is None:
+            raise ValueError(f"endpoint {endpoint.route!r} caches whole answers but names no canonicaliser")
         if not cache.enabled:
             return []
         stale = self.stale
         return [
             self._control(endpoint.lifetime(rt.settings.upstreams.response_retention_s)),
-            self._canonicalize(endpoint.kind, endpoint),
+            self._canonicalize(endpoint),
             *([] if stale is None else [StaleIfError(stale, endpoint=endpoint, namespaces=cache.stale.namespaces)]),
             live.register(StoreResponse(rt.tiers.first, endpoint=endpoint, expose_key=cache.expose_key,
                                         write_behind=rt.tiers.write_behind)),

@@ -1,34 +1,52 @@
-"""The LLM APIs the proxy caches, one :class:`Endpoint` object each: Chat Completions, legacy Completions and the
-Responses API.
+"""The APIs the proxy serves and caches, one :class:`Endpoint` row each: Chat Completions, legacy Completions, the
+Responses API, embeddings, rerankers and vLLM's score API.
 
-An endpoint owns everything the stages would otherwise branch on: how its prompt's documents are read, the final
-question stored with an answer, the semantic reading, what a complete answer is (a streamed one assembled, a
-Responses object only when ``completed`` or ``incomplete``), how a cached answer is replayed (JSON, chat chunks, or
-Responses typed events), whether a request makes a stored object of its own (Responses ``store``) and how the KV
-layer plans it. :func:`proxy.assembly.pipelines.build_pipelines` picks the endpoint of each route once and hands it to
-the
-stages it builds; no stage compares route or kind names.
+A row owns everything the assembly and the stages would otherwise branch on: where it is served (``paths``, the
+``dialect`` of its errors), the shape its bodies must have (``shape``, :mod:`normalizer.limits`), the bypass rules
+they are judged by (``rules``, :mod:`normalizer.bypass`), how a body is keyed (``kind``, ``canonical``), which cache
+stages serve it (``cache``), how it is priced (``pricing``), and for the LLM APIs how its prompt's documents are
+read, the final question stored with an answer, the semantic reading, what a complete answer is (a streamed one
+assembled, a Responses object only when ``completed`` or ``incomplete``), how a cached answer is replayed (JSON,
+chat chunks, or Responses typed events), whether a request makes a stored object of its own (Responses ``store``)
+and how the KV layer plans it. :func:`proxy.assembly.pipelines.build_pipelines` builds one pipeline per row and
+hands the row to the stages it builds; :class:`proxy.assembly.app.DataPlane` serves each at its paths. No stage
+compares route or kind names.
 
-One vocabulary: an endpoint is named by its route (``chat``, ``completions``, ``responses``: ``ctx.route``, the
-pipeline, metric labels and the ``route:`` tag). :attr:`Endpoint.kind` is the name the cache layer keeps for it
-(``chat``, ``completion``, ``response``): it is hashed into every exact key and written into every stored entry, so
-it keeps its values for the entries earlier versions persisted in L3 and Redis; :func:`for_entry` finds an entry's
-endpoint by it.
+One vocabulary: an endpoint is named by its route (``chat``, ``completions``, ``responses``, ``embeddings``,
+``rerank``, ``score``: ``ctx.route``, metric labels and the ``route:`` tag). :attr:`Endpoint.kind` is the name the
+cache layer keeps for it (``chat``, ``completion``, ``response``, ``embedding``, ``rerank``): it is hashed into every
+exact key and written into every stored entry, so it keeps its values for the entries earlier versions persisted in
+L3 and Redis; :func:`for_entry` finds an entry's endpoint by it (the first row defined with that kind).
+
+**Adding a cacheable JSON endpoint** is a row (and, for a new body, its canonicaliser): see
+``tests/proxy/test_new_endpoint.py``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from enum import Enum
 from typing import Any
 
 import orjson
 
-from normalizer.canonical import RequestKind
+from normalizer.bypass import (
+    CHAT_RULES,
+    COMPLETION_RULES,
+    EMBEDDING_RULES,
+    RERANK_RULES,
+    RESPONSE_RULES,
+    BypassRules,
+)
+from normalizer.canonical import RequestKind, canonical_completion
+from normalizer.canonical_request import Canonicaliser, chat_request, response_request
 from normalizer.documents import PromptDocuments, read_prompt
+from normalizer.limits import Shape, chat_shape, embedding_shape, rerank_shape, response_shape, score_shape
 from normalizer.prompt_plan import PromptPlan, plan_request, plan_response
 from normalizer.responses import echo_request, final_input_question, one_replica_reason, read_response_prompt, stores
 from normalizer.signature import CHAT_READING, RESPONSE_READING, PromptReading, final_question
+from proxy.core.errors import Dialect
 from proxy.core.prompt import PromptReader
 from proxy.core.response_events import assemble_response, replay_response
 from proxy.core.sse import StreamShape, assemble_stream, replay
@@ -42,17 +60,51 @@ Answer = bytes | list[bytes]
 """A cached answer as sent: the JSON body, or the events of a replayed stream."""
 
 
-@dataclass(frozen=True, slots=True)
+class Cache(Enum):
+    """Which cache stages serve an endpoint (:mod:`proxy.assembly.pipelines`)."""
+
+    ANSWERS = "answers"
+    """Whole answers under the exact key of ``canonical``: the cache tiers, coalescing, stale answers; L2 and the KV
+    stages too when the row reads a prompt."""
+    EMBEDDING_ITEMS = "embedding_items"
+    """Each input of an embeddings body under its own key (:mod:`proxy.items.embeddings`)."""
+    RERANK_ITEMS = "rerank_items"
+    """Each (query, document) pair of a reranker body under its own key (:mod:`proxy.items.rerank`)."""
+
+
+class Pricing(Enum):
+    """How credits price an endpoint's requests (the credit stage of each: :mod:`proxy.assembly.pipelines`)."""
+
+    TOKENS = "tokens"
+    """The tokens of the prompt and of the answer, its output bounded by ``max_tokens``."""
+    RESPONSE = "response"
+    """As ``TOKENS``, the output bounded by ``max_output_tokens`` (the Responses API)."""
+    RERANK = "rerank"
+    """A price per document (rerankers)."""
+
+
+@dataclass(frozen=True, slots=True, eq=False)
 class Endpoint:
-    """One LLM API, in the Chat Completions family's conventions (``choices``; a stream of ``chat.completion.chunk``
-    or ``text_completion`` chunks, assembled into one object and replayed in the upstream's own stream shape)."""
+    """One API the proxy serves, as one row; its LLM behaviour in the Chat Completions family's conventions
+    (``choices``; a stream of ``chat.completion.chunk`` or ``text_completion`` chunks, assembled into one object and
+    replayed in the upstream's own stream shape). Rows compare and hash by identity (pipelines are keyed by them)."""
 
     route: str
     """The route's name: ``ctx.route``, the pipeline's, the metric label, the ``route:`` tag of stored entries."""
     kind: RequestKind
     """The cache layer's name: part of every exact key and of every stored entry (persisted: never renamed)."""
-    path: str
+    paths: tuple[str, ...]
     """Where the data plane serves it (``POST``)."""
+    rules: BypassRules
+    """What its bodies are judged by before they are cached (:func:`normalizer.bypass.bypass_reason`)."""
+    canonical: Canonicaliser | None = None
+    """A body → the canonical request its answer is keyed by (``cache`` ``ANSWERS``; ``None``: keyed item by item)."""
+    shape: Shape | None = None
+    """What its bodies must be, checked before anything reads them (:func:`normalizer.limits.check_llm`)."""
+    cache: Cache = Cache.ANSWERS
+    pricing: Pricing = Pricing.TOKENS
+    dialect: Dialect = Dialect.OPENAI
+    """The shape of its errors."""
     read_prompt: PromptReader | None = None
     """How the prompt's documents are read (``None``: the endpoint has no prompt stage)."""
     read_question: QuestionReader = final_question
@@ -96,9 +148,19 @@ class Endpoint:
         """What bounds a stored answer's cache lifetime beyond the request's own (``None``: nothing)."""
         return None
 
+    def __post_init__(self) -> None:
+        _BY_KIND.setdefault(self.kind, self)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, eq=False)
+class RerankEndpoint(Endpoint):
+    """A reranker API, cached pair by pair (:mod:`proxy.items.rerank`)."""
+
+    score: bool = False
+    """Its bodies are vLLM's score API's (``text_1``/``text_2``), not a query and documents."""
+
+
+@dataclass(frozen=True, slots=True, eq=False)
 class ResponsesEndpoint(Endpoint):
     """The Responses API: a response object with a ``status``, typed stream events, requests that make stored
     responses (``store``) and continue them, and bodies forwarded in their own shape."""
@@ -144,15 +206,25 @@ def plan_stateless_response(body: Mapping[str, Any], prompt: PromptDocuments, *,
     return plan_response(body, prompt, chars_per_token=chars_per_token)
 
 
-CHAT = Endpoint("chat", "chat", "/v1/chat/completions", read_prompt=read_prompt, reading=CHAT_READING)
-COMPLETIONS = Endpoint("completions", "completion", "/v1/completions")
-RESPONSES = ResponsesEndpoint("responses", "response", "/v1/responses", read_prompt=read_response_prompt,
+_BY_KIND: dict[str, Endpoint] = {}
+"""The first row defined of each kind: what a stored entry of that kind is read as."""
+
+CHAT = Endpoint("chat", "chat", ("/v1/chat/completions",), CHAT_RULES, chat_request, chat_shape,
+                read_prompt=read_prompt, reading=CHAT_READING)
+COMPLETIONS = Endpoint("completions", "completion", ("/v1/completions",), COMPLETION_RULES, canonical_completion)
+RESPONSES = ResponsesEndpoint("responses", "response", ("/v1/responses",), RESPONSE_RULES, response_request,
+                              response_shape, pricing=Pricing.RESPONSE, read_prompt=read_response_prompt,
                               read_question=final_input_question, reading=RESPONSE_READING, owned=stores,
                               plan=plan_stateless_response, usage_on_request=False, forwarded_as_sent=True)
-ENDPOINTS = (CHAT, COMPLETIONS, RESPONSES)
-"""Every LLM API whose answers are cached."""
-
-_BY_KIND: dict[str, Endpoint] = {endpoint.kind: endpoint for endpoint in ENDPOINTS}
+EMBEDDINGS = Endpoint("embeddings", "embedding", ("/v1/embeddings",), EMBEDDING_RULES, shape=embedding_shape,
+                      cache=Cache.EMBEDDING_ITEMS, usage_on_request=False)
+RERANK = RerankEndpoint("rerank", "rerank", ("/v1/rerank", "/v2/rerank", "/rerank"), RERANK_RULES,
+                        shape=rerank_shape, cache=Cache.RERANK_ITEMS, pricing=Pricing.RERANK, usage_on_request=False)
+SCORE = RerankEndpoint("score", "rerank", ("/v1/score", "/score"), RERANK_RULES, shape=score_shape,
+                       cache=Cache.RERANK_ITEMS, pricing=Pricing.RERANK, usage_on_request=False, score=True)
+ENDPOINTS: tuple[Endpoint, ...] = (CHAT, COMPLETIONS, RESPONSES, EMBEDDINGS, RERANK, SCORE)
+"""Every API the data plane serves as a row (Cohere/Jina/vLLM/TEI rerankers at ``/v1/rerank``, ``/v2/rerank``,
+``/rerank``; vLLM's score API at ``/v1/score``, ``/score``)."""
 
 
 def for_kind(kind: str) -> Endpoint:

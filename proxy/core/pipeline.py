@@ -22,7 +22,6 @@ order of the whole system.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Iterable, Sequence
-from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING, Protocol
 
@@ -98,21 +97,6 @@ class Pipeline:
     def __call__(self, ctx: RequestContext) -> Awaitable[Reply]:
         return self._entry(ctx)
 
-
-@dataclass(frozen=True)
-class Pipelines:
-    """One pipeline per kind of data-plane request."""
-
-    chat: Pipeline
-    completions: Pipeline
-    responses: Pipeline
-    stored_responses: Pipeline
-    embeddings: Pipeline
-    rerank: Pipeline
-    llm_passthrough: Pipeline
-    qdrant_search: Pipeline
-    qdrant_write: Pipeline
-    qdrant_passthrough: Pipeline
 
 
 def _bind(stage: Stage, call_next: Next) -> Next:

@@ -28,19 +28,22 @@ class ItemsCache:
     needs = frozenset({"cache_policy"})
 
     def __init__(self, tier: ResponseTier, scope: Canonicalize) -> None:
+        """``scope``: the canonicalize stage of the endpoint served (its row, its key scope, its bypass settings)."""
         self.tier = tier
         self.scope = scope
+        self.endpoint = scope.endpoint
 
     @property
     def bypass(self) -> BypassSettings:
         """The bypass rule of the request's scope (configured there: :mod:`proxy.assembly.live_settings`)."""
         return self.scope.bypass
 
-    async def keys(self, ctx: RequestContext, kind: RequestKind, items: Iterable[JSONValue]) -> list[str]:
-        """The exact key of each canonical item, in the request's scope and variant (also set on the context);
+    async def keys(self, ctx: RequestContext, items: Iterable[JSONValue]) -> list[str]:
+        """The exact key of each canonical item of the endpoint's kind, in the request's scope and variant (also set
+        on the context);
         :class:`~normalizer.canonical_json.CanonicalizationError` when an item cannot be keyed."""
         variant = self.scope.variant(ctx)
-        return await finish(_keys(kind, (keyed_request(item, variant=variant) for item in items),
+        return await finish(_keys(self.endpoint.kind, (keyed_request(item, variant=variant) for item in items),
                                   self.scope.scope(ctx)))
 
     @staticmethod

@@ -75,12 +75,12 @@ class EmbeddingItemsCache(ItemsCache):
         policy = ctx.cache_policy
         if policy is None:
             return await self.bypassed(ctx, None, call_next)
-        reason = bypass_reason(body, self.bypass, kind="embedding", namespace=ctx.namespace)
+        reason = bypass_reason(body, self.bypass, rules=self.endpoint.rules, namespace=ctx.namespace)
         if reason is not None:
             return await self.bypassed(ctx, reason, call_next)
         try:
             inputs = embedding_inputs(body)
-            keys = await self.keys(ctx, "embedding", canonical_embedding_items({**body, "encoding_format": "float"}))
+            keys = await self.keys(ctx, canonical_embedding_items({**body, "encoding_format": "float"}))
         except CanonicalizationError as exc:
             return await self.bypassed(ctx, f"not canonicalizable: {exc}", call_next)
         found = await self.lookup(keys, policy)

@@ -40,6 +40,7 @@ from normalizer.rerank import (
     token_shares,
     upstream_body,
 )
+from proxy.answers.cache_policy import Canonicalize
 from proxy.answers.replies import entry_tags
 from proxy.core.context import Reply, RequestContext
 from proxy.core.errors import ProxyError
@@ -49,6 +50,7 @@ from proxy.core.pacing import Pacer, finish
 from proxy.core.pipeline import Next
 from proxy.items.cache import ItemsCache
 from tiers.entry import CachedResponse
+from tiers.response_tier import ResponseTier
 
 JSON = "application/json"
 
@@ -59,16 +61,21 @@ class RerankItemsCache(ItemsCache):
     name = "rerank_items"
     gives = frozenset({"user_scope", "key_scope", "key_variant", "bypass_reason", "rerank", "outcome"})
 
+    def __init__(self, tier: ResponseTier, scope: Canonicalize, *, score: bool = False) -> None:
+        """``score``: the bodies are vLLM's score API's (``text_1``/``text_2``)."""
+        super().__init__(tier, scope)
+        self.score = score
+
     async def __call__(self, ctx: RequestContext, call_next: Next) -> Reply:
         body = ctx.body or {}
         policy = ctx.cache_policy
         request: RerankRequest | None = None
         reason: str | None = None
         if policy is not None and (policy.may_read or policy.may_store):
-            reason = bypass_reason(body, self.bypass, kind="rerank", namespace=ctx.namespace)
+            reason = bypass_reason(body, self.bypass, rules=self.endpoint.rules, namespace=ctx.namespace)
             try:
-                request = read_rerank(body, ctx.route) if reason is None else None
-                keys = await self.keys(ctx, "rerank", request.items()) if request is not None else []
+                request = read_rerank(body, self.score) if reason is None else None
+                keys = await self.keys(ctx, request.items()) if request is not None else []
             except CanonicalizationError as exc:
                 reason, request = f"not canonicalizable: {exc}", None
         if request is None or policy is None:

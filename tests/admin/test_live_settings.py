@@ -29,12 +29,13 @@ def _patched(admin: Admin, patch: dict[str, object]) -> None:
 
 
 def test_a_patch_changes_the_stages_in_place(admin_proxy: ProxyServer, admin: Admin) -> None:
-    pipelines = admin_proxy.plane.pipelines if admin_proxy.plane is not None else None
-    stages = {name: pipeline.stages for name, pipeline in vars(pipelines).items()}
+    assert admin_proxy.plane is not None
+    pipelines = admin_proxy.plane.pipelines
+    stages = {name: pipeline.stages for name, pipeline in pipelines.by_route().items()}
     _patched(admin, {"cache": {"l1.ttl_s": 60, "cache_sampled": False, "unknown_fields": "ignore",
                                "coalesce_wait_s": 2.5, "expose_key": True, "shared_namespaces": ["faq"]}})
     assert admin_proxy.plane is not None and admin_proxy.plane.pipelines is pipelines, "no pipeline is rebuilt"
-    assert {name: pipeline.stages for name, pipeline in vars(pipelines).items()} == stages
+    assert {name: pipeline.stages for name, pipeline in pipelines.by_route().items()} == stages
     assert admin_proxy.stage(ApplyCacheControl).defaults.ttl == 60
     canonicalize = admin_proxy.stage(Canonicalize)
     assert (canonicalize.bypass.cache_sampled, canonicalize.bypass.unknown_fields) == (False, "ignore")

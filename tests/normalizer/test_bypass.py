@@ -6,8 +6,21 @@ from typing import Any
 
 import pytest
 
-from normalizer.bypass import BypassSettings, bypass_reason, sampled_caching_allowed, unstorable_reason
+from normalizer.bypass import (
+    CHAT_RULES,
+    COMPLETION_RULES,
+    EMBEDDING_RULES,
+    RERANK_RULES,
+    RESPONSE_RULES,
+    BypassSettings,
+    bypass_reason,
+    sampled_caching_allowed,
+    unstorable_reason,
+)
 from normalizer.canonical import RequestKind
+
+RULES = {"chat": CHAT_RULES, "completion": COMPLETION_RULES, "response": RESPONSE_RULES, "embedding": EMBEDDING_RULES,
+         "rerank": RERANK_RULES}
 
 MESSAGES = [{"role": "user", "content": "hi"}]
 
@@ -36,7 +49,7 @@ CACHEABLE: list[tuple[str, RequestKind, Any]] = [
 
 @pytest.mark.parametrize(("case", "kind", "body"), CACHEABLE, ids=[c for c, _, _ in CACHEABLE])
 def test_cacheable_requests_have_no_bypass_reason(case: str, kind: RequestKind, body: Any) -> None:
-    assert bypass_reason(body, BypassSettings(), kind=kind) is None
+    assert bypass_reason(body, BypassSettings(), rules=RULES[kind]) is None
 
 
 BYPASSED: list[tuple[str, RequestKind, Any, str]] = [
@@ -57,7 +70,7 @@ BYPASSED: list[tuple[str, RequestKind, Any, str]] = [
 
 @pytest.mark.parametrize(("case", "kind", "body", "reason"), BYPASSED, ids=[c for c, *_ in BYPASSED])
 def test_bypassed_requests_name_their_reason(case: str, kind: RequestKind, body: Any, reason: str) -> None:
-    result = bypass_reason(body, BypassSettings(), kind=kind)
+    result = bypass_reason(body, BypassSettings(), rules=RULES[kind])
     assert result is not None and reason in result
 
 

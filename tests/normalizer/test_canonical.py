@@ -16,7 +16,7 @@ from normalizer.canonical import (
     canonical_embedding_items,
 )
 from normalizer.canonical_json import CanonicalizationError, canonical_bytes, canonical_number
-from normalizer.canonical_request import canonical_request
+from normalizer.canonical_request import chat_request
 
 SCOPE = KeyScope("acme")
 USER = {"role": "user", "content": "What is RAG?"}
@@ -246,9 +246,6 @@ def test_embedding_items_are_one_request_per_input_in_order() -> None:
     assert len(tokens) == 1 and tokens[0]["input"] == [1, 2, 3]
 
 
-def test_canonical_request_dispatches_per_kind() -> None:
-    [keyed] = canonical_request("chat", chat())
-    assert keyed == {**canonical_chat(chat()), "messages": [
+def test_the_chat_canonicaliser_folds_the_final_question() -> None:
+    assert chat_request(chat()) == {**canonical_chat(chat()), "messages": [
         {"role": "user", "content": [{"type": "text", "text": "What is RAG"}]}]}, "the final question is folded"
-    assert len(canonical_request("embedding", {"model": "e", "input": ["a", "b"]})) == 2
-    assert canonical_request("completion", {"model": "m", "prompt": "p"})[0]["prompt"] == ["p"]

@@ -7,7 +7,17 @@ from typing import Any
 import orjson
 import pytest
 
-from normalizer.limits import RequestLimits, check_llm, check_search, json_depth
+from normalizer.limits import (
+    RequestLimits,
+    chat_shape,
+    check_llm,
+    check_search,
+    embedding_shape,
+    json_depth,
+    rerank_shape,
+    response_shape,
+    score_shape,
+)
 
 LIMITS = RequestLimits(json_depth=5, embedding_inputs=3, search_batch=2, prefetch_depth=2, rerank_documents=3)
 
@@ -28,8 +38,12 @@ def test_json_depth_stops_counting_past_the_limit() -> None:
     assert json_depth(nested(500), 5) == 6
 
 
+SHAPES = {"chat": chat_shape, "responses": response_shape, "embeddings": embedding_shape, "rerank": rerank_shape,
+          "score": score_shape}
+
+
 def _llm(route: str, body: dict[str, Any]) -> tuple[int, str] | None:
-    exceeded = check_llm(route, body, orjson.dumps(body), LIMITS)
+    exceeded = check_llm(body, orjson.dumps(body), LIMITS, SHAPES.get(route))
     return None if exceeded is None else (exceeded.status, exceeded.code)
 
 

@@ -26,15 +26,15 @@ BODY = {"model": "m", "query": "q", "documents": ["a", "b", "c"]}
 
 
 def items(body: dict[str, Any], route: str = "rerank") -> list[Any]:
-    return list(read_rerank(body, route).items())
+    return list(read_rerank(body, score=route == "score").items())
 
 
 def test_forms_are_told_apart_by_route_and_body() -> None:
-    assert read_rerank(BODY, "rerank").form == "rerank"
-    assert read_rerank({"query": "q", "texts": ["a"]}, "rerank").form == "tei"
-    score = read_rerank({"model": "m", "text_1": ["q1", "q2"], "text_2": ["a", "b"]}, "score")
+    assert read_rerank(BODY, score=False).form == "rerank"
+    assert read_rerank({"query": "q", "texts": ["a"]}, score=False).form == "tei"
+    score = read_rerank({"model": "m", "text_1": ["q1", "q2"], "text_2": ["a", "b"]}, score=True)
     assert score.form == "score" and score.pairs == (("q1", "a"), ("q2", "b"))
-    assert read_rerank({"model": "m", "text_1": "q", "text_2": "a"}, "score").pairs == (("q", "a"),)
+    assert read_rerank({"model": "m", "text_1": "q", "text_2": "a"}, score=True).pairs == (("q", "a"),)
 
 
 def test_what_a_pair_s_key_covers() -> None:
@@ -56,19 +56,19 @@ def test_what_a_pair_s_key_covers() -> None:
 ])
 def test_bodies_in_no_known_shape_are_refused(body: dict[str, Any], route: str) -> None:
     with pytest.raises(CanonicalizationError):
-        read_rerank(body, route)
+        read_rerank(body, score=route == "score")
 
 
 def test_the_upstream_is_asked_for_the_missing_pairs_only_and_all_of_them() -> None:
-    request = read_rerank({**BODY, "top_n": 1, "return_documents": True}, "rerank")
+    request = read_rerank({**BODY, "top_n": 1, "return_documents": True}, score=False)
     assert upstream_body({**BODY, "top_n": 1, "return_documents": True}, request, [2, 0]) == {
         "model": "m", "query": "q", "documents": ["c", "a"], "return_documents": True}
     pairs = {"text_1": ["q1", "q2", "q3"], "text_2": ["a", "b", "c"]}
-    assert upstream_body(pairs, read_rerank(pairs, "score"), [1]) == {"text_1": ["q2"], "text_2": ["b"]}
+    assert upstream_body(pairs, read_rerank(pairs, score=True), [1]) == {"text_1": ["q2"], "text_2": ["b"]}
 
 
 def test_answers_that_are_not_one_result_per_pair_are_refused() -> None:
-    request = read_rerank(BODY, "rerank")
+    request = read_rerank(BODY, score=False)
     good = {"id": "x", "results": [{"index": 1, "relevance_score": 0.5}, {"index": 0, "relevance_score": 0.9}]}
     read = at_once(read_answer(request, good, 2))
     assert read is not None and [s.score for s in read[0]] == [0.9, 0.5] and read[1] == {"id": "x"}
@@ -92,7 +92,7 @@ def test_merged_results_are_sorted_stably_and_cut_after_merging(scores: list[flo
 
 
 def test_usage_counts_cached_pairs_and_a_stored_envelope_s_counts_are_not_this_request_s() -> None:
-    request = read_rerank(BODY, "rerank")
+    request = read_rerank(BODY, score=False)
     scored = [Scored({"relevance_score": 0.1}, 0.1)] * 3
     envelope = {"model": "m", "usage": {"prompt_tokens": 10, "total_tokens": 10}}
     forwarded = at_once(render(request, scored, envelope, forwarded=True, cached_tokens=4))
@@ -103,7 +103,7 @@ def test_usage_counts_cached_pairs_and_a_stored_envelope_s_counts_are_not_this_r
 
 @given(st.lists(st.text(max_size=30), min_size=1, max_size=6), st.integers(0, 500))
 def test_token_shares_add_up(documents: list[str], total: int) -> None:
-    request = read_rerank({"query": "q", "documents": documents}, "rerank")
+    request = read_rerank({"query": "q", "documents": documents}, score=False)
     shares = at_once(token_shares(request, list(range(len(documents))), total))
     assert sum(shares) == total and all(share >= 0 for share in shares)
 
@@ -118,7 +118,7 @@ def test_documents_are_counted_for_the_reservation() -> None:
 
 def test_token_shares_take_time_in_proportion_to_the_documents() -> None:
     """Each share used to divide by a sum over every document: 50,000 documents took seconds."""
-    request = read_rerank({"query": "q", "documents": [f"document {n}" for n in range(50_000)]}, "rerank")
+    request = read_rerank({"query": "q", "documents": [f"document {n}" for n in range(50_000)]}, score=False)
     steps = token_shares(request, range(50_000), 10**6)
     calls = 0
     while True:
@@ -141,7 +141,7 @@ def test_token_shares_take_time_in_proportion_to_the_documents() -> None:
     ({"text_1": "q", "text_2": [1]}, "score", "text_2"), ({"text_1": 5, "text_2": "a"}, "score", "text_1"),
 ])
 def test_wrong_types_no_reranker_accepts_are_named(body: dict[str, Any], route: str, wrong: str) -> None:
-    problem = malformed(body, route)
+    problem = malformed(body, score=route == "score")
     assert problem is not None and f"`{wrong}`" in problem
 
 
@@ -152,4 +152,4 @@ def test_wrong_types_no_reranker_accepts_are_named(body: dict[str, Any], route: 
     ({"text_1": "q", "text_2": "a"}, "score"), ({"text_1": ["q"], "text_2": [{"content": []}]}, "score"),
 ])
 def test_shapes_some_reranker_accepts_are_left_to_the_upstream(body: dict[str, Any], route: str) -> None:
-    assert malformed(body, route) is None
+    assert malformed(body, score=route == "score") is None

@@ -6,10 +6,10 @@ from typing import Any
 
 import pytest
 
-from normalizer.bypass import BypassSettings, bypass_reason
+from normalizer.bypass import RESPONSE_RULES, BypassSettings, bypass_reason
 from normalizer.canonical import KeyScope, cache_key
 from normalizer.canonical_json import CanonicalizationError
-from normalizer.canonical_request import canonical_request
+from normalizer.canonical_request import chat_request, response_request
 from normalizer.documents import DocumentRegistry
 from normalizer.responses import (
     RESPONSE_EXCLUDED_FIELDS,
@@ -122,8 +122,8 @@ def test_different_requests_never_share_a_key(name: str, a: dict[str, Any], b: d
 
 def test_a_response_key_is_never_a_chat_key() -> None:
     chat = {"model": "m", "messages": [{"role": "user", "content": QUESTION}]}
-    assert cache_key("response", canonical_request("response", request())[0], SCOPE) != \
-        cache_key("chat", canonical_request("chat", chat)[0], SCOPE)
+    assert cache_key("response", response_request(request()), SCOPE) != \
+        cache_key("chat", chat_request(chat), SCOPE)
 
 
 @pytest.mark.parametrize("body", [
@@ -147,16 +147,16 @@ def test_every_excluded_field_has_a_reason() -> None:
     ({"input": [{"type": "item_reference", "id": "msg_1"}]}, "item_reference"),
 ])
 def test_state_the_key_cannot_see_bypasses(fields: dict[str, Any], words: str) -> None:
-    reason = bypass_reason({**request(), **fields}, kind="response")
+    reason = bypass_reason({**request(), **fields}, rules=RESPONSE_RULES)
     assert reason is not None and words in reason
 
 
 def test_stored_and_continued_requests_are_cached_unless_configured_off() -> None:
     for body in (stored(), stored(previous_response_id="resp_1"), request(previous_response_id="resp_1")):
-        assert state_reason(body) is None and bypass_reason(body, kind="response") is None
+        assert state_reason(body) is None and bypass_reason(body, rules=RESPONSE_RULES) is None
     off = BypassSettings(cache_stored_responses=False)
-    assert "cache_stored_responses is off" in str(bypass_reason(stored(), off, kind="response"))
-    assert bypass_reason(request(), off, kind="response") is None
+    assert "cache_stored_responses is off" in str(bypass_reason(stored(), off, rules=RESPONSE_RULES))
+    assert bypass_reason(request(), off, rules=RESPONSE_RULES) is None
 
 
 def test_what_pins_a_request_to_one_replica() -> None:
@@ -174,11 +174,12 @@ def test_stored_requests_have_no_semantic_question() -> None:
 
 
 def test_other_bypass_rules_apply_as_for_chat() -> None:
-    assert bypass_reason(request(), kind="response") is None
-    assert bypass_reason(request(top_k=2), kind="response") == "unknown field(s): top_k"
-    assert bypass_reason(request(top_logprobs=2), kind="response") == "top_logprobs requested"
-    assert bypass_reason(request(include=["message.output_text.logprobs"]), kind="response") == "logprobs requested"
-    assert bypass_reason(request(tools=[FUNCTION]), BypassSettings(cache_tool_calls=False), kind="response")
+    assert bypass_reason(request(), rules=RESPONSE_RULES) is None
+    assert bypass_reason(request(top_k=2), rules=RESPONSE_RULES) == "unknown field(s): top_k"
+    assert bypass_reason(request(top_logprobs=2), rules=RESPONSE_RULES) == "top_logprobs requested"
+    logprobs = request(include=["message.output_text.logprobs"])
+    assert bypass_reason(logprobs, rules=RESPONSE_RULES) == "logprobs requested"
+    assert bypass_reason(request(tools=[FUNCTION]), BypassSettings(cache_tool_calls=False), rules=RESPONSE_RULES)
 
 
 def test_prompt_messages_keep_input_positions() -> None:

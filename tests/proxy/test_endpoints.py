@@ -1,8 +1,9 @@
-"""The endpoint objects: each LLM route of the data plane has exactly one, every stage of its pipeline gets that one,
-and each reads, completes and replays its own API's bodies."""
+"""The endpoint rows: each API of the data plane has exactly one, every stage of its pipeline gets that one, and each
+LLM API's reads, completes and replays its own API's bodies."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -41,32 +42,37 @@ def _prompt(endpoint: Endpoint, body: dict[str, Any]) -> PromptDocuments:
     return endpoint.read_prompt(body, None, None)
 
 
-def test_every_llm_route_of_the_data_plane_has_exactly_one_endpoint_and_its_stages_get_it(tmp_path: Path) -> None:
+def test_every_endpoint_row_is_served_at_its_paths_and_its_stages_get_it(tmp_path: Path) -> None:
     settings = load_settings(env={}, overrides={"data_dir": str(tmp_path), "cache.stale.namespaces": ["default"]})
     plane = DataPlane(settings)
-    assert len({e.route for e in ENDPOINTS}) == len({e.kind for e in ENDPOINTS}) == len({e.path for e in ENDPOINTS}) \
-        == len(ENDPOINTS)
+    paths = [path for e in ENDPOINTS for path in e.paths]
+    assert len({e.route for e in ENDPOINTS}) == len(ENDPOINTS) and len(set(paths)) == len(paths)
+    assert list(plane.pipelines.served) == list(ENDPOINTS)
     for endpoint in ENDPOINTS:
-        assert ("POST", endpoint.path) in plane._exact
-    for name, pipeline in vars(plane.pipelines).items():
+        for path in endpoint.paths:
+            assert ("POST", path) in plane._exact
+    for name, pipeline in plane.pipelines.by_route().items():
         given = {id(stage.endpoint) for stage in pipeline.stages if hasattr(stage, "endpoint")}
         owners = [e for e in ENDPOINTS if e.route == name]
-        assert given == {id(e) for e in owners}, name  # its own endpoint, or none for a pipeline of no LLM API
-    stages = {name: pipeline.names for name, pipeline in vars(plane.pipelines).items()}
+        assert given == {id(e) for e in owners}, name  # its own endpoint, or none for a pipeline of no row
+    stages = {name: pipeline.names for name, pipeline in plane.pipelines.by_route().items()}
     for endpoint in (CHAT, RESPONSES):
         assert {"prompt", "stale_if_error", "store", "l1", "l3", "l2", "coalesce", "shape", "route"} \
             <= set(stages[endpoint.route])
     assert {"store", "l1", "l3"} <= set(stages["completions"])
     assert not {"prompt", "l2", "shape", "route"} & set(stages["completions"])
+    assert stages["embeddings"][-1] == "embedding_items" and stages["rerank"][-1] == stages["score"][-1] \
+        == "rerank_items"
+    assert "stored_responses" in stages["responses"] and "stored_responses" not in stages["chat"]
 
 
 def test_the_cache_layer_names_keep_the_values_stored_entries_carry() -> None:
-    assert [(e.route, e.kind) for e in ENDPOINTS] == [("chat", "chat"), ("completions", "completion"),
-                                                      ("responses", "response")]
-    for endpoint in ENDPOINTS:
+    assert {("chat", "chat"), ("completions", "completion"), ("responses", "response"), ("embeddings", "embedding"),
+            ("rerank", "rerank"), ("score", "rerank")} <= {(e.route, e.kind) for e in ENDPOINTS}  # a new row adds one
+    for endpoint in (CHAT, COMPLETIONS, RESPONSES):
         assert for_entry(CachedResponse(body=b"{}", kind=endpoint.kind)) is endpoint
     with pytest.raises(KeyError):
-        for_entry(CachedResponse(body=b"[]", kind="embedding"))
+        for_entry(CachedResponse(body=b"[]", kind="no such kind"))
 
 
 def test_each_endpoint_reads_its_own_prompt_and_final_question() -> None:
@@ -140,3 +146,17 @@ def test_kv_planning_follows_the_endpoint() -> None:
     assert RESPONSES.forwarded_as_sent and not CHAT.forwarded_as_sent
     continued = {**response_body, "previous_response_id": "resp_0"}
     assert RESPONSES.plan(continued, RESPONSES.read_prompt(continued, None, known)) is None
+
+
+_BRANCH_ON_NAME = re.compile(r"\b(route|kind)\s*(==|!=|in|not in)\s*[(\[{]?[\"'](chat|completions?|responses?|"
+                             r"embeddings?|rerank|score)[\"']")
+
+
+def test_no_module_branches_on_an_endpoint_name() -> None:
+    """What differs between APIs is a fact of their row, handed to the code that needs it: nothing in the
+    normalizer or the proxy compares a route or kind with an endpoint's name."""
+    root = Path(__file__).resolve().parents[2]
+    found = [f"{path.relative_to(root)}:{number}" for folder in ("normalizer", "proxy")
+             for path in sorted((root / folder).rglob("*.py"))
+             for number, line in enumerate(path.read_text().splitlines(), 1) if _BRANCH_ON_NAME.search(line)]
+    assert found == []

@@ -13,9 +13,8 @@ import pytest
 from admin.config_patch import patched
 from proxy.assembly.config import Settings, load_settings
 from proxy.assembly.live_settings import LIVE_KEYS, LiveSettings
-from proxy.assembly.pipelines import build_pipelines
+from proxy.assembly.pipelines import Pipelines, build_pipelines
 from proxy.assembly.runtime import Runtime
-from proxy.core.pipeline import Pipelines
 
 PATCHES: list[dict[str, Any]] = [
     {"cache.l1.ttl_s": 5.0},
@@ -56,8 +55,8 @@ def _state(part: object) -> dict[str, Any]:
 
 
 def _stages(pipelines: Pipelines) -> list[tuple[str, str, dict[str, Any]]]:
-    return [(field.name, stage.name, _state(stage)) for field in dataclasses.fields(pipelines)
-            for stage in getattr(pipelines, field.name).stages]
+    return [(name, stage.name, _state(stage)) for name, pipeline in pipelines.by_route().items()
+            for stage in pipeline.stages]
 
 
 def test_every_live_key_has_an_owner(tmp_path: Path) -> None:

@@ -14,7 +14,7 @@ from proxy.assembly.config import load_settings
 from proxy.assembly.pipelines import build_pipelines
 from proxy.assembly.runtime import Runtime
 from proxy.core.context import Reply, RequestContext
-from proxy.core.endpoints import CHAT
+from proxy.core.endpoints import CHAT, RESPONSES
 from proxy.core.pipeline import Pipeline
 from proxy.core.prompt import ReadPrompt
 from proxy.kv.stages import Shape
@@ -93,7 +93,7 @@ def test_a_way_back_read_naming_a_slot_the_context_lacks_is_refused() -> None:
 def test_every_assembled_pipeline_passes_the_slot_check(overrides: dict[str, Any], tmp_path: Path) -> None:
     settings = load_settings(env={}, overrides={"data_dir": str(tmp_path), "cache.l2.enabled": False, **overrides})
     pipelines = build_pipelines(Runtime(settings))
-    assert "prompt" in pipelines.chat.names or not (settings.cache.enabled or settings.routing.enabled)
+    assert "prompt" in pipelines.served[CHAT].names or not (settings.cache.enabled or settings.routing.enabled)
 
 
 @pytest.mark.parametrize("routing", [True, False], ids=["routing", "no routing"])
@@ -101,5 +101,5 @@ def test_responses_requests_take_the_kv_stages_where_chat_does(routing: bool, tm
     settings = load_settings(env={}, overrides={"data_dir": str(tmp_path), "cache.l2.enabled": False,
                                                 "routing.enabled": routing})
     pipelines = build_pipelines(Runtime(settings))
-    for pipeline in (pipelines.chat, pipelines.responses):
+    for pipeline in (pipelines.served[CHAT], pipelines.served[RESPONSES]):
         assert (pipeline.names[-2:] == ["shape", "route"]) is routing

@@ -24,6 +24,7 @@ from normalizer.canonical import KeyScope, user_digest
 from proxy.answers.cache_policy import Canonicalize, asks_private
 from proxy.answers.stale import StaleIfError
 from proxy.assembly.config import ConfigError, Settings
+from proxy.core import endpoints
 from proxy.core.context import Reply, RequestContext
 from proxy.doubles.llm_server import FakeLLM
 from proxy.server.request import Request
@@ -233,7 +234,7 @@ def test_semantic_and_cold_vector_matches_stay_with_their_user(fake_llm_thread: 
 
 def test_user_scope_is_recorded_even_when_the_request_bypasses_the_cache() -> None:
     """The KV layer's per-user ``cache_salt`` reads ``ctx.user_scope``: uncached requests need it too."""
-    stage = Canonicalize("chat", BypassSettings(), KnowledgeVersions(), frozenset(), frozenset({"mine"}))
+    stage = Canonicalize(endpoints.CHAT, BypassSettings(), KnowledgeVersions(), frozenset(), frozenset({"mine"}))
 
     async def answer(ctx: RequestContext) -> Reply:
         return Reply(status=200)

@@ -11,6 +11,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+from collections.abc import Iterable
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Self, TypeVar
@@ -22,6 +23,7 @@ from proxy.answers.cache_tiers.semantic import SemanticCacheTier
 from proxy.assembly.app import DataPlane, create_server
 from proxy.assembly.config import Settings, load_settings
 from proxy.assembly.runtime import Runtime
+from proxy.core.endpoints import ENDPOINTS, Endpoint
 from proxy.server.connection import HttpServer
 from tests.support.processes import free_port, wait_for_port
 from tiers.demotion import Demoter
@@ -53,9 +55,12 @@ class ProxyServer:
     """The data-plane app on a loopback port, served from its own thread and event loop; with ``admin=True``
     the admin app too, on ``settings.admin.port`` (``admin_url``)."""
 
-    def __init__(self, settings: Settings, runtime: Runtime | None = None, *, admin: bool = False) -> None:
+    def __init__(self, settings: Settings, runtime: Runtime | None = None, *, admin: bool = False,
+                 endpoints: Iterable[Endpoint] = ENDPOINTS) -> None:
+        """``endpoints``: the rows the data plane serves (a test may add its own)."""
         self.settings = settings
         self._runtime = runtime
+        self._endpoints = tuple(endpoints)
         self._admin = admin
         self._admin_runner: web.AppRunner | None = None
         self._loop = asyncio.new_event_loop()
@@ -100,14 +105,14 @@ class ProxyServer:
     def stage(self, kind: type[T], pipeline: str = "chat") -> T:
         """The stage of type ``kind`` in one of the proxy's pipelines (``chat``, ``embeddings``...)."""
         assert self.plane is not None
-        return next(stage for stage in getattr(self.plane.pipelines, pipeline).stages if isinstance(stage, kind))
+        return next(stage for stage in self.plane.pipelines.by_route()[pipeline].stages if isinstance(stage, kind))
 
     def call(self, coro: Any) -> Any:
         """Run a coroutine on the proxy's loop from a test (e.g. inspect a tier)."""
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout=30)
 
     async def _start(self) -> None:
-        self.plane = DataPlane(self.settings, self._runtime)
+        self.plane = DataPlane(self.settings, self._runtime, self._endpoints)
         await self.plane.runtime.start()
         self._server = create_server(self.plane)
         await self._server.start("127.0.0.1", self.settings.server.port)
