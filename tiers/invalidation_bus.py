@@ -52,7 +52,7 @@ import orjson
 import redis.asyncio as aioredis
 from redis.asyncio.cluster import RedisCluster
 
-from tiers.redis_connect import is_sentinel, sentinel_master
+from tiers.redis_connect import KEY_PREFIX, is_sentinel, sentinel_master
 
 log = logging.getLogger("ragproxy.bus")
 
@@ -220,7 +220,7 @@ class _Endpoint:
 class InvalidationBus:
     """One replica's end of the bus: publishes, receives, applies, acknowledges."""
 
-    def __init__(self, url: str, *, cluster: bool = False, prefix: str = "ragproxy", replica_id: str | None = None,
+    def __init__(self, url: str, *, cluster: bool = False, prefix: str = KEY_PREFIX, replica_id: str | None = None,
                  heartbeat_s: float = 0.5, lease_s: float = 3.0, ack_timeout_s: float = 1.0,
                  timeout_s: float = 2.0, clock: Callable[[], float] = time.monotonic,
                  on_event: Callable[[str], None] | None = None) -> None:

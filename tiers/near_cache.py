@@ -40,6 +40,9 @@ from tiers.redis_store import RedisStore
 from tiers.response_tier import ResponseTier
 from tiers.storage import StoreStats
 
+NEAR_TTL_S = 30.0
+"""Longest a near copy lives by default (``redis.near_ttl_s``)."""
+
 log = logging.getLogger("ragproxy.shared")
 
 
@@ -48,7 +51,7 @@ class NearCachedStore:
 
     name = "near+redis"
 
-    def __init__(self, near: MemoryStore, shared: RedisStore, bus: InvalidationBus, *, near_ttl_s: float = 30.0,
+    def __init__(self, near: MemoryStore, shared: RedisStore, bus: InvalidationBus, *, near_ttl_s: float = NEAR_TTL_S,
                  max_broadcast_keys: int = 1000, notify_delay_s: float = 0.05) -> None:
         """``near_ttl_s``: longest a near copy lives (a bound on staleness should a message be lost; at most
         ``shared.keep_evicted_s``); ``max_broadcast_keys``: above this many removed keys a tag removal broadcasts

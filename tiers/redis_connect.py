@@ -35,6 +35,9 @@ from redis.asyncio.sentinel import Sentinel, SentinelConnectionPool
 from redis.backoff import NoBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 
+KEY_PREFIX = "ragproxy"
+"""The prefix of every key and channel the shared components keep in Redis, unless configured (``redis.prefix``)."""
+
 RedisClient = aioredis.Redis | RedisCluster
 
 SENTINEL_PORT = 26379

@@ -46,7 +46,7 @@ from redis.exceptions import NoScriptError
 
 from tiers import redis_scripts
 from tiers.compression import FORMAT_RAW, CorruptBlob
-from tiers.redis_connect import connect
+from tiers.redis_connect import KEY_PREFIX, connect
 from tiers.redis_scripts import Script
 from tiers.response_dictionary import response_compressor
 from tiers.storage import StoreStats, check_ttl
@@ -100,7 +100,7 @@ class RedisStore:
     def __init__(
         self,
         target: str | aioredis.Redis | RedisCluster,
-        prefix: str = "ragproxy",
+        prefix: str = KEY_PREFIX,
         *,
         cluster: bool | None = None,
         max_connections: int = 64,

@@ -19,6 +19,7 @@ import redis.asyncio as aioredis
 from redis.asyncio.cluster import RedisCluster
 
 from tiers.invalidation_bus import Delivery, InvalidationBus
+from tiers.redis_connect import KEY_PREFIX
 from tiers.versions import KnowledgeVersions
 
 
@@ -27,7 +28,7 @@ class RedisVersions(KnowledgeVersions):
     whatever ``bump`` returns)."""
 
     def __init__(self, client: aioredis.Redis | RedisCluster, bus: InvalidationBus, *,
-                 prefix: str = "ragproxy") -> None:
+                 prefix: str = KEY_PREFIX) -> None:
         super().__init__()
         self.client = client
         self.bus = bus

@@ -83,6 +83,10 @@ role or direction is not (its cost in recall: BENCHMARKS.md). The others stay av
 ``ragproxy calibrate --half calibration --curve --config C`` shows a guard set's curve."""
 
 DEFAULT_MAX_WRONG_HIT_RATE = 0.05
+DEFAULT_ANSWER_AGREEMENT = 0.4
+"""Similarity of two answers from which they agree (``cache.l2.answer_agreement``)."""
+DEFAULT_CANDIDATES = 4
+"""Nearest questions examined per lookup (``cache.l2.candidates``)."""
 
 _SEPARATOR = "\x1f"
 
@@ -254,9 +258,9 @@ class SemanticTier:
         namespace_thresholds: Mapping[str, float] | None = None,
         max_wrong_hit_rate: float = DEFAULT_MAX_WRONG_HIT_RATE,
         verify_fraction: float = 0.0,
-        answer_agreement: float = 0.4,
+        answer_agreement: float = DEFAULT_ANSWER_AGREEMENT,
         guards: Iterable[str] = DEFAULT_GUARDS,
-        candidates: int = 4,
+        candidates: int = DEFAULT_CANDIDATES,
         veto: Veto = guard_veto,
     ) -> None:
         """``threshold``/``namespace_thresholds``: fixed cosine thresholds (overrides of the calibrated ones);

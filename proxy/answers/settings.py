@@ -8,8 +8,13 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, Field, SecretStr, field_validator, model_validator
 
+from normalizer.bypass import BypassSettings
 from proxy.core.settings_section import Section
+from tiers.embedders import DEFAULT_UPSTREAM_DIM, DEFAULT_UPSTREAM_MODEL
 from tiers.policies import POLICY_NAMES
+from tiers.semantic import DEFAULT_ANSWER_AGREEMENT, DEFAULT_CANDIDATES, DEFAULT_MAX_WRONG_HIT_RATE
+
+_BYPASS = BypassSettings()  # the bypass rules' defaults, defined once there
 
 
 def _known_policy(name: str) -> str:
@@ -37,14 +42,15 @@ class L2Settings(Section):
         default="local", description="local: all-MiniLM-L6-v2 on the CPU; upstream: an OpenAI /v1/embeddings URL"
     )
     upstream_url: str | None = Field(default=None, description="Embeddings base URL (upstream embedder)")
-    upstream_model: str = Field(default="text-embedding-3-small", description="Model of the upstream embedder")
-    upstream_dim: int = Field(default=1536, ge=1, description="Vector size of the upstream embedder")
+    upstream_model: str = Field(default=DEFAULT_UPSTREAM_MODEL, description="Model of the upstream embedder")
+    upstream_dim: int = Field(default=DEFAULT_UPSTREAM_DIM, ge=1, description="Vector size of the upstream embedder")
     upstream_api_key: SecretStr | None = Field(default=None, description="Key for the upstream embedder")
     embedder_runtime: Literal["auto", "onnx", "numpy"] = Field(
         default="auto", description="local embedder: onnx (int8 graph on onnxruntime, a few ms), numpy (no onnxruntime "
         "needed, 10-30 ms); auto: onnx when onnxruntime and onnx are installed")
     max_wrong_hit_rate: float = Field(
-        default=0.05, gt=0, lt=1, description="Error bound: per tenant and namespace, the lowest threshold where the "
+        default=DEFAULT_MAX_WRONG_HIT_RATE, gt=0, lt=1,
+        description="Error bound: per tenant and namespace, the lowest threshold where the "
         "wrong share of served semantic hits is within it with 95% confidence (see docs/semantic.md); reported in "
         "/admin/stats and /metrics")
     verify_fraction: float = Field(
@@ -52,7 +58,8 @@ class L2Settings(Section):
         "answer to keep the estimate honest (misses with a near candidate are compared for free; 10% while a "
         "namespace has fewer than 20 comparisons at or above its threshold)")
     answer_agreement: float = Field(
-        default=0.4, gt=0, le=1, description="Similarity of two answers (TF-IDF cosine of their content words, the "
+        default=DEFAULT_ANSWER_AGREEMENT, gt=0, le=1,
+        description="Similarity of two answers (TF-IDF cosine of their content words, the "
         "questions' own words left out) from which they agree; identical text always does")
     threshold: float | None = Field(
         default=None, gt=0, le=1, description="Fixed cosine threshold for every namespace: overrides the error bound "
@@ -63,7 +70,7 @@ class L2Settings(Section):
         default_factory=lambda: ["numbers", "dates", "negations", "entities", "order"],
         description="Vetoes of look-alike questions (normalizer.guards); the defaults pay on real question pairs",
     )
-    candidates: int = Field(default=4, ge=1, description="Nearest questions examined per lookup")
+    candidates: int = Field(default=DEFAULT_CANDIDATES, ge=1, description="Nearest questions examined per lookup")
     vector_store: Literal["hnsw", "qdrant"] = Field(
         default="hnsw", description="hnsw: per-process index under data_dir; qdrant: shared collection"
     )
@@ -122,10 +129,11 @@ class CacheSettings(Section):
         default=True, description="Cache answers to requests with temperature > 0 (see normalizer docs)"
     )
     unknown_fields: Literal["bypass", "ignore"] = Field(
-        default="bypass", description="Requests with fields the key cannot judge are not cached"
+        default=_BYPASS.unknown_fields, description="Requests with fields the key cannot judge are not cached"
     )
     rerank_max_documents: int = Field(
-        default=1000, ge=0, description="Documents of one rerank or score request cached one by one; a request with "
+        default=_BYPASS.rerank_max_documents, ge=0,
+        description="Documents of one rerank or score request cached one by one; a request with "
         "more goes upstream and back uncached (BYPASS): parsing and re-encoding its answer would hold the event loop "
         "(normalizer.bypass)"
     )

@@ -43,6 +43,8 @@ from tiers.redis_store import RedisStore
 from tiers.redis_versions import RedisVersions
 from tiers.response_tier import ResponseTier
 
+_REDIS = RedisSettings()  # the defaults, defined once there
+
 log = logging.getLogger("ragproxy.shared")
 
 
@@ -116,15 +118,15 @@ class SharedMode:
 class SharedOptions:
     """Tuning of shared mode; each field is the setting ``redis.<field>``."""
 
-    prefix: str = "ragproxy"
-    near_ttl_s: float = 30.0
-    bus_heartbeat_s: float = 0.5
-    bus_lease_s: float = 3.0
-    bus_ack_timeout_s: float = 1.0
-    prefix_ttl_s: float = 30.0
-    l1_max_bytes: int = 1024**3
-    l1_shards: int = 0
-    l1_compress: bool = True
+    prefix: str = _REDIS.prefix
+    near_ttl_s: float = _REDIS.near_ttl_s
+    bus_heartbeat_s: float = _REDIS.bus_heartbeat_s
+    bus_lease_s: float = _REDIS.bus_lease_s
+    bus_ack_timeout_s: float = _REDIS.bus_ack_timeout_s
+    prefix_ttl_s: float = _REDIS.prefix_ttl_s
+    l1_max_bytes: int = _REDIS.l1_max_bytes
+    l1_shards: int = _REDIS.l1_shards
+    l1_compress: bool = _REDIS.l1_compress
 
     @property
     def tombstone_s(self) -> float:

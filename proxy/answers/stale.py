@@ -39,12 +39,15 @@ from collections.abc import Callable, Collection
 from dataclasses import dataclass
 
 from proxy.answers.replies import complete_body, hit_reply
+from proxy.answers.settings import StaleSettings
 from proxy.core.context import FinishCallback, Reply, RequestContext
 from proxy.core.endpoints import Endpoint
 from proxy.core.errors import ProxyError
 from proxy.core.outcome import MISS_STATUSES, CacheStatus, Matched, Outcome
 from proxy.core.pipeline import Next
 from tiers.entry import CachedResponse
+
+_STALE = StaleSettings()  # the defaults, defined once there
 
 log = logging.getLogger("ragproxy.stale")
 
@@ -64,8 +67,8 @@ class _Kept:
 class StaleStore:
     """Bounded LRU of the last good answer per exact key, kept past the tiers' TTLs (pure; no I/O)."""
 
-    def __init__(self, *, max_entries: int = 10_000, max_bytes: int = 64 * 1024 * 1024,
-                 max_stale_s: float = 86_400.0, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, *, max_entries: int = _STALE.max_entries, max_bytes: int = _STALE.max_bytes,
+                 max_stale_s: float = _STALE.max_stale_s, clock: Callable[[], float] = time.monotonic) -> None:
         if max_entries < 1 or max_bytes < 1 or max_stale_s <= 0:
             raise ValueError("max_entries, max_bytes and max_stale_s must be positive")
         self.max_entries = max_entries

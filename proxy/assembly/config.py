@@ -25,15 +25,18 @@ from pydantic import (
     model_validator,
 )
 
+from normalizer.limits import RequestLimits
 from proxy.answers.settings import CacheSettings
 from proxy.core.redis_settings import RedisSettings
 from proxy.core.settings_section import Section
 from proxy.credits.settings import AuthSettings, CreditsSettings, IdempotencySettings
 from proxy.kv.settings import RoutingSettings
 from proxy.observability.settings import LoggingSettings, TelemetrySettings
+from proxy.server.connection import BODY_TIMEOUT_S, HEAD_TIMEOUT_S, MAX_CONNECTIONS, READ_TIMEOUT_S
 from proxy.upstream.settings import Upstreams, redact_url
 
 ENV_PREFIX = "RAGPROXY_"
+_LIMITS = RequestLimits()  # the request limits' defaults, defined once there
 
 
 class ConfigError(ValueError):
@@ -45,19 +48,23 @@ class Server(Section):
     port: int = Field(default=8080, ge=1, le=65535, description="Data-plane port")
     max_body_bytes: int = Field(default=16 * 1024 * 1024, ge=1024, description="Largest request body accepted")
     read_timeout_s: float = Field(
-        default=60.0, gt=0, description="Longest silence from a client in the middle of sending a request (then 408)"
+        default=READ_TIMEOUT_S, gt=0,
+        description="Longest silence from a client in the middle of sending a request (then 408)"
     )
     head_timeout_s: float = Field(
-        default=10.0, gt=0, description="Longest time to receive a whole request head, however steadily it trickles "
-                                        "in (then 408); a new connection's first head counts from the connect"
+        default=HEAD_TIMEOUT_S, gt=0,
+        description="Longest time to receive a whole request head, however steadily it trickles in (then 408); a "
+        "new connection's first head counts from the connect"
     )
     body_timeout_s: float = Field(
-        default=60.0, gt=0, description="Longest time to receive a whole request body after its head, however "
-                                        "steadily it trickles in (then 408): max_body_bytes needs 280 KB/s"
+        default=BODY_TIMEOUT_S, gt=0,
+        description="Longest time to receive a whole request body after its head, however steadily it trickles in "
+        "(then 408): max_body_bytes needs 280 KB/s"
     )
     max_connections: int = Field(
-        default=10_000, ge=1, description="Client connections per process, at most 3/4 of the open-file limit; past "
-                                          "it the connection idle the longest is closed"
+        default=MAX_CONNECTIONS, ge=1,
+        description="Client connections per process, at most 3/4 of the open-file limit; past it the connection "
+        "idle the longest is closed"
     )
     shutdown_grace_s: float = Field(default=30.0, ge=0, description="Drain time for in-flight requests on SIGTERM")
     trust_forwarded: bool = Field(default=False, description="Keep incoming X-Forwarded-* chains")
@@ -65,16 +72,20 @@ class Server(Section):
 
 class LimitsSettings(Section):
     json_depth: int = Field(
-        default=128, ge=2, le=255, description="Deepest nesting of a JSON request body, 400 beyond (Qdrant's JSON "
-        "parser refuses more than 128 levels; the proxy re-encodes at most 255)"
-    )
-    embedding_inputs: int = Field(default=2048, ge=1, description="Items in one embeddings input, 413 beyond "
-                                  "(OpenAI's limit)")
-    search_batch: int = Field(default=1000, ge=1, description="Searches in one Qdrant batch request, 413 beyond")
-    prefetch_depth: int = Field(default=64, ge=1, description="Nesting of prefetch in a Qdrant query, 400 beyond "
-                                "(Qdrant's own limit)")
-    rerank_documents: int = Field(default=10_000, ge=1, description="Documents in one rerank or score request, "
-                                  "413 beyond (Cohere's limit)")
+        default=_LIMITS.json_depth, ge=2, le=255,
+        description="Deepest nesting of a JSON request body, 400 beyond (Qdrant's JSON parser refuses more than 128 "
+        "levels; the proxy re-encodes at most 255)")
+    embedding_inputs: int = Field(
+        default=_LIMITS.embedding_inputs, ge=1, description="Items in one embeddings input, 413 beyond (OpenAI's "
+        "limit)")
+    search_batch: int = Field(
+        default=_LIMITS.search_batch, ge=1, description="Searches in one Qdrant batch request, 413 beyond")
+    prefetch_depth: int = Field(
+        default=_LIMITS.prefetch_depth, ge=1, description="Nesting of prefetch in a Qdrant query, 400 beyond (Qdrant's "
+        "own limit)")
+    rerank_documents: int = Field(
+        default=_LIMITS.rerank_documents, ge=1, description="Documents in one rerank or score request, 413 beyond "
+        "(Cohere's limit)")
 
 
 def is_loopback(host: str) -> bool:
@@ -85,6 +96,7 @@ def is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host.strip("[]")).is_loopback
     except ValueError:
         return False
+
 
 
 class AdminSettings(Section):

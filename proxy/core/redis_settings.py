@@ -6,7 +6,8 @@ from __future__ import annotations
 from pydantic import Field, ValidationInfo, field_validator
 
 from proxy.core.settings_section import Section
-from tiers.redis_connect import check_url, is_sentinel
+from tiers.near_cache import NEAR_TTL_S
+from tiers.redis_connect import KEY_PREFIX, check_url, is_sentinel
 
 
 class RedisSettings(Section):
@@ -20,11 +21,11 @@ class RedisSettings(Section):
     reconnect_s: float = Field(default=2.0, ge=0, description="How long a credit, API-key or idempotency operation "
                                "waits out a Redis that refuses connections (a restart) before the store counts as "
                                "unavailable")
-    prefix: str = Field(default="ragproxy", min_length=1, description="Prefix of every shared-mode key and channel")
+    prefix: str = Field(default=KEY_PREFIX, min_length=1, description="Prefix of every shared-mode key and channel")
     wipe_check_s: float = Field(default=1.0, gt=0, description="How often each replica checks that Redis still holds "
                                 "the sentinel written at start: gone, credits and keys run in outage mode and "
                                 "/readyz answers 503 (docs/credits.md)")
-    near_ttl_s: float = Field(default=30.0, gt=0, description="Longest a replica keeps its near copy of an entry")
+    near_ttl_s: float = Field(default=NEAR_TTL_S, gt=0, description="Longest a replica keeps its near copy of an entry")
     bus_heartbeat_s: float = Field(default=0.5, gt=0, description="Heartbeat period of the invalidation bus")
     bus_lease_s: float = Field(
         default=3.0, gt=0, description="A replica that heard nothing on the bus this long stops serving near copies"

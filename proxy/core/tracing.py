@@ -25,7 +25,7 @@ from proxy.core.handoffs import RequestTrace
 Next = Callable[[RequestContext], Awaitable[Reply]]
 
 
-def make_tracer(endpoint: str | None, service_name: str = "ragproxy",
+def make_tracer(endpoint: str | None, service_name: str,
                 processor: SpanProcessor | None = None) -> Tracer:
     """A tracer exporting to ``endpoint`` (OTLP/HTTP), or to ``processor`` (tests)."""
     provider = TracerProvider(resource=Resource.create({"service.name": service_name}))

@@ -63,8 +63,11 @@ from proxy.core.errors import ProxyError
 from proxy.core.outcome import add_headers
 from proxy.core.pipeline import Next
 from proxy.core.sse import DONE
+from proxy.credits.settings import IdempotencySettings
 from proxy.credits.stages import CHARGED, LEDGER_ID, REMAINING, RESERVED
 from proxy.credits.store import CreditStoreUnavailable
+
+_SETTINGS = IdempotencySettings()  # the defaults, defined once there
 
 log = logging.getLogger("ragproxy.idempotency")
 
@@ -319,7 +322,8 @@ class Idempotency:
     needs = frozenset({"tenant", "user"})
     gives: frozenset[str] = frozenset()
 
-    def __init__(self, store: IdempotencyStore, *, ttl_s: float = 86_400.0, running_ttl_s: float = 600.0,
+    def __init__(self, store: IdempotencyStore, *, ttl_s: float = _SETTINGS.ttl_s,
+                 running_ttl_s: float = _SETTINGS.running_ttl_s,
                  max_response_bytes: int = 4 * 1024 * 1024) -> None:
         self.store = store
         self.ttl_s = ttl_s

@@ -38,9 +38,13 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from proxy.core.redis_settings import RedisSettings
 from proxy.credits.idempotency import Claim, Claimed, Full, Kept, Mismatch, Running, held_bytes
 from proxy.credits.redis_store import RedisClient, _text, connect, reconnecting, unavailable_on_failure
 from proxy.credits.redis_wipe import WipeWatch
+from proxy.credits.settings import IdempotencySettings
+
+_SETTINGS, _REDIS = IdempotencySettings(), RedisSettings()  # the defaults, defined once there
 
 ROOM = """
 local function used(sizes) return tonumber(redis.call('HGET', sizes, ' total') or '0') end
@@ -173,8 +177,8 @@ class RedisIdempotencyStore:
     """Idempotency-key records shared through Redis."""
 
     def __init__(self, client: RedisClient, *, prefix: str = "ragproxy:idem", per_user: int = 1_000,
-                 max_bytes: int = 256 * 1024**2, max_bytes_per_user: int = 16 * 1024**2, ttl_s: float = 86_400.0,
-                 clock: Callable[[], float] = time.time, reconnect_s: float = 2.0) -> None:
+                 max_bytes: int = 256 * 1024**2, max_bytes_per_user: int = 16 * 1024**2, ttl_s: float = _SETTINGS.ttl_s,
+                 clock: Callable[[], float] = time.time, reconnect_s: float = _REDIS.reconnect_s) -> None:
         """``ttl_s``: how long a kept answer lives (and a user's key index after its last claim); ``reconnect_s``:
         how long an operation waits out a restarting Redis (:func:`~proxy.credits.redis_store.reconnecting`)."""
         self.client = client

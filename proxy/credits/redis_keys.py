@@ -15,9 +15,12 @@ from typing import Any
 
 import orjson
 
+from proxy.core.redis_settings import RedisSettings
 from proxy.credits.keys import ApiKey, CreatedKey, display_of, key_hash, matches, new_key, new_key_id
 from proxy.credits.redis_store import RedisClient, connect, reconnecting, unavailable_on_failure
 from proxy.credits.redis_wipe import WipeWatch
+
+_REDIS = RedisSettings()  # the defaults, defined once there
 
 _CREATE = """
 -- KEYS: records, active ; ARGV: key id, hash, record
@@ -52,7 +55,7 @@ class RedisKeyStore:
 
     def __init__(
         self, client: RedisClient, *, prefix: str = "ragproxy:credits", clock: Callable[[], float] = time.time,
-        reconnect_s: float = 2.0,
+        reconnect_s: float = _REDIS.reconnect_s,
     ) -> None:
         self.client = client
         self.reconnect_s = reconnect_s

@@ -46,6 +46,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from proxy.core.handoffs import Reservation
+from proxy.core.redis_settings import RedisSettings
 from proxy.credits import redis_scripts
 from proxy.credits.redis_wipe import WipeWatch
 from proxy.credits.store import (
@@ -63,6 +64,8 @@ from proxy.credits.store import (
     encode_cursor,
 )
 from tiers import redis_connect
+
+_REDIS = RedisSettings()  # the defaults, defined once there
 
 RedisClient = aioredis.Redis | RedisCluster
 # ClusterDownError / MasterDownError: a Cluster mid-failover (no master for a slot yet) is unavailable too.
@@ -139,7 +142,7 @@ class RedisCreditStore:
         finished_retention_s: float = 7 * 86400,
         reap_batch: int = 500,
         clock: Callable[[], float] = time.time,
-        reconnect_s: float = 2.0,
+        reconnect_s: float = _REDIS.reconnect_s,
     ) -> None:
         self.client = client
         self.prefix = prefix

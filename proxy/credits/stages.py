@@ -65,8 +65,11 @@ from proxy.core.pipeline import Next
 from proxy.core.usage import Usage, usage_from_body
 from proxy.credits.keys import ApiKey, KeyStore, key_hash
 from proxy.credits.pricing import CHARS_PER_TOKEN, PriceBook, format_credits
+from proxy.credits.settings import AuthSettings, CreditsSettings
 from proxy.credits.store import ChargeDetails, CreditStore, CreditStoreUnavailable, InsufficientCredit, Settlement
 from proxy.credits.streaming import UsageChunkFilter, ask_upstream_for_usage, client_asked_for_usage
+
+_AUTH, _CREDITS = AuthSettings(), CreditsSettings()  # the defaults, defined once there
 
 log = logging.getLogger("ragproxy.credits")
 
@@ -107,7 +110,7 @@ class Identify:
         keys: KeyStore | None,
         *,
         open_mode: bool = False,
-        key_cache_ttl_s: float = 30.0,
+        key_cache_ttl_s: float = _AUTH.key_cache_ttl_s,
         key_cache_size: int = 10_000,
         retry_after_s: int = 5,
         clock: Callable[[], float] = time.monotonic,
@@ -182,7 +185,7 @@ class Credits:
         store: CreditStore,
         prices: PriceBook,
         *,
-        reservation_ttl_s: float = 600.0,
+        reservation_ttl_s: float = _CREDITS.reservation_ttl_s,
         fail_open: bool = False,
         retry_after_s: int = 5,
         settle_retry_window_s: float = 3600.0,

@@ -32,6 +32,10 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
+from proxy.kv.settings import RoutingSettings
+
+_ROUTING = RoutingSettings()  # the defaults, defined once there
+
 T = TypeVar("T")
 
 
@@ -52,7 +56,7 @@ class DeadlineExceeded(TimeoutError):
 class CacheAwareOrder(Generic[T]):
     """Pure waiting-queue order: best cached/compute ratio first, starved requests before all."""
 
-    def __init__(self, starvation_window_s: float = 2.0) -> None:
+    def __init__(self, starvation_window_s: float = _ROUTING.starvation_window_s) -> None:
         self.starvation_window_s = starvation_window_s
         self.expired: list[T] = []
         """Items :meth:`pop` passed over because their deadline had gone; the caller refuses and clears them."""
@@ -114,7 +118,7 @@ class AdmissionQueue:
         self,
         limit: int = 4,
         *,
-        starvation_window_s: float = 2.0,
+        starvation_window_s: float = _ROUTING.starvation_window_s,
         max_wait_s: float = 30.0,
         clock: Callable[[], float] = time.monotonic,
         backlog: Callable[[float], float] | None = None,

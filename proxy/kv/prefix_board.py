@@ -13,6 +13,10 @@ from urllib.parse import quote
 import redis.asyncio as aioredis
 from redis.asyncio.cluster import RedisCluster
 
+from proxy.core.redis_settings import RedisSettings
+
+_REDIS = RedisSettings()  # the defaults, defined once there
+
 log = logging.getLogger("ragproxy.shared")
 
 
@@ -29,8 +33,8 @@ class PrefixSummaryBoard:
     prefixes nobody sent within ``ttl_s`` — roughly when a backend's KV cache would have evicted them.
     """
 
-    def __init__(self, client: aioredis.Redis | RedisCluster, backends: Sequence[str], *, prefix: str = "ragproxy",
-                 ttl_s: float = 30.0, max_per_backend: int = 4096, refresh_s: float = 1.0,
+    def __init__(self, client: aioredis.Redis | RedisCluster, backends: Sequence[str], *, prefix: str = _REDIS.prefix,
+                 ttl_s: float = _REDIS.prefix_ttl_s, max_per_backend: int = 4096, refresh_s: float = 1.0,
                  clock: Callable[[], float] = time.time) -> None:
         self.client = client
         self.backends = list(backends)

@@ -71,6 +71,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
 from proxy.kv.prefill import PrefillModel
+from proxy.kv.settings import RoutingSettings
+
+_ROUTING = RoutingSettings()  # the defaults, defined once there
 
 
 @dataclass(slots=True)  # not frozen: built per request, and frozen fields cost about 5 times more to set
@@ -271,7 +274,7 @@ class Router:
         parallelism: int | Sequence[int] = 1,
         balance_abs_threshold: int = 4,
         balance_rel_threshold: float = 2.0,
-        affinity_headroom: float = 0.7,
+        affinity_headroom: float = _ROUTING.affinity_headroom,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if not prefill_models:

@@ -73,8 +73,11 @@ from proxy.kv.kinds import BackendKind, build_hints
 from proxy.kv.order import OrderPolicy, Popularity, order_documents, shift_reusable_tokens
 from proxy.kv.prefill import PrefillModel, share_fits
 from proxy.kv.router import Candidate, Reject, Router
+from proxy.kv.settings import RoutingSettings
 from proxy.kv.tree import KnowledgeTree, Match
 from proxy.upstream.client import UpstreamClient
+
+_ROUTING = RoutingSettings()  # the defaults, defined once there
 
 
 class EndpointStage(partial[Coroutine[Any, Any, Reply]]):
@@ -210,7 +213,7 @@ class Route:
         salt_secret: str = "",
         backend_objects: Sequence[Any] | None = None,
         expose_headers: bool = False,
-        shift_min_tokens: int = 64,
+        shift_min_tokens: int = _ROUTING.shift_min_tokens,
         client: UpstreamClient | None = None,
     ) -> None:
         self.expose_headers = expose_headers

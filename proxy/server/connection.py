@@ -54,6 +54,11 @@ from multidict import CIMultiDict, CIMultiDictProxy
 from proxy.server.request import Request
 from proxy.server.responder import Responder
 
+READ_TIMEOUT_S, HEAD_TIMEOUT_S, BODY_TIMEOUT_S = 60.0, 10.0, 60.0
+"""How long a client may take, unless configured (``server.*_timeout_s``: see the settings for what each bounds)."""
+MAX_CONNECTIONS = 10_000
+"""Client connections per process unless configured (``server.max_connections``)."""
+
 log = logging.getLogger("ragproxy.server")
 
 Handler = Callable[[Request, Responder], Awaitable[None]]
@@ -78,8 +83,9 @@ class HttpServer:
     """Listens on one address and serves every connection with ``handler``."""
 
     def __init__(self, handler: Handler, *, max_body: int, error_body: ErrorBody, max_head: int = 64 * 1024,
-                 keepalive_s: float = 75.0, read_timeout_s: float = 60.0, head_timeout_s: float = 10.0,
-                 body_timeout_s: float = 60.0, max_connections: int = 10_000) -> None:
+                 keepalive_s: float = 75.0, read_timeout_s: float = READ_TIMEOUT_S,
+                 head_timeout_s: float = HEAD_TIMEOUT_S, body_timeout_s: float = BODY_TIMEOUT_S,
+                 max_connections: int = MAX_CONNECTIONS) -> None:
         self.handler = handler
         self.max_body = max_body
         self.max_head = max_head

@@ -33,9 +33,12 @@ from typing import Protocol
 import orjson
 import redis.exceptions
 
+from proxy.core.redis_settings import RedisSettings
 from proxy.credits.sqlite_worker import SqliteWorker
 from proxy.credits.store import CreditStoreUnavailable
 from tiers.redis_connect import RedisClient
+
+_REDIS = RedisSettings()  # the defaults, defined once there
 
 
 class OwnersUnavailable(Exception):
@@ -126,7 +129,7 @@ class SqliteResponseOwners:
 class RedisResponseOwners:
     """Owners on the shared Redis (shared mode): one string per response, expiring with the retention."""
 
-    def __init__(self, client: RedisClient, *, ttl_s: float, prefix: str = "ragproxy") -> None:
+    def __init__(self, client: RedisClient, *, ttl_s: float, prefix: str = _REDIS.prefix) -> None:
         self.client = client
         self.ttl_ms = max(1, int(ttl_s * 1000))
         self.prefix = f"{prefix}:resp:"

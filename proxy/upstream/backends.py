@@ -19,8 +19,10 @@ from dataclasses import dataclass, field
 
 from proxy.upstream.client import UpstreamClient
 from proxy.upstream.http1 import LocalResourceError
-from proxy.upstream.settings import LLMBackend
+from proxy.upstream.settings import LLMBackend, Upstreams
 from tiers.breaker import CircuitBreaker
+
+_UPSTREAMS = Upstreams()  # the defaults, defined once there
 
 HEALTH_PATH = "/v1/models"
 """What the health probe reads: the OpenAI route every kind of backend serves, so a gateway in front passes it too."""
@@ -60,7 +62,8 @@ class Backend:
 class BackendPool:
     """All configured replicas."""
 
-    def __init__(self, configs: list[LLMBackend], *, breaker_failures: int = 5, breaker_open_s: float = 5.0) -> None:
+    def __init__(self, configs: list[LLMBackend], *, breaker_failures: int = _UPSTREAMS.breaker_failures,
+                 breaker_open_s: float = _UPSTREAMS.breaker_open_s) -> None:
         self.backends = [
             Backend(index=i, config=c,
                     breaker=CircuitBreaker(failures_to_open=breaker_failures, open_seconds=breaker_open_s))

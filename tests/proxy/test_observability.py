@@ -41,7 +41,7 @@ def test_spans_per_stage_and_propagation(fake_llm_thread: FakeLLM) -> None:
     exporter = InMemorySpanExporter()
     settings = proxy_settings(fake_llm_thread.url, **{"telemetry.tracing": True})
     runtime = Runtime(settings)
-    runtime.tracer = make_tracer(None, processor=SimpleSpanProcessor(exporter))
+    runtime.tracer = make_tracer(None, "ragproxy", processor=SimpleSpanProcessor(exporter))
     with ProxyServer(settings, runtime) as server:
         httpx.post(server.url + "/v1/chat/completions", json=BODY, headers={"traceparent": TRACEPARENT})
         _eventually(lambda: any(s.name == "ragproxy chat" for s in exporter.get_finished_spans()))
@@ -60,7 +60,7 @@ def test_spans_name_the_patches_of_the_body_sent_upstream(fake_llm_thread: FakeL
     exporter = InMemorySpanExporter()
     settings = proxy_settings(fake_llm_thread.url, **{"telemetry.tracing": True})
     runtime = Runtime(settings)
-    runtime.tracer = make_tracer(None, processor=SimpleSpanProcessor(exporter))
+    runtime.tracer = make_tracer(None, "ragproxy", processor=SimpleSpanProcessor(exporter))
     with ProxyServer(settings, runtime) as server:
         for inputs in (["alpha"], ["alpha", "beta"]):
             httpx.post(server.url + "/v1/embeddings", json={"model": "fake-model", "input": inputs})

@@ -22,6 +22,10 @@ from tiers.embedders.local import LocalEmbedder
 from tiers.embedders.upstream import UpstreamEmbedder, UpstreamEmbeddingError
 from tiers.fetch import Fetcher
 
+DEFAULT_UPSTREAM_MODEL = "text-embedding-3-small"
+DEFAULT_UPSTREAM_DIM = 1536
+"""The upstream embedder's model and vector size unless configured (``cache.l2.upstream_model``, ``upstream_dim``)."""
+
 __all__ = [
     "CachedEmbedder",
     "Embedder",
@@ -40,8 +44,8 @@ def build_embedder(
     *,
     cache_capacity: int = 10_000,
     upstream_url: str | None = None,
-    upstream_model: str = "text-embedding-3-small",
-    upstream_dim: int = 1536,
+    upstream_model: str = DEFAULT_UPSTREAM_MODEL,
+    upstream_dim: int = DEFAULT_UPSTREAM_DIM,
     upstream_api_key: str | None = None,
     upstream_client: Fetcher | None = None,
     max_batch: int = 32,
