@@ -251,6 +251,19 @@ class KnowledgeTree:
                 self.max_capacity_tokens, int(self.capacity_tokens * self.grow_factor) + 1
             )
 
+    def forget(self, seq: Sequence[Segment], kept_tokens: int) -> None:
+        """The replica no longer holds ``seq`` beyond its first ``kept_tokens``: drop the first node past them and
+        what hangs below it (computed behind that node, so gone with it)."""
+        node = self._root
+        for segment in seq:
+            child = node.children.get(segment.key)
+            if child is None:
+                return
+            if child.depth_tokens > kept_tokens:
+                self._remove_subtree(child)
+                return
+            node = child
+
     def clear(self) -> None:
         for child in list(self._root.children.values()):
             self._remove_subtree(child)
