@@ -62,12 +62,14 @@ from loadtest.bench.kv import (
     Workload,
     _client,
     add_server_options,
+    ceiling_tokens,
     chosen_sides,
     ensure_binaries,
     exit_on_sigterm,
     make_workload,
     prefix_reuse_ceiling,
     print_phases,
+    reuse_losses,
     sequential,
 )
 from loadtest.capacity import Sweep, bootstrap, capacity_ratio, fit_capacity, percentile_interval
@@ -287,6 +289,10 @@ async def _run(
     summary = _summary(args, calib, unloaded_ms, slo_s, service, duration, figures, load_outcomes, work, ranges,
                        fleet)
     summary.update(_capacity(args, trials, chunks))
+    losses = reuse_losses(proxy.routed, ranges[0][0] if ranges else len(work.requests), ceiling_tokens(work))
+    print("proxy's reuse over the load runs, estimated tokens (ceiling / one cache, its order / same replica / "
+          "predicted / reported): " + " / ".join(f"{value:.3f}" for value in losses.values()))
+    summary["reuse_losses"] = losses
     summary["client_cpu_ms_per_request"] = {k: round(v / sent * 1000, 2) for k, v in client_cpu.items()}
     return summary
 
