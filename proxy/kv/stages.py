@@ -291,7 +291,7 @@ class Route:
         if self.expose_headers:
             ctx.response_headers["X-RagProxy-Replica"] = str(decision.replica)
             ctx.response_headers["X-RagProxy-Cached-Tokens-Estimate"] = str(decision.cached_tokens)
-        predicted = replica.tree.insert(path)
+        predicted = replica.tree.insert(path, in_flight=True)
         if self.shared is not None:
             tokens, prefixes = 0, []
             for segment, digest in zip(path, SharedPrefixes.hashes(path), strict=True):
@@ -413,6 +413,7 @@ class Route:
                 replica.tree.forget(lost.path, lost.kept_tokens)
 
         def release() -> None:
+            replica.tree.settled(routed.path, routed.predicted)
             self.router.finished(routed.ticket, routed.replica)
             replica.queue.release()
             if replica.slots is not None and routed.slot is not None:
