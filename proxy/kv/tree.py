@@ -208,7 +208,8 @@ class KnowledgeTree:
                 self.size_tokens += segment.tokens
                 self.node_count += 1
             child.frequency += 1
-            child.pending += in_flight and index >= before.segments
+            if in_flight and index >= before.segments:
+                child.pending += 1
             child.last_access = now
             self._reprioritize(child)
             path.append(child)
