@@ -86,6 +86,7 @@ import orjson
 
 from loadtest.goodput import ERROR, OK, REJECTED, Outcome
 from normalizer.documents import Document, render, render_document
+from normalizer.prompt_plan import Segment
 from proxy.core.context import Reply, RequestContext
 from proxy.core.errors import ProxyError
 from proxy.core.pipeline import Pipeline
@@ -147,7 +148,15 @@ def make_workload(*, docs: int, requests: int, doc_words: int, seed: int, zipf_s
 
 
 def prefix_reuse_ceiling(work: Workload, first: int = 0, chars_per_token: float = 4.0) -> float:
-    """Token reuse of a perfect prefix cache on ``work``, over its requests from index ``first`` on.
+    """Token reuse of a perfect prefix cache on ``work`` over its requests from index ``first`` on
+    (:func:`ceiling_tokens`, summed)."""
+    counted = ceiling_tokens(work, chars_per_token)[first:]
+    total = sum(t for _, t in counted)
+    return sum(c for c, _ in counted) / total if total else 0.0
+
+
+def ceiling_tokens(work: Workload, chars_per_token: float = 4.0) -> list[tuple[int, int]]:
+    """``(cached, prompt)`` estimated tokens of every request of ``work`` under a perfect prefix cache.
 
     The cache holds every prompt sent before, without limit; each request takes, among the orders the ``reuse``
     policy allows (top-ranked document first or last, the others in any order), the one whose longest cached
@@ -162,7 +171,7 @@ def prefix_reuse_ceiling(work: Workload, first: int = 0, chars_per_token: float 
     system = size(work.system)
     doc_tokens = [size(render_document(d)) for d in work.documents]
     seen: set[tuple[int, ...]] = set()
-    cached = total = 0
+    out: list[tuple[int, int]] = []
     for index, (chosen, question) in enumerate(work.requests):
         top, rest = chosen[0], chosen[1:]
         orders = [(top, *p) for p in itertools.permutations(rest)] + [(*p, top) for p in itertools.permutations(rest)]
@@ -176,10 +185,60 @@ def prefix_reuse_ceiling(work: Workload, first: int = 0, chars_per_token: float 
             if reused > best:
                 best_order, best = order, reused
         seen.update(best_order[:depth] for depth in range(1, len(best_order) + 1))
-        if index >= first:
-            cached += best
-            total += system + sum(doc_tokens[d] for d in chosen) + size(question)
-    return cached / total if total else 0.0
+        out.append((best, system + sum(doc_tokens[d] for d in chosen) + size(question)))
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class Routed:
+    """One answered request of a proxy side, in the knowledge tree's estimated tokens: the workload's request
+    ``index``, the order it was routed in (``ticket``), its ``replica`` and prefix ``path``, the prompt's
+    ``total``, the reuse ``predicted`` (the tree's, or the chosen slot's) and the ``reported`` one."""
+
+    index: int
+    ticket: int
+    replica: int
+    path: tuple[Segment, ...]
+    total: int
+    predicted: int
+    reported: int
+
+
+def reuse_losses(routed: Sequence[Routed], first: int, ceiling: Sequence[tuple[int, int]]) -> dict[str, float]:
+    """Where reuse goes, as shares of the prompt tokens of the answered requests from workload index ``first``
+    on: ``ceiling`` (a perfect prefix cache, best order), ``one_cache`` (the longest prefix of the path as the
+    proxy sent it among every path it sent before, to any replica), ``same_replica`` (among those sent to the
+    same replica), ``predicted`` and ``reported``. The steps between them are the order chosen, the history split
+    across replicas, what the servers lost or the tree forgot, and the prediction's error."""
+    seen: set[tuple[str, ...]] = set()
+    seen_by: dict[int, set[tuple[str, ...]]] = {}
+    sums = dict.fromkeys(["ceiling", "one_cache", "same_replica", "predicted", "reported"], 0)
+    total = 0
+
+    def longest(path: tuple[Segment, ...], prefixes: set[tuple[str, ...]]) -> int:
+        keys = tuple(segment.key for segment in path)
+        tokens = 0
+        for depth, segment in enumerate(path, 1):
+            if keys[:depth] not in prefixes:
+                break
+            tokens += segment.tokens
+        return tokens
+
+    for r in sorted(routed, key=lambda r: r.ticket):
+        replica_seen = seen_by.setdefault(r.replica, set())
+        if r.index >= first:
+            cached, prompt = ceiling[r.index]
+            sums["ceiling"] += round(cached * r.total / prompt) if prompt else 0
+            sums["one_cache"] += longest(r.path, seen)
+            sums["same_replica"] += longest(r.path, replica_seen)
+            sums["predicted"] += r.predicted
+            sums["reported"] += r.reported
+            total += r.total
+        keys = tuple(segment.key for segment in r.path)
+        prefixes = {keys[:depth] for depth in range(1, len(keys) + 1)}
+        seen |= prefixes
+        replica_seen |= prefixes
+    return {name: round(value / total, 3) if total else 0.0 for name, value in sums.items()}
 
 
 def _free_port() -> int:
@@ -529,6 +588,8 @@ class ProxySide:
         self.urls, self.work, self.client = urls, work, client
         self.estimates: list[tuple[float, float]] = []
         """``(estimated, measured)`` TTFT of every answered request, in seconds."""
+        self.routed: list[Routed] = []
+        """Every answered request, for :func:`reuse_losses`."""
         self.checked = 0
         self.over_predicted = 0
         """Answered requests whose reuse the backend reported, and those for which the knowledge tree (or the chosen
@@ -613,6 +674,9 @@ class ProxySide:
         self.checked += 1
         tolerance = self.replicas[routed.replica].tree.tolerance_tokens
         self.over_predicted += expected.tokens > round(cached * scale) + tolerance
+        self.routed.append(Routed(int(ctx.request_id.removeprefix("kv-")), int(routed.ticket), routed.replica,
+                                  tuple(routed.path), routed.total_tokens, expected.tokens,
+                                  min(routed.total_tokens, round(cached * scale))))
 
     @property
     def over_predicted_share(self) -> float | None:

@@ -62,12 +62,14 @@ from loadtest.bench.kv import (
     Workload,
     _client,
     add_server_options,
+    ceiling_tokens,
     chosen_sides,
     ensure_binaries,
     exit_on_sigterm,
     make_workload,
     prefix_reuse_ceiling,
     print_phases,
+    reuse_losses,
     sequential,
 )
 from loadtest.capacity import Sweep, bootstrap, capacity_ratio, fit_capacity, percentile_interval
@@ -287,6 +289,16 @@ async def _run(
     summary = _summary(args, calib, unloaded_ms, slo_s, service, duration, figures, load_outcomes, work, ranges,
                        fleet)
     summary.update(_capacity(args, trials, chunks))
+    losses = reuse_losses(proxy.routed, ranges[0][0] if ranges else len(work.requests), ceiling_tokens(work))
+    print("proxy's reuse over the load runs, estimated tokens (ceiling / one cache, its order / same replica / "
+          "predicted / reported): " + " / ".join(f"{value:.3f}" for value in losses.values()))
+    summary["reuse_losses"] = losses
+    trees = [{"evictions": r.tree.evictions, "forgotten_tokens": r.tree.forgotten_tokens,
+              "size_tokens": r.tree.size_tokens, "capacity_tokens": r.tree.capacity_tokens} for r in proxy.replicas]
+    under = sum(r.reported > r.predicted + proxy.replicas[r.replica].tree.tolerance_tokens for r in proxy.routed)
+    print(f"proxy's knowledge trees: {trees}; requests whose prediction was above the report: "
+          f"{proxy.over_predicted_share}, below it: {round(under / max(1, len(proxy.routed)), 3)}")
+    summary["proxy_trees"] = trees
     summary["client_cpu_ms_per_request"] = {k: round(v / sent * 1000, 2) for k, v in client_cpu.items()}
     return summary
 

@@ -35,6 +35,7 @@ time generating after the first token (what a reply that was not streamed spent 
 from __future__ import annotations
 
 import hashlib
+import itertools
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -86,6 +87,15 @@ def path_hash(keys: Sequence[str]) -> str:
 class Hints:
     body: dict[str, Any] = field(default_factory=dict)
     headers: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class Lost:
+    """What a server lost when a slot started a request: ``path``'s segments beyond its first ``kept_tokens``
+    (truncated in the slot, and held by no other slot nor the host prompt cache)."""
+
+    path: tuple[Segment, ...]
+    kept_tokens: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,6 +157,12 @@ class SlotTable:
         self._used: list[float] = [float("-inf")] * slots
         self._busy: list[int] = [0] * slots
         self._clock = clock
+        self._prompt_ids = itertools.count(1)
+        self._ids: list[int] = [0] * slots
+        """Which prompt each slot holds (0: none), so a prompt saved twice is one entry of the host cache."""
+        self._saved: list[tuple[int, tuple[Segment, ...], int]] = []
+        """The server's host prompt cache as far as this table saw it: ``(prompt id, path, tokens)``, oldest
+        first (no size limit is followed: the knowledge tree's capacity stands for it)."""
 
     def __len__(self) -> int:
         return len(self._paths)
@@ -160,6 +176,7 @@ class SlotTable:
         self._sizes = self._sizes[:slots] + [0] * extra
         self._used = self._used[:slots] + [float("-inf")] * extra
         self._busy = self._busy[:slots] + [0] * extra
+        self._ids = self._ids[:slots] + [0] * extra
 
     def best(self, path: Sequence[Segment]) -> tuple[int, int]:
         """``(slot, matching prefix tokens)``: longest shared prefix among idle slots, then least recent."""
@@ -212,12 +229,71 @@ class SlotTable:
         held = self._sizes[slot] or sum(segment.tokens for segment in self._paths[slot])
         return held > 0 and shared >= 0.5 * held
 
-    def assign(self, slot: int, path: Sequence[Segment], total_tokens: int = 0) -> None:
-        """``slot`` now holds a prompt of ``total_tokens`` (0: its path's) whose prefix is ``path``."""
-        self._paths[slot] = tuple(path)
+    def assign(self, slot: int, path: Sequence[Segment], total_tokens: int = 0) -> Lost | None:
+        """``slot`` now holds a prompt of ``total_tokens`` (0: its path's) whose prefix is ``path``.
+
+        With the server's prompt cache, this follows what the server does as the request starts (the vendored
+        ``get_available_slot`` and ``--cache-idle-slots``, on by default): a slot that keeps less than half of its
+        prompt (or shares too little of the new one) is saved to the host cache, and the stored prompt the server
+        picks is restored into it and leaves the cache; then every idle slot's prompt is saved. The prompt the
+        slot continues from (its own, kept as it is, or the restored one) is truncated to the prefix it shares
+        with the new prompt; returns what of it is now held nowhere (:class:`Lost`, for the knowledge tree to
+        forget), ``None`` when nothing is."""
+        path = tuple(path)
+        lost = self._start(slot, path, total_tokens) if self.prompt_cache else None
+        self._paths[slot] = path
         self._sizes[slot] = total_tokens
+        self._ids[slot] = next(self._prompt_ids)
         self._used[slot] = self._clock()
         self._busy[slot] += 1
+        if self.prompt_cache:
+            for other in range(len(self._paths)):
+                if other != slot and not self._busy[other]:
+                    self._save(other)
+        return lost
+
+    def _start(self, slot: int, path: tuple[Segment, ...], total_tokens: int) -> Lost | None:
+        """Save and restore as the server does when ``slot`` takes a prompt; what the slot then truncates and
+        nobody else holds."""
+        shared = _common_tokens(self._paths[slot], path)
+        source = self._paths[slot]
+        if not (shared > self.similarity * max(1, total_tokens) and self._keeps_half(slot, shared)):
+            self._save(slot)  # the slot's own prompt is kept in host memory
+            entry = self._restored(slot, path, total_tokens)
+            if entry is None:
+                return None
+            _, source, _ = self._saved.pop(entry)
+        elif self._ids[slot] in {saved[0] for saved in self._saved}:
+            return None  # kept as it is, but saved before (an idle slot when another request started)
+        held = max([_common_tokens(source, path)]
+                   + [_common_tokens(source, self._paths[s]) for s in range(len(self._paths)) if s != slot]
+                   + [_common_tokens(source, saved[1]) for saved in self._saved])
+        if held >= sum(segment.tokens for segment in source):
+            return None
+        return Lost(source, held)
+
+    def _save(self, slot: int) -> None:
+        """The server saves ``slot``'s prompt in its host cache (once: a prompt already stored is skipped)."""
+        prompt = self._ids[slot]
+        if prompt and all(saved[0] != prompt for saved in self._saved):
+            self._saved.append((prompt, self._paths[slot], self._sizes[slot]))
+
+    def _restored(self, slot: int, path: Sequence[Segment], total_tokens: int) -> int | None:
+        """Index in the host cache of the prompt the server restores into ``slot`` for ``path``, ``None`` for
+        none (``server_prompt_cache::load``: a stored prompt that would keep at least a quarter of itself and
+        beats the best so far on both the share of it kept and the share of the new prompt covered; oldest
+        first)."""
+        total = max(1, total_tokens or sum(segment.tokens for segment in path))
+        own = _common_tokens(self._paths[slot], path)
+        held = self._sizes[slot] or sum(segment.tokens for segment in self._paths[slot])
+        keep_best, cover_best = (own / held if held else -1.0), own / total
+        best = None
+        for index, (_, saved, size) in enumerate(self._saved):
+            common = _common_tokens(saved, path)
+            keep = common / max(1, size or sum(segment.tokens for segment in saved))
+            if keep >= 0.25 and keep > keep_best and common / total > cover_best:
+                keep_best, cover_best, best = keep, common / total, index
+        return best
 
     def release(self, slot: int) -> None:
         self._busy[slot] = max(0, self._busy[slot] - 1)

@@ -14,7 +14,9 @@ work is split this way:
   sets ``ctx.routed`` (:class:`RoutedRequest`: the replica's index, which the forward stage sends to, and the
   hint headers for the upstream request), records the path in
   the replica's knowledge tree, waits for a concurrency slot (cache-aware order; 429 when the wait exceeds the
-  queue's bound, or — with a TTFT SLO — once the request can no longer start in time), calls the rest of the
+  queue's bound, or — with a TTFT SLO — once the request can no longer start in time); as the request starts, a
+  llama.cpp replica's slot table follows the server's slot and prompt-cache moves and the tree forgets what the
+  server truncated without saving it (:meth:`~proxy.kv.hints.SlotTable.assign`); it calls the rest of the
   pipeline, and when the reply is finished reads what the backend reported as cached (converted from the
   backend's tokens into the tree's estimates with the prompt's reported length) to correct the tree and refit
   the prefill model (with the prefill time only when that prefill ran alone on its replica: one slowed by
@@ -293,7 +295,7 @@ class Route:
         if self.expose_headers:
             ctx.response_headers["X-RagProxy-Replica"] = str(decision.replica)
             ctx.response_headers["X-RagProxy-Cached-Tokens-Estimate"] = str(decision.cached_tokens)
-        predicted = replica.tree.insert(path)
+        predicted = replica.tree.insert(path, in_flight=True)
         if self.shared is not None:
             tokens, prefixes = 0, []
             for segment, digest in zip(path, SharedPrefixes.hashes(path), strict=True):
@@ -410,9 +412,12 @@ class Route:
             raise
         self.router.started(routed.ticket, routed.replica)
         if replica.slots is not None and routed.slot is not None:
-            replica.slots.assign(routed.slot, routed.path, routed.total_tokens)
+            lost = replica.slots.assign(routed.slot, routed.path, routed.total_tokens)
+            if lost is not None:  # truncated in the slot the server reuses, and saved nowhere
+                replica.tree.forget(lost.path, lost.kept_tokens)
 
         def release() -> None:
+            replica.tree.settled(routed.path, routed.predicted)
             self.router.finished(routed.ticket, routed.replica)
             replica.queue.release()
             if replica.slots is not None and routed.slot is not None:

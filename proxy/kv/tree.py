@@ -50,6 +50,8 @@ class _Node:
     last_access: float = 0.0
     version: int = 0
     alive: bool = True
+    pending: int = 0
+    """Requests in flight that compute this node (sent, not answered yet)."""
 
 
 @dataclass(slots=True)  # not frozen: built per request, and frozen fields cost about 5 times more to set
@@ -94,19 +96,23 @@ class KnowledgeTree:
         self.size_tokens = 0
         self.node_count = 0
         self.evictions = 0
+        self.forgotten_tokens = 0
+        """Tokens dropped because the replica lost them (:meth:`forget`, and shortfalls in :meth:`correct`)."""
 
     # --- queries -------------------------------------------------------------------------------------------
 
     def match(self, seq: Sequence[Segment]) -> Match:
         """Longest cached prefix of ``seq``, in segments and in the tree's token sizes.
 
-        Segments match by key alone: keys are content hashes, so the sizes recorded at insertion stand.
+        Segments match by key alone: keys are content hashes, so the sizes recorded at insertion stand. A node
+        that requests in flight are still computing is not cached yet: the match stops before it (a llama.cpp
+        slot cannot reuse what another slot is computing).
         """
         node = self._root
         segments = 0
         for segment in seq:
             child = node.children.get(segment.key)
-            if child is None:
+            if child is None or child.pending:
                 break
             node = child
             segments += 1
@@ -172,15 +178,17 @@ class KnowledgeTree:
 
     # --- updates -------------------------------------------------------------------------------------------
 
-    def insert(self, seq: Sequence[Segment]) -> Match:
-        """Record that ``seq`` was sent to the replica; returns what was cached before (the prediction)."""
+    def insert(self, seq: Sequence[Segment], *, in_flight: bool = False) -> Match:
+        """Record that ``seq`` was sent to the replica; returns what was cached before (the prediction). With
+        ``in_flight`` the nodes beyond it are being computed until :meth:`settled` (or :meth:`retract`) with that
+        prediction, and no match counts them meanwhile."""
         if not seq:
             return Match(0, 0)
         before = self.match(seq)
         now = self._clock()
         node = self._root
         path: list[_Node] = []
-        for segment in seq:
+        for index, segment in enumerate(seq):
             child = node.children.get(segment.key)
             if child is None:
                 child = _Node(
@@ -193,6 +201,8 @@ class KnowledgeTree:
                 self.size_tokens += segment.tokens
                 self.node_count += 1
             child.frequency += 1
+            if in_flight and index >= before.segments:
+                child.pending += 1
             child.last_access = now
             self._reprioritize(child)
             path.append(child)
@@ -217,10 +227,24 @@ class KnowledgeTree:
         for index in range(len(path) - 1, -1, -1):
             child = path[index]
             child.frequency = max(0, child.frequency - 1)
+            if index >= predicted.segments:
+                child.pending = max(0, child.pending - 1)
             if index >= predicted.segments and child.frequency == 0 and not child.children:
                 self._remove_subtree(child)
             else:
                 self._reprioritize(child)
+
+    def settled(self, seq: Sequence[Segment], predicted: Match) -> None:
+        """The request that :meth:`insert` returned ``predicted`` for is over: what it computed is cached now
+        (even if other requests in flight compute it too)."""
+        node = self._root
+        for index, segment in enumerate(seq):
+            child = node.children.get(segment.key)
+            if child is None:
+                return
+            if index >= predicted.segments:
+                child.pending = 0
+            node = child
 
     def correct(
         self, seq: Sequence[Segment], cached_tokens_reported: int, predicted: Match | None = None
@@ -243,6 +267,19 @@ class KnowledgeTree:
             self.capacity_tokens = min(
                 self.max_capacity_tokens, int(self.capacity_tokens * self.grow_factor) + 1
             )
+
+    def forget(self, seq: Sequence[Segment], kept_tokens: int) -> None:
+        """The replica no longer holds ``seq`` beyond its first ``kept_tokens``: drop the first node past them and
+        what hangs below it (computed behind that node, so gone with it)."""
+        node = self._root
+        for segment in seq:
+            child = node.children.get(segment.key)
+            if child is None:
+                return
+            if child.depth_tokens > kept_tokens:
+                self._forget_subtree(child)
+                return
+            node = child
 
     def clear(self) -> None:
         for child in list(self._root.children.values()):
@@ -279,7 +316,7 @@ class KnowledgeTree:
                 following = seq[index + 1].key if index + 1 < len(seq) else None
                 for key, grandchild in list(child.children.items()):
                     if key != following:
-                        self._remove_subtree(grandchild)
+                        self._forget_subtree(grandchild)
             node = child
 
     def _cost(self, node: _Node) -> float:
@@ -316,6 +353,11 @@ class KnowledgeTree:
                 )
         for entry in deferred:
             heapq.heappush(self._heap, entry)
+
+    def _forget_subtree(self, node: _Node) -> None:
+        before = self.size_tokens
+        self._remove_subtree(node)
+        self.forgotten_tokens += before - self.size_tokens
 
     def _remove_subtree(self, node: _Node) -> None:
         stack = [node]

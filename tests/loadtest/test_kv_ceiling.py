@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import math
 
-from loadtest.bench.kv import Workload, make_workload, prefix_reuse_ceiling
+from loadtest.bench.kv import Routed, Workload, make_workload, prefix_reuse_ceiling, reuse_losses
 from normalizer.documents import Document, render_document
+from normalizer.prompt_plan import Segment
 
 
 def _tokens(text: str) -> int:
@@ -31,3 +32,17 @@ def test_a_corpus_smaller_than_the_top_k_still_makes_requests() -> None:
     work = make_workload(docs=4, requests=20, doc_words=24, seed=1)  # drew 5 of 4 documents forever before
     assert len(work.requests) == 20
     assert all(3 <= len(chosen) <= 4 and len(set(chosen)) == len(chosen) for chosen, _ in work.requests)
+
+
+def test_reuse_losses_split_the_history_by_replica() -> None:
+    s, a, b = Segment("s", 10), Segment("a", 100), Segment("b", 100)
+    routed = [
+        Routed(0, 0, 0, (s, a, b), 220, 0, 0),
+        Routed(1, 1, 1, (s, a, b), 220, 10, 10),  # another replica: one cache would have held s, a, b
+        Routed(2, 2, 0, (s, a), 120, 110, 100),
+    ]
+    ceiling = [(0, 220), (210, 220), (110, 120)]
+    losses = reuse_losses(routed, 1, ceiling)
+    assert losses == {"ceiling": round(320 / 340, 3), "one_cache": round(320 / 340, 3),
+                      "same_replica": round(110 / 340, 3), "predicted": round(120 / 340, 3),
+                      "reported": round(110 / 340, 3)}

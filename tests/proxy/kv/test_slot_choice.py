@@ -17,7 +17,7 @@ from proxy.core.pipeline import Pipeline
 from proxy.core.prompt import ReadPrompt
 from proxy.kv.admission_queue import AdmissionQueue
 from proxy.kv.discovery import apply_slots, read_slots
-from proxy.kv.hints import SlotChoice, SlotTable
+from proxy.kv.hints import Lost, SlotChoice, SlotTable
 from proxy.kv.kinds import LLAMACPP
 from proxy.kv.order import OrderPolicy
 from proxy.kv.prefill import PrefillCoefficients, PrefillModel
@@ -241,3 +241,54 @@ def test_with_a_prompt_cache_a_longer_cached_prefix_is_restored_through_a_slot_t
     assert slots.choose(asked, 1300, cached_tokens=820).bound == 820, "the cache holds no more than slot 0"
     far = [SYS, d("a"), d("q"), d("r"), d("s")]  # shares 420 of 1,300: slot 0 would keep less than half
     assert slots.choose(far, 1800, cached_tokens=1220) == SlotChoice(0, 420, False, None)
+
+
+# --- what the server truncates without saving ----------------------------------------------------------------
+
+
+def test_a_slot_reused_as_it_is_loses_its_unsaved_suffix_and_the_tree_forgets_it() -> None:
+    """llama.cpp reuses a slot that keeps at least half of its prompt as it is and truncates the rest without
+    saving it: a branch only that slot held is gone, and the tree must not count on it."""
+    slots, tree = table(prompt_cache=True), KnowledgeTree(100_000)
+    first = [SYS, d("a"), d("b"), d("c")]
+    tree.insert(first)
+    assert slots.assign(1, first, 1300) is None
+    slots.release(1)
+    then = [SYS, d("a"), d("b"), d("x")]  # keeps 820 of 1,300: the server reuses slot 1 as it is
+    tree.insert(then)
+    lost = slots.assign(1, then, 1300)
+    assert lost is not None and (lost.path, lost.kept_tokens) == (tuple(first), 820)
+    tree.forget(lost.path, lost.kept_tokens)
+    assert tree.match(first).tokens == 820 and tree.match(then).tokens == 1220
+
+
+def test_a_suffix_saved_or_held_elsewhere_is_not_lost() -> None:
+    slots = table(prompt_cache=True)
+    first = [SYS, d("a"), d("b"), d("c")]
+    slots.assign(1, first, 1300)
+    slots.release(1)
+    slots.assign(0, [SYS, d("q"), d("r")], 900)  # starts while slot 1 is idle: the server saves slot 1's prompt
+    slots.release(0)
+    assert slots.assign(1, [SYS, d("a"), d("b"), d("x")], 1300) is None, "slot 1's prompt is in the host cache"
+    slots.release(1)
+    other = table(prompt_cache=True)
+    other.assign(0, first, 1300)  # both slots hold the same documents, slot 0 still busy
+    other.assign(1, [*first, d("e")], 1700)
+    other.release(1)
+    assert other.assign(1, [SYS, d("a"), d("x")], 900) is None, "slot 0 still holds what slot 1 truncates"
+
+
+def test_a_restored_prompt_leaves_the_host_cache_and_its_suffix_is_lost() -> None:
+    """The server moves the stored prompt it restores into the slot (``server_prompt_cache::load`` erases it);
+    what lies beyond the prefix the new prompt shares is then truncated."""
+    slots = table(prompt_cache=True)
+    stored = [SYS, d("a"), d("b"), d("c")]
+    slots.assign(1, stored, 1300)
+    slots.release(1)
+    slots.assign(0, [SYS, d("q")], 500)  # slot 1 idle: saved
+    slots.release(0)
+    slots.assign(1, [SYS, d("y"), d("z")], 900)  # keeps 20 of 1,300: saved again (already), nothing restored
+    slots.release(1)
+    assert slots.assign(1, [SYS, d("a"), d("b"), d("x")], 1300) == Lost(tuple(stored), 820)
+    slots.release(1)
+    assert slots.assign(0, [SYS, d("a"), d("b"), d("c"), d("e")], 1700) is None, "nothing left to lose"

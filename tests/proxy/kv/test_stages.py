@@ -165,6 +165,21 @@ async def test_reported_cache_shortfall_corrects_the_tree_and_feeds_the_prefill_
     assert reps[0].tree.capacity_tokens < capacity
 
 
+async def test_the_tree_forgets_what_a_reused_slot_truncates_without_saving() -> None:
+    """llama.cpp reuses the slot holding a, b, c as it is for a, b, d (it keeps more than half of its prompt) and
+    truncates c without saving it to its prompt cache: the tree must not predict c cached any longer."""
+    reps, router = replicas(1)
+    pipeline = Pipeline([ReadPrompt(None), Shape(reps, default_policy=OrderPolicy.PRESERVE), Route(reps, router)],
+                        LlamaDouble(cache_n=10_000))
+    first = ctx_for(structured("a", "b", "c"), 1)
+    await pipeline(first)
+    assert first.routed is not None
+    held = first.routed.path
+    assert reps[0].tree.match(held).tokens == sum(segment.tokens for segment in held)
+    await pipeline(ctx_for(structured("a", "b", "d"), 2))
+    assert reps[0].tree.match(held).segments == len(held) - 1
+
+
 async def test_shift_orders_like_reuse_and_asks_llamacpp_for_chunk_reuse() -> None:
     reps, router = replicas(1)
     backend = LlamaDouble()

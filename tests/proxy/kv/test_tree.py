@@ -117,3 +117,21 @@ def test_size_stays_within_capacity_and_matches_the_stored_tokens(
             seen += 1
             stack.append(([*keys, key], tokens))
     assert total == tree.size_tokens and seen == tree.node_count
+
+
+def test_what_a_request_in_flight_computes_is_not_cached_before_it_is_settled() -> None:
+    """A llama.cpp slot cannot reuse what another slot is still computing: a second request sharing the first's new
+    documents while it runs is predicted without them, and its shortfall is no reason to drop the first's branch."""
+    tree = KnowledgeTree(100_000, clock=Clock())
+    tree.insert([SYS, d("a")])
+    first = [SYS, d("a"), d("b"), d("c")]
+    predicted = tree.insert(first, in_flight=True)
+    assert predicted == Match(2, 600)
+    second = [SYS, d("a"), d("b"), d("e")]
+    assert tree.insert(second, in_flight=True) == Match(2, 600), "b is being computed, not cached"
+    tree.correct(second, 600, Match(2, 600))
+    tree.settled(first, predicted)
+    assert tree.match(first) == Match(4, 1600), "the first request's branch stays, cached once it is answered"
+    assert tree.match(second) == Match(3, 1100)
+    tree.settled(second, Match(2, 600))
+    assert tree.match(second) == Match(4, 1600)
