@@ -49,7 +49,8 @@ async def _keyed(url: str, api_key: str, numbers: range) -> list[httpx.Response]
 def test_after_a_redis_restart_nothing_fails_and_no_retry_pays_twice(fake_llm_thread: FakeLLM,
                                                                      redis: RedisServer) -> None:
     settings = proxy_settings(fake_llm_thread.url, **{"redis.url": redis.url, "auth.mode": "keys",
-                                                      "credits.enabled": True, "cache.enabled": False})
+                                                      "credits.enabled": True, "cache.enabled": False,
+                                                      "redis.reconnect_s": 10.0})  # a restart on a loaded machine
     with ProxyServer(settings, admin=True) as server, httpx.Client(base_url=server.admin_url, timeout=30) as admin:
         ann = admin.post("/admin/keys", json={"user": "ann", "tenant": "acme"}).json()["key"]
         assert admin.post("/admin/credits/ann", json={"amount": 100, "tenant": "acme"}).status_code == 200
