@@ -141,7 +141,9 @@ def test_a_stream_the_upstream_breaks_off_is_not_charged(fake_llm_thread: FakeLL
 def test_a_repeated_idempotency_key_gets_the_first_answer_and_is_charged_once(
         fake_llm_thread: FakeLLM, billed: ProxyServer) -> None:
     key = _key(billed, "ann", 100 * MICRO)
-    client = openai.OpenAI(base_url=billed.url + "/v1", api_key=key, max_retries=0)
+    # the SDK's own retries: a repeat sent before the first answer was kept (after it went out) gets a 409 with
+    # Retry-After, which the SDK retries by default
+    client = openai.OpenAI(base_url=billed.url + "/v1", api_key=key, max_retries=2)
     calls = [client.chat.completions.with_raw_response.create(
         **_body("charge me once"), extra_headers={"Idempotency-Key": "order-17"}) for _ in range(3)]
     first, *repeats = calls
