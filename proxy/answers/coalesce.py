@@ -34,7 +34,7 @@ from multidict import CIMultiDict
 from proxy.answers.replies import StillStored, complete_body, hit_reply, servable
 from proxy.core.context import Reply, RequestContext
 from proxy.core.endpoints import Endpoint
-from proxy.core.outcome import COALESCED, CacheStatus, Matched, Outcome
+from proxy.core.outcome import COALESCED, CacheStatus, Outcome, exact_hit
 from proxy.core.pipeline import Next
 from proxy.core.reply import Complete
 from proxy.upstream.client import UpstreamStreamError
@@ -43,8 +43,6 @@ from tiers.response_tier import ResponseTier
 
 if TYPE_CHECKING:
     from proxy.answers.settings import CacheSettings
-
-_HIT, _EXACT = CacheStatus.HIT, Matched.EXACT  # read once: see proxy.core.outcome
 
 
 @dataclass
@@ -129,7 +127,7 @@ class Coalesce:
         entry = await self.recheck.get(key)
         if entry is None or not await servable(entry, policy, self.still_stored):
             return None
-        return hit_reply(ctx, entry, Outcome(_HIT, self.recheck.name, _EXACT))
+        return hit_reply(ctx, entry, exact_hit(self.recheck.name))
 
     async def _lead(self, ctx: RequestContext, key: str, call_next: Next) -> Reply:
         flight = Flight()

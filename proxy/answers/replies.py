@@ -37,7 +37,7 @@ from normalizer.evidence import evidence
 from normalizer.responses import continued_response
 from proxy.core.context import Reply, RequestContext
 from proxy.core.endpoints import Endpoint, for_entry, for_kind
-from proxy.core.outcome import HIT_STATUSES, CacheStatus, Matched, Outcome
+from proxy.core.outcome import HIT_STATUSES, CacheStatus, Outcome, exact_hit
 from proxy.core.pipeline import Next
 from proxy.core.reply import Complete
 from tiers.entry import CachedResponse
@@ -56,8 +56,6 @@ WriteBehind = Callable[[str, CachedResponse, "float | None", list[str], Any], No
 ALL_ENTRIES = "all"  # the tag every entry carries: listing and flushing without knowing keys
 JSON = "application/json"
 SSE = "text/event-stream"
-
-_HIT, _EXACT = CacheStatus.HIT, Matched.EXACT  # read once: see proxy.core.outcome
 
 
 def entry_tags(ctx: RequestContext, model: str | None, response_id: str | None = None) -> list[str]:
@@ -273,4 +271,4 @@ class ExactLookup:
         for faster in self.promote_into:
             tags = entry_tags(ctx, entry.model, entry.meta.get("response_id"))
             await faster.put(key, entry, ttl=policy.ttl, tags=tags)
-        return hit_reply(ctx, entry, Outcome(_HIT, self.tier.name, _EXACT))
+        return hit_reply(ctx, entry, exact_hit(self.tier.name))

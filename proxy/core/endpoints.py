@@ -116,7 +116,7 @@ class Endpoint:
     """The KV layer's plan of a request."""
     usage_on_request: bool = True
     """Whether a stream reports its token usage only when ``stream_options.include_usage`` asks for it (the
-    forward stage asks for it when credits need it: :func:`proxy.credits.streaming.ask_upstream_for_usage`)."""
+    credits stage asks for it when it holds a reservation: :func:`proxy.credits.streaming.ask_upstream_for_usage`)."""
     forwarded_as_sent: bool = False
     """Whether the body goes upstream as the client wrote it, never re-rendered from the KV plan: its documents keep
     the order sent, and only the hints its API takes are added to it."""

@@ -71,7 +71,7 @@ class Matched(StrEnum):
     """A vector search answered from a search with a nearby query vector (within the collection's tolerance)."""
 
 
-_SEMANTIC = Matched.SEMANTIC  # read once: see the module docstring
+_SEMANTIC, _EXACT, _HIT = Matched.SEMANTIC, Matched.EXACT, CacheStatus.HIT  # read once: see the module docstring
 
 
 class Outcome(NamedTuple):
@@ -90,6 +90,12 @@ class Outcome(NamedTuple):
         """The name the answer is priced under (``credits.hit_multipliers``): :data:`SEMANTIC_TIER` for a
         semantic hit wherever its answer was held, else the tier; ``None``: the upstream's full price."""
         return SEMANTIC_TIER if self.matched is _SEMANTIC else self.tier
+
+
+def exact_hit(tier: str) -> Outcome:
+    """The outcome of an answer found by the request's exact key in ``tier`` (the path of every exact hit: the
+    members are read once, at import)."""
+    return Outcome(_HIT, tier, _EXACT)
 
 
 def add_headers(headers: MutableMapping[str, str], outcome: Outcome | None) -> None:
