@@ -592,8 +592,10 @@ class ProxySide:
         """Every answered request, for :func:`reuse_losses`."""
         self.checked = 0
         self.over_predicted = 0
-        """Answered requests whose reuse the backend reported, and those for which the knowledge tree (or the chosen
-        slot) predicted more cached tokens than it reported, beyond the tree's tolerance."""
+        self.over_predicted_at_route = 0
+        """Answered requests whose reuse the backend reported, and those for which the expectation as the request
+        started (the chosen slot's prefix, or the tree's match then) and the tree's prediction at routing time
+        were more cached tokens than it reported, beyond the tree's tolerance."""
         models = [PrefillModel(PrefillCoefficients(0.02, 0.0006, 0.0), min_observations=4) for _ in urls]
         self.router = Router(models, ttft_slo_s=slo_s)
         self.replicas = [
@@ -670,10 +672,11 @@ class ProxySide:
             return
         prompt = reported_prompt_tokens(body)
         scale = routed.total_tokens / prompt if prompt and routed.total_tokens else 1.0
-        expected = routed.slot_match if routed.slot_match is not None else routed.predicted
+        expected = routed.expected if routed.expected is not None else routed.predicted
         self.checked += 1
         tolerance = self.replicas[routed.replica].tree.tolerance_tokens
         self.over_predicted += expected.tokens > round(cached * scale) + tolerance
+        self.over_predicted_at_route += routed.predicted.tokens > round(cached * scale) + tolerance
         self.routed.append(Routed(int(ctx.request_id.removeprefix("kv-")), int(routed.ticket), routed.replica,
                                   tuple(routed.path), routed.total_tokens, expected.tokens,
                                   min(routed.total_tokens, round(cached * scale))))
@@ -681,6 +684,10 @@ class ProxySide:
     @property
     def over_predicted_share(self) -> float | None:
         return round(self.over_predicted / self.checked, 3) if self.checked else None
+
+    @property
+    def over_predicted_at_route_share(self) -> float | None:
+        return round(self.over_predicted_at_route / self.checked, 3) if self.checked else None
 
 
 async def run_interleaved(sides: Mapping[str, Side], indices: Sequence[int]) -> dict[str, list[Outcome]]:

@@ -296,9 +296,12 @@ async def _run(
     trees = [{"evictions": r.tree.evictions, "forgotten_tokens": r.tree.forgotten_tokens,
               "size_tokens": r.tree.size_tokens, "capacity_tokens": r.tree.capacity_tokens} for r in proxy.replicas]
     under = sum(r.reported > r.predicted + proxy.replicas[r.replica].tree.tolerance_tokens for r in proxy.routed)
-    print(f"proxy's knowledge trees: {trees}; requests whose prediction was above the report: "
-          f"{proxy.over_predicted_share}, below it: {round(under / max(1, len(proxy.routed)), 3)}")
+    print(f"proxy's knowledge trees: {trees}; requests whose expectation as they started was above the report: "
+          f"{proxy.over_predicted_share} (the tree's prediction at routing time: "
+          f"{proxy.over_predicted_at_route_share}), below it: {round(under / max(1, len(proxy.routed)), 3)}")
     summary["proxy_trees"] = trees
+    summary["over_predicted_share"] = proxy.over_predicted_share
+    summary["over_predicted_at_route_share"] = proxy.over_predicted_at_route_share
     summary["client_cpu_ms_per_request"] = {k: round(v / sent * 1000, 2) for k, v in client_cpu.items()}
     return summary
 

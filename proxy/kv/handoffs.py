@@ -45,10 +45,10 @@ class RoutedRequest:
     """Latest start (router clock) that still meets the TTFT objective; the queue drops the request after it."""
     total_tokens: int = 0
     """The prompt's estimated length (the tree's unit)."""
-    slot_match: Match | None = None
-    """The part of the path the chosen llama.cpp slot holds, where that is all the server can reuse (no prompt
-    cache, or a slot it reuses as it is without restoring from its cache, :class:`~proxy.kv.hints.SlotTable`), and
-    what its report is compared with (another slot lacking a prefix says nothing about the tree)."""
+    expected: Match | None = None
+    """What the server is expected to reuse, judged as the request starts (:meth:`proxy.kv.stages.Route.start`:
+    the chosen llama.cpp slot's prefix where that is all the server can reuse, else the tree's match then), and
+    what its report is compared with; ``None``: ``predicted``, made at routing time."""
     shifted: bool = False
     """The backend was allowed to reuse chunks outside the common prefix (``shift`` policy): its report then
     counts more than the prefix, so it can show a shortfall but not a surplus."""

@@ -14,9 +14,10 @@ work is split this way:
   sets ``ctx.routed`` (:class:`RoutedRequest`: the replica's index, which the forward stage sends to, and the
   hint headers for the upstream request), records the path in
   the replica's knowledge tree, waits for a concurrency slot (cache-aware order; 429 when the wait exceeds the
-  queue's bound, or — with a TTFT SLO — once the request can no longer start in time); as the request starts, a
-  llama.cpp replica's slot table follows the server's slot and prompt-cache moves and the tree forgets what the
-  server truncated without saving it (:meth:`~proxy.kv.hints.SlotTable.assign`); it calls the rest of the
+  queue's bound, or — with a TTFT SLO — once the request can no longer start in time); as the request starts
+  (:meth:`Route.start`), a llama.cpp replica's slot is chosen (pinned with ``id_slot`` where the table says so),
+  its slot table follows the server's slot and prompt-cache moves, and the tree forgets what the server truncated
+  without saving it (:meth:`~proxy.kv.hints.SlotTable.assign`); it calls the rest of the
   pipeline, and when the reply is finished reads what the backend reported as cached (converted from the
   backend's tokens into the tree's estimates with the prompt's reported length) to correct the tree and refit
   the prefill model (with the prefill time only when that prefill ran alone on its replica: one slowed by
@@ -266,23 +267,12 @@ class Route:
         replica = self.replicas[decision.replica]
         order = orders[decision.replica].order  # Shape lists every replica, in index order
         path = tuple(plan.path(order))
-        slot = pinned = None
-        slot_match: Match | None = None
-        if replica.slots is not None:
-            choice = replica.slots.choose(path, total, value=replica.tree.reuse_value,
-                                          cached_tokens=orders[decision.replica].cached_tokens)
-            slot, pinned = choice.slot, (choice.slot if choice.pin else None)
-            if not replica.slots.prompt_cache:  # the server reuses only what this slot holds
-                slot_match = _prefix_match(path, choice.shared_tokens)
-            elif choice.bound is not None:  # the server reuses the slot as it is, restoring nothing
-                slot_match = _prefix_match(path, choice.bound)
         shifted = _shifts(replica, shaped.policy)
         hints = build_hints(
             replica.kind,
             path,
             document_keys=[s.key for s in order],
             tenant=f"{ctx.tenant}~{ctx.user_scope}" if ctx.user_scope is not None else ctx.tenant,
-            slot=pinned,
             salt_secret=self.salt_secret,
             shift_min_tokens=self.shift_min_tokens if shifted else 0,
             responses=endpoint.forwarded_as_sent,
@@ -303,11 +293,36 @@ class Route:
                 prefixes.append((digest, tokens))
             self.shared.board.record(self.shared.labels[decision.replica], prefixes)
         routed = ctx.routed = RoutedRequest(
-            decision.replica, path, predicted, slot, decision.estimated_ttft_s, decision.start_deadline, total,
-            slot_match, shifted, hints.headers or None, ticket=str(next(self._tickets)),
+            decision.replica, path, predicted, None, decision.estimated_ttft_s, decision.start_deadline, total,
+            None, shifted, hints.headers or None, ticket=str(next(self._tickets)),
         )
         self.router.admitted(routed.ticket, decision)
         return routed
+
+    def start(self, ctx: RequestContext, routed: RoutedRequest, slots: SlotTable) -> None:
+        """Choose the llama.cpp slot as the request leaves the queue, which is when the server chooses too: the
+        queue lets no more requests in flight than the server has slots, so the table's idle slots are the
+        server's (chosen at routing time, under load, the slot was a guess among busy ones). What the server is
+        expected to reuse is judged now as well, from the tree as it is after the requests that started meanwhile:
+        the slot's prefix when that is all it reuses, else the tree's match. Pins the slot when the table says so,
+        and makes the tree forget what this start truncates without saving (:meth:`SlotTable.assign`)."""
+        replica = self.replicas[routed.replica]
+        cached = replica.tree.match(routed.path)
+        choice = slots.choose(routed.path, routed.total_tokens, value=replica.tree.reuse_value,
+                              cached_tokens=cached.tokens)
+        routed.slot = choice.slot
+        if not slots.prompt_cache:  # the server reuses only what this slot holds
+            routed.expected = _prefix_match(routed.path, choice.shared_tokens)
+        elif choice.bound is not None:  # the server reuses the slot as it is, restoring nothing
+            routed.expected = _prefix_match(routed.path, choice.bound)
+        else:
+            routed.expected = cached
+        if choice.pin:
+            pin = replica.kind.slot_hint(choice.slot)
+            ctx.patch("route.slot", lambda sent: {**sent, **pin})
+        lost = slots.assign(choice.slot, routed.path, routed.total_tokens)
+        if lost is not None:  # truncated in the slot the server reuses, and saved nowhere
+            replica.tree.forget(lost.path, lost.kept_tokens)
 
     def _fixed_route(self, ctx: RequestContext, total: int) -> RoutedRequest:
         """The route when nothing is left to decide: one replica that is neither compared, refused nor given hints
@@ -331,7 +346,7 @@ class Route:
         scale = routed.total_tokens / backend_total if backend_total and routed.total_tokens else 1.0
         cached = report.cached_tokens
         if cached is not None:
-            expected = routed.slot_match if routed.slot_match is not None else routed.predicted
+            expected = routed.expected if routed.expected is not None else routed.predicted
             prefix_cached = round(cached * scale)
             if routed.shifted:  # shifted chunks are not prefix: no evidence of a larger cache
                 prefix_cached = min(prefix_cached, expected.tokens)
@@ -411,10 +426,8 @@ class Route:
             replica.tree.retract(routed.path, routed.predicted)
             raise
         self.router.started(routed.ticket, routed.replica)
-        if replica.slots is not None and routed.slot is not None:
-            lost = replica.slots.assign(routed.slot, routed.path, routed.total_tokens)
-            if lost is not None:  # truncated in the slot the server reuses, and saved nowhere
-                replica.tree.forget(lost.path, lost.kept_tokens)
+        if replica.slots is not None:
+            self.start(ctx, routed, replica.slots)
 
         def release() -> None:
             replica.tree.settled(routed.path, routed.predicted)

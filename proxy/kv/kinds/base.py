@@ -28,13 +28,12 @@ def tenant_salt(tenant: str, secret: str = "") -> str:
 @dataclass(frozen=True, slots=True)
 class HintRequest:
     """What a body hint may depend on: the prefix (its path hash; ``None`` for a prompt with nothing before its
-    question), the cache scope (tenant, or tenant and user), the pinned slot, the chunk-reuse threshold, and whether
-    the body is a Responses one (``/v1/responses``)."""
+    question), the cache scope (tenant, or tenant and user), the chunk-reuse threshold, and whether the body is a
+    Responses one (``/v1/responses``)."""
 
     path_digest: str | None
     tenant: str
     salt_secret: str = ""
-    slot: int | None = None
     shift_min_tokens: int = 0
     responses: bool = False
 
@@ -63,6 +62,10 @@ class BackendKind:
         """Fields merged into the upstream JSON body."""
         return {}
 
+    def slot_hint(self, slot: int) -> Mapping[str, Any]:
+        """Fields that pin a request to the server's ``slot``, added as it starts (only kinds that track slots)."""
+        return {}
+
     def report(self, reply: Reported) -> BackendReport:
         """The reused prompt tokens, the prompt's length and the prefill figures the reply reports (OpenAI's
         ``usage`` or llama.cpp's ``timings``: read whichever the reply carries)."""
@@ -79,7 +82,6 @@ def build_hints(
     *,
     document_keys: Sequence[str] = (),
     tenant: str = "anonymous",
-    slot: int | None = None,
     salt_secret: str = "",
     shift_min_tokens: int = 0,
     responses: bool = False,
@@ -88,11 +90,11 @@ def build_hints(
     fields and, when there is a prefix, the ``X-Prefix-*`` headers.
 
     An empty ``path`` (a single message, nothing before it) has no prefix to name: no ``X-Prefix-*`` headers, no
-    ``prompt_cache_key``. Isolation (``cache_salt``) and llama.cpp's slot hints still apply. ``shift_min_tokens``
+    ``prompt_cache_key``. Isolation (``cache_salt``) and llama.cpp's ``cache_prompt`` still apply. ``shift_min_tokens``
     > 0 lets a llama.cpp server also reuse cached runs of at least that many tokens outside the common prefix.
     ``responses``: the body goes to ``/v1/responses`` (:mod:`proxy.kv.hints` says what each kind gets there)."""
     digest = path_hash([s.key for s in path]) if path else None
-    body = dict(kind.body_hints(HintRequest(digest, tenant, salt_secret, slot, shift_min_tokens, responses)))
+    body = dict(kind.body_hints(HintRequest(digest, tenant, salt_secret, shift_min_tokens, responses)))
     if digest is None:
         return Hints(body=body)
     headers = {"X-Prefix-Hash": digest}

@@ -1,5 +1,6 @@
-"""llama.cpp's server: ``cache_prompt``, ``id_slot`` when a slot is pinned (:class:`~proxy.kv.hints.SlotTable`
-explains when), ``n_cache_reuse`` under the ``shift`` order policy; slots read from ``GET /slots``."""
+"""llama.cpp's server: ``cache_prompt``, ``id_slot`` when a slot is pinned as the request starts
+(:class:`~proxy.kv.hints.SlotTable` explains when), ``n_cache_reuse`` under the ``shift`` order policy; slots read
+from ``GET /slots``."""
 
 from __future__ import annotations
 
@@ -15,8 +16,9 @@ class LlamaCppKind(BackendKind):
 
     def body_hints(self, request: HintRequest) -> Mapping[str, Any]:
         body: dict[str, Any] = {"cache_prompt": True}
-        if request.slot is not None:
-            body["id_slot"] = request.slot
         if request.shift_min_tokens > 0:
             body["n_cache_reuse"] = request.shift_min_tokens
         return body
+
+    def slot_hint(self, slot: int) -> Mapping[str, Any]:
+        return {"id_slot": slot}

@@ -23,9 +23,11 @@ from proxy.kv.kinds import GENERIC, KINDS, LLAMACPP, OPENAI, SGLANG, VLLM, build
 PATH = [Segment("p:s", 10), Segment("d1", 100), Segment("d2", 100)]
 
 
-def test_llamacpp_gets_cache_prompt_and_slot() -> None:
-    hints = build_hints(LLAMACPP, PATH, document_keys=["d1", "d2"], slot=2)
-    assert hints.body == {"cache_prompt": True, "id_slot": 2}
+def test_llamacpp_gets_cache_prompt_and_a_pinned_slot_only_as_it_starts() -> None:
+    hints = build_hints(LLAMACPP, PATH, document_keys=["d1", "d2"])
+    assert hints.body == {"cache_prompt": True}
+    assert LLAMACPP.slot_hint(2) == {"id_slot": 2}
+    assert all(kind.slot_hint(2) == {} for kind in (VLLM, SGLANG, OPENAI, GENERIC))
     assert hints.headers == {"X-Prefix-Hash": path_hash(["p:s", "d1", "d2"]), "X-Prefix-Docs": "d1,d2"}
 
 
@@ -52,15 +54,15 @@ def test_a_responses_body_gets_every_body_hint_but_prompt_cache_key() -> None:
     """A Responses object echoes ``prompt_cache_key``; the other kinds' servers take their hints on that endpoint."""
     assert build_hints(OPENAI, PATH, responses=True).body == {}
     for kind in (VLLM, SGLANG, LLAMACPP, GENERIC):
-        assert build_hints(kind, PATH, tenant="t", slot=1, responses=True).body == build_hints(
-            kind, PATH, tenant="t", slot=1).body
+        assert build_hints(kind, PATH, tenant="t", responses=True).body == build_hints(
+            kind, PATH, tenant="t").body
     assert build_hints(OPENAI, PATH, responses=True).headers == build_hints(OPENAI, PATH).headers
 
 
-def test_an_empty_path_names_no_prefix_but_keeps_isolation_and_slot_hints() -> None:
+def test_an_empty_path_names_no_prefix_but_keeps_isolation_and_cache_prompt() -> None:
     assert build_hints(OPENAI, []).body == {}
     assert build_hints(OPENAI, []).headers == {}
-    assert build_hints(LLAMACPP, [], slot=1).body == {"cache_prompt": True, "id_slot": 1}
+    assert build_hints(LLAMACPP, []).body == {"cache_prompt": True}
     salted = build_hints(VLLM, [], tenant="a").body["cache_salt"]
     assert salted == build_hints(VLLM, PATH, tenant="a").body["cache_salt"]
 
@@ -108,7 +110,7 @@ def test_capacity_from_llamacpp_slots() -> None:
 
 def test_every_configurable_kind_is_an_adapter_and_generic_gets_no_body_hints() -> None:
     assert set(KINDS) == {"openai", "vllm", "sglang", "llamacpp", "generic"}
-    assert build_hints(GENERIC, PATH, tenant="a", slot=1, shift_min_tokens=64).body == {}
+    assert build_hints(GENERIC, PATH, tenant="a", shift_min_tokens=64).body == {}
     assert build_hints(GENERIC, PATH).headers["X-Prefix-Hash"] == path_hash(["p:s", "d1", "d2"])
     assert [name for name, kind in KINDS.items() if kind.tracks_slots] == ["llamacpp"]
     settings = load_settings(env={}, overrides={"upstreams.llm": [{"url": "http://gateway:8000", "kind": "generic"}]})

@@ -180,6 +180,34 @@ async def test_the_tree_forgets_what_a_reused_slot_truncates_without_saving() ->
     assert reps[0].tree.match(held).segments == len(held) - 1
 
 
+async def test_a_queued_request_takes_the_slot_that_frees_first_not_the_one_guessed_at_routing() -> None:
+    """Under load every slot is busy when a request is routed; the server takes whichever slot frees first when
+    the request leaves the queue. The slot table must record that one: a guess made at routing time (the busy slot
+    holding the same documents) leaves the table following a slot the server did not use."""
+    reps, router = replicas(1)
+    gates: dict[str, asyncio.Event] = {}
+
+    async def held(ctx: RequestContext) -> Reply:
+        await gates.setdefault(ctx.request_id, asyncio.Event()).wait()
+        return Reply(200, body=b'{"choices": []}')
+
+    pipeline = Pipeline([ReadPrompt(None), Shape(reps, default_policy=OrderPolicy.PRESERVE), Route(reps, router)],
+                        held)
+    a, b, c = ctx_for(structured("a", "b"), 1), ctx_for(structured("c", "d"), 2), ctx_for(structured("a", "b"), 3)
+    flights = [asyncio.create_task(pipeline(ctx)) for ctx in (a, b)]
+    await asyncio.sleep(0.01)
+    queued = asyncio.create_task(pipeline(c))  # both slots busy: c waits in the queue
+    await asyncio.sleep(0.01)
+    assert a.routed is not None and b.routed is not None and a.routed.slot != b.routed.slot
+    gates.setdefault("r2", asyncio.Event()).set()  # b finishes first: its slot is the one the server gives c
+    await flights[1]
+    await asyncio.sleep(0.01)
+    assert c.routed is not None and c.routed.slot == b.routed.slot
+    for gate in ("r1", "r3"):
+        gates.setdefault(gate, asyncio.Event()).set()
+    await asyncio.gather(flights[0], queued)
+
+
 async def test_shift_orders_like_reuse_and_asks_llamacpp_for_chunk_reuse() -> None:
     reps, router = replicas(1)
     backend = LlamaDouble()
