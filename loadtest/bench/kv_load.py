@@ -16,8 +16,10 @@ its gateway.
 2. **Load runs** — for each rate, every side gets the same requests at the same Poisson send times
    (:func:`loadtest.goodput.poisson_arrivals`), ``--duration`` seconds of them in ``--chunks`` repeats: a repeat
    of each side in turn (which goes first rotates), each starting on idle replicas, so that all see the same
-   drift of a shared machine. A sweep runs repeat 1 of every rate, then repeat 2, and so on: a burst of other
-   work on the machine then hits one repeat of a few rates, which the bootstrap sees, not every repeat of one.
+   drift of a shared machine; a sweep's lowest rate, where TTFT p99 is compared, gets ``--low-load-seconds``
+   times as many seconds (3: about a hundred requests per side on a quiet 2-core machine, so that p99 is not just
+   the slowest one). A sweep runs repeat 1 of every rate, then repeat 2, and so on: a burst of other work on the
+   machine then hits one repeat of a few rates, which the bootstrap sees, not every repeat of one.
    A request unanswered ``--give-up`` times the objective after it was sent is abandoned (the client
    disconnects) and counts as late. The rates: a sweep (``--sweep``, in unloaded service rates, from low load to
    past every side's knee), or the ``--rates`` given, or with ``--search`` the earlier search for the direct
@@ -144,6 +146,9 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--calibration", type=int, help="sequential warm-up and measured requests each (quick 8, "
                                                          "else 16)")
     parser.add_argument("--duration", type=float, help="seconds of arrivals per rate and side (quick 18, else 36)")
+    parser.add_argument("--low-load-seconds", type=float, default=3.0,
+                        help="the lowest rate of a sweep gets this many times --duration: TTFT p99 is compared "
+                             "there, and a p99 of a dozen requests is only the slowest one")
     parser.add_argument("--chunks", type=int, help="repeats per rate: each side gets the rate's seconds in this many "
                                                    "runs, in turn with the other sides (quick 3, else 4)")
     parser.add_argument("--rates", help="offered rates in requests/s, comma-separated (default: --sweep)")
@@ -212,6 +217,7 @@ async def _run(
         # the workload, long enough for every run (make_workload extends the same sequence)
         highest = max([*fixed, args.start * service * 1.6 ** probes])
         needed = 2 * calibration + (len(fixed) or probes + 2) * math.ceil(highest * duration * 1.5 + 20 * chunks)
+        needed += math.ceil(min(fixed, default=0.0) * duration * args.low_load_seconds * 1.5)
         work = make_workload(docs=docs, requests=needed, doc_words=args.doc_words, seed=args.seed)
         for side in sides.values():
             side.work = work
@@ -228,11 +234,15 @@ async def _run(
         outcomes: dict[float, dict[str, list[Outcome]]] = {}
         estimate_errors: dict[float, list[float]] = {}
 
+        def seconds(rate: float) -> float:
+            """Seconds of arrivals at ``rate`` per side: more at a sweep's lowest rate, where p99 is compared."""
+            return duration * (args.low_load_seconds if fixed and rate == min(fixed) else 1.0)
+
         async def repeat(rate: float, chunk: int) -> None:
             """One repeat at ``rate``: the same arrivals to every side in turn (which goes first rotates)."""
             nonlocal first
             got_by_side = outcomes.setdefault(rate, {name: [] for name in names})
-            arrivals = poisson_arrivals(rate, duration / chunks, random.Random(f"{args.seed}-{rate}-{chunk}"))
+            arrivals = poisson_arrivals(rate, seconds(rate) / chunks, random.Random(f"{args.seed}-{rate}-{chunk}"))
             turn = (list(outcomes).index(rate) + chunk) % len(names)
             for name in names[turn:] + names[:turn]:
                 await fleet.servers[name].wait_idle(client)
@@ -254,7 +264,7 @@ async def _run(
                 print(f"  {'rate/s':>7} {'side':<9} {'goodput':>7} {'in SLO':>6} {'429':>4} {'late':>4} "
                       f"{'p50':>6} {'p99':>6} {'reuse':>5}")
             for name in names:
-                figures[name][rate] = run_figures(rate, duration, outcomes[rate][name], slo_s)
+                figures[name][rate] = run_figures(rate, seconds(rate), outcomes[rate][name], slo_s)
                 load_outcomes[name] += outcomes[rate][name]
             errors = estimate_errors.get(rate)
             _print_rate({name: figures[name][rate] for name in names}, statistics.median(errors) if errors else None)
@@ -355,7 +365,8 @@ def _summary(
     ceiling = prefix_reuse_ceiling(Workload(work.system, work.documents, work.requests[:last]), first)
     print(f"goodput_ratio (proxy / direct at {rate} requests/s, the highest rate where direct meets the objective "
           f"for half the requests): {ratio if ratio is None else round(ratio, 2)}")
-    print(f"TTFT p99 at the lowest rate, proxy / direct: {p99_ratio if p99_ratio is None else round(p99_ratio, 2)}"
+    print(f"TTFT p99 at the lowest rate ({proxy[low].sent} requests per side), proxy / direct: "
+          f"{p99_ratio if p99_ratio is None else round(p99_ratio, 2)}"
           + (f", proxy / smg: {round(p99_vs_smg, 2) if p99_vs_smg else None}" if smg else "")
           + (f"; rates where the proxy's goodput is below smg's: {below_smg}" if smg else ""))
     print("reuse over the load runs: " + ", ".join(f"{name} {value:.3f}" for name, value in reuse.items())
@@ -372,6 +383,8 @@ def _summary(
         "order": args.order,
         "sides": list(figures),
         "duration_s": duration,
+        "low_load_duration_s": duration * args.low_load_seconds if not args.search and not args.rates else duration,
+        "low_load_requests_per_side": proxy[low].sent,
         "slo_ms": round(slo_s * 1000, 1),
         "unloaded_ttft_p50_direct_ms": round(unloaded_ms, 1),
         "service_rate_rps": round(service, 3),
