@@ -114,12 +114,12 @@ class SlotTable:
     """What each slot of a llama.cpp server last held (its prompt path), to choose ``id_slot``.
 
     A llama.cpp slot holds only its last prompt. Without ``id_slot`` the server takes the idle slot whose prompt
-    shares the largest fraction of the new one, if above ``--slot-prompt-similarity`` (``similarity``, 0.1),
-    else its least recently used idle slot (the last such slot on a tie). With its host-memory prompt cache
-    (``--cache-ram``, on by default in current llama.cpp: ``prompt_cache``), before it reuses a slot by LRU, or
-    one that would lose more than half of its prompt, it saves that prompt in host memory and restores the stored
-    prompt that shares the longest prefix with the new one. A request *with* ``id_slot`` gets that slot, saved and
-    restored the same way when it would keep less than half of its prompt (the vendored server's
+    shares the largest fraction of the new one, if above ``--slot-prompt-similarity`` (``similarity``, 0.1; 0
+    turns this off), else its least recently used idle slot (the last such slot on a tie). With its host-memory
+    prompt cache (``--cache-ram``, on by default in current llama.cpp: ``prompt_cache``), before it reuses a slot
+    by LRU, or one that would lose more than half of its prompt, it saves that prompt in host memory and restores
+    the stored prompt that shares the longest prefix with the new one. A request *with* ``id_slot`` gets that
+    slot, saved and restored the same way when it would keep less than half of its prompt (the vendored server's
     ``get_available_slot``). Hence :meth:`choose`:
 
     * with the server's prompt cache, ``id_slot`` is not sent as a rule: the server's own choice is the slot sharing
@@ -197,7 +197,7 @@ class SlotTable:
         """The slot for a prompt of ``total_tokens`` whose prefix is ``path``; ``cached_tokens``: how much of it the
         server's prompt cache probably holds (see the class docs)."""
         slot, shared = self.best(path)
-        similar = shared > self.similarity * max(1, total_tokens)
+        similar = self._similar(shared, total_tokens)
         idle = [s for s in range(len(self._paths)) if not self._busy[s]] or list(range(len(self._paths)))
         if self.prompt_cache:
             if similar:
@@ -222,6 +222,12 @@ class SlotTable:
 
         victim = min(idle, key=worth)
         return SlotChoice(victim, _common_tokens(self._paths[victim], path), True)
+
+    def _similar(self, shared: int, total_tokens: int) -> bool:
+        """Whether the server would take a slot sharing ``shared`` tokens of the prompt for its similarity
+        (``--slot-prompt-similarity`` 0 turns that choice off: the server then always takes its least recently
+        used slot, saving its prompt first)."""
+        return self.similarity > 0 and shared > self.similarity * max(1, total_tokens)
 
     def _keeps_half(self, slot: int, shared: int) -> bool:
         """Whether a slot reused for a prompt sharing ``shared`` tokens keeps at least half of what it holds (so
@@ -257,7 +263,7 @@ class SlotTable:
         nobody else holds."""
         shared = _common_tokens(self._paths[slot], path)
         source = self._paths[slot]
-        if not (shared > self.similarity * max(1, total_tokens) and self._keeps_half(slot, shared)):
+        if not (self._similar(shared, total_tokens) and self._keeps_half(slot, shared)):
             self._save(slot)  # the slot's own prompt is kept in host memory
             entry = self._restored(slot, path, total_tokens)
             if entry is None:
