@@ -613,7 +613,8 @@ class ProxySide:
                 tree=KnowledgeTree(slots * ctx_per_slot * 8, prefill=models[i]),
                 prefill=models[i],
                 queue=AdmissionQueue(limit=slots, backlog=self.router.loads[i].running_s),
-                slots=SlotTable(slots, similarity=similarity, prompt_cache=prompt_cache),
+                slots=SlotTable(slots, similarity=similarity, prompt_cache=prompt_cache,
+                                cache_tokens=slots * ctx_per_slot * 8),
             )
             for i in range(len(urls))
         ]

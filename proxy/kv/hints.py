@@ -100,14 +100,13 @@ class Lost:
 
 @dataclass(frozen=True, slots=True)
 class SlotChoice:
-    """The slot a request will use, its shared prefix in tokens, and whether to send ``id_slot``; ``bound``: the
-    most the server will reuse when it is that slot's prefix (it restores nothing from its prompt cache), ``None``
-    when what its prompt cache holds may be restored."""
+    """The slot a request will use, its shared prefix in tokens, whether to send ``id_slot``, and ``reused``: what
+    the server will reuse of the prompt by the table's account (:meth:`SlotTable.reused`)."""
 
     slot: int
     shared_tokens: int
     pin: bool
-    bound: int | None = None
+    reused: int
 
 
 class SlotTable:
@@ -145,11 +144,15 @@ class SlotTable:
         *,
         similarity: float = 0.1,
         prompt_cache: bool = True,
+        cache_tokens: int = 200_000,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if slots < 1:
             raise ValueError("slots must be at least 1")
         self.similarity = similarity
+        self.cache_tokens = cache_tokens
+        """The most the table's account of the host cache holds: like the server (``--cache-ram``), it drops the
+        oldest stored prompts to fit a new one (the replica's KV capacity stands for the server's bytes)."""
         self.prompt_cache = prompt_cache
         self._paths: list[tuple[Segment, ...]] = [() for _ in range(slots)]
         self._sizes: list[int] = [0] * slots
@@ -162,7 +165,9 @@ class SlotTable:
         """Which prompt each slot holds (0: none), so a prompt saved twice is one entry of the host cache."""
         self._saved: list[tuple[int, tuple[Segment, ...], int]] = []
         """The server's host prompt cache as far as this table saw it: ``(prompt id, path, tokens)``, oldest
-        first (no size limit is followed: the knowledge tree's capacity stands for it)."""
+        first, within ``cache_tokens``."""
+        self.held_tokens = 0
+        """Tokens of the prompts in that account."""
 
     def __len__(self) -> int:
         return len(self._paths)
@@ -196,32 +201,49 @@ class SlotTable:
     ) -> SlotChoice:
         """The slot for a prompt of ``total_tokens`` whose prefix is ``path``; ``cached_tokens``: how much of it the
         server's prompt cache probably holds (see the class docs)."""
+        slot, pin = self._slot(path, total_tokens, value, cached_tokens)
+        return SlotChoice(slot, _common_tokens(self._paths[slot], path), pin, self.reused(slot, path, total_tokens))
+
+    def _slot(
+        self,
+        path: Sequence[Segment],
+        total_tokens: int,
+        value: Callable[[Sequence[Segment]], float] | None,
+        cached_tokens: int,
+    ) -> tuple[int, bool]:
+        """``(slot, pin)`` for :meth:`choose`."""
         slot, shared = self.best(path)
         similar = self._similar(shared, total_tokens)
         idle = [s for s in range(len(self._paths)) if not self._busy[s]] or list(range(len(self._paths)))
         if self.prompt_cache:
             if similar:
-                if not self._keeps_half(slot, shared):
-                    return SlotChoice(slot, shared, False)  # the server saves the slot's prompt and restores
-                if cached_tokens <= shared:
-                    return SlotChoice(slot, shared, False, bound=shared)
+                if not self._keeps_half(slot, shared) or cached_tokens <= shared:
+                    return slot, False  # the server saves the slot's prompt and restores, or reuses it as it is
                 other = [s for s in idle if s != slot and self._paths[s]
                          and not self._keeps_half(s, _common_tokens(self._paths[s], path))]
                 if not other:
-                    return SlotChoice(slot, shared, False, bound=shared)
-                freed = min(other, key=lambda s: (value(self._paths[s]) if value is not None else 0.0, self._used[s]))
-                return SlotChoice(freed, _common_tokens(self._paths[freed], path), True)
-            lru = min(idle, key=lambda s: (self._used[s], -s))
-            return SlotChoice(lru, _common_tokens(self._paths[lru], path), False)
+                    return slot, False
+                return min(other, key=lambda s: (value(self._paths[s]) if value is not None else 0.0,
+                                                 self._used[s])), True
+            return min(idle, key=lambda s: (self._used[s], -s)), False
         if similar and shared > (path[0].tokens if path else 0):  # more than the system prompt all share
-            return SlotChoice(slot, shared, True)
+            return slot, True
 
         def worth(s: int) -> tuple[bool, float, float]:
             held = self._paths[s]
             return bool(held), (value(held) if value is not None and held else 0.0), self._used[s]
 
-        victim = min(idle, key=worth)
-        return SlotChoice(victim, _common_tokens(self._paths[victim], path), True)
+        return min(idle, key=worth), True
+
+    def reused(self, slot: int, path: Sequence[Segment], total_tokens: int) -> int:
+        """Tokens of ``path`` the server reuses when ``slot`` takes it (the rules of :meth:`assign`): the slot's
+        shared prefix when it is reused as it is (always, without a prompt cache), else the longer of that and
+        the prefix of the stored prompt the server restores."""
+        shared = _common_tokens(self._paths[slot], path)
+        if not self.prompt_cache or (self._similar(shared, total_tokens) and self._keeps_half(slot, shared)):
+            return shared
+        entry = self._restored(slot, path, total_tokens)
+        return shared if entry is None else _common_tokens(self._saved[entry][1], path)
 
     def _similar(self, shared: int, total_tokens: int) -> bool:
         """Whether the server would take a slot sharing ``shared`` tokens of the prompt for its similarity
@@ -268,7 +290,8 @@ class SlotTable:
             entry = self._restored(slot, path, total_tokens)
             if entry is None:
                 return None
-            _, source, _ = self._saved.pop(entry)
+            _, source, size = self._saved.pop(entry)
+            self.held_tokens -= size
         elif self._ids[slot] in {saved[0] for saved in self._saved}:
             return None  # kept as it is, but saved before (an idle slot when another request started)
         held = max([_common_tokens(source, path)]
@@ -279,10 +302,16 @@ class SlotTable:
         return Lost(source, held)
 
     def _save(self, slot: int) -> None:
-        """The server saves ``slot``'s prompt in its host cache (once: a prompt already stored is skipped)."""
+        """The server saves ``slot``'s prompt in its host cache (once: a prompt already stored is skipped; the
+        oldest go to make room, and a prompt larger than the whole cache is not stored)."""
         prompt = self._ids[slot]
-        if prompt and all(saved[0] != prompt for saved in self._saved):
-            self._saved.append((prompt, self._paths[slot], self._sizes[slot]))
+        size = self._sizes[slot] or sum(segment.tokens for segment in self._paths[slot])
+        if not prompt or size > self.cache_tokens or any(saved[0] == prompt for saved in self._saved):
+            return
+        while self._saved and self.held_tokens + size > self.cache_tokens:
+            self.held_tokens -= self._saved.pop(0)[2]
+        self._saved.append((prompt, self._paths[slot], size))
+        self.held_tokens += size
 
     def _restored(self, slot: int, path: Sequence[Segment], total_tokens: int) -> int | None:
         """Index in the host cache of the prompt the server restores into ``slot`` for ``path``, ``None`` for

@@ -303,20 +303,16 @@ class Route:
         """Choose the llama.cpp slot as the request leaves the queue, which is when the server chooses too: the
         queue lets no more requests in flight than the server has slots, so the table's idle slots are the
         server's (chosen at routing time, under load, the slot was a guess among busy ones). What the server is
-        expected to reuse is judged now as well, from the tree as it is after the requests that started meanwhile:
-        the slot's prefix when that is all it reuses, else the tree's match. Pins the slot when the table says so,
-        and makes the tree forget what this start truncates without saving (:meth:`SlotTable.assign`)."""
+        expected to reuse is judged now as well: what the table says the server reuses in that slot (its prefix, or
+        the prompt it restores from its cache), within the tree's match after the requests that started meanwhile
+        (the tree also knows what reports corrected). Pins the slot when the table says so, and makes the tree
+        forget what this start truncates without saving (:meth:`SlotTable.assign`)."""
         replica = self.replicas[routed.replica]
         cached = replica.tree.match(routed.path)
         choice = slots.choose(routed.path, routed.total_tokens, value=replica.tree.reuse_value,
                               cached_tokens=cached.tokens)
         routed.slot = choice.slot
-        if not slots.prompt_cache:  # the server reuses only what this slot holds
-            routed.expected = _prefix_match(routed.path, choice.shared_tokens)
-        elif choice.bound is not None:  # the server reuses the slot as it is, restoring nothing
-            routed.expected = _prefix_match(routed.path, choice.bound)
-        else:
-            routed.expected = cached
+        routed.expected = _prefix_match(routed.path, min(cached.tokens, choice.reused))
         if choice.pin:
             pin = replica.kind.slot_hint(choice.slot)
             ctx.patch("route.slot", lambda sent: {**sent, **pin})

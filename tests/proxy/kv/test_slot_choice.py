@@ -233,14 +233,15 @@ def test_with_a_prompt_cache_a_longer_cached_prefix_is_restored_through_a_slot_t
     slots.release(0)
     asked = [SYS, d("a"), d("b"), d("x")]  # shares 820 of slot 0's 1,300: it would keep 63%, restoring nothing
     alone = slots.choose(asked, 1300, cached_tokens=1220)
-    assert (alone.slot, alone.pin, alone.bound) == (0, False, 820), "slot 1 is empty: nothing to save there"
+    assert (alone.slot, alone.pin, alone.reused) == (0, False, 820), "slot 1 is empty: nothing to save there"
     slots.assign(1, [SYS, d("y"), d("z")], 900)
     slots.release(1)
     moved = slots.choose(asked, 1300, cached_tokens=1220)
-    assert (moved.slot, moved.pin, moved.bound) == (1, True, None), "slot 1 keeps 20 of 900: the server restores"
-    assert slots.choose(asked, 1300, cached_tokens=820).bound == 820, "the cache holds no more than slot 0"
+    assert (moved.slot, moved.pin) == (1, True), "slot 1 keeps 20 of 900: the server restores"
+    assert moved.reused == 820, "what the table saw the server save: slot 0's prompt, idle when slot 1 started"
+    assert slots.choose(asked, 1300, cached_tokens=820).reused == 820, "the cache holds no more than slot 0"
     far = [SYS, d("a"), d("q"), d("r"), d("s")]  # shares 420 of 1,300: slot 0 would keep less than half
-    assert slots.choose(far, 1800, cached_tokens=1220) == SlotChoice(0, 420, False, None)
+    assert slots.choose(far, 1800, cached_tokens=1220) == SlotChoice(0, 420, False, 420)
 
 
 # --- what the server truncates without saving ----------------------------------------------------------------
@@ -311,3 +312,16 @@ def test_with_slot_similarity_off_the_server_takes_its_lru_slot_and_saves_its_pr
     again = [SYS, d("a"), d("b"), d("y")]
     choice = slots.choose(again, 1300)
     assert choice.slot == 1 and slots.assign(1, again, 1300) is None  # slot 1's prompt was saved before reuse
+
+
+def test_the_tables_account_of_the_host_cache_keeps_within_its_budget_dropping_the_oldest() -> None:
+    """Like the server's prompt cache (``--cache-ram``), the table's account holds at most ``cache_tokens``: a
+    proxy that runs for months follows every save without growing, and an old prompt dropped there is not
+    counted on for a restore."""
+    slots = SlotTable(2, cache_tokens=3000, clock=itertools.count().__next__)
+    first = [SYS, d("a"), d("b"), d("c")]
+    for n in range(50):
+        slots.assign(n % 2, [SYS, d(f"x{n}"), d(f"y{n}"), d(f"z{n}")] if n else first, 1300)
+        slots.release(n % 2)
+    assert 0 < slots.held_tokens <= 3000
+    assert slots.reused(0, [SYS, d("a"), d("b"), d("q")], 1300) == 20, "the first prompt left the cache long ago"
