@@ -307,7 +307,6 @@ class Servers:
         ctx_per_slot: int,
         threads: int,
         cache_ram_mib: int = 2048,
-        similarity: float = 0.1,
         extra_args: Sequence[str] = (),
         verbosity: int | None = None,
     ) -> None:
@@ -323,7 +322,6 @@ class Servers:
             command += ["-c", str(ctx_per_slot * slots), "-np", str(slots), "-t", str(threads)]
             command += ["-tb", str(threads), "--poll", "0", "--no-warmup", "-b", "512", "-ub", "512"]
             command += ["--cache-ram", str(cache_ram_mib), "--alias", MODEL_ID]
-            command += ["--slot-prompt-similarity", str(similarity)]
             if verbosity is not None:
                 command += ["-lv", str(verbosity)]
             command += list(extra_args)
@@ -431,10 +429,6 @@ def add_server_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads", type=int, default=1, help="llama-server threads per replica")
     parser.add_argument("--cache-ram", type=int, default=2048, metavar="MIB",
                         help="llama-server's host-memory prompt cache (0: none; the proxy then pins slots)")
-    parser.add_argument("--slot-similarity", type=float, default=0.1,
-                        help="llama-server's --slot-prompt-similarity on every replica, and the proxy's "
-                             "routing.llama_slot_similarity (0: the server always takes its least recently used "
-                             "slot, saving its prompt first)")
     parser.add_argument("--server-arg", action="append", default=[], metavar="ARG",
                         help="an extra llama-server argument for every replica of both sides (repeatable; "
                              "e.g. --server-arg=-ngl --server-arg=99)")
@@ -504,8 +498,7 @@ class Fleet:
             else:
                 policy = OrderPolicy(args.order) if name == "proxy" else OrderPolicy.PRESERVE
                 sides[name] = ProxySide(servers.urls, work, client, slots=args.slots, ctx_per_slot=args.ctx_per_slot,
-                                        policy=policy, prompt_cache=args.cache_ram != 0,
-                                        similarity=args.slot_similarity)
+                                        policy=policy, prompt_cache=args.cache_ram != 0)
         return sides
 
     def stop(self) -> None:
@@ -517,7 +510,7 @@ class Fleet:
 
 def start_servers(args: argparse.Namespace, binary: Path, model: Path) -> Servers:
     return Servers(binary, model, args.replicas, args.slots, args.ctx_per_slot, args.threads, args.cache_ram,
-                   args.slot_similarity, args.server_arg, None if args.no_trace else 4)
+                   args.server_arg, None if args.no_trace else 4)
 
 
 def _body(messages: list[dict[str, Any]]) -> dict[str, Any]:
@@ -591,7 +584,6 @@ class ProxySide:
         policy: OrderPolicy = OrderPolicy.REUSE,
         slo_s: float | None = None,
         prompt_cache: bool = True,
-        similarity: float = 0.1,
     ) -> None:
         self.urls, self.work, self.client = urls, work, client
         self.estimates: list[tuple[float, float]] = []
@@ -613,8 +605,7 @@ class ProxySide:
                 tree=KnowledgeTree(slots * ctx_per_slot * 8, prefill=models[i]),
                 prefill=models[i],
                 queue=AdmissionQueue(limit=slots, backlog=self.router.loads[i].running_s),
-                slots=SlotTable(slots, similarity=similarity, prompt_cache=prompt_cache,
-                                cache_tokens=slots * ctx_per_slot * 8),
+                slots=SlotTable(slots, prompt_cache=prompt_cache, cache_tokens=slots * ctx_per_slot * 8),
             )
             for i in range(len(urls))
         ]

@@ -66,8 +66,8 @@ def build_kv(settings: KVConfig, pool: BackendPool, client: UpstreamClient | Non
             tree=KnowledgeTree(backend.kv_capacity_tokens, prefill=models[index]),
             queue=AdmissionQueue(backend.max_concurrency, starvation_window_s=routing.starvation_window_s,
                                  max_wait_s=routing.queue_max_wait_s, backlog=router.loads[index].running_s),
-            slots=SlotTable(backend.slots, similarity=routing.llama_slot_similarity,
-                            prompt_cache=routing.llama_prompt_cache, cache_tokens=backend.kv_capacity_tokens)
+            slots=SlotTable(backend.slots, prompt_cache=routing.llama_prompt_cache,
+                            cache_tokens=backend.kv_capacity_tokens)
             if kind.tracks_slots else None,
         ))
     shape = Shape(replicas, policies={ns: OrderPolicy(order) for ns, order in routing.namespace_orders.items()},

@@ -113,12 +113,12 @@ class SlotTable:
     """What each slot of a llama.cpp server last held (its prompt path), to choose ``id_slot``.
 
     A llama.cpp slot holds only its last prompt. Without ``id_slot`` the server takes the idle slot whose prompt
-    shares the largest fraction of the new one, if above ``--slot-prompt-similarity`` (``similarity``, 0.1; 0
-    turns this off), else its least recently used idle slot (the last such slot on a tie). With its host-memory
-    prompt cache (``--cache-ram``, on by default in current llama.cpp: ``prompt_cache``), before it reuses a slot
-    by LRU, or one that would lose more than half of its prompt, it saves that prompt in host memory and restores
-    the stored prompt that shares the longest prefix with the new one. A request *with* ``id_slot`` gets that
-    slot, saved and restored the same way when it would keep less than half of its prompt (the vendored server's
+    shares the largest fraction of the new one, if above ``--slot-prompt-similarity`` (``similarity``, 0.1),
+    else its least recently used idle slot (the last such slot on a tie). With its host-memory prompt cache
+    (``--cache-ram``, on by default in current llama.cpp: ``prompt_cache``), before it reuses a slot by LRU, or
+    one that would lose more than half of its prompt, it saves that prompt in host memory and restores the stored
+    prompt that shares the longest prefix with the new one. A request *with* ``id_slot`` gets that slot, saved and
+    restored the same way when it would keep less than half of its prompt (the vendored server's
     ``get_available_slot``). Hence :meth:`choose`:
 
     * with the server's prompt cache, ``id_slot`` is not sent as a rule: the server's own choice is the slot sharing
@@ -246,10 +246,8 @@ class SlotTable:
         return shared if entry is None else _common_tokens(self._saved[entry][1], path)
 
     def _similar(self, shared: int, total_tokens: int) -> bool:
-        """Whether the server would take a slot sharing ``shared`` tokens of the prompt for its similarity
-        (``--slot-prompt-similarity`` 0 turns that choice off: the server then always takes its least recently
-        used slot, saving its prompt first)."""
-        return self.similarity > 0 and shared > self.similarity * max(1, total_tokens)
+        """Whether the server would take a slot sharing ``shared`` tokens of the prompt for its similarity."""
+        return shared > self.similarity * max(1, total_tokens)
 
     def _keeps_half(self, slot: int, shared: int) -> bool:
         """Whether a slot reused for a prompt sharing ``shared`` tokens keeps at least half of what it holds (so

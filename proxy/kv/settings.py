@@ -32,11 +32,6 @@ class RoutingSettings(Section):
     llama_prompt_cache: bool = Field(
         default=True, description="llama.cpp keeps prompts in host memory (--cache-ram): id_slot on shared prefixes"
     )
-    llama_slot_similarity: float = Field(
-        default=0.1, ge=0, lt=1,
-        description="llama.cpp's --slot-prompt-similarity (0: it always takes its least recently used slot, saving "
-                    "that slot's prompt to its prompt cache first)",
-    )
     documents: int = Field(default=10_000, ge=1, description="Documents remembered from search results")
     documents_max_bytes: int = Field(
         default=128 * 1024 * 1024, ge=1024, description="Memory for those documents (estimated; oldest leave first)"

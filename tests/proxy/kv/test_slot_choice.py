@@ -295,25 +295,6 @@ def test_a_restored_prompt_leaves_the_host_cache_and_its_suffix_is_lost() -> Non
     assert slots.assign(0, [SYS, d("a"), d("b"), d("c"), d("e")], 1700) is None, "nothing left to lose"
 
 
-def test_with_slot_similarity_off_the_server_takes_its_lru_slot_and_saves_its_prompt_first() -> None:
-    """``--slot-prompt-similarity 0``: the server ignores what its slots share with the prompt and takes the least
-    recently used idle one, saving that slot's prompt to its cache first; a request that continues a slot's
-    prompt then keeps a copy of it in the cache, so nothing is lost (with 0.1 the slot is reused as it is and its
-    suffix is)."""
-    slots = SlotTable(2, similarity=0.0, clock=itertools.count().__next__)
-    first = [SYS, d("a"), d("b"), d("c")]
-    assert slots.assign(1, first, 1300) is None
-    slots.release(1)
-    then = [SYS, d("a"), d("b"), d("x")]  # shares 820 tokens with slot 1, which similarity would pick
-    choice = slots.choose(then, 1300)
-    assert (choice.slot, choice.pin) == (0, False)  # slot 0 is the least recently used
-    assert slots.assign(0, then, 1300) is None
-    slots.release(0)
-    again = [SYS, d("a"), d("b"), d("y")]
-    choice = slots.choose(again, 1300)
-    assert choice.slot == 1 and slots.assign(1, again, 1300) is None  # slot 1's prompt was saved before reuse
-
-
 def test_the_tables_account_of_the_host_cache_keeps_within_its_budget_dropping_the_oldest() -> None:
     """Like the server's prompt cache (``--cache-ram``), the table's account holds at most ``cache_tokens``: a
     proxy that runs for months follows every save without growing, and an old prompt dropped there is not
