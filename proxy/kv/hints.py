@@ -8,8 +8,8 @@ and gateways that understand them (:func:`proxy.kv.kinds.base.build_hints`):
 ==============  ==========================================================================================
 kind            body hint
 ==============  ==========================================================================================
-``llamacpp``    ``cache_prompt: true``; ``id_slot`` only for servers without a host-memory prompt cache
-                (:class:`SlotTable` explains why); ``n_cache_reuse`` under the ``shift`` order policy
+``llamacpp``    ``cache_prompt: true``; ``id_slot`` as the request starts, to the slot the proxy's table
+                chose (:class:`SlotTable` explains when); ``n_cache_reuse`` under the ``shift`` order policy
                 (:mod:`proxy.kv.order`)
 ``vllm``        ``cache_salt`` = hash of the tenant: prefix-cache isolation between tenants
 ``sglang``      same as ``vllm``
@@ -121,15 +121,18 @@ class SlotTable:
     restored the same way when it would keep less than half of its prompt (the vendored server's
     ``get_available_slot``). Hence :meth:`choose`:
 
-    * with the server's prompt cache, ``id_slot`` is not sent as a rule: the server's own choice is the slot sharing
-      the longest prefix (what the table would pick), it keeps what it overwrites, and an ``id_slot`` taken from a
-      table that drifted (another client, a restart) would cost a recomputation; the table records the slot the
-      server takes. But the server restores from its prompt cache only when the slot it takes would keep less
-      than half of its prompt (llama.cpp's ``get_available_slot``, ``f_keep < 0.5``): a slot that keeps more is
-      reused as it is, and a longer prefix in the prompt cache (``cached_tokens``, the knowledge tree's estimate)
-      is not restored. Then the request is pinned to another idle slot that would keep less than half of its
-      (non-empty) prompt, whose choice makes the server save that prompt and restore the longer one; with no such
-      slot the reuse is bounded by the slot's prefix (``bound``);
+    * with the server's prompt cache, a request is pinned to the slot the table chooses whenever that slot holds
+      a prompt, so the server does what the table records: left to itself, the server chooses when each request
+      reaches it, and requests that start together reach it in either order (measured under load: the table and
+      the server disagreed on half the slots). A pinned slot is saved and restored by the same rules as the
+      server's own choice, except an empty one, which restores nothing (``f_keep`` is 0/0 there): an empty slot
+      is left to the server. The slot chosen is the server's own rule's (the longest shared prefix if similar,
+      else the least recently used). But the server restores from its prompt cache only when the slot would keep
+      less than half of its prompt (``f_keep < 0.5``): a slot that keeps more is reused as it is, and a longer
+      prefix in the prompt cache (``cached_tokens``, the knowledge tree's estimate) is not restored. Then the
+      request goes to another idle slot that would keep less than half of its (non-empty) prompt, which makes the
+      server save that prompt and restore the longer one. :meth:`reused` says what the server reuses in the
+      chosen slot;
     * without one (``prompt_cache=False``) an overwritten prompt is gone, so every request is pinned: to the
       idle slot sharing more than ``similarity`` of the prompt and more than its first segment (the system
       prompt every request shares; the longest), else to the idle slot whose
@@ -201,7 +204,8 @@ class SlotTable:
     ) -> SlotChoice:
         """The slot for a prompt of ``total_tokens`` whose prefix is ``path``; ``cached_tokens``: how much of it the
         server's prompt cache probably holds (see the class docs)."""
-        slot, pin = self._slot(path, total_tokens, value, cached_tokens)
+        slot = self._slot(path, total_tokens, value, cached_tokens)
+        pin = bool(self._ids[slot]) or not self.prompt_cache  # an empty slot is left to the server (class docs)
         return SlotChoice(slot, _common_tokens(self._paths[slot], path), pin, self.reused(slot, path, total_tokens))
 
     def _slot(
@@ -210,30 +214,29 @@ class SlotTable:
         total_tokens: int,
         value: Callable[[Sequence[Segment]], float] | None,
         cached_tokens: int,
-    ) -> tuple[int, bool]:
-        """``(slot, pin)`` for :meth:`choose`."""
+    ) -> int:
+        """The slot for :meth:`choose` (the class docs say which)."""
         slot, shared = self.best(path)
         similar = self._similar(shared, total_tokens)
         idle = [s for s in range(len(self._paths)) if not self._busy[s]] or list(range(len(self._paths)))
         if self.prompt_cache:
             if similar:
                 if not self._keeps_half(slot, shared) or cached_tokens <= shared:
-                    return slot, False  # the server saves the slot's prompt and restores, or reuses it as it is
+                    return slot  # the server saves the slot's prompt and restores, or reuses it as it is
                 other = [s for s in idle if s != slot and self._paths[s]
                          and not self._keeps_half(s, _common_tokens(self._paths[s], path))]
                 if not other:
-                    return slot, False
-                return min(other, key=lambda s: (value(self._paths[s]) if value is not None else 0.0,
-                                                 self._used[s])), True
-            return min(idle, key=lambda s: (self._used[s], -s)), False
+                    return slot
+                return min(other, key=lambda s: (value(self._paths[s]) if value is not None else 0.0, self._used[s]))
+            return min(idle, key=lambda s: (self._used[s], -s))
         if similar and shared > (path[0].tokens if path else 0):  # more than the system prompt all share
-            return slot, True
+            return slot
 
         def worth(s: int) -> tuple[bool, float, float]:
             held = self._paths[s]
             return bool(held), (value(held) if value is not None and held else 0.0), self._used[s]
 
-        return min(idle, key=worth), True
+        return min(idle, key=worth)
 
     def reused(self, slot: int, path: Sequence[Segment], total_tokens: int) -> int:
         """Tokens of ``path`` the server reuses when ``slot`` takes it (the rules of :meth:`assign`): the slot's

@@ -94,7 +94,7 @@ async def test_reordered_documents_hit_the_server_cache(server_url: str) -> None
         asker = Asker(server_url, client, OrderPolicy.REUSE, work.system)
         first = await asker.ask([docs[0], docs[1], docs[2]], 1)
         second = await asker.ask([docs[2], docs[0], docs[1]], 2)  # top-ranked 2 goes last; 0, 1 follow the path
-    assert asker.sent[1]["cache_prompt"] is True and "id_slot" not in asker.sent[1]  # the server's cache picks
+    assert asker.sent[1]["cache_prompt"] is True and "id_slot" in asker.sent[1]  # pinned to the slot holding 0, 1
     total_first = first["timings"]["prompt_n"] + first["timings"]["cache_n"]
     assert second["timings"]["cache_n"] > total_first * 0.6
 

@@ -39,16 +39,21 @@ def table(prompt_cache: bool) -> SlotTable:
     return SlotTable(2, prompt_cache=prompt_cache, clock=itertools.count().__next__)
 
 
-def test_with_a_prompt_cache_no_slot_is_pinned_and_the_table_follows_the_servers_choice() -> None:
+def test_with_a_prompt_cache_the_servers_own_rule_chooses_and_a_slot_holding_a_prompt_is_pinned() -> None:
+    """The slot is the one llama.cpp's own rule would take; it is pinned, so that requests reaching the server in
+    another order than they started still get it, unless it is empty (a pinned empty slot restores nothing)."""
     slots = table(prompt_cache=True)
     first = slots.choose(HOT, 900)
     assert not first.pin and first.slot == 1  # fresh server: equal LRU times, llama.cpp takes the last slot
     slots.assign(first.slot, HOT)
     slots.release(first.slot)
     again = slots.choose([*HOT, d("x")], 1300)
-    assert (again.slot, again.shared_tokens, again.pin) == (1, 820, False)  # the server's similarity choice
-    other = slots.choose([SYS, d("cold")], 500)  # shares only the system prompt: the server's LRU slot
+    assert (again.slot, again.shared_tokens, again.pin) == (1, 820, True)  # the server's similarity choice
+    other = slots.choose([SYS, d("cold")], 500)  # shares only the system prompt: the server's LRU slot, empty
     assert (other.slot, other.pin) == (0, False)
+    slots.assign(other.slot, [SYS, d("cold")], 500)
+    slots.release(other.slot)
+    assert slots.choose([SYS, d("new")], 500).pin, "both slots hold prompts now"
 
 
 def test_without_a_prompt_cache_a_one_off_prompt_overwrites_the_cheapest_slot_not_the_popular_one() -> None:
@@ -233,7 +238,7 @@ def test_with_a_prompt_cache_a_longer_cached_prefix_is_restored_through_a_slot_t
     slots.release(0)
     asked = [SYS, d("a"), d("b"), d("x")]  # shares 820 of slot 0's 1,300: it would keep 63%, restoring nothing
     alone = slots.choose(asked, 1300, cached_tokens=1220)
-    assert (alone.slot, alone.pin, alone.reused) == (0, False, 820), "slot 1 is empty: nothing to save there"
+    assert (alone.slot, alone.pin, alone.reused) == (0, True, 820), "slot 1 is empty: nothing to save there"
     slots.assign(1, [SYS, d("y"), d("z")], 900)
     slots.release(1)
     moved = slots.choose(asked, 1300, cached_tokens=1220)
@@ -241,7 +246,7 @@ def test_with_a_prompt_cache_a_longer_cached_prefix_is_restored_through_a_slot_t
     assert moved.reused == 820, "what the table saw the server save: slot 0's prompt, idle when slot 1 started"
     assert slots.choose(asked, 1300, cached_tokens=820).reused == 820, "the cache holds no more than slot 0"
     far = [SYS, d("a"), d("q"), d("r"), d("s")]  # shares 420 of 1,300: slot 0 would keep less than half
-    assert slots.choose(far, 1800, cached_tokens=1220) == SlotChoice(0, 420, False, 420)
+    assert slots.choose(far, 1800, cached_tokens=1220) == SlotChoice(0, 420, True, 420)
 
 
 # --- what the server truncates without saving ----------------------------------------------------------------

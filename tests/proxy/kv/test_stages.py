@@ -98,7 +98,8 @@ async def test_same_documents_in_another_order_go_to_the_warm_replica_in_its_ord
     assert second.routed is not None and second.routed.replica == warm
     assert doc_order(backend.bodies[1]) == ["a", "b", "c"]  # cached path a, b; top c at the end
     assert "ragproxy" not in backend.bodies[1]
-    assert backend.bodies[1]["cache_prompt"] is True and "id_slot" not in backend.bodies[1]  # server picks
+    assert backend.bodies[1]["cache_prompt"] is True
+    assert backend.bodies[1]["id_slot"] == second.routed.slot  # the slot holding a, b, c
     assert second.routed.headers is not None and second.routed.headers["X-Prefix-Docs"] == "a,b,c"
     assert int(second.response_headers["X-RagProxy-Cached-Tokens-Estimate"]) > 0
     assert router.loads[warm].active == 0 and reps[warm].queue.active == 0
