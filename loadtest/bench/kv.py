@@ -277,6 +277,10 @@ MODEL_ID = "tiny"
 PROMPT_CACHE_UPDATE = re.compile(rb"prompt cache update took ([0-9.]+) ms")
 """The line llama-server logs (verbosity 4) after each save/restore of its host-memory prompt cache."""
 
+SLOT_SELECTED = re.compile(rb"\| selected slot by (\w+)")
+"""A replica's log line for the slot it gave a request (verbosity 4): ``id`` (the request's ``id_slot``), ``LCP``
+(similarity) or ``LRU``."""
+
 
 def wait_until(proc: subprocess.Popen[bytes], ready: Callable[[], bool], deadline: float, what: str,
                logs: Callable[[], str]) -> None:
@@ -342,6 +346,15 @@ class Servers:
         for path in self.log_paths:
             found += [float(m) for m in PROMPT_CACHE_UPDATE.findall(path.read_bytes())]
         return found
+
+    def slot_choices(self) -> dict[str, int]:
+        """How the replicas chose the slot of every request so far (needs verbosity 4): by the request's ``id``
+        (pinned), by similarity (``LCP``) or by ``LRU``."""
+        counts: dict[str, int] = {}
+        for path in self.log_paths:
+            for how in SLOT_SELECTED.findall(path.read_bytes()):
+                counts[how.decode()] = counts.get(how.decode(), 0) + 1
+        return counts
 
     async def wait_idle(self, client: httpx.AsyncClient, timeout_s: float = 30.0) -> None:
         """Until no slot of any replica is processing (work a client gave up on is cancelled by the server, but

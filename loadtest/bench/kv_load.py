@@ -310,6 +310,10 @@ async def _run(
           f"{proxy.over_predicted_share} (the tree's prediction at routing time: "
           f"{proxy.over_predicted_at_route_share}), below it: {round(under / max(1, len(proxy.routed)), 3)}")
     summary["proxy_trees"] = trees
+    choices = {name: servers.slot_choices() for name, servers in fleet.servers.items()}
+    print("how the replicas chose each request's slot (id: pinned by the proxy, LCP: similarity, LRU): "
+          + ", ".join(f"{name} {counts}" for name, counts in choices.items()))
+    summary["slot_choices"] = choices
     summary["over_predicted_share"] = proxy.over_predicted_share
     summary["over_predicted_at_route_share"] = proxy.over_predicted_at_route_share
     summary["client_cpu_ms_per_request"] = {k: round(v / sent * 1000, 2) for k, v in client_cpu.items()}
