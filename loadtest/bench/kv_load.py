@@ -17,8 +17,8 @@ its gateway.
    (:func:`loadtest.goodput.poisson_arrivals`), ``--duration`` seconds of them in ``--chunks`` repeats: a repeat
    of each side in turn (which goes first rotates), each starting on idle replicas, so that all see the same
    drift of a shared machine; a sweep's lowest rate, where TTFT p99 is compared, gets ``--low-load-seconds``
-   times as many seconds (3: about a hundred requests per side on a quiet 2-core machine, so that p99 is not just
-   the slowest one). A sweep runs repeat 1 of every rate, then repeat 2, and so on: a burst of other work on the
+   times as many seconds (3: 60-100 requests per side on a quiet 2-core machine, so that p99 is not just the
+   slowest one). A sweep runs repeat 1 of every rate, then repeat 2, and so on: a burst of other work on the
    machine then hits one repeat of a few rates, which the bootstrap sees, not every repeat of one.
    A request unanswered ``--give-up`` times the objective after it was sent is abandoned (the client
    disconnects) and counts as late. The rates: a sweep (``--sweep``, in unloaded service rates, from low load to
