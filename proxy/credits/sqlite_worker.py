@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -41,12 +42,30 @@ class SqliteWorker:
             if self.path != ":memory:":
                 Path(self.path).parent.mkdir(parents=True, exist_ok=True)
             conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
-            conn.execute(f"PRAGMA busy_timeout={self._busy_timeout_ms}")
-            conn.execute("PRAGMA journal_mode=WAL")
-            conn.execute(f"PRAGMA synchronous={self._synchronous}")
-            conn.executescript(self._schema)
+            try:
+                conn.execute(f"PRAGMA busy_timeout={self._busy_timeout_ms}")
+                self._use_wal(conn)
+                conn.execute(f"PRAGMA synchronous={self._synchronous}")
+                conn.executescript(self._schema)
+            except BaseException:
+                conn.close()
+                raise
             self._conn = conn
         return self._conn
+
+    def _use_wal(self, conn: sqlite3.Connection) -> None:
+        """Switch the file to WAL, waiting out other processes doing the same: SQLite answers that switch "database
+        is locked" at once, without its busy handler, while another connection converts a new file (seen with
+        several processes opening one new database together), so it is retried within the busy timeout."""
+        deadline = time.monotonic() + self._busy_timeout_ms / 1000
+        while True:
+            try:
+                conn.execute("PRAGMA journal_mode=WAL")
+                return
+            except sqlite3.OperationalError as exc:
+                if "locked" not in str(exc) or time.monotonic() >= deadline:
+                    raise
+                time.sleep(0.01)
 
     def _in_transaction(self, work: Callable[[sqlite3.Connection], T], write: bool) -> T:
         conn = self._connection()
