@@ -678,8 +678,9 @@ class ProxySide:
         return outcome
 
     def _check_prediction(self, ctx: RequestContext, body: bytes) -> None:
-        """Count whether the prediction the request was routed on exceeded what the backend reported it reused
-        (the tree counts estimated tokens: the report is scaled by the prompt's estimated / reported length)."""
+        """Count whether the expectation as the request started, and the tree's prediction it was routed on, exceeded
+        what the backend reported it reused (the tree counts estimated tokens: the report is scaled by the prompt's
+        estimated / reported length)."""
         routed, cached = ctx.routed, ctx.reported_cached_tokens
         if routed is None or cached is None:
             return

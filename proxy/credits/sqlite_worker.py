@@ -63,7 +63,7 @@ class SqliteWorker:
                 conn.execute("PRAGMA journal_mode=WAL")
                 return
             except sqlite3.OperationalError as exc:
-                if "locked" not in str(exc) or time.monotonic() >= deadline:
+                if exc.sqlite_errorcode != sqlite3.SQLITE_BUSY or time.monotonic() >= deadline:
                     raise
                 time.sleep(0.01)
 

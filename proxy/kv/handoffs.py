@@ -47,7 +47,7 @@ class RoutedRequest:
     """The prompt's estimated length (the tree's unit)."""
     expected: Match | None = None
     """What the server is expected to reuse, judged as the request starts (:meth:`proxy.kv.stages.Route.start`:
-    the chosen llama.cpp slot's prefix where that is all the server can reuse, else the tree's match then), and
+    what the slot table says the server reuses in the chosen llama.cpp slot, within the tree's match then), and
     what its report is compared with; ``None``: ``predicted``, made at routing time."""
     shifted: bool = False
     """The backend was allowed to reuse chunks outside the common prefix (``shift`` policy): its report then

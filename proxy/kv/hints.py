@@ -47,6 +47,9 @@ import orjson
 from normalizer.prompt_plan import Segment
 from proxy.core.sse import last_json_events
 from proxy.core.usage import reply_object
+from proxy.upstream.settings import LLMBackend
+
+_KV_CAPACITY_TOKENS: int = LLMBackend.model_fields["kv_capacity_tokens"].default  # the default, defined once there
 
 MAX_PREFIX_DOCS_BYTES = 1024
 """Longest ``X-Prefix-Docs`` value: the headers the proxy adds stay far below the 8 KB that servers accept in all."""
@@ -100,11 +103,10 @@ class Lost:
 
 @dataclass(frozen=True, slots=True)
 class SlotChoice:
-    """The slot a request will use, its shared prefix in tokens, whether to send ``id_slot``, and ``reused``: what
-    the server will reuse of the prompt by the table's account (:meth:`SlotTable.reused`)."""
+    """The slot a request will use, whether to send ``id_slot``, and ``reused``: what the server will reuse of the
+    prompt by the table's account (:meth:`SlotTable.reused`)."""
 
     slot: int
-    shared_tokens: int
     pin: bool
     reused: int
 
@@ -147,7 +149,7 @@ class SlotTable:
         *,
         similarity: float = 0.1,
         prompt_cache: bool = True,
-        cache_tokens: int = 200_000,
+        cache_tokens: int = _KV_CAPACITY_TOKENS,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if slots < 1:
@@ -206,7 +208,7 @@ class SlotTable:
         server's prompt cache probably holds (see the class docs)."""
         slot = self._slot(path, total_tokens, value, cached_tokens)
         pin = bool(self._ids[slot]) or not self.prompt_cache  # an empty slot is left to the server (class docs)
-        return SlotChoice(slot, _common_tokens(self._paths[slot], path), pin, self.reused(slot, path, total_tokens))
+        return SlotChoice(slot, pin, self.reused(slot, path, total_tokens))
 
     def _slot(
         self,

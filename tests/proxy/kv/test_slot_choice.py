@@ -48,7 +48,7 @@ def test_with_a_prompt_cache_the_servers_own_rule_chooses_and_a_slot_holding_a_p
     slots.assign(first.slot, HOT)
     slots.release(first.slot)
     again = slots.choose([*HOT, d("x")], 1300)
-    assert (again.slot, again.shared_tokens, again.pin) == (1, 820, True)  # the server's similarity choice
+    assert (again.slot, again.reused, again.pin) == (1, 820, True)  # the server's similarity choice
     other = slots.choose([SYS, d("cold")], 500)  # shares only the system prompt: the server's LRU slot, empty
     assert (other.slot, other.pin) == (0, False)
     slots.assign(other.slot, [SYS, d("cold")], 500)
@@ -79,7 +79,7 @@ def test_without_a_prompt_cache_a_one_off_prompt_overwrites_the_cheapest_slot_no
     assert (choice.slot, choice.pin) == (1, True)
     # a prompt extending the popular path is pinned to the slot holding it
     choice = slots.choose([*HOT, d("f")], 1300, value=tree.reuse_value)
-    assert (choice.slot, choice.shared_tokens, choice.pin) == (0, 820, True)
+    assert (choice.slot, choice.reused, choice.pin) == (0, 820, True)
 
 
 def test_sharing_only_the_system_prompt_is_no_reason_to_overwrite_a_popular_slot() -> None:
@@ -100,7 +100,7 @@ def test_busy_slots_are_not_chosen() -> None:
     slots = table(prompt_cache=False)
     slots.assign(0, HOT)  # still running
     choice = slots.choose([*HOT, d("x")], 1300)
-    assert choice.slot == 1 and choice.shared_tokens == 0
+    assert choice.slot == 1 and choice.reused == 0
 
 
 def test_resize_follows_the_servers_slot_count_and_keeps_what_known_slots_hold() -> None:
@@ -246,7 +246,7 @@ def test_with_a_prompt_cache_a_longer_cached_prefix_is_restored_through_a_slot_t
     assert moved.reused == 820, "what the table saw the server save: slot 0's prompt, idle when slot 1 started"
     assert slots.choose(asked, 1300, cached_tokens=820).reused == 820, "the cache holds no more than slot 0"
     far = [SYS, d("a"), d("q"), d("r"), d("s")]  # shares 420 of 1,300: slot 0 would keep less than half
-    assert slots.choose(far, 1800, cached_tokens=1220) == SlotChoice(0, 420, True, 420)
+    assert slots.choose(far, 1800, cached_tokens=1220) == SlotChoice(0, True, 420)
 
 
 # --- what the server truncates without saving ----------------------------------------------------------------
