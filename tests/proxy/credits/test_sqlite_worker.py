@@ -32,7 +32,7 @@ def test_processes_opening_a_new_database_together_all_get_in(tmp_path: Path) ->
     """SQLite answers the switch of a new file to WAL with "database is locked" at once, without waiting, while
     another process converts it: before the switch was retried, about 1 round in 20 of four processes opening a
     new file together lost one of them (a 503 for its first request)."""
-    context = multiprocessing.get_context("fork")
+    context = multiprocessing.get_context("spawn")  # no fork of a process with threads
     with context.Pool(4) as pool:
         for round_ in range(100):
             path = str(tmp_path / f"credits-{round_}.sqlite3")
