@@ -2,7 +2,7 @@
 
 Chat::
 
-    identify → limits → idempotency → credits (reserve … settle) → prompt (its documents, read once) →
+    identify → limits → idempotency → stream_usage → credits (reserve … settle) → prompt (its documents, read once) →
     cache_control → canonicalize → [stale_if_error] → store (on the way back) → the tiers' lookups → coalesce →
     shape → route → forward
 
@@ -53,6 +53,7 @@ from proxy.core.endpoints import ENDPOINTS, Cache, Endpoint, Pricing, RerankEndp
 from proxy.core.limits import EnforceLimits
 from proxy.core.pipeline import Pipeline, Stage
 from proxy.core.prompt import PromptReader, ReadPrompt
+from proxy.core.stream_usage import StreamUsage
 from proxy.credits.idempotency import Idempotency
 from proxy.credits.priced_apart import RerankCredits, ResponseCredits
 from proxy.credits.stages import Credits, Identify, RequestCredits, SearchCredits
@@ -107,12 +108,13 @@ def build_pipelines(rt: Runtime, endpoints: Iterable[Endpoint] = ENDPOINTS) -> P
                              lambda selector: rt.invalidator().invalidate(selector))
 
     def served(endpoint: Endpoint) -> Pipeline:
-        """identify → limits (the row's shape) → idempotency → [stored_responses, when its requests make objects of
-        their own upstream] → credits (the row's pricing) → the row's caches."""
+        """identify → limits (the row's shape) → idempotency → [stream_usage] → [stored_responses, when its requests
+        make objects of their own upstream] → credits (the row's pricing) → the row's caches."""
         return Pipeline([*identify, EnforceLimits(limits, shape=endpoint.shape), *_idempotency(rt),
+                         *_stream_usage(rt, endpoint),
                          *([ClaimStoredResponses(stored)] if endpoint.owned is not None else []),
-                         *_billing(rt, _CREDITS[endpoint.pricing], asks_for_usage=endpoint.usage_on_request),
-                         *_caches(rt, endpoint, caching)], to_llm, tracer=tracer)
+                         *_billing(rt, _CREDITS[endpoint.pricing]), *_caches(rt, endpoint, caching)],
+                        to_llm, tracer=tracer)
 
     return Pipelines(
         served={endpoint: served(endpoint) for endpoint in endpoints},
@@ -151,13 +153,22 @@ def _idempotency(rt: Runtime) -> list[Stage]:
                         max_response_bytes=settings.max_response_bytes)]
 
 
-def _billing(rt: Runtime, stage: type[Credits], *, asks_for_usage: bool = False) -> list[Stage]:
+def _stream_usage(rt: Runtime, endpoint: Endpoint) -> list[Stage]:
+    """stream_usage: a stream of an API that reports usage only when asked is asked for it, when credits bill it or
+    its answer may be stored (a replay must carry the usage its own request asks for); a client that did not ask
+    does not see it."""
+    if not endpoint.usage_on_request or (rt.credits.store is None and not rt.settings.cache.enabled):
+        return []
+    return [StreamUsage()]
+
+
+def _billing(rt: Runtime, stage: type[Credits]) -> list[Stage]:
     """credits: reserve the worst case, settle the actual usage (hits at the tier's multiplier)."""
     store, credits = rt.credits.store, rt.settings.credits
     if store is None:
         return []
     return [stage(store, rt.credits.prices, reservation_ttl_s=credits.reservation_ttl_s, fail_open=credits.fail_open,
-                  settling=rt.credits.settling, asks_for_usage=asks_for_usage)]
+                  settling=rt.credits.settling)]
 
 
 def _answers(rt: Runtime, endpoint: Endpoint, caching: _Caching) -> list[Stage]:

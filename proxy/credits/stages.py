@@ -13,9 +13,10 @@ it), then settles what the reply used:
 * a complete reply: from the ``usage`` (or llama.cpp ``timings``) of its JSON body, at once; the response
   carries ``X-Credits-Charged`` and ``X-Credits-Remaining``;
 * a streamed reply: from the usage chunk, when the client has received everything (``Reply.on_finish``). The
-  usage chunk is read on the way and hidden from a client that did not ask for it (see
-  :mod:`proxy.credits.streaming`). Headers leave before the usage is known, so a stream carries
-  ``X-Credits-Reserved`` and ``X-Credits-Remaining`` (what was left after the reservation) instead;
+  usage chunk is read on the way (:mod:`proxy.credits.streaming`); the stream_usage stage outside this one asked
+  the upstream for it and hides it from a client that did not ask (:mod:`proxy.core.stream_usage`). Headers
+  leave before the usage is known, so a stream carries ``X-Credits-Reserved`` and ``X-Credits-Remaining`` (what
+  was left after the reservation) instead;
 * a reply from a cache tier costs its usage times the hit multiplier it is priced under (``ctx.outcome``,
   :attr:`~proxy.core.outcome.Outcome.priced_as`: a semantic hit's is ``l2`` wherever its answer was held);
 * reported usage is held to what the request allows (:meth:`~proxy.credits.pricing.PriceBook.bounded`:
@@ -26,7 +27,7 @@ it), then settles what the reply used:
   relayed stream's tokens), recorded with ``usage_source="estimated"`` — never the whole reservation;
 * a stream the client abandons (hangs up, or stops reading) is charged what the upstream produced: its usage when
   it arrived, else the prompt estimate plus the completion tokens relayed so far
-  (:attr:`~proxy.credits.streaming.UsageChunkFilter.relayed_completion_tokens`), recorded with
+  (:attr:`~proxy.credits.streaming.UsageMeter.relayed_completion_tokens`), recorded with
   ``usage_source="relayed"``; so is a request whose client hangs up before the answer started, once it went
   upstream (``ctx.upstream_called``): its prompt, and no completion. Before that, the reservation is released;
 * an upstream error status, an exception or a stream the upstream broke off releases the whole reservation.
@@ -67,7 +68,7 @@ from proxy.credits.keys import ApiKey, KeyStore, key_hash
 from proxy.credits.pricing import CHARS_PER_TOKEN, PriceBook, format_credits
 from proxy.credits.settings import AuthSettings, CreditsSettings
 from proxy.credits.store import ChargeDetails, CreditStore, CreditStoreUnavailable, InsufficientCredit, Settlement
-from proxy.credits.streaming import UsageChunkFilter, ask_upstream_for_usage, client_asked_for_usage
+from proxy.credits.streaming import UsageMeter
 
 _AUTH, _CREDITS = AuthSettings(), CreditsSettings()  # the defaults, defined once there
 
@@ -190,12 +191,9 @@ class Credits:
         retry_after_s: int = 5,
         settle_retry_window_s: float = 3600.0,
         settling: set[asyncio.Task[None]] | None = None,
-        asks_for_usage: bool = False,
     ) -> None:
         """``settling``: settlements retried in the background (kept by the runtime, which waits for them at
-        shutdown, so a rebuilt stage loses none); ``asks_for_usage``: the endpoint's streams report usage only when
-        asked (:attr:`proxy.core.endpoints.Endpoint.usage_on_request`), so a stream is asked for it."""
-        self.asks_for_usage = asks_for_usage
+        shutdown, so a rebuilt stage loses none)."""
         self.store = store
         self.prices = prices
         self.reservation_ttl_s = reservation_ttl_s
@@ -257,11 +255,8 @@ class Credits:
                 f"{needed} credits. Top up your balance or lower max_tokens.",
                 code="insufficient_quota",
             )
-        client_wants_usage = client_asked_for_usage(ctx.body)
         ctx.reservation = reservation
         ctx.response_headers[LEDGER_ID] = reservation.request_id
-        if self.asks_for_usage:
-            ask_upstream_for_usage(ctx)
         try:
             reply = await call_next(ctx)
         except asyncio.CancelledError:  # the client hung up before the answer started
@@ -278,7 +273,7 @@ class Credits:
             self._charged(ctx, 0)
             return reply
         if reply.chunks is not None and self.priced_by_body:
-            meter = UsageChunkFilter(strip=not client_wants_usage)
+            meter = UsageMeter()
             reply.chunks = meter.filter(reply.chunks)
             reply.on_finish(self._settle_stream(ctx, reservation, meter))
             ctx.response_headers[RESERVED] = format_credits(reservation.amount)
@@ -303,7 +298,7 @@ class Credits:
         ctx.charged = micro
         ctx.response_headers[CHARGED] = format_credits(micro)
 
-    def _settle_stream(self, ctx: RequestContext, reservation: Reservation, meter: UsageChunkFilter) -> FinishCallback:
+    def _settle_stream(self, ctx: RequestContext, reservation: Reservation, meter: UsageMeter) -> FinishCallback:
         async def settle(reply: Reply, ok: bool, body: bytes) -> None:
             if meter.usage is not None:
                 await self._settle(ctx, reservation, meter.usage)

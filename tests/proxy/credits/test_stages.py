@@ -23,6 +23,7 @@ from proxy.core.context import Reply, RequestContext
 from proxy.core.errors import Dialect, ProxyError
 from proxy.core.outcome import CacheStatus, Matched, Outcome
 from proxy.core.pipeline import Pipeline, Stage
+from proxy.core.stream_usage import StreamUsage
 from proxy.core.usage import Usage
 from proxy.credits.keys import KeyStore
 from proxy.credits.pricing import ModelPrice, PriceBook, format_credits
@@ -137,8 +138,8 @@ async def make_proxy(tmp_path: Path) -> AsyncIterator[Callable[..., Awaitable[Pr
         store = store or SqliteCreditStore(tmp_path / "credits.sqlite3")
         keys = keys or SqliteKeyStore(tmp_path / "credits.sqlite3")
         upstream = UpstreamDouble()
-        credits = Credits(store, PRICES, fail_open=fail_open, asks_for_usage=True)
-        server = server_for([Identify(keys, open_mode=open_mode), credits], upstream)
+        credits = Credits(store, PRICES, fail_open=fail_open)
+        server = server_for([Identify(keys, open_mode=open_mode), StreamUsage(), credits], upstream)
         port = free_port()
         await server.start("127.0.0.1", port)
         servers.append(server)
