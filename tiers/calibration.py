@@ -243,6 +243,7 @@ class Operating:
 
     threshold: float
     estimated_wrong_hit_rate: float | None
+    """``None`` until the namespace has an observation (the prior alone is not this namespace's estimate)."""
     wrong_hit_rate_bound: float | None
     """The estimate's one-sided 95% upper bound."""
     observations: int
@@ -304,12 +305,12 @@ class Calibrator:
             threshold, share, bound = choose_threshold(self.target, evidence)
             cell = cell_of(threshold)
             checked = evidence.observed_above(cell)[0] if evidence is not None and cell is not None else 0
+            if not observations:  # nothing observed: no estimate to show
+                return Operating(threshold, None, None, 0, "calibrated")
             return Operating(threshold, share, bound, observations, "calibrated", checked)
         cell = cell_of(fixed)
-        if cell is None:
+        if cell is None or evidence is None or evidence.total == 0:  # no estimate before an observation
             return Operating(fixed, None, None, observations, "fixed")
-        if evidence is None or evidence.total == 0:
-            return Operating(fixed, PRIOR_WRONG_SHARE[cell], None, observations, "fixed")
         return Operating(fixed, *_figures(evidence, cell), observations, "fixed", evidence.observed_above(cell)[0])
 
     def threshold(self, namespace: str, tenant: str = "") -> float:

