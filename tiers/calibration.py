@@ -346,6 +346,22 @@ class Calibrator:
         evidence.add(score, agreed)
         self._keep(namespace, tenant, evidence)
 
+    def evidence_of(self, namespace: str, tenant: str = "") -> Evidence | None:
+        """The evidence ``tenant``'s ``namespace`` has gathered (``None``: none yet); not to be changed."""
+        held = self._evidence.get((tenant, namespace))
+        return held[0] if held is not None else None
+
+    def seed(self, namespace: str, tenant: str, evidence: Evidence) -> None:
+        """Start ``tenant``'s ``namespace`` from ``evidence`` gathered before (comparisons of real cached and fresh
+        answers, as ``ragproxy calibrate --warm`` makes from an app's logs), added to what it has: the same sequence
+        of comparisons, its earlier part (docs/semantic.md)."""
+        held = self._held(namespace, tenant)
+        for mine, more in ((held.observed, evidence.observed), (held.disagreed, evidence.disagreed),
+                           (held.looked, evidence.looked)):
+            for cell, count in enumerate(more[:len(GRID)]):
+                mine[cell] += max(0, int(count))
+        self._keep(namespace, tenant, held)
+
     def _keep(self, namespace: str, tenant: str, evidence: Evidence) -> None:
         slot = (tenant, namespace)
         self._evidence.pop(slot, None)
