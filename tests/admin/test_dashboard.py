@@ -97,6 +97,7 @@ def test_dashboard_shows_the_stats(admin_proxy: ProxyServer, admin: Admin) -> No
     top_rows = [row[1] for row in shown.rows if row[0].get("data-key")]
     assert top_rows[0][0] == str(stats["top_entries"][0]["hits"]) == "2"
     assert top_rows[0][3] == stats["top_entries"][0]["key"]
+    assert top_rows[0][2] == stats["top_entries"][0]["question"] == "alpha", "an exact hit's row names its question"
     latency_rows = {row[0].get("data-status") for row in shown.rows if row[0].get("data-status")}
     assert latency_rows == set(stats["latency_s"])
     assert "credits are not enabled" in shown.by_id["credits-note"]
