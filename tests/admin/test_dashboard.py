@@ -1,7 +1,8 @@
 """``/admin/ui`` in headless Chromium against a running proxy: the numbers it shows match ``/admin/stats``, and a
 screenshot is saved to ``artifacts/admin-ui.png``.
 
-Needs a Chromium binary (Debian: ``apt-get install chromium``); skipped with that reason when none is found.
+Needs a Chromium binary (Debian: ``apt-get install chromium``); skipped with that reason when none is found. Marked
+``browser``: out of the default run, run by ``.ci/run`` (``scripts/test.sh -m browser``).
 Chromium is driven with ``--dump-dom`` (the DOM after the page's scripts ran; ``--virtual-time-budget`` lets its
 fetches finish) and ``--screenshot``.
 """
@@ -22,7 +23,8 @@ from tests.support.proxy_server import ProxyServer
 ARTIFACTS = Path(__file__).resolve().parents[2] / "artifacts"
 CHROMIUM = next((path for name in ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
                  if (path := shutil.which(name))), None)
-pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="no Chromium binary (Debian: apt-get install chromium)")
+pytestmark = [pytest.mark.browser,
+              pytest.mark.skipif(CHROMIUM is None, reason="no Chromium binary (Debian: apt-get install chromium)")]
 FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--no-first-run",
          "--hide-scrollbars", "--virtual-time-budget=10000", "--window-size=1400,1900"]
 
