@@ -38,9 +38,10 @@ def test_default_bound_compares_instead_of_guessing(fake_llm_thread: FakeLLM, tm
         assert (row["threshold"], row["state"], row["source"]) == (UNREACHABLE, "calibrating", "calibrated")
         assert (semantic["unjudged"], row["observations"]) == (1, 0), "two answers seen: too few to judge by"
         metrics = httpx.get(server.admin_url + "/metrics").text
-        assert f'ragproxy_semantic_estimated_wrong_hit_rate{{namespace="{own}"}}' in metrics
-        assert f'ragproxy_semantic_wrong_hit_rate_bound{{namespace="{own}"}}' in metrics
-        assert row["wrong_hit_rate_bound"] > row["estimated_wrong_hit_rate"]
+        assert f'ragproxy_semantic_estimated_wrong_hit_rate{{namespace="{own}"}}' not in metrics, \
+            "no estimate before an observation"
+        assert row["estimated_wrong_hit_rate"] is None and row["wrong_hit_rate_bound"] is None
+        assert row["comparisons"] == 0 and row["needs"] > 0, "how far it is from serving"
         assert f'ragproxy_semantic_threshold{{namespace="{own}"}} {UNREACHABLE}' in metrics
 
 
