@@ -243,6 +243,7 @@ class Operating:
 
     threshold: float
     estimated_wrong_hit_rate: float | None
+    """``None`` until the namespace has an observation (the prior alone is not this namespace's estimate)."""
     wrong_hit_rate_bound: float | None
     """The estimate's one-sided 95% upper bound."""
     observations: int
@@ -304,12 +305,12 @@ class Calibrator:
             threshold, share, bound = choose_threshold(self.target, evidence)
             cell = cell_of(threshold)
             checked = evidence.observed_above(cell)[0] if evidence is not None and cell is not None else 0
+            if not observations:  # nothing observed: no estimate to show
+                return Operating(threshold, None, None, 0, "calibrated")
             return Operating(threshold, share, bound, observations, "calibrated", checked)
         cell = cell_of(fixed)
-        if cell is None:
+        if cell is None or evidence is None or evidence.total == 0:  # no estimate before an observation
             return Operating(fixed, None, None, observations, "fixed")
-        if evidence is None or evidence.total == 0:
-            return Operating(fixed, PRIOR_WRONG_SHARE[cell], None, observations, "fixed")
         return Operating(fixed, *_figures(evidence, cell), observations, "fixed", evidence.observed_above(cell)[0])
 
     def threshold(self, namespace: str, tenant: str = "") -> float:
@@ -344,6 +345,22 @@ class Calibrator:
         evidence = self._held(namespace, tenant)
         evidence.add(score, agreed)
         self._keep(namespace, tenant, evidence)
+
+    def evidence_of(self, namespace: str, tenant: str = "") -> Evidence | None:
+        """The evidence ``tenant``'s ``namespace`` has gathered (``None``: none yet); not to be changed."""
+        held = self._evidence.get((tenant, namespace))
+        return held[0] if held is not None else None
+
+    def seed(self, namespace: str, tenant: str, evidence: Evidence) -> None:
+        """Start ``tenant``'s ``namespace`` from ``evidence`` gathered before (comparisons of real cached and fresh
+        answers, as ``ragproxy calibrate --warm`` makes from an app's logs), added to what it has: the same sequence
+        of comparisons, its earlier part (docs/semantic.md)."""
+        held = self._held(namespace, tenant)
+        for mine, more in ((held.observed, evidence.observed), (held.disagreed, evidence.disagreed),
+                           (held.looked, evidence.looked)):
+            for cell, count in enumerate(more[:len(GRID)]):
+                mine[cell] += max(0, int(count))
+        self._keep(namespace, tenant, held)
 
     def _keep(self, namespace: str, tenant: str, evidence: Evidence) -> None:
         slot = (tenant, namespace)

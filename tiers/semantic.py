@@ -56,6 +56,7 @@ from normalizer.evidence import supports, without_citations
 from normalizer.guards import veto as guard_veto
 from tiers.answer_check import AnswerAgreement, uninformative
 from tiers.calibration import GRID, Calibrator
+from tiers.calibration_progress import ProgressBoard
 from tiers.embedders.base import Embedder, FloatArray
 from tiers.latency import LatencyHistogram
 from tiers.vectors.base import VectorHit, VectorStore
@@ -276,6 +277,8 @@ class SemanticTier:
         self.store = store
         self.calibrator = Calibrator(max_wrong_hit_rate, fixed=threshold,
                                      namespace_fixed=dict(namespace_thresholds or {}), verify_fraction=verify_fraction)
+        self.progress = ProgressBoard(self.calibrator)
+        """How far each namespace's calibration has come (``/admin/stats``, the logs, the start-up summary)."""
         self.answers = AnswerAgreement(answer_agreement)
         self.guards = tuple(guards)
         veto("", "", self.guards)  # unknown guard names fail here, at start-up
@@ -372,6 +375,8 @@ class SemanticTier:
         agreed = self.answers.agree(cached_answer, fresh_answer, questions)
         self.stats.disagreed += not agreed
         self.calibrator.observe(scope.namespace, probe.similarity, agreed, scope.tenant)
+        if (news := self.progress.news(scope.namespace, scope.tenant)) is not None:
+            log.info("semantic calibration of %s/%s: %s", scope.tenant, scope.namespace, news)
         return agreed
 
     def compare_later(self, comparison: Callable[[], Coroutine[None, None, None]]) -> None:

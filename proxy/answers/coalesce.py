@@ -125,7 +125,7 @@ class Coalesce:
         if self.recheck is None or policy is None or not policy.may_read:
             return None
         entry = await self.recheck.get(key)
-        if entry is None or not await servable(entry, policy, self.still_stored):
+        if entry is None or not await servable(entry, ctx, policy, self.still_stored):
             return None
         return hit_reply(ctx, entry, exact_hit(self.recheck.name))
 

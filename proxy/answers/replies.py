@@ -40,6 +40,7 @@ from proxy.core.endpoints import Endpoint, for_entry, for_kind
 from proxy.core.outcome import HIT_STATUSES, CacheStatus, Outcome, exact_hit
 from proxy.core.pipeline import Next
 from proxy.core.reply import Complete
+from proxy.core.sse import with_withheld
 from tiers.entry import CachedResponse
 from tiers.response_tier import ResponseTier
 from tiers.semantic import answer_text
@@ -143,7 +144,7 @@ def _assemble(reply: Reply, body: bytes, kind: str) -> Complete | None:
     content_type = reply.headers.get("Content-Type", "")
     if reply.streamed:
         meta: dict[str, Any] = {"sse_type": content_type} if content_type not in ("", SSE) else {}
-        assembled = endpoint.assemble(body)
+        assembled = endpoint.assemble(with_withheld(body, reply.withheld))
         return None if assembled is None else Complete(orjson.dumps(assembled[0]), {**meta, **assembled[1]})
     try:
         parsed = orjson.loads(body)
@@ -237,10 +238,14 @@ class StoreResponse:
         return store
 
 
-async def servable(entry: CachedResponse, policy: CachePolicy, still_stored: StillStored | None) -> bool:
-    """Whether a cached entry may answer: young enough for the request, and — a stored Responses API object —
-    still kept upstream (deleted or expired, whatever copy a race left behind is not served)."""
+async def servable(entry: CachedResponse, ctx: RequestContext, policy: CachePolicy,
+                   still_stored: StillStored | None) -> bool:
+    """Whether a cached entry may answer ``ctx``: young enough for the request, holding what it asks of an answer
+    (:meth:`~proxy.core.endpoints.Endpoint.carries`: its usage), and — a stored Responses API object — still kept
+    upstream (deleted or expired, whatever copy a race left behind is not served)."""
     if policy.max_age is not None and entry.age() > policy.max_age:
+        return False
+    if not for_entry(entry).carries(entry, ctx.body or {}, ctx.stream):
         return False
     stored_id = entry.meta.get("response_id")
     return stored_id is None or still_stored is None or await still_stored(stored_id)
@@ -266,7 +271,7 @@ class ExactLookup:
         if key is None or policy is None or not policy.may_read:
             return await call_next(ctx)
         entry = await self.tier.get(key)
-        if entry is None or not await servable(entry, policy, self.still_stored):
+        if entry is None or not await servable(entry, ctx, policy, self.still_stored):
             return await call_next(ctx)
         for faster in self.promote_into:
             tags = entry_tags(ctx, entry.model, entry.meta.get("response_id"))

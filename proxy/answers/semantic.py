@@ -244,7 +244,8 @@ class SemanticLookup:
         if entry is None:
             await self.semantic.delete([match.key])  # the answer it pointed at is gone
             return None, None
-        if policy.max_age is not None and entry.age() > policy.max_age:
+        if (policy.max_age is not None and entry.age() > policy.max_age) \
+                or not self.endpoint.carries(entry, ctx.body or {}, ctx.stream):
             return None, None
         entry = self._renumbered(ctx, entry, match)
         await self.promote_into.put(key, entry, ttl=policy.ttl, tags=entry_tags(ctx, entry.model))

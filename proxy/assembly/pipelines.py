@@ -2,9 +2,14 @@
 
 Chat::
 
-    identify → limits → idempotency → credits (reserve … settle) → prompt (its documents, read once) →
+    identify → limits → idempotency → stream_usage → credits (… settle) → prompt (its documents, read once) →
     cache_control → canonicalize → [stale_if_error] → store (on the way back) → the tiers' lookups → coalesce →
-    shape → route → forward
+    reserve → shape → route → forward
+
+Credits look the caches up before they reserve: a request the caches answer is charged what it costs (its usage at
+its tier's price, held before the answer is sent), and only one that goes upstream reserves its worst case, in the
+reserve stage just before it does; a balance that cannot cover it is answered 429 ``insufficient_quota``
+(:func:`proxy.credits.stages.out_of_credit`).
 
 The tiers' lookups come from the registered cache tiers in order (:mod:`proxy.answers.cache_tiers`): L1 exact → L3
 exact → L2 semantic, so an exact repeat is answered before any embedding is computed (L2 also searches the cold
@@ -23,12 +28,12 @@ shape checked by limits, its ``pricing``'s credit stage, the stored_responses st
 their own upstream (``owned``), and its ``cache``'s stages, handed the row: the stages never ask which API they serve.
 
 Each stage wraps the ones after it: the way back (store in the tiers, settle credits) runs in reverse order.
-Embeddings: identify → limits → idempotency → credits → cache_control → per-item exact cache → forward.
+Embeddings: identify → limits → idempotency → credits → cache_control → per-item exact cache → reserve → forward.
 Rerankers (``/v1/rerank``, ``/rerank``, ``/v2/rerank``; ``/v1/score``, ``/score`` its own row): identify → limits →
-idempotency → credits per document → cache_control → per-document exact cache → forward.
+idempotency → credits per document → cache_control → per-document exact cache → reserve → forward.
 Qdrant searches: identify → limits → credits → documents (remembered for prompt detection) → the tiers' search
-stages (the search cache) → forward; Qdrant writes: identify → the tiers' write stages (invalidation) → forward;
-anything else: identify → forward.
+stages (the search cache) → reserve → forward; Qdrant writes: identify → the tiers' write stages (invalidation) →
+forward; anything else: identify → forward.
 
 The pipelines are built once per runtime. State that only some stages keep across requests is made here with them
 (the coalescing flights and the stale answers, each shared by the stages of every kind of request), and every stage
@@ -53,6 +58,7 @@ from proxy.core.endpoints import ENDPOINTS, Cache, Endpoint, Pricing, RerankEndp
 from proxy.core.limits import EnforceLimits
 from proxy.core.pipeline import Pipeline, Stage
 from proxy.core.prompt import PromptReader, ReadPrompt
+from proxy.core.stream_usage import StreamUsage
 from proxy.credits.idempotency import Idempotency
 from proxy.credits.priced_apart import RerankCredits, ResponseCredits
 from proxy.credits.stages import Credits, Identify, RequestCredits, SearchCredits
@@ -107,34 +113,37 @@ def build_pipelines(rt: Runtime, endpoints: Iterable[Endpoint] = ENDPOINTS) -> P
                              lambda selector: rt.invalidator().invalidate(selector))
 
     def served(endpoint: Endpoint) -> Pipeline:
-        """identify → limits (the row's shape) → idempotency → [stored_responses, when its requests make objects of
-        their own upstream] → credits (the row's pricing) → the row's caches."""
+        """identify → limits (the row's shape) → idempotency → [stream_usage] → [stored_responses, when its requests
+        make objects of their own upstream] → credits (the row's pricing) → the row's caches."""
+        billing = _billing(rt, _CREDITS[endpoint.pricing])
         return Pipeline([*identify, EnforceLimits(limits, shape=endpoint.shape), *_idempotency(rt),
+                         *_stream_usage(rt, endpoint),
                          *([ClaimStoredResponses(stored)] if endpoint.owned is not None else []),
-                         *_billing(rt, _CREDITS[endpoint.pricing], asks_for_usage=endpoint.usage_on_request),
-                         *_caches(rt, endpoint, caching)], to_llm, tracer=tracer)
+                         *billing, *_caches(rt, endpoint, caching, _at_miss(billing))], to_llm, tracer=tracer)
 
+    search_billing = _billing(rt, SearchCredits)
     return Pipelines(
         served={endpoint: served(endpoint) for endpoint in endpoints},
         stored_responses=Pipeline([*identify, StoredResponseRequests(stored)], to_llm, tracer=tracer),
         llm_passthrough=Pipeline([*identify, *_billing(rt, RequestCredits)], to_llm, tracer=tracer),
-        qdrant_search=Pipeline([*identify, EnforceLimits(limits, search=True), *_billing(rt, SearchCredits),
-                                *_documents(rt), *rt.tiers.stages("search")], to_qdrant, tracer=tracer),
+        qdrant_search=Pipeline([*identify, EnforceLimits(limits, search=True), *search_billing, *_documents(rt),
+                                *rt.tiers.stages("search"), *_at_miss(search_billing)], to_qdrant, tracer=tracer),
         qdrant_write=Pipeline([*identify, *_billing(rt, RequestCredits), *rt.tiers.stages("write")], to_qdrant,
                               tracer=tracer),
         qdrant_passthrough=Pipeline([*identify, *_billing(rt, RequestCredits)], to_qdrant, tracer=tracer),
     )
 
 
-def _caches(rt: Runtime, endpoint: Endpoint, caching: _Caching) -> list[Stage]:
+def _caches(rt: Runtime, endpoint: Endpoint, caching: _Caching, at_miss: list[Stage]) -> list[Stage]:
     """The stages of the row's ``cache``: whole answers (and the prompt, L2 and KV stages of an LLM API that reads
-    one), or its items."""
+    one), or its items; ``at_miss`` (the reservation of what goes upstream) after the lookups, before the KV
+    stages."""
     if endpoint.cache is Cache.EMBEDDING_ITEMS:
-        return caching.items(endpoint, EmbeddingItemsCache)
+        return [*caching.items(endpoint, EmbeddingItemsCache), *at_miss]
     if endpoint.cache is Cache.RERANK_ITEMS:
         score = isinstance(endpoint, RerankEndpoint) and endpoint.score
-        return caching.items(endpoint, lambda tier, scope: RerankItemsCache(tier, scope, score=score))
-    return _answers(rt, endpoint, caching)
+        return [*caching.items(endpoint, lambda tier, scope: RerankItemsCache(tier, scope, score=score)), *at_miss]
+    return _answers(rt, endpoint, caching, at_miss)
 
 
 def _limits(rt: Runtime) -> RequestLimits:
@@ -151,21 +160,38 @@ def _idempotency(rt: Runtime) -> list[Stage]:
                         max_response_bytes=settings.max_response_bytes)]
 
 
-def _billing(rt: Runtime, stage: type[Credits], *, asks_for_usage: bool = False) -> list[Stage]:
+def _stream_usage(rt: Runtime, endpoint: Endpoint) -> list[Stage]:
+    """stream_usage: a stream of an API that reports usage only when asked is asked for it, when credits bill it or
+    its answer may be stored (a replay must carry the usage its own request asks for); a client that did not ask
+    does not see it."""
+    if not endpoint.usage_on_request or (rt.credits.store is None and not rt.settings.cache.enabled):
+        return []
+    return [StreamUsage()]
+
+
+def _billing(rt: Runtime, stage: type[Credits]) -> list[Credits]:
     """credits: reserve the worst case, settle the actual usage (hits at the tier's multiplier)."""
     store, credits = rt.credits.store, rt.settings.credits
     if store is None:
         return []
     return [stage(store, rt.credits.prices, reservation_ttl_s=credits.reservation_ttl_s, fail_open=credits.fail_open,
-                  settling=rt.credits.settling, asks_for_usage=asks_for_usage)]
+                  settling=rt.credits.settling)]
 
 
-def _answers(rt: Runtime, endpoint: Endpoint, caching: _Caching) -> list[Stage]:
-    """An LLM API's stages after its guards and credits: prompt → the answer caches → shape → route. The endpoint
-    (:mod:`proxy.core.endpoints`) is chosen here, once, and every stage that reads its requests or answers gets it."""
+def _at_miss(billing: list[Credits]) -> list[Stage]:
+    """reserve: a request the caches could not answer reserves its worst case here, just before the upstream; one
+    they answered was charged by its credits stage only what it costs (a cached repeat is served on a balance too
+    low for a miss)."""
+    return [credits.at_miss() for credits in billing]
+
+
+def _answers(rt: Runtime, endpoint: Endpoint, caching: _Caching, at_miss: list[Stage]) -> list[Stage]:
+    """An LLM API's stages after its guards and credits: prompt → the answer caches → reserve → shape → route. The
+    endpoint (:mod:`proxy.core.endpoints`) is chosen here, once, and every stage that reads its requests or answers
+    gets it."""
     if endpoint.read_prompt is None:  # no prompt to read (legacy completions): no documents, no KV planning
-        return caching.answers(endpoint)
-    return [*_prompt(rt, endpoint.read_prompt), *caching.answers(endpoint), *_kv(rt, endpoint)]
+        return [*caching.answers(endpoint), *at_miss]
+    return [*_prompt(rt, endpoint.read_prompt), *caching.answers(endpoint), *at_miss, *_kv(rt, endpoint)]
 
 
 def _kv(rt: Runtime, endpoint: Endpoint) -> list[Stage]:

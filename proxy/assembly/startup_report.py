@@ -26,6 +26,7 @@ from proxy.upstream.backends import HEALTH_PATH, Backend
 from proxy.upstream.client import UpstreamClient
 from proxy.upstream.http1 import ConnectFailed
 from proxy.upstream.settings import QdrantUpstream, redact_url
+from tiers.semantic import SemanticTier
 
 log = logging.getLogger("ragproxy")
 
@@ -110,8 +111,29 @@ def l2_line(settings: Settings, warming: bool) -> str:
     return f"warming up: model loading, then {serves}" if warming else f"{state}: {serves}"
 
 
+def calibration_line(semantic: SemanticTier) -> str | None:
+    """How far L2's calibration has come (``None`` under one fixed threshold): the namespaces started from
+    ``ragproxy calibrate --warm`` with where each stands, else how many agreeing comparisons a new one needs."""
+    calibrator = semantic.calibrator
+    if calibrator.fixed is not None:
+        return None
+    warmed = [name for name, point in calibrator.points().items() if "/" in name and point.observations]
+    if not warmed:
+        fresh = semantic.progress.of("default", "")
+        about = f"about {fresh.needs} agreeing comparisons" if fresh.needs is not None else "comparisons"
+        return (f"a namespace serves after {about} of cached and fresh answers; "
+                "ragproxy calibrate --warm LOG.jsonl starts one from an app's logs")
+    shown = []
+    for name in warmed[:2]:
+        tenant, _, namespace = name.rpartition("/")
+        shown.append(f"{name}: {semantic.progress.of(namespace, tenant).summary()}")
+    more = f" (+{len(warmed) - 2} more)" if len(warmed) > 2 else ""
+    return "; ".join(shown) + more
+
+
 def describe_features(settings: Settings, runtime: Runtime) -> dict[str, str]:
-    """Each cache tier and layer: ``on: what it runs on``, or ``off: why``; L2 as :func:`l2_line` says."""
+    """Each cache tier and layer: ``on: what it runs on``, or ``off: why``; L2 as :func:`l2_line` says, and how far
+    its calibration has come (:func:`calibration_line`)."""
     warming = any(isinstance(tier, SemanticCacheTier) and tier.warming for tier in runtime.tiers)
     shared = runtime.shared is not None
     states = {tier.name: l2_line(settings, warming) if tier.name == "l2"
@@ -120,6 +142,9 @@ def describe_features(settings: Settings, runtime: Runtime) -> dict[str, str]:
     states.update({off.name: f"off: {off.reason}" for off in runtime.tiers.off})
     order = [*TIER_LABELS, *sorted(set(states) - set(TIER_LABELS))]
     features = {TIER_LABELS.get(name, name): states[name] for name in order if name in states}
+    semantic = next((tier.semantic for tier in runtime.tiers if isinstance(tier, SemanticCacheTier)), None)
+    if semantic is not None and (progress := calibration_line(semantic)) is not None:
+        features["L2 calibration"] = progress
     features["KV routing"] = "on" if settings.routing.enabled else "off: routing.enabled is off"
     features["credits"] = "on" if settings.credits.enabled else "off: credits.enabled is off"
     features["auth"] = "keys: Authorization: Bearer <API key> required" if settings.auth.mode == "keys" \

@@ -1,6 +1,7 @@
 """``ragproxy calibrate PAIRS.csv [--labels is_duplicate|same_answer] [--target 0.02] [--namespace NS] [--write
 CONFIG.yaml] [--prior]``: fixed L2 thresholds from labelled question pairs, and the prior curve of the calibrated
-decision.
+decision. ``ragproxy calibrate --warm LOG.jsonl [--namespace NS] [--tenant T]``: the calibrated decision started from
+an app's logged questions and answers (:mod:`proxy.commands.calibrate_warm`).
 
 The CSV has a header with ``question1``, ``question2``, ``is_duplicate`` (1/0) and, optionally, ``namespace``
 (``--namespace`` names the namespace of a file without one) and ``same_answer`` (1/0, or empty where not judged:
@@ -27,7 +28,7 @@ import sys
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 import yaml
@@ -35,6 +36,9 @@ import yaml
 from normalizer.guards import veto
 from tiers.calibration import GRID, cell_of, upper_bound
 from tiers.labelled_pairs import HALVES, LABELS, LabelledPair, PairsError, half_of, read_pairs
+
+if TYPE_CHECKING:
+    from proxy.assembly.config import Settings
 
 MIN_TOP_PAIRS = 100
 """Pairs the prior's top block pools at least (the highest cells hold few pairs, and decide the first hits)."""
@@ -126,13 +130,53 @@ def write_thresholds(path: Path, thresholds: dict[str, float]) -> None:
     path.write_text(yaml.safe_dump(config, sort_keys=False))
 
 
+def warm_from_log(log: Path, namespace: str, tenant: str, settings: Settings) -> int:
+    """``--warm``: gather each namespace's evidence from the log, write it into the data directory, say where each
+    namespace stands."""
+    from proxy.answers.semantic_factory import model_cache_dir
+    from proxy.commands.calibrate_warm import LogError, gather, read_log
+    from tiers.calibration_file import WARM_FILE, save
+    from tiers.embedders import local_embedder
+
+    try:
+        records = read_log(log, namespace)
+    except (OSError, LogError) as exc:
+        print(f"ragproxy calibrate: {exc}", file=sys.stderr)
+        return 2
+    if not records:
+        print(f"ragproxy calibrate: {log}: no logged questions", file=sys.stderr)
+        return 2
+    l2 = settings.cache.l2
+
+    async def run() -> list[Any]:
+        embedder = local_embedder(l2.embedder_runtime, model_cache_dir(settings.data_dir))
+        try:
+            return await gather(records, embedder, l2, tenant)
+        finally:
+            await embedder.close()
+
+    warmed = asyncio.run(run())
+    target = settings.data_dir / WARM_FILE
+    save(target, {(w.tenant, w.namespace): w.evidence for w in warmed})
+    for w in warmed:
+        unjudged = f" ({w.unjudged} comparisons not judged: too few answers to learn from)" if w.unjudged else ""
+        print(f"{w.tenant}/{w.namespace}: {w.progress.summary()}{unjudged}")
+    print(f"wrote {target}: ragproxy serve with this data directory starts these namespaces from it")
+    return 0
+
+
 def main(argv: list[str]) -> int:
     from proxy.assembly.config import ConfigError, load_settings
 
     parser = argparse.ArgumentParser(prog="ragproxy calibrate",
                                      description="Fixed L2 thresholds from labelled question pairs, with the recall "
                                      "each buys.")
-    parser.add_argument("pairs", type=Path, help="CSV: question1,question2,is_duplicate[,namespace]")
+    parser.add_argument("pairs", type=Path, nargs="?", help="CSV: question1,question2,is_duplicate[,namespace]")
+    parser.add_argument("--warm", type=Path, metavar="LOG.jsonl", help="start the calibration of the proxy in this "
+                        "data directory from an app's logged questions and answers (JSONL: question, answer, "
+                        "namespace?, system?) instead")
+    parser.add_argument("--tenant", default="anonymous", help="with --warm: the tenant the log's namespaces belong "
+                        "to (default anonymous: open mode)")
     parser.add_argument("--config", help="YAML config whose guards and embedder runtime to use "
                         "(default: $RAGPROXY_CONFIG)")
     parser.add_argument("--target", type=float, default=0.02, help="largest share of wrong hits (default 0.02)")
@@ -153,6 +197,10 @@ def main(argv: list[str]) -> int:
         print(f"ragproxy calibrate: invalid configuration: {exc}", file=sys.stderr)
         return 2
     l2 = settings.cache.l2
+    if (args.warm is None) == (args.pairs is None):
+        parser.error("give a CSV of labelled pairs, or --warm LOG.jsonl")
+    if args.warm is not None:
+        return warm_from_log(args.warm, args.namespace, args.tenant, settings)
     try:
         pairs = read_pairs(args.pairs, args.namespace, args.labels)
     except PairsError as exc:

@@ -50,12 +50,15 @@ from proxy.core.errors import Dialect
 from proxy.core.prompt import PromptReader
 from proxy.core.response_events import assemble_response, replay_response
 from proxy.core.sse import StreamShape, assemble_stream, replay
+from proxy.core.usage import client_asked_for_usage
 from tiers.entry import CachedResponse
 
 QuestionReader = Callable[[Mapping[str, Any], PromptDocuments], "str | None"]
 """Reads the final user question of a body (kept in a stored entry's ``meta``)."""
 Planner = Callable[..., "PromptPlan | None"]
 """``(body, prompt, *, chars_per_token)`` → the KV plan of a request (:mod:`normalizer.prompt_plan`)."""
+NO_USAGE = "no_usage"
+"""Entry metadata: the answer was assembled from a stream that reported no usage."""
 Answer = bytes | list[bytes]
 """A cached answer as sent: the JSON body, or the events of a replayed stream."""
 
@@ -115,18 +118,28 @@ class Endpoint:
     plan: Planner = plan_request
     """The KV layer's plan of a request."""
     usage_on_request: bool = True
-    """Whether a stream reports its token usage only when ``stream_options.include_usage`` asks for it (the
-    credits stage asks for it when it holds a reservation: :func:`proxy.credits.streaming.ask_upstream_for_usage`)."""
+    """Whether a stream reports its token usage only when ``stream_options.include_usage`` asks for it (the proxy
+    asks for it when it bills the request or may store its answer: :mod:`proxy.core.stream_usage`)."""
     forwarded_as_sent: bool = False
     """Whether the body goes upstream as the client wrote it, never re-rendered from the KV plan: its documents keep
     the order sent, and only the hints its API takes are added to it."""
 
     def assemble(self, raw: bytes) -> tuple[dict[str, Any], dict[str, Any]] | None:
-        """A finished stream as one answer object, and the entry metadata its replay needs; ``None`` if unusable."""
+        """A finished stream as one answer object, and the entry metadata its replay needs (``no_usage`` when the
+        stream reported no usage); ``None`` if unusable."""
         assembled = assemble_stream(raw)
         if assembled is None:
             return None
-        return assembled[0], {"stream": assembled[1].as_meta()}
+        answer, shape = assembled
+        return answer, {"stream": shape.as_meta(), **({} if "usage" in answer else {NO_USAGE: True})}
+
+    def carries(self, entry: CachedResponse, request: Mapping[str, Any], stream: bool) -> bool:
+        """Whether ``entry`` holds what ``request`` asks of its answer: a JSON answer, or a stream with
+        ``stream_options.include_usage``, carries its usage, so an answer assembled from a stream that reported
+        none does not serve them (the request goes upstream, and its answer replaces the entry)."""
+        if not entry.meta.get(NO_USAGE):
+            return True
+        return stream and not client_asked_for_usage(request)
 
     def finished(self, answer: Mapping[str, Any]) -> bool:
         """Whether a JSON answer without an error is a final answer, worth storing."""
@@ -136,9 +149,8 @@ class Endpoint:
         """A cached entry as this request gets it: its body, or replayed as a stream when the request asked."""
         if not stream:
             return entry.body
-        include_usage = bool((request.get("stream_options") or {}).get("include_usage"))
         shape = StreamShape.from_meta(entry.meta.get("stream"))
-        return replay(orjson.loads(entry.body), include_usage=include_usage, shape=shape)
+        return replay(orjson.loads(entry.body), include_usage=client_asked_for_usage(request), shape=shape)
 
     def stored_id(self, request: Mapping[str, Any], body: bytes) -> str | None:
         """The id of the object the upstream keeps for this answer (``None``: it keeps none)."""

@@ -49,8 +49,8 @@ class Complete:
 
 
 Assemble = Callable[["Reply", bytes, str], "Complete | None"]
-"""Builds the complete answer of a finished reply from the body the client received, read as one kind of request
-(``None``: not a usable answer)."""
+"""Builds the complete answer of a finished reply from the body the client received (and the events withheld from
+it, :attr:`Reply.withheld`), read as one kind of request (``None``: not a usable answer)."""
 
 
 @dataclass(slots=True)
@@ -61,6 +61,9 @@ class Reply:
     headers: CIMultiDict[str] = field(default_factory=CIMultiDict)
     body: bytes | None = None
     chunks: AsyncIterator[bytes] | None = None
+    withheld: list[bytes] = field(default_factory=list)
+    """Events of the upstream's stream kept from the client (the usage chunk the proxy asked for,
+    :mod:`proxy.core.stream_usage`): part of the answer, not of what the client received."""
     _callbacks: list[FinishCallback] = field(default_factory=list)
     _enders: list[EndCallback] = field(default_factory=list)
     _completed: tuple[bytes, str, Complete | None] | None = None

@@ -34,6 +34,7 @@ import orjson
 DONE = b"data: [DONE]\n\n"
 _CONTENT_PIECE = 48  # characters per replayed content chunk: small enough to look like a live stream
 _LINE_END = re.compile(rb"\r\n|\r|\n")
+_DONE_EVENT = re.compile(rb"(?:^|(?<=\n)|(?<=\r))data: ?\[DONE\]")
 _EVENT_END = re.compile(rb"(?:\r\n|\r(?!\n)|\n){2}")  # a blank line: two line ends (a CR LF is one)
 _CHUNK_FIELDS = frozenset({"id", "object", "created", "model", "choices", "usage"})
 _CHOICE_FIELDS = frozenset({"index", "delta", "text", "logprobs", "finish_reason", "message"})
@@ -53,6 +54,16 @@ def event_data(event: bytes) -> bytes | None:
         elif line == b"data":
             values.append(b"")
     return b"\n".join(values) if values else None
+
+
+def with_withheld(raw: bytes, withheld: list[bytes]) -> bytes:
+    """A stream's body as the upstream sent it: ``raw`` (what the client received) with the events kept from the
+    client (:attr:`proxy.core.reply.Reply.withheld`) put back before its ``[DONE]`` (at the end when it has none)."""
+    if not withheld:
+        return raw
+    done = _DONE_EVENT.search(raw)
+    cut = done.start() if done is not None else len(raw)
+    return raw[:cut] + b"".join(withheld) + raw[cut:]
 
 
 def iter_events(raw: bytes) -> Iterator[bytes]:

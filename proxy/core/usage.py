@@ -49,6 +49,12 @@ def _mapping(value: Any) -> Mapping[str, Any]:
     return value if isinstance(value, Mapping) else {}
 
 
+def client_asked_for_usage(body: Mapping[str, Any] | None) -> bool:
+    """Whether a request sets ``stream_options.include_usage`` (its stream then ends with a usage chunk)."""
+    options = body.get("stream_options") if body else None
+    return isinstance(options, Mapping) and options.get("include_usage") is True
+
+
 RESPONSE_TERMINAL = frozenset({"response.completed", "response.incomplete"})
 """The events that end a streamed Responses reply, carrying the whole response object."""
 

@@ -1,7 +1,7 @@
 """A Redis that came back empty while the proxy runs: noticed, and treated as an outage rather than believed.
 
 A Redis restarted without persistence (or flushed, or failed over to an empty replica) answers every command, but
-every balance, API key and idempotency key is gone: believed, it answers 402 ("no credits") and then 401 ("unknown
+every balance, API key and idempotency key is gone: believed, it answers 429 ("no credits") and then 401 ("unknown
 key") to everyone, and the settlements journaled meanwhile replay as ``no_account``. The start-up check
 (:mod:`proxy.credits.persistence`) cannot see a Redis whose settings change, or which is replaced, later.
 

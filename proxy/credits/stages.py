@@ -7,15 +7,20 @@ remembered for ``key_cache_ttl_s`` seconds, which bounds how long a revoked key 
 keys ride out a short outage of the key store; any other outage answers 503 + ``Retry-After`` (authentication
 never fails open).
 
-``Credits`` reserves the worst case before the rest of the pipeline runs (402 when the balance cannot cover
-it), then settles what the reply used:
+``Credits`` settles what each request used; what it holds first depends on who answers. A request the caches
+answer (a cache tier, a coalesced call) holds what that answer costs (its usage at its tier's price) just before it
+is sent; one that goes upstream holds its worst case in the reserve stage (:class:`ReserveMiss`), placed after the
+cache lookups, so a balance too low for a miss still gets a cached repeat. A balance that cannot cover the hold is
+answered as OpenAI answers an exhausted quota (:func:`out_of_credit`: 429 ``insufficient_quota``, not to be
+retried). Without a reserve stage (requests priced apart from any cache) the worst case is held up front. Then:
 
 * a complete reply: from the ``usage`` (or llama.cpp ``timings``) of its JSON body, at once; the response
   carries ``X-Credits-Charged`` and ``X-Credits-Remaining``;
 * a streamed reply: from the usage chunk, when the client has received everything (``Reply.on_finish``). The
-  usage chunk is read on the way and hidden from a client that did not ask for it (see
-  :mod:`proxy.credits.streaming`). Headers leave before the usage is known, so a stream carries
-  ``X-Credits-Reserved`` and ``X-Credits-Remaining`` (what was left after the reservation) instead;
+  usage chunk is read on the way (:mod:`proxy.credits.streaming`); the stream_usage stage outside this one asked
+  the upstream for it and hides it from a client that did not ask (:mod:`proxy.core.stream_usage`). Headers
+  leave before the usage is known, so a stream carries ``X-Credits-Reserved`` and ``X-Credits-Remaining`` (what
+  was left after the reservation) instead;
 * a reply from a cache tier costs its usage times the hit multiplier it is priced under (``ctx.outcome``,
   :attr:`~proxy.core.outcome.Outcome.priced_as`: a semantic hit's is ``l2`` wherever its answer was held);
 * reported usage is held to what the request allows (:meth:`~proxy.credits.pricing.PriceBook.bounded`:
@@ -26,7 +31,7 @@ it), then settles what the reply used:
   relayed stream's tokens), recorded with ``usage_source="estimated"`` — never the whole reservation;
 * a stream the client abandons (hangs up, or stops reading) is charged what the upstream produced: its usage when
   it arrived, else the prompt estimate plus the completion tokens relayed so far
-  (:attr:`~proxy.credits.streaming.UsageChunkFilter.relayed_completion_tokens`), recorded with
+  (:attr:`~proxy.credits.streaming.UsageMeter.relayed_completion_tokens`), recorded with
   ``usage_source="relayed"``; so is a request whose client hangs up before the answer started, once it went
   upstream (``ctx.upstream_called``): its prompt, and no completion. Before that, the reservation is released;
 * an upstream error status, an exception or a stream the upstream broke off releases the whole reservation.
@@ -67,7 +72,7 @@ from proxy.credits.keys import ApiKey, KeyStore, key_hash
 from proxy.credits.pricing import CHARS_PER_TOKEN, PriceBook, format_credits
 from proxy.credits.settings import AuthSettings, CreditsSettings
 from proxy.credits.store import ChargeDetails, CreditStore, CreditStoreUnavailable, InsufficientCredit, Settlement
-from proxy.credits.streaming import UsageChunkFilter, ask_upstream_for_usage, client_asked_for_usage
+from proxy.credits.streaming import UsageMeter
 
 _AUTH, _CREDITS = AuthSettings(), CreditsSettings()  # the defaults, defined once there
 
@@ -96,6 +101,28 @@ def _unavailable(what: str, retry_after_s: int) -> ProxyError:
         code="credit_store_unavailable",
         headers={"Retry-After": str(retry_after_s)},
     )
+
+
+OUT_OF_CREDIT = ("You exceeded your current quota: your balance is {balance} credits and this request may cost up to "
+                 "{needed} credits. Top up your balance or lower max_tokens.")
+
+
+def out_of_credit(short: InsufficientCredit) -> ProxyError:
+    """The answer to a request the balance cannot cover: OpenAI's own answer to an exhausted quota (429, type and
+    code ``insufficient_quota``), with ``x-should-retry: false`` and no ``Retry-After``, so the openai SDK does not
+    retry it (it retries a 429 by default) and qdrant-client raises it at once."""
+    balance, needed = format_credits(short.available), format_credits(short.needed)
+    return ProxyError(429, OUT_OF_CREDIT.format(balance=balance, needed=needed), code="insufficient_quota",
+                      error_type="insufficient_quota", headers={"x-should-retry": "false"})
+
+
+async def _discard(reply: Reply) -> None:
+    """Drop a reply that will not be sent: close its stream, run its finish callbacks as failed."""
+    if reply.chunks is not None:
+        aclose = getattr(reply.chunks, "aclose", None)
+        if aclose is not None:
+            await aclose()
+    await reply.finish(False, reply.body or b"")
 
 
 class Identify:
@@ -190,18 +217,17 @@ class Credits:
         retry_after_s: int = 5,
         settle_retry_window_s: float = 3600.0,
         settling: set[asyncio.Task[None]] | None = None,
-        asks_for_usage: bool = False,
     ) -> None:
         """``settling``: settlements retried in the background (kept by the runtime, which waits for them at
-        shutdown, so a rebuilt stage loses none); ``asks_for_usage``: the endpoint's streams report usage only when
-        asked (:attr:`proxy.core.endpoints.Endpoint.usage_on_request`), so a stream is asked for it."""
-        self.asks_for_usage = asks_for_usage
+        shutdown, so a rebuilt stage loses none)."""
         self.store = store
         self.prices = prices
         self.reservation_ttl_s = reservation_ttl_s
         self.fail_open = fail_open
         self.retry_after_s = retry_after_s
         self.settle_retry_window_s = settle_retry_window_s
+        self.reserves_at_miss = False
+        """A :class:`ReserveMiss` stage after the cache lookups reserves (see :meth:`at_miss`)."""
         self.unbilled_requests = 0
         self._last_unbilled_log = float("-inf")
         self._retries = settling if settling is not None else set()
@@ -238,54 +264,75 @@ class Credits:
 
     # -- the flow --
 
-    async def __call__(self, ctx: RequestContext, call_next: Next) -> Reply:
-        if ctx.body is None and self.priced_by_body:
-            return await call_next(ctx)
-        estimate = self.estimate(ctx)
+    def at_miss(self) -> ReserveMiss:
+        """The stage that reserves a miss's worst case, placed after the cache lookups (just before the upstream):
+        from then on this stage reserves nothing up front, and an answer served without the upstream is charged
+        only what it costs."""
+        self.reserves_at_miss = True
+        return ReserveMiss(self)
+
+    async def reserve(self, ctx: RequestContext) -> None:
+        """Hold the worst case of the upstream call ``ctx`` is about to make (``ctx.reservation``); refuse it when
+        the balance cannot cover it; run it unbilled when the store is down and ``fail_open`` is set."""
+        await self._hold(ctx, self.estimate(ctx))
+
+    async def _hold(self, ctx: RequestContext, amount: int) -> Reservation | None:
         try:  # the ledger key is the proxy's own id, never the client's (see the module docstring)
-            reservation = await self.store.reserve(uuid.uuid4().hex, ctx.user, estimate, self.reservation_ttl_s)
+            reservation = await self.store.reserve(uuid.uuid4().hex, ctx.user, amount, self.reservation_ttl_s)
         except CreditStoreUnavailable as exc:
             if not self.fail_open:
                 raise _unavailable("the credit store", self.retry_after_s) from exc
             self._count_unbilled(exc)
-            return await call_next(ctx)
+            return None
         if isinstance(reservation, InsufficientCredit):
-            balance, needed = format_credits(reservation.available), format_credits(reservation.needed)
-            raise ProxyError(
-                402,
-                f"Insufficient credits: your balance is {balance} credits and this request may cost up to "
-                f"{needed} credits. Top up your balance or lower max_tokens.",
-                code="insufficient_quota",
-            )
-        client_wants_usage = client_asked_for_usage(ctx.body)
+            raise out_of_credit(reservation)
         ctx.reservation = reservation
         ctx.response_headers[LEDGER_ID] = reservation.request_id
-        if self.asks_for_usage:
-            ask_upstream_for_usage(ctx)
+        return reservation
+
+    async def __call__(self, ctx: RequestContext, call_next: Next) -> Reply:
+        if ctx.body is None and self.priced_by_body:
+            return await call_next(ctx)
+        if not self.reserves_at_miss:
+            await self.reserve(ctx)
+            if ctx.reservation is None:  # unbilled (fail_open)
+                return await call_next(ctx)
         try:
             reply = await call_next(ctx)
         except asyncio.CancelledError:  # the client hung up before the answer started
-            if ctx.upstream_called:  # the upstream has the prompt: that much it did
-                await asyncio.shield(self._settle(ctx, reservation, self.estimated(ctx, 0), "relayed"))
-            else:
-                await self._release(reservation)
+            if ctx.reservation is not None:
+                if ctx.upstream_called:  # the upstream has the prompt: that much it did
+                    await asyncio.shield(self._settle(ctx, ctx.reservation, self.estimated(ctx, 0), "relayed"))
+                else:
+                    await self._release(ctx.reservation)
             raise
         except BaseException:
-            await self._release(reservation)
+            if ctx.reservation is not None:
+                await self._release(ctx.reservation)
             raise
+        reservation = ctx.reservation
+        if reservation is None:
+            if not 200 <= reply.status < 300 or ctx.upstream_called:
+                return reply  # refused before the upstream, or the upstream answered unbilled (fail_open)
+            served = self._served_usage(ctx, reply)
+            reservation = await self._hold_served(ctx, reply, served)
+            if reservation is None:
+                return reply
+        else:
+            served = None
         if not 200 <= reply.status < 300:
             await self._release(reservation)
             self._charged(ctx, 0)
             return reply
         if reply.chunks is not None and self.priced_by_body:
-            meter = UsageChunkFilter(strip=not client_wants_usage)
+            meter = UsageMeter()
             reply.chunks = meter.filter(reply.chunks)
-            reply.on_finish(self._settle_stream(ctx, reservation, meter))
+            reply.on_finish(self._settle_stream(ctx, reservation, meter, served))
             ctx.response_headers[RESERVED] = format_credits(reservation.amount)
             ctx.response_headers[REMAINING] = format_credits(reservation.available_after)
             return reply
         body = reply.body or b""
-        usage = self.reported(ctx, body)
+        usage = served or self.reported(ctx, body)
         if usage is None:
             settlement = await self._settle(ctx, reservation, self.estimated(ctx, -(-len(body) // CHARS_PER_TOKEN)),
                                             "estimated")
@@ -296,6 +343,26 @@ class Credits:
             ctx.response_headers[REMAINING] = format_credits(settlement.available)
         return reply
 
+    def _served_usage(self, ctx: RequestContext, reply: Reply) -> Usage | None:
+        """The usage of an answer served without the upstream (a cache tier's, a coalesced call's): reported in
+        its body or its cached entry, else estimated from them; ``None`` for a stream not known yet (a follower of
+        a streaming call still running)."""
+        body = reply.body if reply.body is not None else ctx.entry.body if ctx.entry is not None else None
+        if body is None:
+            return None
+        usage = self.reported(ctx, body) if reply.body is not None else usage_from_body(body)
+        return usage or self.estimated(ctx, -(-len(body) // CHARS_PER_TOKEN))
+
+    async def _hold_served(self, ctx: RequestContext, reply: Reply, usage: Usage | None) -> Reservation | None:
+        """Hold what an answer served without the upstream costs (its usage at its tier's price; the worst case for
+        a stream not known yet) before it is sent; refused, the answer is dropped unsent."""
+        amount = self.cost(ctx, usage)[0] if usage is not None else self.estimate(ctx)
+        try:
+            return await self._hold(ctx, amount)
+        except ProxyError:
+            await _discard(reply)
+            raise
+
     @staticmethod
     def _charged(ctx: RequestContext, micro: int) -> None:
         """What this request was charged, settled with the reply: on the context (read by the metrics as a number)
@@ -303,9 +370,13 @@ class Credits:
         ctx.charged = micro
         ctx.response_headers[CHARGED] = format_credits(micro)
 
-    def _settle_stream(self, ctx: RequestContext, reservation: Reservation, meter: UsageChunkFilter) -> FinishCallback:
+    def _settle_stream(self, ctx: RequestContext, reservation: Reservation, meter: UsageMeter,
+                       served: Usage | None) -> FinishCallback:
+        """``served``: the usage of a cached answer being replayed (what it costs once complete)."""
         async def settle(reply: Reply, ok: bool, body: bytes) -> None:
-            if meter.usage is not None:
+            if ok and served is not None:
+                await self._settle(ctx, reservation, served)
+            elif meter.usage is not None:
                 await self._settle(ctx, reservation, meter.usage)
             elif ok:  # complete, but the upstream reported no usage
                 await self._settle(ctx, reservation, self.estimated(ctx, meter.relayed_completion_tokens),
@@ -370,6 +441,23 @@ class Credits:
                 self.unbilled_requests,
                 exc,
             )
+
+class ReserveMiss:
+    """Reserve the worst case of a request that goes upstream, once the caches could not answer it (the settling
+    is its :class:`Credits` stage's, outside the lookups)."""
+
+    name = "reserve"
+    needs: frozenset[str] = frozenset()
+    gives = frozenset({"reservation"})
+
+    def __init__(self, credits: Credits) -> None:
+        self.credits = credits
+
+    async def __call__(self, ctx: RequestContext, call_next: Next) -> Reply:
+        if ctx.reservation is None and (ctx.body is not None or not self.credits.priced_by_body):
+            await self.credits.reserve(ctx)
+        return await call_next(ctx)
+
 
 class SearchCredits(Credits):
     """Credits for vector searches: a fixed price per search (each search of a batch), discounted on a hit."""

@@ -59,11 +59,13 @@ def record_stats(stats: RequestStats, metrics: Metrics) -> Observer:
         asked: dict[str, str] | None = None
         outcome = ctx.outcome
         cache_status, tier = (outcome.status, outcome.tier) if outcome is not None else (None, None)
-        if cache_status in HIT_STATUSES:  # the top-entries list says who asked
-            semantic = ctx.semantic
-            asked = {"tenant": ctx.tenant, "namespace": ctx.namespace,
-                     **({"question": semantic.question[:200]} if semantic is not None else {})}
         entry = ctx.entry
+        if cache_status in HIT_STATUSES:  # the top-entries list says who asked, and what
+            semantic = ctx.semantic
+            question = semantic.question if semantic is not None else \
+                entry.meta.get("question") if entry is not None else None  # an exact hit: the entry's question
+            asked = {"tenant": ctx.tenant, "namespace": ctx.namespace,
+                     **({"question": question[:200]} if isinstance(question, str) and question else {})}
         saved = stats.record(route=ctx.route, cache_status=cache_status, tier=tier, key=ctx.cache_key,
                              upstream_seconds=ctx.upstream_seconds, hit_cost=entry.cost if entry else None,
                              label=asked)

@@ -38,6 +38,7 @@ def test_stats_count_requests_hits_and_cost(admin_proxy: ProxyServer, admin: Adm
     l1 = stats["tiers"]["l1"]
     assert l1["entries"] == 1 and l1["bytes"] > 0 and l1["lookups"]["hits"] == 2
     assert stats["top_entries"][0]["key"] == entry["key"] and stats["top_entries"][0]["hits"] == 2
+    assert stats["top_entries"][0]["question"] == entry["question"] == "q1", "an exact hit's row names its question"
     assert set(stats["latency_s"]) >= {"HIT", "MISS"} and stats["latency_s"]["HIT"]["count"] == 2
     assert sum(b["requests"] for b in stats["series"]["buckets"]) == 4
 

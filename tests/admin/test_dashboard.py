@@ -1,7 +1,8 @@
 """``/admin/ui`` in headless Chromium against a running proxy: the numbers it shows match ``/admin/stats``, and a
 screenshot is saved to ``artifacts/admin-ui.png``.
 
-Needs a Chromium binary (Debian: ``apt-get install chromium``); skipped with that reason when none is found.
+Needs a Chromium binary (Debian: ``apt-get install chromium``); skipped with that reason when none is found. Marked
+``browser``: out of the default run, run by ``.ci/run`` (``scripts/test.sh -m browser``).
 Chromium is driven with ``--dump-dom`` (the DOM after the page's scripts ran; ``--virtual-time-budget`` lets its
 fetches finish) and ``--screenshot``.
 """
@@ -22,7 +23,8 @@ from tests.support.proxy_server import ProxyServer
 ARTIFACTS = Path(__file__).resolve().parents[2] / "artifacts"
 CHROMIUM = next((path for name in ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
                  if (path := shutil.which(name))), None)
-pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="no Chromium binary (Debian: apt-get install chromium)")
+pytestmark = [pytest.mark.browser,
+              pytest.mark.skipif(CHROMIUM is None, reason="no Chromium binary (Debian: apt-get install chromium)")]
 FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--no-first-run",
          "--hide-scrollbars", "--virtual-time-budget=10000", "--window-size=1400,1900"]
 
@@ -97,6 +99,7 @@ def test_dashboard_shows_the_stats(admin_proxy: ProxyServer, admin: Admin) -> No
     top_rows = [row[1] for row in shown.rows if row[0].get("data-key")]
     assert top_rows[0][0] == str(stats["top_entries"][0]["hits"]) == "2"
     assert top_rows[0][3] == stats["top_entries"][0]["key"]
+    assert top_rows[0][2] == stats["top_entries"][0]["question"] == "alpha", "an exact hit's row names its question"
     latency_rows = {row[0].get("data-status") for row in shown.rows if row[0].get("data-status")}
     assert latency_rows == set(stats["latency_s"])
     assert "credits are not enabled" in shown.by_id["credits-note"]

@@ -19,11 +19,14 @@ import sys
 from collections import Counter
 from pathlib import Path
 
+import pytest
+
 from loadtest.rag_users import CacheTally, ZipfSampler, hit_ratios
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.long
 def test_short_run_has_no_failures_and_hits(tmp_path: Path) -> None:
     result = subprocess.run(
         [sys.executable, "-m", "loadtest.run_locust", "--duration", "10", "--users", "4", "--spawn-rate", "4",

@@ -71,7 +71,7 @@ async def test_concurrent_calls_under_one_request_id_are_each_charged_and_never_
     async with httpx.AsyncClient(base_url=billed.url, timeout=30, headers=headers) as client:
         replies = await asyncio.gather(*(client.post(CHAT, json=_body(f"question {n}")) for n in range(100)))
     served = [r for r in replies if r.status_code == 200]
-    assert {r.status_code for r in replies} <= {200, 402}
+    assert {r.status_code for r in replies} <= {200, 429}
     assert all(r.headers["X-Request-ID"] == "same-id-for-all" for r in replies), "still echoed for tracing"
     charges = _charges(billed, "ann")
     assert len(served) == len(charges) == fake_llm_thread.log.count(CHAT)
@@ -251,3 +251,54 @@ def test_one_user_s_flood_of_keys_does_not_make_another_user_s_retries_pay_again
         assert done.status_code == 200 and done.headers["Idempotent-Replayed"] == "true"
         running.join()
         assert fake_llm_thread.log.count(CHAT) == 62 and len(_charges(server, "bob")) == 2
+
+
+@pytest.fixture
+def caching_billed(fake_llm_thread: FakeLLM, tmp_path: Path) -> Iterator[ProxyServer]:
+    settings = proxy_settings(fake_llm_thread.url, **{
+        "auth.mode": "keys", "credits.enabled": True, "data_dir": str(tmp_path),
+        "credits.sqlite_synchronous": "NORMAL", "credits.models": PRICES})
+    with ProxyServer(settings) as server:
+        yield server
+
+
+async def test_coalesced_misses_on_a_balance_for_one_miss_are_each_charged_and_never_overdrawn(
+        fake_llm_thread: FakeLLM, caching_billed: ProxyServer) -> None:
+    """The caches answer before a miss reserves: 20 identical concurrent requests on a balance that holds one worst
+    case make one upstream call, its leader charged the upstream's price and each follower the coalesced price (held
+    before it is sent: never more served than paid), streamed or not."""
+    fake_llm_thread.latency_s = 0.5
+    body = _body("coalesce on a thin balance")
+    worst = caching_billed.runtime.credits.prices.worst_case(body, raw_size=len(httpx.Request("POST", "/", json=body)
+                                                                              .content))
+    key = _key(caching_billed, "cora", worst + worst // 2)
+    headers = {"Authorization": f"Bearer {key}"}
+    async with httpx.AsyncClient(base_url=caching_billed.url, timeout=30, headers=headers) as client:
+        replies = await asyncio.gather(*(client.post(CHAT, json={**body, "stream": n % 2 == 1}) for n in range(20)))
+    served = [r for r in replies if r.status_code == 200]
+    assert {r.status_code for r in replies} <= {200, 429}
+    assert fake_llm_thread.log.count(CHAT) == 1, "one upstream call"
+    _until(lambda: len(_charges(caching_billed, "cora")) == len(served))
+    charges = _charges(caching_billed, "cora")
+    assert sorted(e.request_id for e in charges) == sorted(r.headers["X-Credits-Request-ID"] for r in served)
+    assert [e.tier for e in charges].count("upstream") == 1
+    account = caching_billed.call(caching_billed.runtime.credits.store.balance("cora"))  # type: ignore[union-attr]
+    assert account.held == 0 and account.available >= 0
+    assert sum(e.cost for e in charges) <= worst + worst // 2
+
+
+def test_a_hit_stream_abandoned_is_charged_at_most_its_price_and_holds_nothing(
+        fake_llm_thread: FakeLLM, caching_billed: ProxyServer) -> None:
+    fake_llm_thread.answer = lambda prompt: " ".join(f"w{n}" for n in range(400))
+    key = _key(caching_billed, "dina", 100 * MICRO)
+    client = openai.OpenAI(base_url=caching_billed.url + "/v1", api_key=key, max_retries=0)
+    body = _body("a long cached story", max_tokens=1000)
+    client.chat.completions.create(**body)
+    full_hit = float(client.chat.completions.with_raw_response.create(**body).headers["X-Credits-Charged"])
+    stream = client.chat.completions.create(**body, stream=True)
+    next(iter(stream))
+    stream.close()
+    _until(lambda: len(_charges(caching_billed, "dina")) == 3)
+    hang_up = _charges(caching_billed, "dina")[-1]
+    assert hang_up.tier == "l1" and 0 < hang_up.cost <= full_hit * MICRO + 1
+    assert caching_billed.call(caching_billed.runtime.credits.store.balance("dina")).held == 0  # type: ignore[union-attr]

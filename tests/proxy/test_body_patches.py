@@ -14,7 +14,7 @@ from proxy.core.context import Reply, RequestContext
 from proxy.core.handoffs import Reservation
 from proxy.core.pipeline import Next, Pipeline
 from proxy.core.prompt import ReadPrompt
-from proxy.credits.streaming import ask_upstream_for_usage
+from proxy.core.stream_usage import ask_for_usage
 from proxy.kv.admission_queue import AdmissionQueue
 from proxy.kv.hints import SlotTable
 from proxy.kv.kinds import LLAMACPP
@@ -90,7 +90,7 @@ async def test_stages_after_a_patch_read_the_clients_body() -> None:
     sent: list[dict[str, Any]] = []
 
     async def forward(ctx: RequestContext) -> Reply:
-        ask_upstream_for_usage(ctx)  # what the forward stage does before it sends
+        ask_for_usage(ctx)  # what the stream_usage stage does before the rest runs
         reader.seen.append(ctx.body)
         sent.append(orjson.loads(ctx.outgoing_body()))
         return Reply(200, body=b'{"choices":[],"timings":{"cache_n":0,"prompt_n":10,"prompt_ms":5.0}}')
@@ -104,7 +104,7 @@ async def test_stages_after_a_patch_read_the_clients_body() -> None:
                   reservation=Reservation("r1", "u", amount=1, expires_at=0.0, available_after=0))
     parsed = ctx.body
     await pipeline(ctx)
-    assert [patch.name for patch in ctx.patches] == ["route.order", "credits.include_usage"]
+    assert [patch.name for patch in ctx.patches] == ["route.order", "stream_usage.include_usage"]
     assert reader.seen == [client, client] and all(seen is parsed for seen in reader.seen)
     assert ctx.body is parsed and ctx.body == client
     upstream = sent[0]

@@ -92,3 +92,23 @@ def test_the_configurable_backend_kinds_are_the_registered_adapters() -> None:
     from proxy.upstream.settings import BACKEND_KINDS
 
     assert sorted(BACKEND_KINDS) == sorted(KINDS)
+
+
+def test_a_config_file_error_names_its_line_and_column(tmp_path: Path) -> None:
+    """A YAML syntax error, and a value the settings refuse, say where in the file they are."""
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("server:\n  port: 80\n   host: x\n")
+    with pytest.raises(ConfigError, match=r"not valid YAML at line 3, column 8 \(mapping values are not allowed"):
+        load_settings(broken, env={})
+    wrong = tmp_path / "wrong.yaml"
+    wrong.write_text("server:\n  host: 0.0.0.0\n  port: eighty\ncache:\n  l1: {ttl_s: -5}\n")
+    with pytest.raises(ConfigError, match=r"^server\.port = 'eighty': .* \(wrong\.yaml line 3, column 9\)$"):
+        load_settings(wrong, env={})
+    with pytest.raises(ConfigError, match=r"\(environment variable RAGPROXY_SERVER__PORT\)$"):
+        load_settings(wrong, env={"RAGPROXY_SERVER__PORT": "x"})
+    wrong.write_text("server:\n  port: 8080\ncache:\n  l1: {ttl_s: -5}\n")
+    with pytest.raises(ConfigError, match=r"^cache\.l1\.ttl_s = -5: .* \(wrong\.yaml line 4, column 15\)$"):
+        load_settings(wrong, env={})
+    with pytest.raises(ConfigError) as named:
+        load_settings(wrong, env={}, overrides={"cache.l1.ttl_s": -1})
+    assert "line" not in str(named.value), "a value from the command line needs no place"

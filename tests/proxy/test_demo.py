@@ -87,7 +87,8 @@ def _in_order(output: str, expected: list[str]) -> None:
         position = found + len(text)
 
 
-@pytest.mark.parametrize("heading", ["The tiers, by curl", "Credits, by curl"])
+@pytest.mark.long
+@pytest.mark.parametrize("heading", ["The tiers, by curl", "Credits, by curl", "Documents, by curl"])
 def test_readme_curl_blocks_run_against_demo_serve(heading: str) -> None:
     args, script = _readme_section(heading)
     assert args[:2] == ["demo", "--serve"]

@@ -160,3 +160,30 @@ def test_no_module_branches_on_an_endpoint_name() -> None:
              for path in sorted((root / folder).rglob("*.py"))
              for number, line in enumerate(path.read_text().splitlines(), 1) if _BRANCH_ON_NAME.search(line)]
     assert found == []
+
+
+def test_an_answer_streamed_without_usage_serves_only_requests_that_do_not_ask_for_it() -> None:
+    """A stream that reported no usage is stored marked so; a JSON request, or a stream with ``include_usage``,
+    is not answered from it (it goes upstream, and that answer replaces it)."""
+    chunk = {"id": "c", "object": "chat.completion.chunk", "created": 1, "model": "m"}
+    events = [{**chunk, "choices": [{"index": 0, "delta": {"role": "assistant", "content": "330 m."}}]},
+              {**chunk, "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}]
+    raw = b"".join(b"data: " + orjson.dumps(e) + b"\n\n" for e in events) + b"data: [DONE]\n\n"
+    streamed = Reply(200, headers={"Content-Type": "text/event-stream"}, chunks=_no_chunks())
+    without = complete_body(streamed, raw, CHAT)
+    assert without is not None and without.meta["no_usage"] is True
+    entry = CachedResponse(body=without.body, kind="chat", meta=without.meta)
+    asks = {**CHAT_BODY, "stream_options": {"include_usage": True}}
+    assert CHAT.carries(entry, CHAT_BODY, stream=True)
+    assert not CHAT.carries(entry, CHAT_BODY, stream=False) and not CHAT.carries(entry, asks, stream=True)
+    usage = {**chunk, "choices": [], "usage": {"prompt_tokens": 5, "completion_tokens": 2, "total_tokens": 7}}
+    withheld = Reply(200, headers={"Content-Type": "text/event-stream"}, chunks=_no_chunks(),
+                     withheld=[b"data: " + orjson.dumps(usage) + b"\n\n"])
+    whole = complete_body(withheld, raw, CHAT)
+    assert whole is not None and "no_usage" not in whole.meta, "the usage chunk kept from the client is stored"
+    assert orjson.loads(whole.body)["usage"]["total_tokens"] == 7
+    assert CHAT.carries(CachedResponse(body=whole.body, kind="chat", meta=whole.meta), asks, stream=True)
+
+
+async def _no_chunks() -> Any:
+    yield b""

@@ -94,17 +94,66 @@ def test_charges_hits_at_a_discount(billed: ProxyServer) -> None:
     assert float(hit.headers["X-Credits-Remaining"]) == pytest.approx(account.available / MICRO, abs=1e-5)
 
 
-def test_insufficient_credit_is_402_in_openai_shape(fake_llm_thread: FakeLLM, billed: ProxyServer) -> None:
+def test_insufficient_credit_is_openais_429_insufficient_quota_and_not_retried(fake_llm_thread: FakeLLM,
+                                                                              billed: ProxyServer) -> None:
+    """OpenAI answers an exhausted quota with 429 ``insufficient_quota``; the SDK raises ``RateLimitError`` for it and
+    would retry it twice by default: ``x-should-retry: false`` (and no ``Retry-After``) stops that."""
     key = _key(billed, "erin", "acme", credits=0.00001)
     response = _post(billed, key, _body())
-    assert response.status_code == 402
-    message = response.json()["error"]["message"]
-    assert "balance" in message.lower()
-    client = openai.OpenAI(base_url=billed.url + "/v1", api_key=key, max_retries=0)
-    with pytest.raises(openai.APIStatusError) as raised:
+    assert response.status_code == 429
+    assert response.headers["x-should-retry"] == "false" and "retry-after" not in response.headers
+    error = response.json()["error"]
+    assert error["type"] == error["code"] == "insufficient_quota" and error["param"] is None
+    assert "exceeded your current quota" in error["message"] and "balance" in error["message"].lower()
+    sent: list[httpx.Request] = []
+    client = openai.OpenAI(base_url=billed.url + "/v1", api_key=key,  # the SDK's default retries
+                           http_client=httpx.Client(event_hooks={"request": [sent.append]}))
+    with pytest.raises(openai.RateLimitError) as raised:
         client.chat.completions.create(**_body())
-    assert raised.value.status_code == 402
+    assert raised.value.status_code == 429 and raised.value.code == "insufficient_quota"
+    assert len(sent) == 1, "not retried"
     assert fake_llm_thread.log.count(CHAT) == 0
+
+
+def test_a_cached_answer_is_served_on_a_balance_too_low_for_a_miss(fake_llm_thread: FakeLLM,
+                                                                   billed: ProxyServer) -> None:
+    """The caches are looked up before a miss's worst case is reserved: a repeat costs what it costs."""
+    rich = _key(billed, "fay", "acme", credits=100)
+    question = _body("What is cached already?", max_tokens=None)  # no max_tokens: the worst case is the context's
+    miss = _post(billed, rich, question)
+    hit_cost = float(_post(billed, rich, question).headers["X-Credits-Charged"])
+    worst = billed.runtime.credits.prices.worst_case(question) / MICRO
+    assert 0 < hit_cost * 20 < worst, (hit_cost, worst)
+    low = _key(billed, "gus", "acme", credits=hit_cost * 20)
+    client = openai.OpenAI(base_url=billed.url + "/v1", api_key=low, max_retries=0)
+    for stream in (False, True):
+        raw = client.chat.completions.with_raw_response.create(**question, stream=stream)
+        assert raw.headers["X-Cache-Status"] == "HIT"
+        answer = raw.parse()
+        text = answer.choices[0].message.content if not stream else \
+            "".join(chunk.choices[0].delta.content or "" for chunk in answer if chunk.choices)
+        assert text == miss.json()["choices"][0]["message"]["content"]
+    with pytest.raises(openai.RateLimitError):
+        client.chat.completions.create(**_body("Not cached yet?", max_tokens=None))
+    assert fake_llm_thread.log.count(CHAT) == 1, "the refused miss never went upstream"
+    spent = _charges_of(billed, "gus")
+    assert spent == [pytest.approx(hit_cost * MICRO, abs=1)] * 2, "each hit charged its own price, nothing held"
+    assert billed.call(billed.runtime.credits.store.balance("gus")).held == 0  # type: ignore[union-attr]
+    broke = _key(billed, "hal", "acme", credits=hit_cost / 2)
+    refused = _post(billed, broke, question)
+    assert refused.status_code == 429 and refused.json()["error"]["code"] == "insufficient_quota", \
+        "a hit is refused when the balance cannot cover the hit itself"
+    assert _charges_of(billed, "hal") == []
+
+
+def _charges_of(server: ProxyServer, user: str) -> list[int]:
+    store = server.runtime.credits.store
+    assert store is not None
+
+    async def entries() -> list[int]:
+        return [e.cost async for e in ledger_entries(store) if e.user == user and e.kind == "charge"]
+
+    return server.call(entries())
 
 
 def test_upstream_error_refunds_everything(fake_llm_thread: FakeLLM, billed: ProxyServer) -> None:
@@ -169,7 +218,7 @@ async def test_concurrent_requests_never_overspend(fake_llm_thread: FakeLLM, bil
             for i in range(60)
         ))
     statuses = [r.status_code for r in responses]
-    assert set(statuses) <= {200, 402}
+    assert set(statuses) <= {200, 429}
     assert statuses.count(200) >= 10, "the balance covers at least twenty worst cases"
     after = billed.call(store.balance("hank"))
     assert after.available >= 0 and after.held == 0

@@ -66,6 +66,22 @@ def test_1000_deep_nesting_in_a_chat_request_is_a_400(fake_llm_thread: FakeLLM, 
     assert fake_llm_thread.log.count(CHAT) == 0
 
 
+@pytest.mark.parametrize("path", [CHAT, "/v1/models", SEARCH])
+def test_5000_deep_nesting_is_called_too_deep_not_invalid(fake_llm_thread: FakeLLM, server: ProxyServer,
+                                                          path: str) -> None:
+    """Past the JSON parser's own limit (1,024 levels) a body is as much too deep as one past ``limits.json_depth``:
+    it is said so, not called invalid JSON."""
+    text = '{"model": "fake-model", "messages": [{"role": "user", "content": "hi"}], "x": ' + _nested(5000) + "}"
+    answer = httpx.request("GET" if path == "/v1/models" else "POST", server.url + path, content=text.encode(),
+                           headers={"Content-Type": "application/json"}, timeout=30)
+    assert answer.status_code == 400, answer.text[:300]
+    message = answer.json()["status"]["error"] if path == SEARCH else answer.json()["error"]["message"]
+    assert "nests too deeply" in message and "not valid JSON" not in message
+    if path != SEARCH:
+        assert answer.json()["error"]["code"] == "nesting_too_deep"
+    assert fake_llm_thread.log.count(CHAT) == 0
+
+
 def test_nesting_within_the_limit_is_served(server: ProxyServer) -> None:
     text = ('{"model": "fake-model", "messages": [{"role": "user", "content": "hi"}], "tools": [{"type": '
             '"function", "function": {"name": "f", "parameters": ' + _nested(100) + "}}]}")

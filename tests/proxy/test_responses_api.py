@@ -224,7 +224,7 @@ def test_credits_settle_from_the_response_usage_plain_and_streamed(fake_llm_thre
             (final.usage.input_tokens, final.usage.output_tokens, "reported")]
         small = proxy.call(keys.create("sam", "acme")).plaintext
         proxy.call(store.top_up("sam", MICRO // 5, tenant="acme"))
-        for limit, status in ((10, 200), (None, 402)):
+        for limit, status in ((10, 200), (None, 429)):
             body = {"model": MODEL, "input": "x", "store": False, "max_output_tokens": limit}
             answer = httpx.post(proxy.url + "/v1/responses", headers={"Authorization": f"Bearer {small}"}, json=body,
                                 timeout=30)

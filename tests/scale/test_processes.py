@@ -34,6 +34,7 @@ def _stored(process: ProxyProcess, key: str) -> None:
         time.sleep(0.05)
 
 
+@pytest.mark.long
 def test_three_processes_are_one_cache(fake_llm_thread: FakeLLM, processes: list[ProxyProcess]) -> None:
     import openai
 

@@ -142,9 +142,10 @@ def test_fixed_thresholds_override_the_bound() -> None:
     calibrator = Calibrator(0.05, fixed=0.8, namespace_fixed={"docs": 0.9})
     assert (calibrator.threshold("faq"), calibrator.threshold("docs")) == (0.8, 0.9)
     assert calibrator.operating("docs").state == "fixed"
-    assert calibrator.report()["docs"]["estimated_wrong_hit_rate"] == round(PRIOR_WRONG_SHARE[GRID.index(0.9)], 4)
+    assert calibrator.report()["docs"]["estimated_wrong_hit_rate"] is None, "no estimate without an observation"
     calibrator.observe("docs", 0.93, agreed=True)
     assert calibrator.threshold("docs") == 0.9 and calibrator.operating("docs").observations == 1
+    assert calibrator.operating("docs").estimated_wrong_hit_rate is not None
 
 
 def test_verification_is_denser_while_comparisons_above_the_threshold_are_few() -> None:

@@ -101,7 +101,7 @@ class SemanticCacheTier:
                 "max_wrong_hit_rate": self.semantic.calibrator.target, "verified": s.verified, "compared": s.compared,
                 "disagreed": s.disagreed, "unjudged": s.unjudged, "unjudged_dropped": s.unjudged_dropped,
                 "uninformative": s.uninformative, "comparisons_dropped": s.comparisons_dropped,
-                "namespaces": self.semantic.calibrator.report()}
+                "namespaces": self.semantic.progress.report()}
 
     def lookup_stats(self) -> LookupStats:
         s = self.semantic.stats

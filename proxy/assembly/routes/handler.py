@@ -22,6 +22,14 @@ Handler = Callable[[Request, Responder], Awaitable[None]]
 Observer = Callable[[RequestContext, int, float], None]
 
 
+def unreadable(exc: orjson.JSONDecodeError) -> ProxyError:
+    """The 400 for a body the JSON parser refused: one nested past the parser's limit (1,024 levels) is said to be
+    too deep, as one within it but past ``limits.json_depth`` is, not to be invalid."""
+    if str(exc).startswith("depth limit exceeded"):
+        return ProxyError(400, "the request body nests too deeply: more than 1024 levels", code="nesting_too_deep")
+    return ProxyError(400, f"the request body is not valid JSON: {exc}", code="invalid_json")
+
+
 def parse_object(raw: bytes) -> dict[str, Any]:
     """A JSON object from the body, or a 400 saying what is wrong."""
     if not raw:
@@ -29,7 +37,7 @@ def parse_object(raw: bytes) -> dict[str, Any]:
     try:
         value = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
-        raise ProxyError(400, f"the request body is not valid JSON: {exc}", code="invalid_json") from None
+        raise unreadable(exc) from None
     if not isinstance(value, dict):
         raise ProxyError(400, "the request body must be a JSON object", code="invalid_json")
     return value
@@ -72,7 +80,7 @@ def make_handler(
                 try:
                     orjson.loads(raw)
                 except orjson.JSONDecodeError as exc:
-                    raise ProxyError(400, f"the request body is not valid JSON: {exc}", code="invalid_json") from None
+                    raise unreadable(exc) from None
             lifted: dict[str, Any] = {}
             if lift_proxy_fields and body is not None:  # never forwarded: outgoing_body re-serialises without them
                 body, lifted = split_proxy_fields(body)

@@ -1,5 +1,6 @@
 """Nothing forwarded under the proxy's own key is free: the allowed LLM pass-through and Qdrant requests other than
-searches are authenticated and charged ``credits.request_price`` each; a user without credits gets 402 there too."""
+searches are authenticated and charged ``credits.request_price`` each; a user without credits gets 429
+``insufficient_quota`` there too."""
 
 from __future__ import annotations
 
@@ -47,7 +48,7 @@ def test_pass_through_needs_a_key_and_credits(billed: ProxyServer, fake_llm_thre
     broke = _key(billed, "broke", 0)
     for method, path in (("GET", "/v1/models"), ("GET", "/collections"), ("PUT", "/collections/c/points")):
         refused = httpx.request(method, billed.url + path, headers=broke, json={"points": []})
-        assert refused.status_code == 402, (method, path, refused.text)
+        assert refused.status_code == 429, (method, path, refused.text)
     assert not [r for r in fake_llm_thread.log.entries if r.headers.get("Authorization")]
     assert not [r for r in qdrant_shim.log.entries if r.path != "/"]
 

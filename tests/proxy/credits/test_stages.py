@@ -23,6 +23,7 @@ from proxy.core.context import Reply, RequestContext
 from proxy.core.errors import Dialect, ProxyError
 from proxy.core.outcome import CacheStatus, Matched, Outcome
 from proxy.core.pipeline import Pipeline, Stage
+from proxy.core.stream_usage import StreamUsage
 from proxy.core.usage import Usage
 from proxy.credits.keys import KeyStore
 from proxy.credits.pricing import ModelPrice, PriceBook, format_credits
@@ -137,8 +138,8 @@ async def make_proxy(tmp_path: Path) -> AsyncIterator[Callable[..., Awaitable[Pr
         store = store or SqliteCreditStore(tmp_path / "credits.sqlite3")
         keys = keys or SqliteKeyStore(tmp_path / "credits.sqlite3")
         upstream = UpstreamDouble()
-        credits = Credits(store, PRICES, fail_open=fail_open, asks_for_usage=True)
-        server = server_for([Identify(keys, open_mode=open_mode), credits], upstream)
+        credits = Credits(store, PRICES, fail_open=fail_open)
+        server = server_for([Identify(keys, open_mode=open_mode), StreamUsage(), credits], upstream)
         port = free_port()
         await server.start("127.0.0.1", port)
         servers.append(server)
@@ -182,16 +183,17 @@ async def test_open_mode_bills_the_anonymous_user(make_proxy: Callable[..., Awai
     assert [e.cost for e in await charges(proxy.store, "anonymous")] == [FULL_COST]
 
 
-async def test_insufficient_credit_is_402_naming_balance_and_estimate(
+async def test_insufficient_credit_is_429_insufficient_quota_naming_balance_and_estimate(
     make_proxy: Callable[..., Awaitable[Proxy]],
 ) -> None:
     proxy = await make_proxy()
     created = await proxy.keys.create("ann", "acme")
     await proxy.store.top_up("ann", CREDIT)
-    with pytest.raises(openai.APIStatusError) as caught:
+    with pytest.raises(openai.RateLimitError) as caught:
         await proxy.client(created.plaintext).chat.completions.create(model="m", messages=MESSAGES, max_tokens=10_000)
     error = caught.value
-    assert error.status_code == 402
+    assert error.status_code == 429 and error.response.headers["x-should-retry"] == "false"
+    assert "retry-after" not in error.response.headers
     assert error.code == "insufficient_quota" and error.type == "insufficient_quota"
     estimate = PRICES.worst_case({"messages": MESSAGES, "model": "m", "max_tokens": 10_000}, raw_size=0)
     assert "your balance is 1 credits" in error.message

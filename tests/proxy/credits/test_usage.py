@@ -1,4 +1,4 @@
-"""Reading usage from replies and streams (OpenAI and llama.cpp shapes); the usage-chunk filter."""
+"""Reading usage from replies and streams (OpenAI and llama.cpp shapes); the usage meter of streams."""
 
 from __future__ import annotations
 
@@ -11,17 +11,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from proxy.core.context import RequestContext
-from proxy.core.handoffs import Reservation
 from proxy.core.sse import last_json_events
-from proxy.core.usage import Usage, usage_from_body, usage_from_json
-from proxy.credits.streaming import (
-    UsageChunkFilter,
-    ask_upstream_for_usage,
-    client_asked_for_usage,
-    generated_chars,
-)
-from proxy.server.request import Request
+from proxy.core.usage import Usage, client_asked_for_usage, usage_from_body, usage_from_json
+from proxy.credits.streaming import UsageMeter, generated_chars
 
 
 def test_openai_usage_with_cached_tokens() -> None:
@@ -89,52 +81,28 @@ def split(data: bytes, cuts: list[int]) -> list[bytes]:
 
 
 @settings(max_examples=60)
-@given(st.lists(st.integers(0, 10_000), max_size=12), st.booleans())
-async def test_the_filter_reads_usage_and_strips_it_only_when_asked_to(cuts: list[int], strip: bool) -> None:
-    meter = UsageChunkFilter(strip=strip)
+@given(st.lists(st.integers(0, 10_000), max_size=12))
+async def test_the_meter_reads_usage_and_passes_every_byte(cuts: list[int]) -> None:
+    meter = UsageMeter()
     seen = b"".join([piece async for piece in meter.filter(replay(split(STREAM, cuts)))])
     assert meter.usage == Usage(9, 2, 4)
-    assert seen == (sse(CHUNK, CHUNK, b"[DONE]") if strip else STREAM)
+    assert seen == STREAM
+    assert meter.completion_events == 2 and meter.completion_chars == 4
 
 
-async def test_the_filter_passes_a_stream_without_usage_untouched_and_flushes_a_partial_tail() -> None:
-    meter = UsageChunkFilter(strip=True)
+async def test_the_meter_passes_a_stream_without_usage_untouched_and_a_partial_tail() -> None:
+    meter = UsageMeter()
     data = sse(CHUNK) + b'data: {"partial'
     assert b"".join([p async for p in meter.filter(replay([data]))]) == data
     assert meter.usage is None
 
 
-async def test_a_final_chunk_with_choices_and_usage_is_kept() -> None:
+async def test_a_final_chunk_with_choices_and_usage_is_read() -> None:
     final = {**CHUNK, "usage": USAGE_CHUNK["usage"]}
-    meter = UsageChunkFilter(strip=True)
+    meter = UsageMeter()
     data = sse(CHUNK, final, b"[DONE]")
     assert b"".join([p async for p in meter.filter(replay([data]))]) == data
     assert meter.usage == Usage(9, 2, 4)
-
-
-def chat_context(body: dict[str, object], metered: bool) -> RequestContext:
-    ctx = RequestContext(
-        request=Request("POST", "/v1/chat/completions"),
-        route="chat",
-        request_id="r1",
-        raw_body=orjson.dumps(body),
-        body=dict(body),
-    )
-    if metered:
-        ctx.reservation = Reservation("r1", "u", amount=1, expires_at=0.0, available_after=0)
-    return ctx
-
-
-def test_usage_is_requested_upstream_only_for_metered_streams_that_lack_it() -> None:
-    stream = {"model": "m", "stream": True, "stream_options": {"other": 1}}
-    ctx = chat_context(stream, metered=True)
-    assert ask_upstream_for_usage(ctx) is True
-    assert orjson.loads(ctx.outgoing_body())["stream_options"] == {"other": 1, "include_usage": True}
-    unmetered = chat_context(stream, metered=False)
-    assert ask_upstream_for_usage(unmetered) is False and unmetered.outgoing_body() == orjson.dumps(stream)
-    asked = chat_context({"stream": True, "stream_options": {"include_usage": True}}, metered=True)
-    assert ask_upstream_for_usage(asked) is False and not asked.patches
-    assert ask_upstream_for_usage(chat_context({"model": "m"}, metered=True)) is False
 
 
 def test_responses_api_usage_in_the_object_and_in_its_terminal_event() -> None:
@@ -151,7 +119,7 @@ def test_responses_api_usage_in_the_object_and_in_its_terminal_event() -> None:
     assert usage_from_json(last_json_events(events, 1)[0]) == Usage(30, 7, 12)
 
 
-async def test_the_filter_never_strips_a_responses_event() -> None:
+async def test_the_meter_reads_a_responses_event() -> None:
     completed = {"type": "response.completed", "sequence_number": 1, "response": {"usage": {
         "input_tokens": 3, "output_tokens": 1}}}
     raw = b"event: response.completed\ndata: " + orjson.dumps(completed) + b"\n\n"
@@ -159,7 +127,7 @@ async def test_the_filter_never_strips_a_responses_event() -> None:
     async def source() -> AsyncIterator[bytes]:
         yield raw
 
-    meter = UsageChunkFilter(strip=True)
+    meter = UsageMeter()
     assert b"".join([chunk async for chunk in meter.filter(source())]) == raw
     assert meter.usage == Usage(3, 1, 0)
 
