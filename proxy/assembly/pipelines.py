@@ -99,7 +99,7 @@ def build_pipelines(rt: Runtime, endpoints: Iterable[Endpoint] = ENDPOINTS) -> P
         rt.client, qdrant.url, qdrant.api_key.get_secret_value() if qdrant.api_key else None, trust_forwarded=trust
     )
     identify: list[Stage] = [Identify(rt.credits.keys, open_mode=rt.settings.auth.mode == "open",
-                                      key_cache_ttl_s=rt.settings.auth.key_cache_ttl_s, known=rt.credits.known_keys)]
+                                      known=rt.credits.known_keys)]
     limits = _limits(rt)
     tracer = rt.tracer
     caching = _Caching(rt)

@@ -23,7 +23,8 @@ from proxy.core.redis_settings import RedisSettings
 from proxy.credits.idempotency import IdempotencyStore, MemoryIdempotencyStore
 from proxy.credits.journal import SettlementJournal
 from proxy.credits.journaled_store import JournaledCreditStore
-from proxy.credits.keys import ApiKey, KeyStore
+from proxy.credits.keys import KeyStore
+from proxy.credits.known_keys import KnownKeys
 from proxy.credits.outage import OutageAllowance
 from proxy.credits.pricing import ModelLimits, ModelPrice, PriceBook, to_micro
 from proxy.credits.reaper import ReservationReaper
@@ -33,6 +34,7 @@ from proxy.credits.store import CreditStore
 from proxy.observability.metrics import Metrics
 
 if TYPE_CHECKING:
+    from proxy.credits.redis_store import RedisCreditStore
     from proxy.credits.redis_wipe import WipeWatch
 
 
@@ -45,15 +47,17 @@ class CreditComponents:
     prices: PriceBook
     reaper: ReservationReaper | None
     replayer: JournalReplayer | None = None
-    known_keys: dict[str, tuple[ApiKey, float]] = field(default_factory=dict)
-    """Keys verified lately (the identify stage's memory: it outlives a rebuilt stage)."""
+    known_keys: KnownKeys = field(default_factory=KnownKeys)
+    """Keys verified lately (the identify stage's memory: it outlives a rebuilt stage), kept true by the key
+    store's change feed while the components run."""
     settling: set[asyncio.Task[None]] = field(default_factory=set)
     """Settlements the credits stage retries in the background (waited for at shutdown)."""
     idempotency: IdempotencyStore | None = None
     persistence_check: Callable[[], Awaitable[object]] | None = None
     """Refuses or warns about a credit store that would not survive a restart (Redis), run first at start."""
     wipe: WipeWatch | None = None
-    """Notices a Redis that lost its data after the start (shared mode)."""
+    """Notices a Redis that lost its data after the start (keys or credits in Redis); the owners of stored responses
+    consult it too."""
 
     @property
     def journaled(self) -> JournaledCreditStore | None:
@@ -66,6 +70,8 @@ class CreditComponents:
             await self.persistence_check()
         if self.wipe is not None:
             await self.wipe.start()
+        if self.keys is not None:
+            self.known_keys.start(self.keys)
         if self.replayer is not None:
             await self.replayer.start()
         if self.reaper is not None:
@@ -88,6 +94,7 @@ class CreditComponents:
             await asyncio.gather(*self.settling, return_exceptions=True)
         if self.reaper is not None:
             await self.reaper.stop()
+        await self.known_keys.stop()
         if self.wipe is not None:
             await self.wipe.stop()
         if self.replayer is not None:
@@ -152,6 +159,7 @@ def build_credits(settings: CreditsConfig) -> CreditComponents:
         redis_keys = RedisKeyStore.from_url(settings.redis.url, cluster=settings.redis.cluster,
                                             reconnect_s=reconnect_s) if needs_keys else None
         keys = redis_keys
+        redis_store: RedisCreditStore | None = None
         if settings.credits.enabled:
             from proxy.credits.persistence import check_persistence
 
@@ -159,10 +167,13 @@ def build_credits(settings: CreditsConfig) -> CreditComponents:
                                                             reconnect_s=reconnect_s)
             persistence_check = functools.partial(check_persistence, redis_store.client,
                                                   allow_volatile=settings.credits.allow_volatile_redis)
-            redis_store.wipe = wipe = WipeWatch(redis_store.client, key=f"{settings.redis.prefix}:sentinel",
-                                                interval_s=settings.redis.wipe_check_s)
-            if redis_keys is not None:
-                redis_keys.wipe = wipe
+        watched = redis_store or redis_keys
+        if watched is not None:  # keys or credits in Redis: an empty Redis is not believed (nor are owners in it)
+            wipe = WipeWatch(watched.client, key=f"{settings.redis.prefix}:sentinel",
+                             interval_s=settings.redis.wipe_check_s)
+            for part in (redis_store, redis_keys):
+                if part is not None:
+                    part.wipe = wipe
     else:
         from proxy.credits.sqlite_keys import SqliteKeyStore
         from proxy.credits.sqlite_store import SqliteCreditStore
@@ -187,8 +198,10 @@ def build_credits(settings: CreditsConfig) -> CreditComponents:
 
         if isinstance(idempotency, RedisIdempotencyStore):
             idempotency.wipe = wipe
+    auth = settings.auth
+    known = KnownKeys(ttl_s=auth.key_cache_ttl_s, sync_s=auth.key_sync_s, trust_s=auth.outage_key_trust_s)
     return CreditComponents(keys=keys, store=store, prices=price_book(settings), reaper=reaper, replayer=replayer,
-                            idempotency=idempotency, persistence_check=persistence_check, wipe=wipe)
+                            known_keys=known, idempotency=idempotency, persistence_check=persistence_check, wipe=wipe)
 
 
 def idempotency_store(settings: CreditsConfig) -> IdempotencyStore | None:

@@ -8,6 +8,11 @@ low-entropy secrets and would cost milliseconds per request). Lookups compare ha
 of a lookup reveals nothing usable about a key. The plaintext is returned once, by :meth:`KeyStore.create`;
 the first characters (``display``) are kept so an operator can tell keys apart in a listing.
 
+Every change to a key after its creation (a revocation) is also written to the store's change feed
+(:meth:`KeyStore.changes`): every replica reads it every ``auth.key_sync_s`` and applies it to the keys it
+remembers (:mod:`proxy.credits.known_keys`), so a revoked key stops working everywhere within that time, and stays
+refused by a replica that later loses the store.
+
 Backends: :class:`proxy.credits.sqlite_keys.SqliteKeyStore` and
 :class:`proxy.credits.redis_keys.RedisKeyStore`.
 """
@@ -67,6 +72,16 @@ class CreatedKey:
     plaintext: str
 
 
+@dataclass(frozen=True, slots=True)
+class KeyChanges:
+    """What changed in a key store after a position of its change feed (:meth:`KeyStore.changes`)."""
+
+    seq: int
+    """The feed's position after these changes (where the next read starts)."""
+    keys: list[tuple[str, ApiKey]]
+    """The keys changed, each with its hash (what a replica remembers it by), as they are now."""
+
+
 @runtime_checkable
 class KeyStore(Protocol):
     """Where API keys live."""
@@ -86,6 +101,10 @@ class KeyStore(Protocol):
 
     async def lookup(self, presented: str) -> ApiKey | None:
         """The active key matching ``presented``, or ``None``."""
+
+    async def changes(self, since: int | None) -> KeyChanges:
+        """The keys changed after position ``since`` of the change feed, in order, at most a page of them (read
+        again from the returned ``seq`` until it stops moving); ``since=None``: the feed's position now, no keys."""
 
     async def close(self) -> None:
         """Release connections and threads."""

@@ -3,9 +3,10 @@
 ``Identify`` reads ``Authorization: Bearer <key>`` (or Qdrant's ``api-key`` header) and puts the key's user,
 tenant and id on the context. In open mode every request that presents no valid key runs as the anonymous user
 (the OpenAI SDK always sends some key, so an unknown key is not an error there). Lookups of valid keys are
-remembered for ``key_cache_ttl_s`` seconds, which bounds how long a revoked key keeps working and lets known
-keys ride out a short outage of the key store; any other outage answers 503 + ``Retry-After`` (authentication
-never fails open).
+remembered for ``key_cache_ttl_s`` seconds and kept true by the key store's change feed
+(:mod:`proxy.credits.known_keys`): a revoked key stops working within ``key_sync_s``, also through a later outage
+of the key store, which known keys ride out for ``outage_key_trust_s``; any other outage answers 503 +
+``Retry-After`` (authentication never fails open).
 
 ``Credits`` reserves the worst case before the rest of the pipeline runs (402 when the balance cannot cover
 it), then settles what the reply used:
@@ -54,7 +55,6 @@ import asyncio
 import logging
 import time
 import uuid
-from collections.abc import Callable
 
 from multidict import CIMultiDictProxy
 
@@ -64,12 +64,13 @@ from proxy.core.handoffs import Reservation
 from proxy.core.pipeline import Next
 from proxy.core.usage import Usage, usage_from_body
 from proxy.credits.keys import ApiKey, KeyStore, key_hash
+from proxy.credits.known_keys import KnownKeys
 from proxy.credits.pricing import CHARS_PER_TOKEN, PriceBook, format_credits
-from proxy.credits.settings import AuthSettings, CreditsSettings
+from proxy.credits.settings import CreditsSettings
 from proxy.credits.store import ChargeDetails, CreditStore, CreditStoreUnavailable, InsufficientCredit, Settlement
 from proxy.credits.streaming import UsageChunkFilter, ask_upstream_for_usage, client_asked_for_usage
 
-_AUTH, _CREDITS = AuthSettings(), CreditsSettings()  # the defaults, defined once there
+_CREDITS = CreditsSettings()  # the defaults, defined once there
 
 log = logging.getLogger("ragproxy.credits")
 
@@ -110,22 +111,17 @@ class Identify:
         keys: KeyStore | None,
         *,
         open_mode: bool = False,
-        key_cache_ttl_s: float = _AUTH.key_cache_ttl_s,
-        key_cache_size: int = 10_000,
         retry_after_s: int = 5,
-        clock: Callable[[], float] = time.monotonic,
-        known: dict[str, tuple[ApiKey, float]] | None = None,
+        known: KnownKeys | None = None,
     ) -> None:
-        """``known``: the verified keys remembered (kept by the runtime, so a rebuilt stage keeps them)."""
+        """``known``: the verified keys remembered (kept by the runtime, which follows the key store's change feed
+        into it, so a rebuilt stage keeps them)."""
         if keys is None and not open_mode:
             raise ValueError("without a key store only open mode can identify anyone")
         self.keys = keys
         self.open_mode = open_mode
-        self.key_cache_ttl_s = key_cache_ttl_s
-        self.key_cache_size = key_cache_size
         self.retry_after_s = retry_after_s
-        self.clock = clock
-        self._known = known if known is not None else {}
+        self.known = known if known is not None else KnownKeys()
 
     async def __call__(self, ctx: RequestContext, call_next: Next) -> Reply:
         presented = presented_key(ctx.request.headers)
@@ -143,28 +139,27 @@ class Identify:
         return await call_next(ctx)
 
     async def _lookup(self, presented: str) -> ApiKey | None:
+        """The active key ``presented`` names, or ``None``."""
         assert self.keys is not None
         digest = key_hash(presented)
-        now = self.clock()
-        remembered = self._known.get(digest)
-        if remembered is not None and remembered[1] > now:
-            return remembered[0]
-        try:
-            key = await self.keys.lookup(presented)
-        except CreditStoreUnavailable as exc:
-            if remembered is not None:
-                return remembered[0]  # known a moment ago: ride out the outage
-            if self.open_mode:
-                log.warning("key store unavailable, serving as anonymous: %s", exc)
-                return None
-            raise _unavailable("the API key store", self.retry_after_s) from exc
-        if key is None:
-            self._known.pop(digest, None)
-            return None
-        if len(self._known) >= self.key_cache_size:
-            self._known.clear()
-        self._known[digest] = (key, now + self.key_cache_ttl_s)
-        return key
+        known = self.known.fresh(digest)
+        if known is None:
+            try:
+                key = await self.keys.lookup(presented)
+            except CreditStoreUnavailable as exc:
+                known = self.known.trusted(digest)  # known a moment ago: ride out the outage
+                if known is None:
+                    if self.open_mode:
+                        log.warning("key store unavailable, serving as anonymous: %s", exc)
+                        return None
+                    raise _unavailable("the API key store", self.retry_after_s) from exc
+            else:
+                if key is None:
+                    self.known.forget(digest)
+                    return None
+                self.known.remember(digest, key)
+                return key
+        return known.key if known.key.active else None  # revoked since it was looked up (the change feed)
 
 
 class Credits:
