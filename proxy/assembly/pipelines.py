@@ -2,7 +2,7 @@
 
 Chat::
 
-    identify → limits → idempotency → credits (reserve … settle) → prompt (its documents, read once) →
+    identify → rate_limits → limits → idempotency → credits (reserve … settle) → prompt (its documents, read once) →
     cache_control → canonicalize → [stale_if_error] → store (on the way back) → the tiers' lookups → coalesce →
     shape → route → forward
 
@@ -55,6 +55,7 @@ from proxy.core.pipeline import Pipeline, Stage
 from proxy.core.prompt import PromptReader, ReadPrompt
 from proxy.credits.idempotency import Idempotency
 from proxy.credits.priced_apart import RerankCredits, ResponseCredits
+from proxy.credits.rate_limits import RateLimits
 from proxy.credits.stages import Credits, Identify, RequestCredits, SearchCredits
 from proxy.items.embeddings import EmbeddingItemsCache
 from proxy.items.rerank import RerankItemsCache
@@ -99,7 +100,7 @@ def build_pipelines(rt: Runtime, endpoints: Iterable[Endpoint] = ENDPOINTS) -> P
         rt.client, qdrant.url, qdrant.api_key.get_secret_value() if qdrant.api_key else None, trust_forwarded=trust
     )
     identify: list[Stage] = [Identify(rt.credits.keys, open_mode=rt.settings.auth.mode == "open",
-                                      known=rt.credits.known_keys)]
+                                      known=rt.credits.known_keys), *_rate_limits(rt)]
     limits = _limits(rt)
     tracer = rt.tracer
     caching = _Caching(rt)
@@ -135,6 +136,12 @@ def _caches(rt: Runtime, endpoint: Endpoint, caching: _Caching) -> list[Stage]:
         score = isinstance(endpoint, RerankEndpoint) and endpoint.score
         return caching.items(endpoint, lambda tier, scope: RerankItemsCache(tier, scope, score=score))
     return _answers(rt, endpoint, caching)
+
+
+def _rate_limits(rt: Runtime) -> list[Stage]:
+    """rate_limits: requests and tokens per minute and budgets of the key, user and tenant, before anything else."""
+    counters = rt.credits.counters
+    return [] if counters is None else [RateLimits(counters, rt.credits.prices, refused=rt.credits.limits_refused)]
 
 
 def _limits(rt: Runtime) -> RequestLimits:

@@ -1,7 +1,8 @@
 """Building the credit components from the settings: key store, credit store, price book, reaper, journal.
 
-Embedded mode keeps keys and the ledger in one SQLite file under ``data_dir`` (idempotency keys in memory); shared
-mode (``redis.url`` set) keeps them all in Redis so every replica sees the same balances and keys — a Redis that
+Embedded mode keeps keys, limits, budget spend and the ledger in one SQLite file under ``data_dir`` (idempotency keys
+and rate-limit buckets in memory); shared mode (``redis.url`` set) keeps them all in Redis so every replica sees the
+same balances, keys and limits — a Redis that
 must persist them (checked at start: :mod:`proxy.credits.persistence`). Either credit
 store is wrapped in a :class:`~proxy.credits.journaled_store.JournaledCreditStore`, whose settlement journal
 (``data_dir/credit-journal.sqlite3``) and outage allowance carry billing through an outage of the store.
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+from collections import Counter
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,6 +27,7 @@ from proxy.credits.journal import SettlementJournal
 from proxy.credits.journaled_store import JournaledCreditStore
 from proxy.credits.keys import KeyStore
 from proxy.credits.known_keys import KnownKeys
+from proxy.credits.limit_counters import LimitCounters, LocalLimitCounters
 from proxy.credits.outage import OutageAllowance
 from proxy.credits.pricing import ModelLimits, ModelPrice, PriceBook, to_micro
 from proxy.credits.reaper import ReservationReaper
@@ -58,6 +61,11 @@ class CreditComponents:
     wipe: WipeWatch | None = None
     """Notices a Redis that lost its data after the start (keys or credits in Redis); the owners of stored responses
     consult it too."""
+    counters: LimitCounters | None = None
+    """The rate-limit buckets and budget spend of keys, users and tenants (with API keys)."""
+    limits_refused: Counter[str] = field(default_factory=Counter)
+    """Requests the rate_limits stage refused since the start, by the limit that refused them (``requests``,
+    ``tokens``, ``budget``; it outlives a rebuilt stage)."""
 
     @property
     def journaled(self) -> JournaledCreditStore | None:
@@ -78,9 +86,12 @@ class CreditComponents:
             self.reaper.start()
 
     def register_metrics(self, metrics: Metrics) -> None:
-        """Export the reaped reservations, the journal's depth and the outage counters (read at scrape time)."""
+        """Export the reaped reservations, the requests refused by rate limits and budgets, the journal's depth and
+        the outage counters (read at scrape time)."""
         if self.reaper is not None:
             metrics.registry.register(_ReapedReservations(self.reaper))
+        if self.counters is not None:
+            metrics.registry.register(_LimitRefusals(self.limits_refused))
         journaled = self.journaled
         if journaled is None:
             return
@@ -99,6 +110,8 @@ class CreditComponents:
             await self.wipe.stop()
         if self.replayer is not None:
             await self.replayer.stop()
+        if self.counters is not None:
+            await self.counters.close()
         closed: set[int] = set()
         for resource in (self.store, self.keys, self.idempotency):
             if resource is not None and id(resource) not in closed:
@@ -145,6 +158,7 @@ def build_credits(settings: CreditsConfig) -> CreditComponents:
     needs_keys = settings.auth.mode == "keys" or settings.credits.enabled
     use_redis = settings.credits.store == "redis" or (settings.credits.store == "auto" and settings.redis.url)
     keys: KeyStore | None = None
+    counters: LimitCounters | None = None
     store: CreditStore | None = None
     persistence_check: Callable[[], Awaitable[object]] | None = None
     wipe: WipeWatch | None = None
@@ -174,6 +188,11 @@ def build_credits(settings: CreditsConfig) -> CreditComponents:
             for part in (redis_store, redis_keys):
                 if part is not None:
                     part.wipe = wipe
+        if redis_keys is not None:
+            from proxy.credits.limit_counters import RedisLimitCounters
+
+            counters = redis_counters = RedisLimitCounters(redis_keys.client)
+            redis_counters.wipe = wipe
     else:
         from proxy.credits.sqlite_keys import SqliteKeyStore
         from proxy.credits.sqlite_store import SqliteCreditStore
@@ -183,6 +202,7 @@ def build_credits(settings: CreditsConfig) -> CreditComponents:
             settings.data_dir.mkdir(parents=True, exist_ok=True)
         if needs_keys:
             keys = SqliteKeyStore(path)
+            counters = LocalLimitCounters(path)
         if settings.credits.enabled:
             store = SqliteCreditStore(path, synchronous=settings.credits.sqlite_synchronous)
     reaper = ReservationReaper(store) if store is not None else None
@@ -201,7 +221,8 @@ def build_credits(settings: CreditsConfig) -> CreditComponents:
     auth = settings.auth
     known = KnownKeys(ttl_s=auth.key_cache_ttl_s, sync_s=auth.key_sync_s, trust_s=auth.outage_key_trust_s)
     return CreditComponents(keys=keys, store=store, prices=price_book(settings), reaper=reaper, replayer=replayer,
-                            known_keys=known, idempotency=idempotency, persistence_check=persistence_check, wipe=wipe)
+                            known_keys=known, idempotency=idempotency, persistence_check=persistence_check, wipe=wipe,
+                            counters=counters)
 
 
 def idempotency_store(settings: CreditsConfig) -> IdempotencyStore | None:
@@ -231,6 +252,20 @@ class _ReapedReservations(Collector):
     def collect(self) -> Iterable[CounterMetricFamily]:
         yield CounterMetricFamily("ragproxy_credit_reservations_reaped", "Expired reservations given back",
                                   value=self.reaper.reaped)
+
+
+class _LimitRefusals(Collector):
+    """Requests refused by a rate limit or a budget, by the limit (``requests``, ``tokens``, ``budget``)."""
+
+    def __init__(self, refused: Counter[str]) -> None:
+        self.refused = refused
+
+    def collect(self) -> Iterable[CounterMetricFamily]:
+        family = CounterMetricFamily("ragproxy_rate_limit_refusals", "Requests refused by a rate limit or a budget "
+                                     "of their key, user or tenant", labels=["limit"])
+        for limit in ("requests", "tokens", "budget"):
+            family.add_metric([limit], self.refused[limit])
+        yield family
 
 
 class _OutageCounters(Collector):

@@ -5,8 +5,9 @@ every ``auth.key_cache_ttl_s`` and remembers it here meanwhile (at most ``size``
 full). Two things keep what is remembered true:
 
 - **The change feed** (:meth:`proxy.credits.keys.KeyStore.changes`), read every ``auth.key_sync_s``: a key changed
-  in the store (revoked) is replaced here by its new record at once, so a revocation reaches every replica within
-  ``key_sync_s``, not ``key_cache_ttl_s``, and a revoked key stays refused by a replica that later loses the store.
+  in the store (revoked, expiring, limited) is replaced here by its new record at once, and so are the limits of a
+  user or tenant, so a revocation or a new limit reaches every replica within ``key_sync_s``, not
+  ``key_cache_ttl_s``, and a revoked key stays refused by a replica that later loses the store.
 - **A bound on trust in an outage**: when the store cannot answer, a remembered key is used past its cache age only
   while its record was confirmed (looked up, or covered by a read of the feed) within ``auth.outage_key_trust_s``;
   past it, the request is refused with 503.
@@ -26,7 +27,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from proxy.credits.keys import ApiKey, KeyStore
+from proxy.core.handoffs import Limits, Quota, Scope
+from proxy.credits.keys import ApiKey, KeyStore, quota_of
 from proxy.credits.settings import AuthSettings
 from proxy.credits.store import CreditStoreUnavailable
 
@@ -37,11 +39,19 @@ log = logging.getLogger("ragproxy.credits")
 
 @dataclass(slots=True)
 class KnownKey:
-    """A key as this replica knows it: its record, until when it is used without a lookup, when it was confirmed."""
+    """A key as this replica knows it: its record, its user's and tenant's limits, until when it is used without a
+    lookup, when it was confirmed."""
 
     key: ApiKey
+    user_limits: Limits
+    tenant_limits: Limits
     fresh_until: float
     confirmed_at: float
+
+    @property
+    def quota(self) -> Quota:
+        """The limited scopes a request with this key runs under."""
+        return quota_of(self.key, self.user_limits, self.tenant_limits)
 
 
 class KnownKeys:
@@ -78,12 +88,15 @@ class KnownKeys:
             return None
         return known
 
-    def remember(self, digest: str, key: ApiKey) -> None:
-        """``key``, just looked up."""
+    def remember(self, digest: str, key: ApiKey, quota: Quota | None = None) -> KnownKey:
+        """``key``, just looked up, with the limited scopes its requests run under (``None``: no limits)."""
         if len(self._known) >= self.size and digest not in self._known:
             self._known.clear()
         now = self.clock()
-        self._known[digest] = KnownKey(key, now + self.ttl_s, now)
+        limits = {scope.kind: scope.limits for scope in (quota.scopes if quota is not None else ())}
+        known = self._known[digest] = KnownKey(key, limits.get("user", Limits()), limits.get("tenant", Limits()),
+                                               now + self.ttl_s, now)
+        return known
 
     def forget(self, digest: str) -> None:
         self._known.pop(digest, None)
@@ -107,10 +120,20 @@ class KnownKeys:
                 known = self._known.get(digest)
                 if known is not None:
                     known.key = key
+            for scope in changes.scopes:
+                self._limit(scope)
             if changes.seq == self.seq:
                 break
             self.seq = changes.seq
         self.synced_at = started
+
+    def _limit(self, scope: Scope) -> None:
+        """A user's or tenant's new limits, on every remembered key of theirs."""
+        for known in self._known.values():
+            if scope.kind == "user" and known.key.user == scope.name:
+                known.user_limits = scope.limits
+            elif scope.kind == "tenant" and known.key.tenant == scope.name:
+                known.tenant_limits = scope.limits
 
     async def _follow(self, keys: KeyStore) -> None:
         while True:

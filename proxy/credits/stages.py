@@ -55,6 +55,7 @@ import asyncio
 import logging
 import time
 import uuid
+from collections.abc import Callable
 
 from multidict import CIMultiDictProxy
 
@@ -63,8 +64,8 @@ from proxy.core.errors import ProxyError
 from proxy.core.handoffs import Reservation
 from proxy.core.pipeline import Next
 from proxy.core.usage import Usage, usage_from_body
-from proxy.credits.keys import ApiKey, KeyStore, key_hash
-from proxy.credits.known_keys import KnownKeys
+from proxy.credits.keys import KeyStore, key_hash
+from proxy.credits.known_keys import KnownKey, KnownKeys
 from proxy.credits.pricing import CHARS_PER_TOKEN, PriceBook, format_credits
 from proxy.credits.settings import CreditsSettings
 from proxy.credits.store import ChargeDetails, CreditStore, CreditStoreUnavailable, InsufficientCredit, Settlement
@@ -100,11 +101,12 @@ def _unavailable(what: str, retry_after_s: int) -> ProxyError:
 
 
 class Identify:
-    """API key → user and tenant on the context; 401 without a valid key unless in open mode."""
+    """API key → user, tenant and their limits on the context; 401 without a valid key (unknown, revoked or
+    expired) unless in open mode."""
 
     name = "identify"
     needs: frozenset[str] = frozenset()
-    gives = frozenset({"tenant", "user", "api_key_id"})
+    gives = frozenset({"tenant", "user", "api_key_id", "quota"})
 
     def __init__(
         self,
@@ -113,21 +115,26 @@ class Identify:
         open_mode: bool = False,
         retry_after_s: int = 5,
         known: KnownKeys | None = None,
+        wall_clock: Callable[[], float] = time.time,
     ) -> None:
         """``known``: the verified keys remembered (kept by the runtime, which follows the key store's change feed
-        into it, so a rebuilt stage keeps them)."""
+        into it, so a rebuilt stage keeps them); ``wall_clock``: what keys expire by (epoch seconds)."""
         if keys is None and not open_mode:
             raise ValueError("without a key store only open mode can identify anyone")
         self.keys = keys
         self.open_mode = open_mode
         self.retry_after_s = retry_after_s
         self.known = known if known is not None else KnownKeys()
+        self.wall_clock = wall_clock
 
     async def __call__(self, ctx: RequestContext, call_next: Next) -> Reply:
         presented = presented_key(ctx.request.headers)
-        key = await self._lookup(presented) if presented and self.keys is not None else None
-        if key is not None:
+        known = await self._lookup(presented) if presented and self.keys is not None else None
+        if known is not None and known.key.usable(self.wall_clock()):
+            key = known.key
             ctx.user, ctx.tenant, ctx.api_key_id = key.user, key.tenant, key.key_id
+            quota = known.quota
+            ctx.quota = quota if quota.scopes else None
         elif not self.open_mode:
             if presented is None:
                 raise ProxyError(
@@ -138,28 +145,28 @@ class Identify:
             raise ProxyError(401, "Incorrect API key provided.", code="invalid_api_key")
         return await call_next(ctx)
 
-    async def _lookup(self, presented: str) -> ApiKey | None:
-        """The active key ``presented`` names, or ``None``."""
+    async def _lookup(self, presented: str) -> KnownKey | None:
+        """The key ``presented`` names as this replica knows it (revoked or expired ones too, when it knows them
+        so), or ``None``."""
         assert self.keys is not None
         digest = key_hash(presented)
         known = self.known.fresh(digest)
-        if known is None:
-            try:
-                key = await self.keys.lookup(presented)
-            except CreditStoreUnavailable as exc:
-                known = self.known.trusted(digest)  # known a moment ago: ride out the outage
-                if known is None:
-                    if self.open_mode:
-                        log.warning("key store unavailable, serving as anonymous: %s", exc)
-                        return None
-                    raise _unavailable("the API key store", self.retry_after_s) from exc
-            else:
-                if key is None:
-                    self.known.forget(digest)
-                    return None
-                self.known.remember(digest, key)
-                return key
-        return known.key if known.key.active else None  # revoked since it was looked up (the change feed)
+        if known is not None:
+            return known
+        try:
+            key = await self.keys.lookup(presented)
+            quota = await self.keys.quota(key) if key is not None else None
+        except CreditStoreUnavailable as exc:
+            known = self.known.trusted(digest)  # known a moment ago: ride out the outage
+            if known is None and not self.open_mode:
+                raise _unavailable("the API key store", self.retry_after_s) from exc
+            if known is None:
+                log.warning("key store unavailable, serving as anonymous: %s", exc)
+            return known
+        if key is None:
+            self.known.forget(digest)
+            return None
+        return self.known.remember(digest, key, quota)
 
 
 class Credits:
@@ -315,6 +322,9 @@ class Credits:
     async def _settle(self, ctx: RequestContext, reservation: Reservation, usage: Usage,
                       source: str = "reported") -> Settlement | None:
         actual, details = self.cost(ctx, usage, source)
+        if ctx.metering is not None:  # rate limits: the tokens the upstream processed (none for a hit), the charge
+            upstream = details.tier == "upstream"
+            ctx.metering.settled(details.prompt_tokens + details.completion_tokens if upstream else 0, actual)
         try:
             return await self.store.settle(reservation.request_id, reservation.user, actual, details)
         except CreditStoreUnavailable as exc:
