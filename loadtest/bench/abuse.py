@@ -55,7 +55,7 @@ Scenarios, in order:
     replica of its own, rounds of a stored response whose exact repeats race its ``DELETE``
     (``deleted_served``: hits of the deleted response after the ``DELETE`` returned);
 15. **idempotency bytes**: a keyed flood of large answers against byte budgets (:mod:`.abuse_idempotency`);
-16. **rate limits, budgets and key lifetimes** (:mod:`loadtest.bench._abuse_limits`, two replicas of their own on the
+16. **rate limits, budgets and key lifetimes** (:mod:`loadtest.bench.abuse_limits`, two replicas of their own on the
     run's Redis): bad admin inputs, a flood from one key, one user's flood through three keys beside another user's
     own allowance, a token flood, a spent budget, an expired key.
 
@@ -96,7 +96,7 @@ from typing import Any
 import httpx
 import orjson
 
-from loadtest.bench import _abuse_fold, _abuse_limits, _abuse_paths, _abuse_poison, _abuse_stored, abuse_idempotency
+from loadtest.bench import _abuse_fold, _abuse_paths, _abuse_poison, _abuse_stored, abuse_idempotency, abuse_limits
 from loadtest.bench import _surfaces as surfaces
 from loadtest.bench._tally import CHAT, EMBEDDINGS, RESPONSES, Tally, chat, send
 from loadtest.bench.chaos import Redis
@@ -382,7 +382,7 @@ def run(options: Options) -> dict[str, Any]:
                 seen["stored_objects"] = await _abuse_stored.cross_reads(urls[0], *tenants, tally)
                 seen["deleted"] = await _abuse_stored.deleted_served(llm.url, work / "deleted", tally,
                                                                      10 if quick else 40)
-                seen["rate_limits"] = await _abuse_limits.rate_limits(work / "limits", redis.url, tally)
+                seen["rate_limits"] = await abuse_limits.rate_limits(work / "limits", redis.url, tally)
                 _, baseline = await probe(urls[0], headers, time.monotonic() + 5.0, tally)
                 resource.prlimit(replicas[0][1].pid, resource.RLIMIT_NOFILE, (options.fd_limit, options.fd_limit))
                 attack = asyncio.ensure_future(slow_connections(int(urls[0].rsplit(":", 1)[1]), options.slow,
@@ -427,7 +427,7 @@ def _figures(tally: Tally, results: dict[str, Any], charges: list[dict[str, Any]
         "fold_kept_hit_share": results["fold_variants"]["kept_hit_share"],
         "stored_object_cross_reads": results["stored_objects"]["cross_reads"],
         "deleted_served": results["deleted"]["served_after_delete"],
-        **_abuse_limits.figures(results["rate_limits"]),
+        **abuse_limits.figures(results["rate_limits"]),
         "rerank_probe_p99_ratio": rerank["raised_limit"]["probe_p99_ratio"],
         "idempotency_bytes_peak": results["idempotency_bytes"]["idempotency_bytes_peak"],
         "rerank_probe_p99_ratio_at_default_limit": rerank["at_limit"]["probe_p99_ratio"],

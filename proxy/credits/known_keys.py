@@ -40,18 +40,26 @@ log = logging.getLogger("ragproxy.credits")
 @dataclass(slots=True)
 class KnownKey:
     """A key as this replica knows it: its record, its user's and tenant's limits, until when it is used without a
-    lookup, when it was confirmed."""
+    lookup, when it was confirmed; and ``quota``, the limited scopes its requests run under (``None``: none), kept
+    up to date by :meth:`change`."""
 
     key: ApiKey
     user_limits: Limits
     tenant_limits: Limits
     fresh_until: float
     confirmed_at: float
+    quota: Quota | None = None
 
-    @property
-    def quota(self) -> Quota:
-        """The limited scopes a request with this key runs under."""
-        return quota_of(self.key, self.user_limits, self.tenant_limits)
+    def __post_init__(self) -> None:
+        self.change()
+
+    def change(self, *, key: ApiKey | None = None, user: Limits | None = None, tenant: Limits | None = None) -> None:
+        """A new record or new limits of its user or tenant (from the change feed)."""
+        self.key = key or self.key
+        self.user_limits = user or self.user_limits
+        self.tenant_limits = tenant or self.tenant_limits
+        quota = quota_of(self.key, self.user_limits, self.tenant_limits)
+        self.quota = quota if quota.scopes else None
 
 
 class KnownKeys:
@@ -119,7 +127,7 @@ class KnownKeys:
             for digest, key in changes.keys:
                 known = self._known.get(digest)
                 if known is not None:
-                    known.key = key
+                    known.change(key=key)
             for scope in changes.scopes:
                 self._limit(scope)
             if changes.seq == self.seq:
@@ -131,9 +139,9 @@ class KnownKeys:
         """A user's or tenant's new limits, on every remembered key of theirs."""
         for known in self._known.values():
             if scope.kind == "user" and known.key.user == scope.name:
-                known.user_limits = scope.limits
+                known.change(user=scope.limits)
             elif scope.kind == "tenant" and known.key.tenant == scope.name:
-                known.tenant_limits = scope.limits
+                known.change(tenant=scope.limits)
 
     async def _follow(self, keys: KeyStore) -> None:
         while True:

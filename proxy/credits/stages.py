@@ -132,9 +132,7 @@ class Identify:
         known = await self._lookup(presented) if presented and self.keys is not None else None
         if known is not None and known.key.usable(self.wall_clock()):
             key = known.key
-            ctx.user, ctx.tenant, ctx.api_key_id = key.user, key.tenant, key.key_id
-            quota = known.quota
-            ctx.quota = quota if quota.scopes else None
+            ctx.user, ctx.tenant, ctx.api_key_id, ctx.quota = key.user, key.tenant, key.key_id, known.quota
         elif not self.open_mode:
             if presented is None:
                 raise ProxyError(

@@ -1,5 +1,6 @@
-"""Rate limits, budgets and key lifetimes (``bench abuse``): can a client get past its limits, spend another's
-allowance, or break the admin inputs that set them?
+"""Rate limits, budgets and key lifetimes: can a client get past its limits, spend another's allowance, or break the
+admin inputs that set them? A scenario of ``bench abuse`` (16), and a benchmark of its own:
+``python -m loadtest.bench abuse_limits [--json]`` (with a redis-server of its own).
 
 Against two ``ragproxy serve`` replicas of their own on the run's Redis (shared mode, API keys, credits, caching on,
 a fake LLM of their own so their upstream calls stay apart from the other scenarios'):
@@ -21,9 +22,12 @@ a fake LLM of their own so their upstream calls stay apart from the other scenar
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import json
 import math
+import shutil
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -31,6 +35,7 @@ from typing import Any
 import httpx
 
 from loadtest.bench._tally import CHAT, Tally, chat, send
+from loadtest.bench.chaos import Redis
 from loadtest.harness import free_port, proxy_child
 
 SCENARIO = "rate_limits"
@@ -179,3 +184,27 @@ def figures(result: dict[str, Any]) -> dict[str, Any]:
             "rate_limit_answers_without_headers": result["answers_without_headers"],
             "budget_overshoot": result["budget_overshoot"],
             "expired_key_accepted": int(result["expired_key_status"] != 401)}
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m loadtest.bench abuse_limits", description=__doc__.split("\n")[0])
+    parser.add_argument("--json", action="store_true", help="end with one JSON line")
+    args = parser.parse_args(argv)
+    if shutil.which("redis-server") is None:
+        raise SystemExit("redis-server is not installed")
+    work = Path(tempfile.mkdtemp(prefix="ragproxy-abuse-limits-"))
+    (work / "redis").mkdir()
+    redis, tally = Redis(work / "redis"), Tally()
+    try:
+        redis.start()
+        result = asyncio.run(rate_limits(work, redis.url, tally))
+    finally:
+        redis.kill()
+        shutil.rmtree(work, ignore_errors=True)
+    summary = {**figures(result), "server_errors": tally.server_errors, "unanswered_requests": tally.unanswered,
+               "requests": tally.requests, "statuses": dict(tally.statuses[SCENARIO]), **result}
+    for name, value in summary.items():
+        print(f"{name:>36}: {json.dumps(value) if isinstance(value, dict | list) else value}")
+    if args.json:
+        print(json.dumps(summary))
+    return 0
