@@ -79,8 +79,12 @@ async def create_key(request: web.Request) -> web.Response:
 
 @routes.delete("/admin/keys/{key_id}")
 async def revoke_key(request: web.Request) -> web.Response:
-    if not await _keys(request).revoke(request.match_info["key_id"]):
+    keys = _keys(request)
+    if not await keys.revoke(request.match_info["key_id"]):
         raise AdminError(404, "not_found", "no active key with this id")
+    revoked = await keys.get(request.match_info["key_id"])
+    if revoked is not None:  # refused here at once; within auth.key_sync_s on the other replicas
+        request.app[RUNTIME].credits.known_keys.key_changed(revoked)
     return json_response({"revoked": request.match_info["key_id"]})
 
 

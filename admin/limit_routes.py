@@ -115,6 +115,7 @@ async def patch_key(request: web.Request) -> web.Response:
         raise _refused(exc) from None
     if key is None:
         raise AdminError(404, "not_found", "no active key with this id")
+    rt.credits.known_keys.key_changed(key)  # at once here; within auth.key_sync_s on the other replicas
     return json_response(await _key_with_usage(counters, key, now))
 
 
@@ -138,6 +139,7 @@ def _scope_routes(kind: str) -> None:
                     kind, name, lambda current: edited(current, body, whole=whole, credits=credits))
             except ValueError as exc:
                 raise _refused(exc) from None
+            rt.credits.known_keys.scope_changed(Scope(kind, name, limits))
             return json_response(await _scope_view(counters, Scope(kind, name, limits)))
 
         return handler

@@ -28,7 +28,9 @@ Rerankers (``/v1/rerank``, ``/rerank``, ``/v2/rerank``; ``/v1/score``, ``/score`
 idempotency → credits per document → cache_control → per-document exact cache → forward.
 Qdrant searches: identify → limits → credits → documents (remembered for prompt detection) → the tiers' search
 stages (the search cache) → forward; Qdrant writes: identify → the tiers' write stages (invalidation) → forward;
-anything else: identify → forward.
+anything else: identify → forward. Wherever API keys are on, rate_limits follows identify in every pipeline (requests
+and tokens per minute and budgets of the key, its user and its tenant: :mod:`proxy.credits.rate_limits`), before
+everything else: a request is a request whatever answers it, cache hits included.
 
 The pipelines are built once per runtime. State that only some stages keep across requests is made here with them
 (the coalescing flights and the stale answers, each shared by the stages of every kind of request), and every stage

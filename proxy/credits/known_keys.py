@@ -129,13 +129,20 @@ class KnownKeys:
                 if known is not None:
                     known.change(key=key)
             for scope in changes.scopes:
-                self._limit(scope)
+                self.scope_changed(scope)
             if changes.seq == self.seq:
                 break
             self.seq = changes.seq
         self.synced_at = started
 
-    def _limit(self, scope: Scope) -> None:
+    def key_changed(self, key: ApiKey) -> None:
+        """``key`` as it is now (revoked, or its expiry or limits changed), wherever it is remembered: the admin API
+        tells this replica at once; the others learn it from the feed."""
+        for known in self._known.values():
+            if known.key.key_id == key.key_id:
+                known.change(key=key)
+
+    def scope_changed(self, scope: Scope) -> None:
         """A user's or tenant's new limits, on every remembered key of theirs."""
         for known in self._known.values():
             if scope.kind == "user" and known.key.user == scope.name:

@@ -174,3 +174,17 @@ async def test_redis_counters_fall_back_to_this_replica_when_redis_is_gone() -> 
         assert [(await counters.take(SCOPE, 0, 5.0))[0] for _ in range(4)] == [True, True, True, False]
     finally:
         await client.aclose()
+
+
+async def test_local_counters_hold_at_most_max_scopes() -> None:
+    counters = LocalLimitCounters(max_scopes=10)
+    window = budget_window("1d", NOW)
+    for n in range(100):
+        scope = Scope("key", f"k{n}", Limits(rpm_limit=5, max_budget=10))
+        assert (await counters.take(scope, 0, NOW))[0]
+        await counters.spend(scope, window, 1)
+    assert len(counters._buckets._levels) == 10 and len(counters._spent) == 10
+    quiet = Scope("user", "quiet", Limits(rpm_limit=60))
+    await counters.take(quiet, 0, NOW)
+    await counters.adjust(quiet, 0, 0, NOW + 2)  # drained empty: nothing kept for it
+    assert "user:quiet" not in counters._buckets._levels
