@@ -101,6 +101,22 @@ def test_admin_key_writes_that_a_wiped_redis_cannot_keep_answer_503(fake_llm_thr
         assert _ready(server.url) == 503, "the wipe is known now"
 
 
+def test_a_top_up_a_wiped_redis_cannot_keep_answers_503(fake_llm_thread: FakeLLM, redis_server: RedisServer) -> None:
+    """The same for credits: a top-up into a flushed Redis would vanish at the restore (it answered 200)."""
+    settings = proxy_settings(fake_llm_thread.url, **{"redis.url": redis_server.url, "auth.mode": "keys",
+                                                      "credits.enabled": True, "cache.enabled": False,
+                                                      "redis.wipe_check_s": 60.0})
+    with ProxyServer(settings, admin=True) as server, httpx.Client(base_url=server.admin_url, timeout=30) as admin:
+        assert admin.post("/admin/credits/ann", json={"amount": 5}).status_code == 200
+        client = redis.Redis(port=redis_server.port)
+        client.flushall()
+        client.close()
+        topped = admin.post("/admin/credits/ann", json={"amount": 5})
+        assert topped.status_code == 503, topped.text
+        assert "Retry-After" in topped.headers
+        assert admin.get("/admin/ledger").status_code == 503, "an empty ledger is not the truth either"
+
+
 def test_a_response_made_during_a_wipe_is_its_owner_s_after_the_restore(fake_llm_thread: FakeLLM,
                                                                        redis_server: RedisServer) -> None:
     """Redis restarted empty (its data kept aside), a stored response made meanwhile, the data restored: its owner
