@@ -173,8 +173,9 @@ class Credits:
     name = "credits"
     needs: frozenset[str] = frozenset()
     gives = frozenset({"reservation", "charged"})
-    reads_if_given = frozenset({"outcome"})
-    """A hit is charged at its tier's multiplier; without a tier (``None``) the upstream answered."""
+    reads_if_given = frozenset({"outcome", "metering"})
+    """A hit is charged at its tier's multiplier; without a tier (``None``) the upstream answered. The rate_limits
+    stage's meter, when there is one, is told what a settled request used."""
     response = False
     """The requests are Responses API requests (their output limit is ``max_output_tokens``)."""
     priced_by_body = True
