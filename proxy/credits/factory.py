@@ -2,10 +2,9 @@
 
 Embedded mode keeps keys, limits, budget spend and the ledger in one SQLite file under ``data_dir`` (idempotency keys
 and rate-limit buckets in memory); shared mode (``redis.url`` set) keeps them all in Redis so every replica sees the
-same balances, keys and limits — a Redis that
-must persist them (checked at start: :mod:`proxy.credits.persistence`). Either credit
-store is wrapped in a :class:`~proxy.credits.journaled_store.JournaledCreditStore`, whose settlement journal
-(``data_dir/credit-journal.sqlite3``) and outage allowance carry billing through an outage of the store.
+same balances, keys and limits — a Redis that must persist them (checked at start: :mod:`proxy.credits.persistence`).
+Either credit store is wrapped in a :class:`~proxy.credits.journaled_store.JournaledCreditStore`, whose settlement
+journal (``data_dir/credit-journal.sqlite3``) and outage allowance carry billing through an outage of the store.
 """
 
 from __future__ import annotations
