@@ -1,10 +1,10 @@
 """The admin (control-plane) application: ``create_admin_app(rt)``, served on its own port next to the data plane.
 
 Routes by concern: :mod:`admin.cache_routes` (stats, entries, invalidation, versions, flush, LiteLLM
-``/cache/*``), :mod:`admin.credit_routes` (keys, balances, ledger), :mod:`admin.system_routes` (config,
-backends, ``/metrics``, OpenAPI, dashboard). Auth in :mod:`admin.auth`; errors in :mod:`admin.errors`; every
-route is described in :mod:`admin.openapi`. The admin app shares the data plane's :class:`Runtime` but neither
-starts nor stops it.
+``/cache/*``), :mod:`admin.credit_routes` (keys, balances, ledger), :mod:`admin.limit_routes` (rate limits,
+budgets and key lifetimes), :mod:`admin.system_routes` (config, backends, ``/metrics``, OpenAPI, dashboard).
+Auth in :mod:`admin.auth`; errors in :mod:`admin.errors`; every route is described in :mod:`admin.openapi`. The
+admin app shares the data plane's :class:`Runtime` but neither starts nor stops it.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Any
 
 from aiohttp import web
 
-from admin import cache_routes, credit_routes, system_routes
+from admin import cache_routes, credit_routes, limit_routes, system_routes
 from admin.auth import auth_middleware
 from admin.errors import json_errors
 from admin.state import RUNTIME
@@ -37,6 +37,7 @@ def create_admin_app(rt: Runtime) -> web.Application:
     system_routes.register_gauges(rt, sizes)
     app.router.add_routes(cache_routes.routes)
     app.router.add_routes(credit_routes.routes)
+    app.router.add_routes(limit_routes.routes)
     app.router.add_routes(system_routes.routes)
     app.router.add_get("/", to_dashboard)
     return app

@@ -6,6 +6,7 @@ shown both as integer micro-credits (``*_micro``) and as decimal credit strings.
 
 from __future__ import annotations
 
+import time
 from dataclasses import asdict
 from typing import Any
 
@@ -14,9 +15,12 @@ from aiohttp import web
 from admin import components
 from admin.cache_routes import _float, _int, _text, body_of
 from admin.errors import AdminError
+from admin.limit_views import edited, key_view
 from admin.models import KeyCreateBody, TopUpBody
 from admin.state import RUNTIME, json_response
-from proxy.credits.keys import ApiKey, KeyStore
+from proxy.core.handoffs import Limits
+from proxy.credits.keys import KeyStore
+from proxy.credits.limits import duration_seconds
 from proxy.credits.pricing import format_credits, to_micro
 from proxy.credits.store import Account, CreditStore, LedgerFilter, export_ledger_csv
 
@@ -38,10 +42,6 @@ def _keys(request: web.Request) -> KeyStore:
     return keys
 
 
-def _key(record: ApiKey) -> dict[str, Any]:
-    return {**asdict(record), "active": record.active}
-
-
 def _account(account: Account) -> dict[str, Any]:
     return {"user": account.user, "tenant": account.tenant, "available_micro": account.available,
             "held_micro": account.held, "available": format_credits(account.available),
@@ -55,20 +55,36 @@ async def list_keys(request: web.Request) -> web.Response:
         raise AdminError(400, "invalid_parameter", "include_revoked: true or false")
     keys = await _keys(request).list(user=_text(request, "user"), tenant=_text(request, "tenant"),
                                       include_revoked=revoked == "true")
-    return json_response({"keys": [_key(k) for k in keys]})
+    return json_response({"keys": [key_view(k) for k in keys]})
 
 
 @routes.post("/admin/keys")
 async def create_key(request: web.Request) -> web.Response:
+    keys = _keys(request)
     body = await body_of(request, KeyCreateBody)
-    created = await _keys(request).create(body.user, body.tenant, body.name)
-    return json_response({**_key(created.record), "key": created.plaintext}, status=201)
+    now = time.time()
+    if body.expires_at is not None and body.duration is not None:
+        raise AdminError(400, "invalid_request", "expires_at or duration, not both")
+    expires_at = body.expires_at if body.duration is None else now + duration_seconds(body.duration, now)
+    if expires_at is not None and expires_at <= now:
+        raise AdminError(400, "invalid_request", "expires_at is in the past")
+    credits = components.credit_store(request.app[RUNTIME]) is not None
+    try:
+        limits = edited(Limits(), body, whole=True, credits=credits)
+    except ValueError as exc:
+        raise AdminError(400, "invalid_limits", str(exc)) from None
+    created = await keys.create(body.user, body.tenant, body.name, expires_at=expires_at, limits=limits)
+    return json_response({**key_view(created.record), "key": created.plaintext}, status=201)
 
 
 @routes.delete("/admin/keys/{key_id}")
 async def revoke_key(request: web.Request) -> web.Response:
-    if not await _keys(request).revoke(request.match_info["key_id"]):
+    keys = _keys(request)
+    if not await keys.revoke(request.match_info["key_id"]):
         raise AdminError(404, "not_found", "no active key with this id")
+    revoked = await keys.get(request.match_info["key_id"])
+    if revoked is not None:  # refused here at once; within auth.key_sync_s on the other replicas
+        request.app[RUNTIME].credits.known_keys.key_changed(revoked)
     return json_response({"revoked": request.match_info["key_id"]})
 
 

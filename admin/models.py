@@ -49,10 +49,45 @@ class KeysDeleteBody(_Body):
     keys: list[str] = Field(max_length=10_000)
 
 
-class KeyCreateBody(_Body):
+DURATION = r"^[1-9][0-9]{0,3}(s|m|h|d|mo)$"
+"""A period: ``<n>`` seconds, minutes, hours, days or months (``proxy.credits.limits``)."""
+LATEST_EXPIRY = 4_102_444_800.0
+"""2100-01-01: the latest ``expires_at`` accepted (epoch seconds)."""
+
+
+class LimitsBody(_Body):
+    """Limits of a key, user or tenant. In a ``PATCH`` an absent field stays as it is and ``null`` removes it; in a
+    ``PUT`` an absent field is removed."""
+
+    rpm_limit: int | None = Field(default=None, ge=1, le=10**9, description="Requests per minute")
+    tpm_limit: int | None = Field(default=None, ge=1, le=10**12, description="Tokens per minute (prompt and "
+                                  "completion tokens the upstream processed; estimated at arrival, settled with the "
+                                  "usage when credits are on)")
+    max_budget: Decimal | None = Field(default=None, gt=0, le=Decimal(10) ** 9, strict=False,
+                                       description="Credits that may be charged per budget_duration (in all, "
+                                       "without one; needs credits.enabled)")
+    budget_duration: str | None = Field(default=None, pattern=DURATION, description="The budget's period, a fixed "
+                                        "window in UTC: <n>s, <n>m, <n>h, <n>d (1d: from midnight UTC) or <n>mo "
+                                        "(1mo: from the first of the month)")
+
+
+class KeyCreateBody(LimitsBody):
     user: str = Field(min_length=1, max_length=200)
     tenant: str = Field(default="default", min_length=1, max_length=200)
     name: str = Field(default="", max_length=200)
+    expires_at: float | None = Field(default=None, gt=0, le=LATEST_EXPIRY, strict=False,
+                                     description="When the key stops working (epoch seconds)")
+    duration: str | None = Field(default=None, pattern=DURATION, description="Or: how long the key works from now "
+                                 "(<n>s, <n>m, <n>h, <n>d, <n>mo)")
+
+
+class KeyPatchBody(LimitsBody):
+    """A key's changes (absent: unchanged; ``null``: removed)."""
+
+    name: str | None = Field(default=None, max_length=200)
+    expires_at: float | None = Field(default=None, gt=0, le=LATEST_EXPIRY, strict=False,
+                                     description="When the key stops working (epoch seconds; null: never)")
+    duration: str | None = Field(default=None, pattern=DURATION, description="Or: how long the key works from now")
 
 
 class TopUpBody(_Body):

@@ -17,7 +17,9 @@ from admin.models import (
     FlushBody,
     InvalidateBody,
     KeyCreateBody,
+    KeyPatchBody,
     KeysDeleteBody,
+    LimitsBody,
     TopUpBody,
     VersionBumpBody,
 )
@@ -53,8 +55,19 @@ _ENTRY = _obj({"key": _str, "tiers": {"type": "array", "items": _str}, "kind": _
                "bytes": _int})
 _ACCOUNT = _obj({"user": _str, "tenant": _str, "available_micro": _int, "held_micro": _int, "available": _str,
                  "held": _str, "balance": _str})
+_opt_int = {"type": ["integer", "null"]}
+_LIMITS = _obj({"rpm_limit": _opt_int, "tpm_limit": _opt_int,
+                "max_budget": {"type": ["string", "null"], "description": "Credits (decimal)"},
+                "budget_duration": _opt_str})
+_USAGE = {"type": ["object", "null"], "description": "What the scope used now (null: it has no limits)",
+          "properties": {"requests": {**_opt_num, "description": "Requests in its per-minute bucket"},
+                         "tokens": {**_opt_num, "description": "Tokens in its per-minute bucket"},
+                         "budget_spent": {**_opt_str, "description": "Credits charged in the budget's window"},
+                         "budget_resets_at": {**_opt_num, "description": "When the window ends (epoch seconds)"}},
+          "required": ["requests", "tokens", "budget_spent", "budget_resets_at"]}
 _API_KEY = _obj({"key_id": _str, "user": _str, "tenant": _str, "name": _str, "display": _str,
-                 "created_at": _num, "revoked_at": _opt_num, "active": _bool})
+                 "created_at": _num, "revoked_at": _opt_num, "expires_at": _opt_num, "limits": _ref("Limits"),
+                 "active": _bool, "expired": _bool})
 _LEDGER_ENTRY = _obj({"request_id": _str, "user": _str, "tenant": _str, "kind": _str, "amount": _int,
                       "balance_after": _int, "time": _num, "amount_credits": _str},
                      required=["request_id", "user", "kind", "amount", "time"])
@@ -91,7 +104,17 @@ SCHEMAS: dict[str, Any] = {
         "knowledge_tree": {"type": ["object", "null"]}}),
     "Account": _ACCOUNT,
     "Accounts": _obj({"accounts": {"type": "array", "items": _ref("Account")}, "truncated": _bool}),
+    "Limits": _LIMITS,
+    "Usage": _USAGE,
     "ApiKey": _API_KEY,
+    "KeyWithUsage": {"allOf": [_ref("ApiKey"), _obj({"usage": _ref("Usage")})]},
+    "ScopeLimits": _obj({"kind": {"enum": ["user", "tenant"]}, "name": _str, "limits": _ref("Limits"),
+                         "usage": _ref("Usage")}),
+    "AllLimits": _obj({"keys": {"type": "array", "items": _ref("KeyWithUsage")}, "truncated": _bool,
+                       "users": {"type": "array", "items": _ref("ScopeLimits")},
+                       "tenants": {"type": "array", "items": _ref("ScopeLimits")},
+                       "refused": {"type": "object", "additionalProperties": _int,
+                                   "description": "Requests refused since the start, by limit"}}),
     "ApiKeys": _obj({"keys": {"type": "array", "items": _ref("ApiKey")}}),
     "CreatedKey": {"allOf": [_ref("ApiKey"), _obj({"key": _str})]},
     "Revoked": _obj({"revoked": _str}),
@@ -195,8 +218,26 @@ def _paths() -> dict[str, Any]:
                            errors={"400": _BAD, "404": _NO_CREDITS}, tags=("credits",),
                            requestBody=_body(KeyCreateBody))},
         },
-        "/admin/keys/{key_id}": {"delete": _op("Revoke a key", _json("Revoked"), errors={"404": _NO_CREDITS},
-                                               tags=("credits",), parameters=[_path("key_id", "The key's id")])},
+        "/admin/keys/{key_id}": {
+            "parameters": [_path("key_id", "The key's id")],
+            "get": _op("A key: its limits, expiry and usage now", _json("KeyWithUsage"), errors={"404": _NO_CREDITS},
+                       tags=("limits",)),
+            "patch": _op("Change a key's name, expiry (expires_at or duration) and limits (absent: unchanged, null: "
+                         "removed)", _json("KeyWithUsage"), errors={"400": _BAD, "404": _NO_CREDITS},
+                         tags=("limits",), requestBody=_body(KeyPatchBody)),
+            "delete": _op("Revoke a key", _json("Revoked"), errors={"404": _NO_CREDITS}, tags=("credits",))},
+        **{f"/admin/{kind}s/{{name}}": {
+            "parameters": [_path("name", f"The {kind}")],
+            "get": _op(f"A {kind}'s limits and usage now", _json("ScopeLimits"), errors={"400": _BAD,
+                       "404": _NO_CREDITS}, tags=("limits",)),
+            "put": _op(f"Set a {kind}'s limits (absent: none)", _json("ScopeLimits"),
+                       errors={"400": _BAD, "404": _NO_CREDITS}, tags=("limits",), requestBody=_body(LimitsBody)),
+            "patch": _op(f"Change a {kind}'s limits (absent: unchanged, null: removed)", _json("ScopeLimits"),
+                         errors={"400": _BAD, "404": _NO_CREDITS}, tags=("limits",), requestBody=_body(LimitsBody)),
+        } for kind in ("user", "tenant")},
+        "/admin/limits": {"get": _op("Every key, and every user and tenant with limits, with their usage now; "
+                                     "requests refused so far", _json("AllLimits"), errors={"404": _NO_CREDITS},
+                                     tags=("limits",))},
         "/admin/credits": {"get": _op("Balances of every user holding a key", _json("Accounts"),
                                       errors={"404": _NO_CREDITS}, tags=("credits",))},
         "/admin/credits/{user}": {
@@ -236,7 +277,8 @@ def _paths() -> dict[str, Any]:
 def openapi_document() -> dict[str, Any]:
     """The document served at ``/admin/openapi.json``."""
     schemas = dict(SCHEMAS)
-    for model in (InvalidateBody, VersionBumpBody, FlushBody, KeysDeleteBody, KeyCreateBody, TopUpBody):
+    for model in (InvalidateBody, VersionBumpBody, FlushBody, KeysDeleteBody, KeyCreateBody, KeyPatchBody, LimitsBody,
+                  TopUpBody):
         schema = model.model_json_schema(ref_template=REF)
         schemas.update(schema.pop("$defs", {}))
         schemas[model.__name__] = schema
@@ -247,8 +289,8 @@ def openapi_document() -> dict[str, Any]:
         "openapi": "3.1.0",
         "info": {"title": "ragproxy admin API", "version": VERSION,
                  "description": "Control plane of ragproxy: statistics, cached entries, invalidation, "
-                                "configuration, backends, credits. Bearer token unless bound to loopback "
-                                "without one."},
+                                "configuration, backends, credits, rate limits and budgets. Bearer token unless "
+                                "bound to loopback without one."},
         "servers": [{"url": "/"}],
         "security": [{"bearerAuth": []}],
         "paths": paths,

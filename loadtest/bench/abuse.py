@@ -54,7 +54,10 @@ Scenarios, in order:
     completion, conversations and files, by id and by listing (``stored_object_cross_reads``); then, on a caching
     replica of its own, rounds of a stored response whose exact repeats race its ``DELETE``
     (``deleted_served``: hits of the deleted response after the ``DELETE`` returned);
-15. **idempotency bytes**: a keyed flood of large answers against byte budgets (:mod:`.abuse_idempotency`).
+15. **idempotency bytes**: a keyed flood of large answers against byte budgets (:mod:`.abuse_idempotency`);
+16. **rate limits, budgets and key lifetimes** (:mod:`loadtest.bench.abuse_limits`, two replicas of their own on the
+    run's Redis): bad admin inputs, a flood from one key, one user's flood through three keys beside another user's
+    own allowance, a token flood, a spent budget, an expired key.
 
 Figures (the last line with ``--json`` is one JSON object): ``requests`` (every request sent that expects an answer,
 probes included), ``unbilled_upstream_calls`` (billable upstream calls — LLM and reranker POSTs — beyond the
@@ -65,7 +68,9 @@ ledger id), ``answers_without_charge`` (2xx answers whose ``X-Credits-Request-ID
 ``unanswered_requests`` (no HTTP answer within 60 s; the deliberate hang-ups are not counted), ``server_errors``
 (5xx), ``probe_failures`` (slow-connection and rerank probes), ``cross_tenant_reads``, ``rerank_probe_p99_ratio``
 (during the ``--rerank-documents`` rerank; ``..._at_default_limit``: during the 10,000-document ones),
-``idempotency_bytes_peak`` (RSS growth under scenario 15; its budget beside it), and per
+``idempotency_bytes_peak`` (RSS growth under scenario 15; its budget beside it), ``limit_admin_inputs_accepted``,
+``rate_limit_overshoot``, ``rate_limit_victim_refusals``, ``rate_limit_answers_without_headers``,
+``budget_overshoot`` and ``expired_key_accepted`` (scenario 16), and per
 scenario the statuses seen. No timings are asserted; this is a command that prints what happened.
 
 A new data-plane endpoint is not done until this benchmark attacks it (see the README's "Contributing").
@@ -91,7 +96,7 @@ from typing import Any
 import httpx
 import orjson
 
-from loadtest.bench import _abuse_fold, _abuse_paths, _abuse_poison, _abuse_stored, abuse_idempotency
+from loadtest.bench import _abuse_fold, _abuse_paths, _abuse_poison, _abuse_stored, abuse_idempotency, abuse_limits
 from loadtest.bench import _surfaces as surfaces
 from loadtest.bench._tally import CHAT, EMBEDDINGS, RESPONSES, Tally, chat, send
 from loadtest.bench.chaos import Redis
@@ -377,6 +382,7 @@ def run(options: Options) -> dict[str, Any]:
                 seen["stored_objects"] = await _abuse_stored.cross_reads(urls[0], *tenants, tally)
                 seen["deleted"] = await _abuse_stored.deleted_served(llm.url, work / "deleted", tally,
                                                                      10 if quick else 40)
+                seen["rate_limits"] = await abuse_limits.rate_limits(work / "limits", redis.url, tally)
                 _, baseline = await probe(urls[0], headers, time.monotonic() + 5.0, tally)
                 resource.prlimit(replicas[0][1].pid, resource.RLIMIT_NOFILE, (options.fd_limit, options.fd_limit))
                 attack = asyncio.ensure_future(slow_connections(int(urls[0].rsplit(":", 1)[1]), options.slow,
@@ -421,6 +427,7 @@ def _figures(tally: Tally, results: dict[str, Any], charges: list[dict[str, Any]
         "fold_kept_hit_share": results["fold_variants"]["kept_hit_share"],
         "stored_object_cross_reads": results["stored_objects"]["cross_reads"],
         "deleted_served": results["deleted"]["served_after_delete"],
+        **abuse_limits.figures(results["rate_limits"]),
         "rerank_probe_p99_ratio": rerank["raised_limit"]["probe_p99_ratio"],
         "idempotency_bytes_peak": results["idempotency_bytes"]["idempotency_bytes_peak"],
         "rerank_probe_p99_ratio_at_default_limit": rerank["at_limit"]["probe_p99_ratio"],
@@ -433,7 +440,7 @@ def _figures(tally: Tally, results: dict[str, Any], charges: list[dict[str, Any]
         **{name: results[name] for name in ("hang_ups", "malformed_bodies", "cross_tenant_responses", "path_tricks",
                                             "idempotency_eviction", "redis_restart", "rerank_flood",
                                             "oversize_and_deep", "idempotency_bytes", "calibration_poison",
-                                            "fold_variants", "stored_objects", "deleted")},
+                                            "fold_variants", "stored_objects", "deleted", "rate_limits")},
         "slow_connections": {"connections": options.slow, "fd_limit": options.fd_limit,
                              "attack_s": options.attack_s, "ended": results["slow_connections"]},
         "seconds": {name: round(value, 1) for name, value in timings.items()},

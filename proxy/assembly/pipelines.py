@@ -2,7 +2,8 @@
 
 Chat::
 
-    identify → limits → idempotency → stream_usage → credits (… settle) → prompt (its documents, read once) →
+    identify → rate_limits → limits → idempotency → stream_usage → credits (… settle) → prompt (its documents, read
+    once) →
     cache_control → canonicalize → [stale_if_error] → store (on the way back) → the tiers' lookups → coalesce →
     reserve → shape → route → forward
 
@@ -33,7 +34,9 @@ Rerankers (``/v1/rerank``, ``/rerank``, ``/v2/rerank``; ``/v1/score``, ``/score`
 idempotency → credits per document → cache_control → per-document exact cache → reserve → forward.
 Qdrant searches: identify → limits → credits → documents (remembered for prompt detection) → the tiers' search
 stages (the search cache) → reserve → forward; Qdrant writes: identify → the tiers' write stages (invalidation) →
-forward; anything else: identify → forward.
+forward; anything else: identify → forward. Wherever API keys are on, rate_limits follows identify in every pipeline
+(requests and tokens per minute and budgets of the key, its user and its tenant: :mod:`proxy.credits.rate_limits`),
+before everything else: a request is a request whatever answers it, cache hits included.
 
 The pipelines are built once per runtime. State that only some stages keep across requests is made here with them
 (the coalescing flights and the stale answers, each shared by the stages of every kind of request), and every stage
@@ -61,6 +64,7 @@ from proxy.core.prompt import PromptReader, ReadPrompt
 from proxy.core.stream_usage import StreamUsage
 from proxy.credits.idempotency import Idempotency
 from proxy.credits.priced_apart import RerankCredits, ResponseCredits
+from proxy.credits.rate_limits import RateLimits
 from proxy.credits.stages import Credits, Identify, RequestCredits, SearchCredits
 from proxy.items.embeddings import EmbeddingItemsCache
 from proxy.items.rerank import RerankItemsCache
@@ -105,7 +109,7 @@ def build_pipelines(rt: Runtime, endpoints: Iterable[Endpoint] = ENDPOINTS) -> P
         rt.client, qdrant.url, qdrant.api_key.get_secret_value() if qdrant.api_key else None, trust_forwarded=trust
     )
     identify: list[Stage] = [Identify(rt.credits.keys, open_mode=rt.settings.auth.mode == "open",
-                                      key_cache_ttl_s=rt.settings.auth.key_cache_ttl_s, known=rt.credits.known_keys)]
+                                      known=rt.credits.known_keys), *_rate_limits(rt)]
     limits = _limits(rt)
     tracer = rt.tracer
     caching = _Caching(rt)
@@ -144,6 +148,12 @@ def _caches(rt: Runtime, endpoint: Endpoint, caching: _Caching, at_miss: list[St
         score = isinstance(endpoint, RerankEndpoint) and endpoint.score
         return [*caching.items(endpoint, lambda tier, scope: RerankItemsCache(tier, scope, score=score)), *at_miss]
     return _answers(rt, endpoint, caching, at_miss)
+
+
+def _rate_limits(rt: Runtime) -> list[Stage]:
+    """rate_limits: requests and tokens per minute and budgets of the key, user and tenant, before anything else."""
+    counters = rt.credits.counters
+    return [] if counters is None else [RateLimits(counters, rt.credits.prices, refused=rt.credits.limits_refused)]
 
 
 def _limits(rt: Runtime) -> RequestLimits:

@@ -100,6 +100,8 @@ class Runtime:
         if self.kv is not None and self.shared is not None:
             self.kv.share(SharedPrefixes(self.shared.board, [b.label for b in upstreams.llm]))
         self.credits = build_credits(settings)
+        if isinstance(self.owners, RedisResponseOwners):
+            self.owners.wipe = self.credits.wipe  # owners in a Redis that lost its data are not believed either
         self.credits.register_metrics(self.metrics)
         self.tracer = None
         if settings.telemetry.tracing:

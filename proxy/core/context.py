@@ -34,7 +34,7 @@ if TYPE_CHECKING:
     from normalizer.cache_control import CachePolicy
     from normalizer.canonical import KeyScope
     from normalizer.documents import PromptDocuments
-    from proxy.core.handoffs import RequestTrace, RerankCount, Reservation, SemanticQuery
+    from proxy.core.handoffs import Metering, Quota, RequestTrace, RerankCount, Reservation, SemanticQuery
     from proxy.kv.handoffs import RoutedRequest, ShapedRequest
     from tiers.entry import CachedResponse
 
@@ -82,6 +82,11 @@ class RequestContext:
     tenant: str = "anonymous"
     user: str = "anonymous"
     api_key_id: str | None = None
+    quota: Quota | None = None
+    """The limits of the request's key, user and tenant (``None``: none apply)."""
+    # rate_limits
+    metering: Metering | None = None
+    """Told the tokens and credits the request used once it is settled (credits), to settle its limits."""
     # stored_responses
     pinned: int | None = None
     """The LLM replica (index) that keeps the stored response this request names: forward sends it there only."""

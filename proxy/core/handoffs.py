@@ -8,6 +8,7 @@ and it imports neither.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
 from opentelemetry.context import Context
 from opentelemetry.trace import Span
@@ -57,3 +58,55 @@ class RequestTrace:
 
     span: Span
     context: Context
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """What one key, user or tenant may use (set through the admin API; :mod:`proxy.credits.limits`); ``None``: no
+    limit of that kind."""
+
+    rpm_limit: int | None = None
+    """Requests per minute."""
+    tpm_limit: int | None = None
+    """Tokens per minute (prompt and completion tokens the upstream processed)."""
+    max_budget: int | None = None
+    """Micro-credits that may be charged per ``budget_duration`` (in all, without one)."""
+    budget_duration: str | None = None
+    """The budget's period: ``<n>s``, ``<n>m``, ``<n>h``, ``<n>d`` or ``<n>mo`` (fixed windows, UTC)."""
+
+    @property
+    def limited(self) -> bool:
+        return self.rpm_limit is not None or self.tpm_limit is not None or self.max_budget is not None
+
+
+NO_LIMITS = Limits()
+"""Limits that limit nothing."""
+
+
+@dataclass(frozen=True, slots=True)
+class Scope:
+    """A key, user or tenant and its limits: ``kind`` is ``key``, ``user`` or ``tenant``."""
+
+    kind: str
+    name: str
+    limits: Limits
+
+    @property
+    def id(self) -> str:
+        """``<kind>:<name>``: what its counters are kept under."""
+        return f"{self.kind}:{self.name}"
+
+
+@dataclass(frozen=True, slots=True)
+class Quota:
+    """The limited scopes a request runs under (``ctx.quota``, set by identify): its key's, its user's, its tenant's,
+    those with a limit only."""
+
+    scopes: tuple[Scope, ...]
+
+
+class Metering(Protocol):
+    """What the rate-limit stage is told once a request is settled (``ctx.metering``, set by rate_limits; told by
+    credits): the tokens the upstream processed for it and the micro-credits it was charged."""
+
+    def settled(self, tokens: int, charged: int) -> None: ...

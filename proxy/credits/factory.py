@@ -1,16 +1,17 @@
 """Building the credit components from the settings: key store, credit store, price book, reaper, journal.
 
-Embedded mode keeps keys and the ledger in one SQLite file under ``data_dir`` (idempotency keys in memory); shared
-mode (``redis.url`` set) keeps them all in Redis so every replica sees the same balances and keys — a Redis that
-must persist them (checked at start: :mod:`proxy.credits.persistence`). Either credit
-store is wrapped in a :class:`~proxy.credits.journaled_store.JournaledCreditStore`, whose settlement journal
-(``data_dir/credit-journal.sqlite3``) and outage allowance carry billing through an outage of the store.
+Embedded mode keeps keys, limits, budget spend and the ledger in one SQLite file under ``data_dir`` (idempotency keys
+and rate-limit buckets in memory); shared mode (``redis.url`` set) keeps them all in Redis so every replica sees the
+same balances, keys and limits — a Redis that must persist them (checked at start: :mod:`proxy.credits.persistence`).
+Either credit store is wrapped in a :class:`~proxy.credits.journaled_store.JournaledCreditStore`, whose settlement
+journal (``data_dir/credit-journal.sqlite3``) and outage allowance carry billing through an outage of the store.
 """
 
 from __future__ import annotations
 
 import asyncio
 import functools
+from collections import Counter
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,7 +24,9 @@ from proxy.core.redis_settings import RedisSettings
 from proxy.credits.idempotency import IdempotencyStore, MemoryIdempotencyStore
 from proxy.credits.journal import SettlementJournal
 from proxy.credits.journaled_store import JournaledCreditStore
-from proxy.credits.keys import ApiKey, KeyStore
+from proxy.credits.keys import KeyStore
+from proxy.credits.known_keys import KnownKeys
+from proxy.credits.limit_counters import LimitCounters, LocalLimitCounters
 from proxy.credits.outage import OutageAllowance
 from proxy.credits.pricing import ModelLimits, ModelPrice, PriceBook, to_micro
 from proxy.credits.reaper import ReservationReaper
@@ -33,6 +36,7 @@ from proxy.credits.store import CreditStore
 from proxy.observability.metrics import Metrics
 
 if TYPE_CHECKING:
+    from proxy.credits.redis_store import RedisCreditStore
     from proxy.credits.redis_wipe import WipeWatch
 
 
@@ -45,15 +49,22 @@ class CreditComponents:
     prices: PriceBook
     reaper: ReservationReaper | None
     replayer: JournalReplayer | None = None
-    known_keys: dict[str, tuple[ApiKey, float]] = field(default_factory=dict)
-    """Keys verified lately (the identify stage's memory: it outlives a rebuilt stage)."""
+    known_keys: KnownKeys = field(default_factory=KnownKeys)
+    """Keys verified lately (the identify stage's memory: it outlives a rebuilt stage), kept true by the key
+    store's change feed while the components run."""
     settling: set[asyncio.Task[None]] = field(default_factory=set)
     """Settlements the credits stage retries in the background (waited for at shutdown)."""
     idempotency: IdempotencyStore | None = None
     persistence_check: Callable[[], Awaitable[object]] | None = None
     """Refuses or warns about a credit store that would not survive a restart (Redis), run first at start."""
     wipe: WipeWatch | None = None
-    """Notices a Redis that lost its data after the start (shared mode)."""
+    """Notices a Redis that lost its data after the start (keys or credits in Redis); the owners of stored responses
+    consult it too."""
+    counters: LimitCounters | None = None
+    """The rate-limit buckets and budget spend of keys, users and tenants (with API keys)."""
+    limits_refused: Counter[str] = field(default_factory=Counter)
+    """Requests the rate_limits stage refused since the start, by the limit that refused them (``requests``,
+    ``tokens``, ``budget``; it outlives a rebuilt stage)."""
 
     @property
     def journaled(self) -> JournaledCreditStore | None:
@@ -66,15 +77,20 @@ class CreditComponents:
             await self.persistence_check()
         if self.wipe is not None:
             await self.wipe.start()
+        if self.keys is not None:
+            self.known_keys.start(self.keys)
         if self.replayer is not None:
             await self.replayer.start()
         if self.reaper is not None:
             self.reaper.start()
 
     def register_metrics(self, metrics: Metrics) -> None:
-        """Export the reaped reservations, the journal's depth and the outage counters (read at scrape time)."""
+        """Export the reaped reservations, the requests refused by rate limits and budgets, the journal's depth and
+        the outage counters (read at scrape time)."""
         if self.reaper is not None:
             metrics.registry.register(_ReapedReservations(self.reaper))
+        if self.counters is not None:
+            metrics.registry.register(_LimitRefusals(self.limits_refused))
         journaled = self.journaled
         if journaled is None:
             return
@@ -88,10 +104,13 @@ class CreditComponents:
             await asyncio.gather(*self.settling, return_exceptions=True)
         if self.reaper is not None:
             await self.reaper.stop()
+        await self.known_keys.stop()
         if self.wipe is not None:
             await self.wipe.stop()
         if self.replayer is not None:
             await self.replayer.stop()
+        if self.counters is not None:
+            await self.counters.close()
         closed: set[int] = set()
         for resource in (self.store, self.keys, self.idempotency):
             if resource is not None and id(resource) not in closed:
@@ -138,6 +157,7 @@ def build_credits(settings: CreditsConfig) -> CreditComponents:
     needs_keys = settings.auth.mode == "keys" or settings.credits.enabled
     use_redis = settings.credits.store == "redis" or (settings.credits.store == "auto" and settings.redis.url)
     keys: KeyStore | None = None
+    counters: LimitCounters | None = None
     store: CreditStore | None = None
     persistence_check: Callable[[], Awaitable[object]] | None = None
     wipe: WipeWatch | None = None
@@ -152,6 +172,7 @@ def build_credits(settings: CreditsConfig) -> CreditComponents:
         redis_keys = RedisKeyStore.from_url(settings.redis.url, cluster=settings.redis.cluster,
                                             reconnect_s=reconnect_s) if needs_keys else None
         keys = redis_keys
+        redis_store: RedisCreditStore | None = None
         if settings.credits.enabled:
             from proxy.credits.persistence import check_persistence
 
@@ -159,10 +180,18 @@ def build_credits(settings: CreditsConfig) -> CreditComponents:
                                                             reconnect_s=reconnect_s)
             persistence_check = functools.partial(check_persistence, redis_store.client,
                                                   allow_volatile=settings.credits.allow_volatile_redis)
-            redis_store.wipe = wipe = WipeWatch(redis_store.client, key=f"{settings.redis.prefix}:sentinel",
-                                                interval_s=settings.redis.wipe_check_s)
-            if redis_keys is not None:
-                redis_keys.wipe = wipe
+        watched = redis_store or redis_keys
+        if watched is not None:  # keys or credits in Redis: an empty Redis is not believed (nor are owners in it)
+            wipe = WipeWatch(watched.client, key=f"{settings.redis.prefix}:sentinel",
+                             interval_s=settings.redis.wipe_check_s)
+            for part in (redis_store, redis_keys):
+                if part is not None:
+                    part.wipe = wipe
+        if redis_keys is not None:
+            from proxy.credits.limit_counters import RedisLimitCounters
+
+            counters = redis_counters = RedisLimitCounters(redis_keys.client)
+            redis_counters.wipe = wipe
     else:
         from proxy.credits.sqlite_keys import SqliteKeyStore
         from proxy.credits.sqlite_store import SqliteCreditStore
@@ -172,6 +201,7 @@ def build_credits(settings: CreditsConfig) -> CreditComponents:
             settings.data_dir.mkdir(parents=True, exist_ok=True)
         if needs_keys:
             keys = SqliteKeyStore(path)
+            counters = LocalLimitCounters(path)
         if settings.credits.enabled:
             store = SqliteCreditStore(path, synchronous=settings.credits.sqlite_synchronous)
     reaper = ReservationReaper(store) if store is not None else None
@@ -187,8 +217,11 @@ def build_credits(settings: CreditsConfig) -> CreditComponents:
 
         if isinstance(idempotency, RedisIdempotencyStore):
             idempotency.wipe = wipe
+    auth = settings.auth
+    known = KnownKeys(ttl_s=auth.key_cache_ttl_s, sync_s=auth.key_sync_s, trust_s=auth.outage_key_trust_s)
     return CreditComponents(keys=keys, store=store, prices=price_book(settings), reaper=reaper, replayer=replayer,
-                            idempotency=idempotency, persistence_check=persistence_check, wipe=wipe)
+                            known_keys=known, idempotency=idempotency, persistence_check=persistence_check, wipe=wipe,
+                            counters=counters)
 
 
 def idempotency_store(settings: CreditsConfig) -> IdempotencyStore | None:
@@ -218,6 +251,20 @@ class _ReapedReservations(Collector):
     def collect(self) -> Iterable[CounterMetricFamily]:
         yield CounterMetricFamily("ragproxy_credit_reservations_reaped", "Expired reservations given back",
                                   value=self.reaper.reaped)
+
+
+class _LimitRefusals(Collector):
+    """Requests refused by a rate limit or a budget, by the limit (``requests``, ``tokens``, ``budget``)."""
+
+    def __init__(self, refused: Counter[str]) -> None:
+        self.refused = refused
+
+    def collect(self) -> Iterable[CounterMetricFamily]:
+        family = CounterMetricFamily("ragproxy_rate_limit_refusals", "Requests refused by a rate limit or a budget "
+                                     "of their key, user or tenant", labels=["limit"])
+        for limit in ("requests", "tokens", "budget"):
+            family.add_metric([limit], self.refused[limit])
+        yield family
 
 
 class _OutageCounters(Collector):

@@ -187,12 +187,16 @@ class RedisCreditStore:
         if amount <= 0:
             raise ValueError("a top-up must be positive")
         entry = f"topup-{uuid.uuid4().hex}"
+        if self.wipe is not None:
+            self.wipe.refuse()
         async with unavailable_on_failure("top-up"):
             await self.client.zadd(f"{self.prefix}:users", {user: 0})
             result = await self._top_up(
                 keys=[self._key(user, "account"), self._key(user, "ledger"), self._key(user, f"closed:{entry}")],
                 args=[amount, tenant, int(self.clock() * 1000), entry, note, int(self.finished_retention_s)],
             )
+            if self.wipe is not None:
+                await self.wipe.confirm()  # credited in a Redis that lost its data: the restore would not have it
         return int(result)
 
     @reconnecting
@@ -286,6 +290,8 @@ class RedisCreditStore:
     async def ledger(self, where: LedgerFilter = ANY_ENTRY, cursor: str | None = None, limit: int = 100) -> LedgerPage:
         after_user, after_id = (None, None) if cursor is None else decode_cursor(cursor)
         entries: list[LedgerEntry] = []
+        if self.wipe is not None:
+            self.wipe.refuse()  # an empty ledger is not the truth either
         async with unavailable_on_failure("ledger"):
             async for user in self._users_from(where.user, after_user):
                 start = f"({after_id}" if user == after_user and after_id else "-"

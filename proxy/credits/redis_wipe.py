@@ -8,13 +8,19 @@ key") to everyone, and the settlements journaled meanwhile replay as ``no_accoun
 So the first replica to start writes a sentinel, ``<prefix>:sentinel``, holding a random token (``SET NX``: the
 replicas after it read the same one), and every replica reads it back every ``redis.wipe_check_s``. A sentinel
 that is gone or holds another token means the data went with it: the watch logs an error, ``/readyz`` answers 503
-(``checks.redis``), and every credit, key and idempotency operation raises
+(``checks.redis``), and every credit, key, idempotency and response-owner operation raises
 :class:`~proxy.credits.store.CreditStoreUnavailable` — the outage mode that already exists: reservations on the
-outage allowance, settlements into the local journal, keys verified lately still trusted, the rest 503. A Redis
-that cannot be reached is not judged (that outage is handled where it occurs). The watch clears when the sentinel
-is back with its token (the data restored from a backup); to go on with the empty Redis instead, restart the
-replicas (the first writes a new sentinel). With Redis Cluster the sentinel lives on one master: an empty restart
-of another goes unseen.
+outage allowance, settlements into the local journal, keys verified lately still trusted (revoked ones not),
+the rest 503. A Redis that cannot be reached is not judged (that outage is handled where it occurs). The watch
+clears when the sentinel is back with its token (the data restored from a backup); to go on with the empty Redis
+instead, restart the replicas (the first writes a new sentinel). With Redis Cluster the sentinel lives on one
+master: an empty restart of another goes unseen.
+
+Between two checks a wipe is not known yet, so what must not be lost or misread in that window reads the sentinel
+again itself (:meth:`WipeWatch.confirm`): an admin write of a key or of limits once written (a 503 rather than a 201
+for a key the restore will not have), a revocation or a lookup that found nothing (a 503 rather than a 404 or a 401
+for a key the empty Redis does not hold), and the owner of a stored response once recorded (kept in memory and
+recorded again once the data is back, :mod:`proxy.stored.stages`).
 """
 
 from __future__ import annotations
@@ -75,6 +81,13 @@ class WipeWatch:
         """Raise :class:`CreditStoreUnavailable` while Redis is known to have lost its data."""
         if self.wiped:
             raise CreditStoreUnavailable("credit store (Redis) lost its data while the proxy ran; not believed")
+
+    async def confirm(self) -> None:
+        """Read the sentinel now, and :meth:`refuse` if it is gone: for a write that must be kept (an admin write, a
+        stored response's owner; checked after it, so a wipe between two checks of the watch cannot take it unseen)
+        and for an answer an empty Redis would give (an unknown key, a key that cannot be revoked)."""
+        await self.check()
+        self.refuse()
 
     async def _watch(self) -> None:
         while True:

@@ -90,3 +90,9 @@ class AuthSettings(Section):
         default="open", description="open: one anonymous tenant; keys: Authorization: Bearer <API key> required"
     )
     key_cache_ttl_s: float = Field(default=30.0, ge=0, description="How long a verified key is trusted without lookup")
+    key_sync_s: float = Field(default=1.0, gt=0, description="How often each replica reads the key store's changes "
+                              "(revocations) and applies them to the keys it remembers: a revoked key stops working "
+                              "everywhere within this time, and stays refused through a later outage of the store")
+    outage_key_trust_s: float = Field(default=300.0, ge=0, description="While the key store cannot answer, how long "
+                                      "after its last confirmation (a lookup, or a read of the changes) a remembered "
+                                      "key keeps working; past it, 503 (0: at once)")

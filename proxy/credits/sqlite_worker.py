@@ -26,8 +26,11 @@ class SqliteWorker:
     """Runs functions of a connection in its own thread, each inside one immediate transaction."""
 
     def __init__(
-        self, path: str | Path, schema: str, *, busy_timeout_s: float = 5.0, synchronous: str = "FULL"
+        self, path: str | Path, schema: str, *, busy_timeout_s: float = 5.0, synchronous: str = "FULL",
+        migrate: Callable[[sqlite3.Connection], None] | None = None,
     ) -> None:
+        """``migrate``: brings a file made by an earlier version up to ``schema`` (columns it lacks), run in a write
+        transaction after the schema."""
         if synchronous.upper() not in ("FULL", "NORMAL"):
             raise ValueError("synchronous must be FULL or NORMAL")
         self._synchronous = synchronous.upper()
@@ -35,6 +38,7 @@ class SqliteWorker:
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="credits-sqlite")
         self._busy_timeout_ms = int(busy_timeout_s * 1000)
         self._schema = schema
+        self._migrate = migrate
         self._conn: sqlite3.Connection | None = None
 
     def _connection(self) -> sqlite3.Connection:
@@ -47,6 +51,10 @@ class SqliteWorker:
                 self._use_wal(conn)
                 conn.execute(f"PRAGMA synchronous={self._synchronous}")
                 conn.executescript(self._schema)
+                if self._migrate is not None:
+                    conn.execute("BEGIN IMMEDIATE")
+                    self._migrate(conn)
+                    conn.execute("COMMIT")
             except BaseException:
                 conn.close()
                 raise

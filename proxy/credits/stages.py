@@ -3,9 +3,10 @@
 ``Identify`` reads ``Authorization: Bearer <key>`` (or Qdrant's ``api-key`` header) and puts the key's user,
 tenant and id on the context. In open mode every request that presents no valid key runs as the anonymous user
 (the OpenAI SDK always sends some key, so an unknown key is not an error there). Lookups of valid keys are
-remembered for ``key_cache_ttl_s`` seconds, which bounds how long a revoked key keeps working and lets known
-keys ride out a short outage of the key store; any other outage answers 503 + ``Retry-After`` (authentication
-never fails open).
+remembered for ``key_cache_ttl_s`` seconds and kept true by the key store's change feed
+(:mod:`proxy.credits.known_keys`): a revoked key stops working within ``key_sync_s``, also through a later outage
+of the key store, which known keys ride out for ``outage_key_trust_s``; any other outage answers 503 +
+``Retry-After`` (authentication never fails open).
 
 ``Credits`` settles what each request used; what it holds first depends on who answers. A request the caches
 answer (a cache tier, a coalesced call) holds what that answer costs (its usage at its tier's price) just before it
@@ -68,13 +69,14 @@ from proxy.core.errors import ProxyError
 from proxy.core.handoffs import Reservation
 from proxy.core.pipeline import Next
 from proxy.core.usage import Usage, usage_from_body
-from proxy.credits.keys import ApiKey, KeyStore, key_hash
+from proxy.credits.keys import KeyStore, key_hash
+from proxy.credits.known_keys import KnownKey, KnownKeys
 from proxy.credits.pricing import CHARS_PER_TOKEN, PriceBook, format_credits
-from proxy.credits.settings import AuthSettings, CreditsSettings
+from proxy.credits.settings import CreditsSettings
 from proxy.credits.store import ChargeDetails, CreditStore, CreditStoreUnavailable, InsufficientCredit, Settlement
 from proxy.credits.streaming import UsageMeter
 
-_AUTH, _CREDITS = AuthSettings(), CreditsSettings()  # the defaults, defined once there
+_CREDITS = CreditsSettings()  # the defaults, defined once there
 
 log = logging.getLogger("ragproxy.credits")
 
@@ -126,39 +128,38 @@ async def _discard(reply: Reply) -> None:
 
 
 class Identify:
-    """API key → user and tenant on the context; 401 without a valid key unless in open mode."""
+    """API key → user, tenant and their limits on the context; 401 without a valid key (unknown, revoked or
+    expired) unless in open mode."""
 
     name = "identify"
     needs: frozenset[str] = frozenset()
-    gives = frozenset({"tenant", "user", "api_key_id"})
+    gives = frozenset({"tenant", "user", "api_key_id", "quota"})
 
     def __init__(
         self,
         keys: KeyStore | None,
         *,
         open_mode: bool = False,
-        key_cache_ttl_s: float = _AUTH.key_cache_ttl_s,
-        key_cache_size: int = 10_000,
         retry_after_s: int = 5,
-        clock: Callable[[], float] = time.monotonic,
-        known: dict[str, tuple[ApiKey, float]] | None = None,
+        known: KnownKeys | None = None,
+        wall_clock: Callable[[], float] = time.time,
     ) -> None:
-        """``known``: the verified keys remembered (kept by the runtime, so a rebuilt stage keeps them)."""
+        """``known``: the verified keys remembered (kept by the runtime, which follows the key store's change feed
+        into it, so a rebuilt stage keeps them); ``wall_clock``: what keys expire by (epoch seconds)."""
         if keys is None and not open_mode:
             raise ValueError("without a key store only open mode can identify anyone")
         self.keys = keys
         self.open_mode = open_mode
-        self.key_cache_ttl_s = key_cache_ttl_s
-        self.key_cache_size = key_cache_size
         self.retry_after_s = retry_after_s
-        self.clock = clock
-        self._known = known if known is not None else {}
+        self.known = known if known is not None else KnownKeys()
+        self.wall_clock = wall_clock
 
     async def __call__(self, ctx: RequestContext, call_next: Next) -> Reply:
         presented = presented_key(ctx.request.headers)
-        key = await self._lookup(presented) if presented and self.keys is not None else None
-        if key is not None:
-            ctx.user, ctx.tenant, ctx.api_key_id = key.user, key.tenant, key.key_id
+        known = await self._lookup(presented) if presented and self.keys is not None else None
+        if known is not None and known.key.usable(self.wall_clock()):
+            key = known.key
+            ctx.user, ctx.tenant, ctx.api_key_id, ctx.quota = key.user, key.tenant, key.key_id, known.quota
         elif not self.open_mode:
             if presented is None:
                 raise ProxyError(
@@ -169,29 +170,28 @@ class Identify:
             raise ProxyError(401, "Incorrect API key provided.", code="invalid_api_key")
         return await call_next(ctx)
 
-    async def _lookup(self, presented: str) -> ApiKey | None:
+    async def _lookup(self, presented: str) -> KnownKey | None:
+        """The key ``presented`` names as this replica knows it (revoked or expired ones too, when it knows them
+        so), or ``None``."""
         assert self.keys is not None
         digest = key_hash(presented)
-        now = self.clock()
-        remembered = self._known.get(digest)
-        if remembered is not None and remembered[1] > now:
-            return remembered[0]
+        known = self.known.fresh(digest)
+        if known is not None:
+            return known
         try:
             key = await self.keys.lookup(presented)
+            quota = await self.keys.quota(key) if key is not None else None
         except CreditStoreUnavailable as exc:
-            if remembered is not None:
-                return remembered[0]  # known a moment ago: ride out the outage
-            if self.open_mode:
+            known = self.known.trusted(digest)  # known a moment ago: ride out the outage
+            if known is None and not self.open_mode:
+                raise _unavailable("the API key store", self.retry_after_s) from exc
+            if known is None:
                 log.warning("key store unavailable, serving as anonymous: %s", exc)
-                return None
-            raise _unavailable("the API key store", self.retry_after_s) from exc
+            return known
         if key is None:
-            self._known.pop(digest, None)
+            self.known.forget(digest)
             return None
-        if len(self._known) >= self.key_cache_size:
-            self._known.clear()
-        self._known[digest] = (key, now + self.key_cache_ttl_s)
-        return key
+        return self.known.remember(digest, key, quota)
 
 
 class Credits:
@@ -200,8 +200,9 @@ class Credits:
     name = "credits"
     needs: frozenset[str] = frozenset()
     gives = frozenset({"reservation", "charged"})
-    reads_if_given = frozenset({"outcome"})
-    """A hit is charged at its tier's multiplier; without a tier (``None``) the upstream answered."""
+    reads_if_given = frozenset({"outcome", "metering"})
+    """A hit is charged at its tier's multiplier; without a tier (``None``) the upstream answered. The rate_limits
+    stage's meter, when there is one, is told what a settled request used."""
     response = False
     """The requests are Responses API requests (their output limit is ``max_output_tokens``)."""
     priced_by_body = True
@@ -391,6 +392,9 @@ class Credits:
     async def _settle(self, ctx: RequestContext, reservation: Reservation, usage: Usage,
                       source: str = "reported") -> Settlement | None:
         actual, details = self.cost(ctx, usage, source)
+        if ctx.metering is not None:  # rate limits: the tokens the upstream processed (none for a hit), the charge
+            upstream = details.tier == "upstream"
+            ctx.metering.settled(details.prompt_tokens + details.completion_tokens if upstream else 0, actual)
         try:
             return await self.store.settle(reservation.request_id, reservation.user, actual, details)
         except CreditStoreUnavailable as exc:

@@ -14,7 +14,12 @@ Stores (one contract, :class:`ResponseOwners`):
 - :class:`SqliteResponseOwners` in embedded mode: ``<data_dir>/responses.sqlite3``, so a restart keeps every
   tenant's access to its responses (the cold tier keeps their cached copies across restarts too);
 - :class:`RedisResponseOwners` in shared mode: ``<prefix>:resp:<id>`` strings with the retention as their TTL on the
-  shared Redis, so every proxy replica knows every response.
+  shared Redis, so every proxy replica knows every response. A Redis that lost its data (keys or credits in Redis
+  watch for it: :mod:`proxy.credits.redis_wipe`) is not believed: while it is known, every operation is refused,
+  and a record is confirmed by reading the sentinel again once written — so an owner recorded in the moment before
+  the watch noticed is not taken as kept, but kept in memory and recorded again once the data is back
+  (:mod:`proxy.stored.stages`). Without this, a response made during a wipe was recorded only in the empty Redis,
+  and the restore made it 404 for its owner for good.
 
 A store that cannot answer raises :class:`OwnersUnavailable`: a request naming a response id is then refused with
 503 (``Retry-After``) rather than sent upstream unchecked. Recording fails open (a warning): the response was
@@ -23,9 +28,10 @@ made and is answered; only fetching it by id through the proxy will not work.
 
 from __future__ import annotations
 
+import contextlib
 import sqlite3
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -34,6 +40,7 @@ import orjson
 import redis.exceptions
 
 from proxy.core.redis_settings import RedisSettings
+from proxy.credits.redis_wipe import WipeWatch
 from proxy.credits.sqlite_worker import SqliteWorker
 from proxy.credits.store import CreditStoreUnavailable
 from tiers.redis_connect import RedisClient
@@ -133,29 +140,39 @@ class RedisResponseOwners:
         self.client = client
         self.ttl_ms = max(1, int(ttl_s * 1000))
         self.prefix = f"{prefix}:resp:"
+        self.wipe: WipeWatch | None = None
+        """Set: a Redis that lost its data is not believed (see the module docstring)."""
+
+    @contextlib.asynccontextmanager
+    async def _redis(self) -> AsyncIterator[None]:
+        """Redis failures, and a Redis known to have lost its data, as :class:`OwnersUnavailable`."""
+        try:
+            if self.wipe is not None:
+                self.wipe.refuse()
+            yield
+        except (redis.exceptions.RedisError, OSError, CreditStoreUnavailable) as exc:
+            raise OwnersUnavailable(f"response owners (Redis): {exc}") from exc
 
     async def record(self, response_id: str, owner: ResponseOwner) -> None:
         value = orjson.dumps([owner.tenant, owner.replica])
-        try:
+        async with self._redis():
             await self.client.set(self.prefix + response_id, value, px=self.ttl_ms)
-        except (redis.exceptions.RedisError, OSError) as exc:
-            raise OwnersUnavailable(f"response owners (Redis): {exc}") from exc
+            if self.wipe is not None:
+                await self.wipe.confirm()  # recorded in a Redis that lost its data: not kept
 
     async def owner(self, response_id: str) -> ResponseOwner | None:
-        try:
+        async with self._redis():
             raw = await self.client.get(self.prefix + response_id)
-        except (redis.exceptions.RedisError, OSError) as exc:
-            raise OwnersUnavailable(f"response owners (Redis): {exc}") from exc
+            if raw is None and self.wipe is not None:
+                await self.wipe.confirm()  # unknown to an empty Redis is not unknown
         if raw is None:
             return None
         tenant, replica = orjson.loads(raw)
         return ResponseOwner(str(tenant), str(replica))
 
     async def forget(self, response_id: str) -> None:
-        try:
+        async with self._redis():
             await self.client.delete(self.prefix + response_id)
-        except (redis.exceptions.RedisError, OSError) as exc:
-            raise OwnersUnavailable(f"response owners (Redis): {exc}") from exc
 
     async def close(self) -> None:
         """The client belongs to shared mode, which closes it."""

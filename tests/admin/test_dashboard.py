@@ -15,6 +15,7 @@ import subprocess
 from html.parser import HTMLParser
 from pathlib import Path
 
+import httpx
 import pytest
 
 from tests.admin.conftest import TOKEN, Admin, ask
@@ -111,3 +112,29 @@ def test_dashboard_shows_the_stats(admin_proxy: ProxyServer, admin: Admin) -> No
     screenshot.unlink(missing_ok=True)
     taken = chromium(f"--screenshot={screenshot}", page)
     assert taken.returncode == 0 and screenshot.stat().st_size > 10_000, taken.stderr.decode(errors="replace")[-2000:]
+
+
+def test_dashboard_shows_each_key_s_limits_and_usage(credits_proxy: ProxyServer, credits_admin: Admin) -> None:
+    created = credits_admin.post("/admin/keys", json={"user": "ann", "tenant": "acme", "rpm_limit": 5,
+                                                      "tpm_limit": 5000, "max_budget": "2", "budget_duration": "1d",
+                                                      "duration": "30d"}).json()
+    assert credits_admin.put("/admin/tenants/acme", json={"rpm_limit": 100}).status_code == 200
+    assert credits_admin.post("/admin/credits/ann", json={"amount": 10, "tenant": "acme"}).status_code == 200
+    for question in ("one", "two"):
+        answer = httpx.post(credits_proxy.url + "/v1/chat/completions", timeout=30,
+                            headers={"Authorization": f"Bearer {created['key']}"},
+                            json={"model": "fake-model", "max_tokens": 8,
+                                  "messages": [{"role": "user", "content": question}]})
+        assert answer.status_code == 200, answer.text
+    dumped = chromium("--dump-dom", f"{credits_proxy.admin_url}/admin/ui#token={TOKEN}")
+    assert dumped.returncode == 0, dumped.stderr.decode(errors="replace")[-3000:]
+    shown = ShownValues()
+    shown.feed(dumped.stdout.decode())
+    rows = {row[0].get("data-scope"): row[1] for row in shown.rows if row[0].get("data-scope")}
+    key_row = rows[f"key:{created['key_id']}"]
+    assert key_row[1] == "ann @ acme"
+    assert key_row[2].endswith(" / 5") and int(key_row[2].split(" / ")[0]) in (1, 2)  # a minute drains 5
+    assert key_row[3].endswith(" / 5000")
+    assert key_row[4].endswith(" / 2 per 1d") and key_row[6] != "never"
+    assert rows["tenant:acme"][2].endswith(" / 100")
+    assert "refused since start: " in shown.by_id["limits-note"]

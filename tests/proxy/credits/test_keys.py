@@ -43,3 +43,17 @@ async def test_list_filters(key_store: KeyStore) -> None:
     assert [k.user for k in await key_store.list(user="cy")] == ["cy"]
     await key_store.revoke(b.record.key_id)
     assert [k.user for k in await key_store.list(tenant="acme")] == ["ann"]
+
+
+async def test_revocations_are_on_the_change_feed(key_store: KeyStore) -> None:
+    start = (await key_store.changes(None)).seq
+    kept, revoked = await key_store.create("ann"), await key_store.create("bob")
+    assert (await key_store.changes(start)).keys == [], "a new key is no change to a key anyone remembers"
+    await key_store.revoke(revoked.record.key_id)
+    changes = await key_store.changes(start)
+    assert [(digest, key.key_id, key.active) for digest, key in changes.keys] == [
+        (key_hash(revoked.plaintext), revoked.record.key_id, False)]
+    assert changes.seq > start
+    again = await key_store.changes(changes.seq)
+    assert (again.seq, again.keys) == (changes.seq, [])
+    assert kept.record.key_id not in {key.key_id for _, key in changes.keys}

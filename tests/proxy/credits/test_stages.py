@@ -26,6 +26,7 @@ from proxy.core.pipeline import Pipeline, Stage
 from proxy.core.stream_usage import StreamUsage
 from proxy.core.usage import Usage
 from proxy.credits.keys import KeyStore
+from proxy.credits.known_keys import KnownKeys
 from proxy.credits.pricing import ModelPrice, PriceBook, format_credits
 from proxy.credits.redis_keys import RedisKeyStore
 from proxy.credits.redis_store import RedisCreditStore
@@ -332,7 +333,7 @@ async def test_the_qdrant_api_key_header_identifies_too(make_proxy: Callable[...
     assert len(await charges(proxy.store, "ann")) == 1
 
 
-async def test_known_keys_ride_out_a_key_store_outage_until_their_cache_expires(
+async def test_known_keys_ride_out_a_key_store_outage_for_their_trust_period(
     make_proxy: Callable[..., Awaitable[Proxy]], tmp_path: Path
 ) -> None:
     server = RedisServer.start()
@@ -340,7 +341,7 @@ async def test_known_keys_ride_out_a_key_store_outage_until_their_cache_expires(
         keys = RedisKeyStore.from_url(server.url)
         now = [1000.0]
         proxy = await make_proxy(keys=keys)
-        identify = Identify(keys, key_cache_ttl_s=30, clock=lambda: now[0])
+        identify = Identify(keys, known=KnownKeys(ttl_s=30, trust_s=300, clock=lambda: now[0]))
         pipeline_server = server_for([identify, proxy.credits], proxy.upstream)
         port = free_port()
         await pipeline_server.start("127.0.0.1", port)
@@ -360,6 +361,10 @@ async def test_known_keys_ride_out_a_key_store_outage_until_their_cache_expires(
         now[0] += 31  # the cache entry expired; the store still down; a known key rides on
         await client(known.plaintext).chat.completions.create(model="m", messages=MESSAGES, max_tokens=10)
         assert len(await charges(proxy.store, "ann")) == 3
+        now[0] += 270  # unconfirmed for longer than outage_key_trust_s: no longer trusted
+        with pytest.raises(openai.InternalServerError) as caught:
+            await client(known.plaintext).chat.completions.create(model="m", messages=MESSAGES, max_tokens=10)
+        assert caught.value.status_code == 503
         await pipeline_server.shutdown(1.0)
     finally:
         server.stop()
