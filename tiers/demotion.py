@@ -16,6 +16,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from tiers.background import stop_task
+
 log = logging.getLogger(__name__)
 
 
@@ -90,9 +92,7 @@ class Demoter:
             return
         with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(self._queue.join(), self.drain_timeout)
-        self._worker.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await self._worker
+        await stop_task(self._worker)
         self._worker = None
 
     async def _run(self) -> None:

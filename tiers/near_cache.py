@@ -28,12 +28,12 @@ for ``keep_evicted_s`` >= ``near_ttl_s``, and :meth:`NearCachedStore.keys_with_t
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Iterable
 from typing import Any
 
+from tiers.background import stop_task
 from tiers.invalidation_bus import Delivery, InvalidationBus
 from tiers.memory import MemoryStore
 from tiers.redis_store import RedisStore
@@ -173,9 +173,7 @@ class NearCachedStore:
     async def stop_notices(self) -> None:
         """Stop sending eviction notices (before the bus stops); pending tombstones live out their time."""
         if self._notifier is not None:
-            self._notifier.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._notifier
+            await stop_task(self._notifier)
             self._notifier = None
         self._evicted = []
 

@@ -39,7 +39,6 @@ Defaults (error bound, guards) come from ``python -m loadtest.bench fidelity`` o
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections import deque
@@ -55,6 +54,7 @@ from normalizer.documents import Document
 from normalizer.evidence import supports, without_citations
 from normalizer.guards import veto as guard_veto
 from tiers.answer_check import AnswerAgreement, uninformative
+from tiers.background import stop_task
 from tiers.calibration import GRID, Calibrator
 from tiers.calibration_progress import ProgressBoard
 from tiers.embedders.base import Embedder, FloatArray
@@ -399,9 +399,7 @@ class SemanticTier:
     async def stop_comparisons(self) -> None:
         """Cancel the comparisons still running (at shutdown)."""
         for task in list(self._comparing):
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            await stop_task(task)
 
     def _count_veto(self, reason: str) -> None:
         guard = reason.split(":", 1)[0]

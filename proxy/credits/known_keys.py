@@ -21,7 +21,6 @@ as soon as it reads the feed again, and meanwhile it trusts no key longer than `
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Callable
@@ -31,6 +30,7 @@ from proxy.core.handoffs import Limits, Quota, Scope
 from proxy.credits.keys import ApiKey, KeyStore, quota_of
 from proxy.credits.settings import AuthSettings
 from proxy.credits.store import CreditStoreUnavailable
+from tiers.background import stop_task
 
 _AUTH = AuthSettings()  # the defaults, defined once there
 
@@ -167,7 +167,5 @@ class KnownKeys:
 
     async def stop(self) -> None:
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await stop_task(self._task)
             self._task = None

@@ -6,10 +6,10 @@ Every replica may run one; reaping is atomic per user and idempotent, so replica
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 
 from proxy.credits.store import CreditStore, CreditStoreUnavailable
+from tiers.background import stop_task
 
 log = logging.getLogger("ragproxy.credits")
 
@@ -46,7 +46,5 @@ class ReservationReaper:
 
     async def stop(self) -> None:
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await stop_task(self._task)
             self._task = None

@@ -26,7 +26,6 @@ recorded again once the data is back, :mod:`proxy.stored.stages`).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import secrets
 from typing import Any
@@ -34,6 +33,7 @@ from typing import Any
 from redis.exceptions import RedisError
 
 from proxy.credits.store import CreditStoreUnavailable
+from tiers.background import stop_task
 
 log = logging.getLogger("ragproxy.credits")
 
@@ -96,7 +96,5 @@ class WipeWatch:
 
     async def stop(self) -> None:
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await stop_task(self._task)
             self._task = None

@@ -15,6 +15,7 @@ import time
 
 from proxy.credits.journaled_store import JournaledCreditStore
 from proxy.credits.store import CreditStoreUnavailable
+from tiers.background import stop_task
 
 log = logging.getLogger("ragproxy.credits")
 
@@ -66,9 +67,7 @@ class JournalReplayer:
     async def stop(self) -> None:
         if self._task is None:
             return
-        self._task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await self._task
+        await stop_task(self._task)
         self._task = None
         with contextlib.suppress(asyncio.TimeoutError, CreditStoreUnavailable):
             await asyncio.wait_for(self.drain(), self.final_drain_s)

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -14,6 +13,7 @@ import redis.asyncio as aioredis
 from redis.asyncio.cluster import RedisCluster
 
 from proxy.core.redis_settings import RedisSettings
+from tiers.background import stop_task
 
 _REDIS = RedisSettings()  # the defaults, defined once there
 
@@ -99,9 +99,7 @@ class PrefixSummaryBoard:
 
     async def stop(self) -> None:
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._task
+            await stop_task(self._task)
             self._task = None
 
     async def _loop(self) -> None:

@@ -12,7 +12,6 @@ picks replicas.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from dataclasses import dataclass, field
@@ -20,6 +19,7 @@ from dataclasses import dataclass, field
 from proxy.upstream.client import UpstreamClient
 from proxy.upstream.http1 import LocalResourceError
 from proxy.upstream.settings import LLMBackend, Upstreams
+from tiers.background import stop_task
 from tiers.breaker import CircuitBreaker
 
 _UPSTREAMS = Upstreams()  # the defaults, defined once there
@@ -120,7 +120,5 @@ class BackendPool:
 
     async def stop(self) -> None:
         if self._probe_task is not None:
-            self._probe_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._probe_task
+            await stop_task(self._probe_task)
             self._probe_task = None

@@ -26,7 +26,6 @@ of dead records and secondary indexes for tags and expiry; SQLite gives atomic t
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import logging
 import time
@@ -38,6 +37,7 @@ from typing import TypeVar
 import numpy as np
 import numpy.typing as npt
 
+from tiers.background import stop_task
 from tiers.cold.database import ColdCounters, ColdDatabase, ColdEntry
 from tiers.cold.train_process import train_in_child
 from tiers.cold.vectors import to_float16_bytes
@@ -197,9 +197,7 @@ class ColdStore:
             return
         self._closing = True
         if self._training is not None:
-            self._training.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._training
+            await stop_task(self._training)
         await self._run(self._db.close)
         self._closed = True
         await asyncio.to_thread(self._executor.shutdown)

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from tiers.background import stop_task
 from tiers.embedders.base import FloatArray
 
 BatchFunction = Callable[[list[str]], Awaitable[FloatArray]]
@@ -66,9 +67,7 @@ class MicroBatcher:
     async def close(self) -> None:
         """Stop the drain task; queued callers get ``CancelledError``."""
         if self._drain is not None:
-            self._drain.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._drain
+            await stop_task(self._drain)
         while self._queue:
             self._queue.popleft().future.cancel()
         self._queued_texts = 0

@@ -4,7 +4,6 @@ vector index and the hit decision are :class:`tiers.semantic.SemanticTier`'s).""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Sequence
@@ -17,6 +16,7 @@ from proxy.answers.semantic_factory import build_semantic
 from proxy.answers.settings import L2Settings
 from proxy.core.endpoints import Endpoint
 from proxy.core.pipeline import Stage
+from tiers.background import stop_task
 from tiers.invalidation import Embedding, Removal, Selector
 from tiers.response_tier import ResponseTier
 from tiers.semantic import SemanticTier
@@ -85,9 +85,7 @@ class SemanticCacheTier:
         await self.semantic.stop_comparisons()
         for task in (self.ready, self._persist):
             if task is not None:
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
+                await stop_task(task)
         try:
             await self.semantic.store.persist()
         finally:
