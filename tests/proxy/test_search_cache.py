@@ -85,7 +85,9 @@ def test_batch_forwards_only_missing_items(qdrant_shim: QdrantShim, caching_prox
 
 
 def test_tenants_do_not_share_search_results(qdrant_shim: QdrantShim, tmp_path: Path) -> None:
-    settings = proxy_settings(qdrant_url=qdrant_shim.url, **{"auth.mode": "keys", "data_dir": str(tmp_path)})
+    """Not even of a collection both may read (made outside the proxy, shared with every tenant)."""
+    settings = proxy_settings(qdrant_url=qdrant_shim.url, **{"auth.mode": "keys", "data_dir": str(tmp_path),
+                                                             "upstreams.qdrant.collections": {"docs": {"read": ["*"]}}})
     with ProxyServer(settings) as server:
         keys = server.runtime.credits.keys
         assert keys is not None
