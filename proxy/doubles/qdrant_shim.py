@@ -241,9 +241,11 @@ class QdrantShim(ServedApp):
             )
 
     def _delete_index(self, request: web.Request, body: Any) -> Result:
-        return self.client.delete_payload_index(
-            request.match_info["name"], field_name=request.match_info["field"]
-        )
+        with warnings.catch_warnings():  # as in _create_index
+            warnings.simplefilter("ignore", UserWarning)
+            return self.client.delete_payload_index(
+                request.match_info["name"], field_name=request.match_info["field"]
+            )
 
     # -- points ----------------------------------------------------------------------------------------------
     def _upsert(self, request: web.Request, body: Any) -> Result:

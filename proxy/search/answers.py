@@ -4,7 +4,7 @@
   TenantView.visible`);
 * ``GET /aliases`` and ``GET /collections/{c}/aliases``: the aliases whose name and collection the tenant both
   reaches, under its names;
-* an error (any status from 400): every namespace part taken out of its text (Qdrant names the upstream collection
+* an error (any status from 400): the tenant's namespace taken out of its text (Qdrant names the upstream collection
   in messages such as "Collection `…` doesn't exist!"), so the tenant reads its own name.
 
 Other answers name no collection (a search's points and payloads are the tenant's data, returned as they are). A
@@ -20,7 +20,7 @@ import orjson
 from proxy.core.errors import ProxyError
 from proxy.core.reply import Reply
 from proxy.search.routes import Listing, Route
-from proxy.search.tenancy import TenantView, scrub
+from proxy.search.tenancy import TenantView
 
 
 def tenant_answer(route: Route, reply: Reply, view: TenantView) -> Reply:
@@ -30,7 +30,7 @@ def tenant_answer(route: Route, reply: Reply, view: TenantView) -> Reply:
     if reply.body is None:  # Qdrant answers JSON, never a stream
         raise ProxyError(502, "Qdrant answered with a stream where a JSON body was expected", code="bad_upstream")
     if reply.status >= 400:
-        reply.body = scrub(reply.body)
+        reply.body = view.scrub(reply.body)
     elif reply.status == 200:
         reply.body = _listing(route.listing, reply.body, view)
     return reply

@@ -31,7 +31,6 @@ The names are computed, never remembered: the proxy keeps no per-tenant state he
 from __future__ import annotations
 
 import hashlib
-import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
@@ -42,8 +41,6 @@ from proxy.upstream.settings import PROXY_COLLECTIONS, CollectionGrant, QdrantUp
 EVERY_TENANT = "*"
 _TOKEN_HEX = 16
 _NAMESPACE = f"{PROXY_COLLECTIONS}t_"
-NAMESPACED = re.compile(re.escape(_NAMESPACE).encode() + rb"[0-9a-f]{16}_")
-"""An upstream name's namespace part (in bytes: what error messages are scrubbed of)."""
 
 
 def namespace_of(tenant: str) -> str:
@@ -93,6 +90,12 @@ class TenantView:
             return upstream[len(self.namespace):]
         return upstream if upstream in self.granted else None
 
+    def scrub(self, text: bytes) -> bytes:
+        """``text`` (an error message from Qdrant) with the tenant's namespace taken out of every name in it, so that
+        the tenant reads its names as it gave them. No other tenant's namespace can be in it but one the tenant
+        wrote into a name itself: the proxy sends Qdrant no other."""
+        return text if self.namespace is None else text.replace(self.namespace.encode(), b"")
+
     def visible(self, upstream_names: Iterable[str]) -> list[str]:
         """The tenant's names of those upstream collections it reaches, each once (a granted name hides the same
         name of its namespace), in the upstream's order."""
@@ -135,8 +138,3 @@ class CollectionAccess:
             granted[collection] = max(level, granted.get(collection, level))
         return TenantView(namespace_of(tenant), granted)
 
-
-def scrub(text: bytes) -> bytes:
-    """``text`` (an error message from Qdrant) with every namespace part of an upstream name taken out: the tenant's
-    own names read as it gave them (no other tenant's can be in it: the proxy never sends them)."""
-    return NAMESPACED.sub(b"", text) if _NAMESPACE.encode() in text else text
