@@ -215,8 +215,7 @@ CREATE_FIELDS = _fields("vectors", "shard_number", "sharding_method", "replicati
                         "quantization_config", "sparse_vectors", "strict_mode_config", "metadata", "init_from")
 UPDATE_FIELDS = _fields("vectors", "optimizers_config", "params", "hnsw_config", "quantization_config",
                         "sparse_vectors", "strict_mode_config", "metadata")
-VECTOR_NAME_FIELDS = _fields("size", "distance", "hnsw_config", "quantization_config", "on_disk", "datatype",
-                             "multivector_config", "index", "modifier")
+VECTOR_NAME_FIELDS = _fields("dense", "sparse")
 INDEX_FIELDS = _fields("field_name", "field_schema")
 UPSERT_FIELDS = _fields("points", "batch", "shard_key", "update_filter", "update_mode")
 RETRIEVE_FIELDS = _fields("ids", "shard_key", "with_payload", "with_vector")
