@@ -272,6 +272,16 @@ def test_collections_made_outside_the_proxy_are_reached_only_as_granted(granted:
     assert refused.status_code == 403, "dropping a shared collection's cached searches needs the right to write"
 
 
+def test_an_operator_s_alias_in_a_namespace_hands_an_existing_collection_to_its_tenant(granted: Tenants) -> None:
+    granted.shim.client.update_collection_aliases(change_aliases_operations=[models.CreateAliasOperation(
+        create_alias=models.CreateAlias(collection_name="unlisted", alias_name=namespace_of("tenant-b") + "legacy"))])
+    b = granted.client("b")
+    assert b.count("legacy").count == 5
+    b.set_payload("legacy", payload={"owner": "b"}, points=[1])
+    assert granted.shim.client.retrieve("unlisted", ids=[1])[0].payload == {"text": "unlisted 1", "n": 1, "owner": "b"}
+    assert _status(lambda: granted.client("a").count("legacy")) == 404
+
+
 def test_a_tenant_reads_a_granted_collection_through_lookup_from(granted: Tenants) -> None:
     b = granted.client("b")
     _make(b, "mine", B_TEXT)
