@@ -25,6 +25,7 @@ discover routes that Qdrant still serves and older clients send. What is left ou
 
 from __future__ import annotations
 
+import operator
 import re
 import uuid
 from collections.abc import Callable, Mapping
@@ -319,12 +320,40 @@ KEPT_FROM_TENANTS: Mapping[str, str] = {
 """Qdrant routes that exist but are not served to tenants, by their first segment (or their third, under
 ``/collections/{c}``), each with the reason (a 403)."""
 
-_BY_SHAPE: dict[tuple[str, int], list[Route]] = {}
-for _route in ROUTES:
-    _BY_SHAPE.setdefault((_route.method, len(_route.segments)), []).append(_route)
-# a literal segment wins over a parameter (POST /collections/aliases is the aliases' route, never a collection's)
-for _rows in _BY_SHAPE.values():
-    _rows.sort(key=lambda row: sum(segment.startswith("{") for segment in row.segments))
+@dataclass(frozen=True, slots=True)
+class _Shape:
+    """Where the parameters of some templates of one method and segment count are: ``rows`` by their literal
+    segments (read with ``literals``)."""
+
+    parameters: tuple[int, ...]
+    literals: Callable[[list[str]], tuple[str, ...]]
+    rows: dict[tuple[str, ...], Route]
+
+
+def _index(rows: tuple[Route, ...]) -> dict[tuple[str, int], list[_Shape]]:
+    """Rows by method and segment count, then by where their parameters are (fewest first: a literal segment wins
+    over a parameter, so ``POST /collections/aliases`` is the aliases' route), then by their literal segments."""
+    grouped: dict[tuple[str, int], dict[tuple[int, ...], dict[tuple[str, ...], Route]]] = {}
+    for row in rows:
+        parameters = tuple(n for n, segment in enumerate(row.segments) if segment.startswith("{"))
+        literals = tuple(segment for n, segment in enumerate(row.segments) if n not in parameters)
+        grouped.setdefault((row.method, len(row.segments)), {}).setdefault(parameters, {})[literals] = row
+    index: dict[tuple[str, int], list[_Shape]] = {}
+    for (method, count), shapes in grouped.items():
+        for parameters, by_literals in sorted(shapes.items(), key=lambda item: len(item[0])):
+            positions = [n for n in range(count) if n not in parameters]
+            index.setdefault((method, count), []).append(_Shape(parameters, _reader(positions), by_literals))
+    return index
+
+
+def _reader(positions: list[int]) -> Callable[[list[str]], tuple[str, ...]]:
+    if len(positions) == 1:  # itemgetter of one position gives the item, not a tuple
+        only = positions[0]
+        return lambda segments: (segments[only],)
+    return operator.itemgetter(*positions)
+
+
+_INDEX = _index(ROUTES)
 
 
 @dataclass(frozen=True, slots=True)
@@ -344,23 +373,26 @@ class QdrantCall:
         """The path and query sent to Qdrant, built from the row's template: ``collection`` is the upstream name
         of the path's collection."""
         values = {**self.parameters, **({"collection": collection} if collection is not None else {})}
-        path = "/".join(quote(values[segment[1:-1]], safe="") if segment.startswith("{") else segment
+        path = "/".join(_encoded(values[segment[1:-1]]) if segment.startswith("{") else segment
                         for segment in self.route.segments)
         return f"/{path}?{urlencode(self.query)}" if self.query else f"/{path}"
+
+
+_UNRESERVED = re.compile(r"[A-Za-z0-9_.~-]+")
+
+
+def _encoded(value: str) -> str:
+    """A path segment percent-encoded (RFC 3986: every character but the unreserved ones)."""
+    return value if _UNRESERVED.fullmatch(value) else quote(value, safe="")
 
 
 def _find(method: str, path: str) -> tuple[Route, dict[str, str]] | None:
     """The row whose template ``method path`` fills, with the parameters as given (untyped)."""
     segments = path.split("/")[1:]
-    for route in _BY_SHAPE.get((method, len(segments)), ()):
-        parameters: dict[str, str] = {}
-        for pattern, segment in zip(route.segments, segments, strict=True):
-            if pattern.startswith("{"):
-                parameters[pattern[1:-1]] = segment
-            elif pattern != segment:
-                break
-        else:
-            return route, parameters
+    for shape in _INDEX.get((method, len(segments)), ()):
+        row = shape.rows.get(shape.literals(segments))
+        if row is not None:
+            return row, {row.segments[n][1:-1]: segments[n] for n in shape.parameters}
     return None
 
 
@@ -408,4 +440,4 @@ def _typed_query(route: Route, items: list[tuple[str, str]]) -> tuple[tuple[str,
 
 def collection_path(upstream_name: str) -> str:
     """``/collections/{name}`` of an upstream collection (what the search cache reads a collection's metric from)."""
-    return f"/collections/{quote(upstream_name, safe='')}"
+    return f"/collections/{_encoded(upstream_name)}"

@@ -54,19 +54,18 @@ def upstream_target(ctx: RequestContext) -> tuple[str, dict[str, str]]:
     return unquote(path), dict(parse_qsl(query))
 
 
-def asked_invalidation(ctx: RequestContext) -> WriteEffect | None:
+def asked_invalidation(ctx: RequestContext, path: str) -> WriteEffect | None:
     """The collection-wide invalidation a request asks for with ``X-Cache-Invalidate: collection``, if any (of the
-    upstream collection: the qdrant stage checked the tenant may write it)."""
-    path, _ = upstream_target(ctx)
+    upstream collection of its upstream ``path``: the qdrant stage checked the tenant may write it)."""
     if not path.startswith("/collections/") or ctx.request.headers.get(INVALIDATE, "").strip().lower() != "collection":
         return None
     name = path.split("/")[2]
     return WriteEffect(WriteScope.COLLECTION, name) if name else None
 
 
-async def honour_invalidation(cache: RetrievalCache, ctx: RequestContext) -> None:
+async def honour_invalidation(cache: RetrievalCache, ctx: RequestContext, path: str) -> None:
     """Apply an ``X-Cache-Invalidate`` header before the request runs."""
-    effect = asked_invalidation(ctx)
+    effect = asked_invalidation(ctx, path)
     if effect is not None:
         ctx.response_headers["X-Cache-Invalidated"] = str(await cache.invalidate(effect))
 
@@ -83,8 +82,8 @@ class RetrievalLookup:
         self.fetch_collection = fetch_collection
 
     async def __call__(self, ctx: RequestContext, call_next: Next) -> Reply:
-        await honour_invalidation(self.cache, ctx)
         path, query = upstream_target(ctx)
+        await honour_invalidation(self.cache, ctx, path)
         try:
             request = parse_search(path, ctx.outgoing_json() or {}, query)
         except Exception:  # the parser never guesses; anything odd is simply not cached
@@ -154,8 +153,8 @@ class InvalidateSearches:
         self.cache = cache
 
     async def __call__(self, ctx: RequestContext, call_next: Next) -> Reply:
-        await honour_invalidation(self.cache, ctx)
         path, _ = upstream_target(ctx)
+        await honour_invalidation(self.cache, ctx, path)
         body = ctx.outgoing_json()
         try:
             return await call_next(ctx)
