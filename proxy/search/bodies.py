@@ -14,7 +14,8 @@ collection, is never forwarded unmapped. Where names are:
   right to manage both, so a tenant aliases only its own collections (an alias of a shared collection would give
   it every right there).
 
-Points, payloads, filters and vectors name no collection and are forwarded as parsed.
+Points, payloads, filters and vectors name no collection and are forwarded as parsed; a ``shard_key`` selects shards
+of the collection the request names (or of ``lookup_from``'s), never another collection.
 """
 
 from __future__ import annotations

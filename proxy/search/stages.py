@@ -57,7 +57,8 @@ def upstream_target(ctx: RequestContext) -> tuple[str, dict[str, str]]:
 def asked_invalidation(ctx: RequestContext, path: str) -> WriteEffect | None:
     """The collection-wide invalidation a request asks for with ``X-Cache-Invalidate: collection``, if any (of the
     upstream collection of its upstream ``path``: the qdrant stage checked the tenant may write it)."""
-    if not path.startswith("/collections/") or ctx.request.headers.get(INVALIDATE, "").strip().lower() != "collection":
+    if (not path.startswith("/collections/") or path == "/collections/aliases"  # (the alias actions name none)
+            or ctx.request.headers.get(INVALIDATE, "").strip().lower() != "collection"):
         return None
     name = path.split("/")[2]
     return WriteEffect(WriteScope.COLLECTION, name) if name else None
