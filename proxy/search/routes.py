@@ -320,6 +320,7 @@ KEPT_FROM_TENANTS: Mapping[str, str] = {
 """Qdrant routes that exist but are not served to tenants, by their first segment (or their third, under
 ``/collections/{c}``), each with the reason (a 403)."""
 
+
 @dataclass(frozen=True, slots=True)
 class _Shape:
     """Where the parameters of some templates of one method and segment count are: ``rows`` by their literal
