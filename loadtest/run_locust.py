@@ -158,6 +158,8 @@ def run(args: argparse.Namespace, logs: Path) -> dict[str, Any]:
         "RAGPROXY_ADMIN__HOST": "127.0.0.1", "RAGPROXY_ADMIN__PORT": str(admin_port),
         "RAGPROXY_UPSTREAMS__LLM": json.dumps([{"url": f"http://127.0.0.1:{llm_port}", "kind": "llamacpp"}]),
         "RAGPROXY_UPSTREAMS__QDRANT__URL": f"http://127.0.0.1:{qdrant_port}",
+        # the passages are seeded directly in Qdrant, as an ingestion job would: every tenant is granted reading them
+        "RAGPROXY_UPSTREAMS__QDRANT__COLLECTIONS": json.dumps({args.collection: {"read": ["*"]}}),
         "RAGPROXY_DATA_DIR": str(logs / "data"), "RAGPROXY_LOGGING__LEVEL": "warning",
     }
     if args.credits:

@@ -58,6 +58,10 @@ Scenarios, in order:
 16. **rate limits, budgets and key lifetimes** (:mod:`loadtest.bench.abuse_limits`, two replicas of their own on the
     run's Redis): bad admin inputs, a flood from one key, one user's flood through three keys beside another user's
     own allowance, a token flood, a spent budget, an expired key.
+17. **Qdrant across tenants** (:mod:`loadtest.bench._abuse_qdrant`): tenant B at tenant A's collection, by A's name
+    and by its upstream name — listed, read, scrolled, searched, looked up, aliased, overwritten, deleted — and the
+    Qdrant routes kept from tenants (``qdrant_cross_tenant_reads``, ``qdrant_cross_tenant_writes``,
+    ``qdrant_kept_routes_open``).
 
 Figures (the last line with ``--json`` is one JSON object): ``requests`` (every request sent that expects an answer,
 probes included), ``unbilled_upstream_calls`` (billable upstream calls — LLM and reranker POSTs — beyond the
@@ -96,7 +100,15 @@ from typing import Any
 import httpx
 import orjson
 
-from loadtest.bench import _abuse_fold, _abuse_paths, _abuse_poison, _abuse_stored, abuse_idempotency, abuse_limits
+from loadtest.bench import (
+    _abuse_fold,
+    _abuse_paths,
+    _abuse_poison,
+    _abuse_qdrant,
+    _abuse_stored,
+    abuse_idempotency,
+    abuse_limits,
+)
 from loadtest.bench import _surfaces as surfaces
 from loadtest.bench._tally import CHAT, EMBEDDINGS, RESPONSES, Tally, chat, send
 from loadtest.bench.chaos import Redis
@@ -380,6 +392,7 @@ def run(options: Options) -> dict[str, Any]:
                 seen["calibration_poison"] = await _abuse_poison.calibration_poison(work / "poison", tally)
                 seen["fold_variants"] = await _abuse_fold.fold_variants(work / "fold", tally)
                 seen["stored_objects"] = await _abuse_stored.cross_reads(urls[0], *tenants, tally)
+                seen["qdrant_tenants"] = await _abuse_qdrant.cross_tenant(urls[0], *tenants, "tenant-a", tally)
                 seen["deleted"] = await _abuse_stored.deleted_served(llm.url, work / "deleted", tally,
                                                                      10 if quick else 40)
                 seen["rate_limits"] = await abuse_limits.rate_limits(work / "limits", redis.url, tally)
@@ -426,6 +439,9 @@ def _figures(tally: Tally, results: dict[str, Any], charges: list[dict[str, Any]
         "fold_wrong_hits": results["fold_variants"]["wrong_hits"],
         "fold_kept_hit_share": results["fold_variants"]["kept_hit_share"],
         "stored_object_cross_reads": results["stored_objects"]["cross_reads"],
+        "qdrant_cross_tenant_reads": results["qdrant_tenants"]["reads"],
+        "qdrant_cross_tenant_writes": results["qdrant_tenants"]["writes"],
+        "qdrant_kept_routes_open": results["qdrant_tenants"]["kept_routes_open"],
         "deleted_served": results["deleted"]["served_after_delete"],
         **abuse_limits.figures(results["rate_limits"]),
         "rerank_probe_p99_ratio": rerank["raised_limit"]["probe_p99_ratio"],
@@ -440,7 +456,8 @@ def _figures(tally: Tally, results: dict[str, Any], charges: list[dict[str, Any]
         **{name: results[name] for name in ("hang_ups", "malformed_bodies", "cross_tenant_responses", "path_tricks",
                                             "idempotency_eviction", "redis_restart", "rerank_flood",
                                             "oversize_and_deep", "idempotency_bytes", "calibration_poison",
-                                            "fold_variants", "stored_objects", "deleted", "rate_limits")},
+                                            "fold_variants", "stored_objects", "deleted", "rate_limits",
+                                            "qdrant_tenants")},
         "slow_connections": {"connections": options.slow, "fd_limit": options.fd_limit,
                              "attack_s": options.attack_s, "ended": results["slow_connections"]},
         "seconds": {name: round(value, 1) for name, value in timings.items()},

@@ -13,11 +13,13 @@ pipelines; rerankers ``POST /v1/rerank``, ``/v2/rerank``, ``/rerank`` (Cohere/Ji
 by id, its input items, cancel; ``input_tokens``, ``compact``) runs the stored-responses pipeline; another ``/v1/...``
 request is passed through (billed per request) only when ``upstreams.llm_passthrough`` allows it, else 404 (405 on an
 LLM API's path); ``GET /healthz`` and
-``/readyz``; everything under the Qdrant prefixes below goes to the Qdrant pipelines, and so does ``GET /`` when a
-Qdrant upstream is configured (qdrant-client reads the server version there); without one, ``GET /`` describes the
-proxy (:mod:`proxy.assembly.routes.about`). Before any of this, a path that servers read differently (dot segments,
-``//``,
-encoded dots and slashes) is refused (:func:`normalizer.paths.path_problem`).
+``/readyz``; every other path is a Qdrant request: a row of :data:`proxy.search.routes.ROUTES` picks its pipeline
+(a cacheable search, a write, anything else) and the qdrant stage builds the upstream request from the row, in the
+tenant's namespace; what no row serves is refused there (404, 403 for a route kept from tenants) before any
+pipeline runs. ``GET /`` is Qdrant's when a Qdrant upstream is configured (qdrant-client reads the server version
+there); without one, it describes the proxy (:mod:`proxy.assembly.routes.about`). Before any of this, a path that
+servers read differently (dot segments, ``//``, encoded dots and slashes) is refused
+(:func:`normalizer.paths.path_problem`).
 """
 
 from __future__ import annotations
@@ -35,16 +37,12 @@ from proxy.assembly.runtime import Runtime
 from proxy.core.endpoints import ENDPOINTS, Endpoint
 from proxy.core.errors import Dialect, ProxyError
 from proxy.core.pipeline import Pipeline
+from proxy.search.routes import ROUTES as QDRANT_ROUTES
+from proxy.search.routes import Kind, route_of
 from proxy.server.connection import HttpServer
 from proxy.server.request import Request
 from proxy.server.responder import Responder
 from proxy.stored.stages import PREFIX as RESPONSES_PREFIX
-
-# Qdrant REST paths the proxy forwards (everything else outside /v1 is a 404 of ours).
-_QDRANT_PREFIXES = ("/collections", "/aliases", "/cluster", "/telemetry", "/snapshots", "/locks", "/issues")
-_QDRANT_SEARCH = re.compile(r"^/collections/[^/]+/points/(search|query|recommend|discover)(/batch)?$")
-_QDRANT_WRITE_METHODS = frozenset({"PUT", "POST", "PATCH", "DELETE"})
-
 
 _OPENAI_FIRST_SEGMENTS = frozenset({"v1"} | {path.split("/")[1] for endpoint in ENDPOINTS for path in endpoint.paths
                                              if endpoint.dialect is Dialect.OPENAI})  # none is the Qdrant API's
@@ -60,10 +58,6 @@ def _dialect_for(path: str) -> Dialect:
 def _error_body(path: str, status: int, message: str, code: str) -> bytes:
     """The body of an error the server answers itself (malformed request, handler failure)."""
     return ProxyError(status, message, code=code).body(_dialect_for(path))
-
-
-def _is_qdrant_path(path: str) -> bool:
-    return any(path == prefix or path.startswith(prefix + "/") for prefix in _QDRANT_PREFIXES)
 
 
 class DataPlane:
@@ -96,18 +90,16 @@ class DataPlane:
         self._llm_passthrough = handler(pipelines.llm_passthrough, "llm_passthrough", Dialect.OPENAI, False)
         self._passthrough_allowed = PathAllowList(settings.upstreams.llm_passthrough)
         self._stored_responses = handler(pipelines.stored_responses, "stored_responses", Dialect.OPENAI, False)
-        self._qdrant_search = handler(pipelines.qdrant_search, "qdrant_search", Dialect.QDRANT, True)
-        self._qdrant_write = handler(pipelines.qdrant_write, "qdrant_write", Dialect.QDRANT, False)
-        self._qdrant_other = handler(pipelines.qdrant_passthrough, "qdrant", Dialect.QDRANT, False)
+        self._qdrant_kinds = {Kind.SEARCH: handler(pipelines.qdrant_search, "qdrant_search", Dialect.QDRANT, True),
+                              Kind.WRITE: handler(pipelines.qdrant_write, "qdrant_write", Dialect.QDRANT, False),
+                              Kind.READ: handler(pipelines.qdrant_read, "qdrant", Dialect.QDRANT, False)}
 
     def example_paths(self) -> list[tuple[str, str]]:
         """One request target of every route this plane serves, as ``(method, path)``: the fixed routes, a stored
-        response, the allowed pass-through and the Qdrant routes (what a test walks with every path trick)."""
+        response, the allowed pass-through and every Qdrant row (what a test walks with every path trick)."""
         fixed = [key for key in self._exact if key[1] != "/"]
         return [*fixed, ("GET", RESPONSES_PREFIX + "resp_1"), ("POST", RESPONSES_PREFIX + "input_tokens"),
-                ("GET", "/v1/models"), ("POST", "/collections/docs/points/search"),
-                ("POST", "/collections/docs/points/query/batch"), ("PUT", "/collections/docs/points"),
-                ("GET", "/collections/docs"), ("GET", "/aliases")]
+                ("GET", "/v1/models"), *((row.method, row.example) for row in QDRANT_ROUTES if row.example != "/")]
 
     async def __call__(self, request: Request, out: Responder) -> None:
         path = request.path
@@ -134,17 +126,10 @@ class DataPlane:
                                   "upstreams.llm_passthrough)", code="not_found")
         if path in self._get_only:
             raise ProxyError(405, "Method Not Allowed", code="method_not_allowed", headers={"Allow": "GET,HEAD"})
-        if _is_qdrant_path(path):
-            return self._qdrant
-        raise ProxyError(404, "Not Found", code="not_found")
+        return self._qdrant_kinds[route_of(method, path).kind]  # what no row serves: refused here
 
     async def _qdrant(self, request: Request, out: Responder) -> None:
-        if request.method == "POST" and _QDRANT_SEARCH.match(request.path):
-            await self._qdrant_search(request, out)
-        elif request.method in _QDRANT_WRITE_METHODS:
-            await self._qdrant_write(request, out)
-        else:
-            await self._qdrant_other(request, out)
+        await self._qdrant_kinds[route_of(request.method, request.path).kind](request, out)
 
 
 def create_server(plane: DataPlane) -> HttpServer:

@@ -32,11 +32,13 @@ Each stage wraps the ones after it: the way back (store in the tiers, settle cre
 Embeddings: identify → limits → idempotency → credits → cache_control → per-item exact cache → reserve → forward.
 Rerankers (``/v1/rerank``, ``/rerank``, ``/v2/rerank``; ``/v1/score``, ``/score`` its own row): identify → limits →
 idempotency → credits per document → cache_control → per-document exact cache → reserve → forward.
-Qdrant searches: identify → limits → credits → documents (remembered for prompt detection) → the tiers' search
-stages (the search cache) → reserve → forward; Qdrant writes: identify → the tiers' write stages (invalidation) →
-forward; anything else: identify → forward. Wherever API keys are on, rate_limits follows identify in every pipeline
-(requests and tokens per minute and budgets of the key, its user and its tenant: :mod:`proxy.credits.rate_limits`),
-before everything else: a request is a request whatever answers it, cache hits included.
+Qdrant searches: identify → limits → qdrant (the request built from its row in the tenant's namespace, the answer
+mapped back: :mod:`proxy.search.requests`) → credits → documents (remembered for prompt detection) → the tiers'
+search stages (the search cache) → reserve → forward; Qdrant writes: identify → qdrant → credits → the tiers' write
+stages (invalidation) → forward; anything else: identify → qdrant → credits → forward. Wherever API keys are on,
+rate_limits follows identify in every pipeline (requests and tokens per minute and budgets of the key, its user and
+its tenant: :mod:`proxy.credits.rate_limits`), before everything else: a request is a request whatever answers it,
+cache hits included.
 
 The pipelines are built once per runtime. State that only some stages keep across requests is made here with them
 (the coalescing flights and the stale answers, each shared by the stages of every kind of request), and every stage
@@ -68,7 +70,9 @@ from proxy.credits.rate_limits import RateLimits
 from proxy.credits.stages import Credits, Identify, RequestCredits, SearchCredits
 from proxy.items.embeddings import EmbeddingItemsCache
 from proxy.items.rerank import RerankItemsCache
+from proxy.search.requests import BuildQdrantRequest
 from proxy.search.stages import RegisterDocuments
+from proxy.search.tenancy import CollectionAccess
 from proxy.stored.stages import ClaimStoredResponses, StoredResponseRequests, StoredResponses
 from proxy.upstream.forward import ForwardToLLM, ForwardToQdrant
 from tiers.response_tier import ResponseTier
@@ -84,14 +88,14 @@ class Pipelines:
     llm_passthrough: Pipeline
     qdrant_search: Pipeline
     qdrant_write: Pipeline
-    qdrant_passthrough: Pipeline
+    qdrant_read: Pipeline
 
     def by_route(self) -> dict[str, Pipeline]:
         """Every pipeline by its route's name (an endpoint's ``route``, or the field's name)."""
         return {**{endpoint.route: pipeline for endpoint, pipeline in self.served.items()},
                 "stored_responses": self.stored_responses, "llm_passthrough": self.llm_passthrough,
                 "qdrant_search": self.qdrant_search, "qdrant_write": self.qdrant_write,
-                "qdrant_passthrough": self.qdrant_passthrough}
+                "qdrant_read": self.qdrant_read}
 
 
 _CREDITS: Mapping[Pricing, type[Credits]] = {
@@ -111,6 +115,7 @@ def build_pipelines(rt: Runtime, endpoints: Iterable[Endpoint] = ENDPOINTS) -> P
     identify: list[Stage] = [Identify(rt.credits.keys, open_mode=rt.settings.auth.mode == "open",
                                       known=rt.credits.known_keys), *_rate_limits(rt)]
     limits = _limits(rt)
+    to_tenant = BuildQdrantRequest(CollectionAccess.from_settings(qdrant), prefetch_depth=limits.prefetch_depth)
     tracer = rt.tracer
     caching = _Caching(rt)
     stored = StoredResponses(rt.owners, [backend.label for backend in rt.backends.backends],
@@ -130,11 +135,12 @@ def build_pipelines(rt: Runtime, endpoints: Iterable[Endpoint] = ENDPOINTS) -> P
         served={endpoint: served(endpoint) for endpoint in endpoints},
         stored_responses=Pipeline([*identify, StoredResponseRequests(stored)], to_llm, tracer=tracer),
         llm_passthrough=Pipeline([*identify, *_billing(rt, RequestCredits)], to_llm, tracer=tracer),
-        qdrant_search=Pipeline([*identify, EnforceLimits(limits, search=True), *search_billing, *_documents(rt),
-                                *rt.tiers.stages("search"), *_at_miss(search_billing)], to_qdrant, tracer=tracer),
-        qdrant_write=Pipeline([*identify, *_billing(rt, RequestCredits), *rt.tiers.stages("write")], to_qdrant,
-                              tracer=tracer),
-        qdrant_passthrough=Pipeline([*identify, *_billing(rt, RequestCredits)], to_qdrant, tracer=tracer),
+        qdrant_search=Pipeline([*identify, EnforceLimits(limits, search=True), to_tenant, *search_billing,
+                                *_documents(rt), *rt.tiers.stages("search"), *_at_miss(search_billing)], to_qdrant,
+                               tracer=tracer),
+        qdrant_write=Pipeline([*identify, to_tenant, *_billing(rt, RequestCredits), *rt.tiers.stages("write")],
+                              to_qdrant, tracer=tracer),
+        qdrant_read=Pipeline([*identify, to_tenant, *_billing(rt, RequestCredits)], to_qdrant, tracer=tracer),
     )
 
 

@@ -36,6 +36,7 @@ from proxy.observability.logs import LogLevel
 from proxy.observability.metrics import Metrics, TierLookups
 from proxy.observability.observe import AccessLog, Observer, observer
 from proxy.observability.stats import RequestStats
+from proxy.search.routes import collection_path
 from proxy.stored.owners import OwnersUnavailable, RedisResponseOwners, ResponseOwners, SqliteResponseOwners
 from proxy.upstream.backends import BackendPool
 from proxy.upstream.client import UpstreamClient
@@ -135,13 +136,14 @@ class Runtime:
             return False
 
     async def fetch_collection(self, name: str) -> bytes | None:
-        """``GET /collections/{name}`` from Qdrant (the search cache learns the collection's metric)."""
+        """``GET /collections/{name}`` from Qdrant, ``name`` an upstream name (the search cache learns the
+        collection's metric)."""
         qdrant = self.settings.upstreams.qdrant
         if qdrant.url is None:
             return None
         headers = {"api-key": qdrant.api_key.get_secret_value()} if qdrant.api_key else {}
         try:
-            answer = await self.client.fetch("GET", f"{qdrant.url}/collections/{name}", headers=headers)
+            answer = await self.client.fetch("GET", qdrant.url + collection_path(name), headers=headers)
         except (OSError, ValueError):  # unknown metric: only exact repeats are reused
             return None
         return answer.body if answer.status == 200 else None

@@ -7,13 +7,15 @@ local client's methods, parsing bodies with qdrant-client's own pydantic models
 seconds}``. Errors answer ``{"status": {"error": "..."}, "time": ...}``: 404 for a missing collection, 400 for
 a bad body (409 is not used: Qdrant answers 400 for an existing collection too).
 
-Routes: ``GET /``, ``/healthz``, ``/readyz``, ``/livez``, ``/cluster``, ``/telemetry``, ``/collections``;
-``GET/PUT/DELETE /collections/{name}``, ``GET .../exists``, ``PUT .../index`` and ``DELETE .../index/{field}``
-(payload indexes: accepted, no effect in local mode); under ``/collections/{name}/points``: ``PUT``
-(upsert), ``POST`` (retrieve), ``GET /{id}``, ``POST`` ``delete``, ``search``, ``search/batch``,
-``recommend``, ``recommend/batch``, ``query``, ``query/batch``, ``scroll``, ``count``, ``payload`` (POST set,
-PUT overwrite), ``payload/delete``, ``payload/clear``. Search and recommend (removed from qdrant-client 1.x's
-own API but still served by Qdrant and sent by older clients) are translated to ``query_points``.
+Routes: ``GET /``, ``/healthz``, ``/readyz``, ``/livez``, ``/cluster``, ``/telemetry``, ``/collections``,
+``/aliases``; ``POST /collections/aliases`` (create, delete and rename actions);
+``GET/PUT/DELETE /collections/{name}``, ``GET .../exists``, ``GET .../aliases``, ``PUT .../index`` and ``DELETE
+.../index/{field}`` (payload indexes: accepted, no effect in local mode); under ``/collections/{name}/points``:
+``PUT`` (upsert), ``POST`` (retrieve), ``GET /{id}``, ``POST`` ``delete``, ``search``, ``search/batch``,
+``recommend``, ``recommend/batch``, ``query``, ``query/batch``, ``query/groups``, ``scroll``, ``count``,
+``payload`` (POST set, PUT overwrite), ``payload/delete``, ``payload/clear``. Search and recommend (removed from
+qdrant-client 1.x's own API but still served by Qdrant and sent by older clients) are translated to
+``query_points``.
 
 Process: ``python -m proxy.doubles.qdrant_shim --port 6333``. Every request is logged in ``log``.
 """
@@ -110,6 +112,9 @@ class QdrantShim(ServedApp):
             ("GET", "/cluster", QdrantShim._cluster, False),
             ("GET", "/telemetry", QdrantShim._telemetry, False),
             ("GET", "/collections", QdrantShim._collections, False),
+            ("GET", "/aliases", QdrantShim._aliases, False),
+            ("POST", "/collections/aliases", QdrantShim._update_aliases, False),
+            ("GET", c + "/aliases", QdrantShim._collection_aliases, True),
             ("GET", c + "/exists", QdrantShim._exists, False),
             ("PUT", c, QdrantShim._create, False),
             ("GET", c, QdrantShim._info, True),
@@ -125,6 +130,7 @@ class QdrantShim(ServedApp):
             ("POST", p + "/recommend/batch", QdrantShim._recommend_batch, True),
             ("POST", p + "/query", QdrantShim._query, True),
             ("POST", p + "/query/batch", QdrantShim._query_batch, True),
+            ("POST", p + "/query/groups", QdrantShim._query_groups, True),
             ("POST", p + "/scroll", QdrantShim._scroll, True),
             ("POST", p + "/count", QdrantShim._count, True),
             ("POST", p + "/payload", QdrantShim._set_payload, True),
@@ -191,6 +197,20 @@ class QdrantShim(ServedApp):
     def _collections(self, request: web.Request, body: Any) -> Result:
         return self.client.get_collections()
 
+    def _aliases(self, request: web.Request, body: Any) -> Result:
+        return self.client.get_aliases()
+
+    def _collection_aliases(self, request: web.Request, body: Any) -> Result:
+        return self.client.get_collection_aliases(request.match_info["name"])
+
+    def _update_aliases(self, request: web.Request, body: Any) -> Result:
+        operations = models.ChangeAliasesOperation.model_validate(body)
+        for action in operations.actions:
+            created = getattr(action, "create_alias", None)
+            if created is not None and not self.client.collection_exists(created.collection_name):
+                raise ShimError(404, f"Not found: Collection `{created.collection_name}` doesn't exist!")
+        return self.client.update_collection_aliases(change_aliases_operations=operations.actions)
+
     def _exists(self, request: web.Request, body: Any) -> Result:
         return models.CollectionExistence(exists=self.client.collection_exists(request.match_info["name"]))
 
@@ -221,9 +241,11 @@ class QdrantShim(ServedApp):
             )
 
     def _delete_index(self, request: web.Request, body: Any) -> Result:
-        return self.client.delete_payload_index(
-            request.match_info["name"], field_name=request.match_info["field"]
-        )
+        with warnings.catch_warnings():  # as in _create_index
+            warnings.simplefilter("ignore", UserWarning)
+            return self.client.delete_payload_index(
+                request.match_info["name"], field_name=request.match_info["field"]
+            )
 
     # -- points ----------------------------------------------------------------------------------------------
     def _upsert(self, request: web.Request, body: Any) -> Result:
@@ -296,6 +318,25 @@ class QdrantShim(ServedApp):
     def _query_batch(self, request: web.Request, body: Any) -> Result:
         batch = models.QueryRequestBatch.model_validate(body)
         return [self._query_one(request.match_info["name"], spec) for spec in batch.searches]
+
+    def _query_groups(self, request: web.Request, body: Any) -> Result:
+        spec = models.QueryGroupsRequest.model_validate(body)
+        return self.client.query_points_groups(
+            request.match_info["name"],
+            group_by=spec.group_by,
+            query=spec.query,
+            using=spec.using,
+            prefetch=spec.prefetch,
+            query_filter=spec.filter,
+            search_params=spec.params,
+            limit=spec.limit if spec.limit is not None else 10,
+            group_size=spec.group_size if spec.group_size is not None else 3,
+            with_payload=spec.with_payload if spec.with_payload is not None else False,
+            with_vectors=spec.with_vector if spec.with_vector is not None else False,
+            score_threshold=spec.score_threshold,
+            with_lookup=spec.with_lookup,
+            lookup_from=spec.lookup_from,
+        )
 
     def _search_one(self, name: str, body: dict[str, Any]) -> list[models.ScoredPoint]:
         """A legacy ``SearchRequest`` as ``query_points`` (dense, named or sparse ``vector``)."""

@@ -1,5 +1,10 @@
 """The Qdrant side of the pipeline: the vector-search cache on searches, invalidation on writes.
 
+Every stage here runs after :class:`~proxy.search.requests.BuildQdrantRequest` and reads what it built — the
+upstream path and the mapped body — never the client's path: a cached search is keyed, and a write invalidates, by
+the upstream collection, so two tenants' collections of one name never share or drop each other's searches (the
+entries are per tenant as well).
+
 Searches (``points/search|query|recommend`` and their ``/batch`` forms) are parsed into a canonical request; a
 plan answers every item it can from the :class:`~tiers.retrieval.RetrievalCache` (exact repeats, or a query vector
 within the collection's tolerance) and forwards only the missing items in one upstream call, then assembles the
@@ -21,7 +26,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable
-from typing import Any
+from urllib.parse import parse_qsl, unquote
 
 import orjson
 from multidict import CIMultiDict
@@ -31,7 +36,7 @@ from normalizer.search_request import parse_search
 from proxy.core.context import Reply, RequestContext
 from proxy.core.outcome import CacheStatus, Matched, Outcome
 from proxy.core.pipeline import Next
-from tiers.retrieval import RetrievalCache, WriteEffect, WriteScope, write_effect
+from tiers.retrieval import RetrievalCache, WriteEffect, WriteScope, write_effects
 
 log = logging.getLogger("ragproxy.retrieval")
 
@@ -43,18 +48,25 @@ RETRIEVAL = "retrieval"
 """The tier name of answers from the search cache (``X-Cache-Tier``, pricing, statistics)."""
 
 
-def asked_invalidation(ctx: RequestContext) -> WriteEffect | None:
-    """The collection-wide invalidation a request asks for with ``X-Cache-Invalidate: collection``, if any."""
-    path = ctx.request.path
-    if not path.startswith("/collections/") or ctx.request.headers.get(INVALIDATE, "").strip().lower() != "collection":
+def upstream_target(ctx: RequestContext) -> tuple[str, dict[str, str]]:
+    """The decoded path (names hold no ``/``) and the query of the request built for Qdrant."""
+    path, _, query = ctx.upstream_path.partition("?")
+    return unquote(path), dict(parse_qsl(query))
+
+
+def asked_invalidation(ctx: RequestContext, path: str) -> WriteEffect | None:
+    """The collection-wide invalidation a request asks for with ``X-Cache-Invalidate: collection``, if any (of the
+    upstream collection of its upstream ``path``: the qdrant stage checked the tenant may write it)."""
+    if (not path.startswith("/collections/") or path == "/collections/aliases"  # (the alias actions name none)
+            or ctx.request.headers.get(INVALIDATE, "").strip().lower() != "collection"):
         return None
     name = path.split("/")[2]
     return WriteEffect(WriteScope.COLLECTION, name) if name else None
 
 
-async def honour_invalidation(cache: RetrievalCache, ctx: RequestContext) -> None:
+async def honour_invalidation(cache: RetrievalCache, ctx: RequestContext, path: str) -> None:
     """Apply an ``X-Cache-Invalidate`` header before the request runs."""
-    effect = asked_invalidation(ctx)
+    effect = asked_invalidation(ctx, path)
     if effect is not None:
         ctx.response_headers["X-Cache-Invalidated"] = str(await cache.invalidate(effect))
 
@@ -63,7 +75,7 @@ class RetrievalLookup:
     """Answer searches from the vector-search cache; forward only the missing items."""
 
     name = RETRIEVAL
-    needs: frozenset[str] = frozenset()
+    needs = frozenset({"upstream_path"})
     gives = frozenset({"outcome"})
 
     def __init__(self, cache: RetrievalCache, fetch_collection: CollectionFetcher) -> None:
@@ -71,9 +83,10 @@ class RetrievalLookup:
         self.fetch_collection = fetch_collection
 
     async def __call__(self, ctx: RequestContext, call_next: Next) -> Reply:
-        await honour_invalidation(self.cache, ctx)
+        path, query = upstream_target(ctx)
+        await honour_invalidation(self.cache, ctx, path)
         try:
-            request = parse_search(ctx.request.path, ctx.body or {}, dict(ctx.request.query))
+            request = parse_search(path, ctx.outgoing_json() or {}, query)
         except Exception:  # the parser never guesses; anything odd is simply not cached
             request = None
         if request is None:
@@ -134,23 +147,18 @@ class InvalidateSearches:
     """After a Qdrant write has been answered, drop the cached searches it could change."""
 
     name = "invalidate"
-    needs: frozenset[str] = frozenset()
+    needs = frozenset({"upstream_path"})
     gives: frozenset[str] = frozenset()
 
     def __init__(self, cache: RetrievalCache) -> None:
         self.cache = cache
 
     async def __call__(self, ctx: RequestContext, call_next: Next) -> Reply:
-        await honour_invalidation(self.cache, ctx)
-        body: Any = None
-        if ctx.raw_body:
-            try:
-                body = orjson.loads(ctx.raw_body)
-            except orjson.JSONDecodeError:
-                body = None
+        path, _ = upstream_target(ctx)
+        await honour_invalidation(self.cache, ctx, path)
+        body = ctx.outgoing_json()
         try:
             return await call_next(ctx)
         finally:
-            effect = write_effect(ctx.method, ctx.request.path_qs, body)
-            if effect is not None:
+            for effect in write_effects(ctx.method, path, body):
                 await self.cache.invalidate(effect)

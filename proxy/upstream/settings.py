@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import re
+from typing import Literal
 
 from pydantic import Field, SecretStr, field_validator, model_validator
 
@@ -80,16 +81,46 @@ class LLMBackend(Section):
         return self.name or redact_url(self.url, mask="")
 
 
+PROXY_COLLECTIONS = "ragproxy_"
+"""The start of every upstream collection name that is the proxy's own: the tenants' namespaces
+(:mod:`proxy.search.tenancy`) and the shared semantic index (``ragproxy_semantic``)."""
+
+
+class CollectionGrant(Section):
+    """The tenants that reach one upstream collection (or alias) outside their namespaces, under its upstream name;
+    ``"*"`` names every tenant. Writing includes reading; the collection itself (its settings, indexes, aliases,
+    deletion) stays the operator's."""
+
+    read: list[str] = Field(default_factory=list, description="Tenants that search and read its points")
+    write: list[str] = Field(default_factory=list, description="Tenants that also change its points and payloads")
+
+
 class QdrantUpstream(Section):
-    """The Qdrant server behind the proxy (REST)."""
+    """The Qdrant server behind the proxy (REST), and which of its collections each tenant reaches."""
 
     url: str | None = Field(default=None, description="e.g. http://qdrant:6333; unset = Qdrant routes answer 502")
     api_key: SecretStr | None = Field(default=None, description="Sent upstream as the api-key header")
+    collections: dict[str, CollectionGrant] = Field(
+        default_factory=dict, description="Upstream collections (made outside the proxy) that tenants reach besides "
+        "their own, by upstream name: {name: {read: [tenants], write: [tenants]}}; every other collection a tenant "
+        "names is its own, kept under a name of the tenant's namespace")
+    anonymous: Literal["upstream", "namespace"] = Field(
+        default="upstream", description="What a request without an API key reaches in auth.mode=open (the one "
+        f"anonymous tenant): upstream = Qdrant's collections under their own names, save the proxy's own "
+        f"({PROXY_COLLECTIONS}*); namespace = a namespace of its own, like any tenant")
 
     @field_validator("url")
     @classmethod
     def _url(cls, value: str | None) -> str | None:
         return None if value is None else _http_url(value)
+
+    @field_validator("collections")
+    @classmethod
+    def _collections(cls, value: dict[str, CollectionGrant]) -> dict[str, CollectionGrant]:
+        own = sorted(name for name in value if name.startswith(PROXY_COLLECTIONS))
+        if own:
+            raise ValueError(f"{', '.join(own)}: names starting with {PROXY_COLLECTIONS} are the proxy's own")
+        return value
 
 
 class Upstreams(Section):

@@ -62,8 +62,12 @@ def test_an_operator_allows_more_pass_through(fake_llm_thread: FakeLLM, qdrant_s
     assert seen - {("GET", "/v1/models")} == {("POST", "/v1/moderations"), ("DELETE", "/v1/things/abc")}
 
 
-def test_qdrant_prefixes_reach_qdrant(proxy: ProxyServer, qdrant_shim: QdrantShim) -> None:
+def test_only_qdrant_rows_reach_qdrant(proxy: ProxyServer, qdrant_shim: QdrantShim) -> None:
     assert httpx.get(proxy.url + "/collections").status_code == 200
-    httpx.get(proxy.url + "/cluster")
-    paths = [r.path for r in qdrant_shim.log.entries]
-    assert "/collections" in paths and "/cluster" in paths
+    kept = httpx.get(proxy.url + "/cluster")
+    assert kept.status_code == 403 and "operator" in kept.json()["status"]["error"]
+    for method, path in (("GET", "/collections/docs/points"), ("POST", "/collections/docs/points/explode"),
+                         ("GET", "/livez"), ("OPTIONS", "/collections")):
+        unknown = httpx.request(method, proxy.url + path)
+        assert unknown.status_code == 404 and "error" in unknown.json()["status"], (method, path)
+    assert [r.path for r in qdrant_shim.log.entries] == ["/collections"]

@@ -9,6 +9,7 @@ import httpx
 from qdrant_client import QdrantClient, models
 
 from proxy.doubles.qdrant_shim import QdrantShim
+from proxy.search.tenancy import namespace_of
 from tests.support.proxy_server import ProxyServer, proxy_settings
 
 VECTOR = [0.9, 0.1, 0.3, 0.2]
@@ -85,7 +86,9 @@ def test_batch_forwards_only_missing_items(qdrant_shim: QdrantShim, caching_prox
 
 
 def test_tenants_do_not_share_search_results(qdrant_shim: QdrantShim, tmp_path: Path) -> None:
-    settings = proxy_settings(qdrant_url=qdrant_shim.url, **{"auth.mode": "keys", "data_dir": str(tmp_path)})
+    """Not even of a collection both may read (made outside the proxy, shared with every tenant)."""
+    settings = proxy_settings(qdrant_url=qdrant_shim.url, **{"auth.mode": "keys", "data_dir": str(tmp_path),
+                                                             "upstreams.qdrant.collections": {"docs": {"read": ["*"]}}})
     with ProxyServer(settings) as server:
         keys = server.runtime.credits.keys
         assert keys is not None
@@ -101,3 +104,34 @@ def test_tenants_do_not_share_search_results(qdrant_shim: QdrantShim, tmp_path: 
         assert query(alice) == "MISS"
         assert query(bob) == "MISS", "another tenant never reuses a cached search"
         assert query(alice) == "HIT"
+
+
+def test_one_collection_name_in_two_tenants_is_two_collections_to_the_cache(qdrant_shim: QdrantShim,
+                                                                            tmp_path: Path) -> None:
+    """Cached searches are keyed, and writes invalidate, by upstream collection: a tenant's write never drops another
+    tenant's cached searches of its own collection of the same name."""
+    settings = proxy_settings(qdrant_url=qdrant_shim.url, **{"auth.mode": "keys", "data_dir": str(tmp_path)})
+    with ProxyServer(settings) as server:
+        keys = server.runtime.credits.keys
+        assert keys is not None
+        headers = {who: {"api-key": server.call(keys.create(f"{who}-user", f"tenant-{who}")).plaintext}
+                   for who in "ab"}
+        for who, payload in (("a", "A's text"), ("b", "B's text")):
+            assert httpx.put(server.url + "/collections/docs", headers=headers[who],
+                             json={"vectors": {"size": 4, "distance": "Cosine"}}).status_code == 200
+            assert httpx.put(server.url + "/collections/docs/points?wait=true", headers=headers[who], json={
+                "points": [{"id": 1, "vector": VECTOR, "payload": {"t": payload}}]}).status_code == 200
+
+        def query(who: str) -> tuple[str, str]:
+            answer = _query(server, VECTOR, headers=headers[who])
+            return answer.headers["X-Cache-Status"], answer.json()["result"]["points"][0]["payload"]["t"]
+
+        assert query("a") == ("MISS", "A's text") and query("b") == ("MISS", "B's text")
+        assert query("a") == ("HIT", "A's text") and query("b") == ("HIT", "B's text")
+        tier = next(tier for tier in server.runtime.tiers if tier.name == "retrieval")
+        assert sorted(tier.cache.collections()) == sorted(  # type: ignore[attr-defined]
+            namespace_of(f"tenant-{who}") + "docs" for who in "ab")
+        httpx.put(server.url + "/collections/docs/points?wait=true", headers=headers["a"], json={
+            "points": [{"id": 2, "vector": FAR, "payload": {"t": "A's second"}}]}).raise_for_status()
+        assert query("a") == ("MISS", "A's text"), "A's write drops A's cached search"
+        assert query("b") == ("HIT", "B's text"), "and not B's, of B's own docs"

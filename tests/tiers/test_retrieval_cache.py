@@ -15,7 +15,7 @@ from normalizer.search_request import Distance, parse_search
 from tiers.memory import MemoryStore
 from tiers.policies.lru import LRUPolicy
 from tiers.redis_store import RedisStore
-from tiers.retrieval import RetrievalCache, write_effect
+from tiers.retrieval import RetrievalCache, write_effects
 from tiers.retrieval.batch import reassemble, response_bytes, split, upstream_body
 from tiers.storage import KeyValueStore, StoreStats
 
@@ -98,9 +98,9 @@ async def serve(cache: RetrievalCache, upstream: LocalQdrantUpstream, path: str,
 
 
 async def write(cache: RetrievalCache, method: str, path: str, body: dict[str, Any]) -> int:
-    effect = write_effect(method, path, orjson.dumps(body))
-    assert effect is not None
-    return await cache.invalidate(effect)
+    found = write_effects(method, path, orjson.dumps(body))
+    assert len(found) == 1
+    return await cache.invalidate(found[0])
 
 
 def ids(points: Iterable[dict[str, Any]]) -> list[Any]:

@@ -247,3 +247,11 @@ def test_metric_change_drops_the_collection() -> None:
     key = store(index, item([1.0, 0.0, 0.0, 0.0]))
     assert index.set_metrics("docs", {"": Distance.COSINE}) == []
     assert index.set_metrics("docs", {"": Distance.DOT}) == [key]
+
+
+def test_the_metrics_of_at_most_max_versions_collections_are_kept() -> None:
+    """Every tenant's collection is its own: their number is the tenants' to grow, the table is not."""
+    index = ProximityIndex(LRUPolicy(10**9), max_versions=3)
+    for n in range(10):
+        index.set_metrics(f"c{n}", {"": Distance.COSINE})
+    assert [index.metrics(f"c{n}") is not None for n in range(10)] == [False] * 7 + [True] * 3

@@ -7,13 +7,20 @@ from typing import Any
 import orjson
 import pytest
 
-from tiers.retrieval.writes import WriteEffect, WriteScope, canonical_point_id, write_effect
+from tiers.retrieval.writes import WriteEffect, WriteScope, canonical_point_id, write_effects
 
 UUID = "5C56C793-69F3-4FBF-87E6-C4BF54C28C26"
 
 
+def effects(method: str, path: str, body: dict[str, Any] | None = None) -> tuple[WriteEffect, ...]:
+    return write_effects(method, path, orjson.dumps(body) if body is not None else None)
+
+
 def effect(method: str, path: str, body: dict[str, Any] | None = None) -> WriteEffect | None:
-    return write_effect(method, path, orjson.dumps(body) if body is not None else None)
+    """The one effect of a request (``None``: it only reads)."""
+    found = effects(method, path, body)
+    assert len(found) <= 1, found
+    return found[0] if found else None
 
 
 @pytest.mark.parametrize(
@@ -76,8 +83,18 @@ def test_payload_changes_by_id(method: str, path: str) -> None:
     assert found == WriteEffect(WriteScope.PAYLOAD_CHANGED, "docs", frozenset({4, 5}))
 
 
-def test_alias_changes_and_unknown_writes_drop_everything() -> None:
-    assert effect("POST", "/collections/aliases", {"actions": []}) == WriteEffect(WriteScope.ALL)
+def test_alias_changes_drop_the_searches_made_through_those_names() -> None:
+    actions = {"actions": [{"create_alias": {"alias_name": "a1", "collection_name": "docs"}},
+                           {"delete_alias": {"alias_name": "a2"}},
+                           {"rename_alias": {"old_alias_name": "a3", "new_alias_name": "a4"}}]}
+    assert effects("POST", "/collections/aliases", actions) == tuple(
+        WriteEffect(WriteScope.COLLECTION, name) for name in ("a1", "a2", "a3", "a4"))
+    assert effects("POST", "/collections/aliases", {"actions": []}) == ()
+
+
+def test_unreadable_alias_changes_and_unknown_writes_drop_everything() -> None:
+    assert effect("POST", "/collections/aliases", {"actions": "x"}) == WriteEffect(WriteScope.ALL)
+    assert effect("POST", "/collections/aliases", {"actions": [{"create_alias": 5}]}) == WriteEffect(WriteScope.ALL)
     assert effect("POST", "/cluster/recover", {}) == WriteEffect(WriteScope.ALL)
 
 

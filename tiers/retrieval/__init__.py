@@ -13,7 +13,7 @@ Requests are parsed by :mod:`normalizer.search_request`.
 
 from tiers.retrieval.cache import RetrievalCache, SearchPlan
 from tiers.retrieval.index import DEFAULT_COSINE_TOLERANCE, Admission, Match, ProximityIndex
-from tiers.retrieval.writes import WriteEffect, WriteScope, write_effect
+from tiers.retrieval.writes import WriteEffect, WriteScope, write_effects
 
 __all__ = [
     "DEFAULT_COSINE_TOLERANCE",
@@ -24,5 +24,5 @@ __all__ = [
     "SearchPlan",
     "WriteEffect",
     "WriteScope",
-    "write_effect",
+    "write_effects",
 ]

@@ -14,8 +14,7 @@ How the Qdrant route uses it (search → lookup → forward misses → store)::
     # raced it is then refused by the version check). ``?wait=false`` writes are acknowledged before Qdrant
     # applies them, so a search right after one may still store the old result: clients that need read-your-
     # writes through the cache should write with ``wait=true`` (qdrant-client's default).
-    effect = write_effect(method, path, body)                   # tiers.retrieval.writes
-    if effect is not None:
+    for effect in write_effects(method, path, body):            # tiers.retrieval.writes
         await cache.invalidate(effect)
 
     # when the proxy first sees a collection (cache.knows(name) is False) and after it was recreated:

@@ -93,7 +93,10 @@ class ProximityIndex:
         self.max_entries_per_partition = max_entries_per_partition
         self.default_tolerance = default_tolerance
         self.max_tracked_ids = max_tracked_ids
-        self._metrics: dict[str, dict[str, Distance]] = {}
+        self._metrics: OrderedDict[str, dict[str, Distance]] = OrderedDict()
+        """Each collection's vector metrics, the ``max_versions`` most recently learned: every tenant's collection is
+        its own, so their number is the tenants' to grow. One that left is learned again on its next search (and,
+        as with any change of metrics, its cached searches go)."""
         self._tolerances: dict[tuple[str, str | None], float] = {}
         # Write versions are stamps from one counter; at most ``max_versions`` collections keep their own, the
         # least recently written leave and every collection without one reads ``_floor`` (the newest stamp that
@@ -123,8 +126,10 @@ class ProximityIndex:
 
     def set_metrics(self, collection: str, metrics: Mapping[str, Distance]) -> list[str]:
         """Record a collection's vector metrics (``GET /collections/{c}``); a change drops its entries."""
-        known = self._metrics.get(collection)
+        known = self._metrics.pop(collection, None)
         self._metrics[collection] = dict(metrics)
+        while len(self._metrics) > self.max_versions:
+            self._metrics.popitem(last=False)
         if known != dict(metrics) and collection in self._by_collection:
             return self.invalidate(WriteEffect(WriteScope.COLLECTION, collection))
         return []

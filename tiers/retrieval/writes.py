@@ -1,7 +1,7 @@
 """What a Qdrant write does to cached searches: the pure classification of a request that passed the proxy.
 
-:func:`write_effect` maps ``(method, path, body)`` to a :class:`WriteEffect` (``None`` for reads). The rules
-are conservative — when in doubt, the whole collection goes:
+:func:`write_effects` maps ``(method, path, body)`` to the :class:`WriteEffect` s it has (none for reads). The
+rules are conservative — when in doubt, the whole collection goes:
 
 - ``COLLECTION`` (every cached search reading the collection is dropped): collection
   create/recreate/drop/update, upserts and vector updates (a new or moved vector may enter any result),
@@ -12,7 +12,11 @@ are conservative — when in doubt, the whole collection goes:
   pool, a non-plain query) or whose ids were not tracked;
 - ``PAYLOAD_CHANGED`` (ids known): set/overwrite/delete/clear payload by id — drops the searches whose result
   contained one of the ids, plus every payload-sensitive one (a filter, a prefetch, a non-plain query);
-- ``ALL``: alias changes (``/collections/aliases``): a name may now mean another collection.
+- alias changes (``POST /collections/aliases``): ``COLLECTION`` for each alias name an action names (that name may
+  now mean another collection, or none); ``ALL`` when the actions cannot be read. Only the searches made through
+  those names go: through the proxy, alias names are the tenant's own (:mod:`proxy.search.tenancy`), so one
+  tenant's alias changes never drop another tenant's cached searches;
+- ``ALL``: any other non-read request outside ``/collections/{c}``.
 
 Point ids are canonical: integers stay integers, UUID strings become lowercase hyphenated (as Qdrant answers
 them).
@@ -82,29 +86,52 @@ def point_ids(values: Iterable[object]) -> frozenset[PointId] | None:
     return frozenset(found)
 
 
-def write_effect(method: str, path: str, body: bytes | Mapping[str, Any] | None) -> WriteEffect | None:
-    """The effect of a request on cached searches; ``None`` when it only reads."""
+def write_effects(method: str, path: str, body: bytes | Mapping[str, Any] | None) -> tuple[WriteEffect, ...]:
+    """The effects of a request on cached searches (``path`` decoded); none when it only reads."""
     method = method.upper()
     path = path.split("?", 1)[0]
     if method in ("GET", "HEAD", "OPTIONS"):
-        return None
+        return ()
     if path.rstrip("/") == "/collections/aliases":
-        return WriteEffect(WriteScope.ALL)
+        names = _alias_names(body)
+        return (WriteEffect(WriteScope.ALL),) if names is None else tuple(
+            WriteEffect(WriteScope.COLLECTION, name) for name in names)
     match = _COLLECTION.match(path)
     if match is None:
-        return None if method == "POST" and path.rstrip("/") == "/collections" else WriteEffect(WriteScope.ALL)
+        return () if method == "POST" and path.rstrip("/") == "/collections" else (WriteEffect(WriteScope.ALL),)
     collection, rest = match["collection"], (match["rest"] or "").rstrip("/")
     if method == "POST" and (_READ_SUFFIXES.match(path) or rest == "/points"):  # POST /points = retrieve by ids
-        return None
+        return ()
     whole = WriteEffect(WriteScope.COLLECTION, collection)
     if rest in _REMOVAL_PATHS and method == "POST":
         scope = WriteScope.POINTS_REMOVED
     elif rest in _PAYLOAD_PATHS and method in ("POST", "PUT"):
         scope = WriteScope.PAYLOAD_CHANGED
     else:
-        return whole
+        return (whole,)
     ids = _selected_ids(body)
-    return whole if ids is None else WriteEffect(scope, collection, ids)
+    return (whole if ids is None else WriteEffect(scope, collection, ids),)
+
+
+_ALIAS_FIELDS = ("alias_name", "old_alias_name", "new_alias_name")
+
+
+def _alias_names(body: bytes | Mapping[str, Any] | None) -> list[str] | None:
+    """Every alias name the actions of an alias change name, or ``None`` when they cannot be read."""
+    try:
+        document = orjson.loads(body) if isinstance(body, bytes | bytearray) else body
+    except orjson.JSONDecodeError:
+        return None
+    actions = document.get("actions") if isinstance(document, Mapping) else None
+    if not isinstance(actions, list):
+        return None
+    names: list[str] = []
+    for action in actions:
+        specs = list(action.values()) if isinstance(action, Mapping) else None
+        if not specs or not all(isinstance(spec, Mapping) for spec in specs):
+            return None
+        names += [spec[field] for spec in specs for field in _ALIAS_FIELDS if isinstance(spec.get(field), str)]
+    return names
 
 
 def _selected_ids(body: bytes | Mapping[str, Any] | None) -> frozenset[PointId] | None:
