@@ -15,7 +15,7 @@ from pathlib import Path
 from proxy.answers.settings import L2Settings
 from proxy.upstream.client import UpstreamClient
 from tiers.embedders import build_embedder
-from tiers.semantic import SemanticTier
+from tiers.semantic import SemanticTier, partition_owner
 from tiers.vectors.base import VectorStore
 from tiers.vectors.hnsw import HnswVectorStore
 
@@ -48,9 +48,11 @@ def build_semantic(settings: L2Settings, data_dir: Path, client: UpstreamClient)
 
         store = QdrantVectorStore(client, settings.qdrant_url, embedder.dim)
     else:
-        store = HnswVectorStore(embedder.dim, data_dir / "semantic", model=embedder.name)
+        store = HnswVectorStore(embedder.dim, data_dir / "semantic", model=embedder.name,
+                                max_bytes=settings.max_bytes, owner=partition_owner)
     return SemanticTier(embedder, store, threshold=settings.threshold,
                         namespace_thresholds=settings.namespace_thresholds,
                         max_wrong_hit_rate=settings.max_wrong_hit_rate, verify_fraction=settings.verify_fraction,
                         answer_agreement=settings.answer_agreement, guards=settings.guards,
-                        candidates=settings.candidates)
+                        candidates=settings.candidates, calibration_max_bytes=settings.calibration_max_bytes,
+                        templates_max_bytes=settings.templates_max_bytes)
