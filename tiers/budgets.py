@@ -2,8 +2,8 @@
 
 Every structure a client can grow (semantic-index partitions, question templates, calibration evidence, search
 results, ...) keeps within a byte budget and reports a :class:`MemoryAccount`: the bytes it holds, its budget and
-the setting that sets it. ``/admin/stats`` (``memory``) and ``/metrics`` (``ragproxy_memory_bytes``,
-``ragproxy_memory_budget_bytes``) list them: that list is the memory ledger.
+the setting that sets it. Each registers once with the process's :class:`MemoryLedger`; ``/admin/stats``
+(``memory``) and ``/metrics`` (``ragproxy_memory_bytes``, ``ragproxy_memory_budget_bytes``) list its lines.
 
 What leaves when a budget is full is decided by :class:`OwnedLRU`, one rule for every such structure: the least
 recently used item of the **owner holding the most bytes** (an owner is a tenant). One client naming thousands of
@@ -14,7 +14,7 @@ sizes are what the structures say they hold, no I/O.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Hashable, Iterator
+from collections.abc import Callable, Hashable, Iterator
 from dataclasses import dataclass
 from typing import Generic, Protocol, TypeVar, runtime_checkable
 
@@ -115,3 +115,35 @@ class OwnedLRU(Generic[K]):
             return None
         owner = max(self._owner_bytes, key=self._owner_bytes.__getitem__)
         return next((item for item in self._owners[owner] if item != keep), None)
+
+
+@dataclass(frozen=True, slots=True)
+class Measured:
+    """The ledger line of a structure that keeps its own count of bytes (read at each report)."""
+
+    name: str
+    read: Callable[[], tuple[int, int]]
+    """(bytes, entries) now."""
+    budget: int
+    setting: str
+
+    def memory(self) -> list[MemoryAccount]:
+        held, entries = self.read()
+        return [MemoryAccount(self.name, held, self.budget, entries, self.setting)]
+
+
+class MemoryLedger:
+    """Every structure of the process that reports its memory, registered once where it is built."""
+
+    def __init__(self) -> None:
+        self._parts: list[Accounted] = []
+
+    def register(self, part: Accounted) -> None:
+        self._parts.append(part)
+
+    def accounts(self) -> list[MemoryAccount]:
+        return [account for part in self._parts for account in part.memory()]
+
+    def report(self) -> dict[str, dict[str, int | str]]:
+        """Each structure's line, by name (``/admin/stats``' ``memory``)."""
+        return {account.name: account.as_dict() for account in self.accounts()}

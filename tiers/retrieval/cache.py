@@ -36,6 +36,7 @@ from typing import Any
 import orjson
 
 from normalizer.search_request import Distance, SearchRequest, vector_metrics
+from tiers.budgets import MemoryAccount
 from tiers.latency import LatencyHistogram
 from tiers.memory import MemoryStore
 from tiers.policies.base import EvictionPolicy
@@ -110,6 +111,11 @@ class RetrievalCache:
         self.counts = {"hit": 0, "miss": 0}
         """Searches (items of a batch) answered from the cache, and not."""
         self.lookup_seconds = LatencyHistogram()
+
+    def memory(self) -> list[MemoryAccount]:
+        """Its line of the memory ledger: the bytes its policy counts (results, query vectors, the ids they hold)."""
+        policy = self.index.policy
+        return [MemoryAccount("retrieval", policy.used, policy.capacity, len(self.index), "cache.retrieval.max_bytes")]
 
     # -- settings --------------------------------------------------------------------------------------------
 

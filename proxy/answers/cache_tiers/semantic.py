@@ -17,6 +17,7 @@ from proxy.answers.semantic_factory import build_semantic
 from proxy.answers.settings import L2Settings
 from proxy.core.endpoints import Endpoint
 from proxy.core.pipeline import Stage
+from tiers.budgets import MemoryAccount
 from tiers.invalidation import Embedding, Removal, Selector
 from tiers.response_tier import ResponseTier
 from tiers.semantic import SemanticTier
@@ -118,6 +119,9 @@ class SemanticCacheTier:
         """No vector may point at an answer the tiers before this one removed."""
         if removed.keys:
             removed.removed["semantic"] = await self.semantic.delete(removed.keys)
+
+    def memory(self) -> list[MemoryAccount]:
+        return self.semantic.memory()
 
     def gauges(self) -> Sequence[Gauge]:
         calibrator = self.semantic.calibrator
