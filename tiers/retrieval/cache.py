@@ -181,7 +181,7 @@ class RetrievalCache:
             return None
         fetched: list[bytes] = []
         for position, value in zip(plan.misses, results, strict=True):
-            encoded = orjson.dumps(value)
+            encoded = bytes(memoryview(orjson.dumps(value)))  # a copy of its size: orjson's keeps a 4 KB buffer
             fetched.append(encoded)
             item = request.items[position]
             admission = self.index.admit(
