@@ -54,7 +54,9 @@ Scenarios, in order:
     completion, conversations and files, by id and by listing (``stored_object_cross_reads``); then, on a caching
     replica of its own, rounds of a stored response whose exact repeats race its ``DELETE``
     (``deleted_served``: hits of the deleted response after the ``DELETE`` returned);
-15. **idempotency bytes**: a keyed flood of large answers against byte budgets (:mod:`.abuse_idempotency`).
+15. **idempotency bytes**: a keyed flood of large answers against byte budgets (:mod:`.abuse_idempotency`);
+16. **memory**: one key floods each structure it can name or fill, each against a proxy of its own
+    (:mod:`.abuse_memory`): ``memory_peak_mb`` (RSS growth per dimension) and ``memory_restart_mb``.
 
 Figures (the last line with ``--json`` is one JSON object): ``requests`` (every request sent that expects an answer,
 probes included), ``unbilled_upstream_calls`` (billable upstream calls — LLM and reranker POSTs — beyond the
@@ -91,7 +93,7 @@ from typing import Any
 import httpx
 import orjson
 
-from loadtest.bench import _abuse_fold, _abuse_paths, _abuse_poison, _abuse_stored, abuse_idempotency
+from loadtest.bench import _abuse_fold, _abuse_paths, _abuse_poison, _abuse_stored, abuse_idempotency, abuse_memory
 from loadtest.bench import _surfaces as surfaces
 from loadtest.bench._tally import CHAT, EMBEDDINGS, RESPONSES, Tally, chat, send
 from loadtest.bench.chaos import Redis
@@ -393,6 +395,7 @@ def run(options: Options) -> dict[str, Any]:
                        for charge in _settled(admin, user)]
             upstream_calls = _posts(llm.log, LLM_PATHS) + _posts(reranker.log, (surfaces.RERANK,))
             results["idempotency_bytes"] = abuse_idempotency.flood(llm.url, redis.url, quick)
+            results["memory"] = abuse_memory.run(200 if quick else 600, list(abuse_memory.DIMENSIONS), {})
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return _figures(tally, results, charges, upstream_calls, timings, options)
@@ -423,6 +426,7 @@ def _figures(tally: Tally, results: dict[str, Any], charges: list[dict[str, Any]
         "deleted_served": results["deleted"]["served_after_delete"],
         "rerank_probe_p99_ratio": rerank["raised_limit"]["probe_p99_ratio"],
         "idempotency_bytes_peak": results["idempotency_bytes"]["idempotency_bytes_peak"],
+        "memory_peak_mb": results["memory"]["peak_mb"], "memory_restart_mb": results["memory"]["restart_mb"],
         "rerank_probe_p99_ratio_at_default_limit": rerank["at_limit"]["probe_p99_ratio"],
         "upstream_calls": upstream_calls, "ledger_charges": len(charges),
         "answers_without_charge": len(set(tally.ledger_ids) - charged),
