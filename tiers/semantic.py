@@ -339,7 +339,8 @@ class SemanticTier:
                      evidence: EvidenceReader | None = None) -> SemanticDecision:
         """Serve a match, or forward (and maybe compare answers with a probe afterwards); ``more``: a second source
         of candidates, searched when this tier's own cannot serve; ``documents``: those the new prompt carries;
-        ``evidence``: how this index's candidates' evidence is read (when there are ``documents``)."""
+        ``evidence``: how this index's candidates' evidence is read (with ``documents`` and without it, this index's
+        candidates are not used: nothing says what their answers rest on)."""
         self.stats.lookups += 1
         started = time.perf_counter()
         try:
@@ -361,8 +362,8 @@ class SemanticTier:
         hits = await self.store.search(partition, vector, k=self.candidates) if indexed else []
         threshold = self.threshold_for(scope)
         floor = min(threshold, GRID[0])
-        if hits and documents and evidence is not None:
-            hits = await evidence([hit for hit in hits if hit.similarity >= floor])
+        if hits and documents:  # what the answers rest on is in their entries: unread, they cannot serve
+            hits = await evidence([hit for hit in hits if hit.similarity >= floor]) if evidence is not None else []
         best = choose_match(question, hits, floor, self.guards, self.veto, self._count_veto, documents)
         if (best is None or best.similarity < threshold) and more is not None:
             known = {hit.id for hit in hits}  # an answer both know is this index's (its own float32 score)
