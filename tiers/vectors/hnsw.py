@@ -336,14 +336,20 @@ class HnswVectorStore:
         if found != expected:
             log.warning("ignoring vector index in %s: %s, expected %s", directory, found, expected)
             return []
+        try:
+            listed = sorted(((str(name), str(stem), int(used)) for name, stem, used in manifest["partitions"]),
+                            key=lambda row: row[2], reverse=True)
+        except (KeyError, TypeError, ValueError) as error:
+            log.warning("ignoring vector index in %s: its manifest lists no partitions (%r)", directory, error)
+            return []
         loaded: list[_Partition] = []
         total = skipped = 0
-        for name, stem, used in sorted(manifest.get("partitions", []), key=lambda row: row[2], reverse=True):
+        for name, stem, used in listed:
             try:
                 if total + self._estimate(directory, stem) > self.max_bytes:
                     skipped += 1
                     continue
-                part = self._load_partition(directory, str(name), stem, int(used))
+                part = self._load_partition(directory, name, stem, used)
             except (OSError, ValueError, KeyError, TypeError, RuntimeError) as error:
                 log.warning("ignoring partition %r in %s: %r", name, directory, error)
                 continue

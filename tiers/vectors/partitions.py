@@ -246,4 +246,4 @@ class GraphVectors:
         index = hnswlib.Index(space="ip", dim=dim)
         index.load_index(str(path), allow_replace_deleted=True)
         index.set_num_threads(1)
-        return cls(index, dim, m, ef_search, labels, next_label)
+        return cls(index, dim, int(getattr(index, "M", m)), ef_search, labels, next_label)

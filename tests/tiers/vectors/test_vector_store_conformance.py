@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
@@ -204,3 +205,14 @@ async def test_hnsw_agrees_with_a_dictionary_model(operations: list[tuple[str, i
             assert (await store.search(partition, vectors[int(key)], k=1))[0].id == key
         found = await store.search(partition, vectors[0], k=12)
         assert {hit.id for hit in found} == expected
+
+
+async def test_a_manifest_of_the_wrong_shape_loads_nothing(tmp_path: Path) -> None:
+    store = HnswVectorStore(DIM, tmp_path, model="m")
+    await store.add("p", ["x"], unit(np.random.default_rng(10), 1))
+    await store.persist()
+    manifest = json.loads((tmp_path / "manifest.json").read_text())
+    manifest["partitions"] = [[*manifest["partitions"][0], "one too many"], 7]
+    (tmp_path / "manifest.json").write_text(json.dumps(manifest))
+    reloaded = HnswVectorStore(DIM, tmp_path, model="m")
+    assert await reloaded.load() == 0
