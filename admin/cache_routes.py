@@ -93,6 +93,7 @@ async def stats(request: web.Request) -> web.Response:
     snapshot = rt.stats.snapshot(top_n=_int(request, "top", 20, 0, 100))
     snapshot["tiers"] = await tier_report(rt)
     snapshot["latency_s"] = latency(rt)
+    snapshot["memory"] = rt.ledger.report()
     return json_response(snapshot)
 
 

@@ -89,6 +89,9 @@ SCHEMAS: dict[str, Any] = {
                   "description": "Per tier: entries, bytes, lookup counters, hit_ratio, served (Counts)"},
         "latency_s": {"type": "object", "description": "Per cache status: p50, p90, p99 (seconds) and count",
                       "additionalProperties": {"type": "object", "additionalProperties": _opt_num}},
+        "memory": {"type": "object", "description": "The memory ledger: per structure users name or fill, the bytes "
+                   "it holds against its budget and the setting of that budget",
+                   "additionalProperties": _obj({"bytes": _int, "budget": _int, "entries": _int, "setting": _str})},
     }),
     "Entry": _ENTRY,
     "EntryDetail": {"allOf": [_ref("Entry"), _obj({"meta": {"type": "object"}, "body": {}})]},

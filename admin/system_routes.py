@@ -108,5 +108,11 @@ def register_gauges(rt: Runtime, sizes: dict[str, dict[str, Any]]) -> None:
     for tier in rt.tiers:
         for gauge in tier.gauges():
             rt.metrics.gauge_callback(gauge.name, gauge.text, gauge.labels, gauge.read)
+    rt.metrics.gauge_callback("ragproxy_memory_bytes", "Bytes each structure users name or fill holds (the memory "
+                              "ledger of /admin/stats)", ["structure"],
+                              lambda: [({"structure": a.name}, float(a.bytes)) for a in rt.ledger.accounts()])
+    rt.metrics.gauge_callback("ragproxy_memory_budget_bytes", "The byte budget each such structure keeps within",
+                              ["structure"],
+                              lambda: [({"structure": a.name}, float(a.budget)) for a in rt.ledger.accounts()])
     rt.metrics.gauge_callback("ragproxy_coalesced_requests", "Requests answered by another request's upstream "
                               "call since start", [], lambda: [({}, float(rt.stats.coalesced))])

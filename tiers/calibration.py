@@ -29,20 +29,24 @@ this namespace's lookups landed in each
 is within the target, and whose own observations at or above it do not show, at 95% confidence, a share above the
 target (a model-free check that catches a namespace whose traffic does not follow the shape). Without any
 observation nothing is served: the namespace is *calibrating* and says so (``/admin/stats``, the start-up summary).
-Evidence is kept per tenant and namespace, in an LRU of :data:`MAX_NAMESPACES`; it never crosses tenants. Pure: no
-I/O; comparing two answers is :class:`tiers.answer_check.AnswerAgreement`.
+Evidence is kept per tenant and namespace, within a byte budget (``cache.l2.calibration_max_bytes``,
+:data:`NAMESPACE_BYTES` each): beyond it, the least recently used namespace of the tenant holding the most goes
+(:class:`~tiers.budgets.OwnedLRU`: a tenant naming thousands of namespaces pushes out its own); it never crosses
+tenants. Pure: no I/O; comparing two answers is :class:`tiers.answer_check.AnswerAgreement`.
 """
 
 from __future__ import annotations
 
 import math
 import random
-from collections import OrderedDict
+from array import array
 from dataclasses import dataclass, field
 from typing import Literal
 
 import numpy as np
 import numpy.typing as npt
+
+from tiers.budgets import MemoryAccount, OwnedLRU
 
 GRID: tuple[float, ...] = tuple(round(0.70 + 0.01 * i, 2) for i in range(30))
 """Score cells: ``[0.70, 0.71)``, ..., ``[0.99, 1]``; a threshold is a cell's lower edge."""
@@ -84,7 +88,11 @@ VERIFY_WHILE_SCARCE = 0.1
 above its threshold (a forwarded would-be hit costs what a miss costs)."""
 CHECKED = 20
 
-MAX_NAMESPACES = 4096
+DEFAULT_MAX_BYTES = 8 * 1024 * 1024
+"""``cache.l2.calibration_max_bytes``: 4,096 namespaces (:data:`NAMESPACE_BYTES`)."""
+NAMESPACE_BYTES = 2048
+"""What one namespace's evidence holds at most: three arrays of :data:`GRID` counters, its operating point and its
+place in the budget, with a 64-character tenant and namespace (tracemalloc, ``tests/tiers/test_calibration.py``)."""
 UNREACHABLE = 1.01
 """The threshold of a namespace where no grid point meets the target: no cosine reaches it, so no hit is served."""
 
@@ -134,14 +142,19 @@ def upper_bound(share: float, n: float) -> float:
     return wilson(share, n)[1]
 
 
+def _cells() -> array[int]:
+    return array("q", bytes(8 * len(GRID)))
+
+
 @dataclass(slots=True)
 class Evidence:
     """One namespace's observations per :data:`GRID` cell: comparisons made, disagreements among them, and lookups
-    whose best candidate fell there (served or not: the mix of cells future hits come from)."""
+    whose best candidate fell there (served or not: the mix of cells future hits come from). Counters are 64-bit
+    arrays: a namespace's size does not grow with its counts."""
 
-    observed: list[int] = field(default_factory=lambda: [0] * len(GRID))
-    disagreed: list[int] = field(default_factory=lambda: [0] * len(GRID))
-    looked: list[int] = field(default_factory=lambda: [0] * len(GRID))
+    observed: array[int] = field(default_factory=_cells)
+    disagreed: array[int] = field(default_factory=_cells)
+    looked: array[int] = field(default_factory=_cells)
 
     def add(self, score: float, agreed: bool) -> None:
         cell = cell_of(score)
@@ -277,18 +290,28 @@ class Calibrator:
     moves its own thresholds, never another tenant's. Without evidence a namespace is calibrating: no hits."""
 
     def __init__(self, target: float, *, fixed: float | None = None, namespace_fixed: dict[str, float] | None = None,
-                 verify_fraction: float = 0.0, rng: random.Random | None = None) -> None:
+                 verify_fraction: float = 0.0, rng: random.Random | None = None,
+                 max_bytes: int = DEFAULT_MAX_BYTES) -> None:
         """``target``: largest wrong share of served hits; ``fixed``: one cosine threshold for every namespace
         (an explicit override: no calibration); ``namespace_fixed``: per-namespace fixed thresholds (as written by
         ``ragproxy calibrate --write``); ``verify_fraction``: share of would-be hits forwarded to check them once a
-        namespace has :data:`CHECKED` comparisons at or above its threshold (:data:`VERIFY_WHILE_SCARCE` before)."""
+        namespace has :data:`CHECKED` comparisons at or above its threshold (:data:`VERIFY_WHILE_SCARCE` before);
+        ``max_bytes``: the budget of the evidence kept (:data:`NAMESPACE_BYTES` a namespace)."""
         self.target = target
         self.fixed = fixed
         self.namespace_fixed = dict(namespace_fixed or {})
         self.verify_fraction = verify_fraction
         self._rng = rng or random.Random()
-        self._evidence: OrderedDict[tuple[str, str], tuple[Evidence, Operating]] = OrderedDict()
+        self.max_bytes = max_bytes
+        self._evidence: dict[tuple[str, str], tuple[Evidence, Operating]] = {}
         """(tenant, namespace) → its evidence and the operating point computed from it."""
+        self._kept: OwnedLRU[tuple[str, str]] = OwnedLRU()
+        """The same namespaces in order of use, owned by their tenants (what leaves beyond the budget)."""
+
+    @property
+    def capacity(self) -> int:
+        """How many namespaces' evidence the budget holds."""
+        return self.max_bytes // NAMESPACE_BYTES
 
     def operating(self, namespace: str, tenant: str = "") -> Operating:
         """The threshold ``namespace`` runs at now for ``tenant``."""
@@ -325,8 +348,7 @@ class Calibrator:
         return rate > 0 and self._rng.random() < rate
 
     def _held(self, namespace: str, tenant: str) -> Evidence:
-        slot = (tenant, namespace)
-        held = self._evidence.pop(slot, None)
+        held = self._evidence.get((tenant, namespace))
         return held[0] if held is not None else Evidence()
 
     def look(self, namespace: str, score: float, tenant: str = "") -> None:
@@ -335,6 +357,7 @@ class Calibrator:
         held = self._evidence.get((tenant, namespace))
         if held is not None:
             held[0].look(score)
+            self._kept.touch((tenant, namespace))
         else:
             evidence = Evidence()
             evidence.look(score)
@@ -364,10 +387,17 @@ class Calibrator:
 
     def _keep(self, namespace: str, tenant: str, evidence: Evidence) -> None:
         slot = (tenant, namespace)
-        self._evidence.pop(slot, None)
         self._evidence[slot] = (evidence, self._operating(self.namespace_fixed.get(namespace, self.fixed), evidence))
-        while len(self._evidence) > MAX_NAMESPACES:
-            self._evidence.popitem(last=False)
+        self._kept.set(slot, tenant, NAMESPACE_BYTES)
+        while self._kept.bytes > self.max_bytes:
+            victim = self._kept.victim(keep=slot)
+            victim = slot if victim is None else victim
+            self._kept.remove(victim)
+            del self._evidence[victim]
+
+    def memory(self) -> list[MemoryAccount]:
+        return [MemoryAccount("l2_calibration", self._kept.bytes, self.max_bytes, len(self._kept),
+                              "cache.l2.calibration_max_bytes")]
 
     def points(self) -> dict[str, Operating]:
         """Every namespace seen so far (plus ``default``) on the prior alone, then each tenant's namespace with

@@ -2,18 +2,19 @@
 semantic tier when it starts (:meth:`tiers.calibration.Calibrator.seed`).
 
 One JSON object: ``{"version": 1, "namespaces": [{"tenant", "namespace", "observed", "disagreed", "looked"}, ...]}``,
-the three lists one count per :data:`~tiers.calibration.GRID` cell. At most :data:`~tiers.calibration.MAX_NAMESPACES`
-rows are read; a row that is not this shape is skipped, and a file that is not this shape is refused with
-:class:`ValueError`.
+the three lists one count per :data:`~tiers.calibration.GRID` cell. The semantic tier reads at most as many rows as
+its calibration budget holds (:attr:`~tiers.calibration.Calibrator.capacity`); a row that is not this shape is
+skipped, and a file that is not this shape is refused with :class:`ValueError`.
 """
 
 from __future__ import annotations
 
+from array import array
 from pathlib import Path
 
 import orjson
 
-from tiers.calibration import GRID, MAX_NAMESPACES, Evidence
+from tiers.calibration import GRID, Evidence
 
 WARM_FILE = "calibration-warm.json"
 """The file's name in the data directory."""
@@ -26,16 +27,17 @@ def save(path: Path, rows: dict[tuple[str, str], Evidence]) -> None:
     kept = load(path) if path.exists() else {}
     kept.update(rows)
     data = {"version": _VERSION, "namespaces": [
-        {"tenant": tenant, "namespace": namespace, "observed": evidence.observed, "disagreed": evidence.disagreed,
-         "looked": evidence.looked} for (tenant, namespace), evidence in sorted(kept.items())]}
+        {"tenant": tenant, "namespace": namespace, "observed": list(evidence.observed),
+         "disagreed": list(evidence.disagreed), "looked": list(evidence.looked)}
+        for (tenant, namespace), evidence in sorted(kept.items())]}
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_suffix(".partial")
     partial.write_bytes(orjson.dumps(data))
     partial.replace(path)
 
 
-def load(path: Path) -> dict[tuple[str, str], Evidence]:
-    """The rows of the file at ``path``."""
+def load(path: Path, max_rows: int | None = None) -> dict[tuple[str, str], Evidence]:
+    """The rows of the file at ``path`` (its first ``max_rows``, when given)."""
     try:
         data = orjson.loads(path.read_bytes())
     except orjson.JSONDecodeError as exc:
@@ -43,7 +45,7 @@ def load(path: Path) -> dict[tuple[str, str], Evidence]:
     if not isinstance(data, dict) or data.get("version") != _VERSION or not isinstance(data.get("namespaces"), list):
         raise ValueError(f"{path}: not a calibration file of version {_VERSION}")
     rows: dict[tuple[str, str], Evidence] = {}
-    for row in data["namespaces"][:MAX_NAMESPACES]:
+    for row in data["namespaces"][:max_rows]:
         evidence = _evidence(row)
         if evidence is not None:
             rows[(row["tenant"], row["namespace"])] = evidence
@@ -58,7 +60,7 @@ def _evidence(row: object) -> Evidence | None:
                and all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in counts)
                for counts in lists):
         return None
-    observed, disagreed, looked = (list(counts) for counts in lists)  # type: ignore[arg-type]
+    observed, disagreed, looked = (array("q", counts) for counts in lists)  # type: ignore[arg-type]
     if any(d > o for d, o in zip(disagreed, observed, strict=True)):
         return None
     return Evidence(observed, disagreed, looked)

@@ -12,9 +12,10 @@ evidence: nothing is served on it. Pure.
 
 from __future__ import annotations
 
+from array import array
 from dataclasses import dataclass, replace
 
-from tiers.calibration import GRID, MAX_NAMESPACES, SERVE_FLOOR, Calibrator, Evidence, choose_threshold
+from tiers.calibration import GRID, SERVE_FLOOR, Calibrator, Evidence, choose_threshold
 
 MOST_NEEDED = 2000
 """Beyond this many more agreeing comparisons, the distance is not worth a number (``needs`` is ``None``)."""
@@ -82,9 +83,10 @@ def _typical_cell(evidence: Evidence) -> int:
 
 
 def _with_agreeing(evidence: Evidence, cell: int, count: int) -> Evidence:
-    observed = list(evidence.observed)
+    observed = array("q", evidence.observed)
     observed[cell] += count
-    return replace(evidence, observed=observed, disagreed=list(evidence.disagreed), looked=list(evidence.looked))
+    return replace(evidence, observed=observed, disagreed=array("q", evidence.disagreed),
+                   looked=array("q", evidence.looked))
 
 
 class ProgressBoard:
@@ -108,7 +110,7 @@ class ProgressBoard:
         if known is not None and known[0] == seen:
             return known[1]
         found = progress(self.calibrator.target, evidence, point.state, point.threshold)
-        if len(self._known) >= MAX_NAMESPACES:
+        if len(self._known) >= self.calibrator.capacity:
             self._known.clear()
         self._known[slot] = (seen, found)
         return found
@@ -131,7 +133,7 @@ class ProgressBoard:
         milestone = now.comparisons == 1 or (now.comparisons >= 8 and now.comparisons >= 2 * max(count, 4))
         if not milestone and now.state == state:
             return None
-        if len(self._logged) >= MAX_NAMESPACES:
+        if len(self._logged) >= self.calibrator.capacity:
             self._logged.clear()
         self._logged[slot] = (now.comparisons, now.state)
         return now.summary()

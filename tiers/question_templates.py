@@ -12,23 +12,31 @@ the last :data:`WINDOW` distinct question texts are kept (a text repeated counts
 least a quarter of them, and at least two, carry it, so two templates in turn are both learnt, and a question's own
 line counts only when it comes back around other lines. What remains, joined, is the question; a text that would be
 left empty (a single-line question is never split) stays whole. The first question of a namespace is compared whole:
-nothing is known to repeat yet. Namespaces beyond ``namespaces`` are forgotten least recently used first, so memory
-is bounded (:data:`NAMESPACES`). Learnt per process: replicas learn the same templates from
-their own traffic.
+nothing is known to repeat yet. What the namespaces hold is kept within a byte budget
+(``cache.l2.templates_max_bytes``; each namespace's own size, :meth:`_Recent.nbytes`): beyond it, the least recently
+used namespace of the tenant holding the most is forgotten (:class:`~tiers.budgets.OwnedLRU`). Learnt per process:
+replicas learn the same templates from their own traffic.
 """
 
 from __future__ import annotations
 
-from collections import Counter, OrderedDict, deque
+import sys
+from collections import Counter, deque
 from dataclasses import dataclass, field
+
+from tiers.budgets import MemoryAccount, OwnedLRU
 
 WINDOW = 16
 """Distinct question texts a partition's template is read from."""
 MAX_LINES = 32
 """Lines of one text taken into account (the rest are kept as question)."""
-NAMESPACES = 256
-"""Namespaces learnt at once (least recently used forgotten first): at most about 75 KB each (16 texts of 32 line
-hashes and their counts, measured with tracemalloc), so about 19 MB in all, whatever namespaces clients name."""
+DEFAULT_MAX_BYTES = 16 * 1024 * 1024
+"""``cache.l2.templates_max_bytes``: at least 200 namespaces at their largest (16 texts of 32 distinct lines: about
+75 KB), thousands of an app's usual few template lines."""
+NAMESPACE_BYTES = 400
+"""A namespace's objects beyond its texts and counts: its window, its place in the budget, its name's header."""
+_HASH_BYTES = 36
+"""A line hash (a 64-bit ``int`` object), counted once however many texts carry it."""
 
 
 @dataclass(slots=True)
@@ -48,16 +56,27 @@ class _Recent:
         self.texts.append(lines)
         self.counts.update(lines)
 
+    def nbytes(self) -> int:
+        """What it holds (the sizes of its containers and line hashes)."""
+        return (NAMESPACE_BYTES + sys.getsizeof(self.counts) + _HASH_BYTES * len(self.counts)
+                + sum(sys.getsizeof(text) for text in self.texts))
+
 
 class QuestionTemplates:
     """Template lines learnt per namespace (module docstring)."""
 
-    def __init__(self, namespaces: int = NAMESPACES) -> None:
-        self.namespaces = max(1, namespaces)
-        self._recent: OrderedDict[str, _Recent] = OrderedDict()
+    def __init__(self, max_bytes: int = DEFAULT_MAX_BYTES) -> None:
+        self.max_bytes = max_bytes
+        self._recent: dict[str, _Recent] = {}
+        self._kept: OwnedLRU[str] = OwnedLRU()
+
+    def memory(self) -> list[MemoryAccount]:
+        return [MemoryAccount("l2_templates", self._kept.bytes, self.max_bytes, len(self._kept),
+                              "cache.l2.templates_max_bytes")]
 
     def question(self, namespace: str, text: str) -> str:
-        """``text`` without the lines ``namespace``'s template repeats (learning from it first)."""
+        """``text`` without the lines ``namespace``'s template repeats (learning from it first); ``namespace``:
+        ``<tenant>\\x1f<namespace>``, the tenant owning it in the budget."""
         lines = text.split("\n")
         if len(lines) < 2:
             return text
@@ -65,11 +84,13 @@ class QuestionTemplates:
         recent = self._recent.get(namespace)
         if recent is None:
             recent = self._recent[namespace] = _Recent()
-            while len(self._recent) > self.namespaces:
-                self._recent.popitem(last=False)
-        else:
-            self._recent.move_to_end(namespace)
         recent.learn(frozenset(hashes))
+        self._kept.set(namespace, namespace.split("\x1f", 1)[0], recent.nbytes() + sys.getsizeof(namespace))
+        while self._kept.bytes > self.max_bytes:
+            victim = self._kept.victim(keep=namespace)
+            victim = namespace if victim is None else victim
+            self._kept.remove(victim)
+            del self._recent[victim]
         need = max(2, len(recent.texts) // 4)
         kept = [line for i, line in enumerate(lines) if i >= MAX_LINES or recent.counts[hashes[i]] < need]
         return " ".join(kept) if kept else " ".join(lines)

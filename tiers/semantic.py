@@ -19,8 +19,15 @@ text so that guards can compare it with the new one::
     partition  "<tenant>\\x1f<namespace>\\x1f<signature digest>"
                "<tenant>\\x1f<namespace>~<user digest>\\x1f<signature digest>"   (user-scoped: private namespaces)
     id         entry key (L1 key of the response)
-    payload    {"question": <original final user question>,
-                "evidence": <what its answer rests on, normalizer.evidence; absent without documents>}
+    payload    {"question": <original final user question>}
+
+What an answer rests on (:func:`normalizer.evidence.evidence`) is kept once, in its entry's meta, where the answer is
+(L1, L3): it is counted in that tier's bytes and goes with the entry. When the new prompt carries documents, the
+candidates' evidence is read from their entries (``evidence``, an :data:`EvidenceReader`) before choosing; a
+candidate whose answer is gone is dropped from the index then. The index itself keeps within ``cache.l2.max_bytes``
+(:class:`~tiers.vectors.hnsw.HnswVectorStore`: partitions cost what they hold and are evicted whole, the heaviest
+tenant's least recently used first, :func:`partition_owner`), and so do the templates and the calibration evidence
+(:meth:`SemanticTier.memory`).
 
 Up to ``candidates`` nearest questions above the threshold are examined, most similar first; the first that
 no guard vetoes and whose documents the new prompt carries is the match (a vetoed nearest neighbour must not hide
@@ -55,10 +62,14 @@ from normalizer.evidence import supports, without_citations
 from normalizer.guards import veto as guard_veto
 from tiers.answer_check import AnswerAgreement, uninformative
 from tiers.background import stop_task
+from tiers.budgets import Accounted, MemoryAccount
+from tiers.calibration import DEFAULT_MAX_BYTES as DEFAULT_CALIBRATION_BYTES
 from tiers.calibration import GRID, Calibrator
 from tiers.calibration_progress import ProgressBoard
 from tiers.embedders.base import Embedder, FloatArray
 from tiers.latency import LatencyHistogram
+from tiers.question_templates import DEFAULT_MAX_BYTES as DEFAULT_TEMPLATES_BYTES
+from tiers.question_templates import QuestionTemplates
 from tiers.vectors.base import VectorHit, VectorStore
 
 log = logging.getLogger(__name__)
@@ -74,7 +85,10 @@ are judged once it has (the oldest dropped beyond): a new namespace's first pair
 Veto = Callable[[str, str, Iterable[str]], "str | None"]
 CandidateSource = Callable[[FloatArray], Awaitable[list[VectorHit]]]
 """More candidates for a question's embedding, beyond this tier's index (the cold tier's question vectors); each
-hit's payload holds ``question`` and ``source`` (the tier that keeps its answer)."""
+hit's payload holds ``question``, ``source`` (the tier that keeps its answer) and ``evidence``."""
+EvidenceReader = Callable[[Sequence[VectorHit]], Awaitable[list[VectorHit]]]
+"""This index's candidates with ``evidence`` added to each payload, read from the entry of its answer; a candidate
+whose answer is gone is left out."""
 
 DEFAULT_GUARDS: tuple[str, ...] = ("numbers", "dates", "negations", "entities", "order")
 """Guards on by default: ``numbers``, ``dates`` and ``entities`` lowered the wrong-hit share at equal recall on real
@@ -217,6 +231,17 @@ def partition_of(scope: SemanticScope, signature_digest: str) -> str:
     return _SEPARATOR.join((scope.tenant, scope.label, signature_digest))
 
 
+def partition_owner(partition: str) -> str:
+    """The tenant a partition belongs to (whose partitions leave first when it holds the most)."""
+    return partition.split(_SEPARATOR, 1)[0]
+
+
+def templates_key(scope: SemanticScope) -> str:
+    """Where :class:`~tiers.question_templates.QuestionTemplates` learns a scope's template: per tenant and namespace
+    (and user), owned by the tenant."""
+    return f"{scope.tenant}{_SEPARATOR}{scope.label}"
+
+
 def choose_match(
     question: str,
     candidates: Sequence[VectorHit],
@@ -263,6 +288,8 @@ class SemanticTier:
         guards: Iterable[str] = DEFAULT_GUARDS,
         candidates: int = DEFAULT_CANDIDATES,
         veto: Veto = guard_veto,
+        calibration_max_bytes: int = DEFAULT_CALIBRATION_BYTES,
+        templates_max_bytes: int = DEFAULT_TEMPLATES_BYTES,
     ) -> None:
         """``threshold``/``namespace_thresholds``: fixed cosine thresholds (overrides of the calibrated ones);
         ``max_wrong_hit_rate``: the error bound calibrated thresholds meet (:mod:`tiers.calibration`);
@@ -270,13 +297,16 @@ class SemanticTier:
         two answers (:class:`~tiers.answer_check.AnswerAgreement`) from which they agree; ``guards``: names of the
         enabled guards
         (see :mod:`normalizer.guards`); ``candidates``: neighbours examined per lookup; ``veto``: the guard function
-        (injectable for experiments)."""
+        (injectable for experiments); ``calibration_max_bytes``/``templates_max_bytes``: the budgets of the
+        calibration evidence and of the question templates."""
         if embedder.dim != store.dim:
             raise ValueError(f"embedder dim {embedder.dim} != vector store dim {store.dim}")
         self.embedder = embedder
         self.store = store
         self.calibrator = Calibrator(max_wrong_hit_rate, fixed=threshold,
-                                     namespace_fixed=dict(namespace_thresholds or {}), verify_fraction=verify_fraction)
+                                     namespace_fixed=dict(namespace_thresholds or {}), verify_fraction=verify_fraction,
+                                     max_bytes=calibration_max_bytes)
+        self.templates = QuestionTemplates(templates_max_bytes)
         self.progress = ProgressBoard(self.calibrator)
         """How far each namespace's calibration has come (``/admin/stats``, the logs, the start-up summary)."""
         self.answers = AnswerAgreement(answer_agreement)
@@ -289,6 +319,16 @@ class SemanticTier:
         self._unjudged: deque[tuple[SemanticScope, SemanticMatch, str, str, str]] = deque(maxlen=MAX_UNJUDGED)
         """Comparisons waiting for the answer check to be ready: (scope, probe, cached, fresh, question)."""
 
+    def memory(self) -> list[MemoryAccount]:
+        """The ledger's lines of the index (an embedded one), the question templates and the calibration evidence."""
+        index = self.store.memory() if isinstance(self.store, Accounted) else []
+        return [*index, *self.templates.memory(), *self.calibrator.memory()]
+
+    def question(self, scope: SemanticScope, text: str) -> str:
+        """The question compared: ``text`` without the lines the scope's template repeats
+        (:class:`~tiers.question_templates.QuestionTemplates`)."""
+        return self.templates.question(templates_key(scope), text)
+
     def threshold_for(self, scope: SemanticScope) -> float:
         """The cosine threshold ``scope``'s namespace runs at now, for its tenant."""
         return self.calibrator.threshold(scope.namespace, scope.tenant)
@@ -298,13 +338,16 @@ class SemanticTier:
         return (await self.decide(scope, signature_digest, question)).match
 
     async def decide(self, scope: SemanticScope, signature_digest: str, question: str,
-                     more: CandidateSource | None = None, documents: Sequence[Document] = ()) -> SemanticDecision:
+                     more: CandidateSource | None = None, documents: Sequence[Document] = (),
+                     evidence: EvidenceReader | None = None) -> SemanticDecision:
         """Serve a match, or forward (and maybe compare answers with a probe afterwards); ``more``: a second source
-        of candidates, searched when this tier's own cannot serve; ``documents``: those the new prompt carries."""
+        of candidates, searched when this tier's own cannot serve; ``documents``: those the new prompt carries;
+        ``evidence``: how this index's candidates' evidence is read (with ``documents`` and without it, this index's
+        candidates are not used: nothing says what their answers rest on)."""
         self.stats.lookups += 1
         started = time.perf_counter()
         try:
-            return await self._decide(scope, signature_digest, question, more, documents)
+            return await self._decide(scope, signature_digest, question, more, documents, evidence)
         except Exception:
             self.stats.errors += 1
             raise
@@ -312,7 +355,8 @@ class SemanticTier:
             self.stats.lookup_seconds.observe(time.perf_counter() - started)
 
     async def _decide(self, scope: SemanticScope, signature_digest: str, question: str,
-                      more: CandidateSource | None, documents: Sequence[Document]) -> SemanticDecision:
+                      more: CandidateSource | None, documents: Sequence[Document],
+                      evidence: EvidenceReader | None) -> SemanticDecision:
         partition = partition_of(scope, signature_digest)
         indexed = await self.store.count(partition) > 0
         if not indexed and more is None:
@@ -321,6 +365,8 @@ class SemanticTier:
         hits = await self.store.search(partition, vector, k=self.candidates) if indexed else []
         threshold = self.threshold_for(scope)
         floor = min(threshold, GRID[0])
+        if hits and documents:  # what the answers rest on is in their entries: unread, they cannot serve
+            hits = await evidence([hit for hit in hits if hit.similarity >= floor]) if evidence is not None else []
         best = choose_match(question, hits, floor, self.guards, self.veto, self._count_veto, documents)
         if (best is None or best.similarity < threshold) and more is not None:
             known = {hit.id for hit in hits}  # an answer both know is this index's (its own float32 score)
@@ -405,16 +451,12 @@ class SemanticTier:
         guard = reason.split(":", 1)[0]
         self.stats.vetoes[guard] = self.stats.vetoes.get(guard, 0) + 1
 
-    async def add(self, scope: SemanticScope, signature_digest: str, question: str, entry_key: str,
-                  evidence: JSONValue = None) -> None:
-        """Record that ``entry_key`` answers ``question`` under this scope and context; ``evidence``: what its answer
-        rests on (:func:`normalizer.evidence.evidence`), when the prompt carried documents."""
+    async def add(self, scope: SemanticScope, signature_digest: str, question: str, entry_key: str) -> None:
+        """Record that ``entry_key`` answers ``question`` under this scope and context (what the answer rests on is
+        kept with the entry: module docstring)."""
         [vector] = await self.embedder.embed([question])
-        payload: dict[str, JSONValue] = {"question": question}
-        if evidence is not None:
-            payload["evidence"] = evidence
-        await self.store.add(
-            partition_of(scope, signature_digest), [entry_key], vector[None, :].astype(np.float32), [payload])
+        await self.store.add(partition_of(scope, signature_digest), [entry_key], vector[None, :].astype(np.float32),
+                             [{"question": question}])
 
     async def delete(self, entry_keys: Sequence[str]) -> int:
         """Forget entries (their responses were evicted or invalidated); the number that existed."""

@@ -62,6 +62,8 @@ Scenarios, in order:
     and by its upstream name — listed, read, scrolled, searched, looked up, aliased, overwritten, deleted — and the
     Qdrant routes kept from tenants (``qdrant_cross_tenant_reads``, ``qdrant_cross_tenant_writes``,
     ``qdrant_kept_routes_open``).
+18. **memory**: one key floods each structure it can name or fill, each against a proxy of its own
+    (:mod:`.abuse_memory`): ``memory_peak_mb`` (RSS growth per dimension) and ``memory_restart_mb``.
 
 Figures (the last line with ``--json`` is one JSON object): ``requests`` (every request sent that expects an answer,
 probes included), ``unbilled_upstream_calls`` (billable upstream calls — LLM and reranker POSTs — beyond the
@@ -108,6 +110,7 @@ from loadtest.bench import (
     _abuse_stored,
     abuse_idempotency,
     abuse_limits,
+    abuse_memory,
 )
 from loadtest.bench import _surfaces as surfaces
 from loadtest.bench._tally import CHAT, EMBEDDINGS, RESPONSES, Tally, chat, send
@@ -412,6 +415,7 @@ def run(options: Options) -> dict[str, Any]:
                        for charge in _settled(admin, user)]
             upstream_calls = _posts(llm.log, LLM_PATHS) + _posts(reranker.log, (surfaces.RERANK,))
             results["idempotency_bytes"] = abuse_idempotency.flood(llm.url, redis.url, quick)
+            results["memory"] = abuse_memory.run(200 if quick else 600, list(abuse_memory.DIMENSIONS), {})
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return _figures(tally, results, charges, upstream_calls, timings, options)
@@ -446,6 +450,7 @@ def _figures(tally: Tally, results: dict[str, Any], charges: list[dict[str, Any]
         **abuse_limits.figures(results["rate_limits"]),
         "rerank_probe_p99_ratio": rerank["raised_limit"]["probe_p99_ratio"],
         "idempotency_bytes_peak": results["idempotency_bytes"]["idempotency_bytes_peak"],
+        "memory_peak_mb": results["memory"]["peak_mb"], "memory_restart_mb": results["memory"]["restart_mb"],
         "rerank_probe_p99_ratio_at_default_limit": rerank["at_limit"]["probe_p99_ratio"],
         "upstream_calls": upstream_calls, "ledger_charges": len(charges),
         "answers_without_charge": len(set(tally.ledger_ids) - charged),

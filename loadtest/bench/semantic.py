@@ -298,7 +298,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     probe_vectors = encode_all(encoder, [p.text for p in probes])
     embed_s = time.perf_counter() - embed_started
 
-    store = HnswVectorStore(encoder.dim, initial_capacity=len(workload.cached))
+    store = HnswVectorStore(encoder.dim)
     partition = partition_of(SCOPE, SIGNATURE)
     payloads = [{"question": q} for q in workload.cached]
     asyncio.run(store.add(partition, [f"q{i}" for i in range(len(workload.cached))], cached_vectors, payloads))

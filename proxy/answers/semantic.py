@@ -5,8 +5,9 @@ endpoint's :class:`~normalizer.signature.PromptReading`). Everything but that qu
 match exactly (the :class:`~normalizer.signature.ContextSignature` digest, computed under the same knowledge version
 as the exact key); the question is compared by embedding under the namespace's threshold, with guards vetoing false
 friends, and the documents read by :class:`~proxy.core.prompt.ReadPrompt` must still carry what the cached answer
-rests on (:mod:`normalizer.evidence`; kept with each question as it is learnt, from the answer and the documents in
-the order the upstream saw them). An answer that cites by position is served with its positions rewritten to where
+rests on (:mod:`normalizer.evidence`; kept in the answer's entry, from the answer and the documents in the order the
+upstream saw them, and read from there for the candidates when the new prompt carries documents: one copy, which
+goes with its entry). An answer that cites by position is served with its positions rewritten to where
 the new prompt holds the documents, and promoted so. It runs
 after the exact tiers (L1, L3 by key): an exact repeat never costs an embedding. A match points at an entry key;
 the response bytes come from L1, or from L3 when L1 has let it go. Candidates come from the L2 index and, when it
@@ -18,7 +19,8 @@ upstream answer has been stored, and the answer's words teach the answer check
 (:class:`~tiers.calibration.AnswerAgreement`).
 
 The lines an app's prompt template repeats around its questions are left out of the question compared
-(:class:`~tiers.question_templates.QuestionTemplates`, learnt per namespace).
+(:class:`~tiers.question_templates.QuestionTemplates`, learnt per namespace, one for every endpoint:
+:meth:`SemanticTier.question`).
 
 In a user-scoped (private) request the index partition and the cold tier's signature tag carry the key scope's
 user digest too, so a paraphrase never reaches another user's answer.
@@ -46,10 +48,10 @@ from proxy.core.pipeline import Next
 from tiers.calibration import GRID
 from tiers.embedders.base import FloatArray
 from tiers.entry import CachedResponse
-from tiers.question_templates import QuestionTemplates
 from tiers.response_tier import ResponseTier
 from tiers.semantic import (
     CandidateSource,
+    EvidenceReader,
     SemanticMatch,
     SemanticScope,
     SemanticTier,
@@ -114,7 +116,6 @@ class SemanticLookup:
         self.promote_into = promote_into
         self.expose_similarity = expose_similarity
         self.cold = cold
-        self.templates = QuestionTemplates()
 
     async def __call__(self, ctx: RequestContext, call_next: Next) -> Reply:
         key, scope, policy, prompt = ctx.cache_key, ctx.key_scope, ctx.cache_policy, ctx.prompt
@@ -131,7 +132,7 @@ class SemanticLookup:
         if signature is None:
             return await call_next(ctx)
         where = SemanticScope(scope.tenant, scope.namespace, scope.user)
-        question = self.templates.question(f"{where.tenant}\x1f{where.label}", question)
+        question = self.semantic.question(where, question)
         query = ctx.semantic = SemanticQuery(question, where, signature.digest, signature_tag(where, signature.digest))
         probe: SemanticMatch | None = None
         if policy.may_read:
@@ -148,9 +149,8 @@ class SemanticLookup:
                     answer = answer_text(complete.body) if complete is not None else None
                     if answer is not None:
                         self.semantic.learn_answer(answer)
-                    rests_on = answer_evidence(ctx, answer)
                     try:
-                        await self.semantic.add(where, query.digest, question, key, rests_on)
+                        await self.semantic.add(where, query.digest, question, key)
                     except Exception as exc:  # fail open: the index is an optimisation
                         self.semantic.stats.index_errors += 1
                         log.warning("semantic index add failed: %s", exc)
@@ -186,6 +186,32 @@ class SemanticLookup:
                 return []
 
         return candidates
+
+    def _evidence(self, found: dict[str, CachedResponse]) -> EvidenceReader:
+        """Each candidate's evidence from its entry (kept in ``found``, so a match is not read twice); a candidate
+        whose answer is gone from every tier is dropped, and forgotten by the index."""
+        async def read(hits: Sequence[VectorHit]) -> list[VectorHit]:
+            kept, gone = [], []
+            for hit in hits:
+                entry = found.get(hit.id) or await self._entry(hit.id)
+                if entry is None:
+                    gone.append(hit.id)
+                    continue
+                found[hit.id] = entry
+                kept.append(VectorHit(hit.id, hit.similarity, {**hit.payload, "evidence": entry.meta.get("evidence")}))
+            if gone:
+                await self.semantic.delete(gone)
+            return kept
+
+        return read
+
+    async def _entry(self, key: str) -> CachedResponse | None:
+        """The answer under ``key`` from the fastest source holding it."""
+        for tier in self.sources:
+            entry = await tier.get(key)
+            if entry is not None:
+                return entry
+        return None
 
     def _comparison(self, where: SemanticScope, probe: SemanticMatch, question: str) -> FinishCallback:
         """After forwarding: compare the fresh answer with the one cached for ``probe`` (calibration evidence), in
@@ -226,7 +252,7 @@ class SemanticLookup:
         try:
             decision = await self.semantic.decide(query.where, query.digest, query.question,
                                                   self._cold_candidates(query, key, found), ctx.prompt.documents
-                                                  if ctx.prompt is not None else ())
+                                                  if ctx.prompt is not None else (), self._evidence(found))
         except Exception as exc:  # embedding model or vector store down: fail open (counted by the tier)
             log.warning("semantic lookup failed: %s", exc)
             return None, None
@@ -235,12 +261,7 @@ class SemanticLookup:
         if match is None:
             return None, decision.probe
         policy = ctx.cache_policy
-        entry = found.get(match.key)
-        if entry is None:
-            for tier in self.sources:
-                entry = await tier.get(match.key)
-                if entry is not None:
-                    break
+        entry = found.get(match.key) or await self._entry(match.key)
         if entry is None:
             await self.semantic.delete([match.key])  # the answer it pointed at is gone
             return None, None

@@ -19,7 +19,7 @@ from proxy.upstream.client import UpstreamClient
 from tiers.calibration_file import WARM_FILE
 from tiers.calibration_file import load as load_evidence
 from tiers.embedders import build_embedder
-from tiers.semantic import SemanticTier
+from tiers.semantic import SemanticTier, partition_owner
 from tiers.vectors.base import VectorStore
 from tiers.vectors.hnsw import HnswVectorStore
 
@@ -54,12 +54,14 @@ def build_semantic(settings: L2Settings, data_dir: Path, client: UpstreamClient)
 
         store = QdrantVectorStore(client, settings.qdrant_url, embedder.dim)
     else:
-        store = HnswVectorStore(embedder.dim, data_dir / "semantic", model=embedder.name)
+        store = HnswVectorStore(embedder.dim, data_dir / "semantic", model=embedder.name,
+                                max_bytes=settings.max_bytes, owner=partition_owner)
     tier = SemanticTier(embedder, store, threshold=settings.threshold,
                         namespace_thresholds=settings.namespace_thresholds,
                         max_wrong_hit_rate=settings.max_wrong_hit_rate, verify_fraction=settings.verify_fraction,
                         answer_agreement=settings.answer_agreement, guards=settings.guards,
-                        candidates=settings.candidates)
+                        candidates=settings.candidates, calibration_max_bytes=settings.calibration_max_bytes,
+                        templates_max_bytes=settings.templates_max_bytes)
     warm(tier, data_dir / WARM_FILE)
     return tier
 
@@ -70,7 +72,7 @@ def warm(tier: SemanticTier, path: Path) -> None:
     if not path.exists():
         return
     try:
-        rows = load_evidence(path)
+        rows = load_evidence(path, tier.calibrator.capacity)
     except (OSError, ValueError) as exc:
         log.warning("calibration warm-up file not read: %s", exc)
         return

@@ -10,9 +10,12 @@ from pydantic import AfterValidator, Field, SecretStr, field_validator, model_va
 
 from normalizer.bypass import BypassSettings
 from proxy.core.settings_section import Section
+from tiers.calibration import DEFAULT_MAX_BYTES as DEFAULT_CALIBRATION_BYTES
 from tiers.embedders import DEFAULT_UPSTREAM_DIM, DEFAULT_UPSTREAM_MODEL
 from tiers.policies import POLICY_NAMES
+from tiers.question_templates import DEFAULT_MAX_BYTES as DEFAULT_TEMPLATES_BYTES
 from tiers.semantic import DEFAULT_ANSWER_AGREEMENT, DEFAULT_CANDIDATES, DEFAULT_MAX_WRONG_HIT_RATE
+from tiers.vectors.hnsw import DEFAULT_MAX_BYTES as DEFAULT_INDEX_BYTES
 
 _BYPASS = BypassSettings()  # the bypass rules' defaults, defined once there
 
@@ -77,6 +80,18 @@ class L2Settings(Section):
     qdrant_url: str | None = Field(default=None, description="Qdrant for the shared semantic index")
     expose_similarity: bool = Field(default=False, description="Send X-Cache-Similarity (tells how close a hit was)")
     persist_interval_s: float = Field(default=60.0, gt=0, description="How often the hnsw index is saved")
+    max_bytes: int = Field(
+        default=DEFAULT_INDEX_BYTES, ge=64 * 1024, description="Memory of the embedded (hnsw) index: vectors and "
+        "questions of every namespace and context; beyond it whole partitions are evicted, the least recently used of "
+        "the tenant holding the most first, and a restart reloads no more (docs/semantic.md)")
+    calibration_max_bytes: int = Field(
+        default=DEFAULT_CALIBRATION_BYTES, ge=64 * 1024, description="Memory of the calibration evidence kept per "
+        "tenant and namespace (about 2 KB each); beyond it the least recently used namespace of the tenant holding "
+        "the most is forgotten (calibrating again)")
+    templates_max_bytes: int = Field(
+        default=DEFAULT_TEMPLATES_BYTES, ge=64 * 1024, description="Memory of the question templates learnt per "
+        "tenant and namespace; beyond it the least recently used namespace of the tenant holding the most is "
+        "forgotten")
 
     @model_validator(mode="after")
     def _complete(self) -> L2Settings:

@@ -45,6 +45,7 @@ from proxy.core.endpoints import Endpoint
 from proxy.core.errors import ProxyError
 from proxy.core.outcome import MISS_STATUSES, CacheStatus, Matched, Outcome
 from proxy.core.pipeline import Next
+from tiers.budgets import MemoryAccount
 from tiers.entry import CachedResponse
 
 _STALE = StaleSettings()  # the defaults, defined once there
@@ -59,7 +60,9 @@ _ENTRY_OVERHEAD = 128  # bytes charged per entry on top of its body (key, header
 
 @dataclass(frozen=True, slots=True)
 class _Kept:
-    entry: CachedResponse
+    stored: bytes
+    """The entry's stored form: its size is what it holds (a decoded entry's meta, documents' evidence and all, is
+    several times larger), decoded only when it is served."""
     kept_at: float
     size: int
 
@@ -85,11 +88,12 @@ class StaleStore:
 
     def keep(self, key: str, entry: CachedResponse) -> bool:
         """Remember ``entry`` as the last good answer for ``key``; ``False`` when it alone exceeds the budget."""
-        size = len(entry.body) + len(key) + _ENTRY_OVERHEAD
+        stored = entry.encode()
+        size = len(stored) + len(key) + _ENTRY_OVERHEAD
         if size > self.max_bytes:
             return False
         self._drop(key)
-        self._entries[key] = _Kept(entry, self._clock(), size)
+        self._entries[key] = _Kept(stored, self._clock(), size)
         self.bytes += size
         while len(self._entries) > self.max_entries or self.bytes > self.max_bytes:
             oldest = next(iter(self._entries))
@@ -106,7 +110,10 @@ class StaleStore:
             self._drop(key)
             return None
         self._entries.move_to_end(key)
-        return kept.entry
+        return CachedResponse.decode(kept.stored)
+
+    def memory(self) -> list[MemoryAccount]:
+        return [MemoryAccount("stale", self.bytes, self.max_bytes, len(self._entries), "cache.stale.max_bytes")]
 
     def _drop(self, key: str) -> None:
         kept = self._entries.pop(key, None)

@@ -120,6 +120,7 @@ def build_pipelines(rt: Runtime, endpoints: Iterable[Endpoint] = ENDPOINTS) -> P
     caching = _Caching(rt)
     stored = StoredResponses(rt.owners, [backend.label for backend in rt.backends.backends],
                              lambda selector: rt.invalidator().invalidate(selector))
+    rt.ledger.register(stored)
 
     def served(endpoint: Endpoint) -> Pipeline:
         """identify → limits (the row's shape) → idempotency → [stream_usage] → [stored_responses, when its requests
@@ -238,6 +239,8 @@ class _Caching:
         stale = rt.settings.cache.stale
         self.stale = StaleStore(max_entries=stale.max_entries, max_bytes=stale.max_bytes,
                                 max_stale_s=stale.max_stale_s) if stale.namespaces else None
+        if self.stale is not None:
+            rt.ledger.register(self.stale)
 
     def _control(self, lifetime: Lifetime | None = None) -> ApplyCacheControl:
         defaults = CacheDefaults(enabled=True, ttl=self.rt.settings.cache.l1.ttl_s)

@@ -30,6 +30,7 @@ from proxy.assembly.config import Settings
 from proxy.assembly.live_settings import LiveSettings
 from proxy.core.reply import drain_finishers
 from proxy.credits.factory import CreditComponents, build_credits
+from proxy.credits.idempotency import MemoryIdempotencyStore
 from proxy.kv.factory import KVLayer, build_kv
 from proxy.kv.stages import SharedPrefixes
 from proxy.observability.logs import LogLevel
@@ -40,6 +41,7 @@ from proxy.search.routes import collection_path
 from proxy.stored.owners import OwnersUnavailable, RedisResponseOwners, ResponseOwners, SqliteResponseOwners
 from proxy.upstream.backends import BackendPool
 from proxy.upstream.client import UpstreamClient
+from tiers.budgets import Measured, MemoryLedger
 from tiers.policies.trace import TraceRecorder
 from tiers.versions import KnowledgeVersions, VersionSource
 
@@ -71,6 +73,8 @@ class Runtime:
     """The cache trace (``cache.trace_file``), replayed by ``ragproxy simulate``."""
     observe: Observer = field(init=False)
     """Accounts for each answered request (metrics, statistics, spans, logs)."""
+    ledger: MemoryLedger = field(default_factory=MemoryLedger)
+    """What each structure users name or fill holds, against its budget (:mod:`tiers.budgets`)."""
     live: LiveSettings = field(default_factory=LiveSettings)
     """The owners of the settings a patch may change (:mod:`proxy.assembly.live_settings`)."""
     stats: RequestStats = field(default_factory=RequestStats)
@@ -104,6 +108,7 @@ class Runtime:
         if isinstance(self.owners, RedisResponseOwners):
             self.owners.wipe = self.credits.wipe  # owners in a Redis that lost its data are not believed either
         self.credits.register_metrics(self.metrics)
+        self._account()
         self.tracer = None
         if settings.telemetry.tracing:
             from proxy.core.tracing import make_tracer
@@ -114,6 +119,19 @@ class Runtime:
         self.live.register(LogLevel())
         self.observe = observer(self, self.live.register(AccessLog(settings.logging.access_log)))
         self._stack: AsyncExitStack | None = None
+
+    def _account(self) -> None:
+        """Register the runtime's structures with the memory ledger (stages register their own when built)."""
+        for tier in self.tiers:
+            self.ledger.register(tier)
+        documents = self.documents
+        if documents is not None:
+            self.ledger.register(Measured("documents", lambda: (documents.bytes, len(documents)),
+                                          documents.max_bytes, "routing.documents_max_bytes"))
+        idempotency = self.credits.idempotency
+        if isinstance(idempotency, MemoryIdempotencyStore):
+            self.ledger.register(Measured("idempotency", lambda: (idempotency.bytes, idempotency.entries),
+                                          idempotency.max_bytes, "idempotency.max_bytes"))
 
     def configure(self, settings: Settings, changed: Iterable[str]) -> None:
         """Take ``settings`` (validated, differing from the current ones in the ``changed`` keys, all of them live)

@@ -45,13 +45,17 @@ from proxy.core.errors import ProxyError
 from proxy.core.pipeline import Next
 from proxy.core.sse import EventSplitter, event_data
 from proxy.stored.owners import OwnersUnavailable, ResponseOwner, ResponseOwners
+from tiers.budgets import MemoryAccount
 from tiers.invalidation import Removal, Selector
 
 log = logging.getLogger("ragproxy.responses")
 
 PREFIX = "/v1/responses/"
 MAX_UNRECORDED = 10_000
-"""Owners kept in memory while the owner store is down (about 200 bytes each)."""
+"""Owners kept in memory while the owner store is down (at most :data:`UNRECORDED_BYTES` each: 4 MB in all)."""
+UNRECORDED_BYTES = 400
+"""One kept owner: a 53-character response id, a tenant and user digest of 80, its place in the order (345 bytes,
+tracemalloc), with room for longer tenant names."""
 USER_SEPARATOR = "~"
 """Between the tenant and the user digest in the owner of a response made in a user-scoped request (as in keys)."""
 COLLECTION_ROUTES = frozenset({"input_tokens", "compact"})
@@ -92,6 +96,11 @@ class StoredResponses:
         self._unrecorded: OrderedDict[str, ResponseOwner] = OrderedDict()
         """Owners the store could not take when their responses were made, oldest first (at most
         :data:`MAX_UNRECORDED`): recorded at the next use of the store, and known to this replica meanwhile."""
+
+    def memory(self) -> list[MemoryAccount]:
+        """The owners kept while the store is down, bounded by count (:data:`MAX_UNRECORDED`)."""
+        return [MemoryAccount("unrecorded_owners", len(self._unrecorded) * UNRECORDED_BYTES,
+                              MAX_UNRECORDED * UNRECORDED_BYTES, len(self._unrecorded), "MAX_UNRECORDED")]
 
     async def _record_late(self) -> None:
         """Record the owners the store could not take before, oldest first, while it takes them."""

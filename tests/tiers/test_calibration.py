@@ -3,14 +3,17 @@ that holds at every moment."""
 
 from __future__ import annotations
 
+import gc
 import math
 import random
+import tracemalloc
 
 import orjson
 import pytest
 
 from tiers.calibration import (
     GRID,
+    NAMESPACE_BYTES,
     PRIOR_WRONG_SHARE,
     SERVE_FLOOR,
     UNREACHABLE,
@@ -206,3 +209,44 @@ def test_namespaces_asked_about_hold_no_memory() -> None:
         calibrator.threshold(f"ns{i}", tenant=f"t{i}")
         calibrator.should_verify(f"ns{i}", tenant=f"t{i}")
     assert len(calibrator.points()) == 1  # default
+
+
+def _fill(calibrator: Calibrator, tenant: str, namespace: str) -> None:
+    for score in (0.71, 0.8, 0.9, 0.95, 0.99):
+        calibrator.look(namespace, score, tenant)
+        calibrator.observe(namespace, score, score > 0.9, tenant)
+
+
+def test_a_namespaces_evidence_holds_at_most_its_budgeted_bytes() -> None:
+    """The ledger counts :data:`NAMESPACE_BYTES` a namespace: what one holds, names of 64 characters included, with
+    counts too large for Python's shared small integers."""
+    calibrator = Calibrator(0.05, max_bytes=10**9)
+    gc.collect()
+    tracemalloc.start()
+    try:
+        for n in range(300):
+            tenant, namespace = f"tenant-{n % 5:0>57}", f"namespace-{n:0>54}"
+            _fill(calibrator, tenant, namespace)
+            for _ in range(300):
+                calibrator.look(namespace, 0.95, tenant)
+        gc.collect()
+        measured = tracemalloc.get_traced_memory()[0] / 300
+    finally:
+        tracemalloc.stop()
+    assert 0.75 * NAMESPACE_BYTES <= measured <= NAMESPACE_BYTES
+    [account] = calibrator.memory()
+    assert (account.bytes, account.entries) == (300 * NAMESPACE_BYTES, 300)
+
+
+def test_namespaces_beyond_the_budget_go_the_floods_own_first() -> None:
+    budget = 30 * NAMESPACE_BYTES
+    calibrator = Calibrator(0.10, max_bytes=budget)
+    for n in range(10):
+        _fill(calibrator, "alice", f"ns{n}")
+    for n in range(300):
+        _fill(calibrator, "mallory", f"flood{n}")
+        assert calibrator.memory()[0].bytes <= budget
+    report = calibrator.report()
+    assert all(f"alice/ns{n}" in report for n in range(10))
+    assert "mallory/flood299" in report and "mallory/flood0" not in report
+    assert sum(name.startswith("mallory/") for name in report) == 20

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from tiers.cold import ColdStore
-from tiers.cold.database import FILENAME, checksum
+from tiers.cold.database import FILENAME, SAMPLE_BYTES, ColdDatabase, checksum
 from tiers.policies.base import Decision
 from tiers.policies.lru import LRUPolicy
 
@@ -361,3 +361,16 @@ async def test_writes_sweep_expired_entries_nobody_reads(tmp_path: Path) -> None
         assert await store.keys_with_tag("t") == []
     finally:
         await store.close()
+
+
+def test_dictionary_samples_keep_only_each_values_head(tmp_path: Path) -> None:
+    """Until the first dictionary is trained, answers are sampled: large ones must not be held whole."""
+    db = ColdDatabase(tmp_path, LRUPolicy(10**9), train_after=20)
+    try:
+        for i in range(20):
+            db.put(f"k{i}", b"x" * (1024 * 1024), tags=(), ttl=None, cost=1.0)
+        samples = db.take_training_samples()
+        assert samples is not None and len(samples) == 20
+        assert all(len(sample) == SAMPLE_BYTES for sample in samples)
+    finally:
+        db.close()

@@ -269,3 +269,34 @@ def test_split_and_reassemble_keep_request_order() -> None:
     }
     with pytest.raises(ValueError):
         reassemble(3, {0: b"a"}, [b"b"], [1])
+
+
+@pytest.mark.parametrize(("results", "dim"), [(1, 8), (10, 384), (100, 32), (256, 384)])
+async def test_the_byte_budget_counts_what_cached_searches_hold(results: int, dim: int) -> None:
+    """What the policy counts per cached search against what it holds (tracemalloc): its result, query vector, key,
+    and the point ids it tracks for invalidation."""
+    import gc
+    import tracemalloc
+
+    cache = RetrievalCache(capacity_bytes=10**9)
+    await cache.set_metric("docs", Distance.COSINE)
+    rng = np.random.default_rng(0)
+    searches = [orjson.dumps({"vector": rng.standard_normal(dim).tolist(), "limit": results, "with_payload": True})
+                for _ in range(100)]
+    answers = [orjson.dumps({"result": [{"id": n * 1000 + i, "version": 0, "score": 0.9, "payload": {
+        "title": f"point {i}", "text": "some payload text " * 4}} for i in range(results)], "status": "ok",
+        "time": 0.001}) for n in range(100)]
+    gc.collect()
+    tracemalloc.start()
+    try:
+        for search, answer in zip(searches, answers, strict=True):
+            request = parse_search("/collections/docs/points/search", search)
+            assert request is not None
+            await cache.store(await cache.lookup("tenant", request), answer)
+        gc.collect()
+        held = tracemalloc.get_traced_memory()[0]
+    finally:
+        tracemalloc.stop()
+    [account] = cache.memory()
+    assert account.entries == 100 and account.bytes == cache.index.policy.used
+    assert 0.8 <= held / account.bytes <= 1.25, (held, account.bytes)

@@ -14,7 +14,7 @@ from qdrant_client import QdrantClient, models
 from normalizer.search_request import Distance, SearchItem, parse_search
 from tiers.policies.lru import LRUPolicy
 from tiers.retrieval.distance import distances, prepare, unit_vector_tolerance
-from tiers.retrieval.index import ProximityIndex
+from tiers.retrieval.index import ENTRY_OVERHEAD_BYTES, TRACKED_ID_BYTES, ProximityIndex
 from tiers.retrieval.writes import WriteEffect, WriteScope
 
 QUERY = "/collections/docs/points/query"
@@ -154,7 +154,7 @@ def test_other_dimension_never_matches_approximately() -> None:
 @settings(max_examples=30, deadline=None)
 @given(count=st.integers(1, 60), per_partition=st.integers(1, 10), budget_entries=st.integers(1, 30))
 def test_capacity_bounds_hold(count: int, per_partition: int, budget_entries: int) -> None:
-    entry_size = 100 + 16 + 256  # result + 4 float32 + overhead
+    entry_size = 100 + 16 + ENTRY_OVERHEAD_BYTES + 3 * TRACKED_ID_BYTES  # result, 4 float32, overhead, 3 point ids
     index = index_for(
         Distance.COSINE, 0.0, capacity=budget_entries * entry_size, max_entries_per_partition=per_partition
     )

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Iterable, Sequence
 from pathlib import Path
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from normalizer.documents import Document
+from normalizer.evidence import evidence
 from normalizer.signature import context_signature
 from proxy.doubles.qdrant_shim import QdrantShim
 from proxy.upstream.client import UpstreamClient
@@ -227,3 +229,26 @@ async def test_two_answers_are_compared_without_their_citations(encoder: MiniLME
     assert tier.compare(ACME, probe, child + cite, adult + cite, "how much ibuprofen for an adult") is False
     same = "Open the security settings, choose reset, and follow the emailed link within an hour"
     assert tier.compare(ACME, probe, same + " [doc-12]", same + " [Source 3]", "how can I reset my password") is True
+
+
+async def test_with_documents_candidates_serve_only_by_the_evidence_read_from_their_entries(
+        tier: SemanticTier) -> None:
+    """The index keeps questions only: what a candidate's answer rests on comes from its entry, and a candidate whose
+    evidence cannot be read (no reader, or its answer gone) never serves a question that carries documents."""
+    novel = Document("novel", "Pride and Prejudice is an 1813 novel by Jane Austen.")
+    await tier.add(ACME, signature(), "who wrote the novel pride and prejudice", "l1:austen")
+    [hit] = await tier.store.search(partition_of(ACME, signature()), (await tier.embedder.embed(["x"]))[0], k=1)
+    assert hit.payload == {"question": "who wrote the novel pride and prejudice"}
+    question = "Tell me who wrote the novel Pride and Prejudice?"
+    entries = {"l1:austen": evidence("It was Jane Austen [1].", [novel])}
+
+    async def read(hits: Sequence[VectorHit]) -> list[VectorHit]:
+        return [VectorHit(h.id, h.similarity, {**h.payload, "evidence": entries[h.id]})
+                for h in hits if h.id in entries]
+
+    assert (await tier.decide(ACME, signature(), question, documents=[novel])).match is None, "no reader"
+    assert (await tier.decide(ACME, signature(), question, documents=[novel], evidence=read)).match is not None
+    other = Document("novel", "Pride and Prejudice was written by someone else.")
+    assert (await tier.decide(ACME, signature(), question, documents=[other], evidence=read)).match is None
+    entries.clear()  # the answer left every tier
+    assert (await tier.decide(ACME, signature(), question, documents=[novel], evidence=read)).match is None

@@ -41,6 +41,10 @@ from tiers.policies.base import EvictionPolicy
 from tiers.storage import StoreStats, check_ttl
 
 FILENAME = "cold.sqlite3"
+SAMPLE_BYTES = 16 * 1024
+"""The head of each value kept as a sample for the first compression dictionary: ``train_after`` samples hold at
+most this much each (16 MB at the default 1,000, where whole answers could hold 4 GB), and a dictionary learns the
+structure answers share, which their heads carry."""
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS entries(
@@ -358,7 +362,7 @@ class ColdDatabase:
         if vector is not None and self._vectors is not None:
             self._vectors.add(key, vector)
         if self.compressor.active == 0 and len(self._samples) < self.train_after:
-            self._samples.append(value)
+            self._samples.append(value[:SAMPLE_BYTES])
         self._puts_since_sweep += 1
         if self._puts_since_sweep >= self._sweep_every:
             self._puts_since_sweep = 0

@@ -35,6 +35,7 @@ from typing import Any
 import orjson
 
 from normalizer.search_request import Distance, SearchRequest, vector_metrics
+from tiers.budgets import MemoryAccount
 from tiers.latency import LatencyHistogram
 from tiers.memory import MemoryStore
 from tiers.policies.base import EvictionPolicy
@@ -110,6 +111,11 @@ class RetrievalCache:
         """Searches (items of a batch) answered from the cache, and not."""
         self.lookup_seconds = LatencyHistogram()
 
+    def memory(self) -> list[MemoryAccount]:
+        """Its line of the memory ledger: the bytes its policy counts (results, query vectors, the ids they hold)."""
+        policy = self.index.policy
+        return [MemoryAccount("retrieval", policy.used, policy.capacity, len(self.index), "cache.retrieval.max_bytes")]
+
     # -- settings --------------------------------------------------------------------------------------------
 
     def collections(self) -> list[str]:
@@ -174,7 +180,7 @@ class RetrievalCache:
             return None
         fetched: list[bytes] = []
         for position, value in zip(plan.misses, results, strict=True):
-            encoded = orjson.dumps(value)
+            encoded = bytes(memoryview(orjson.dumps(value)))  # a copy of its size: orjson's keeps a 4 KB buffer
             fetched.append(encoded)
             item = request.items[position]
             admission = self.index.admit(

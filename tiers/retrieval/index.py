@@ -12,7 +12,7 @@ Layout:
   dict lookup and the same search stored twice replaces itself;
 - capacity: at most ``max_entries_per_partition`` per partition (the partition's least recently used goes
   first) and a total byte budget decided by the shared ``EvictionPolicy`` (LRU by default), sizes = result
-  bytes + vector bytes + a fixed overhead;
+  bytes + vector bytes + a fixed overhead + a cost per tracked point id (what each holds in memory, measured);
 - invalidation: a version per collection, bumped by every write; a lookup records the versions it saw and a
   result is only admitted if none changed meanwhile (a search that raced a write is never stored). Writes drop
   entries at once: the whole collection, or — for deletes and payload changes of known ids — the entries whose
@@ -41,7 +41,12 @@ from tiers.policies.base import EvictionPolicy
 from tiers.retrieval.partition import Partition
 from tiers.retrieval.writes import PointId, WriteEffect, WriteScope
 
-ENTRY_OVERHEAD_BYTES = 256
+ENTRY_OVERHEAD_BYTES = 2000
+"""What an entry holds beyond its result and query vector: its key, its record, its places in the partition and the
+reverse indexes (tracemalloc, ``tests/tiers/test_retrieval_cache.py``)."""
+TRACKED_ID_BYTES = 400
+"""What each point id an entry's result holds costs in the reverse index ``(collection, point id) → keys`` and the
+entry's own set, when no other entry holds it (same test)."""
 ALL_COLLECTIONS = "\x00all"
 """Pseudo collection name under which :meth:`ProximityIndex.versions` records the alias epoch."""
 DEFAULT_COSINE_TOLERANCE = 0.015
@@ -205,8 +210,12 @@ class ProximityIndex:
         if any(self.version(name) != seen for name, seen in seen_versions.items()):
             return Admission(admitted=False, key=key)
         vector_bytes = item.vector.nbytes if item.vector is not None else 0
+        ids = None if result_ids is None else frozenset(result_ids)
+        if ids is not None and len(ids) > self.max_tracked_ids:
+            ids = None
+        held = size + vector_bytes + ENTRY_OVERHEAD_BYTES + TRACKED_ID_BYTES * len(ids or ())
         dropped = self.forget(key)
-        decision = self.policy.insert(key, size + vector_bytes + ENTRY_OVERHEAD_BYTES, cost)
+        decision = self.policy.insert(key, held, cost)
         if not decision.admitted:
             return Admission(admitted=False, key=key, evicted=tuple(dropped))
         evicted = [*dropped, *decision.evicted]
@@ -221,9 +230,6 @@ class ProximityIndex:
             self.policy.remove(victim)
             self._drop(victim)
             evicted.append(victim)
-        ids = None if result_ids is None else frozenset(result_ids)
-        if ids is not None and len(ids) > self.max_tracked_ids:
-            ids = None
         entry = _Entry(
             partition=partition_id,
             collection=collection,

@@ -15,6 +15,7 @@ from proxy.core.pipeline import Stage
 from proxy.observability.metrics import GaugeReader
 from proxy.search.stages import CollectionFetcher
 from proxy.upstream.client import UpstreamClient
+from tiers.budgets import MemoryAccount
 from tiers.invalidation import Embedding, Removal, Selector
 from tiers.latency import LatencyHistogram
 from tiers.memory import MemoryStore
@@ -65,6 +66,10 @@ class CacheTier(Protocol):
 
     def gauges(self) -> Sequence[Gauge]:
         """The tier's own gauges, read at every scrape."""
+        ...
+
+    def memory(self) -> list[MemoryAccount]:
+        """Its lines of the memory ledger (:mod:`tiers.budgets`): what it holds in process memory, against budgets."""
         ...
 
 

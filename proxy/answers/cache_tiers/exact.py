@@ -9,8 +9,10 @@ from proxy.answers.cache_tiers.base import Build, CacheTier, Gauge, LookupStats,
 from proxy.answers.replies import ExactLookup, StillStored, WriteBehind
 from proxy.core.endpoints import Endpoint
 from proxy.core.pipeline import Stage
+from tiers.budgets import MemoryAccount
 from tiers.invalidation import Embedding, Invalidator, Removal, Selector
 from tiers.memory import MemoryStore
+from tiers.near_cache import NearCachedStore
 from tiers.policies import make_policy
 from tiers.response_tier import ResponseTier
 
@@ -59,6 +61,15 @@ class ExactTier:
 
     def gauges(self) -> Sequence[Gauge]:
         return ()
+
+    def memory(self) -> list[MemoryAccount]:
+        """The answers held in process memory (in shared mode, the near copies), by their bytes."""
+        store = self.answers.store if self.answers is not None else None
+        held = store.near if isinstance(store, NearCachedStore) else store
+        if not isinstance(held, MemoryStore):
+            return []
+        return [MemoryAccount(self.name, held.stats_nowait().bytes, held.policy.capacity, len(held),
+                              f"cache.{self.name}.max_bytes")]
 
 
 def build(b: Build) -> CacheTier | Off:

@@ -10,6 +10,7 @@ from proxy.answers.cache_tiers.base import Build, CacheTier, Gauge, LookupStats,
 from proxy.answers.replies import WriteBehind
 from proxy.core.pipeline import Stage
 from proxy.search.stages import CollectionFetcher, InvalidateSearches, RetrievalLookup
+from tiers.budgets import MemoryAccount
 from tiers.invalidation import Embedding, Invalidator, Removal, Selector
 from tiers.policies import make_policy
 from tiers.response_tier import ResponseTier
@@ -61,6 +62,9 @@ class SearchTier:
 
     def gauges(self) -> Sequence[Gauge]:
         return ()
+
+    def memory(self) -> list[MemoryAccount]:
+        return self.cache.memory()
 
 
 def build(b: Build) -> CacheTier | Off:

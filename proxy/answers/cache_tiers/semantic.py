@@ -17,6 +17,7 @@ from proxy.answers.settings import L2Settings
 from proxy.core.endpoints import Endpoint
 from proxy.core.pipeline import Stage
 from tiers.background import stop_task
+from tiers.budgets import MemoryAccount
 from tiers.invalidation import Embedding, Removal, Selector
 from tiers.response_tier import ResponseTier
 from tiers.semantic import SemanticTier
@@ -116,6 +117,9 @@ class SemanticCacheTier:
         """No vector may point at an answer the tiers before this one removed."""
         if removed.keys:
             removed.removed["semantic"] = await self.semantic.delete(removed.keys)
+
+    def memory(self) -> list[MemoryAccount]:
+        return self.semantic.memory()
 
     def gauges(self) -> Sequence[Gauge]:
         calibrator = self.semantic.calibrator

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
@@ -25,7 +26,14 @@ StoreFactory = Callable[[Path], AbstractAsyncContextManager[VectorStore]]
 
 @asynccontextmanager
 async def _hnsw(directory: Path) -> AsyncIterator[VectorStore]:
-    yield HnswVectorStore(DIM, directory, model="test", initial_capacity=4)
+    """Partitions past 4 vectors are hnswlib graphs."""
+    yield HnswVectorStore(DIM, directory, model="test", graph_from=4)
+
+
+@asynccontextmanager
+async def _flat(directory: Path) -> AsyncIterator[VectorStore]:
+    """Every partition of these tests is an exact scan."""
+    yield HnswVectorStore(DIM, directory, model="test")
 
 
 @asynccontextmanager
@@ -39,7 +47,7 @@ async def _qdrant(directory: Path) -> AsyncIterator[VectorStore]:
         await client.close()
 
 
-BACKENDS: dict[str, StoreFactory] = {"hnsw": _hnsw, "qdrant": _qdrant}
+BACKENDS: dict[str, StoreFactory] = {"hnsw": _hnsw, "hnsw-flat": _flat, "qdrant": _qdrant}
 
 
 @pytest.fixture(params=sorted(BACKENDS))
@@ -129,10 +137,11 @@ async def test_rejects_mismatched_batches(store: VectorStore) -> None:
         await store.add("p", ["1", "1"], unit(rng, 2))
 
 
-async def test_persist_then_reload_keeps_everything(tmp_path: Path) -> None:
+@pytest.mark.parametrize("graph_from", [2, 1024])
+async def test_persist_then_reload_keeps_everything(tmp_path: Path, graph_from: int) -> None:
     rng = np.random.default_rng(6)
     vectors = unit(rng, 10)
-    store = HnswVectorStore(DIM, tmp_path, model="m", initial_capacity=2)
+    store = HnswVectorStore(DIM, tmp_path, model="m", graph_from=graph_from)
     await store.add("tenant/ns/sig", [f"k{i}" for i in range(10)], vectors, [{"i": i} for i in range(10)])
     await store.delete(["k3"])
     await store.persist()
@@ -163,7 +172,10 @@ async def test_persist_drops_the_files_of_dropped_partitions(tmp_path: Path) -> 
     await store.persist()
     await store.delete_partition("a")
     await store.persist()
-    assert sum(1 for path in os.listdir(tmp_path) if path.endswith(".index")) == 1
+    assert sum(1 for path in os.listdir(tmp_path) if path.endswith(".npy")) == 1
+    await store.delete(["2"])  # the last vector of a partition: it goes, files and all
+    await store.persist()
+    assert sorted(os.listdir(tmp_path)) == ["manifest.json"]
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -171,12 +183,13 @@ async def test_persist_drops_the_files_of_dropped_partitions(tmp_path: Path) -> 
     operations=st.lists(
         st.tuples(st.sampled_from(["add", "delete"]), st.integers(0, 11), st.sampled_from(["p", "q"])),
         max_size=40,
-    )
+    ),
+    graph_from=st.sampled_from([1, 3, 1024]),
 )
-async def test_hnsw_agrees_with_a_dictionary_model(operations: list[tuple[str, int, str]]) -> None:
+async def test_hnsw_agrees_with_a_dictionary_model(operations: list[tuple[str, int, str]], graph_from: int) -> None:
     rng = np.random.default_rng(9)
     vectors = unit(rng, 12)
-    store = HnswVectorStore(DIM, initial_capacity=1)
+    store = HnswVectorStore(DIM, graph_from=graph_from)
     model: dict[str, str] = {}
     for operation, number, partition in operations:
         key = str(number)
@@ -192,3 +205,14 @@ async def test_hnsw_agrees_with_a_dictionary_model(operations: list[tuple[str, i
             assert (await store.search(partition, vectors[int(key)], k=1))[0].id == key
         found = await store.search(partition, vectors[0], k=12)
         assert {hit.id for hit in found} == expected
+
+
+async def test_a_manifest_of_the_wrong_shape_loads_nothing(tmp_path: Path) -> None:
+    store = HnswVectorStore(DIM, tmp_path, model="m")
+    await store.add("p", ["x"], unit(np.random.default_rng(10), 1))
+    await store.persist()
+    manifest = json.loads((tmp_path / "manifest.json").read_text())
+    manifest["partitions"] = [[*manifest["partitions"][0], "one too many"], 7]
+    (tmp_path / "manifest.json").write_text(json.dumps(manifest))
+    reloaded = HnswVectorStore(DIM, tmp_path, model="m")
+    assert await reloaded.load() == 0
