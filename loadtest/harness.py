@@ -8,6 +8,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections import deque
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -16,12 +17,20 @@ from typing import Any
 import httpx
 import numpy as np
 
+_HANDED_OUT: deque[int] = deque(maxlen=1024)
+"""The ports :func:`free_port` gave lately: the kernel may hand a port it just freed out again, and two ports asked
+for one after the other (a proxy's data and admin ports) must differ."""
+
 
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nobody listens on right now."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    """A TCP port on 127.0.0.1 that nobody listens on right now, and not one this process was given lately."""
+    while True:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = int(sock.getsockname()[1])
+        if port not in _HANDED_OUT:
+            _HANDED_OUT.append(port)
+            return port
 
 
 def wait_for_port(port: int, timeout: float = 30.0, host: str = "127.0.0.1",

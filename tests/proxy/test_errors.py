@@ -25,10 +25,11 @@ def _openai_error(response: httpx.Response, status: int) -> dict[str, object]:
 
 
 def test_malformed_json_is_400_in_openai_shape(proxy: ProxyServer) -> None:
-    for raw in (b"{bad", b"[1, 2]", b"", b'{"a": "\xff"}', b"[" * 5000 + b"]" * 5000):
+    for raw, code in ((b"{bad", "invalid_json"), (b"[1, 2]", "invalid_json"), (b"", "invalid_json"),
+                      (b'{"a": "\xff"}', "invalid_json"), (b"[" * 5000 + b"]" * 5000, "nesting_too_deep")):
         error = _openai_error(httpx.post(proxy.url + "/v1/chat/completions", content=raw,
                                          headers={"Content-Type": "application/json"}), 400)
-        assert error["code"] == "invalid_json"
+        assert error["code"] == code
 
 
 def test_sdk_sees_bad_request(proxy: ProxyServer) -> None:
