@@ -141,15 +141,15 @@ def unowned_reference(body: Mapping[str, Any]) -> tuple[str, str] | None:
             return "tools", "vector stores"
         if isinstance(tool.get("container"), str):
             return "tools", "a container"
-        if _names_file(tool):
+        if names_file(tool):
             return "tools", "a file"
-    if _names_file(body.get("input")):
+    if names_file(body.get("input")):
         return "input", "a file"
     return None
 
 
-def _names_file(value: Any) -> bool:
-    """Whether a ``file_id`` (not ``null``) appears anywhere in ``value``."""
+def names_file(value: Any) -> bool:
+    """Whether a ``file_id`` (not ``null``) appears anywhere in ``value`` (a file stored upstream)."""
     pending = [value]
     while pending:
         node = pending.pop()

@@ -316,3 +316,11 @@ def test_objects_no_tenant_made_through_the_proxy_are_refused(billed: Billed, ex
         refused = httpx.post(billed.proxy.url + path, headers=billed.ann, json=body)
         assert refused.status_code == 400 and refused.json()["error"]["param"] == param, (path, refused.text)
     assert billed.reached() == []
+
+
+def test_a_chat_message_naming_a_stored_file_is_refused(billed: Billed) -> None:
+    content = [{"type": "text", "text": "summarise"}, {"type": "file", "file": {"file_id": "file-of-someone"}}]
+    refused = httpx.post(billed.proxy.url + CHAT, headers=billed.ann,
+                         json={"model": MODEL, "messages": [{"role": "user", "content": content}]})
+    assert refused.status_code == 400 and refused.json()["error"]["code"] == "unsupported_parameter"
+    assert billed.reached() == []
