@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from loadtest.bench._abuse_rows import Attack, Findings, Row, Victim, json_bytes, run
+from loadtest.bench._abuse_rows import Attack, Findings, Row, Victim, json_bytes, run, stored
 
 CHAT = "/v1/chat/completions"
 
@@ -27,14 +27,24 @@ def header_sets(victim: Victim) -> list[dict[str, str]]:
             {"X-Rewrite-URL": theirs, "X-Method-Override": "DELETE"}]
 
 
-def attacks(rows: list[Row], own: str, victim: Victim) -> list[Attack]:
-    """Every row with every header set, as tenant B (grouped by header set, so the deleting ones come last)."""
-    return [Attack("header", "other", row.method, row.path(own), headers, json_bytes(row.body))
+def attacks(rows: list[Row], owns: list[str], victim: Victim) -> list[Attack]:
+    """Every row with every header set, as tenant B, grouped by header set (the deleting ones come last); a row
+    naming a stored response names the next of ``owns``."""
+    fresh = iter(owns)
+    return [Attack("header", "other", row.method, row.path(next(fresh) if row.names_response else None), headers,
+                   json_bytes(row.body))
             for headers in header_sets(victim) for row in rows]
 
 
 async def header_attacks(url: str, rows: list[Row], auth: dict[str, dict[str, str]], own: str, victim: Victim,
                          log: Any, tally: Any) -> dict[str, Any]:
+    """Run :func:`attacks` against ``url`` (``own``: kept for the signature the attack families share; each attack
+    gets a stored response of B's of its own)."""
+    needed = len(header_sets(victim)) * sum(row.names_response for row in rows)
+    owns = [made.response for n in range(needed)
+            if (made := await stored(url, auth["other"], f"tenant B's response {n}")) is not None]
+    if len(owns) < needed:
+        return {"stored_responses_created": False}
     findings = Findings()
-    await run(url, attacks(rows, own, victim), auth, log, victim, findings, tally, concurrency=1)
+    await run(url, attacks(rows, owns, victim), auth, log, victim, findings, tally, concurrency=1)
     return findings.as_dict()

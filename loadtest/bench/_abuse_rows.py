@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
+import httpx
 import orjson
 
 from normalizer.json_body import BodyProblem, read_body
@@ -144,6 +145,19 @@ class Findings:
         return {"tried": self.tried, "free_paths": self.free_paths, "cross_tenant_reads": self.cross_tenant_reads,
                 "cross_tenant_deletes": self.cross_tenant_deletes, "reached_upstream": self.reached_upstream,
                 "statuses": dict(self.statuses), "examples": self.examples[:8]}
+
+
+async def stored(url: str, headers: dict[str, str], question: str) -> Victim | None:
+    """A new stored response of the user behind ``headers``, with its output items; ``None`` if it failed."""
+    async with httpx.AsyncClient(headers=headers, timeout=60.0) as client:
+        try:
+            made = await client.post(url + "/v1/responses", json={"model": MODEL, "store": True, "input": question})
+        except httpx.HTTPError:
+            return None
+    if not made.is_success:
+        return None
+    body = made.json()
+    return Victim(body["id"], tuple(item["id"] for item in body["output"]))
 
 
 async def send(url: str, attack: Attack, auth: dict[str, str]) -> int | None:

@@ -89,6 +89,7 @@ import argparse
 import asyncio
 import json
 import os
+import re
 import resource
 import shutil
 import statistics
@@ -122,6 +123,7 @@ from proxy.upstream.settings import Upstreams
 
 USER, TENANT = "abuse-user", "abuse-tenant"
 LLM_PATHS = (CHAT, EMBEDDINGS, RESPONSES)
+_IDS = re.compile(r"(resp|msg|cmp|fc|rs)_[A-Za-z0-9]+")
 MODEL_RUNS = (CHAT, "/v1/completions", EMBEDDINGS, RESPONSES, RESPONSES + "/compact")
 """Upstream paths whose ``POST`` runs a model (what is priced as model work)."""
 
@@ -323,27 +325,17 @@ def _posts(log: Any, paths: tuple[str, ...]) -> int:
     return sum(1 for entry in log.entries if entry.method == "POST" and entry.path in paths)
 
 
-def _client_calls(log: Any) -> tuple[int, int]:
+def _client_calls(log: Any) -> tuple[int, Counter[str]]:
     """Upstream calls a client caused (they carry the proxy's ``X-Request-ID``; health probes do not) that the
-    upstream did (it answered 2xx, or has not answered yet: a stream the client left): model runs
-    (:data:`MODEL_RUNS`) and the rest. An upstream's error costs nothing and is charged nothing."""
+    upstream did (it answered 2xx, or has not answered yet: a stream the client left): the model runs
+    (:data:`MODEL_RUNS`), and the rest by method and path (ids masked). An upstream's error costs nothing and is
+    charged nothing."""
     caused = [entry for entry in log.entries if "X-Request-ID" in entry.headers
               and (log.status(entry) is None or 200 <= log.status(entry) < 300)]
     runs = sum(1 for entry in caused if entry.method == "POST" and entry.path in MODEL_RUNS)
-    return runs, len(caused) - runs
-
-
-async def _stored(url: str, headers: dict[str, str], question: str) -> _abuse_rows.Victim | None:
-    """A stored response of the user behind ``headers``, with its output items; ``None`` if it failed."""
-    async with httpx.AsyncClient(headers=headers, timeout=60.0) as client:
-        try:
-            made = await client.post(url + RESPONSES, json={"model": "fake-model", "store": True, "input": question})
-        except httpx.HTTPError:
-            return None
-    if not made.is_success:
-        return None
-    body = made.json()
-    return _abuse_rows.Victim(body["id"], tuple(item["id"] for item in body["output"]))
+    others = Counter(f"{entry.method} {_IDS.sub('{id}', entry.path)}" for entry in caused
+                     if not (entry.method == "POST" and entry.path in MODEL_RUNS))
+    return runs, others
 
 
 async def rows_attacked(url: str, auth: dict[str, dict[str, str]], llm: Any, tally: Tally,
@@ -355,8 +347,8 @@ async def rows_attacked(url: str, auth: dict[str, dict[str, str]], llm: Any, tal
     victims = []
     for family, attack in (("paths", _abuse_paths.path_attacks), ("headers", _abuse_headers.header_attacks),
                            ("bodies", _abuse_bodies.body_attacks)):
-        victim = await _stored(url, auth["owner"], f"tenant A's private question for the {family}")
-        own = await _stored(url, auth["other"], f"tenant B's own question for the {family}")
+        victim = await _abuse_rows.stored(url, auth["owner"], f"tenant A's private question for the {family}")
+        own = await _abuse_rows.stored(url, auth["other"], f"tenant B's own question for the {family}")
         if victim is None or own is None:
             seen[family] = {"stored_responses_created": False}
             continue
@@ -384,8 +376,8 @@ class Options:
 def run(options: Options) -> dict[str, Any]:
     if shutil.which("redis-server") is None:
         raise SystemExit("redis-server is not installed")
-    if options.proxy_tree is not None:  # every ragproxy serve of the run: that checkout's code
-        os.environ["PYTHONPATH"] = str(Path(options.proxy_tree).resolve())
+    if options.proxy_tree is not None:  # every ragproxy serve of the run: that checkout's code, not the cwd's
+        os.environ.update(PYTHONPATH=str(Path(options.proxy_tree).resolve()), PYTHONSAFEPATH="1")
     work = Path(tempfile.mkdtemp(prefix="ragproxy-abuse-"))
     quick, tally, timings = options.quick, Tally(), {}
     redis = Redis(work / "redis")
@@ -463,7 +455,8 @@ def run(options: Options) -> dict[str, Any]:
                                                   (rerank_admin, USER)]
                        for charge in _settled(admin, user)]
             runs, others = _client_calls(llm.log)
-            calls = {"model_runs": runs + _posts(reranker.log, (surfaces.RERANK,)), "other": others}
+            calls = {"model_runs": runs + _posts(reranker.log, (surfaces.RERANK,)), "other": sum(others.values())}
+            results["other_upstream_calls"] = dict(others)
             entries = llm.log.entries
             results["forwarded_override_headers"] = _abuse_rows.forwarded_override_headers(entries)
             results["unparsed_bodies_forwarded"] = _abuse_rows.unparsed_bodies_forwarded(entries)
@@ -510,6 +503,7 @@ def _figures(tally: Tally, results: dict[str, Any], charges: list[dict[str, Any]
         "idempotency_bytes_peak": results["idempotency_bytes"]["idempotency_bytes_peak"],
         "rerank_probe_p99_ratio_at_default_limit": rerank["at_limit"]["probe_p99_ratio"],
         "upstream_calls": calls, "ledger_charges": len(charges), "upstream_reread": results["upstream_reread"],
+        "other_upstream_calls": results["other_upstream_calls"],
         "answers_without_charge": len(set(tally.ledger_ids) - charged),
         "probe_p50_ms_baseline": baseline, "probe_p50_ms_under_attack": attacked,
         "probe_p50_ratio_to_baseline": round(attacked / baseline, 2) if baseline and attacked else None,
