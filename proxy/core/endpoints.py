@@ -146,7 +146,7 @@ class Endpoint:
     """``paths`` as exact templates (what the upstream path is built from)."""
 
     method = "POST"
-    max_body_bytes: int | None = None
+    """Every cached API is a ``POST``."""
 
     def assemble(self, raw: bytes) -> tuple[dict[str, Any], dict[str, Any]] | None:
         """A finished stream as one answer object, and the entry metadata its replay needs; ``None`` if unusable."""

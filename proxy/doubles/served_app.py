@@ -171,6 +171,10 @@ class ServedApp:
             received_at=time.monotonic(),
         )
         self.log.append(entry)
-        response = await handler(request)
+        try:
+            response = await handler(request)
+        except web.HTTPException as refused:  # aiohttp's own answers: no route, wrong method
+            self.log.answered(entry, refused.status)
+            raise
         self.log.answered(entry, response.status)
         return response
