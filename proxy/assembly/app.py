@@ -28,7 +28,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 
-from normalizer.paths import PathAllowList, PathTemplate, Query, path_problem, upstream_target
+from normalizer.paths import PathAllowList, PathTemplate, Query, Target, path_problem, upstream_target
 from proxy.assembly.config import Settings
 from proxy.assembly.pipelines import build_pipelines
 from proxy.assembly.routes.about import about_handler
@@ -71,7 +71,17 @@ def _is_qdrant_path(path: str) -> bool:
 
 
 def _row_target(template: PathTemplate, query: Query) -> Targeter:
-    """A row's upstream path and query for a request, built from ``template`` and ``query``."""
+    """A row's upstream path and query for a request, built from ``template`` and ``query`` (an exact path with no
+    query string, the common case, is one target built once: the handler serves that path only)."""
+    if template.literal:
+        fixed = Target(template.template, {})
+
+        def literal(request: Request) -> Target | None:
+            if request.query_string or request.path != template.template:
+                return upstream_target(template, query, request.path, request.query_string)
+            return fixed
+
+        return literal
     return lambda request: upstream_target(template, query, request.path, request.query_string)
 
 

@@ -39,7 +39,8 @@ def as_sent(request: Request) -> Target:
 
 def _json_type(request: Request) -> bool:
     """Whether the body is declared JSON (or not declared at all)."""
-    if "Content-Type" not in request.headers:
+    declared = request.headers.get("Content-Type")
+    if declared is None or declared == "application/json":
         return True
     kind = request.content_type
     return kind == "application/json" or kind.endswith("+json")
