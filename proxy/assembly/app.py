@@ -113,7 +113,7 @@ class DataPlane:
             served = make_handler(pipeline, resource.route, resource.dialect,
                                   max_body=min(limit, resource.max_body_bytes or limit), json_body=resource.body,
                                   target=_row_target(resource.path, resource.query), forwards_body=resource.body,
-                                  observe=rt.observe)
+                                  lift_proxy_fields=resource.body, observe=rt.observe)
             if resource.path.literal:
                 self._exact[(resource.method, resource.path.template)] = served
             else:
