@@ -496,19 +496,32 @@ DEFAULT_KEY_HEADERS = ("OpenAI-Organization", "OpenAI-Project", "OpenAI-Beta")
 
 def request_variant(query_string: str, headers: Mapping[str, str], keyed: Iterable[str]) -> JSONValue | None:
     """What besides the body the upstream may answer by: the query string verbatim and the values of the ``keyed``
-    headers (names lower-cased, every value of a repeated header in order); ``None`` when there is neither."""
+    headers (names lower-cased, every value of a repeated header in order); ``None`` when there is neither. A header
+    the request names in ``Connection`` is hop-by-hop for it: it never reaches the upstream, so it is no part of
+    the variant either."""
     variant: dict[str, JSONValue] = {}
     if query_string:
         variant["query"] = query_string
     getall = getattr(headers, "getall", None)
+    hop = _connection_names(headers, getall)
     found: dict[str, JSONValue] = {}
     for name in keyed:
+        if name.lower() in hop:
+            continue
         values = getall(name, []) if getall is not None else [v for v in [headers.get(name)] if v is not None]
         if values:
             found[name.lower()] = list(values)
     if found:
         variant["headers"] = found
     return variant or None
+
+
+def _connection_names(headers: Mapping[str, str], getall: Any) -> frozenset[str]:
+    """The header names the request's ``Connection`` header lists (lower-cased)."""
+    values = getall("Connection", []) if getall is not None else [v for v in [headers.get("Connection")] if v]
+    if not values:
+        return frozenset()
+    return frozenset(token.strip().lower() for value in values for token in value.split(",") if token.strip())
 
 
 def keyed_request(canonical: JSONValue, *, documents: JSONValue | None = None,

@@ -24,7 +24,8 @@ not a list of JSON objects (it is what the proxy counts, bills and caches per it
 documents, query or ``top_n`` have the wrong type (:func:`normalizer.rerank.malformed`); a chat or Responses
 ``tools`` that is not a list of objects, a Responses ``input`` that is neither a string nor a list of objects, any
 other Responses field the proxy reads of another type than the API's (:data:`_RESPONSE_TYPES`), a message item of
-``input`` the proxy cannot read (:func:`normalizer.responses.malformed_input`).
+``input`` the proxy cannot read (:func:`normalizer.responses.malformed_input`). A chat message naming a stored file
+(``file_id``) is refused too: no tenant made one through the proxy, so its owner cannot be checked.
 Depth is counted in containers (the body object is level 1); a body with fewer brackets than the limit is not
 walked at all.
 """
@@ -36,7 +37,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from normalizer.rerank import document_count, malformed
-from normalizer.responses import malformed_input
+from normalizer.responses import malformed_input, names_file
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,8 +149,18 @@ def _tools(body: Mapping[str, Any]) -> str | None:
 
 
 def chat_shape(body: Mapping[str, Any], limits: RequestLimits) -> Exceeded | None:
-    """Chat Completions: ``tools``, when present, is a list of objects."""
-    return _invalid(_tools(body)) if "tools" in body else None
+    """Chat Completions: ``tools``, when present, is a list of objects; no message's content names a file stored
+    upstream (``file.file_id``): files live under the proxy's key, and the proxy serves no API that makes one, so
+    none is a tenant's and its owner cannot be checked."""
+    if "tools" in body and (wrong := _tools(body)) is not None:
+        return _invalid(wrong)
+    messages = body.get("messages")
+    for message in messages if isinstance(messages, list) else ():
+        content = message.get("content") if isinstance(message, dict) else None
+        if isinstance(content, list) and names_file(content):
+            return Exceeded(400, "`file_id` names a file stored upstream under the proxy's key, where its owner cannot "
+                            "be checked: send the file's content (file_data) instead", "unsupported_parameter")
+    return None
 
 
 def response_shape(body: Mapping[str, Any], limits: RequestLimits) -> Exceeded | None:

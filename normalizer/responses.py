@@ -98,6 +98,70 @@ def continued_response(body: Mapping[str, Any]) -> str | None:
     return previous if isinstance(previous, str) else None
 
 
+def referenced_items(body: Mapping[str, Any]) -> list[Any]:
+    """The ids of stored items a Responses body (``/v1/responses``, ``input_tokens``, ``compact``) has the upstream
+    read from its store: each ``item_reference`` input item's ``id``, and the ``id`` of a reasoning item given
+    without its ``encrypted_content`` (the upstream fills it in from the stored item). Other items carry their own
+    content; their ``id`` only labels it. Returned as found (a non-string id is the caller's to refuse)."""
+    items = body.get("input")
+    if not isinstance(items, list):
+        return []
+    found: list[Any] = []
+    for item in items:
+        if not isinstance(item, dict):
+            continue
+        kind = item.get("type")
+        if kind == "item_reference" or (kind == "reasoning" and item.get("encrypted_content") is None
+                                        and item.get("id") is not None):
+            found.append(item.get("id"))
+    return found
+
+
+UPSTREAM_OBJECTS = "conversations, prompt templates, files, vector stores or containers"
+"""What a Responses body may name that is stored upstream under the proxy's own key, with no API of the proxy's
+to make one: :func:`unowned_reference`."""
+
+
+def unowned_reference(body: Mapping[str, Any]) -> tuple[str, str] | None:
+    """The parameter of a Responses body that names an object stored upstream which no tenant can have made through
+    the proxy (it serves no API that makes one), and what that object is; ``None`` when there is none. Such an
+    object is the proxy's key's, not a tenant's: its owner cannot be checked, so the request is refused.
+
+    ``conversation``; ``prompt`` (a template stored upstream); a ``file_id`` anywhere in ``input`` or ``tools``
+    (files); a tool's ``vector_store_ids`` (file search); a tool's ``container`` given by id (code interpreter)."""
+    if body.get("conversation") is not None:
+        return "conversation", "a conversation"
+    if body.get("prompt") is not None:
+        return "prompt", "a prompt template"
+    tools = body.get("tools")
+    for tool in tools if isinstance(tools, list) else ():
+        if not isinstance(tool, dict):
+            continue
+        if tool.get("vector_store_ids"):
+            return "tools", "vector stores"
+        if isinstance(tool.get("container"), str):
+            return "tools", "a container"
+        if names_file(tool):
+            return "tools", "a file"
+    if names_file(body.get("input")):
+        return "input", "a file"
+    return None
+
+
+def names_file(value: Any) -> bool:
+    """Whether a ``file_id`` (not ``null``) appears anywhere in ``value`` (a file stored upstream)."""
+    pending = [value]
+    while pending:
+        node = pending.pop()
+        if isinstance(node, dict):
+            if node.get("file_id") is not None:
+                return True
+            pending.extend(child for child in node.values() if isinstance(child, dict | list))
+        elif isinstance(node, list):
+            pending.extend(child for child in node if isinstance(child, dict | list))
+    return False
+
+
 def state_reason(body: Mapping[str, Any]) -> str | None:
     """Why a Responses request depends on state kept upstream that its key cannot see (so it is never cached),
     or ``None``."""

@@ -1,84 +1,60 @@
-"""The ``path_bypass`` attack of ``bench abuse``: the LLM APIs' paths with every trick that some server resolves
-(dot segments, repeated slashes, encoded dots and slashes), sent as a user without credits and, against another
-tenant's stored response, as tenant B. A trick that is answered 2xx or reaches an upstream is a bypass.
+"""The path attacks of ``bench abuse``, derived from the rows (:mod:`._abuse_rows`): every served path as a carrier,
+followed by a climb back to the root spelled in each way some server resolves (:data:`CLIMBS`) and then another
+row's path, so that a server reading the climb lands on that other row:
 
-Requests go out over raw sockets: httpx would resolve the dot segments itself.
+* as the user without credits, towards every row (``free_paths``: a model run, a count, a listing for nothing);
+  every row is also sent as it is, plainly (a row without a price is a free path too);
+* as tenant B, from B's own stored response towards every row that names a stored response, filled with tenant
+  A's (``cross_tenant_reads``, ``cross_tenant_deletes``).
+
+``path_bypass`` counts every path attack that reached the upstream or was answered 2xx.
 """
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Callable
 from typing import Any
-from urllib.parse import urlsplit
 
-import httpx
-import orjson
+from loadtest.bench._abuse_rows import Attack, Findings, Row, Victim, json_bytes, run
 
-from loadtest.bench._tally import CHAT, EMBEDDINGS, RESPONSES, Tally, chat
-
-
-def tricks(path: str) -> list[str]:
-    """``path`` as servers that resolve dot segments, merge slashes or decode ``%2e``/``%2f`` would read it."""
-    head, _, rest = path[1:].partition("/")
-    first, tail = "/" + head, "/" + rest if rest else ""
-    return [f"{first}/.{tail}", f"{first}/x/..{tail}", f"{first}/%2e{tail}", f"{first}/x/%2E%2e{tail}",
-            f"{first}//{rest}", f"/{path}", f"{first}%2f{rest}", f"{first}%5c{rest}", f"{first}\\{rest}"]
+CLIMBS = {"plain": "..", "encoded": "%2e%2e", "double_encoded": "%252e%252e", "mixed": ".%252e",
+          "semicolon": "..;", "overlong": "%c0%ae%c0%ae"}
+"""``..`` as servers on the way may read it: as written, percent-encoded, encoded twice (decoded by a gateway and
+again by a framework), half encoded, with a ``;`` path parameter (Tomcat, Spring), as an overlong UTF-8 sequence
+(old Java and IIS decoders)."""
+QUICK_CLIMBS = ("plain", "double_encoded", "semicolon", "overlong")
 
 
-async def raw_request(url: str, method: str, target: str, headers: dict[str, str], body: bytes) -> int | None:
-    """Send one request with ``target`` exactly as written; its status, ``None`` without an answer in 60 s."""
-    parts = urlsplit(url)
-    try:
-        reader, writer = await asyncio.wait_for(asyncio.open_connection(parts.hostname, parts.port), 10.0)
-    except (OSError, TimeoutError):
-        return None
-    try:
-        head = [f"{method} {target} HTTP/1.1", f"Host: {parts.netloc}", "Connection: close",
-                "Content-Type: application/json", f"Content-Length: {len(body)}",
-                *(f"{name}: {value}" for name, value in headers.items())]
-        writer.write(("\r\n".join(head) + "\r\n\r\n").encode() + body)
-        await writer.drain()
-        status_line = await asyncio.wait_for(reader.readline(), 60.0)
-        return int(status_line.split()[1]) if status_line.startswith(b"HTTP/1.") else None
-    except (OSError, TimeoutError, ValueError, IndexError):
-        return None
-    finally:
-        writer.close()
+def climb(carrier: str, target: str, dots: str) -> str:
+    """``carrier``, then ``dots`` once per segment of it, then ``target``: the root-relative ``target`` once
+    resolved."""
+    depth = len(carrier.strip("/").split("/"))
+    return carrier + "/" + "/".join([dots] * depth) + target
 
 
-async def path_bypass(url: str, broke: dict[str, str], owner: dict[str, str], other: dict[str, str], tally: Tally,
-                      upstream_requests: Callable[[], int]) -> dict[str, Any]:
-    """Every trick on chat, embeddings and Responses as a user with no credits, and on ``GET``/``DELETE`` of the
-    owner's stored response as another tenant; counts those answered 2xx or forwarded (``upstream_requests``:
-    the upstream's count of requests other than its health probes)."""
-    bodies = {CHAT: orjson.dumps(chat("free answer?")), RESPONSES: orjson.dumps({"model": "fake-model", "input": "x"}),
-              EMBEDDINGS: orjson.dumps({"model": "fake-model", "input": [f"item {n}" for n in range(5000)]})}
-    created = await raw_json(url, RESPONSES, owner, {"model": "fake-model", "store": True, "input": "A's question"})
-    attempts: list[tuple[str, str, dict[str, str], bytes]] = [
-        ("POST", target, broke, body) for path, body in bodies.items() for target in tricks(path)]
-    if created is not None:
-        stored = f"{RESPONSES}/{created}"
-        attempts += [(method, target, other, b"") for method in ("GET", "DELETE") for target in tricks(stored)]
-    bypasses, statuses = 0, dict[str, int]()
-    for method, target, headers, body in attempts:
-        before = upstream_requests()
-        status = await raw_request(url, method, target, headers, body)
-        tally.requests += 1
-        tally.unanswered += int(status is None)
-        tally.server_errors += int(status is not None and status >= 500)
-        reached = upstream_requests() > before
-        bypasses += int(reached or (status is not None and 200 <= status < 300))
-        statuses[str(status)] = statuses.get(str(status), 0) + 1
-    return {"tried": len(attempts), "bypasses": bypasses, "statuses": statuses,
-            "stored_response_created": created is not None}
+def attacks(rows: list[Row], own: str, victim: Victim, quick: bool) -> list[Attack]:
+    """Every row sent plainly and from every carrier with every climb (as the user without credits); every
+    stored-response row reached with A's id from B's own (as tenant B)."""
+    climbs = [CLIMBS[name] for name in (QUICK_CLIMBS if quick else CLIMBS)]
+    carriers = list(dict.fromkeys(row.path() for row in rows))
+    found = [Attack("path", "broke", row.method, row.path(), body=json_bytes(row.body)) for row in rows]
+    found += [Attack("path", "broke", row.method, climb(carrier, row.path(), dots), body=json_bytes(row.body))
+              for row in rows for carrier in carriers if carrier != row.path() for dots in climbs]
+    own_carriers = list(dict.fromkeys(row.path(own) for row in rows if row.names_response))
+    found += [Attack("path", "other", row.method, climb(carrier, row.path(victim.response), dots),
+                     body=json_bytes(row.body))
+              for row in rows if row.names_response for carrier in own_carriers for dots in climbs]
+    return found
 
 
-async def raw_json(url: str, path: str, headers: dict[str, str], body: dict[str, Any]) -> str | None:
-    """POST ``body`` to ``path`` (no tricks); the answer's ``id``, ``None`` if it failed."""
-    async with httpx.AsyncClient(headers=headers, timeout=60.0) as client:
-        try:
-            response = await client.post(url + path, json=body)
-        except httpx.HTTPError:
-            return None
-    return str(response.json()["id"]) if response.is_success else None
+async def path_attacks(url: str, rows: list[Row], auth: dict[str, dict[str, str]], own: str, victim: Victim,
+                       log: Any, tally: Any, quick: bool) -> dict[str, Any]:
+    """Run :func:`attacks` against ``url``; the findings, and ``bypasses``: attacks that reached the upstream or
+    were answered 2xx."""
+    findings = Findings()
+    sent = attacks(rows, own, victim, quick)
+    plain = {(row.method, row.path()) for row in rows}
+    answered = await run(url, sent, auth, log, victim, findings, tally)
+    tricked = [(attack, status) for attack, status in answered if (attack.method, attack.target) not in plain]
+    bypasses = sum(1 for attack, status in tricked
+                   if log.with_request_id(attack.request_id) or (status is not None and 200 <= status < 300))
+    return {**findings.as_dict(), "tricks": len(tricked), "bypasses": bypasses}

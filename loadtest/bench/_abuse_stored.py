@@ -7,7 +7,9 @@ Against replica A of the abuse run (shared mode, caching off) and a replica of i
   lists and deletes them by id — responses, chat completions, their messages, conversations and their items, files
   (each 2xx is a cross read);
 * ``deleted_served``: rounds of a stored response created, then exact repeats racing its ``DELETE``; every repeat
-  sent after the ``DELETE`` returned that is still a ``HIT`` is a deleted object served.
+  sent after the ``DELETE`` returned that is still a ``HIT`` is a deleted object served. That replica has credits
+  off, so it has a fake LLM of its own: its calls once counted as the run's unbilled upstream calls (20 in a quick
+  run: the 10 rounds' creates and first repeats after the ``DELETE``).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import httpx
 
 from loadtest.bench._tally import CHAT, RESPONSES, Tally, chat, send
 from loadtest.harness import keyed_replica, new_key
+from proxy.doubles.llm_server import FakeLLM
 
 TENANT = "stored-tenant"
 
@@ -54,10 +57,11 @@ async def cross_reads(url: str, owner: dict[str, str], other: dict[str, str], ta
     return {"cross_reads": reads, "statuses": statuses}
 
 
-async def deleted_served(llm_url: str, data_dir: Path, tally: Tally, rounds: int) -> dict[str, Any]:
-    """``rounds`` of create, then repeats racing a ``DELETE``, then repeats after it: the hits after it returned."""
+async def deleted_served(data_dir: Path, tally: Tally, rounds: int) -> dict[str, Any]:
+    """``rounds`` of create, then repeats racing a ``DELETE``, then repeats after it: the hits after it returned
+    (a replica and a fake LLM of its own: credits are off there, so its calls stay out of the billing figures)."""
     served = 0
-    with keyed_replica(llm_url, data_dir, semantic=False) as (url, admin):
+    with FakeLLM() as llm, keyed_replica(llm.url, data_dir, semantic=False) as (url, admin):
         headers = new_key(admin, "owner", TENANT)
         async with httpx.AsyncClient(base_url=url, headers=headers, timeout=60.0) as client:
             for n in range(rounds):

@@ -1,11 +1,14 @@
 """Abuse: what an outsider can get for free, leave unanswered or knock over, against real ``ragproxy serve`` replicas.
 
 ``python -m loadtest.bench abuse [--quick] [--json] [--slow-connections N] [--fd-limit N] [--attack-s S]
-[--rerank-documents N]`` (the upstream doubles come from ``proxy.doubles``).
+[--rerank-documents N] [--proxy-tree DIR]`` (the upstream doubles come from ``proxy.doubles``; ``--proxy-tree``:
+run the ``ragproxy serve`` processes from another checkout, e.g. main's, with this tree's attacks).
 
 Set-up, all on loopback: a redis-server this run owns (append-only file, fsync always: it is restarted mid-run);
-the fake LLM, the TEST-ONLY Qdrant shim and a fake vLLM reranker (``proxy.doubles``, in this process, so every
-upstream call is counted); four ``ragproxy serve`` processes with API keys and credits:
+the fake LLM reading requests as common stacks do (:class:`~proxy.doubles.lenient_llm.LenientFakeLLM`: the path
+decoded twice, ``;`` parameters dropped, ``X-Original-URL`` and method overrides honoured, JSON read leniently), the
+TEST-ONLY Qdrant shim and a fake vLLM reranker (``proxy.doubles``, in this process, so every upstream call is
+counted); four ``ragproxy serve`` processes with API keys and credits:
 
 * **A** and **B** share the Redis (shared mode), response caching off (every call goes upstream, so each must be
   charged once), idempotency keys capped at 50 per user;
@@ -26,9 +29,13 @@ Scenarios, in order:
    Responses ``input``, ``tools``, ``text``, ``reasoning`` and ``previous_response_id``, chat ``tools``): a 4xx
    each, nothing forwarded;
 6. **cross-tenant Responses**: tenant A stores a response; tenant B reads it by id and continues it with
-   ``previous_response_id`` (each 2xx is a cross-tenant read); then **path tricks**
-   (:mod:`loadtest.bench._abuse_paths`): chat, embeddings and Responses with dot segments, ``//`` and encoded dots
-   and slashes as a user without credits, and ``GET``/``DELETE`` of A's stored response so disguised as tenant B;
+   ``previous_response_id`` (each 2xx is a cross-tenant read); then **the rows attacked** (:mod:`._abuse_rows`:
+   every row of :data:`proxy.core.endpoints.ROWS` at each of its paths, and each ``upstreams.llm_passthrough``
+   pattern, with no scenario of its own): every path with every climb some server resolves (``%252e``, ``..;``,
+   ``%c0%ae``...) towards every other row, as a user without credits and, towards A's stored response, as tenant B
+   (:mod:`._abuse_paths`); every row with every override and forwarding header (:mod:`._abuse_headers`); every
+   row that takes a body with every content type and every body a lenient parser reads otherwise, carrying A's ids
+   (:mod:`._abuse_bodies`);
 7. **idempotency under eviction** (E): a victim with a finished key and a running one; another user floods more
    keys than E holds; the victim retries both;
 8. **Redis restart** (A, B): keyed calls, Redis restarted while more arrive, every key retried on the other replica,
@@ -66,13 +73,18 @@ Scenarios, in order:
     (:mod:`.abuse_memory`): ``memory_peak_mb`` (RSS growth per dimension) and ``memory_restart_mb``.
 
 Figures (the last line with ``--json`` is one JSON object): ``requests`` (every request sent that expects an answer,
-probes included), ``unbilled_upstream_calls`` (billable upstream calls — LLM and reranker POSTs — beyond the
-ledgers' charges for them), ``double_charges`` (answers to one ``Idempotency-Key`` charged under more than one
-ledger id), ``answers_without_charge`` (2xx answers whose ``X-Credits-Request-ID`` is not in a ledger),
-``path_bypass`` (path tricks answered 2xx or forwarded upstream), ``calibration_poison_wrong_hits``
-(scenario 12),
+probes included), ``unbilled_upstream_calls`` (upstream calls clients of the billed replicas caused and the upstream
+did, answering 2xx — model runs: LLM ``POST``s of chat, completions, Responses, ``compact``, embeddings, and
+reranker ``POST``s; other requests: the rest with an ``X-Request-ID`` — beyond the ledgers' charges of each kind;
+the scenarios with replicas of their own, credits off, have upstreams of their own), ``double_charges`` (answers to
+one ``Idempotency-Key`` charged under more than one ledger id), ``answers_without_charge`` (2xx answers whose
+``X-Credits-Request-ID`` is not in a ledger), ``path_bypass`` (path attacks on the rows answered 2xx or
+forwarded upstream), ``free_paths``, ``cross_tenant_deletes``, ``forwarded_override_headers``,
+``unparsed_bodies_forwarded``, ``background_unbilled`` (the rows attacked: :mod:`._abuse_rows`),
+``calibration_poison_wrong_hits`` (scenario 12),
 ``unanswered_requests`` (no HTTP answer within 60 s; the deliberate hang-ups are not counted), ``server_errors``
-(5xx), ``probe_failures`` (slow-connection and rerank probes), ``cross_tenant_reads``, ``rerank_probe_p99_ratio``
+(5xx), ``probe_failures`` (slow-connection and rerank probes), ``cross_tenant_reads`` (scenarios 6 and 14, and the
+rows attacked), ``rerank_probe_p99_ratio``
 (during the ``--rerank-documents`` rerank; ``..._at_default_limit``: during the 10,000-document ones),
 ``idempotency_bytes_peak`` (RSS growth under scenario 15; its budget beside it), ``limit_admin_inputs_accepted``,
 ``rate_limit_overshoot``, ``rate_limit_victim_refusals``, ``rate_limit_answers_without_headers``,
@@ -87,6 +99,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
+import re
 import resource
 import shutil
 import statistics
@@ -103,10 +117,13 @@ import httpx
 import orjson
 
 from loadtest.bench import (
+    _abuse_bodies,
     _abuse_fold,
+    _abuse_headers,
     _abuse_paths,
     _abuse_poison,
     _abuse_qdrant,
+    _abuse_rows,
     _abuse_stored,
     abuse_idempotency,
     abuse_limits,
@@ -116,9 +133,13 @@ from loadtest.bench import _surfaces as surfaces
 from loadtest.bench._tally import CHAT, EMBEDDINGS, RESPONSES, Tally, chat, send
 from loadtest.bench.chaos import Redis
 from loadtest.harness import free_port, ledger_charges, proxy_child
+from proxy.upstream.settings import Upstreams
 
 USER, TENANT = "abuse-user", "abuse-tenant"
 LLM_PATHS = (CHAT, EMBEDDINGS, RESPONSES)
+_IDS = re.compile(r"(resp|msg|cmp|fc|rs)_[A-Za-z0-9]+")
+MODEL_RUNS = (CHAT, "/v1/completions", EMBEDDINGS, RESPONSES, RESPONSES + "/compact")
+"""Upstream paths whose ``POST`` runs a model (what is priced as model work)."""
 
 
 async def same_id_reuse(urls: list[str], headers: dict[str, str], tally: Tally, calls: int) -> None:
@@ -274,12 +295,13 @@ async def slow_connections(port: int, count: int, duration_s: float) -> dict[str
 
 @contextmanager
 def upstreams() -> Iterator[tuple[Any, Any, Any]]:
-    """The fake LLM, the Qdrant shim and a fake vLLM reranker on this process's threads, with one small collection."""
-    from proxy.doubles.llm_server import FakeLLM
+    """The lenient fake LLM, the Qdrant shim and a fake vLLM reranker on this process's threads, with one small
+    collection."""
+    from proxy.doubles.lenient_llm import LenientFakeLLM
     from proxy.doubles.qdrant_shim import QdrantShim
     from proxy.doubles.rerankers import FakeReranker
 
-    with FakeLLM(chunk_latency_s=0.01) as llm, QdrantShim() as shim, FakeReranker("vllm") as reranker:
+    with LenientFakeLLM(chunk_latency_s=0.01) as llm, QdrantShim() as shim, FakeReranker("vllm") as reranker:
         with httpx.Client(base_url=shim.url, timeout=30) as http:
             http.put("/collections/abuse", json={"vectors": {"size": 4, "distance": "Cosine"}}).raise_for_status()
             http.put("/collections/abuse/points?wait=true", json={"points": [
@@ -313,13 +335,45 @@ def _key(admin: httpx.Client, user: str, tenant: str = TENANT) -> dict[str, str]
     return {"Authorization": f"Bearer {key}"}
 
 
-def _forwarded(log: Any) -> int:
-    """Requests the upstream saw, its health probes (``GET /v1/models``) aside."""
-    return sum(1 for entry in log.entries if (entry.method, entry.path) != ("GET", "/v1/models"))
-
-
 def _posts(log: Any, paths: tuple[str, ...]) -> int:
     return sum(1 for entry in log.entries if entry.method == "POST" and entry.path in paths)
+
+
+def _client_calls(log: Any) -> tuple[int, Counter[str]]:
+    """Upstream calls a client caused (they carry the proxy's ``X-Request-ID``; health probes do not) that the
+    upstream did (it answered 2xx, or has not answered yet: a stream the client left): the model runs
+    (:data:`MODEL_RUNS`), and the rest by method and path (ids masked). An upstream's error costs nothing and is
+    charged nothing."""
+    caused = [entry for entry in log.entries if "X-Request-ID" in entry.headers
+              and (log.status(entry) is None or 200 <= log.status(entry) < 300)]
+    runs = sum(1 for entry in caused if entry.method == "POST" and entry.path in MODEL_RUNS)
+    others = Counter(f"{entry.method} {_IDS.sub('{id}', entry.path)}" for entry in caused
+                     if not (entry.method == "POST" and entry.path in MODEL_RUNS))
+    return runs, others
+
+
+async def rows_attacked(url: str, auth: dict[str, dict[str, str]], llm: Any, tally: Tally,
+                        quick: bool) -> dict[str, Any]:
+    """The rows attacked (:mod:`._abuse_rows`): paths, headers and bodies, each family against a stored response of
+    tenant A's of its own; then whether each of A's responses is still there."""
+    rows = _abuse_rows.rows(Upstreams().llm_passthrough)
+    seen: dict[str, Any] = {"rows": len(rows)}
+    victims = []
+    for family, attack in (("paths", _abuse_paths.path_attacks), ("headers", _abuse_headers.header_attacks),
+                           ("bodies", _abuse_bodies.body_attacks)):
+        victim = await _abuse_rows.stored(url, auth["owner"], f"tenant A's private question for the {family}")
+        own = await _abuse_rows.stored(url, auth["other"], f"tenant B's own question for the {family}")
+        if victim is None or own is None:
+            seen[family] = {"stored_responses_created": False}
+            continue
+        victims.append(victim)
+        arguments = (url, rows, auth, own.response, victim, llm.log, tally)
+        seen[family] = await (attack(*arguments, quick) if attack is _abuse_paths.path_attacks
+                              else attack(*arguments))
+    async with httpx.AsyncClient(headers=auth["owner"], timeout=60.0) as client:
+        gone = [(await client.get(f"{url}{RESPONSES}/{victim.response}")).status_code == 404 for victim in victims]
+    seen["victims_deleted"] = sum(gone)
+    return seen
 
 
 @dataclass(frozen=True)
@@ -330,11 +384,14 @@ class Options:
     attack_s: float
     rerank_documents: int
     flood: int
+    proxy_tree: str | None = None
 
 
 def run(options: Options) -> dict[str, Any]:
     if shutil.which("redis-server") is None:
         raise SystemExit("redis-server is not installed")
+    if options.proxy_tree is not None:  # every ragproxy serve of the run: that checkout's code, not the cwd's
+        os.environ.update(PYTHONPATH=str(Path(options.proxy_tree).resolve()), PYTHONSAFEPATH="1")
     work = Path(tempfile.mkdtemp(prefix="ragproxy-abuse-"))
     quick, tally, timings = options.quick, Tally(), {}
     redis = Redis(work / "redis")
@@ -380,8 +437,8 @@ def run(options: Options) -> dict[str, Any]:
                 started = time.monotonic()
                 seen["malformed_bodies"] = await surfaces.malformed(urls[0], headers, tally)
                 seen["cross_tenant_responses"] = await surfaces.cross_tenant_responses(urls[0], *tenants, tally)
-                seen["path_tricks"] = await _abuse_paths.path_bypass(urls[0], broke, *tenants, tally,
-                                                                    lambda: _forwarded(llm.log))
+                seen["rows_attacked"] = await rows_attacked(
+                    urls[0], {"broke": broke, "owner": tenants[0], "other": tenants[1]}, llm, tally, quick)
                 seen["idempotency_eviction"] = await surfaces.idempotency_under_eviction(
                     urls[2], victim, flooder, tally, set_latency, lambda: _posts(llm.log, LLM_PATHS), options.flood)
                 seen["redis_restart"] = await surfaces.redis_restart(urls[:2], str(shared_admin.base_url), headers,
@@ -396,8 +453,7 @@ def run(options: Options) -> dict[str, Any]:
                 seen["fold_variants"] = await _abuse_fold.fold_variants(work / "fold", tally)
                 seen["stored_objects"] = await _abuse_stored.cross_reads(urls[0], *tenants, tally)
                 seen["qdrant_tenants"] = await _abuse_qdrant.cross_tenant(urls[0], *tenants, "tenant-a", tally)
-                seen["deleted"] = await _abuse_stored.deleted_served(llm.url, work / "deleted", tally,
-                                                                     10 if quick else 40)
+                seen["deleted"] = await _abuse_stored.deleted_served(work / "deleted", tally, 10 if quick else 40)
                 seen["rate_limits"] = await abuse_limits.rate_limits(work / "limits", redis.url, tally)
                 _, baseline = await probe(urls[0], headers, time.monotonic() + 5.0, tally)
                 resource.prlimit(replicas[0][1].pid, resource.RLIMIT_NOFILE, (options.fd_limit, options.fd_limit))
@@ -410,35 +466,51 @@ def run(options: Options) -> dict[str, Any]:
 
             results = asyncio.run(scenarios())
             charges = [charge for admin, user in [(shared_admin, USER), (shared_admin, "tenant-a-user"),
-                                                  (shared_admin, "tenant-b-user"), (embedded_admin, "victim"),
-                                                  (embedded_admin, "flooder"), (rerank_admin, USER)]
+                                                  (shared_admin, "tenant-b-user"), (shared_admin, "broke"),
+                                                  (embedded_admin, "victim"), (embedded_admin, "flooder"),
+                                                  (rerank_admin, USER)]
                        for charge in _settled(admin, user)]
-            upstream_calls = _posts(llm.log, LLM_PATHS) + _posts(reranker.log, (surfaces.RERANK,))
+            runs, others = _client_calls(llm.log)
+            calls = {"model_runs": runs + _posts(reranker.log, (surfaces.RERANK,)), "other": sum(others.values())}
+            results["other_upstream_calls"] = dict(others)
+            entries = llm.log.entries
+            results["forwarded_override_headers"] = _abuse_rows.forwarded_override_headers(entries)
+            results["unparsed_bodies_forwarded"] = _abuse_rows.unparsed_bodies_forwarded(entries)
+            results["upstream_reread"] = len(llm.reread)
             results["idempotency_bytes"] = abuse_idempotency.flood(llm.url, redis.url, quick)
             results["memory"] = abuse_memory.run(200 if quick else 600, list(abuse_memory.DIMENSIONS), {})
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    return _figures(tally, results, charges, upstream_calls, timings, options)
+    return _figures(tally, results, charges, calls, timings, options)
 
 
 def _p50_ms(samples: list[float]) -> float | None:
     return round(statistics.median(samples) * 1000, 1) if samples else None
 
 
-def _figures(tally: Tally, results: dict[str, Any], charges: list[dict[str, Any]], upstream_calls: int,
+def _figures(tally: Tally, results: dict[str, Any], charges: list[dict[str, Any]], calls: dict[str, int],
              timings: dict[str, float], options: Options) -> dict[str, Any]:
     upstream_charges = [c for c in charges if c["tier"] == "upstream"]
+    run_charges = sum(1 for c in upstream_charges if c.get("model") not in ("request", "vector-search"))
+    request_charges = sum(1 for c in upstream_charges if c.get("model") == "request")
     charged = {str(c["request_id"]) for c in charges}
     baseline, attacked = _p50_ms(results["probe_baseline"]), _p50_ms(results["probe_attacked"])
     rerank = results["rerank_flood"]
+    rows = results["rows_attacked"]
+    families = [rows[family] for family in ("paths", "headers", "bodies") if "tried" in rows.get(family, {})]
     return {
         "benchmark": "abuse", "quick": options.quick, "requests": tally.requests,
-        "unbilled_upstream_calls": max(0, upstream_calls - len(upstream_charges)),
+        "unbilled_upstream_calls": max(0, calls["model_runs"] - run_charges) + max(0, calls["other"] - request_charges),
         "double_charges": tally.double_charges,
         "unanswered_requests": tally.unanswered, "server_errors": tally.server_errors,
         "probe_failures": results["probe_failures"] + rerank["probe_failures"],
-        "cross_tenant_reads": tally.cross_tenant_reads,
-        "path_bypass": results["path_tricks"]["bypasses"],
+        "cross_tenant_reads": tally.cross_tenant_reads + sum(f["cross_tenant_reads"] for f in families),
+        "cross_tenant_deletes": sum(f["cross_tenant_deletes"] for f in families),
+        "free_paths": sum(f["free_paths"] for f in families),
+        "forwarded_override_headers": results["forwarded_override_headers"],
+        "unparsed_bodies_forwarded": results["unparsed_bodies_forwarded"],
+        "background_unbilled": rows.get("bodies", {}).get("background_unbilled", 0),
+        "path_bypass": rows.get("paths", {}).get("bypasses", 0),
         "calibration_poison_wrong_hits": results["calibration_poison"]["wrong_hits"],
         "fold_wrong_hits": results["fold_variants"]["wrong_hits"],
         "fold_kept_hit_share": results["fold_variants"]["kept_hit_share"],
@@ -452,13 +524,14 @@ def _figures(tally: Tally, results: dict[str, Any], charges: list[dict[str, Any]
         "idempotency_bytes_peak": results["idempotency_bytes"]["idempotency_bytes_peak"],
         "memory_peak_mb": results["memory"]["peak_mb"], "memory_restart_mb": results["memory"]["restart_mb"],
         "rerank_probe_p99_ratio_at_default_limit": rerank["at_limit"]["probe_p99_ratio"],
-        "upstream_calls": upstream_calls, "ledger_charges": len(charges),
+        "upstream_calls": calls, "ledger_charges": len(charges), "upstream_reread": results["upstream_reread"],
+        "other_upstream_calls": results["other_upstream_calls"],
         "answers_without_charge": len(set(tally.ledger_ids) - charged),
         "probe_p50_ms_baseline": baseline, "probe_p50_ms_under_attack": attacked,
         "probe_p50_ratio_to_baseline": round(attacked / baseline, 2) if baseline and attacked else None,
         "charges_by_usage_source": dict(Counter(str(c.get("usage_source")) for c in charges)),
         "statuses": {name: dict(counts) for name, counts in tally.statuses.items()},
-        **{name: results[name] for name in ("hang_ups", "malformed_bodies", "cross_tenant_responses", "path_tricks",
+        **{name: results[name] for name in ("hang_ups", "malformed_bodies", "cross_tenant_responses", "rows_attacked",
                                             "idempotency_eviction", "redis_restart", "rerank_flood",
                                             "oversize_and_deep", "idempotency_bytes", "calibration_poison",
                                             "fold_variants", "stored_objects", "deleted", "rate_limits",
@@ -479,10 +552,12 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--rerank-documents", type=int, default=100_000, help="documents of the rerank flood")
     parser.add_argument("--flood", type=int, default=None, help="idempotency keys the flooder sends (120 quick, "
                         "300); the embedded replica holds half as many")
+    parser.add_argument("--proxy-tree", default=None, help="run ragproxy serve from this checkout (e.g. main's) "
+                        "against this tree's attacks")
     args = parser.parse_args(argv)
     options = Options(args.quick, args.slow_connections or (300 if args.quick else 600),
                       args.fd_limit or (256 if args.quick else 512), args.attack_s or (20.0 if args.quick else 40.0),
-                      args.rerank_documents, args.flood or (120 if args.quick else 300))
+                      args.rerank_documents, args.flood or (120 if args.quick else 300), args.proxy_tree)
     result = run(options)
     for name, value in result.items():
         print(f"{name:>30}: {json.dumps(value) if isinstance(value, dict | list) else value}")

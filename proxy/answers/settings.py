@@ -165,8 +165,9 @@ class CacheSettings(Section):
     expose_key: bool = Field(default=False, description="Send X-Cache-Key on responses (a probing oracle)")
     key_headers: list[str] = Field(
         default_factory=lambda: ["OpenAI-Organization", "OpenAI-Project", "OpenAI-Beta"],
-        description="Request headers forwarded upstream that may change its answer: part of every cache key and "
-        "context signature (the query string always is)",
+        description="Request headers that may change the upstream's answer: part of every cache key and context "
+        "signature when forwarded (upstreams.forward_headers; OpenAI-Beta is by default) and not named in Connection "
+        "(the query string always is)",
     )
     trace_file: Path | None = Field(
         default=None, description="Append key/size/cost/time of every cached or stored answer (for ragproxy simulate)"

@@ -20,8 +20,10 @@ lets a request continue only its own tenant's stored responses and records the o
 (:mod:`proxy.stored.stages`), with its own credits (:class:`~proxy.credits.priced_apart.ResponseCredits`)
 and its documents read from ``instructions`` and ``input`` (shape plans from that chat view but never reorders:
 the body goes out as the client wrote it, plus hints); a stored answer's cache lifetime is bounded by the
-upstream's retention. Requests about a stored response (``/v1/responses/{id}`` and below, ``input_tokens``,
-``compact``): identify → stored_responses (the owner's tenant only, to the replica that keeps it) → forward.
+upstream's retention. The requests about a stored response (each a :class:`~proxy.core.endpoints.Resource` row:
+``/v1/responses/{id}`` and below, ``input_tokens``, ``compact``): identify → limits (the row's shape) →
+stored_responses (every id it names the caller's, to the replica that keeps it) → credits (the row's price:
+per request, or as model work for ``compact``) → forward.
 
 Every API served as an :class:`~proxy.core.endpoints.Endpoint` row (chat, legacy completions, Responses, embeddings,
 rerankers, vLLM's score API) gets one pipeline, built by one function from the row (:func:`build_pipelines`): its
@@ -59,7 +61,8 @@ from proxy.answers.coalesce import Coalesce, Flights
 from proxy.answers.replies import StoreResponse
 from proxy.answers.stale import StaleIfError, StaleStore
 from proxy.assembly.runtime import Runtime
-from proxy.core.endpoints import ENDPOINTS, Cache, Endpoint, Pricing, RerankEndpoint
+from proxy.core.endpoints import ENDPOINTS, RESOURCES, Cache, Endpoint, Pricing, RerankEndpoint, Resource
+from proxy.core.headers import forwarded_headers
 from proxy.core.limits import EnforceLimits
 from proxy.core.pipeline import Pipeline, Stage
 from proxy.core.prompt import PromptReader, ReadPrompt
@@ -80,11 +83,12 @@ from tiers.response_tier import ResponseTier
 
 @dataclass(frozen=True, slots=True)
 class Pipelines:
-    """One pipeline per endpoint row (:data:`proxy.core.endpoints.ENDPOINTS`), and those of the routes that are
-    not rows: requests about a stored response, the pass-throughs and the Qdrant routes."""
+    """One pipeline per endpoint row (:data:`proxy.core.endpoints.ENDPOINTS`) and per request about a stored
+    response (:data:`~proxy.core.endpoints.RESOURCES`), and those of the routes that are not rows: the pass-throughs
+    and the Qdrant routes."""
 
     served: Mapping[Endpoint, Pipeline]
-    stored_responses: Pipeline
+    resources: Mapping[Resource, Pipeline]
     llm_passthrough: Pipeline
     qdrant_search: Pipeline
     qdrant_write: Pipeline
@@ -93,13 +97,15 @@ class Pipelines:
     def by_route(self) -> dict[str, Pipeline]:
         """Every pipeline by its route's name (an endpoint's ``route``, or the field's name)."""
         return {**{endpoint.route: pipeline for endpoint, pipeline in self.served.items()},
-                "stored_responses": self.stored_responses, "llm_passthrough": self.llm_passthrough,
+                **{resource.route: pipeline for resource, pipeline in self.resources.items()},
+                "llm_passthrough": self.llm_passthrough,
                 "qdrant_search": self.qdrant_search, "qdrant_write": self.qdrant_write,
                 "qdrant_read": self.qdrant_read}
 
 
 _CREDITS: Mapping[Pricing, type[Credits]] = {
-    Pricing.TOKENS: Credits, Pricing.RESPONSE: ResponseCredits, Pricing.RERANK: RerankCredits}
+    Pricing.TOKENS: Credits, Pricing.RESPONSE: ResponseCredits, Pricing.RERANK: RerankCredits,
+    Pricing.REQUEST: RequestCredits}
 """The credit stage of each way of pricing an endpoint."""
 
 
@@ -107,11 +113,11 @@ def build_pipelines(rt: Runtime, endpoints: Iterable[Endpoint] = ENDPOINTS) -> P
     """Assemble every pipeline from the runtime's components (the cache tiers' stages in registration order), one
     per row of ``endpoints``; the stages that own live settings are registered in ``rt.live``. Once per runtime."""
     trust = rt.settings.server.trust_forwarded
-    to_llm = ForwardToLLM(rt.client, rt.backends, trust_forwarded=trust)
+    forwarded = forwarded_headers(rt.settings.upstreams.forward_headers)
+    to_llm = ForwardToLLM(rt.client, rt.backends, trust_forwarded=trust, forwarded=forwarded)
     qdrant = rt.settings.upstreams.qdrant
-    to_qdrant = ForwardToQdrant(
-        rt.client, qdrant.url, qdrant.api_key.get_secret_value() if qdrant.api_key else None, trust_forwarded=trust
-    )
+    to_qdrant = ForwardToQdrant(rt.client, qdrant.url, qdrant.api_key.get_secret_value() if qdrant.api_key else None,
+                                trust_forwarded=trust, forwarded=forwarded)
     identify: list[Stage] = [Identify(rt.credits.keys, open_mode=rt.settings.auth.mode == "open",
                                       known=rt.credits.known_keys), *_rate_limits(rt)]
     limits = _limits(rt)
@@ -131,10 +137,15 @@ def build_pipelines(rt: Runtime, endpoints: Iterable[Endpoint] = ENDPOINTS) -> P
                          *([ClaimStoredResponses(stored)] if endpoint.owned is not None else []),
                          *billing, *_caches(rt, endpoint, caching, _at_miss(billing))], to_llm, tracer=tracer)
 
+    def resource(row: Resource) -> Pipeline:
+        """identify → limits (the row's shape) → stored_responses (the ids it names) → credits (the row's price)."""
+        return Pipeline([*identify, EnforceLimits(limits, shape=row.shape), StoredResponseRequests(stored, row),
+                         *_billing(rt, _CREDITS[row.pricing])], to_llm, tracer=tracer)
+
     search_billing = _billing(rt, SearchCredits)
     return Pipelines(
         served={endpoint: served(endpoint) for endpoint in endpoints},
-        stored_responses=Pipeline([*identify, StoredResponseRequests(stored)], to_llm, tracer=tracer),
+        resources={row: resource(row) for row in RESOURCES},
         llm_passthrough=Pipeline([*identify, *_billing(rt, RequestCredits)], to_llm, tracer=tracer),
         qdrant_search=Pipeline([*identify, EnforceLimits(limits, search=True), to_tenant, *search_billing,
                                 *_documents(rt), *rt.tiers.stages("search"), *_at_miss(search_billing)], to_qdrant,
@@ -252,8 +263,10 @@ class _Caching:
         bypass = BypassSettings(unknown_fields=cache.unknown_fields, cache_sampled=cache.cache_sampled,
                                 cache_stored_responses=cache.cache_stored_responses,
                                 rerank_max_documents=cache.rerank_max_documents)
+        forwarded = forwarded_headers(rt.settings.upstreams.forward_headers)  # others never reach the upstream
+        key_headers = tuple(name for name in cache.key_headers if name.lower() in forwarded)
         return self.live.register(Canonicalize(endpoint, bypass, rt.versions, frozenset(cache.shared_namespaces),
-                                               frozenset(cache.private_namespaces), tuple(cache.key_headers)))
+                                               frozenset(cache.private_namespaces), key_headers))
 
     def items(self, endpoint: Endpoint, stage: Callable[[ResponseTier, Canonicalize], Stage]) -> list[Stage]:
         """cache_control → per-item exact cache (embeddings inputs, reranker pairs) in the fastest answer tier,

@@ -11,7 +11,8 @@ the way back — reads what the client asked, whatever was changed for the upstr
 plus an ordered list of named :class:`Patch` es (``ctx.patch(name, apply)``: the per-item caches asking for the
 missing items only, the KV layer's document order and hints, credits asking a stream for its usage).
 :meth:`RequestContext.outgoing_json` applies them in order; :meth:`RequestContext.outgoing_body` serialises that
-once, and with no patch (and nothing lifted out) sends the client's bytes unchanged. Besides the forward stages,
+once, and with no patch (and nothing lifted out) sends ``written_body``: the body as the strict parser read it,
+serialised again by the route handler. The client's bytes (``raw_body``) never go upstream. Besides the forward stages,
 only credits read the upstream-bound body: what the upstream did is estimated from what it was sent, and a search
 batch is charged for the searches sent. The patch names are the ``ragproxy.body_patches`` attribute of the
 request's spans (:mod:`proxy.core.tracing`).
@@ -68,12 +69,19 @@ class RequestContext:
     route: str
     request_id: str
     raw_body: bytes = b""
+    """The body as the client sent it: what limits and estimates measure, never what goes upstream."""
     body: Final[Mapping[str, Any] | None] = None
     """The client's JSON body, never reassigned nor changed (see the module docstring); what goes upstream is
     :meth:`outgoing_json`."""
     proxy_fields: Mapping[str, Any] = field(default_factory=dict)
     """The proxy's own body objects (``cache``, ``ragproxy``), lifted out of ``body`` before anything else."""
+    written_body: bytes | None = None
+    """``body`` as parsed (before the proxy's fields were lifted), serialised again: forwarded when nothing changed
+    it (:meth:`outgoing_body`; ``None``: not written yet, ``body`` is serialised when it is forwarded)."""
     upstream_path: str = ""
+    """The upstream's path and query, built from the route's row (:func:`normalizer.paths.upstream_target`)."""
+    path_params: Mapping[str, str] = field(default_factory=dict)
+    """The typed parameters of the row's path template (a stored response's id)."""
     method: str = "POST"
     stream: bool = False
     patches: tuple[Patch, ...] = ()
@@ -153,10 +161,12 @@ class RequestContext:
         return body
 
     def outgoing_body(self) -> bytes:
-        """The bytes to forward: the client's own, unless a stage patched the body or the proxy's own fields were
-        lifted out of it (then :meth:`outgoing_json`, serialised)."""
-        if not self.patches and not self.proxy_fields:
-            return self.raw_body
+        """The bytes to forward: ``written_body`` (what was parsed, serialised again), unless a stage patched the
+        body or the proxy's own fields were lifted out of it (then :meth:`outgoing_json`, serialised)."""
+        if not self.patches and not self.proxy_fields and self.written_body is not None:
+            return self.written_body
+        if self.body is None and not self.patches:
+            return b""
         try:
             return orjson.dumps(self.outgoing_json())
         except TypeError:  # orjson encodes at most 255 levels of nesting (it decodes 1024)

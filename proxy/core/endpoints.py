@@ -20,12 +20,23 @@ L3 and Redis; :func:`for_entry` finds an entry's endpoint by it (the first row d
 
 **Adding a cacheable JSON endpoint** is a row (and, for a new body, its canonicaliser): see
 ``tests/proxy/test_new_endpoint.py``.
+
+**Requests are built from rows.** Every row names its method, exact path templates (no prefixes) and the typed
+query parameters it takes (:mod:`normalizer.paths`); the upstream's path and query are rebuilt from those
+(:func:`normalizer.paths.upstream_target`), never copied from the client. Besides the cached APIs
+(:class:`Endpoint`), the requests about state an upstream keeps are rows of their own (:class:`Resource`, in
+:data:`RESOURCES`): ``GET``/``DELETE /v1/responses/{response_id}``, ``GET /v1/responses/{response_id}/input_items``,
+``POST /v1/responses/{response_id}/cancel``, ``POST /v1/responses/input_tokens`` and ``/compact``, each with its
+price, its body and limits, and the ids it names, each owner-checked (:mod:`proxy.stored.stages`). :data:`ROWS` is
+every row: what the data plane serves under ``/v1`` besides the operator's pass-through, and what ``bench abuse``
+attacks.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
@@ -43,6 +54,7 @@ from normalizer.canonical import RequestKind, canonical_completion
 from normalizer.canonical_request import Canonicaliser, chat_request, response_request
 from normalizer.documents import PromptDocuments, read_prompt
 from normalizer.limits import Shape, chat_shape, embedding_shape, rerank_shape, response_shape, score_shape
+from normalizer.paths import ITEM_ID, NO_QUERY, RESPONSE_ID, Parameter, PathTemplate, Query, QueryParameter
 from normalizer.prompt_plan import PromptPlan, plan_request, plan_response
 from normalizer.responses import echo_request, final_input_question, one_replica_reason, read_response_prompt, stores
 from normalizer.signature import CHAT_READING, RESPONSE_READING, PromptReading, final_question
@@ -84,6 +96,14 @@ class Pricing(Enum):
     """As ``TOKENS``, the output bounded by ``max_output_tokens`` (the Responses API)."""
     RERANK = "rerank"
     """A price per document (rerankers)."""
+    REQUEST = "request"
+    """``credits.request_price`` per request, whatever its body and answer (a request that runs no model)."""
+
+
+API_VERSION = QueryParameter(("api-version",), Parameter("an API version", re.compile(r"[A-Za-z0-9._-]{1,32}"),
+                                                         "2024-06-01"))
+"""The one query parameter the cached APIs take (Azure-style servers answer by it; it is part of the cache key)."""
+LLM_QUERY = Query((API_VERSION,))
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -123,6 +143,13 @@ class Endpoint:
     forwarded_as_sent: bool = False
     """Whether the body goes upstream as the client wrote it, never re-rendered from the KV plan: its documents keep
     the order sent, and only the hints its API takes are added to it."""
+    query: Query = LLM_QUERY
+    """The query parameters it takes (anything else is refused, 400)."""
+    templates: tuple[PathTemplate, ...] = field(init=False, repr=False)
+    """``paths`` as exact templates (what the upstream path is built from)."""
+
+    method = "POST"
+    """Every cached API is a ``POST``."""
 
     def assemble(self, raw: bytes) -> tuple[dict[str, Any], dict[str, Any]] | None:
         """A finished stream as one answer object, and the entry metadata its replay needs (``no_usage`` when the
@@ -161,6 +188,7 @@ class Endpoint:
         return None
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "templates", tuple(PathTemplate(path) for path in self.paths))
         _BY_KIND.setdefault(self.kind, self)
 
 
@@ -237,6 +265,79 @@ SCORE = RerankEndpoint("score", "rerank", ("/v1/score", "/score"), RERANK_RULES,
 ENDPOINTS: tuple[Endpoint, ...] = (CHAT, COMPLETIONS, RESPONSES, EMBEDDINGS, RERANK, SCORE)
 """Every API the data plane serves as a row (Cohere/Jina/vLLM/TEI rerankers at ``/v1/rerank``, ``/v2/rerank``,
 ``/rerank``; vLLM's score API at ``/v1/score``, ``/score``)."""
+
+
+INCLUDABLE = Parameter("an includable field (e.g. message.output_text.logprobs)",
+                       re.compile(r"[a-z_]{1,64}(\.[a-z_]{1,64}){0,6}"), "message.output_text.logprobs")
+_INCLUDE = QueryParameter(("include", "include[]"), INCLUDABLE, repeated=True)
+RETRIEVE_QUERY = Query((_INCLUDE, QueryParameter(("include_obfuscation",), Parameter(
+    "true or false", re.compile(r"true|false"), "false"))))
+"""What ``GET /v1/responses/{id}`` takes: ``include``, ``include_obfuscation`` (``stream`` and ``starting_after``
+resume a background response's stream: ``background`` is refused, so they are not taken)."""
+INPUT_ITEMS_QUERY = Query((
+    _INCLUDE, QueryParameter(("limit",), Parameter("an integer from 1 to 100", re.compile(r"100|[1-9][0-9]?"), "20")),
+    QueryParameter(("order",), Parameter("asc or desc", re.compile(r"asc|desc"), "desc")),
+    QueryParameter(("after",), ITEM_ID), QueryParameter(("before",), ITEM_ID)))
+"""What ``GET /v1/responses/{id}/input_items`` takes: a page of at most 100 items in either order, from a cursor."""
+INPUT_TOKENS_MAX_BODY = 1024 * 1024
+"""The largest body ``POST /v1/responses/input_tokens`` takes (about 250,000 tokens of text): it is priced per
+request, so its body is bounded apart from ``server.max_body_bytes``."""
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Resource:
+    """A request about state an upstream keeps (a stored response, its items; counting or compacting input that
+    may continue one), never cached: one method at one exact path template with typed parameters, the typed query
+    it takes, and what it declares — its price, its body and the limit on it, and the ids it names (each
+    owner-checked: :class:`proxy.stored.stages.StoredResponseRequests`). Rows compare and hash by identity."""
+
+    route: str
+    """Its name: ``ctx.route``, the pipeline's, the metric label."""
+    method: str
+    path: PathTemplate
+    pricing: Pricing
+    query: Query = NO_QUERY
+    body: bool = False
+    """It takes a JSON object body (else none: an empty object at most, never forwarded)."""
+    shape: Shape | None = None
+    """What its body must be (:func:`normalizer.limits.check_llm`)."""
+    max_body_bytes: int | None = None
+    """Its body's limit when below ``server.max_body_bytes``."""
+    names: str | None = None
+    """The path parameter naming the stored response it is about: its owner is checked, and it goes to the replica
+    that keeps it."""
+    refers: bool = False
+    """Its body may name stored responses and items (``previous_response_id``, item references), each checked as
+    its caller's (:func:`normalizer.responses.references`)."""
+    deletes: bool = False
+    """A success deletes the named response: its owner and every cached copy are forgotten."""
+    dialect: Dialect = Dialect.OPENAI
+
+    @property
+    def templates(self) -> tuple[PathTemplate, ...]:
+        return (self.path,)
+
+
+_RESPONSE = {"response_id": RESPONSE_ID}
+RESPONSE_RETRIEVE = Resource("response_retrieve", "GET", PathTemplate("/v1/responses/{response_id}", _RESPONSE),
+                             Pricing.REQUEST, RETRIEVE_QUERY, names="response_id")
+RESPONSE_DELETE = Resource("response_delete", "DELETE", PathTemplate("/v1/responses/{response_id}", _RESPONSE),
+                           Pricing.REQUEST, names="response_id", deletes=True)
+RESPONSE_INPUT_ITEMS = Resource("response_input_items", "GET",
+                                PathTemplate("/v1/responses/{response_id}/input_items", _RESPONSE), Pricing.REQUEST,
+                                INPUT_ITEMS_QUERY, names="response_id")
+RESPONSE_CANCEL = Resource("response_cancel", "POST", PathTemplate("/v1/responses/{response_id}/cancel", _RESPONSE),
+                           Pricing.REQUEST, names="response_id")
+INPUT_TOKENS = Resource("response_input_tokens", "POST", PathTemplate("/v1/responses/input_tokens"), Pricing.REQUEST,
+                        body=True, shape=response_shape, max_body_bytes=INPUT_TOKENS_MAX_BODY, refers=True)
+COMPACT = Resource("response_compact", "POST", PathTemplate("/v1/responses/compact"), Pricing.RESPONSE, body=True,
+                   shape=response_shape, refers=True)
+"""Runs a model on the input (and the response it continues): reserved and charged as model work."""
+RESOURCES: tuple[Resource, ...] = (RESPONSE_RETRIEVE, RESPONSE_DELETE, RESPONSE_INPUT_ITEMS, RESPONSE_CANCEL,
+                                   INPUT_TOKENS, COMPACT)
+"""Every request about upstream state the data plane serves; any other path under ``/v1/responses/`` is a 404."""
+ROWS: tuple[Endpoint | Resource, ...] = (*ENDPOINTS, *RESOURCES)
+"""Every row (method, exact paths, typed query, price): what is served under ``/v1`` besides the pass-through."""
 
 
 def for_kind(kind: str) -> Endpoint:

@@ -33,8 +33,8 @@ if TYPE_CHECKING:
 Next = Callable[[RequestContext], Awaitable[Reply]]
 
 
-HANDLER_GIVES = frozenset({"request", "route", "request_id", "raw_body", "body", "proxy_fields", "upstream_path",
-                           "method", "stream"})
+HANDLER_GIVES = frozenset({"request", "route", "request_id", "raw_body", "body", "proxy_fields", "written_body",
+                           "upstream_path", "path_params", "method", "stream"})
 """The slots the route handler sets before the first stage runs."""
 
 

@@ -6,16 +6,29 @@ from __future__ import annotations
 
 from normalizer.rerank import document_count
 from proxy.core.context import RequestContext
+from proxy.core.errors import ProxyError
 from proxy.core.usage import Usage
 from proxy.credits.stages import Credits
 from proxy.credits.store import ChargeDetails
 
 
 class ResponseCredits(Credits):
-    """Credits for ``/v1/responses``: the worst case, and what the usage may be, bound the output by
-    ``max_output_tokens``."""
+    """Credits for ``/v1/responses`` (and ``/v1/responses/compact``): the worst case, and what the usage may be,
+    bound the output by ``max_output_tokens``.
+
+    ``background: true`` is refused (400): the upstream answers with a queued object and does the work later,
+    unobserved; its usage comes back only through a later ``GET`` the client may never make, so the work could be
+    billed neither when it is done nor exactly once."""
 
     response = True
+
+    def estimate(self, ctx: RequestContext) -> int:
+        if (ctx.body or {}).get("background"):
+            raise ProxyError(400, "`background` is not supported through this proxy: a background response runs "
+                             "upstream after the request is answered, where its usage cannot be billed; send the "
+                             "request without it (stream it instead)", code="unsupported_parameter",
+                             param="background", error_type="invalid_request_error")
+        return super().estimate(ctx)
 
 
 class RerankCredits(Credits):

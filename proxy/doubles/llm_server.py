@@ -4,10 +4,12 @@ Routes: ``POST /v1/chat/completions``, ``POST /v1/completions`` (both streaming 
 (streaming and not, function calls, reasoning summaries; responses are stored unless ``store`` is false, continue
 with ``previous_response_id``, and are read back with ``GET /v1/responses/{id}``, deleted with ``DELETE
 /v1/responses/{id}``, their input listed by ``GET /v1/responses/{id}/input_items``, ``POST
-/v1/responses/{id}/cancel`` answered: see :mod:`proxy.doubles.openai_responses`), ``POST /v1/embeddings`` (float or
-base64), ``GET /v1/models``, ``GET /v1/models/{id}``, ``GET /health``, ``GET /slots`` (llama.cpp-style, with a KV
-model); other ``/v1/*`` answer an OpenAI-shaped 404. One choice per request (``n`` is ignored); no tool calls in
-chat. Bodies follow :mod:`proxy.doubles.openai_shapes`.
+/v1/responses/{id}/cancel`` answered; input counted by ``POST /v1/responses/input_tokens`` and compacted by ``POST
+/v1/responses/compact``; ``item_reference`` input items read from the stored items; ``background`` answered with
+the queued object, the finished one kept for a later ``GET``: see :mod:`proxy.doubles.openai_responses`), ``POST
+/v1/embeddings`` (float or base64), ``GET /v1/models``, ``GET /v1/models/{id}``, ``GET /health``, ``GET /slots``
+(llama.cpp-style, with a KV model); other ``/v1/*`` answer an OpenAI-shaped 404. One choice per request (``n`` is
+ignored); no tool calls in chat. Bodies follow :mod:`proxy.doubles.openai_shapes`.
 
 Per request: faults armed in ``faults`` (:mod:`proxy.doubles.llm_faults`), then ``latency_s`` before the
 response headers, then (when ``kv`` is set) a slot from ``slots`` parallel slots and the prefill time the
@@ -177,6 +179,8 @@ class FakeLLM(ServedApp):
         app.router.add_post("/v1/chat/completions", self._chat)
         app.router.add_post("/v1/completions", self._completions)
         app.router.add_post("/v1/responses", self._responses)
+        app.router.add_post("/v1/responses/input_tokens", self._input_tokens)
+        app.router.add_post("/v1/responses/compact", self._compact)
         app.router.add_get("/v1/responses/{response_id}", self._stored_response)
         app.router.add_delete("/v1/responses/{response_id}", self._delete_response)
         app.router.add_get("/v1/responses/{response_id}/input_items", self._input_items)
@@ -247,26 +251,25 @@ class FakeLLM(ServedApp):
         items = body.get("input")
         if not (isinstance(items, str) or (isinstance(items, list) and items)):
             return _bad_request("'input' must be a string or a non-empty array", "input")
-        earlier: list[dict[str, str]] = []
-        previous = body.get("previous_response_id")
-        if previous is not None:
-            if previous not in self.stored:
-                return web.json_response(responses.unknown_previous(str(previous)), status=400)
-            earlier = self.stored[previous].turns
+        earlier = self._earlier(body)
+        if isinstance(earlier, web.Response):
+            return earlier
         fault = self.faults.take()
         early = await self._before_answer(request, fault)
         if early is not None:
             return early
         reset_after = fault.after_chunks if fault is not None and fault.kind == "reset" else None
-        prompt = responses.prompt_of(body, earlier)
+        prompt = responses.prompt_of(body, earlier, self._stored_item)
         output, incomplete, output_tokens = responses.output_items(body, self.answer, prompt)
         result = responses.response_object(body, str(body.get("model") or self.model), output, incomplete,
                                            shapes.count_tokens(prompt), output_tokens)
-        if body.get("store", True):
+        if body.get("store", True) or body.get("background"):
             said = " ".join(part["text"] for item in output if item["type"] == "message" for part in item["content"])
             turns = [{"role": "user", "text": line} for line in prompt.splitlines()]
             self.stored[result["id"]] = responses.StoredResponse(
                 result, [*turns, {"role": "assistant", "text": said}], responses.input_items(body))
+        if body.get("background"):  # queued: the work is done, and its usage read, by a later GET
+            return web.json_response(responses.queued(result), dumps=_dumps)
         if not body.get("stream"):
             return web.json_response(result, dumps=_dumps)
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream; charset=utf-8"})
@@ -281,6 +284,44 @@ class FakeLLM(ServedApp):
             await response.write(responses.encode(event))
         await response.write_eof()
         return response
+
+    def _earlier(self, body: dict[str, Any]) -> list[dict[str, str]] | web.Response:
+        """The turns a body's ``previous_response_id`` continues (a 400 when it names none)."""
+        previous = body.get("previous_response_id")
+        if previous is None:
+            return []
+        if previous not in self.stored:
+            return web.json_response(responses.unknown_previous(str(previous)), status=400)
+        return self.stored[previous].turns
+
+    def _stored_item(self, item_id: str) -> dict[str, Any] | None:
+        """A stored item by id: an input or output item of a stored response."""
+        for stored in self.stored.values():
+            for item in (*stored.items, *stored.response["output"]):
+                if item.get("id") == item_id:
+                    found: dict[str, Any] = item
+                    return found
+        return None
+
+    async def _input_tokens(self, request: web.Request) -> web.Response:
+        body = await self._json_body(request)
+        if isinstance(body, web.Response):
+            return body
+        earlier = self._earlier(body)
+        if isinstance(earlier, web.Response):
+            return earlier
+        prompt = responses.prompt_of(body, earlier, self._stored_item)
+        return web.json_response({"object": "response.input_tokens", "input_tokens": shapes.count_tokens(prompt)})
+
+    async def _compact(self, request: web.Request) -> web.Response:
+        body = await self._json_body(request)
+        if isinstance(body, web.Response):
+            return body
+        earlier = self._earlier(body)
+        if isinstance(earlier, web.Response):
+            return earlier
+        prompt = responses.prompt_of(body, earlier, self._stored_item)
+        return web.json_response(responses.compacted(prompt), dumps=_dumps)
 
     async def _stored_response(self, request: web.Request) -> web.Response:
         stored = self.stored.get(request.match_info["response_id"])

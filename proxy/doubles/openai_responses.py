@@ -46,9 +46,10 @@ def _text(content: Any) -> str:
     return ""
 
 
-def prompt_of(body: Mapping[str, Any], earlier: Sequence[Mapping[str, Any]] = ()) -> str:
+def prompt_of(body: Mapping[str, Any], earlier: Sequence[Mapping[str, Any]] = (),
+              stored_item: Callable[[str], Mapping[str, Any] | None] = lambda _: None) -> str:
     """The request flattened to ``role: text`` lines: earlier turns (``previous_response_id``), instructions,
-    input messages, function call outputs."""
+    input messages (an ``item_reference`` read through ``stored_item``), function call outputs."""
     lines = [f"{m['role']}: {m['text']}" for m in earlier]
     if isinstance(body.get("instructions"), str):
         lines.append(f"system: {body['instructions']}")
@@ -56,6 +57,8 @@ def prompt_of(body: Mapping[str, Any], earlier: Sequence[Mapping[str, Any]] = ()
     if isinstance(items, str):
         items = [{"role": "user", "content": items}]
     for item in items or ():
+        if item.get("type") == "item_reference":
+            item = stored_item(str(item.get("id"))) or {}
         if item.get("type") == "function_call_output":
             lines.append(f"tool: {item.get('output', '')}")
         elif "role" in item:
@@ -253,6 +256,26 @@ def item_page(items: Sequence[dict[str, Any]], query: Mapping[str, str]) -> dict
     data = window[:limit]
     return {"object": "list", "data": data, "first_id": data[0]["id"] if data else None,
             "last_id": data[-1]["id"] if data else None, "has_more": len(window) > limit}
+
+
+def queued(response: Mapping[str, Any]) -> dict[str, Any]:
+    """A background response as the API first answers it: queued, no output and no usage yet."""
+    return {**response, "status": "queued", "output": [], "usage": None, "background": True}
+
+
+def compacted(prompt: str) -> dict[str, Any]:
+    """``POST /v1/responses/compact``'s answer for a prompt: the user messages, then one compaction item."""
+    users = [line.partition(": ")[2] for line in prompt.splitlines() if line.startswith("user: ")]
+    output: list[dict[str, Any]] = [
+        {"id": new_id("msg"), "type": "message", "role": "user", "status": "completed",
+         "content": [{"type": "input_text", "text": text}]} for text in users]
+    summary = " ".join(prompt.split()[:16])
+    output.append({"id": new_id("cmp"), "type": "compaction", "encrypted_content": summary.encode().hex()})
+    tokens = shapes.count_tokens(prompt)
+    return {"id": new_id("resp"), "object": "response.compaction", "created_at": int(time.time()), "output": output,
+            "usage": {"input_tokens": tokens, "input_tokens_details": {"cached_tokens": 0},
+                      "output_tokens": len(summary.split()), "output_tokens_details": {"reasoning_tokens": 0},
+                      "total_tokens": tokens + len(summary.split())}}
 
 
 def unknown_response(response_id: str) -> dict[str, Any]:

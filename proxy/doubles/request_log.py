@@ -40,11 +40,22 @@ class RequestLog:
 
     def __init__(self) -> None:
         self._entries: list[LoggedRequest] = []
+        self._statuses: dict[int, int] = {}
         self._lock = threading.Lock()
 
     def append(self, entry: LoggedRequest) -> None:
         with self._lock:
             self._entries.append(entry)
+
+    def answered(self, entry: LoggedRequest, status: int) -> None:
+        """Record the status the double answered ``entry`` with (once its handler returned)."""
+        with self._lock:
+            self._statuses[id(entry)] = status
+
+    def status(self, entry: LoggedRequest) -> int | None:
+        """The status ``entry`` was answered with; ``None`` while (or if never) answered."""
+        with self._lock:
+            return self._statuses.get(id(entry))
 
     @property
     def entries(self) -> list[LoggedRequest]:
@@ -77,6 +88,7 @@ class RequestLog:
     def clear(self) -> None:
         with self._lock:
             self._entries.clear()
+            self._statuses.clear()
 
 
 def frozen_headers(headers: CIMultiDictProxy[str]) -> CIMultiDictProxy[str]:

@@ -8,7 +8,8 @@
 Port 0 (the default) binds a free port; ``url`` reports the real one. A listening socket bound beforehand
 (``sock``) is served instead, for a caller that needs the address before the server starts (``ragproxy demo``
 builds the proxy's settings first). Every request is appended to ``log`` (:class:`RequestLog`) before the handler
-runs, so a request that hangs or fails is still counted.
+runs, so a request that hangs or fails is still counted; the status it was answered with is recorded once its handler
+returns (:meth:`RequestLog.status`).
 """
 
 from __future__ import annotations
@@ -161,14 +162,19 @@ class ServedApp:
     @web.middleware
     async def _log_middleware(self, request: web.Request, handler: Handler) -> web.StreamResponse:
         body = await request.read()
-        self.log.append(
-            LoggedRequest(
-                method=request.method,
-                path=request.path,
-                query=dict(request.query),
-                headers=frozen_headers(request.headers),
-                body=body,
-                received_at=time.monotonic(),
-            )
+        entry = LoggedRequest(
+            method=request.method,
+            path=request.path,
+            query=dict(request.query),
+            headers=frozen_headers(request.headers),
+            body=body,
+            received_at=time.monotonic(),
         )
-        return await handler(request)
+        self.log.append(entry)
+        try:
+            response = await handler(request)
+        except web.HTTPException as refused:  # aiohttp's own answers: no route, wrong method
+            self.log.answered(entry, refused.status)
+            raise
+        self.log.answered(entry, response.status)
+        return response

@@ -1,31 +1,41 @@
-"""Stored responses belong to the tenant that made them and live on the replica that made them.
+"""Stored responses belong to the tenant that made them and live on the replica that made them; so do their items.
 
 Two stages over one :class:`StoredResponses` (the owners store of :mod:`proxy.stored.owners`):
 
 - :class:`ClaimStoredResponses`, early in the ``POST /v1/responses`` pipeline (before credits and every cache
-  tier): a request that continues a response (``previous_response_id``) is refused unless its tenant made that
-  response — with the upstream's own answer to an unknown id, a 400 ``previous_response_not_found`` — and is
-  pinned (``ctx.pinned``) to the replica that keeps it. On the way back, a response the upstream made and stores
-  is recorded as this tenant's, on the replica that answered (``ctx.replica``): a complete reply before it is
-  handed back, a stream when its ``response.created`` event passes, before the client sees the id. Cache hits
-  record nothing: a hit is the stored original, recorded when it was made, and exact keys of stored requests are
-  never shared across tenants (:class:`~proxy.answers.cache_policy.Canonicalize`).
-- :class:`StoredResponseRequests`, the one stage of the requests about a response: ``GET``/``DELETE
-  /v1/responses/{id}``, ``GET /v1/responses/{id}/input_items``, ``POST /v1/responses/{id}/cancel`` (any other path
-  under ``/v1/responses/`` that names an id too), and ``POST /v1/responses/input_tokens`` and ``/compact``, whose
-  bodies may carry a ``previous_response_id``. Another tenant's id, or an id the proxy does not know, is answered
-  404 exactly as the upstream answers an id that does not exist; the tenant's own goes to the replica that keeps
-  it. A ``DELETE`` the upstream accepted forgets the owner and invalidates every cached entry that carries the id
-  (the response itself, and answers that continued it: tag ``response:<id>``); so does an upstream 404 for an id,
-  or a ``previous_response_not_found`` (deleted at the upstream directly, or expired there).
+  tier): every stored object the body names must be the caller's (:meth:`StoredResponses.check_body`) — the
+  response it continues (``previous_response_id``; the upstream's own answer to an unknown id, a 400
+  ``previous_response_not_found``) and the items it has the upstream read from its store (``item_reference`` input
+  items, reasoning items given by id: a 404 ``Item with id '...' not found.``) — and the request is pinned
+  (``ctx.pinned``) to the replica that keeps them. On the way back, a response the upstream made and stores is
+  recorded as this tenant's, on the replica that answered (``ctx.replica``), with the id of each of its output
+  items: a complete reply before it is handed back, a stream as its ``response.created`` and
+  ``response.output_item.added`` events pass, before the client sees the ids. Cache hits record nothing: a hit is
+  the stored original, recorded when it was made, and exact keys of stored requests are never shared across
+  tenants (:class:`~proxy.answers.cache_policy.Canonicalize`).
+- :class:`StoredResponseRequests`, in the pipeline of each request about stored state
+  (:class:`~proxy.core.endpoints.Resource` rows: ``GET``/``DELETE /v1/responses/{response_id}``, ``GET
+  .../input_items``, ``POST .../cancel``, ``POST /v1/responses/input_tokens`` and ``/compact``): the response its
+  path names (typed, ``ctx.path_params``) and every id its body names are checked the same way. Another tenant's
+  id, or an id the proxy does not know, is answered exactly as the upstream answers an id that does not exist; the
+  tenant's own goes to the replica that keeps it. A ``DELETE`` the upstream accepted forgets the owner and
+  invalidates every cached entry that carries the id (the response itself, and answers that continued it: tag
+  ``response:<id>``); so does an upstream 404 for an id, or a ``previous_response_not_found`` (deleted at the
+  upstream directly, or expired there).
+
+Items are owned through the response that made them: the proxy knows an item id only from the output of a stored
+response it relayed (the upstream made the id, for that response's tenant). An input item's id may have been
+written by any client, so a reference to one is refused as unknown, as is any id the proxy never saw. Objects the
+proxy serves no API for — conversations, prompt templates, files, vector stores, containers — are stored upstream
+under the proxy's key, where no owner can be checked: a body naming one is refused with 400
+(:func:`normalizer.responses.unowned_reference`).
 
 A response made in a user-scoped (private) request is its user's: its owner is ``<tenant>~<user digest>``, as in
-keys, and only that user may fetch, delete or continue it. Bodies are read as JSON (a key written with escapes is
-the same key). ``conversation`` is refused (400): the proxy serves no Conversations API, so no conversation was made
-through it and its owner cannot be checked. A cached copy of a stored response is served only while its owner is
-recorded (:func:`proxy.answers.replies.servable`), so nothing a race with its ``DELETE`` left behind is served.
-A response made while the owner store is down (shared mode: Redis) has its owner kept in memory (at most
-:data:`MAX_UNRECORDED`), known to this replica at once and recorded at the next use of the store once it is back.
+keys, and only that user may fetch, delete or continue it, or reference its items. A cached copy of a stored
+response is served only while its owner is recorded (:func:`proxy.answers.replies.servable`), so nothing a race
+with its ``DELETE`` left behind is served. A response made while the owner store is down (shared mode: Redis) has
+its owner kept in memory (at most :data:`MAX_UNRECORDED`), known to this replica at once and recorded at the next
+use of the store once it is back.
 """
 
 from __future__ import annotations
@@ -39,8 +49,10 @@ from typing import Any
 import orjson
 
 from normalizer.canonical import user_digest
-from normalizer.responses import continued_response, stores
+from normalizer.paths import ITEM_ID
+from normalizer.responses import continued_response, referenced_items, stores, unowned_reference
 from proxy.core.context import Reply, RequestContext
+from proxy.core.endpoints import Resource
 from proxy.core.errors import ProxyError
 from proxy.core.pipeline import Next
 from proxy.core.sse import EventSplitter, event_data
@@ -50,19 +62,17 @@ from tiers.invalidation import Removal, Selector
 
 log = logging.getLogger("ragproxy.responses")
 
-PREFIX = "/v1/responses/"
 MAX_UNRECORDED = 10_000
 """Owners kept in memory while the owner store is down (at most :data:`UNRECORDED_BYTES` each: 4 MB in all)."""
 UNRECORDED_BYTES = 400
 """One kept owner: a 53-character response id, a tenant and user digest of 80, its place in the order (345 bytes,
 tracemalloc), with room for longer tenant names."""
+MAX_REFERENCES = 1_000
+"""Distinct stored items one request may reference (each is one look-up in the owner store)."""
 USER_SEPARATOR = "~"
 """Between the tenant and the user digest in the owner of a response made in a user-scoped request (as in keys)."""
-COLLECTION_ROUTES = frozenset({"input_tokens", "compact"})
-"""Paths under ``/v1/responses/`` that name no response (their bodies may name one)."""
-_CREATED = b"response.created"
-_SCAN_LIMIT = 64 * 1024
-"""Bytes of a stream searched for its ``response.created`` event (the API's first event)."""
+_CREATED = b'"response.created"'
+_ITEM_ADDED = b'"response.output_item.added"'
 
 
 def not_found(response_id: str) -> ProxyError:
@@ -76,12 +86,18 @@ def previous_not_found(response_id: str) -> ProxyError:
                       param="previous_response_id", error_type="invalid_request_error")
 
 
-def named_response(path: str) -> str | None:
-    """The response id a path under ``/v1/responses/`` names, or ``None`` (``input_tokens``, ``compact``)."""
-    if not path.startswith(PREFIX):
-        return None
-    first = path[len(PREFIX):].split("/", 1)[0]
-    return None if first in COLLECTION_ROUTES else first
+def item_not_found(item_id: str) -> ProxyError:
+    """The upstream's answer to an item id it does not know."""
+    return ProxyError(404, f"Item with id '{item_id}' not found.", param="input", error_type="invalid_request_error")
+
+
+def unowned(param: str, what: str) -> ProxyError:
+    """A request naming an object stored upstream that no tenant made through the proxy (see the module
+    docstring)."""
+    return ProxyError(400, f"`{param}` names {what} stored upstream under the proxy's key, where its owner cannot be "
+                      "checked: this proxy serves no API that makes one, so none is a tenant's. Send the content "
+                      "itself instead.", code="unsupported_parameter", param=param,
+                      error_type="invalid_request_error")
 
 
 class StoredResponses:
@@ -112,36 +128,85 @@ class StoredResponses:
                 return
             self._unrecorded.pop(response_id, None)
 
-    async def pin(self, ctx: RequestContext, response_id: str, refusal: ProxyError) -> None:
-        """Pin ``ctx`` to the replica keeping ``response_id``; ``refusal`` unless ``ctx``'s tenant made it."""
+    async def pin(self, ctx: RequestContext, stored_id: str, refusal: ProxyError) -> None:
+        """Pin ``ctx`` to the replica keeping ``stored_id`` (a response, or an item of one); ``refusal`` unless
+        ``ctx``'s tenant made it and it lives where every other object the request names lives."""
         await self._record_late()
         try:
-            owner = self._unrecorded.get(response_id) or await self.owners.owner(response_id)
+            owner = self._unrecorded.get(stored_id) or await self.owners.owner(stored_id)
         except OwnersUnavailable as exc:
-            log.warning("owner of %s not known: %s", response_id, exc)
+            log.warning("owner of %s not known: %s", stored_id, exc)
             raise ProxyError(503, "the store of response owners is unavailable; retry shortly",
                              code="owners_unavailable", headers={"Retry-After": "2"}) from None
         replica = self.replicas.get(owner.replica) if owner is not None and _may_use(ctx, owner.tenant) else None
-        if replica is None:
+        if replica is None or ctx.pinned not in (None, replica):
             raise refusal
         ctx.pinned = replica
 
+    async def check_body(self, ctx: RequestContext, body: Mapping[str, Any]) -> str | None:
+        """Every stored object a Responses body names, checked as the caller's and pinned (see the module
+        docstring); the response it continues, if any."""
+        refused = unowned_reference(body)
+        if refused is not None:
+            raise no_conversations() if refused[0] == "conversation" else unowned(*refused)
+        if body.get("previous_response_id") is not None and continued_response(body) is None:
+            raise ProxyError(400, "`previous_response_id` must be a string", code="invalid_type",
+                             param="previous_response_id", error_type="invalid_request_error")
+        previous = continued_response(body)
+        if previous is not None:
+            await self.pin(ctx, previous, previous_not_found(previous))
+        items = referenced_items(body)
+        if any(not isinstance(item, str) for item in items):
+            raise ProxyError(400, "an item reference needs a string `id`", code="invalid_type", param="input",
+                             error_type="invalid_request_error")
+        distinct = dict.fromkeys(items)
+        if len(distinct) > MAX_REFERENCES:
+            raise ProxyError(400, f"the input references {len(distinct)} stored items; at most {MAX_REFERENCES} are "
+                             "accepted in one request", code="too_many_references", param="input")
+        for item in distinct:
+            if not ITEM_ID.accepts(item):
+                raise item_not_found(item)
+            await self.pin(ctx, item, item_not_found(item))
+        return previous
+
+    def _owner(self, ctx: RequestContext) -> ResponseOwner | None:
+        """Who owns what the upstream stores for ``ctx`` (``None``: it was not answered upstream)."""
+        if ctx.replica is None:
+            return None
+        scope = ctx.tenant if ctx.user_scope is None else f"{ctx.tenant}{USER_SEPARATOR}{ctx.user_scope}"
+        return ResponseOwner(scope, ctx.replica)
+
     async def record(self, ctx: RequestContext, response: Any) -> None:
-        """Record a response object the upstream made for ``ctx`` as its tenant's, when the upstream keeps it."""
-        if not isinstance(response, Mapping) or not isinstance(response.get("id"), str) or ctx.replica is None:
+        """Record a response object the upstream made for ``ctx`` as its tenant's, and its output items, when the
+        upstream keeps it."""
+        owner = self._owner(ctx)
+        if not isinstance(response, Mapping) or not isinstance(response.get("id"), str) or owner is None:
             return
         if not response.get("store", stores(ctx.body or {})):
             return
-        scope = ctx.tenant if ctx.user_scope is None else f"{ctx.tenant}{USER_SEPARATOR}{ctx.user_scope}"
+        await self._keep(response["id"], owner)
+        output = response.get("output")
+        for item in output if isinstance(output, list) else ():
+            if isinstance(item, Mapping) and isinstance(item.get("id"), str):
+                await self._keep(item["id"], owner)
+
+    async def record_item(self, ctx: RequestContext, item: Any) -> None:
+        """Record an output item the upstream made (a streamed ``response.output_item.added``) as its tenant's."""
+        owner = self._owner(ctx)
+        if owner is not None and isinstance(item, Mapping) and isinstance(item.get("id"), str) \
+                and stores(ctx.body or {}):
+            await self._keep(item["id"], owner)
+
+    async def _keep(self, stored_id: str, owner: ResponseOwner) -> None:
         await self._record_late()
         try:
-            await self.owners.record(response["id"], ResponseOwner(scope, ctx.replica))
+            await self.owners.record(stored_id, owner)
         except OwnersUnavailable as exc:  # the response is answered; its owner is recorded once the store is back
-            log.warning("owner of stored response %s recorded later: %s", response["id"], exc)
-            self._unrecorded[response["id"]] = ResponseOwner(scope, ctx.replica)
+            log.warning("owner of stored %s recorded later: %s", stored_id, exc)
+            self._unrecorded[stored_id] = owner
             while len(self._unrecorded) > MAX_UNRECORDED:
                 dropped, _ = self._unrecorded.popitem(last=False)
-                log.error("owner of stored response %s dropped: the owner store has been down too long", dropped)
+                log.error("owner of stored %s dropped: the owner store has been down too long", dropped)
 
     async def forget(self, response_id: str) -> None:
         """A deleted response: its owner and every cached entry carrying its id go."""
@@ -182,15 +247,12 @@ class _OwnersStage:
 
 
 class ClaimStoredResponses(_OwnersStage):
-    """``POST /v1/responses``: continue only the tenant's own responses; record the ones it makes."""
+    """``POST /v1/responses``: continue and reference only the tenant's own stored objects; record the ones it
+    makes."""
 
     async def __call__(self, ctx: RequestContext, call_next: Next) -> Reply:
         body = ctx.body or {}
-        if body.get("conversation") is not None:
-            raise no_conversations()
-        previous = continued_response(body)
-        if previous is not None:
-            await self.responses.pin(ctx, previous, previous_not_found(previous))
+        previous = await self.responses.check_body(ctx, body)
         reply = await call_next(ctx)
         if previous is not None and reply.status in (400, 404) and ctx.replica is not None \
                 and b"previous_response_not_found" in (reply.body or b""):
@@ -201,25 +263,22 @@ class ClaimStoredResponses(_OwnersStage):
             with contextlib.suppress(orjson.JSONDecodeError):
                 await self.responses.record(ctx, orjson.loads(reply.body or b""))
         else:
-            reply.chunks = self._record_when_created(ctx, reply.chunks)
+            reply.chunks = self._record_as_streamed(ctx, reply.chunks)
         return reply
 
-    async def _record_when_created(self, ctx: RequestContext, chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
-        """The stream unchanged; its ``response.created`` event is recorded before it is passed on."""
-        events: EventSplitter | None = EventSplitter()
-        seen = 0
+    async def _record_as_streamed(self, ctx: RequestContext, chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+        """The stream unchanged; its ``response.created`` and ``response.output_item.added`` events are recorded
+        before they are passed on."""
+        events = EventSplitter()
         try:
             async for chunk in chunks:
-                if events is not None:
-                    seen += len(chunk)
-                    for event in events.feed(chunk):
-                        created = _created(event)
-                        if created is not None:
-                            await self.responses.record(ctx, created)
-                            events = None
-                            break
-                    if seen > _SCAN_LIMIT:
-                        events = None
+                for event in events.feed(chunk):
+                    created = _payload(event, _CREATED, "response.created", "response")
+                    if created is not None:
+                        await self.responses.record(ctx, created)
+                    added = _payload(event, _ITEM_ADDED, "response.output_item.added", "item")
+                    if added is not None:
+                        await self.responses.record_item(ctx, added)
                 yield chunk
         finally:
             aclose = getattr(chunks, "aclose", None)
@@ -227,52 +286,36 @@ class ClaimStoredResponses(_OwnersStage):
                 await aclose()
 
 
-def _created(event: bytes) -> Any:
-    """The response of a ``response.created`` event, else ``None``."""
+def _payload(event: bytes, marker: bytes, kind: str, field: str) -> Any:
+    """The ``field`` of an event of type ``kind`` (whose data holds ``marker``), else ``None``."""
     data = event_data(event)
-    if data is None or _CREATED not in data:
+    if data is None or marker not in data:
         return None
     try:
         payload = orjson.loads(data)
     except orjson.JSONDecodeError:
         return None
-    return payload.get("response") if isinstance(payload, dict) and payload.get("type") == "response.created" \
-        else None
+    return payload.get(field) if isinstance(payload, dict) and payload.get("type") == kind else None
 
 
 class StoredResponseRequests(_OwnersStage):
-    """Requests about a stored response (``/v1/responses/...``): the owner's tenant only, sent to its replica."""
+    """A request about stored state (a :class:`~proxy.core.endpoints.Resource` row): the response its path names
+    and every id its body names must be the caller's; it goes to the replica that keeps them."""
+
+    needs = frozenset({"path_params"})
+
+    def __init__(self, responses: StoredResponses, row: Resource) -> None:
+        super().__init__(responses)
+        self.row = row
 
     async def __call__(self, ctx: RequestContext, call_next: Next) -> Reply:
-        path = ctx.request.path
-        named = named_response(path)
+        row = self.row
+        named = ctx.path_params.get(row.names) if row.names is not None else None
         if named is not None:
             await self.responses.pin(ctx, named, not_found(named))
-        previous = _previous_in(ctx.raw_body) if ctx.method == "POST" else None
-        if previous is not None and named is None:
-            await self.responses.pin(ctx, previous, previous_not_found(previous))
+        if row.refers and ctx.body is not None:
+            await self.responses.check_body(ctx, ctx.body)
         reply = await call_next(ctx)
-        if named is not None and (reply.status == 404 or (
-                ctx.method == "DELETE" and path == PREFIX + named and reply.status == 200)):
+        if named is not None and (reply.status == 404 or (row.deletes and reply.status == 200)):
             await self.responses.forget(named)  # deleted here, or gone upstream (deleted there, expired)
         return reply
-
-
-def _previous_in(raw: bytes) -> str | None:
-    """The ``previous_response_id`` of a JSON body, read as JSON (a key written with escapes is the same key;
-    ``None`` when there is none or the body is not an object); a 400 when it is there and not a string (the owner
-    check could not read it), and for a ``conversation`` (see :func:`no_conversations`)."""
-    if not raw:
-        return None
-    try:
-        body = orjson.loads(raw)
-    except orjson.JSONDecodeError:
-        return None
-    if not isinstance(body, dict):
-        return None
-    if body.get("conversation") is not None:
-        raise no_conversations()
-    if body.get("previous_response_id") is not None and continued_response(body) is None:
-        raise ProxyError(400, "`previous_response_id` must be a string", code="invalid_type",
-                         param="previous_response_id", error_type="invalid_request_error")
-    return continued_response(body)

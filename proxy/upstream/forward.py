@@ -6,13 +6,16 @@ import time
 
 from proxy.core.context import EndCallback, Reply, RequestContext
 from proxy.core.errors import ProxyError
-from proxy.core.headers import upstream_request_headers
+from proxy.core.headers import FORWARDED_REQUEST_HEADERS, upstream_request_headers
 from proxy.upstream.backends import Backend, BackendPool
 from proxy.upstream.client import UpstreamClient, UpstreamError
 
 
-def _headers_for(ctx: RequestContext, auth: dict[str, str], trust_forwarded: bool,
-                 hints: dict[str, str] | None = None) -> list[tuple[str, str]]:
+def _headers_for(ctx: RequestContext, auth: dict[str, str], trust_forwarded: bool, allowed: frozenset[str],
+                 body: bytes | None, hints: dict[str, str] | None = None) -> list[tuple[str, str]]:
+    """The upstream request's headers: the client's that ``allowed`` names, and the proxy's own
+    (:func:`proxy.core.headers.upstream_request_headers`); ``body``: what is sent (its type is JSON: the proxy wrote
+    it)."""
     request = ctx.request
     extra = hints
     if ctx.trace is not None:  # tracing on: the upstream's parent is the proxy's forward span
@@ -25,11 +28,12 @@ def _headers_for(ctx: RequestContext, auth: dict[str, str], trust_forwarded: boo
         request.headers,
         client_ip=request.peer,
         scheme=request.scheme,
-        host=request.host,
         request_id=ctx.request_id,
         auth=auth,
         extra=extra,
         trust_forwarded=trust_forwarded,
+        allowed=allowed,
+        content_type="application/json" if body else None,
     )
 
 
@@ -45,10 +49,13 @@ class ForwardToLLM:
     name = "forward"
     gives = frozenset({"upstream_called", "replica", "upstream_seconds"})
 
-    def __init__(self, client: UpstreamClient, pool: BackendPool, *, trust_forwarded: bool = False) -> None:
+    def __init__(self, client: UpstreamClient, pool: BackendPool, *, trust_forwarded: bool = False,
+                 forwarded: frozenset[str] = FORWARDED_REQUEST_HEADERS) -> None:
+        """``forwarded``: the client headers the upstream gets (:func:`proxy.core.headers.forwarded_headers`)."""
         self.client = client
         self.pool = pool
         self.trust_forwarded = trust_forwarded
+        self.forwarded = forwarded
 
     async def __call__(self, ctx: RequestContext) -> Reply:
         body = ctx.outgoing_body() if ctx.method not in ("GET", "HEAD") else None
@@ -75,7 +82,7 @@ class ForwardToLLM:
             backend.in_flight += 1
             ctx.upstream_called = True
             try:
-                headers = _headers_for(ctx, backend.auth_headers(), self.trust_forwarded, hints)
+                headers = _headers_for(ctx, backend.auth_headers(), self.trust_forwarded, self.forwarded, body, hints)
                 reply = await self.client.send(
                     ctx.method, backend.url + ctx.upstream_path, headers, body,
                     label=backend.described,
@@ -127,17 +134,20 @@ class ForwardToQdrant:
     gives = frozenset({"upstream_called"})
 
     def __init__(self, client: UpstreamClient, url: str | None, api_key: str | None, *,
-                 trust_forwarded: bool = False) -> None:
+                 trust_forwarded: bool = False, forwarded: frozenset[str] = FORWARDED_REQUEST_HEADERS) -> None:
         self.client = client
         self.url = url
         self.auth = {"api-key": api_key} if api_key else {}
         self.trust_forwarded = trust_forwarded
+        self.forwarded = forwarded
 
     async def __call__(self, ctx: RequestContext) -> Reply:
         if self.url is None:
             raise ProxyError(502, "no Qdrant upstream is configured (upstreams.qdrant.url)", code="no_upstream")
-        headers = _headers_for(ctx, self.auth, self.trust_forwarded)
+        if not ctx.upstream_path:  # only a row builds a Qdrant request (the qdrant stage): nothing built, nothing sent
+            raise ProxyError(404, "Not Found", code="not_found")
         body = ctx.outgoing_body() if ctx.method not in ("GET", "HEAD") else None
+        headers = _headers_for(ctx, self.auth, self.trust_forwarded, self.forwarded, body)
         ctx.upstream_called = True
         return await self.client.send(
             ctx.method, self.url + ctx.upstream_path, headers, body, label="Qdrant"

@@ -10,6 +10,7 @@ from typing import Literal
 from pydantic import Field, SecretStr, field_validator, model_validator
 
 from normalizer.paths import check_pattern
+from proxy.core.headers import forwardable
 from proxy.core.settings_section import Section
 
 BACKEND_KINDS = ("openai", "vllm", "sglang", "llamacpp", "generic")
@@ -136,6 +137,11 @@ class Upstreams(Section):
         "segment); each is authenticated and billed credits.request_price; every other /v1 request the proxy has "
         "no route for is refused (404)",
     )
+    forward_headers: list[str] = Field(
+        default_factory=list, description="Client headers forwarded upstream besides Accept, User-Agent, OpenAI-Beta "
+        "and a valid traceparent/tracestate (e.g. OpenAI-Project); credentials, hop-by-hop, forwarding and override "
+        "headers (X-Original-URL, X-HTTP-Method-Override, X-Forwarded-*, ...) are refused"
+    )
     response_retention_s: float = Field(
         default=30 * 86_400.0, gt=0, description="How long the LLM upstream keeps a stored response (OpenAI: 30 days): "
         "the proxy remembers that long which tenant and replica made it, and caches it no longer"
@@ -150,6 +156,15 @@ class Upstreams(Section):
     pool_size: int = Field(default=256, ge=1, description="Keep-alive connections per upstream host")
     breaker_failures: int = Field(default=5, ge=1, description="Consecutive failures that open a replica's breaker")
     breaker_open_s: float = Field(default=5.0, gt=0, description="Seconds an open breaker waits before a probe")
+
+    @field_validator("forward_headers")
+    @classmethod
+    def _forward_headers(cls, value: list[str]) -> list[str]:
+        for name in value:
+            if not re.fullmatch(r"[A-Za-z0-9!#$%&'*+.^_`|~-]+", name) or not forwardable(name):
+                raise ValueError(f"{name!r}: not a header the proxy forwards from clients (credentials, hop-by-hop, "
+                                 "forwarding and override headers never are)")
+        return value
 
     @field_validator("llm_passthrough")
     @classmethod

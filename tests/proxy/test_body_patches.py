@@ -10,6 +10,7 @@ import orjson
 
 import proxy.core.context as context_module
 from normalizer.cache_control import split_proxy_fields
+from normalizer.json_body import read_body
 from proxy.core.context import Reply, RequestContext
 from proxy.core.handoffs import Reservation
 from proxy.core.pipeline import Next, Pipeline
@@ -26,10 +27,13 @@ from proxy.server.request import Request
 
 
 def context(raw: bytes, **slots: Any) -> RequestContext:
-    """The context the route handler makes of ``raw`` (the proxy's own fields lifted out)."""
-    body, lifted = split_proxy_fields(orjson.loads(raw))
+    """The context the route handler makes of ``raw`` (read strictly and written again, the proxy's own fields
+    lifted out)."""
+    parsed, written = read_body(raw)
+    body, lifted = split_proxy_fields(parsed)
     return RequestContext(request=Request("POST", "/v1/chat/completions"), route="chat", request_id="r1",
-                          raw_body=raw, body=body, proxy_fields=lifted, stream=bool(body.get("stream")), **slots)
+                          raw_body=raw, body=body, written_body=written, proxy_fields=lifted,
+                          stream=bool(body.get("stream")), **slots)
 
 
 def test_the_body_is_typed_final_and_read_only() -> None:
@@ -40,10 +44,11 @@ def test_the_body_is_typed_final_and_read_only() -> None:
     assert Mapping[str, Any] in get_args(inner) and not any(get_origin(t) is dict for t in get_args(inner))
 
 
-def test_without_a_patch_the_clients_bytes_go_out_unchanged() -> None:
+def test_without_a_patch_the_body_read_goes_out_written_once() -> None:
     raw = b'{ "stream":false,\n  "model" : "m", "messages":[{"role":"user","content":"caf\\u00e9"}] }'
     ctx = context(raw)
-    assert ctx.outgoing_body() is raw
+    assert ctx.outgoing_body() is ctx.written_body, "serialised once, by the route handler"
+    assert ctx.outgoing_body() == '{"stream":false,"model":"m","messages":[{"role":"user","content":"café"}]}'.encode()
     assert ctx.outgoing_json() is ctx.body
 
 

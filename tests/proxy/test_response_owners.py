@@ -10,6 +10,7 @@ import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
+from proxy.core.endpoints import COMPACT, INPUT_TOKENS, RESPONSE_CANCEL, RESPONSE_INPUT_ITEMS, RESPONSE_RETRIEVE
 from proxy.stored.owners import (
     OwnersUnavailable,
     RedisResponseOwners,
@@ -17,7 +18,6 @@ from proxy.stored.owners import (
     ResponseOwners,
     SqliteResponseOwners,
 )
-from proxy.stored.stages import named_response
 from tests.support.processes import free_port
 
 ANN = ResponseOwner("acme", "replica-a")
@@ -87,9 +87,9 @@ async def test_an_unreachable_redis_is_unavailable_not_unknown() -> None:
 
 
 def test_which_paths_name_a_response() -> None:
-    assert named_response("/v1/responses/resp_1") == "resp_1"
-    assert named_response("/v1/responses/resp_1/input_items") == "resp_1"
-    assert named_response("/v1/responses/resp_1/cancel") == "resp_1"
-    assert named_response("/v1/responses/input_tokens") is None
-    assert named_response("/v1/responses/compact") is None
-    assert named_response("/v1/chat/completions") is None
+    assert RESPONSE_RETRIEVE.path.match("/v1/responses/resp_1") == {"response_id": "resp_1"}
+    assert RESPONSE_INPUT_ITEMS.path.match("/v1/responses/resp_1/input_items") == {"response_id": "resp_1"}
+    assert RESPONSE_CANCEL.path.match("/v1/responses/resp_1/cancel") == {"response_id": "resp_1"}
+    assert RESPONSE_RETRIEVE.path.match("/v1/responses/input_tokens") is None, "not a response id"
+    assert INPUT_TOKENS.names is None and COMPACT.names is None
+    assert RESPONSE_RETRIEVE.path.match("/v1/chat/completions") is None

@@ -157,12 +157,12 @@ def test_reasoning_summaries_and_cut_answers_replay(clients: tuple[openai.OpenAI
 
 def test_state_the_key_cannot_see_bypasses_with_its_reason(clients: tuple[openai.OpenAI, openai.OpenAI]) -> None:
     _, proxied = clients
-    for extra, words in (({"background": True}, "background"), ({"prompt": {"id": "pmpt_1"}}, "prompt template")):
-        raw = proxied.responses.with_raw_response.create(model=MODEL, input="Remember me", extra_body=extra)
-        assert raw.headers["X-Cache-Status"] == "BYPASS" and words in raw.headers["X-Cache-Bypass-Reason"]
-    with pytest.raises(openai.BadRequestError) as conversation:  # its owner cannot be checked: refused
-        proxied.responses.create(model=MODEL, input="Remember me", extra_body={"conversation": "conv_1"})
-    assert conversation.value.param == "conversation"
+    raw = proxied.responses.with_raw_response.create(model=MODEL, input="Remember me", extra_body={"background": True})
+    assert raw.headers["X-Cache-Status"] == "BYPASS" and "background" in raw.headers["X-Cache-Bypass-Reason"]
+    for extra in ({"conversation": "conv_1"}, {"prompt": {"id": "pmpt_1"}}):  # their owner cannot be checked
+        with pytest.raises(openai.BadRequestError) as refused:
+            proxied.responses.create(model=MODEL, input="Remember me", extra_body=extra)
+        assert refused.value.param == next(iter(extra))
     unknown = proxied.responses.with_raw_response.create(model=MODEL, input="x", store=False,
                                                          extra_body={"top_k": 3})
     assert unknown.headers["X-Cache-Bypass-Reason"] == "unknown field(s): top_k"

@@ -18,6 +18,7 @@ import orjson
 import pytest
 from multidict import CIMultiDict
 
+from normalizer.paths import Target
 from proxy.assembly.routes.handler import make_handler
 from proxy.core.context import Reply, RequestContext
 from proxy.core.errors import Dialect, ProxyError
@@ -101,7 +102,8 @@ class UpstreamDouble:
 def server_for(stages: list[Stage], terminal: Callable[[RequestContext], Awaitable[Reply]]) -> HttpServer:
     """The data plane's server running ``stages`` on the chat route, as the proxy does."""
     pipeline = Pipeline(stages, terminal)
-    chat = make_handler(pipeline, "chat", Dialect.OPENAI, max_body=1 << 20, json_body=True)
+    chat = make_handler(pipeline, "chat", Dialect.OPENAI, max_body=1 << 20, json_body=True,
+                        target=lambda _request: Target("/v1/chat/completions", {}))
 
     async def route(request: Request, out: Responder) -> None:
         if request.path != "/v1/chat/completions":
