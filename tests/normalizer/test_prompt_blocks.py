@@ -6,9 +6,10 @@ from __future__ import annotations
 import pytest
 
 from normalizer.documents import DocumentRegistry, content_id, read_prompt
+from normalizer.evidence import evidence, supports
 from normalizer.prompt_blocks import recognise
 from normalizer.prompt_plan import plan_request
-from normalizer.signature import final_question
+from normalizer.signature import context_signature, final_question
 
 A = "The Eiffel Tower was completed in 1889 as the entrance arch of the World's Fair in Paris."
 B = "Gustave Eiffel's engineering company designed and built the wrought-iron tower in two years."
@@ -122,3 +123,15 @@ def test_an_assistants_numbered_list_is_not_a_pasted_document() -> None:
         ],
     }
     assert read_prompt(chat, None, DocumentRegistry()).mode == "plain"
+
+
+def test_the_semantic_context_of_pasted_passages_leaves_out_their_order_and_keeps_them_as_evidence() -> None:
+    """Two prompts pasting the same passages in another order, one question: one context for the semantic tier,
+    and the passages are the documents an answer's evidence is checked against."""
+    first, second = body(f"[1] {A}\n[2] {B}\n\n{QUESTION}"), body(f"[1] {B}\n[2] {A}\n\n{QUESTION}")
+    prompts = [read_prompt(chat, None, DocumentRegistry()) for chat in (first, second)]
+    signatures = [context_signature(chat, prompt=prompt) for chat, prompt in zip((first, second), prompts, strict=True)]
+    assert signatures[0] is not None and signatures[1] is not None
+    assert signatures[0].digest == signatures[1].digest
+    assert {d.id for d in prompts[1].documents} == {content_id(A), content_id(B)}
+    assert supports(evidence("Built in 1889 [1].", prompts[0].documents), prompts[1].documents)
