@@ -40,16 +40,21 @@ async def spaced_requests(client: openai.AsyncOpenAI, rounds: int) -> list[str]:
 
 @pytest.mark.parametrize("crossing", [True, False], ids=["close-crosses-request", "close-on-timer"])
 async def test_idle_closes_by_the_upstream_give_no_502(crossing: bool) -> None:
+    """Three clients at once, each spacing its requests around the limit: several pooled connections go idle and
+    are closed while others are in use."""
     with IdleClosingLLM(idle_s=0.2, crossing=crossing) as llm:
         overrides: dict[str, Any] = {"cache.enabled": False, "upstreams.health_interval_s": 60.0}
         settings = proxy_settings(llm.url, **overrides)
         with ProxyServer(settings) as proxy:
-            client = openai.AsyncOpenAI(base_url=proxy.url + "/v1", api_key="k", max_retries=0)
-            failures = await spaced_requests(client, rounds=4)
-            await client.close()
+            clients = [openai.AsyncOpenAI(base_url=proxy.url + "/v1", api_key="k", max_retries=0) for _ in range(3)]
+            failures = [
+                f for found in await asyncio.gather(*(spaced_requests(c, rounds=4) for c in clients)) for f in found
+            ]
+            for client in clients:
+                await client.close()
     assert failures == []
-    assert llm.answered >= 4 * len(PAUSES_S)
-    if crossing:  # the race happened (the test can fail): every pause over the limit met a closed connection
+    assert llm.answered >= 3 * 4 * len(PAUSES_S)
+    if crossing:  # the race happened (the test can fail)
         assert llm.crossed >= 4 * sum(p > 0.2 for p in PAUSES_S)
     else:
         assert llm.idle_closed >= 4 * sum(p > 0.2 for p in PAUSES_S) - 1
