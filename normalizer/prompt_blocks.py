@@ -17,6 +17,10 @@ Recognised shapes, each at the start of a line:
   that names one is code and has none recognised, and so has a block with ``{}=;<>`` or an indented line) or between
   identical rule lines (``---``, ``===``, ``***``, ``___``).
 
+When several shapes are present, the outermost makes the blocks (a ``Document 1:`` label inside each
+``<document>`` element leaves the elements the blocks), and a block that would hold part of another shape (an
+opening tag without its close, one fence of a pair) is a doubt.
+
 How a false recognition is kept harmless: a shape counts only with at least :data:`MIN_BLOCKS` blocks, every one of
 at least :data:`MIN_WORDS` words and no two alike, and at most :data:`MAX_BLOCKS`; a numbered passage that is last
 ends where the others' shape says (the end of its line when the others are one line each, else the first blank
@@ -85,8 +89,9 @@ _TAGS = (
     "article",
     "source",
 )
-_OPEN = {tag: re.compile(rf"<{tag}(?:\s[^<>]*)?>", re.IGNORECASE) for tag in _TAGS}
+_OPEN = re.compile(r"<(?P<tag>" + "|".join(_TAGS) + r")(?:\s[^<>]*)?>", re.IGNORECASE)
 _CLOSE = {tag: re.compile(rf"</{tag}\s*>", re.IGNORECASE) for tag in _TAGS}
+_TAG_EDGE = re.compile(r"<(/?)(" + "|".join(_TAGS) + r")(?=[\s>/])", re.IGNORECASE)
 _FENCE = re.compile(r"^[ \t]*```(?P<info>[^`\n]*)$", re.MULTILINE)
 _RULE = re.compile(r"[ \t]*(?P<rule>-{3,}|={3,}|\*{3,}|_{3,})[ \t]*$", re.MULTILINE)
 _RULE_FIRST = frozenset("-=*_")
@@ -96,13 +101,35 @@ _CODE_CHARS = re.compile(r"[{}=;<>]|^(?: {4}|\t)\S", re.MULTILINE)
 
 def recognise(text: str) -> tuple[Block, ...]:
     """The documents ``text`` carries as blocks of one recognised shape, in order; ``()`` when none is recognised
-    (or on any doubt). Numbered passages are tried first, then tagged blocks, then delimited ones; the first shape
-    that yields blocks wins."""
-    for find in (_numbered, _tagged, _fenced, _ruled):
-        blocks = find(text)
-        if blocks:
-            return blocks
-    return ()
+    (or on any doubt). When several shapes yield blocks, the outermost is used: the one whose first label, tag,
+    fence or rule comes first (a ``Document 1:`` label inside each ``<document>`` element leaves the elements the
+    blocks). A block that holds part of another shape (an opening tag without its close, one fence of a pair) is a
+    doubt."""
+    found = [(start, blocks) for start, blocks in (find(text) for find in _FINDERS) if blocks]
+    if not found:
+        return ()
+    _, blocks = min(found, key=lambda candidate: candidate[0])
+    return blocks if all(_balanced(text[b.start : b.end]) for b in blocks) else ()
+
+
+def _balanced(block: str) -> bool:
+    """Whether ``block`` holds whole tagged elements and whole fenced blocks only."""
+    if "```" in block and len(_FENCE.findall(block)) % 2:
+        return False
+    if "<" not in block:
+        return True
+    depth: dict[str, int] = {}
+    for edge in _TAG_EDGE.finditer(block):
+        name = edge[2].lower()
+        depth[name] = depth.get(name, 0) + (-1 if edge[1] else 1)
+        if depth[name] < 0:
+            return False
+    return not any(depth.values())
+
+
+_Found = tuple[int, tuple[Block, ...]]
+"""Where a shape's first label, tag, fence or rule starts, and its blocks (none: not that shape)."""
+_NONE: _Found = (0, ())
 
 
 def _trimmed(text: str, start: int, end: int) -> Block | None:
@@ -123,7 +150,7 @@ def _accepted(text: str, blocks: list[Block | None]) -> tuple[Block, ...]:
     if len(kept) != len(blocks):
         return ()
     texts = [text[b.start : b.end] for b in kept]
-    if any(len(t.split()) < MIN_WORDS for t in texts) or len(set(texts)) != len(texts):
+    if any(len(t.split(maxsplit=MIN_WORDS - 1)) < MIN_WORDS for t in texts) or len(set(texts)) != len(texts):
         return ()
     return tuple(kept)
 
@@ -153,10 +180,10 @@ def _line_starts(text: str, first: frozenset[str]) -> list[int]:
     return starts
 
 
-def _numbered(text: str) -> tuple[Block, ...]:
+def _numbered(text: str) -> _Found:
     labels = [m for start in _line_starts(text, _LABEL_FIRST) if (m := _NUMBERED.match(text, start))]
     if len(labels) < MIN_BLOCKS:
-        return ()
+        return _NONE
     best: list[re.Match[str]] = []
     run: list[re.Match[str]] = []
     for label in labels:  # the longest run of one style whose numbers count up by one
@@ -167,7 +194,7 @@ def _numbered(text: str) -> tuple[Block, ...]:
         if len(run) > len(best):
             best = list(run)
     if len(best) < MIN_BLOCKS:
-        return ()
+        return _NONE
     bodies = [text[a.end() : b.start()].strip() for a, b in pairwise(best)]
     last_start = best[-1].end()
     rest = text[last_start:]
@@ -179,17 +206,20 @@ def _numbered(text: str) -> tuple[Block, ...]:
         blank = _BLANK_LINE.search(rest, lead)
         last_end = len(text) if blank is None else last_start + blank.start()
     else:
-        return ()  # multi-paragraph passages: where the last one ends is unknown
+        return _NONE  # multi-paragraph passages: where the last one ends is unknown
     blocks = [_trimmed(text, a.end(), b.start()) for a, b in pairwise(best)]
     blocks.append(_trimmed(text, last_start, last_end))
-    return _accepted(text, blocks)
+    return best[0].start(), _accepted(text, blocks)
 
 
-def _tagged(text: str) -> tuple[Block, ...]:
+def _tagged(text: str) -> _Found:
     if "<" not in text:
-        return ()
+        return _NONE
+    by_tag: dict[str, list[re.Match[str]]] = {}
+    for opening in _OPEN.finditer(text):
+        by_tag.setdefault(opening["tag"].lower(), []).append(opening)
     for tag in _TAGS:
-        opens = list(_OPEN[tag].finditer(text))
+        opens = by_tag.get(tag, [])
         if len(opens) < MIN_BLOCKS:
             continue
         blocks: list[Block | None] = []
@@ -197,36 +227,39 @@ def _tagged(text: str) -> tuple[Block, ...]:
         cursor = 0
         for index, opening in enumerate(opens):
             if opening.start() < cursor:
-                return ()  # nested in the previous element
+                return _NONE  # nested in the previous element
             closing = _CLOSE[tag].search(text, opening.end())
             following = opens[index + 1].start() if index + 1 < len(opens) else len(text)
             if closing is None or closing.start() > following:
-                return ()  # unclosed, or a second opening before the close
+                return _NONE  # unclosed, or a second opening before the close
             blocks.append(Block(opening.start(), closing.end()))
             inner.append(_trimmed(text, opening.end(), closing.start()))
             cursor = closing.end()
-        if _accepted(text, inner):
-            return _accepted(text, blocks)
-        return ()
-    return ()
+        if _accepted(text, inner):  # the elements pass with their texts
+            return opens[0].start(), tuple(b for b in blocks if b is not None)
+        return _NONE
+    return _NONE
 
 
-def _fenced(text: str) -> tuple[Block, ...]:
+def _fenced(text: str) -> _Found:
     if "```" not in text:
-        return ()
+        return _NONE
     fences = list(_FENCE.finditer(text))
     if len(fences) % 2 or any(f["info"].strip() for f in fences):
-        return ()  # unpaired, or code in a named language
+        return _NONE  # unpaired, or code in a named language
     blocks = [_trimmed(text, a.end(), b.start()) for a, b in zip(fences[::2], fences[1::2], strict=True)]
     if any(b is not None and _CODE_CHARS.search(text, b.start, b.end) for b in blocks):
-        return ()
-    return _accepted(text, blocks)
+        return _NONE
+    return fences[0].start(), _accepted(text, blocks)
 
 
-def _ruled(text: str) -> tuple[Block, ...]:
+def _ruled(text: str) -> _Found:
     rules = [m for start in _line_starts(text, _RULE_FIRST) if (m := _RULE.match(text, start))]
     if len(rules) < MIN_BLOCKS + 1:
-        return ()
+        return _NONE
     if len({r["rule"] for r in rules}) != 1:
-        return ()
-    return _accepted(text, [_trimmed(text, a.end(), b.start()) for a, b in pairwise(rules)])
+        return _NONE
+    return rules[0].start(), _accepted(text, [_trimmed(text, a.end(), b.start()) for a, b in pairwise(rules)])
+
+
+_FINDERS = (_numbered, _tagged, _fenced, _ruled)

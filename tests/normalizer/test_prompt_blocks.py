@@ -42,6 +42,14 @@ SHAPES = {
         [f'<doc id="a1"><source>wiki</source>{A}</doc>', f'<doc id="b2"><source>wiki</source>{B}</doc>'],
     ),
     "plain fences": (f"Context:\n```\n{A}\n```\n```\n{B}\n```\n{QUESTION}", [A, B]),
+    "labels inside tags: the elements": (
+        f"<document>\nDocument 1: {A}\n</document>\n<document>\nDocument 2: {B}\n</document>\n{QUESTION}",
+        [f"<document>\nDocument 1: {A}\n</document>", f"<document>\nDocument 2: {B}\n</document>"],
+    ),
+    "tags inside passages: the passages": (
+        f"[1] {A} <doc>{B}</doc>\n[2] {C} <doc>{A}</doc>\n\n{QUESTION}",
+        [f"{A} <doc>{B}</doc>", f"{C} <doc>{A}</doc>"],
+    ),
     "rules": (f"Context below.\n---\n{A}\n---\n{B}\n---\n{C}\n---\n{QUESTION}", [A, B, C]),
 }
 
@@ -75,6 +83,8 @@ NOT_DOCUMENTS = {
     "a setext heading and one rule": f"Title\n---\n{A}\n---\n{B}",
     "mixed rules": f"---\n{A}\n***\n{B}\n---",
     "plain text": f"{A} {B} {C}",
+    "passages cutting through tags": f"[1] {A}\n<doc>\n[2] {B}\n</doc>\n[3] {C}",
+    "passages cutting through a fence pair": f"[1] {A}\n```\n[2] {B}\n```\n[3] {C}",
 }
 
 
