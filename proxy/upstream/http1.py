@@ -563,9 +563,11 @@ class Http1Client:
         the loss came within :data:`CROSSED_CLOSE_S` of the send. That is the keep-alive race: the server's idle
         timer closed the connection (cpp-httplib and uvicorn after 5 s) while the request was on its way, or before
         this busy process had read the close. The server closed it without reading the request, so it never
-        processed it, and sending it again on a new connection is safe. Nothing is resent after a response byte,
-        after a timeout, when the loss came later than that, or when the connection was a new one: that is a server
-        failing rather than racing, possibly after it worked on the request.
+        processed it, and sending it again on a new connection is safe. (A server that did read it and died within
+        that second without a byte is sent it again too: its answer was lost, and a dead server refuses the new
+        connection.) Nothing is resent after a response byte, after a timeout, when the loss came later than that,
+        or when the connection was a new one: that is a server failing rather than racing, possibly after it worked
+        on the request.
         """
         pool, target = self._pool(url)
         head = _request_head(method, target, pool.origin, headers, body)
