@@ -20,6 +20,10 @@ same tokens; each block starts and ends on a newline so that token merges rarely
 
 A document without an ``id`` gets :func:`content_id` of its text.
 
+**Recognition from the prompt's structure.** Numbered passages, tagged and delimited blocks pasted into a message
+(:mod:`normalizer.prompt_blocks`, which says what is recognised and how a false recognition is kept harmless),
+with no search through the proxy: each block's id is :func:`content_id` of its text.
+
 **Detection.** A :class:`DocumentRegistry` is fed with the payload texts that Qdrant searches returned through
 the proxy (doc id = :func:`content_id`), bounded to the most recent ``capacity`` documents and ``max_bytes``
 (estimated memory, :func:`entry_bytes`; least recently added or detected leave first).
@@ -48,6 +52,8 @@ from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+from normalizer.prompt_blocks import recognise
 
 DOCUMENT_PART_TYPE = "document"
 
@@ -415,23 +421,43 @@ class PromptDocuments:
 NO_DOCUMENTS = PromptDocuments()
 
 
+_PASTED_INTO = frozenset({"system", "developer", "user"})
+"""The roles whose messages an app pastes documents into (an assistant's own numbered list is never one)."""
+
+
+def recognised_spans(text: str) -> list[Span]:
+    """The documents ``text`` carries by its own structure (:func:`normalizer.prompt_blocks.recognise`), as spans
+    whose id is :func:`content_id` of the block's exact text."""
+    return [Span(content_id(text[b.start : b.end]), b.start, b.end) for b in recognise(text)]
+
+
 def read_prompt(body: Mapping[str, Any], documents_field: Any = None,
                 registry: DocumentRegistry | None = None) -> PromptDocuments:
-    """The documents of a chat body: sent apart (``ragproxy.documents``, ``document`` parts), else registered
-    documents recognised in a message's text, else none. :class:`ValueError` for a malformed document."""
+    """The documents of a chat body: sent apart (``ragproxy.documents``, ``document`` parts), else documents
+    recognised in a message's text, else none. :class:`ValueError` for a malformed document.
+
+    Recognised documents come from the message holding the most, found either way: registered documents (earlier
+    Qdrant searches through the proxy) or, in a system, developer or user message, blocks of the text's own
+    structure (:mod:`normalizer.prompt_blocks`), whichever finds more there (registered ones on a tie). Without a
+    ``registry`` (nothing in the proxy reads documents) nothing is recognised."""
     structured = extract_structured(body, documents_field)
     if structured is not None:
         return PromptDocuments(structured.documents, structured=structured)
     messages = body.get("messages")
-    if registry is None or not len(registry) or not isinstance(messages, list):
+    if registry is None or not isinstance(messages, list):
         return NO_DOCUMENTS
     best: DetectedDocuments | None = None
     for index, message in enumerate(messages):
         if not isinstance(message, dict) or not isinstance(message.get("content"), str):
             continue
-        spans = registry.spans(message["content"])
+        text = message["content"]
+        spans = registry.spans(text)
+        if message.get("role") in _PASTED_INTO:
+            blocks = recognised_spans(text)
+            if len(blocks) > len(spans):
+                spans = blocks
         if len(spans) > (len(best.spans) if best else 0):
-            best = DetectedDocuments(index, message["content"], tuple(spans))
+            best = DetectedDocuments(index, text, tuple(spans))
     if best is None or len({s.doc_id for s in best.spans}) != len(best.spans):
         return NO_DOCUMENTS
     documents = tuple(Document(s.doc_id, best.text[s.start : s.end]) for s in best.spans)

@@ -5,7 +5,8 @@ before the cache tiers (:func:`normalizer.documents.read_prompt`):
 
 * structured mode (documents sent apart, see :mod:`normalizer.documents`): the prefix segment is the system
   prompt, the documents are the sent ones (retrieval order), the tail is the rest of the conversation;
-* detection mode (registered documents recognised in a message's text): the message holding the most is the
+* detection mode (documents recognised in a message's text: registered ones, or blocks of the text's own
+  structure, :mod:`normalizer.prompt_blocks`): the message holding the most is the
   document message, the prefix segment is everything before its first document (earlier messages included), the
   tail everything after its last;
   reordering permutes the documents in place and keeps the app's separators where they are;

@@ -2,7 +2,8 @@
 
 ``ReadPrompt`` sets ``ctx.prompt`` (:func:`normalizer.documents.read_prompt`): documents sent apart from the prompt
 (``ragproxy.documents``, lifted out of the body by the route handler, or ``document`` content parts), else
-documents recognised in the prompt's text from earlier Qdrant search results. The exact key, the semantic tier's
+documents recognised in the prompt's text: pasted in a recognisable shape (numbered, tagged or delimited blocks) or
+returned by earlier Qdrant searches. The exact key, the semantic tier's
 context signature and the KV stages all read this one result. A malformed document is a 400.
 """
 

@@ -2,6 +2,7 @@
 wheel; the tests use them too. Never imported by the data plane or the admin API (``tests/test_layers.py``).
 
 - :mod:`proxy.doubles.llm_server`: ``FakeLLM``, an OpenAI-wire inference server with faults, latency and a log;
+- :mod:`proxy.doubles.idle_closing_llm`: ``IdleClosingLLM``, a chat server that closes idle keep-alive connections;
 - :mod:`proxy.doubles.kv_cache`: ``KVCacheModel`` and ``SlotSchedule``, a pure model of a prefix KV cache;
 - :mod:`proxy.doubles.qdrant_shim`: ``QdrantShim``, a TEST-ONLY Qdrant REST shim over qdrant-client local mode;
 - :mod:`proxy.doubles.rerankers`: reranker servers (vLLM, TEI, Cohere shapes);

@@ -7,7 +7,8 @@ every caller); :meth:`Http1Client.request` is the single boundary every call cro
   back streamed, anything else complete. Failures become :class:`UpstreamError` with the status the client should
   see: 502 unreachable/reset, 504 timeout, 503 when this process is out of descriptors (not the upstream's fault:
   ``upstream_fault`` is false, and the replica is not blamed). ``retryable`` is true only when nothing reached the
-  upstream (connection refused), the one case where resending a POST is safe.
+  upstream (connection refused), the one case where resending a POST elsewhere is safe. A pooled connection the
+  upstream's idle timer closed as the request went out is replaced below this, in the transport (no 502 for it).
 * :meth:`UpstreamClient.fetch` is every other call, read whole within an overall ``timeout_s``: health probes,
   llama.cpp ``/slots`` discovery, the upstream embedder, the retrieval cache's collection lookup, ``/readyz``'s
   Qdrant check and the semantic index's Qdrant store. Failures raise :class:`OSError` (``ConnectFailed``,
@@ -73,7 +74,8 @@ class UpstreamClient:
                     timeout_s: float | None = None, idempotent: bool | None = None) -> Fetched:
         """One complete exchange, bounded by ``timeout_s`` in all (``None``: the connect and read timeouts only).
 
-        ``idempotent`` (default: by method) allows one resend on a pooled connection the server had closed."""
+        ``idempotent`` (default: by method) allows one resend on a pooled connection the server had closed, even when
+        the close did not come at once (:meth:`Http1Client.request`)."""
         async with asyncio.timeout(timeout_s):
             response = await self.transport.request(method, url, headers, body, idempotent=idempotent)
             try:

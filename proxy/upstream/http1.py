@@ -15,7 +15,9 @@ Semantics:
 * One pool per origin (scheme, host, port) with at most ``limit`` connections; further requests wait for one.
 * A connection goes back to the pool only after its response was read to the end and both sides allow keep-alive;
   it is dropped after ``idle_s`` seconds unused (4 s: under the 5 s keep-alive of uvicorn, which vLLM and SGLang
-  serve with, so a connection is not reused just as the server closes it).
+  serve with, and of cpp-httplib, which llama-server serves with, so a connection is not reused just as the server
+  closes it). Idle time counts from the response's last byte, as the server's timer does, not from when the
+  consumer let go of it: a stream relayed to a slow client is released long after the server went idle.
 * ``connect_timeout`` bounds the TCP (and TLS) connect; ``read_timeout`` bounds every silence: the wait for the
   response head and each gap in the body.
 * A response head may take at most ``max_head`` bytes (64 KiB by default, as the proxy's own server allows a request
@@ -24,8 +26,9 @@ Semantics:
 * Streamed bodies queue at most ``HIGH_WATER`` bytes; beyond that the socket stops being read until the consumer
   catches up (backpressure instead of unbounded buffering). A body read whole (:meth:`Response.read`) is read at the
   socket's pace, whatever its size: the caller asked for all of it.
-* A pooled connection the server closed just as a request went out on it (nothing came back) is replaced by a new
-  one and the request sent once more, when the request is idempotent (by method, or as the caller says).
+* A pooled connection the server closed just as a request went out on it is replaced by a new one and the request
+  sent once more (:meth:`Http1Client.request` says when: never after a response byte, a timeout or a fresh
+  connection's failure).
 * ``Content-Encoding: gzip``/``deflate`` bodies are decoded (no ``Accept-Encoding`` is sent, so servers rarely use
   them); :attr:`Response.decoded` says so, and the caller drops the header.
 * Failures, all :class:`OSError`: :class:`ConnectFailed` (nothing was sent: the one case where resending is safe),
@@ -59,6 +62,8 @@ LOW_WATER = 64 * 1024
 _NO_BODY_STATUSES = frozenset({204, 304})
 _IDEMPOTENT = frozenset({"GET", "HEAD", "PUT", "DELETE", "OPTIONS", "TRACE"})
 _LOCAL_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
+CROSSED_CLOSE_S = 1.0
+"""A reused connection lost within this long of the send, with nothing back, crossed the server's idle close."""
 
 
 class ConnectFailed(OSError):
@@ -287,6 +292,7 @@ class _Connection(asyncio.Protocol):
         self.idle_since = 0.0
         self.reused = False  # it carried an earlier response
         self.silent = True  # nothing came back yet for the request in flight
+        self.sent_at = 0.0
         self._head_bytes = 0  # raw bytes received while the response head is incomplete
         self._field_bytes = 0  # the complete header fields' sizes
         self._deadline = 0.0  # when the consumer waiting for the response gives up on the upstream's silence
@@ -360,6 +366,7 @@ class _Connection(asyncio.Protocol):
         if self.informational:
             self.informational = False
             return
+        self.idle_since = time.monotonic()  # the server's keep-alive timer starts as it sends the last byte
         self.response._on_complete()
 
     # -- used by the pool and the response --
@@ -369,6 +376,7 @@ class _Connection(asyncio.Protocol):
         response = self.response = Response(self, head_only)
         self._head_bytes = self._field_bytes = 0
         self.silent = True
+        self.sent_at = time.monotonic()
         if body and len(body) > 16 * 1024:
             self.transport.writelines((head, body))
         else:
@@ -416,7 +424,6 @@ class _Connection(asyncio.Protocol):
             return
         self.response = None
         if reusable and self.keep_alive and not self.closed and not self.paused:  # llhttp parses the next one
-            self.idle_since = time.monotonic()
             self.reused = True
             self.pool.put(self)
         else:
@@ -547,10 +554,20 @@ class Http1Client:
                       idempotent: bool | None = None) -> Response:
         """Send a request and wait for the response head (the body is read from the :class:`Response`).
 
-        This is the transport boundary: every outbound HTTP call of the proxy passes here. ``idempotent``
-        (default: by method) allows the one resend on a pooled connection found closed. Raises
+        This is the transport boundary: every outbound HTTP call of the proxy passes here. Raises
         :class:`ConnectFailed` (safe to retry), :class:`ConnectionReset`, :class:`TimeoutError`,
         :class:`LocalResourceError`, or ``ValueError`` for a URL or header that cannot be sent.
+
+        A request whose pooled connection is lost before any byte of an answer comes back is sent once more, on a
+        new connection, when it is idempotent (``idempotent``, default: by method) or, whatever its method, when
+        the loss came within :data:`CROSSED_CLOSE_S` of the send. That is the keep-alive race: the server's idle
+        timer closed the connection (cpp-httplib and uvicorn after 5 s) while the request was on its way, or before
+        this busy process had read the close. The server closed it without reading the request, so it never
+        processed it, and sending it again on a new connection is safe. (A server that did read it and died within
+        that second without a byte is sent it again too: its answer was lost, and a dead server refuses the new
+        connection.) Nothing is resent after a response byte, after a timeout, when the loss came later than that,
+        or when the connection was a new one: that is a server failing rather than racing, possibly after it worked
+        on the request.
         """
         pool, target = self._pool(url)
         head = _request_head(method, target, pool.origin, headers, body)
@@ -563,8 +580,9 @@ class Http1Client:
                 await response.wait_head(self.read_timeout)
             except ConnectionReset:
                 response.close()
-                if fresh or not (connection.reused and connection.silent) \
-                        or not (method in _IDEMPOTENT if idempotent is None else idempotent):
+                if fresh or not (connection.reused and connection.silent) or not (
+                        (method in _IDEMPOTENT if idempotent is None else idempotent)
+                        or time.monotonic() - connection.sent_at <= CROSSED_CLOSE_S):
                     raise
                 fresh = True  # the server closed the pooled connection as the request went out: once more
                 connection = await pool.acquire(fresh=True)

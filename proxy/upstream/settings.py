@@ -47,7 +47,11 @@ class LLMBackend(Section):
         "the command line and out of config files)")
     max_concurrency: int = Field(default=64, ge=1, description="Requests in flight to this replica at once")
     slots: int = Field(default=1, ge=1, description="llama.cpp server slots (parallel sequences with their own KV)")
-    kv_capacity_tokens: int = Field(default=200_000, ge=1, description="Prompt tokens the replica's KV cache holds")
+    kv_capacity_tokens: int = Field(
+        default=200_000, ge=1, description="The replica's KV cache size in prompt tokens, as the proxy first "
+        "estimates it: a llama.cpp replica's /slots raises it to slots x n_ctx when that is more (so for llama.cpp it "
+        "is a floor: its host prompt cache holds more, and the proxy's account of that host cache holds this many), "
+        "and the cache hits every replica reports correct it from there, within 1/8 and 4 times the value")
 
     @field_validator("url")
     @classmethod

@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
 
+from proxy.upstream import http1
 from proxy.upstream.client import UpstreamClient
 from proxy.upstream.http1 import ConnectFailed, ConnectionReset, Http1Client, split_url
 
@@ -459,12 +460,43 @@ def closes_the_second_request_unanswered(peer_box: list[RawPeer]) -> Script:
     return script
 
 
-@pytest.mark.parametrize(("method", "idempotent", "resent"), [
-    ("GET", None, True), ("PUT", None, True), ("POST", None, False), ("POST", True, True)])
-async def test_a_pooled_connection_closed_by_the_server_is_retried_once_when_idempotent(
-        client: Http1Client, method: str, idempotent: bool | None, resent: bool) -> None:
+@pytest.mark.parametrize("method", ["GET", "PUT", "POST"])
+async def test_a_pooled_connection_the_server_closed_as_the_request_went_out_is_replaced_once(
+        client: Http1Client, method: str) -> None:
+    """The keep-alive race: the server closed the idle connection, unread, as the request went out. It never
+    processed the request, so any method is sent again, on a new connection."""
     box: list[RawPeer] = []
     async with RawPeer(closes_the_second_request_unanswered(box)) as peer:
+        box.append(peer)
+        first = await client.request(method, peer.url + "/x", {}, b"{}")
+        assert await first.read(1) == b"ok"
+        first.release()
+        again = await client.request(method, peer.url + "/x", {}, b"{}")
+        assert await again.read(1) == b"ok"
+        again.release()
+        assert peer.connections == 2
+
+
+def closes_the_second_request_after(peer_box: list[RawPeer], delay_s: float) -> Script:
+    """Answers one request, then reads the next and drops it after ``delay_s``: a server failing while (maybe)
+    working on the request, not an idle close."""
+    async def script(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await peer_box[0].read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+        await writer.drain()
+        await peer_box[0].read_request(reader)
+        await asyncio.sleep(delay_s)
+    return script
+
+
+@pytest.mark.parametrize(("method", "idempotent", "resent"), [
+    ("GET", None, True), ("POST", True, True), ("POST", None, False)])
+async def test_a_late_loss_is_resent_only_when_idempotent(
+        client: Http1Client, monkeypatch: pytest.MonkeyPatch, method: str, idempotent: bool | None,
+        resent: bool) -> None:
+    monkeypatch.setattr(http1, "CROSSED_CLOSE_S", 0.05)
+    box: list[RawPeer] = []
+    async with RawPeer(closes_the_second_request_after(box, 0.3)) as peer:
         box.append(peer)
         first = await client.request(method, peer.url + "/x", {}, b"{}")
         assert await first.read(1) == b"ok"
@@ -475,9 +507,78 @@ async def test_a_pooled_connection_closed_by_the_server_is_retried_once_when_ide
             again.release()
             assert peer.connections == 2
         else:
-            with pytest.raises(ConnectionReset):  # it may have reached the server: never sent twice
+            with pytest.raises(ConnectionReset):  # it reached the server, which may have worked on it
                 await client.request(method, peer.url + "/x", {}, b"{}", idempotent=idempotent)
-            assert peer.connections == 1
+            assert peer.connections == 1 and len(peer.requests) == 2
+
+
+async def test_a_loss_after_a_response_byte_or_a_timeout_is_not_resent(client: Http1Client) -> None:
+    async def script(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await peer.read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+        await writer.drain()
+        await peer.read_request(reader)
+        writer.write(b"HTTP/1.1 20")  # a partial head, then the close
+        await writer.drain()
+
+    async with RawPeer(script) as peer:
+        first = await client.request("POST", peer.url + "/x", {}, b"{}")
+        assert await first.read(1) == b"ok"
+        first.release()
+        with pytest.raises(ConnectionReset):
+            await client.request("POST", peer.url + "/x", {}, b"{}")
+        assert peer.connections == 1
+
+    async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await silent_peer.read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+        await writer.drain()
+        await silent_peer.read_request(reader)
+        await asyncio.sleep(3)  # past the client's 1 s read timeout
+
+    async with RawPeer(silent) as silent_peer:
+        first = await client.request("GET", silent_peer.url + "/x", {}, None)
+        assert await first.read(1) == b"ok"
+        first.release()
+        with pytest.raises(TimeoutError):
+            await client.request("GET", silent_peer.url + "/x", {}, None)
+        assert silent_peer.connections == 1
+
+
+async def test_idle_time_counts_from_the_last_byte_not_from_the_release() -> None:
+    """A stream read to the end but released late (relayed to a slow client): the server's idle timer started at
+    its last byte, so the pool's expiry counts from there and never hands out a connection the server dropped."""
+    crossed: list[bytes] = []
+
+    async def script(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while True:
+            await reader.readuntil(b"\r\n\r\n")
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+                         b"7\r\ndata: 1\r\n0\r\n\r\n")
+            await writer.drain()
+            finished = asyncio.get_running_loop().time()
+            head = await reader.readuntil(b"\r\n\r\n")
+            if asyncio.get_running_loop().time() - finished >= 0.3:  # its idle limit: the close crosses the request
+                crossed.append(head)
+                return
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+            await writer.drain()
+            await reader.readuntil(b"\r\n\r\n")
+
+    client = Http1Client(connect_timeout=2, read_timeout=1, idle_s=0.3)
+    try:
+        async with RawPeer(script) as peer:
+            stream = await client.request("POST", peer.url + "/s", {}, b"{}")
+            assert [chunk async for chunk in stream.iter_chunks(1)] == [b"data: 1"]
+            await asyncio.sleep(0.25)  # the consumer is slow to let go
+            stream.release()
+            await asyncio.sleep(0.1)  # 0.1 s after the release, 0.35 s after the last byte
+            again = await client.request("POST", peer.url + "/s", {}, b"{}")
+            assert [chunk async for chunk in again.iter_chunks(1)] == [b"data: 1"]
+            again.release()
+            assert crossed == [] and peer.connections == 2
+    finally:
+        await client.close()
 
 
 async def test_a_fresh_connection_that_fails_is_not_retried(client: Http1Client) -> None:

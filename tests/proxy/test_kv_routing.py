@@ -84,6 +84,23 @@ def test_documents_from_searches_are_detected_in_prompts(replicas: list[FakeLLM]
     assert len(prompts) == 2 and prompts[0] == prompts[1], "detected documents are put in one stable order"
 
 
+def test_pasted_numbered_passages_are_recognised_without_a_search(replicas: list[FakeLLM]) -> None:
+    """No search through the proxy: the passages are recognised by their numbered shape, reordered whole (their
+    labels staying in place) onto the path the replica has cached, and routed to it."""
+    with ProxyServer(_settings(replicas, **{"routing.order": "reuse"})) as server:
+        answers = []
+        for order, question in (([0, 1, 2], "first"), ([2, 0, 1], "second")):
+            passages = "\n".join(f"[{n}] {DOCS[i]['text']}" for n, i in enumerate(order, 1))
+            answers.append(httpx.post(server.url + CHAT, json={"model": "fake-model", "messages": [
+                {"role": "system", "content": "Answer from the numbered passages."},
+                {"role": "user", "content": f"{passages}\n\nQuestion: {question} passage?"}]}))
+    assert {a.status_code for a in answers} == {200}
+    assert answers[0].headers["X-RagProxy-Replica"] == answers[1].headers["X-RagProxy-Replica"]
+    sent = [r.json()["messages"][1]["content"] for replica in replicas for r in replica.log.for_path(CHAT)]
+    assert [p.rpartition("\n\n")[0] for p in sent] == [sent[0].rpartition("\n\n")[0]] * 2
+    assert _cached(answers[1]) > 300
+
+
 def test_slo_that_cannot_be_met_is_429(replicas: list[FakeLLM]) -> None:
     with ProxyServer(_settings(replicas, **{"routing.ttft_slo_s": 1e-9})) as server:
         response = httpx.post(server.url + CHAT, json=_structured(DOCS, "q"))
