@@ -35,6 +35,7 @@ import yaml
 
 from normalizer.guards import veto
 from tiers.calibration import GRID, cell_of, upper_bound
+from tiers.embedders import DEFAULT_RUNTIME
 from tiers.labelled_pairs import HALVES, LABELS, LabelledPair, PairsError, half_of, read_pairs
 
 if TYPE_CHECKING:
@@ -104,7 +105,8 @@ def prior_curve(scores: Sequence[float], same: Sequence[bool]) -> tuple[list[flo
 
 
 async def pair_scores(pairs: Sequence[LabelledPair], guards: Sequence[str],
-                      runtime: Literal["auto", "onnx", "numpy"] = "auto", cache_dir: Path | None = None) -> list[float]:
+                      runtime: Literal["auto", "onnx", "numpy"] = DEFAULT_RUNTIME,
+                      cache_dir: Path | None = None) -> list[float]:
     """Cosine of each pair's questions with the local model, 0 where a guard vetoes the pair."""
     from tiers.embedders import local_embedder
 

@@ -195,8 +195,9 @@ class MemoryIdempotencyStore:
     Per user, an ordered map key → (record, expiry), oldest first; users are also filed by how many keys they hold,
     so that the one holding the most is found at once when the whole store is full of keys."""
 
-    def __init__(self, max_entries: int = 10_000, per_user: int = 1_000, *, max_bytes: int = 256 * 1024**2,
-                 max_bytes_per_user: int = 16 * 1024**2, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, max_entries: int = _SETTINGS.max_entries, per_user: int = _SETTINGS.max_entries_per_user, *,
+                 max_bytes: int = _SETTINGS.max_bytes, max_bytes_per_user: int = _SETTINGS.max_bytes_per_user,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.max_entries = max_entries
         self.per_user = per_user
         self.max_bytes = max_bytes
@@ -324,7 +325,7 @@ class Idempotency:
 
     def __init__(self, store: IdempotencyStore, *, ttl_s: float = _SETTINGS.ttl_s,
                  running_ttl_s: float = _SETTINGS.running_ttl_s,
-                 max_response_bytes: int = 4 * 1024 * 1024) -> None:
+                 max_response_bytes: int = _SETTINGS.max_response_bytes) -> None:
         self.store = store
         self.ttl_s = ttl_s
         self.running_ttl_s = running_ttl_s

@@ -17,8 +17,11 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+from proxy.credits.settings import CreditsSettings
 from proxy.credits.sqlite_worker import SqliteWorker
 from proxy.credits.store import ChargeDetails, CreditStoreUnavailable
+
+_CREDITS = CreditsSettings()  # the defaults, defined once there
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS settlements (
@@ -66,7 +69,8 @@ class _Waiting:
 class SettlementJournal:
     """Durable, append-in-groups, remove-when-confirmed list of settlements (see the module docstring)."""
 
-    def __init__(self, path: str | Path, *, synchronous: str = "FULL", busy_timeout_s: float = 5.0) -> None:
+    def __init__(self, path: str | Path, *, synchronous: str = _CREDITS.sqlite_synchronous,
+                 busy_timeout_s: float = 5.0) -> None:
         self.path = Path(path)
         self._db = SqliteWorker(path, SCHEMA, busy_timeout_s=busy_timeout_s, synchronous=synchronous)
         self.depth = 0

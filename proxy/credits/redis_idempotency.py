@@ -176,8 +176,9 @@ _MOST_TRIMS = 64
 class RedisIdempotencyStore:
     """Idempotency-key records shared through Redis."""
 
-    def __init__(self, client: RedisClient, *, prefix: str = "ragproxy:idem", per_user: int = 1_000,
-                 max_bytes: int = 256 * 1024**2, max_bytes_per_user: int = 16 * 1024**2, ttl_s: float = _SETTINGS.ttl_s,
+    def __init__(self, client: RedisClient, *, prefix: str = "ragproxy:idem",
+                 per_user: int = _SETTINGS.max_entries_per_user, max_bytes: int = _SETTINGS.max_bytes,
+                 max_bytes_per_user: int = _SETTINGS.max_bytes_per_user, ttl_s: float = _SETTINGS.ttl_s,
                  clock: Callable[[], float] = time.time, reconnect_s: float = _REDIS.reconnect_s) -> None:
         """``ttl_s``: how long a kept answer lives (and a user's key index after its last claim); ``reconnect_s``:
         how long an operation waits out a restarting Redis (:func:`~proxy.credits.redis_store.reconnecting`)."""

@@ -32,8 +32,11 @@ from typing import Any
 
 from redis.exceptions import RedisError
 
+from proxy.core.redis_settings import RedisSettings
 from proxy.credits.store import CreditStoreUnavailable
 from tiers.background import stop_task
+
+_REDIS = RedisSettings()  # the defaults, defined once there
 
 log = logging.getLogger("ragproxy.credits")
 
@@ -41,7 +44,7 @@ log = logging.getLogger("ragproxy.credits")
 class WipeWatch:
     """Notices a Redis that lost its data (see the module docstring)."""
 
-    def __init__(self, client: Any, *, key: str = "ragproxy:sentinel", interval_s: float = 1.0) -> None:
+    def __init__(self, client: Any, *, key: str = "ragproxy:sentinel", interval_s: float = _REDIS.wipe_check_s) -> None:
         """``client``: a redis-py asyncio client (standalone or Cluster)."""
         self.client = client
         self.key = key

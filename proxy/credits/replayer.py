@@ -14,8 +14,11 @@ import logging
 import time
 
 from proxy.credits.journaled_store import JournaledCreditStore
+from proxy.credits.settings import CreditsSettings
 from proxy.credits.store import CreditStoreUnavailable
 from tiers.background import stop_task
+
+_CREDITS = CreditsSettings()  # the defaults, defined once there
 
 log = logging.getLogger("ragproxy.credits")
 
@@ -23,7 +26,8 @@ log = logging.getLogger("ragproxy.credits")
 class JournalReplayer:
     """Replays the journal of ``store`` every ``interval_s`` seconds until stopped."""
 
-    def __init__(self, store: JournaledCreditStore, *, interval_s: float = 1.0, final_drain_s: float = 5.0) -> None:
+    def __init__(self, store: JournaledCreditStore, *, interval_s: float = _CREDITS.journal_replay_interval_s,
+                 final_drain_s: float = 5.0) -> None:
         self.store = store
         self.interval_s = interval_s
         self.final_drain_s = final_drain_s

@@ -105,7 +105,7 @@ class SqliteKeyStore:
     def __init__(
         self, path: str | Path = "ragproxy-credits.sqlite3", *, clock: Callable[[], float] = time.time
     ) -> None:
-        self._db = SqliteWorker(path, SCHEMA, migrate=_migrate)
+        self._db = SqliteWorker(path, SCHEMA, synchronous="FULL", migrate=_migrate)  # a key survives a power cut
         self.clock = clock
 
     async def close(self) -> None:

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from proxy.core.handoffs import Reservation
+from proxy.credits.settings import CreditsSettings
 from proxy.credits.sqlite_worker import SqliteWorker
 from proxy.credits.store import (
     ANY_ENTRY,
@@ -32,6 +33,8 @@ from proxy.credits.store import (
     decode_cursor,
     encode_cursor,
 )
+
+_CREDITS = CreditsSettings()  # the defaults, defined once there
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS accounts (
@@ -99,7 +102,7 @@ class SqliteCreditStore:
         *,
         finished_retention_s: float = 7 * 86400,
         busy_timeout_s: float = 5.0,
-        synchronous: str = "FULL",
+        synchronous: str = _CREDITS.sqlite_synchronous,
         clock: Callable[[], float] = time.time,
     ) -> None:
         """``synchronous``: ``FULL`` (default) makes every committed ledger entry survive a power cut, at one

@@ -3,8 +3,8 @@
 Written here rather than taken from aiosqlite because every credit operation is a whole read-check-write
 transaction (``BEGIN IMMEDIATE`` … ``COMMIT``) that must run without interleaving: handing one plain function
 to the thread that owns the connection gives exactly that, with no await between the check and the write. The
-database is in WAL mode with ``synchronous=FULL`` by default (a committed ledger entry survives a power cut) and a busy
-timeout, so several processes on one host may share the file.
+database is in WAL mode, with the ``synchronous`` level its owner names (``FULL``: a committed entry survives a power
+cut; ``NORMAL``: a crash of the process) and a busy timeout, so several processes on one host may share the file.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ class SqliteWorker:
     """Runs functions of a connection in its own thread, each inside one immediate transaction."""
 
     def __init__(
-        self, path: str | Path, schema: str, *, busy_timeout_s: float = 5.0, synchronous: str = "FULL",
+        self, path: str | Path, schema: str, *, synchronous: str, busy_timeout_s: float = 5.0,
         migrate: Callable[[sqlite3.Connection], None] | None = None,
     ) -> None:
         """``migrate``: brings a file made by an earlier version up to ``schema`` (columns it lacks), run in a write

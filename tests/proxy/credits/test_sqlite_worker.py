@@ -15,7 +15,7 @@ def _write(path: str, count: int) -> str:
     """One process: open the worker on ``path`` and write ``count`` rows; ``ok`` or the error."""
 
     async def run() -> str:
-        worker = SqliteWorker(path, SCHEMA, busy_timeout_s=2.0)
+        worker = SqliteWorker(path, SCHEMA, synchronous="FULL", busy_timeout_s=2.0)
         try:
             for _ in range(count):
                 await worker.transaction(lambda conn: conn.execute("INSERT INTO entries VALUES (1)"))
