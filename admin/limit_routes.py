@@ -25,8 +25,8 @@ from admin.limit_views import edited, key_view, limits_view
 from admin.models import KeyPatchBody, LimitsBody
 from admin.state import RUNTIME, json_response
 from proxy.assembly.runtime import Runtime
+from proxy.auth.keys import ApiKey, KeyStore
 from proxy.core.handoffs import Scope
-from proxy.credits.keys import ApiKey, KeyStore
 from proxy.credits.limit_counters import LimitCounters
 from proxy.credits.limits import budget_window, duration_seconds
 from proxy.credits.pricing import format_credits

@@ -2,9 +2,9 @@
 tests and benchmarks, and no module imports itself back through others.
 
 Inside ``proxy/`` the folders are layers too: the HTTP server < the core (context, reply, pipeline, outcome, wire
-helpers) < the upstream transport < the features (one package each) < assembly; the entry points
-(``proxy/commands``) sit above admin, as above. No folder imports one above it, save the named exceptions of
-:data:`EXCEPTIONS`, and the folders import each other in no circle.
+helpers) < the upstream transport < the stores' shared plumbing < the features (one package each) < assembly; the
+entry points (``proxy/commands``) sit above admin, as above. No folder imports one above it, save the named
+exceptions of :data:`EXCEPTIONS`, and the folders import each other in no circle.
 
 Every import counts: at module level, inside functions and under ``TYPE_CHECKING``. The graph comes from grimp
 (import-linter's engine); import-linter's own layers contract cannot state this order, as it refuses a layer inside
@@ -32,8 +32,9 @@ PROXY_LAYERS = (
     ("proxy.server",),
     ("proxy.core",),
     ("proxy.upstream",),
-    ("proxy.observability", "proxy.credits", "proxy.search", "proxy.answers", "proxy.items", "proxy.kv",
-     "proxy.stored"),
+    ("proxy.stores",),
+    ("proxy.observability", "proxy.auth", "proxy.idempotency", "proxy.credits", "proxy.search", "proxy.answers",
+     "proxy.items", "proxy.kv", "proxy.stored"),
     ("proxy.assembly",),
 )
 """The layers inside ``proxy/``, lowest first; the features (one rank) may import each other, in no circle."""

@@ -26,10 +26,12 @@ from pydantic import (
 
 from normalizer.limits import RequestLimits
 from proxy.answers.settings import CacheSettings
+from proxy.auth.settings import AuthSettings
 from proxy.core.loopback import LOOPBACK, is_loopback
 from proxy.core.redis_settings import RedisSettings
 from proxy.core.settings_section import Section
-from proxy.credits.settings import AuthSettings, CreditsSettings, IdempotencySettings
+from proxy.credits.settings import CreditsSettings
+from proxy.idempotency.settings import IdempotencySettings
 from proxy.kv.settings import RoutingSettings
 from proxy.observability.settings import LoggingSettings, TelemetrySettings
 from proxy.server.connection import BODY_TIMEOUT_S, HEAD_TIMEOUT_S, MAX_CONNECTIONS, READ_TIMEOUT_S

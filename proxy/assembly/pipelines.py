@@ -61,16 +61,17 @@ from proxy.answers.coalesce import Coalesce, Flights
 from proxy.answers.replies import StoreResponse
 from proxy.answers.stale import StaleIfError, StaleStore
 from proxy.assembly.runtime import Runtime
+from proxy.auth.identify import Identify
 from proxy.core.endpoints import ENDPOINTS, RESOURCES, Cache, Endpoint, Pricing, RerankEndpoint, Resource
 from proxy.core.headers import forwarded_headers
 from proxy.core.limits import EnforceLimits
 from proxy.core.pipeline import Pipeline, Stage
 from proxy.core.prompt import PromptReader, ReadPrompt
 from proxy.core.stream_usage import StreamUsage
-from proxy.credits.idempotency import Idempotency
 from proxy.credits.priced_apart import RerankCredits, ResponseCredits
 from proxy.credits.rate_limits import RateLimits
-from proxy.credits.stages import Credits, Identify, RequestCredits, SearchCredits
+from proxy.credits.stages import Credits, RequestCredits, SearchCredits
+from proxy.idempotency.stage import Idempotency
 from proxy.items.embeddings import EmbeddingItemsCache
 from proxy.items.rerank import RerankItemsCache
 from proxy.search.requests import BuildQdrantRequest

@@ -18,8 +18,9 @@ from pathlib import Path
 from typing import Any
 
 from proxy.credits.settings import CreditsSettings
-from proxy.credits.sqlite_worker import SqliteWorker
-from proxy.credits.store import ChargeDetails, CreditStoreUnavailable
+from proxy.credits.store import ChargeDetails
+from proxy.stores.sqlite_worker import SqliteWorker
+from proxy.stores.unavailable import StoreUnavailable
 
 _CREDITS = CreditsSettings()  # the defaults, defined once there
 
@@ -79,7 +80,7 @@ class SettlementJournal:
         self._writer: asyncio.Task[None] | None = None
 
     async def append(self, entry: JournaledSettlement) -> None:
-        """Write ``entry`` durably; returns once it is committed (:class:`CreditStoreUnavailable` if it failed)."""
+        """Write ``entry`` durably; returns once it is committed (:class:`StoreUnavailable` if it failed)."""
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._waiting.entries.append((entry, done))
         if self._writer is None:
@@ -102,7 +103,7 @@ class SettlementJournal:
                     if failure is None:
                         done.set_result(None)
                     else:
-                        done.set_exception(CreditStoreUnavailable(f"settlement journal {self.path}: {failure}"))
+                        done.set_exception(StoreUnavailable(f"settlement journal {self.path}: {failure}"))
         finally:
             self._writer = None
 

@@ -10,7 +10,7 @@
   and adjusted by one Lua script each, so the check and the count are one atomic step across replicas; it expires
   once both buckets would be empty. A budget window's spend is ``<prefix>:{rl:<scope>}:spent:<window start>``
   (``INCRBY``), expiring a day after its window ends (a budget without a period: never). While Redis cannot be reached
-  or is known to have lost its data (:mod:`proxy.credits.redis_wipe`), the replica counts in its own memory
+  or is known to have lost its data (:mod:`proxy.stores.redis_wipe`), the replica counts in its own memory
   instead (each replica then admits up to the limits by itself; spend counted meanwhile stays local), logged once
   a minute.
 
@@ -33,10 +33,10 @@ from redis.exceptions import RedisError
 
 from proxy.core.handoffs import Scope
 from proxy.credits.limits import Level, Window, adjusted, drained, empty_after_s, fits, taken
-from proxy.credits.redis_store import RedisClient
-from proxy.credits.redis_wipe import WipeWatch
-from proxy.credits.sqlite_worker import SqliteWorker
-from proxy.credits.store import CreditStoreUnavailable
+from proxy.stores.redis_client import RedisClient
+from proxy.stores.redis_wipe import WipeWatch
+from proxy.stores.sqlite_worker import SqliteWorker
+from proxy.stores.unavailable import StoreUnavailable
 
 log = logging.getLogger("ragproxy.credits")
 
@@ -246,7 +246,7 @@ class RedisLimitCounters:
             if self.wipe is not None:
                 self.wipe.refuse()
             return await operation()
-        except (RedisError, OSError, CreditStoreUnavailable) as exc:
+        except (RedisError, OSError, StoreUnavailable) as exc:
             now = time.monotonic()
             if now - self._last_warning >= 60.0:
                 self._last_warning = now

@@ -46,29 +46,6 @@ _PROMPT_FIELDS = ("messages", "prompt", "input", "instructions")
 _OUTPUT_FIELDS = ("max_completion_tokens", "max_tokens", "max_output_tokens")
 
 
-# -- limits as stored --
-
-def limits_json(limits: Limits) -> dict[str, Any]:
-    """``limits`` as a JSON object of the limits it sets."""
-    fields = {"rpm_limit": limits.rpm_limit, "tpm_limit": limits.tpm_limit, "max_budget": limits.max_budget,
-              "budget_duration": limits.budget_duration}
-    return {name: value for name, value in fields.items() if value is not None}
-
-
-def limits_from(value: Any) -> Limits:
-    """The limits stored as ``value`` (a JSON object; anything else: none)."""
-    if not isinstance(value, Mapping):
-        return Limits()
-
-    def number(name: str) -> int | None:
-        found = value.get(name)
-        return found if isinstance(found, int) and not isinstance(found, bool) else None
-
-    duration = value.get("budget_duration")
-    return Limits(number("rpm_limit"), number("tpm_limit"), number("max_budget"),
-                  duration if isinstance(duration, str) else None)
-
-
 # -- periods --
 
 def check_duration(text: str) -> str:

@@ -15,7 +15,7 @@ import time
 
 from proxy.credits.journaled_store import JournaledCreditStore
 from proxy.credits.settings import CreditsSettings
-from proxy.credits.store import CreditStoreUnavailable
+from proxy.stores.unavailable import StoreUnavailable
 from tiers.background import stop_task
 
 _CREDITS = CreditsSettings()  # the defaults, defined once there
@@ -40,7 +40,7 @@ class JournalReplayer:
         while self.store.journal.depth:
             try:
                 done = await self.store.replay_once()
-            except CreditStoreUnavailable as exc:
+            except StoreUnavailable as exc:
                 now = time.monotonic()
                 if now - self._last_warning >= 60.0:
                     self._last_warning = now
@@ -73,7 +73,7 @@ class JournalReplayer:
             return
         await stop_task(self._task)
         self._task = None
-        with contextlib.suppress(asyncio.TimeoutError, CreditStoreUnavailable):
+        with contextlib.suppress(asyncio.TimeoutError, StoreUnavailable):
             await asyncio.wait_for(self.drain(), self.final_drain_s)
         if self.store.journal.depth:
             log.warning("%d credit settlements stay in the journal %s for the next start",

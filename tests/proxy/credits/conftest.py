@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from proxy.credits.keys import KeyStore
-from proxy.credits.redis_keys import RedisKeyStore
+from proxy.auth.keys import KeyStore
+from proxy.auth.redis_keys import RedisKeyStore
+from proxy.auth.sqlite_keys import SqliteKeyStore
 from proxy.credits.redis_store import RedisCreditStore
-from proxy.credits.sqlite_keys import SqliteKeyStore
 from proxy.credits.sqlite_store import SqliteCreditStore
 from proxy.credits.store import CreditStore
 

@@ -9,8 +9,9 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from proxy.credits.idempotency import Claimed, IdempotencyStore, Kept, MemoryIdempotencyStore, held_bytes
-from proxy.credits.redis_idempotency import RedisIdempotencyStore, allocated
+from proxy.idempotency.memory_store import MemoryIdempotencyStore
+from proxy.idempotency.records import Claimed, IdempotencyStore, Kept, held_bytes
+from proxy.idempotency.redis_store import RedisIdempotencyStore, allocated
 
 RUNNING_S, KEPT_S = 600.0, 86_400.0
 ANSWER = 114_000  # Redis counts 114,688 bytes for it (an allocator class); room for 5 a user, 12 in all, in both

@@ -11,8 +11,8 @@ from multidict import CIMultiDict, CIMultiDictProxy
 
 from proxy.core.context import Reply, RequestContext
 from proxy.core.sse import DONE
-from proxy.credits.idempotency import HEADER, Idempotency
-from proxy.credits.redis_idempotency import RedisIdempotencyStore
+from proxy.idempotency.redis_store import RedisIdempotencyStore
+from proxy.idempotency.stage import HEADER, Idempotency
 from proxy.server.request import Request
 from tests.support.processes import RedisServer
 

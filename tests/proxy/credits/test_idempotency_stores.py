@@ -7,8 +7,9 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from proxy.credits.idempotency import Claimed, Full, IdempotencyStore, Kept, MemoryIdempotencyStore, Mismatch, Running
-from proxy.credits.redis_idempotency import RedisIdempotencyStore
+from proxy.idempotency.memory_store import MemoryIdempotencyStore
+from proxy.idempotency.records import Claimed, Full, IdempotencyStore, Kept, Mismatch, Running
+from proxy.idempotency.redis_store import RedisIdempotencyStore
 
 RUNNING_S, KEPT_S = 600.0, 86_400.0
 

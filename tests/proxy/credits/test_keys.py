@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from proxy.credits.keys import KEY_PREFIX, KeyStore, key_hash
+from proxy.auth.keys import KEY_PREFIX, KeyStore, key_hash
 
 
 async def test_create_returns_the_plaintext_once_and_lookup_finds_it(key_store: KeyStore) -> None:

@@ -5,9 +5,9 @@ from __future__ import annotations
 import sqlite3
 from pathlib import Path
 
-from proxy.credits.keys import KeyStore, key_hash
-from proxy.credits.known_keys import KnownKeys
-from proxy.credits.sqlite_keys import SqliteKeyStore
+from proxy.auth.keys import KeyStore, key_hash
+from proxy.auth.known_keys import KnownKeys
+from proxy.auth.sqlite_keys import SqliteKeyStore
 
 
 async def test_a_revocation_reaches_a_remembered_key_through_the_feed(key_store: KeyStore) -> None:

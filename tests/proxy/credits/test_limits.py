@@ -12,6 +12,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from proxy.auth.keys import limits_from, limits_json
 from proxy.core.handoffs import Limits, Scope
 from proxy.credits.limit_counters import LimitCounters, LocalLimitCounters, RedisLimitCounters
 from proxy.credits.limits import (
@@ -22,13 +23,11 @@ from proxy.credits.limits import (
     check_duration,
     duration_seconds,
     go_duration,
-    limits_from,
-    limits_json,
     rate_headers,
     wait_s,
 )
 from proxy.credits.pricing import PriceBook
-from proxy.credits.redis_store import connect
+from proxy.stores.redis_client import connect
 
 
 def _utc(*parts: int) -> float:

@@ -1,4 +1,4 @@
-"""The sentinel that tells a Redis which lost its data from one that kept it (:mod:`proxy.credits.redis_wipe`),
+"""The sentinel that tells a Redis which lost its data from one that kept it (:mod:`proxy.stores.redis_wipe`),
 against a real Redis."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ import asyncio
 import pytest
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from proxy.credits.redis_store import connect
-from proxy.credits.redis_wipe import WipeWatch
-from proxy.credits.store import CreditStoreUnavailable
+from proxy.stores.redis_client import connect
+from proxy.stores.redis_wipe import WipeWatch
+from proxy.stores.unavailable import StoreUnavailable
 
 
 async def test_a_sentinel_gone_or_replaced_is_a_wipe_until_it_is_back(redis_url: str) -> None:
@@ -24,7 +24,7 @@ async def test_a_sentinel_gone_or_replaced_is_a_wipe_until_it_is_back(redis_url:
         assert saved is not None
         await client.flushall()  # what a restart without persistence leaves
         assert await first.check()
-        with pytest.raises(CreditStoreUnavailable):
+        with pytest.raises(StoreUnavailable):
             first.refuse()
         await client.set("t:sentinel", "written by a replica started later")
         assert await first.check(), "another token: still the empty Redis"

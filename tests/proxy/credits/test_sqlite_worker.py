@@ -6,7 +6,7 @@ import asyncio
 import multiprocessing
 from pathlib import Path
 
-from proxy.credits.sqlite_worker import SqliteWorker
+from proxy.stores.sqlite_worker import SqliteWorker
 
 SCHEMA = "CREATE TABLE IF NOT EXISTS entries (n INTEGER);"
 

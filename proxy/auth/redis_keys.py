@@ -1,4 +1,4 @@
-"""API keys, and the limits of users and tenants, in Redis (see :mod:`proxy.credits.keys`).
+"""API keys, and the limits of users and tenants, in Redis (see :mod:`proxy.auth.keys`).
 
 Layout, all under the hash tag ``{keys}`` (one Cluster slot, so each change — one Lua script — is atomic; key
 counts are small): ``<prefix>:{keys}:records`` — hash key id → JSON record (with its hash and limits);
@@ -12,7 +12,7 @@ A change to a key or to limits is a compare-and-set: the record is read, edited 
 only if it is still the one read (read again and retried otherwise), so concurrent admin calls never lose one
 another's change and an edit never brings a revoked key back.
 
-A Redis that lost its data is not believed (:class:`~proxy.credits.redis_wipe.WipeWatch`): every operation is
+A Redis that lost its data is not believed (:class:`~proxy.stores.redis_wipe.WipeWatch`): every operation is
 refused while the watch knows it, and what an empty Redis would answer wrongly in the moment before the watch
 notices reads the sentinel again — a key or limits written (so no 201 names a key the restore will not have), a
 revocation or a change that found no key (a 503, not a 404), a lookup that found none (a 503, not a 401), a feed
@@ -29,24 +29,25 @@ from typing import Any
 
 import orjson
 
-from proxy.core.handoffs import NO_LIMITS, Limits, Quota, Scope
-from proxy.core.redis_settings import RedisSettings
-from proxy.credits.keys import (
+from proxy.auth.keys import (
     ApiKey,
     CreatedKey,
     KeyChanges,
     check_scope_kind,
     display_of,
     key_hash,
+    limits_from,
+    limits_json,
     matches,
     new_key,
     new_key_id,
     quota_of,
 )
-from proxy.credits.limits import limits_from, limits_json
-from proxy.credits.redis_store import RedisClient, connect, reconnecting, unavailable_on_failure
-from proxy.credits.redis_wipe import WipeWatch
-from proxy.credits.store import CreditStoreUnavailable
+from proxy.core.handoffs import NO_LIMITS, Limits, Quota, Scope
+from proxy.core.redis_settings import RedisSettings
+from proxy.stores.redis_client import RedisClient, connect, reconnecting, unavailable_on_failure
+from proxy.stores.redis_wipe import WipeWatch
+from proxy.stores.unavailable import StoreUnavailable
 
 _REDIS = RedisSettings()  # the defaults, defined once there
 
@@ -164,7 +165,7 @@ class RedisKeyStore:
     def from_url(
         cls, url: str, *, cluster: bool = False, timeout_s: float = 2.0, max_connections: int = 64, **options: Any
     ) -> RedisKeyStore:
-        """A store on its own client for ``url`` (see :func:`~proxy.credits.redis_store.connect`)."""
+        """A store on its own client for ``url`` (see :func:`~proxy.stores.redis_client.connect`)."""
         return cls(connect(url, cluster=cluster, timeout_s=timeout_s, max_connections=max_connections), **options)
 
     async def close(self) -> None:
@@ -175,7 +176,7 @@ class RedisKeyStore:
             self.wipe.refuse()
 
     async def _confirm(self) -> None:
-        """Refused (:class:`CreditStoreUnavailable`) when the sentinel says Redis lost its data (read now)."""
+        """Refused (:class:`StoreUnavailable`) when the sentinel says Redis lost its data (read now)."""
         if self.wipe is not None:
             await self.wipe.confirm()
 
@@ -239,7 +240,7 @@ class RedisKeyStore:
                 if int(written) == 1:
                     await self._confirm()
                     return changed
-        raise CreditStoreUnavailable(f"key {key_id} kept changing while it was being changed; retry")
+        raise StoreUnavailable(f"key {key_id} kept changing while it was being changed; retry")
 
     @reconnecting
     async def lookup(self, presented: str) -> ApiKey | None:
@@ -268,7 +269,7 @@ class RedisKeyStore:
                 if int(written) == 1:
                     await self._confirm()
                     return limits
-        raise CreditStoreUnavailable(f"the limits of {member} kept changing while they were being changed; retry")
+        raise StoreUnavailable(f"the limits of {member} kept changing while they were being changed; retry")
 
     async def limited_scopes(self) -> builtins.list[Scope]:
         self._refuse()

@@ -1,4 +1,5 @@
-"""Idempotency-key records in Redis, shared by every replica (semantics in :mod:`proxy.credits.idempotency`).
+"""Idempotency-key records in Redis, shared by every replica (semantics in :mod:`proxy.idempotency.stage`, bounds
+in :mod:`proxy.idempotency.records`).
 
 Per user (``<scope>``, the user digest, as the hash tag: all of a user's keys share a Redis Cluster slot):
 
@@ -10,7 +11,7 @@ Per user (``<scope>``, the user digest, as the hash tag: all of a user's keys sh
   finished, never a running claim (``full`` when there is none). It lives as long as the user's longest record
   could (``ttl_s``);
 * ``<prefix>:{<scope>}#bytes`` — a hash of the user's kept keys → the bytes each counts
-  (:func:`~proxy.credits.idempotency.held_bytes`, rounded up as Redis allocates it: :func:`allocated`), and their
+  (:func:`~proxy.idempotency.records.held_bytes`, rounded up as Redis allocates it: :func:`allocated`), and their
   sum under `` total`` (a space: no key's name). A kept answer that would take the user past ``max_bytes_per_user``
   first drops the user's oldest gone or finished records; when that is not enough the answer is not kept and its
   claim is dropped.
@@ -39,10 +40,10 @@ from collections.abc import Callable
 from typing import Any
 
 from proxy.core.redis_settings import RedisSettings
-from proxy.credits.idempotency import Claim, Claimed, Full, Kept, Mismatch, Running, held_bytes
-from proxy.credits.redis_store import RedisClient, _text, connect, reconnecting, unavailable_on_failure
-from proxy.credits.redis_wipe import WipeWatch
-from proxy.credits.settings import IdempotencySettings
+from proxy.idempotency.records import Claim, Claimed, Full, Kept, Mismatch, Running, held_bytes
+from proxy.idempotency.settings import IdempotencySettings
+from proxy.stores.redis_client import RedisClient, as_text, connect, reconnecting, unavailable_on_failure
+from proxy.stores.redis_wipe import WipeWatch
 
 _SETTINGS, _REDIS = IdempotencySettings(), RedisSettings()  # the defaults, defined once there
 
@@ -181,7 +182,7 @@ class RedisIdempotencyStore:
                  max_bytes_per_user: int = _SETTINGS.max_bytes_per_user, ttl_s: float = _SETTINGS.ttl_s,
                  clock: Callable[[], float] = time.time, reconnect_s: float = _REDIS.reconnect_s) -> None:
         """``ttl_s``: how long a kept answer lives (and a user's key index after its last claim); ``reconnect_s``:
-        how long an operation waits out a restarting Redis (:func:`~proxy.credits.redis_store.reconnecting`)."""
+        how long an operation waits out a restarting Redis (:func:`~proxy.stores.redis_client.reconnecting`)."""
         self.client = client
         self.max_bytes = max_bytes
         self.max_bytes_per_user = max_bytes_per_user
@@ -218,7 +219,7 @@ class RedisIdempotencyStore:
         keys = [budget + "users", budget + "seen", budget + "total", budget + "read"]
         total, top, top_held = await self._account(keys=keys, args=[scope, held, now_ms + int(self.ttl_s * 1000),
                                                                     now_ms, read_us])
-        return int(total), _text(top), int(top_held)
+        return int(total), as_text(top), int(top_held)
 
     @reconnecting
     async def claim(self, scope: str, key: str, print_: str, owner: str, running_ttl_s: float) -> Claim:
@@ -226,7 +227,7 @@ class RedisIdempotencyStore:
                 int(self.ttl_s * 1000)]
         async with unavailable_on_failure("idempotency claim"):
             result = await self._claim(keys=[self._key(scope, key), self._index(scope), self._sizes(scope)], args=args)
-        outcome = _text(result[0])
+        outcome = as_text(result[0])
         if outcome == "kept":
             return Kept(bytes(result[1]))
         if outcome == "claimed":

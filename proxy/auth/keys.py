@@ -12,11 +12,11 @@ A key may expire (``expires_at``) and carry limits of its own (:class:`~proxy.co
 tenants carry limits too, kept in the same store (:meth:`KeyStore.set_scope_limits`). Every change to a key after
 its creation (a revocation, new limits or expiry) and to a user's or tenant's limits is also written to the store's
 change feed (:meth:`KeyStore.changes`): every replica reads it every ``auth.key_sync_s`` and applies it to the keys
-it remembers (:mod:`proxy.credits.known_keys`), so a revoked key stops working everywhere within that time, and
+it remembers (:mod:`proxy.auth.known_keys`), so a revoked key stops working everywhere within that time, and
 stays refused by a replica that later loses the store.
 
-Backends: :class:`proxy.credits.sqlite_keys.SqliteKeyStore` and
-:class:`proxy.credits.redis_keys.RedisKeyStore`.
+Backends: :class:`proxy.auth.sqlite_keys.SqliteKeyStore` and
+:class:`proxy.auth.redis_keys.RedisKeyStore`.
 """
 
 from __future__ import annotations
@@ -24,9 +24,9 @@ from __future__ import annotations
 import builtins
 import hashlib
 import secrets
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from proxy.core.handoffs import NO_LIMITS, Limits, Quota, Scope
 
@@ -168,3 +168,26 @@ def matches(key: ApiKey, user: str | None, tenant: str | None, include_revoked: 
         and (tenant is None or key.tenant == tenant)
         and (include_revoked or key.active)
     )
+
+
+# -- limits as stored with the keys --
+
+def limits_json(limits: Limits) -> dict[str, Any]:
+    """``limits`` as a JSON object of the limits it sets."""
+    fields = {"rpm_limit": limits.rpm_limit, "tpm_limit": limits.tpm_limit, "max_budget": limits.max_budget,
+              "budget_duration": limits.budget_duration}
+    return {name: value for name, value in fields.items() if value is not None}
+
+
+def limits_from(value: Any) -> Limits:
+    """The limits stored as ``value`` (a JSON object; anything else: none)."""
+    if not isinstance(value, Mapping):
+        return Limits()
+
+    def number(name: str) -> int | None:
+        found = value.get(name)
+        return found if isinstance(found, int) and not isinstance(found, bool) else None
+
+    duration = value.get("budget_duration")
+    return Limits(number("rpm_limit"), number("tpm_limit"), number("max_budget"),
+                  duration if isinstance(duration, str) else None)

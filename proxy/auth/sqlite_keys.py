@@ -1,5 +1,5 @@
 """API keys, and the limits of users and tenants, in the embedded SQLite database (tables ``api_keys`` and
-``scope_limits``; see :mod:`proxy.credits.keys`).
+``scope_limits``; see :mod:`proxy.auth.keys`).
 
 The change feed: every change after a key's creation, and every change of a user's or tenant's limits, stamps the
 row with the next position of ``key_feed`` (one row) in ``changed_seq``; :meth:`SqliteKeyStore.changes` reads the
@@ -19,21 +19,22 @@ from typing import Any
 
 import orjson
 
-from proxy.core.handoffs import NO_LIMITS, Limits, Quota, Scope
-from proxy.credits.keys import (
+from proxy.auth.keys import (
     ApiKey,
     CreatedKey,
     KeyChanges,
     check_scope_kind,
     display_of,
     key_hash,
+    limits_from,
+    limits_json,
     matches,
     new_key,
     new_key_id,
     quota_of,
 )
-from proxy.credits.limits import limits_from, limits_json
-from proxy.credits.sqlite_worker import SqliteWorker
+from proxy.core.handoffs import NO_LIMITS, Limits, Quota, Scope
+from proxy.stores.sqlite_worker import SqliteWorker
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS api_keys (

@@ -17,7 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TypeVar
 
-from proxy.credits.store import CreditStoreUnavailable
+from proxy.stores.unavailable import StoreUnavailable
 
 T = TypeVar("T")
 
@@ -93,7 +93,7 @@ class SqliteWorker:
         try:
             return await loop.run_in_executor(self._executor, self._in_transaction, work, write)
         except sqlite3.OperationalError as exc:  # locked past the busy timeout, disk full, I/O error
-            raise CreditStoreUnavailable(f"credit database {self.path}: {exc}") from exc
+            raise StoreUnavailable(f"credit database {self.path}: {exc}") from exc
 
     def _close(self) -> None:
         if self._conn is not None:

@@ -9,7 +9,7 @@ So the first replica to start writes a sentinel, ``<prefix>:sentinel``, holding 
 replicas after it read the same one), and every replica reads it back every ``redis.wipe_check_s``. A sentinel
 that is gone or holds another token means the data went with it: the watch logs an error, ``/readyz`` answers 503
 (``checks.redis``), and every credit, key, idempotency and response-owner operation raises
-:class:`~proxy.credits.store.CreditStoreUnavailable` — the outage mode that already exists: reservations on the
+:class:`~proxy.stores.unavailable.StoreUnavailable` — the outage mode that already exists: reservations on the
 outage allowance, settlements into the local journal, keys verified lately still trusted (revoked ones not),
 the rest 503. A Redis that cannot be reached is not judged (that outage is handled where it occurs). The watch
 clears when the sentinel is back with its token (the data restored from a backup); to go on with the empty Redis
@@ -33,7 +33,7 @@ from typing import Any
 from redis.exceptions import RedisError
 
 from proxy.core.redis_settings import RedisSettings
-from proxy.credits.store import CreditStoreUnavailable
+from proxy.stores.unavailable import StoreUnavailable
 from tiers.background import stop_task
 
 _REDIS = RedisSettings()  # the defaults, defined once there
@@ -81,9 +81,9 @@ class WipeWatch:
         return wiped
 
     def refuse(self) -> None:
-        """Raise :class:`CreditStoreUnavailable` while Redis is known to have lost its data."""
+        """Raise :class:`StoreUnavailable` while Redis is known to have lost its data."""
         if self.wiped:
-            raise CreditStoreUnavailable("credit store (Redis) lost its data while the proxy ran; not believed")
+            raise StoreUnavailable("credit store (Redis) lost its data while the proxy ran; not believed")
 
     async def confirm(self) -> None:
         """Read the sentinel now, and :meth:`refuse` if it is gone: for a write that must be kept (an admin write, a

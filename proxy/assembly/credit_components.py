@@ -1,4 +1,7 @@
-"""Building the credit components from the settings: key store, credit store, price book, reaper, journal.
+"""The stores of three features built together from the settings: the key store (:mod:`proxy.auth`), the
+idempotency store (:mod:`proxy.idempotency`) and the credit store with its price book, reaper and journal
+(:mod:`proxy.credits`). Built here, above the features, because in shared mode one watch for a wiped Redis
+(:class:`~proxy.stores.redis_wipe.WipeWatch`) guards all three.
 
 Embedded mode keeps keys, limits, budget spend and the ledger in one SQLite file under ``data_dir`` (idempotency keys
 and rate-limit buckets in memory); shared mode (``redis.url`` set) keeps them all in Redis so every replica sees the
@@ -20,24 +23,27 @@ from typing import TYPE_CHECKING, Protocol
 from prometheus_client.core import CounterMetricFamily
 from prometheus_client.registry import Collector
 
+from proxy.auth.keys import KeyStore
+from proxy.auth.known_keys import KnownKeys
+from proxy.auth.settings import AuthSettings
 from proxy.core.redis_settings import RedisSettings
-from proxy.credits.idempotency import IdempotencyStore, MemoryIdempotencyStore
 from proxy.credits.journal import SettlementJournal
 from proxy.credits.journaled_store import JournaledCreditStore
-from proxy.credits.keys import KeyStore
-from proxy.credits.known_keys import KnownKeys
 from proxy.credits.limit_counters import LimitCounters, LocalLimitCounters
 from proxy.credits.outage import OutageAllowance
 from proxy.credits.pricing import ModelLimits, ModelPrice, PriceBook, to_micro
 from proxy.credits.reaper import ReservationReaper
 from proxy.credits.replayer import JournalReplayer
-from proxy.credits.settings import AuthSettings, CreditsSettings, IdempotencySettings
+from proxy.credits.settings import CreditsSettings
 from proxy.credits.store import CreditStore
+from proxy.idempotency.memory_store import MemoryIdempotencyStore
+from proxy.idempotency.records import IdempotencyStore
+from proxy.idempotency.settings import IdempotencySettings
 from proxy.observability.metrics import Metrics
 
 if TYPE_CHECKING:
     from proxy.credits.redis_store import RedisCreditStore
-    from proxy.credits.redis_wipe import WipeWatch
+    from proxy.stores.redis_wipe import WipeWatch
 
 
 @dataclass
@@ -164,9 +170,9 @@ def build_credits(settings: CreditsConfig) -> CreditComponents:
     if use_redis:
         if settings.redis.url is None:
             raise ValueError("credits.store is redis but redis.url is not set")
-        from proxy.credits.redis_keys import RedisKeyStore
+        from proxy.auth.redis_keys import RedisKeyStore
         from proxy.credits.redis_store import RedisCreditStore
-        from proxy.credits.redis_wipe import WipeWatch
+        from proxy.stores.redis_wipe import WipeWatch
 
         reconnect_s = settings.redis.reconnect_s
         redis_keys = RedisKeyStore.from_url(settings.redis.url, cluster=settings.redis.cluster,
@@ -193,7 +199,7 @@ def build_credits(settings: CreditsConfig) -> CreditComponents:
             counters = redis_counters = RedisLimitCounters(redis_keys.client)
             redis_counters.wipe = wipe
     else:
-        from proxy.credits.sqlite_keys import SqliteKeyStore
+        from proxy.auth.sqlite_keys import SqliteKeyStore
         from proxy.credits.sqlite_store import SqliteCreditStore
 
         path = settings.data_dir / "credits.sqlite3"
@@ -213,7 +219,7 @@ def build_credits(settings: CreditsConfig) -> CreditComponents:
         replayer = JournalReplayer(store, interval_s=settings.credits.journal_replay_interval_s)
     idempotency = idempotency_store(settings)
     if wipe is not None:
-        from proxy.credits.redis_idempotency import RedisIdempotencyStore
+        from proxy.idempotency.redis_store import RedisIdempotencyStore
 
         if isinstance(idempotency, RedisIdempotencyStore):
             idempotency.wipe = wipe
@@ -229,7 +235,7 @@ def idempotency_store(settings: CreditsConfig) -> IdempotencyStore | None:
     if not settings.idempotency.enabled:
         return None
     if settings.redis.url is not None:
-        from proxy.credits.redis_idempotency import RedisIdempotencyStore
+        from proxy.idempotency.redis_store import RedisIdempotencyStore
 
         return RedisIdempotencyStore.from_url(settings.redis.url, cluster=settings.redis.cluster,
                                               per_user=settings.idempotency.max_entries_per_user,

@@ -1,10 +1,10 @@
 """The API keys one replica verified lately, kept true by the key store's change feed.
 
-The identify stage (:class:`~proxy.credits.stages.Identify`) looks a presented key up in the key store at most once
+The identify stage (:class:`~proxy.auth.identify.Identify`) looks a presented key up in the key store at most once
 every ``auth.key_cache_ttl_s`` and remembers it here meanwhile (at most ``size`` keys; the map is emptied when
 full). Two things keep what is remembered true:
 
-- **The change feed** (:meth:`proxy.credits.keys.KeyStore.changes`), read every ``auth.key_sync_s``: a key changed
+- **The change feed** (:meth:`proxy.auth.keys.KeyStore.changes`), read every ``auth.key_sync_s``: a key changed
   in the store (revoked, expiring, limited) is replaced here by its new record at once, and so are the limits of a
   user or tenant, so a revocation or a new limit reaches every replica within ``key_sync_s``, not
   ``key_cache_ttl_s``, and a revoked key stays refused by a replica that later loses the store.
@@ -12,7 +12,7 @@ full). Two things keep what is remembered true:
   while its record was confirmed (looked up, or covered by a read of the feed) within ``auth.outage_key_trust_s``;
   past it, the request is refused with 503.
 
-So through an outage of the key store (Redis stopped, or wiped: :mod:`proxy.credits.redis_wipe`) a key revoked
+So through an outage of the key store (Redis stopped, or wiped: :mod:`proxy.stores.redis_wipe`) a key revoked
 before it stays refused, the keys known good keep working for ``outage_key_trust_s``, and nothing else is let in.
 What a replica cannot know is a revocation made while it cannot reach the store (another replica may): it learns it
 as soon as it reads the feed again, and meanwhile it trusts no key longer than ``outage_key_trust_s``.
@@ -26,10 +26,10 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from proxy.auth.keys import ApiKey, KeyStore, quota_of
+from proxy.auth.settings import AuthSettings
 from proxy.core.handoffs import Limits, Quota, Scope
-from proxy.credits.keys import ApiKey, KeyStore, quota_of
-from proxy.credits.settings import AuthSettings
-from proxy.credits.store import CreditStoreUnavailable
+from proxy.stores.unavailable import StoreUnavailable
 from tiers.background import stop_task
 
 _AUTH = AuthSettings()  # the defaults, defined once there
@@ -112,7 +112,7 @@ class KnownKeys:
     # -- the change feed --
 
     async def sync(self, keys: KeyStore) -> None:
-        """Read the feed to its end and apply it (:class:`CreditStoreUnavailable` when the store cannot answer)."""
+        """Read the feed to its end and apply it (:class:`StoreUnavailable` when the store cannot answer)."""
         started = self.clock()
         if self.seq is None:
             self.seq = (await keys.changes(None)).seq
@@ -154,7 +154,7 @@ class KnownKeys:
         while True:
             try:
                 await self.sync(keys)
-            except CreditStoreUnavailable as exc:
+            except StoreUnavailable as exc:
                 log.debug("key changes not read: %s", exc)
             except Exception:  # a bug must not stop revocations from being applied for good
                 log.exception("reading the key change feed failed")
