@@ -33,8 +33,8 @@ PROXY_LAYERS = (
     ("proxy.core",),
     ("proxy.upstream",),
     ("proxy.stores",),
-    ("proxy.observability", "proxy.auth", "proxy.idempotency", "proxy.credits", "proxy.search", "proxy.answers",
-     "proxy.items", "proxy.kv", "proxy.stored"),
+    ("proxy.observability", "proxy.auth", "proxy.idempotency", "proxy.credits", "proxy.rate_limits", "proxy.search",
+     "proxy.answers", "proxy.items", "proxy.kv", "proxy.stored"),
     ("proxy.assembly",),
 )
 """The layers inside ``proxy/``, lowest first; the features (one rank) may import each other, in no circle."""

@@ -10,10 +10,10 @@ in the source tree changes.
 
 Left interpreted, because mypyc does not take them unchanged: modules with async generators or
 ``@asynccontextmanager`` functions (``upstream/client.py``, ``stages/coalesce.py``, ``stages/answers.py``,
-``kv/admission_queue.py`` and most of ``auth/``, ``idempotency/``, ``credits/`` and ``stores/``),
+``kv/admission_queue.py`` and most of ``auth/``, ``idempotency/``, ``credits/``, ``rate_limits/`` and ``stores/``),
 ``upstream/http1.py`` (exceptions that subclass ``OSError`` need ``mypyc_attr(native_class=False)``, and an async
 generator), ``kv/stages.py`` (a subclass of ``functools.partial``, a C type outside ``builtins``, which mypyc does not
-support), the rest of those four packages and ``assembly/credit_components.py`` (runtime-checkable Protocols fail at
+support), the rest of those five packages and ``assembly/credit_components.py`` (runtime-checkable Protocols fail at
 import once compiled), and the start-up-only configuration and CLI modules. So the forwarding client stays
 interpreted here: the figures are what compiling gives with no source change, not the most it could give. Compiling
 takes about a minute on two cores, the whole run about four (plus about a minute per timing run). Needs valgrind and
@@ -38,7 +38,7 @@ NOT_COMPILED = (
     "proxy/assembly/config_reference.py", "proxy/assembly/credit_components.py", "proxy/commands/cli.py",
 )
 """Besides every ``__init__.py`` and the packages of :data:`NOT_COMPILED_PACKAGES` (see the module docstring)."""
-NOT_COMPILED_PACKAGES = ("proxy/auth/", "proxy/credits/", "proxy/idempotency/", "proxy/stores/")
+NOT_COMPILED_PACKAGES = ("proxy/auth/", "proxy/credits/", "proxy/idempotency/", "proxy/rate_limits/", "proxy/stores/")
 TIMED = ("added_p50_ms_c1", "floor_added_p50_ms_c1", "throughput_ratio_c64", "proxy_cpu_us_c64", "floor_cpu_us_c64",
          "stream_ttfb_added_ms")
 

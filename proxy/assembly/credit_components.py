@@ -29,7 +29,6 @@ from proxy.auth.settings import AuthSettings
 from proxy.core.redis_settings import RedisSettings
 from proxy.credits.journal import SettlementJournal
 from proxy.credits.journaled_store import JournaledCreditStore
-from proxy.credits.limit_counters import LimitCounters, LocalLimitCounters
 from proxy.credits.outage import OutageAllowance
 from proxy.credits.pricing import ModelLimits, ModelPrice, PriceBook, to_micro
 from proxy.credits.reaper import ReservationReaper
@@ -40,6 +39,7 @@ from proxy.idempotency.memory_store import MemoryIdempotencyStore
 from proxy.idempotency.records import IdempotencyStore
 from proxy.idempotency.settings import IdempotencySettings
 from proxy.observability.metrics import Metrics
+from proxy.rate_limits.counters import LimitCounters, LocalLimitCounters
 
 if TYPE_CHECKING:
     from proxy.credits.redis_store import RedisCreditStore
@@ -194,7 +194,7 @@ def build_credits(settings: CreditsConfig) -> CreditComponents:
                 if part is not None:
                     part.wipe = wipe
         if redis_keys is not None:
-            from proxy.credits.limit_counters import RedisLimitCounters
+            from proxy.rate_limits.counters import RedisLimitCounters
 
             counters = redis_counters = RedisLimitCounters(redis_keys.client)
             redis_counters.wipe = wipe

@@ -14,8 +14,9 @@ from hypothesis import strategies as st
 
 from proxy.auth.keys import limits_from, limits_json
 from proxy.core.handoffs import Limits, Scope
-from proxy.credits.limit_counters import LimitCounters, LocalLimitCounters, RedisLimitCounters
-from proxy.credits.limits import (
+from proxy.credits.pricing import PriceBook
+from proxy.rate_limits.counters import LimitCounters, LocalLimitCounters, RedisLimitCounters
+from proxy.rate_limits.decisions import (
     Counted,
     Level,
     arrival_tokens,
@@ -26,7 +27,6 @@ from proxy.credits.limits import (
     rate_headers,
     wait_s,
 )
-from proxy.credits.pricing import PriceBook
 from proxy.stores.redis_client import connect
 
 

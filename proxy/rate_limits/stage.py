@@ -3,11 +3,11 @@
 It runs right after identify, before everything else (request limits, idempotency, credits, every cache lookup):
 a request is a request whatever answers it, so a cached answer counts against requests per minute like any other,
 and a flood is cut before it costs the proxy any further work. What each limit means, and why the buckets leak and
-the budgets keep fixed windows: :mod:`proxy.credits.limits`.
+the budgets keep fixed windows: :mod:`proxy.rate_limits.decisions`.
 
 On the way in, for each limited scope (key, then user, then tenant): a budget whose window has been spent refuses
 the request (429 ``insufficient_quota``, ``Retry-After`` until the window ends); then one request and its estimated
-tokens are taken from each scope's buckets, atomically per scope (:mod:`proxy.credits.limit_counters`); the first
+tokens are taken from each scope's buckets, atomically per scope (:mod:`proxy.rate_limits.counters`); the first
 that has no room refuses it (429 ``rate_limit_exceeded``, its ``type`` ``requests`` or ``tokens`` as OpenAI's are,
 ``Retry-After`` and ``retry-after-ms`` until it fits), and what the scopes before it took is given back. A request
 asking for more tokens than a per-minute limit allows at all is refused with ``x-should-retry: false`` (waiting
@@ -34,8 +34,9 @@ from proxy.core.context import Reply, RequestContext
 from proxy.core.errors import ProxyError
 from proxy.core.handoffs import Quota, Scope
 from proxy.core.pipeline import Next
-from proxy.credits.limit_counters import LimitCounters
-from proxy.credits.limits import (
+from proxy.credits.pricing import PriceBook, format_credits
+from proxy.rate_limits.counters import LimitCounters
+from proxy.rate_limits.decisions import (
     Counted,
     Level,
     arrival_tokens,
@@ -45,7 +46,6 @@ from proxy.credits.limits import (
     retry_headers,
     wait_s,
 )
-from proxy.credits.pricing import PriceBook, format_credits
 
 log = logging.getLogger("ragproxy.credits")
 

@@ -1,5 +1,5 @@
 """Where the rate-limit buckets and budget spend of keys, users and tenants are counted (the decisions are
-:mod:`proxy.credits.limits`).
+:mod:`proxy.rate_limits.decisions`).
 
 - :class:`LocalLimitCounters` (embedded mode): the buckets in this process's memory, the budgets' spend in the
   embedded SQLite database (``budget_spend``, beside the keys) so a restart does not hand out a budget again; both
@@ -32,7 +32,7 @@ from urllib.parse import quote
 from redis.exceptions import RedisError
 
 from proxy.core.handoffs import Scope
-from proxy.credits.limits import Level, Window, adjusted, drained, empty_after_s, fits, taken
+from proxy.rate_limits.decisions import Level, Window, adjusted, drained, empty_after_s, fits, taken
 from proxy.stores.redis_client import RedisClient
 from proxy.stores.redis_wipe import WipeWatch
 from proxy.stores.sqlite_worker import SqliteWorker
