@@ -31,7 +31,7 @@ from pydantic_core import PydanticUndefined
 from proxy.assembly.config import Settings
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("proxy", "tiers", "normalizer", "admin")
+PACKAGES = ("proxy", "tiers", "normalizer", "admin", "commands")
 TODO_WRITTEN_TWICE: dict[str, str] = {
     "cache.l1.ttl_s": "normalizer/cache_control.py names the default TTL; CacheDefaults.ttl and the setting read it",
     "cache.l1.policy": "the setting reads tiers.policies.DEFAULT_POLICY",

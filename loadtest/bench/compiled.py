@@ -31,11 +31,11 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = ("proxy", "tiers", "normalizer", "admin", "loadtest")
+PACKAGES = ("proxy", "tiers", "normalizer", "admin", "commands", "loadtest")
 NOT_COMPILED = (
     "proxy/upstream/client.py", "proxy/upstream/http1.py", "proxy/answers/coalesce.py", "proxy/answers/replies.py",
     "proxy/kv/admission_queue.py", "proxy/kv/stages.py", "proxy/assembly/config.py",
-    "proxy/assembly/config_reference.py", "proxy/assembly/credit_components.py", "proxy/commands/cli.py",
+    "proxy/assembly/config_reference.py", "proxy/assembly/credit_components.py",
 )
 """Besides every ``__init__.py`` and the packages of :data:`NOT_COMPILED_PACKAGES` (see the module docstring)."""
 NOT_COMPILED_PACKAGES = ("proxy/auth/", "proxy/credits/", "proxy/idempotency/", "proxy/rate_limits/", "proxy/stores/")

@@ -1,7 +1,7 @@
 """``ragproxy calibrate PAIRS.csv [--labels is_duplicate|same_answer] [--target 0.02] [--namespace NS] [--write
 CONFIG.yaml] [--prior]``: fixed L2 thresholds from labelled question pairs, and the prior curve of the calibrated
 decision. ``ragproxy calibrate --warm LOG.jsonl [--namespace NS] [--tenant T]``: the calibrated decision started from
-an app's logged questions and answers (:mod:`proxy.commands.calibrate_warm`).
+an app's logged questions and answers (:mod:`commands.calibrate_warm`).
 
 The CSV has a header with ``question1``, ``question2``, ``is_duplicate`` (1/0) and, optionally, ``namespace``
 (``--namespace`` names the namespace of a file without one) and ``same_answer`` (1/0, or empty where not judged:
@@ -135,8 +135,8 @@ def write_thresholds(path: Path, thresholds: dict[str, float]) -> None:
 def warm_from_log(log: Path, namespace: str, tenant: str, settings: Settings) -> int:
     """``--warm``: gather each namespace's evidence from the log, write it into the data directory, say where each
     namespace stands."""
+    from commands.calibrate_warm import LogError, gather, read_log
     from proxy.answers.semantic_factory import model_cache_dir
-    from proxy.commands.calibrate_warm import LogError, gather, read_log
     from tiers.calibration_file import WARM_FILE, save
     from tiers.embedders import local_embedder
 

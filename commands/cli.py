@@ -63,7 +63,7 @@ def _parser() -> argparse.ArgumentParser:
     simulate = commands.add_parser("simulate", help="replay a cache trace through eviction policies")
     simulate.add_argument("args", nargs=argparse.REMAINDER)
     calibrate = commands.add_parser("calibrate",
-                                        help="L2 thresholds from labelled question pairs (proxy.commands.calibrate)")
+                                        help="L2 thresholds from labelled question pairs (commands.calibrate)")
     calibrate.add_argument("args", nargs=argparse.REMAINDER)
     return parser
 
@@ -115,7 +115,7 @@ def checked_settings(config_file: str | None, overrides: dict[str, Any]) -> Sett
 def _run(main: Coroutine[Any, Any, int | None]) -> int:
     """Run ``main`` on uvloop when installed; an address that cannot be bound is one line and exit code 1, credits
     in a Redis that persists nothing one line and exit code 2."""
-    from proxy.commands.serve import CannotListen, DataDirInUse
+    from commands.serve import CannotListen, DataDirInUse
     from proxy.core.memory import pin_mmap_threshold
     from proxy.credits.persistence import VolatileCreditStore
 
@@ -149,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
 
         return int(simulate_main(given[1:]))
     if given[:1] == ["calibrate"]:
-        from proxy.commands.calibrate import main as calibrate_main
+        from commands.calibrate import main as calibrate_main
 
         return calibrate_main(given[1:])
     args = _parser().parse_args(given)
@@ -157,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         overrides = _overrides(args)
         if args.command == "demo":
-            from proxy.commands.demo import Demo
+            from commands.demo import Demo
 
             demo = Demo.prepare(overrides, keep_serving=args.serve)
             overrides = demo.overrides
@@ -168,7 +168,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "check-config":
         sys.stdout.write(yaml.safe_dump(redacted(settings), sort_keys=False))
         return 0
-    from proxy.commands.serve import serve
+    from commands.serve import serve
     from proxy.observability.logs import configure
 
     configure(settings.logging.level, settings.logging.format)

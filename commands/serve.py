@@ -6,7 +6,7 @@ It first takes the data directory's lock (``<data_dir>/ragproxy.lock``, an ``flo
 process ends, however it ends): two processes sharing one directory would corrupt each other's embedded stores (the
 cold tier's dictionaries, the semantic index file, credits), so a second one stops with :class:`DataDirInUse`.
 :func:`serve` adds the start-up summary (:mod:`proxy.assembly.startup_report`) and waits for a signal. The settings were
-checked before (:func:`proxy.commands.cli.checked_settings`: what ``check-config`` refuses, ``serve`` refuses).
+checked before (:func:`commands.cli.checked_settings`: what ``check-config`` refuses, ``serve`` refuses).
 
 Once both sites listen, everything allocated so far (modules, settings, the runtime's components: a few hundred
 thousand objects) is moved out of the cyclic garbage collector's reach with :func:`gc.freeze`. Under load, objects
