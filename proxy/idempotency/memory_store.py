@@ -1,5 +1,6 @@
 """The idempotency store of embedded mode: records in this process's memory, bounded as
 :mod:`proxy.idempotency.records` says."""
+
 from __future__ import annotations
 
 import time

@@ -15,6 +15,7 @@ Each claim carries an owner token (random, per request): keeping or freeing a ke
 and a claim repeated by a store client that lost the first answer (a connection dropped after Redis ran it) finds
 its own claim and goes on.
 """
+
 from __future__ import annotations
 
 import hashlib

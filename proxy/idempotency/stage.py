@@ -27,6 +27,7 @@ The bounds on what is kept and the claims' owners: :mod:`proxy.idempotency.recor
 pure; the stores keep records in process memory (:class:`~proxy.idempotency.memory_store.MemoryIdempotencyStore`,
 embedded mode) or in Redis (:mod:`proxy.idempotency.redis_store`, shared by every replica).
 """
+
 from __future__ import annotations
 
 import asyncio
