@@ -16,7 +16,8 @@ import hmac
 from aiohttp import web
 
 from admin.errors import Handler, error_response
-from proxy.assembly.config import Settings, is_loopback
+from proxy.assembly.config import Settings
+from proxy.core.loopback import is_loopback
 
 PUBLIC_PATHS = frozenset({"/", "/admin/ui", "/admin/ui/"})
 

@@ -6,7 +6,7 @@ from typing import Any
 
 from proxy.answers.cache_tiers.invalidation import TierInvalidation
 from proxy.assembly.runtime import Runtime
-from proxy.credits.keys import KeyStore
+from proxy.auth.keys import KeyStore
 from proxy.credits.store import CreditStore
 from tiers.response_tier import ResponseTier
 

@@ -18,11 +18,11 @@ from admin.errors import AdminError
 from admin.limit_views import edited, key_view
 from admin.models import KeyCreateBody, TopUpBody
 from admin.state import RUNTIME, json_response
+from proxy.auth.keys import KeyStore
 from proxy.core.handoffs import Limits
-from proxy.credits.keys import KeyStore
-from proxy.credits.limits import duration_seconds
 from proxy.credits.pricing import format_credits, to_micro
 from proxy.credits.store import Account, CreditStore, LedgerFilter, export_ledger_csv
+from proxy.rate_limits.decisions import duration_seconds
 
 routes = web.RouteTableDef()
 BALANCES_LIMIT = 200

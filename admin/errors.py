@@ -14,7 +14,7 @@ import orjson
 from aiohttp import web
 from pydantic import ValidationError
 
-from proxy.credits.store import CreditStoreUnavailable
+from proxy.stores.unavailable import StoreUnavailable
 
 log = logging.getLogger("ragproxy.admin")
 
@@ -58,7 +58,7 @@ async def json_errors(request: web.Request, handler: Handler) -> web.StreamRespo
         return exc.response()
     except ValidationError as exc:
         return error_response(400, "invalid_request", validation_message(exc))
-    except CreditStoreUnavailable as exc:
+    except StoreUnavailable as exc:
         log.warning("admin request failed, store unavailable: %s %s: %s", request.method, request.path, exc)
         return error_response(503, "store_unavailable", str(exc), {"Retry-After": "5"})
     except web.HTTPException as exc:

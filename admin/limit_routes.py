@@ -25,11 +25,11 @@ from admin.limit_views import edited, key_view, limits_view
 from admin.models import KeyPatchBody, LimitsBody
 from admin.state import RUNTIME, json_response
 from proxy.assembly.runtime import Runtime
+from proxy.auth.keys import ApiKey, KeyStore
 from proxy.core.handoffs import Scope
-from proxy.credits.keys import ApiKey, KeyStore
-from proxy.credits.limit_counters import LimitCounters
-from proxy.credits.limits import budget_window, duration_seconds
 from proxy.credits.pricing import format_credits
+from proxy.rate_limits.counters import LimitCounters
+from proxy.rate_limits.decisions import budget_window, duration_seconds
 
 routes = web.RouteTableDef()
 KEYS_SHOWN = 200

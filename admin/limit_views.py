@@ -9,8 +9,8 @@ from decimal import Decimal
 from typing import Any
 
 from admin.models import LimitsBody
+from proxy.auth.keys import ApiKey
 from proxy.core.handoffs import Limits
-from proxy.credits.keys import ApiKey
 from proxy.credits.pricing import format_credits, to_micro
 
 LIMIT_FIELDS = ("rpm_limit", "tpm_limit", "max_budget", "budget_duration")

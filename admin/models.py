@@ -50,7 +50,7 @@ class KeysDeleteBody(_Body):
 
 
 DURATION = r"^[1-9][0-9]{0,3}(s|m|h|d|mo)$"
-"""A period: ``<n>`` seconds, minutes, hours, days or months (``proxy.credits.limits``)."""
+"""A period: ``<n>`` seconds, minutes, hours, days or months (``proxy.rate_limits.decisions``)."""
 LATEST_EXPIRY = 4_102_444_800.0
 """2100-01-01: the latest ``expires_at`` accepted (epoch seconds)."""
 

@@ -31,7 +31,7 @@ async def serve(port: int, upstream: str) -> None:
 
     server = HttpServer(forward, max_body=1 << 24, error_body=lambda *_: b"{}")
     await server.start("127.0.0.1", port)
-    gc.freeze()  # as ``ragproxy serve`` does (proxy/commands/serve.py)
+    gc.freeze()  # as ``ragproxy serve`` does (commands/serve.py)
     await asyncio.Event().wait()
 
 

@@ -78,7 +78,7 @@ def proxy_child(env: dict[str, str]) -> Iterator[tuple[str, subprocess.Popen[byt
     port = free_port()
     full = {"RAGPROXY_SERVER__PORT": str(port), "RAGPROXY_ADMIN__PORT": str(free_port()),
             "RAGPROXY_LOGGING__LEVEL": "warning", **env}
-    with child(["-m", "proxy.commands.cli", "serve"], port, full) as process:
+    with child(["-m", "commands.cli", "serve"], port, full) as process:
         yield f"http://127.0.0.1:{port}", process
 
 

@@ -170,7 +170,7 @@ def run(args: argparse.Namespace, logs: Path) -> dict[str, Any]:
         # The three start side by side (start-up dominates a short run); the proxy needs neither to start.
         stack.enter_context(service("llm", llm_args, logs))
         stack.enter_context(service("qdrant", ["-m", "proxy.doubles.qdrant_shim", "--port", str(qdrant_port)], logs))
-        proxy = stack.enter_context(service("proxy", ["-m", "proxy.commands.cli", "serve"], logs, proxy_env, cwd=logs))
+        proxy = stack.enter_context(service("proxy", ["-m", "commands.cli", "serve"], logs, proxy_env, cwd=logs))
         for port in (llm_port, qdrant_port, proxy_port):
             wait_for_port(port, timeout=60)
         passages = seed_collection(f"http://127.0.0.1:{qdrant_port}", args.collection, args.topics,

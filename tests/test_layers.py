@@ -1,14 +1,14 @@
-"""Imports run one way: normalizer < tiers < proxy < admin < the shipped test doubles < entry points < the load
-tests and benchmarks, and no module imports itself back through others.
+"""Imports run one way: normalizer < tiers < proxy < admin < the shipped test doubles (``proxy.doubles``) < the
+entry points (``commands``) < the load tests and benchmarks, and no module imports itself back through others.
 
 Inside ``proxy/`` the folders are layers too: the HTTP server < the core (context, reply, pipeline, outcome, wire
-helpers) < the upstream transport < the features (one package each) < assembly; the entry points
-(``proxy/commands``) sit above admin, as above. No folder imports one above it, save the named exceptions of
-:data:`EXCEPTIONS`, and the folders import each other in no circle.
+helpers) < the upstream transport < the stores' shared plumbing < the features (one package each) < assembly. No
+folder imports one above it, save the named exceptions of :data:`EXCEPTIONS`, and the folders import each other in
+no circle.
 
 Every import counts: at module level, inside functions and under ``TYPE_CHECKING``. The graph comes from grimp
 (import-linter's engine); import-linter's own layers contract cannot state this order, as it refuses a layer inside
-another (the entry points ``proxy.commands`` live inside ``proxy``) and checks cycles between sibling packages only,
+another (the test doubles ``proxy.doubles`` live inside ``proxy``) and checks cycles between sibling packages only,
 not between modules.
 """
 
@@ -22,18 +22,18 @@ import grimp
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("normalizer", "tiers", "proxy", "admin", "loadtest")
-ENTRY_POINTS = ("proxy.commands",)
+PACKAGES = ("normalizer", "tiers", "proxy", "admin", "commands", "loadtest")
 DOUBLES = ("proxy.doubles",)
-LAYERS = ("normalizer", "tiers", "proxy", "admin", "test doubles", "entry points", "loadtest")
+LAYERS = ("normalizer", "tiers", "proxy", "admin", "test doubles", "commands", "loadtest")
 
 
 PROXY_LAYERS = (
     ("proxy.server",),
     ("proxy.core",),
     ("proxy.upstream",),
-    ("proxy.observability", "proxy.credits", "proxy.search", "proxy.answers", "proxy.items", "proxy.kv",
-     "proxy.stored"),
+    ("proxy.stores",),
+    ("proxy.observability", "proxy.auth", "proxy.idempotency", "proxy.credits", "proxy.rate_limits", "proxy.search",
+     "proxy.answers", "proxy.items", "proxy.kv", "proxy.stored"),
     ("proxy.assembly",),
 )
 """The layers inside ``proxy/``, lowest first; the features (one rank) may import each other, in no circle."""
@@ -50,8 +50,6 @@ def _within(module: str, packages: tuple[str, ...]) -> bool:
 
 def layer(module: str) -> int:
     """The module's rank in :data:`LAYERS`: it may import its own rank and below."""
-    if _within(module, ENTRY_POINTS):
-        return LAYERS.index("entry points")
     if _within(module, DOUBLES):
         return LAYERS.index("test doubles")
     return LAYERS.index(module.split(".")[0])
@@ -101,7 +99,7 @@ def test_every_proxy_folder_has_a_layer() -> None:
     folders = {path.name for path in (ROOT / "proxy").iterdir()
                if path.is_dir() and (path / "__init__.py").exists()}
     layered = {folder.split(".")[1] for rank in PROXY_LAYERS for folder in rank}
-    assert folders - layered == {"doubles", "commands"}, "a new folder of proxy/ needs its layer here"
+    assert folders - layered == {"doubles"}, "a new folder of proxy/ needs its layer here"
     assert not [path.name for path in (ROOT / "proxy").glob("*.py") if path.name != "__init__.py"], \
         "a module loose in proxy/ belongs in one of its folders"
 

@@ -7,7 +7,7 @@ import re
 import tomllib
 from pathlib import Path
 
-PRODUCT = ("proxy", "tiers", "normalizer", "admin")
+PRODUCT = ("proxy", "tiers", "normalizer", "admin", "commands")
 ROOT = Path(__file__).resolve().parents[1]
 
 

@@ -12,7 +12,7 @@ from typing import Any
 import httpx
 import pytest
 
-from proxy.credits.redis_keys import RedisKeyStore
+from proxy.auth.redis_keys import RedisKeyStore
 from proxy.doubles.llm_server import FakeLLM
 from proxy.doubles.qdrant_shim import QdrantShim
 from tests.scale.replicas import shared_replica

@@ -113,6 +113,13 @@ def lease_valid(connected: bool, last_seen: float, now: float, lease_s: float) -
     return connected and now - last_seen < lease_s
 
 
+HEARTBEAT_S = 0.5
+"""Period of a replica's own heartbeat by default (``redis.bus_heartbeat_s``)."""
+LEASE_S = 3.0
+"""Silence after which a replica stops serving its near copies, by default (``redis.bus_lease_s``)."""
+ACK_TIMEOUT_S = 1.0
+"""How long a broadcast waits for acknowledgements by default (``redis.bus_ack_timeout_s``)."""
+
 _NOW_MS = """
 if redis.replicate_commands then redis.replicate_commands() end
 local t = redis.call('TIME')
@@ -221,7 +228,7 @@ class InvalidationBus:
     """One replica's end of the bus: publishes, receives, applies, acknowledges."""
 
     def __init__(self, url: str, *, cluster: bool = False, prefix: str = KEY_PREFIX, replica_id: str | None = None,
-                 heartbeat_s: float = 0.5, lease_s: float = 3.0, ack_timeout_s: float = 1.0,
+                 heartbeat_s: float = HEARTBEAT_S, lease_s: float = LEASE_S, ack_timeout_s: float = ACK_TIMEOUT_S,
                  timeout_s: float = 2.0, clock: Callable[[], float] = time.monotonic,
                  on_event: Callable[[str], None] | None = None) -> None:
         """``heartbeat_s``: period of this replica's own heartbeat; ``lease_s``: silence after which local

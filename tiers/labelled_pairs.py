@@ -2,7 +2,7 @@
 
 A CSV with a header holding ``question1``, ``question2``, ``is_duplicate`` (1/0) and, optionally, ``namespace`` and
 ``same_answer`` (1/0, or empty where not judged: would one cached answer serve both questions?). Read by
-``ragproxy calibrate`` (:mod:`proxy.commands.calibrate`) and by the fidelity benchmarks; never shipped, never read at
+``ragproxy calibrate`` (:mod:`commands.calibrate`) and by the fidelity benchmarks; never shipped, never read at
 run
 time.
 """

@@ -19,7 +19,7 @@ A command that fails on a connection error (the pooled connection was closed by 
 was last used) is sent once more at once, on a new connection: without that, every connection pooled before a
 restart failed its next command, for minutes after Redis was back. Timeouts are never retried (a stalled Redis
 must not double every wait); riding out the restart itself is the caller's choice
-(:func:`proxy.credits.redis_store.reconnecting`). Redis Cluster clients follow their own retry rules.
+(:func:`proxy.stores.redis_client.reconnecting`). Redis Cluster clients follow their own retry rules.
 """
 
 from __future__ import annotations

@@ -58,6 +58,8 @@ _FLAG_RAW = "0"
 _FLAG_LZ4 = "1"
 _PROBES = 2
 _BATCH = 500
+CLIENT_TIMEOUT_S = 5.0
+"""Timeout of the client a store builds from a URL, by default (see :func:`tiers.redis_connect.connect`)."""
 
 
 def _text(reply: bytes | str) -> str:
@@ -104,7 +106,7 @@ class RedisStore:
         *,
         cluster: bool | None = None,
         max_connections: int = 64,
-        timeout: float = 5.0,
+        timeout: float = CLIENT_TIMEOUT_S,
         max_bytes: int = 0,
         shards: int = 1,
         compress: bool = False,

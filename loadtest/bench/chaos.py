@@ -252,7 +252,7 @@ def run(duration: float, workers: int, fail_open: bool) -> dict[str, Any]:
         redis.start()
         for replica in replicas:
             replica.start()
-        proxy = subprocess.Popen([sys.executable, "-m", "proxy.commands.cli", "serve"], cwd=ROOT,
+        proxy = subprocess.Popen([sys.executable, "-m", "commands.cli", "serve"], cwd=ROOT,
                                  env=_proxy_env(port, admin_port, redis, replicas, work / "data", fail_open),
                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
         wait_for_port(port, timeout=30)

@@ -129,7 +129,7 @@ def main(argv: list[str]) -> int:
             proxy_env.update({"RAGPROXY_CACHE__ENABLED": "true", "RAGPROXY_CACHE__L2__ENABLED": "false",
                               "RAGPROXY_CACHE__L3__ENABLED": "false",
                               "RAGPROXY_DATA_DIR": tempfile.mkdtemp(prefix="ragproxy-instructions-")})
-        proxy_args = ["-m", "proxy.commands.cli", "serve"]
+        proxy_args = ["-m", "commands.cli", "serve"]
         floor_args = ["-m", "loadtest.bare_forwarder", "--port", str(floor_port), "--upstream", upstream]
         proxy = _instructions(proxy_args, proxy_port, proxy_env, warm, count)
         floor = _instructions(floor_args, floor_port, {}, warm, count)

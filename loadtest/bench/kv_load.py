@@ -39,7 +39,7 @@ interval over the repeats; ``capacity_ratio_vs_smg`` (proxy / smg) and its inter
 (:func:`loadtest.goodput.run_figures`): goodput, attainment, TTFT p50/p99 of the answered ones, refusals, late,
 prompt-token reuse; ``goodput_ratio`` (proxy / direct at the highest rate where direct answers half in time),
 ``ttft_p99_ratio_low_load`` (at the lowest rate, against direct and smg), and the reuse of every side over the
-load runs against :func:`loadtest.bench.kv.prefix_reuse_ceiling` of the same requests.
+load runs against :func:`loadtest.bench._kv_reuse.prefix_reuse_ceiling` of the same requests.
 
 Decode is not part of it: every request asks for one token, so a slot is busy for the prefill only.
 """
@@ -56,24 +56,11 @@ import time
 from dataclasses import asdict
 from typing import Any
 
-from loadtest.bench.kv import (
-    Fleet,
-    ProxySide,
-    Sequential,
-    Side,
-    Workload,
-    _client,
-    add_server_options,
-    ceiling_tokens,
-    chosen_sides,
-    ensure_binaries,
-    exit_on_sigterm,
-    make_workload,
-    prefix_reuse_ceiling,
-    print_phases,
-    reuse_losses,
-    sequential,
-)
+from loadtest.bench._kv_reuse import ceiling_tokens, prefix_reuse_ceiling, reuse_losses, reuse_share
+from loadtest.bench._kv_servers import ensure_binaries, exit_on_sigterm
+from loadtest.bench._kv_sides import Fleet, ProxySide, Side, add_server_options, chosen_sides, open_loop_client
+from loadtest.bench._kv_workload import Workload, make_workload
+from loadtest.bench.kv import Sequential, print_phases, sequential
 from loadtest.capacity import Sweep, bootstrap, capacity_ratio, fit_capacity, percentile_interval
 from loadtest.goodput import (
     ERROR,
@@ -195,7 +182,7 @@ async def _run(
     args: argparse.Namespace, docs: int, calibration: int, duration: float, chunks: int, probes: int, fleet: Fleet
 ) -> dict[str, object]:
     work = make_workload(docs=docs, requests=2 * calibration, doc_words=args.doc_words, seed=args.seed)
-    async with _client() as client:
+    async with open_loop_client() as client:
         sides = fleet.sides(work, client)
         proxy = sides["proxy"]
         assert isinstance(proxy, ProxySide)
@@ -343,11 +330,6 @@ def _print_rate(figures: dict[str, RunFigures], estimate: float | None) -> None:
               + (f"  (sent {f.sent}, errors {f.errors})" if name == "direct" or f.errors else ""), flush=True)
 
 
-def _reuse(outcomes: list[Outcome]) -> float:
-    cached = sum(o.cache_n for o in outcomes)
-    return cached / max(1, cached + sum(o.prompt_n for o in outcomes))
-
-
 def _summary(
     args: argparse.Namespace, calib: Sequential, unloaded_ms: float, slo_s: float, service: float, duration: float,
     figures: dict[str, dict[float, RunFigures]], outcomes: dict[str, list[Outcome]], work: Workload,
@@ -362,7 +344,7 @@ def _summary(
     low_s = smg[low].ttft_p99_ms if smg else None
     p99_vs_smg = low_p / low_s if low_s and low_p else None
     below_smg = sorted(r for r in proxy if smg and proxy[r].goodput_rps < smg[r].goodput_rps)
-    reuse = {name: round(_reuse(got), 3) for name, got in outcomes.items()}
+    reuse = {name: round(reuse_share(got), 3) for name, got in outcomes.items()}
     # the ceiling over the load runs' requests (every request of the runs, in order, after the calibration's)
     first = ranges[0][0] if ranges else len(work.requests)
     last = ranges[-1][1] if ranges else len(work.requests)

@@ -39,7 +39,7 @@ def _serve(tree: Path, qdrant_url: str, tenant: str) -> tuple[subprocess.Popen[b
            "RAGPROXY_UPSTREAMS__LLM": '[{"url": "http://127.0.0.1:9"}]', "RAGPROXY_UPSTREAMS__QDRANT__URL": qdrant_url,
            "RAGPROXY_AUTH__MODE": "keys", "RAGPROXY_CACHE__L2__ENABLED": "false", "RAGPROXY_DATA_DIR": data_dir,
            "RAGPROXY_LOGGING__LEVEL": "warning"}
-    process = subprocess.Popen([sys.executable, "-m", "proxy.commands.cli", "serve"], env=env, cwd=tree,
+    process = subprocess.Popen([sys.executable, "-m", "commands.cli", "serve"], env=env, cwd=tree,
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     wait_for_port(port, 60)
     with httpx.Client(base_url=f"http://127.0.0.1:{admin_port}", timeout=30) as admin:

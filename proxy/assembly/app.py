@@ -81,7 +81,7 @@ def _row_target(template: PathTemplate, query: Query) -> Targeter:
 
 class DataPlane:
     """The data-plane handler (served by :func:`create_server`); :attr:`runtime` is started and stopped by
-    whoever serves it (:func:`proxy.commands.serve.serve`)."""
+    whoever serves it (:func:`commands.serve.serve`)."""
 
     def __init__(self, settings: Settings, runtime: Runtime | None = None,
                  endpoints: Iterable[Endpoint] = ENDPOINTS) -> None:

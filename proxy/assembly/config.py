@@ -11,7 +11,6 @@ one-line message and exit code 2.
 
 from __future__ import annotations
 
-import ipaddress
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -27,9 +26,12 @@ from pydantic import (
 
 from normalizer.limits import RequestLimits
 from proxy.answers.settings import CacheSettings
+from proxy.auth.settings import AuthSettings
+from proxy.core.loopback import LOOPBACK, is_loopback
 from proxy.core.redis_settings import RedisSettings
 from proxy.core.settings_section import Section
-from proxy.credits.settings import AuthSettings, CreditsSettings, IdempotencySettings
+from proxy.credits.settings import CreditsSettings
+from proxy.idempotency.settings import IdempotencySettings
 from proxy.kv.settings import RoutingSettings
 from proxy.observability.settings import LoggingSettings, TelemetrySettings
 from proxy.server.connection import BODY_TIMEOUT_S, HEAD_TIMEOUT_S, MAX_CONNECTIONS, READ_TIMEOUT_S
@@ -44,7 +46,7 @@ class ConfigError(ValueError):
 
 
 class Server(Section):
-    host: str = Field(default="127.0.0.1", description="Data-plane bind address")
+    host: str = Field(default=LOOPBACK, description="Data-plane bind address")
     port: int = Field(default=8080, ge=1, le=65535, description="Data-plane port")
     max_body_bytes: int = Field(default=16 * 1024 * 1024, ge=1024, description="Largest request body accepted")
     read_timeout_s: float = Field(
@@ -88,20 +90,9 @@ class LimitsSettings(Section):
         "(Cohere's limit)")
 
 
-def is_loopback(host: str) -> bool:
-    """Whether binding ``host`` only accepts connections from this machine."""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
-
-
-
 class AdminSettings(Section):
     enabled: bool = True
-    host: str = "127.0.0.1"
+    host: str = LOOPBACK
     port: int = Field(default=8081, ge=1, le=65535)
     token: SecretStr | None = Field(default=None, description="Bearer token; required unless bound to loopback")
 

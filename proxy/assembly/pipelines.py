@@ -39,7 +39,7 @@ mapped back: :mod:`proxy.search.requests`) → credits → documents (remembered
 search stages (the search cache) → reserve → forward; Qdrant writes: identify → qdrant → credits → the tiers' write
 stages (invalidation) → forward; anything else: identify → qdrant → credits → forward. Wherever API keys are on,
 rate_limits follows identify in every pipeline (requests and tokens per minute and budgets of the key, its user and
-its tenant: :mod:`proxy.credits.rate_limits`), before everything else: a request is a request whatever answers it,
+its tenant: :mod:`proxy.rate_limits.stage`), before everything else: a request is a request whatever answers it,
 cache hits included.
 
 The pipelines are built once per runtime. State that only some stages keep across requests is made here with them
@@ -61,18 +61,19 @@ from proxy.answers.coalesce import Coalesce, Flights
 from proxy.answers.replies import StoreResponse
 from proxy.answers.stale import StaleIfError, StaleStore
 from proxy.assembly.runtime import Runtime
+from proxy.auth.identify import Identify
 from proxy.core.endpoints import ENDPOINTS, RESOURCES, Cache, Endpoint, Pricing, RerankEndpoint, Resource
 from proxy.core.headers import forwarded_headers
 from proxy.core.limits import EnforceLimits
 from proxy.core.pipeline import Pipeline, Stage
 from proxy.core.prompt import PromptReader, ReadPrompt
 from proxy.core.stream_usage import StreamUsage
-from proxy.credits.idempotency import Idempotency
 from proxy.credits.priced_apart import RerankCredits, ResponseCredits
-from proxy.credits.rate_limits import RateLimits
-from proxy.credits.stages import Credits, Identify, RequestCredits, SearchCredits
+from proxy.credits.stages import Credits, RequestCredits, SearchCredits
+from proxy.idempotency.stage import Idempotency
 from proxy.items.embeddings import EmbeddingItemsCache
 from proxy.items.rerank import RerankItemsCache
+from proxy.rate_limits.stage import RateLimits
 from proxy.search.requests import BuildQdrantRequest
 from proxy.search.stages import RegisterDocuments
 from proxy.search.tenancy import CollectionAccess

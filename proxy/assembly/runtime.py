@@ -27,10 +27,10 @@ from proxy.answers.cache_tiers.base import TierSet, build_tiers
 from proxy.answers.cache_tiers.invalidation import TierInvalidation
 from proxy.answers.shared_mode import SharedMode, build_shared
 from proxy.assembly.config import Settings
+from proxy.assembly.credit_components import CreditComponents, build_credits
 from proxy.assembly.live_settings import LiveSettings
 from proxy.core.reply import drain_finishers
-from proxy.credits.factory import CreditComponents, build_credits
-from proxy.credits.idempotency import MemoryIdempotencyStore
+from proxy.idempotency.memory_store import MemoryIdempotencyStore
 from proxy.kv.factory import KVLayer, build_kv
 from proxy.kv.stages import SharedPrefixes
 from proxy.observability.logs import LogLevel

@@ -62,8 +62,8 @@ class RequestTrace:
 
 @dataclass(frozen=True, slots=True)
 class Limits:
-    """What one key, user or tenant may use (set through the admin API; :mod:`proxy.credits.limits`); ``None``: no
-    limit of that kind."""
+    """What one key, user or tenant may use (set through the admin API; :mod:`proxy.rate_limits.decisions`);
+    ``None``: no limit of that kind."""
 
     rpm_limit: int | None = None
     """Requests per minute."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 from pydantic import Field, ValidationInfo, field_validator
 
 from proxy.core.settings_section import Section
+from tiers.invalidation_bus import ACK_TIMEOUT_S, HEARTBEAT_S, LEASE_S
 from tiers.near_cache import NEAR_TTL_S
 from tiers.redis_connect import KEY_PREFIX, check_url, is_sentinel
 
@@ -26,11 +27,11 @@ class RedisSettings(Section):
                                 "the sentinel written at start: gone, credits and keys run in outage mode and "
                                 "/readyz answers 503 (docs/credits.md)")
     near_ttl_s: float = Field(default=NEAR_TTL_S, gt=0, description="Longest a replica keeps its near copy of an entry")
-    bus_heartbeat_s: float = Field(default=0.5, gt=0, description="Heartbeat period of the invalidation bus")
+    bus_heartbeat_s: float = Field(default=HEARTBEAT_S, gt=0, description="Heartbeat period of the invalidation bus")
     bus_lease_s: float = Field(
-        default=3.0, gt=0, description="A replica that heard nothing on the bus this long stops serving near copies"
+        default=LEASE_S, gt=0, description="A replica that heard nothing on the bus this long stops serving near copies"
     )
-    bus_ack_timeout_s: float = Field(default=1.0, gt=0, description="How long an invalidation waits for acks")
+    bus_ack_timeout_s: float = Field(default=ACK_TIMEOUT_S, gt=0, description="How long an invalidation waits for acks")
     prefix_ttl_s: float = Field(default=30.0, gt=0, description="Lifetime of shared KV prefix summaries")
     l1_max_bytes: int = Field(
         default=1024**3, ge=0,

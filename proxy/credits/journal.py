@@ -17,8 +17,12 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from proxy.credits.sqlite_worker import SqliteWorker
-from proxy.credits.store import ChargeDetails, CreditStoreUnavailable
+from proxy.credits.settings import CreditsSettings
+from proxy.credits.store import ChargeDetails
+from proxy.stores.sqlite_worker import SqliteWorker
+from proxy.stores.unavailable import StoreUnavailable
+
+_CREDITS = CreditsSettings()  # the defaults, defined once there
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS settlements (
@@ -66,7 +70,8 @@ class _Waiting:
 class SettlementJournal:
     """Durable, append-in-groups, remove-when-confirmed list of settlements (see the module docstring)."""
 
-    def __init__(self, path: str | Path, *, synchronous: str = "FULL", busy_timeout_s: float = 5.0) -> None:
+    def __init__(self, path: str | Path, *, synchronous: str = _CREDITS.sqlite_synchronous,
+                 busy_timeout_s: float = 5.0) -> None:
         self.path = Path(path)
         self._db = SqliteWorker(path, SCHEMA, busy_timeout_s=busy_timeout_s, synchronous=synchronous)
         self.depth = 0
@@ -75,7 +80,7 @@ class SettlementJournal:
         self._writer: asyncio.Task[None] | None = None
 
     async def append(self, entry: JournaledSettlement) -> None:
-        """Write ``entry`` durably; returns once it is committed (:class:`CreditStoreUnavailable` if it failed)."""
+        """Write ``entry`` durably; returns once it is committed (:class:`StoreUnavailable` if it failed)."""
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._waiting.entries.append((entry, done))
         if self._writer is None:
@@ -98,7 +103,7 @@ class SettlementJournal:
                     if failure is None:
                         done.set_result(None)
                     else:
-                        done.set_exception(CreditStoreUnavailable(f"settlement journal {self.path}: {failure}"))
+                        done.set_exception(StoreUnavailable(f"settlement journal {self.path}: {failure}"))
         finally:
             self._writer = None
 

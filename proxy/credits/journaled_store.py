@@ -2,7 +2,7 @@
 
 :class:`JournaledCreditStore` answers the :class:`~proxy.credits.store.CreditStore` contract by passing every call
 to the real store (SQLite or Redis) and steps in only when that store raises
-:class:`~proxy.credits.store.CreditStoreUnavailable`:
+:class:`~proxy.stores.unavailable.StoreUnavailable`:
 
 * ``reserve`` admits the request on the outage allowance (:mod:`proxy.credits.outage`): a local reservation
   of the worst case, bounded by the user's last known balance and ``credits.outage_allowance``. A user with no
@@ -46,12 +46,12 @@ from proxy.credits.store import (
     Account,
     ChargeDetails,
     CreditStore,
-    CreditStoreUnavailable,
     InsufficientCredit,
     LedgerFilter,
     LedgerPage,
     Settlement,
 )
+from proxy.stores.unavailable import StoreUnavailable
 from tiers.breaker import CircuitBreaker
 
 log = logging.getLogger("ragproxy.credits")
@@ -125,7 +125,7 @@ class JournaledCreditStore:
     ) -> Reservation | InsufficientCredit:
         try:
             answer = await self._guarded(self.store.reserve(request_id, user, amount, ttl, now=now))
-        except CreditStoreUnavailable as exc:
+        except StoreUnavailable as exc:
             left = self.allowance.admit(request_id, user, amount, ttl)
             if left is None:
                 self.refused += 1
@@ -148,7 +148,7 @@ class JournaledCreditStore:
     ) -> Settlement:
         try:
             settlement = await self._guarded(self.store.settle(request_id, user, actual, details, now=now))
-        except CreditStoreUnavailable as exc:
+        except StoreUnavailable as exc:
             at = self.clock() if now is None else now
             await self.journal.append(JournaledSettlement(request_id, user, actual, details, at))
             self.allowance.finish(request_id)
@@ -165,7 +165,7 @@ class JournaledCreditStore:
     async def release(self, request_id: str, user: str) -> bool:
         if self.allowance.finish(request_id) is None:
             return await self.store.release(request_id, user)
-        with contextlib.suppress(CreditStoreUnavailable):  # a hold the store took but could not confirm
+        with contextlib.suppress(StoreUnavailable):  # a hold the store took but could not confirm
             return await self.store.release(request_id, user)
         return False
 
@@ -174,10 +174,10 @@ class JournaledCreditStore:
         if not self.breaker.allow():
             if asyncio.iscoroutine(call):
                 call.close()
-            raise CreditStoreUnavailable("the credit store failed repeatedly; not asked for a moment (breaker open)")
+            raise StoreUnavailable("the credit store failed repeatedly; not asked for a moment (breaker open)")
         try:
             result = await call
-        except CreditStoreUnavailable:
+        except StoreUnavailable:
             self.breaker.failure()
             raise
         self.breaker.success()
@@ -204,7 +204,7 @@ class JournaledCreditStore:
     async def replay_once(self) -> int:
         """Settle up to ``replay_batch`` journaled settlements in the store; how many it confirmed.
 
-        Raises :class:`CreditStoreUnavailable` when the store took none of them.
+        Raises :class:`StoreUnavailable` when the store took none of them.
         """
         entries = await self.journal.oldest(self.replay_batch)
         confirmed: list[JournaledSettlement] = []
@@ -219,24 +219,24 @@ class JournaledCreditStore:
                     self._learn(entry.user, answer)
                 else:
                     failure = failure or answer
-                    if not isinstance(answer, CreditStoreUnavailable):
+                    if not isinstance(answer, StoreUnavailable):
                         log.error("replaying settlement %s of %s failed: %r", entry.request_id, entry.user, answer)
-            if isinstance(failure, CreditStoreUnavailable):
+            if isinstance(failure, StoreUnavailable):
                 break
         await self.journal.remove(confirmed)
         for entry in confirmed:
             self.allowance.replayed(entry.user, entry.actual)
         if failure is not None and not confirmed:
-            if isinstance(failure, CreditStoreUnavailable):
+            if isinstance(failure, StoreUnavailable):
                 raise failure
-            raise CreditStoreUnavailable(f"replaying the settlement journal failed: {failure!r}") from failure
+            raise StoreUnavailable(f"replaying the settlement journal failed: {failure!r}") from failure
         return len(confirmed)
 
     async def _replay(self, entry: JournaledSettlement) -> Settlement:
         try:
             answer = await self.store.settle(entry.request_id, entry.user, entry.actual, entry.details,
                                              now=entry.time)
-        except CreditStoreUnavailable:
+        except StoreUnavailable:
             self.breaker.failure()
             raise
         self.breaker.success()  # the store is back: requests stop going around it

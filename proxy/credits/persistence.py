@@ -24,7 +24,7 @@ from typing import Any
 from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import RedisError
 
-from proxy.credits.redis_store import RedisClient
+from proxy.stores.redis_client import RedisClient
 
 log = logging.getLogger("ragproxy.credits")
 

@@ -8,7 +8,8 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from proxy.credits.store import CreditStore, CreditStoreUnavailable
+from proxy.credits.store import CreditStore
+from proxy.stores.unavailable import StoreUnavailable
 from tiers.background import stop_task
 
 log = logging.getLogger("ragproxy.credits")
@@ -34,7 +35,7 @@ class ReservationReaper:
         while True:
             try:
                 await self.reap_once()
-            except CreditStoreUnavailable as exc:
+            except StoreUnavailable as exc:
                 log.warning("reaping reservations failed: %s", exc)
             except Exception:  # a background task must outlive any one failure
                 log.exception("reaping reservations failed unexpectedly")

@@ -29,31 +29,22 @@ Redis ran just before the connection broke may be sent again.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-import functools
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Coroutine
-from contextlib import asynccontextmanager
-from typing import Any, Concatenate, ParamSpec, Protocol, TypeVar
+from collections.abc import AsyncIterator, Callable
+from typing import Any
 from urllib.parse import quote, unquote
 
 import redis.asyncio as aioredis
-from redis.asyncio.cluster import RedisCluster
-from redis.exceptions import ClusterDownError, MasterDownError, RedisClusterException, TryAgainError
-from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from proxy.core.handoffs import Reservation
 from proxy.core.redis_settings import RedisSettings
 from proxy.credits import redis_scripts
-from proxy.credits.redis_wipe import WipeWatch
 from proxy.credits.store import (
     ANY_ENTRY,
     Account,
     ChargeDetails,
-    CreditStoreUnavailable,
     InsufficientCredit,
     LedgerEntry,
     LedgerFilter,
@@ -63,70 +54,17 @@ from proxy.credits.store import (
     decode_cursor,
     encode_cursor,
 )
-from tiers import redis_connect
+from proxy.stores.redis_client import (
+    CONNECTION_FAILURES,
+    RedisClient,
+    as_text,
+    connect,
+    reconnecting,
+    unavailable_on_failure,
+)
+from proxy.stores.redis_wipe import WipeWatch
 
 _REDIS = RedisSettings()  # the defaults, defined once there
-
-RedisClient = aioredis.Redis | RedisCluster
-# ClusterDownError / MasterDownError: a Cluster mid-failover (no master for a slot yet) is unavailable too.
-_UNAVAILABLE = (RedisConnectionError, RedisTimeoutError, RedisClusterException, TryAgainError, ClusterDownError,
-                MasterDownError, OSError)
-
-
-def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
-
-
-@asynccontextmanager
-async def unavailable_on_failure(what: str) -> AsyncIterator[None]:
-    """Turn connection-level Redis failures into :class:`CreditStoreUnavailable`."""
-    try:
-        yield
-    except _UNAVAILABLE as exc:
-        raise CreditStoreUnavailable(f"credit store (Redis) {what}: {exc}") from exc
-
-
-class Reconnects(Protocol):
-    reconnect_s: float
-    """How long an operation is retried while Redis refuses connections (0: not at all)."""
-    wipe: WipeWatch | None
-    """Set: operations are refused while it knows Redis lost its data."""
-
-
-S = TypeVar("S", bound=Reconnects)
-P = ParamSpec("P")
-R = TypeVar("R")
-
-
-def reconnecting(operation: Callable[Concatenate[S, P], Coroutine[Any, Any, R]],
-                 ) -> Callable[Concatenate[S, P], Coroutine[Any, Any, R]]:
-    """Run ``operation`` again while it fails because Redis refuses or drops connections (restarting, or loading
-    its data after a restart), pausing 50 ms, doubling, at most 0.5 s, for up to the store's ``reconnect_s``. Only
-    for operations that are safe to run twice; timeouts are never retried. A Redis that lost its data (the store's
-    :class:`~proxy.credits.redis_wipe.WipeWatch`) is unavailable: the operation is not run."""
-
-    @functools.wraps(operation)
-    async def retried(store: S, /, *args: P.args, **kwargs: P.kwargs) -> R:
-        if store.wipe is not None:
-            store.wipe.refuse()
-        deadline = time.monotonic() + store.reconnect_s
-        pause = 0.05
-        while True:
-            try:
-                return await operation(store, *args, **kwargs)
-            except CreditStoreUnavailable as exc:
-                if not isinstance(exc.__cause__, RedisConnectionError) or time.monotonic() + pause > deadline:
-                    raise
-            await asyncio.sleep(pause)
-            pause = min(pause * 2, 0.5)
-
-    return retried
-
-
-def connect(url: str, *, cluster: bool = False, timeout_s: float = 2.0, max_connections: int = 64) -> RedisClient:
-    """A client for ``url`` (standalone, ``+cluster`` or ``redis+sentinel``; see :mod:`tiers.redis_connect`) with
-    bounded waits: ``max_connections`` at most, each waited for ``timeout_s``."""
-    return redis_connect.connect(url, cluster=cluster, timeout_s=timeout_s, max_connections=max_connections)
 
 
 class RedisCreditStore:
@@ -161,7 +99,7 @@ class RedisCreditStore:
     def from_url(
         cls, url: str, *, cluster: bool = False, timeout_s: float = 2.0, max_connections: int = 64, **options: Any
     ) -> RedisCreditStore:
-        """A store on its own client for ``url`` (see :func:`~proxy.credits.redis_store.connect`)."""
+        """A store on its own client for ``url`` (see :func:`~proxy.stores.redis_client.connect`)."""
         return cls(connect(url, cluster=cluster, timeout_s=timeout_s, max_connections=max_connections), **options)
 
     async def close(self) -> None:
@@ -203,7 +141,7 @@ class RedisCreditStore:
     async def balance(self, user: str) -> Account:
         async with unavailable_on_failure("balance"):
             raw = await self.client.hgetall(self._key(user, "account"))
-        values = {_text(k): _text(v) for k, v in raw.items()}
+        values = {as_text(k): as_text(v) for k, v in raw.items()}
         return Account(user, values.get("tenant", ""), int(values.get("available", 0)), int(values.get("held", 0)))
 
     @reconnecting
@@ -252,7 +190,7 @@ class RedisCreditStore:
                 ],
             )
         await self._forget_deadline(user, request_id)
-        return Settlement(request_id, _text(outcome), int(charged), int(available), int(shortfall))
+        return Settlement(request_id, as_text(outcome), int(charged), int(available), int(shortfall))
 
     @reconnecting
     async def release(self, request_id: str, user: str) -> bool:
@@ -265,7 +203,7 @@ class RedisCreditStore:
 
     async def _forget_deadline(self, user: str, request_id: str) -> None:
         """Drop the reaper's index entry; best effort (a leftover entry is reaped as a no-op)."""
-        with contextlib.suppress(*_UNAVAILABLE):
+        with contextlib.suppress(*CONNECTION_FAILURES):
             await self.client.zrem(f"{self.prefix}:deadlines", self._deadline_member(user, request_id))
 
     async def reap_expired(self, now: float | None = None) -> int:
@@ -277,7 +215,7 @@ class RedisCreditStore:
                 due = await self.client.zrangebyscore(index, "-inf", f"({now_ms}", start=0, num=self.reap_batch)
                 if not due:
                     return released
-                users = {unquote(_text(member).split(" ", 1)[0]) for member in due}
+                users = {unquote(as_text(member).split(" ", 1)[0]) for member in due}
                 for user in users:
                     released += int(
                         await self._reap(
@@ -298,14 +236,14 @@ class RedisCreditStore:
                 while True:
                     batch = await self.client.xrange(self._key(user, "ledger"), start, "+", count=limit) or []
                     for stream_id, fields in batch:
-                        entry = _entry(user, {_text(k): _text(v) for k, v in (fields or {}).items()})
+                        entry = _entry(user, {as_text(k): as_text(v) for k, v in (fields or {}).items()})
                         if where.matches(entry):
                             entries.append(entry)
                             if len(entries) == limit:
-                                return LedgerPage(entries, encode_cursor(user, _text(stream_id)))
+                                return LedgerPage(entries, encode_cursor(user, as_text(stream_id)))
                     if len(batch) < limit:
                         break
-                    start = f"({_text(batch[-1][0])}"
+                    start = f"({as_text(batch[-1][0])}"
         return LedgerPage(entries, None)
 
     async def _users_from(self, only: str | None, after: str | None) -> AsyncIterator[str]:
@@ -316,7 +254,7 @@ class RedisCreditStore:
         key = f"{self.prefix}:users"
         low = "-" if after is None else f"[{after}"
         while True:
-            users = [_text(u) for u in await self.client.zrangebylex(key, low, "+", start=0, num=100)]
+            users = [as_text(u) for u in await self.client.zrangebylex(key, low, "+", start=0, num=100)]
             for user in users:
                 yield user
             if len(users) < 100:

@@ -14,8 +14,11 @@ import logging
 import time
 
 from proxy.credits.journaled_store import JournaledCreditStore
-from proxy.credits.store import CreditStoreUnavailable
+from proxy.credits.settings import CreditsSettings
+from proxy.stores.unavailable import StoreUnavailable
 from tiers.background import stop_task
+
+_CREDITS = CreditsSettings()  # the defaults, defined once there
 
 log = logging.getLogger("ragproxy.credits")
 
@@ -23,7 +26,8 @@ log = logging.getLogger("ragproxy.credits")
 class JournalReplayer:
     """Replays the journal of ``store`` every ``interval_s`` seconds until stopped."""
 
-    def __init__(self, store: JournaledCreditStore, *, interval_s: float = 1.0, final_drain_s: float = 5.0) -> None:
+    def __init__(self, store: JournaledCreditStore, *, interval_s: float = _CREDITS.journal_replay_interval_s,
+                 final_drain_s: float = 5.0) -> None:
         self.store = store
         self.interval_s = interval_s
         self.final_drain_s = final_drain_s
@@ -36,7 +40,7 @@ class JournalReplayer:
         while self.store.journal.depth:
             try:
                 done = await self.store.replay_once()
-            except CreditStoreUnavailable as exc:
+            except StoreUnavailable as exc:
                 now = time.monotonic()
                 if now - self._last_warning >= 60.0:
                     self._last_warning = now
@@ -69,7 +73,7 @@ class JournalReplayer:
             return
         await stop_task(self._task)
         self._task = None
-        with contextlib.suppress(asyncio.TimeoutError, CreditStoreUnavailable):
+        with contextlib.suppress(asyncio.TimeoutError, StoreUnavailable):
             await asyncio.wait_for(self.drain(), self.final_drain_s)
         if self.store.journal.depth:
             log.warning("%d credit settlements stay in the journal %s for the next start",

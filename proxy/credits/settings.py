@@ -1,6 +1,5 @@
-"""The ``credits`` and ``idempotency`` settings sections: prices, hit multipliers, the credit store's behaviour in
-an outage, and how long and how much of an idempotent call's answer is kept. Composed into
-:class:`proxy.assembly.config.Settings`; their defaults are defined here once (:mod:`proxy.credits.pricing` reads
+"""The ``credits`` settings section: prices, hit multipliers and the credit store's behaviour in an outage. Composed
+into :class:`proxy.assembly.config.Settings`; its defaults are defined here once (:mod:`proxy.credits.pricing` reads
 them)."""
 
 from __future__ import annotations
@@ -64,35 +63,3 @@ class CreditsSettings(Section):
     journal_replay_interval_s: float = Field(
         default=1.0, gt=0, description="How often settlements journaled during a credit store outage are retried"
     )
-
-
-class IdempotencySettings(Section):
-    enabled: bool = Field(default=True, description="Honour Idempotency-Key on LLM calls: a repeat gets the first "
-                          "answer and is charged once")
-    ttl_s: float = Field(default=86_400.0, gt=0, description="How long a finished call's answer serves repeats")
-    running_ttl_s: float = Field(default=600.0, gt=0, description="Longest a key stays held by an unfinished call")
-    max_response_bytes: int = Field(default=4 * 1024 * 1024, ge=0, description="Larger answers are not kept (a "
-                                    "repeat runs again)")
-    max_bytes: int = Field(default=256 * 1024**2, ge=0, description="Bytes of kept answers held in all (process "
-                           "memory, or Redis when redis.url is set): past it the oldest finished key of the user "
-                           "holding the most goes")
-    max_bytes_per_user: int = Field(default=16 * 1024**2, ge=0, description="Bytes of kept answers one user holds "
-                                    "at most: past it the user's oldest finished key goes; an answer that cannot fit "
-                                    "is not kept (a repeat runs again)")
-    max_entries: int = Field(default=10_000, ge=1, description="Keys kept in memory in all (embedded mode; Redis, "
-                             "when redis.url is set, bounds them per user, in bytes and by ttl_s)")
-    max_entries_per_user: int = Field(default=1_000, ge=1, description="Keys one user holds at most: past it the "
-                                      "user's oldest finished key goes; with only running ones, 429")
-
-
-class AuthSettings(Section):
-    mode: Literal["open", "keys"] = Field(
-        default="open", description="open: one anonymous tenant; keys: Authorization: Bearer <API key> required"
-    )
-    key_cache_ttl_s: float = Field(default=30.0, ge=0, description="How long a verified key is trusted without lookup")
-    key_sync_s: float = Field(default=1.0, gt=0, description="How often each replica reads the key store's changes "
-                              "(revocations) and applies them to the keys it remembers: a revoked key stops working "
-                              "everywhere within this time, and stays refused through a later outage of the store")
-    outage_key_trust_s: float = Field(default=300.0, ge=0, description="While the key store cannot answer, how long "
-                                      "after its last confirmation (a lookup, or a read of the changes) a remembered "
-                                      "key keeps working; past it, 503 (0: at once)")

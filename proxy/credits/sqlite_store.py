@@ -4,7 +4,7 @@ Layout: ``accounts`` (available and held, both ``CHECK >= 0``, so a bug that wou
 transaction instead), ``holds`` (open reservations with their deadline), ``closed`` (settled or released
 request ids; both keyed by user and request id, as in Redis; pruned after the retention period by
 ``reap_expired``) and ``ledger`` (append-only: triggers abort any UPDATE or DELETE). Each operation is one
-``BEGIN IMMEDIATE`` transaction run by :class:`~proxy.credits.sqlite_worker.SqliteWorker`, so processes
+``BEGIN IMMEDIATE`` transaction run by :class:`~proxy.stores.sqlite_worker.SqliteWorker`, so processes
 sharing the file serialize on SQLite's write lock.
 """
 
@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from proxy.core.handoffs import Reservation
-from proxy.credits.sqlite_worker import SqliteWorker
+from proxy.credits.settings import CreditsSettings
 from proxy.credits.store import (
     ANY_ENTRY,
     Account,
@@ -32,6 +32,9 @@ from proxy.credits.store import (
     decode_cursor,
     encode_cursor,
 )
+from proxy.stores.sqlite_worker import SqliteWorker
+
+_CREDITS = CreditsSettings()  # the defaults, defined once there
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS accounts (
@@ -99,7 +102,7 @@ class SqliteCreditStore:
         *,
         finished_retention_s: float = 7 * 86400,
         busy_timeout_s: float = 5.0,
-        synchronous: str = "FULL",
+        synchronous: str = _CREDITS.sqlite_synchronous,
         clock: Callable[[], float] = time.time,
     ) -> None:
         """``synchronous``: ``FULL`` (default) makes every committed ledger entry survive a power cut, at one

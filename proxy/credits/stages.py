@@ -1,12 +1,5 @@
-"""Pipeline stages of credit accounting: :class:`Identify` (who pays), :class:`Credits` (reserve → settle).
-
-``Identify`` reads ``Authorization: Bearer <key>`` (or Qdrant's ``api-key`` header) and puts the key's user,
-tenant and id on the context. In open mode every request that presents no valid key runs as the anonymous user
-(the OpenAI SDK always sends some key, so an unknown key is not an error there). Lookups of valid keys are
-remembered for ``key_cache_ttl_s`` seconds and kept true by the key store's change feed
-(:mod:`proxy.credits.known_keys`): a revoked key stops working within ``key_sync_s``, also through a later outage
-of the key store, which known keys ride out for ``outage_key_trust_s``; any other outage answers 503 +
-``Retry-After`` (authentication never fails open).
+"""The credits stages of the pipeline: :class:`Credits` (reserve → settle) and its variants; who pays is on the
+context already (:class:`proxy.auth.identify.Identify`).
 
 ``Credits`` settles what each request used; what it holds first depends on who answers. A request the caches
 answer (a cache tier, a coalesced call) holds what that answer costs (its usage at its tier's price) just before it
@@ -42,12 +35,12 @@ replayed for an ``Idempotency-Key`` (it was charged when first produced).
 
 The ledger key of every call is the proxy's own id (32 random hex digits), sent back as ``X-Credits-Request-ID``;
 a client's ``X-Request-ID`` is for tracing only and never decides whether or under which id a call is charged.
-Retries that must not be charged twice carry an ``Idempotency-Key`` instead (:mod:`proxy.credits.idempotency`).
+Retries that must not be charged twice carry an ``Idempotency-Key`` instead (:mod:`proxy.idempotency.stage`).
 
 The runtime hands these stages a :class:`~proxy.credits.journaled_store.JournaledCreditStore`: while the
 real store is down it admits requests on the outage allowance and journals their settlements durably on local
 disk, replayed when the store is back. What still fails reaches the stage as
-:class:`~proxy.credits.store.CreditStoreUnavailable`: a settlement that neither the store nor the journal took
+:class:`~proxy.stores.unavailable.StoreUnavailable`: a settlement that neither the store nor the journal took
 is retried in memory (settling is idempotent by request id) for ``settle_retry_window_s``; a reservation whose
 settlement is late is reaped and charged late (see :mod:`proxy.credits.store`). A reservation the store cannot
 take and the allowance cannot cover is refused with 503 + ``Retry-After`` unless ``fail_open`` is set; then it
@@ -60,21 +53,17 @@ import asyncio
 import logging
 import time
 import uuid
-from collections.abc import Callable
-
-from multidict import CIMultiDictProxy
 
 from proxy.core.context import FinishCallback, Reply, RequestContext
 from proxy.core.errors import ProxyError
 from proxy.core.handoffs import Reservation
 from proxy.core.pipeline import Next
 from proxy.core.usage import Usage, usage_from_body
-from proxy.credits.keys import KeyStore, key_hash
-from proxy.credits.known_keys import KnownKey, KnownKeys
 from proxy.credits.pricing import CHARS_PER_TOKEN, PriceBook, format_credits
 from proxy.credits.settings import CreditsSettings
-from proxy.credits.store import ChargeDetails, CreditStore, CreditStoreUnavailable, InsufficientCredit, Settlement
+from proxy.credits.store import ChargeDetails, CreditStore, InsufficientCredit, Settlement
 from proxy.credits.streaming import UsageMeter
+from proxy.stores.unavailable import StoreUnavailable, store_unavailable
 
 _CREDITS = CreditsSettings()  # the defaults, defined once there
 
@@ -84,25 +73,6 @@ CHARGED = "X-Credits-Charged"
 REMAINING = "X-Credits-Remaining"
 RESERVED = "X-Credits-Reserved"
 LEDGER_ID = "X-Credits-Request-ID"
-
-
-def presented_key(headers: CIMultiDictProxy[str]) -> str | None:
-    """The API key a request presents: ``Authorization: Bearer …`` or Qdrant's ``api-key``."""
-    auth = headers.get("Authorization", "")
-    scheme, _, token = auth.strip().partition(" ")
-    if scheme.lower() == "bearer" and token.strip():
-        return token.strip()
-    api_key = headers.get("api-key", "").strip()
-    return api_key or None
-
-
-def _unavailable(what: str, retry_after_s: int) -> ProxyError:
-    return ProxyError(
-        503,
-        f"{what} is unavailable; retry shortly",
-        code="credit_store_unavailable",
-        headers={"Retry-After": str(retry_after_s)},
-    )
 
 
 OUT_OF_CREDIT = ("You exceeded your current quota: your balance is {balance} credits and this request may cost up to "
@@ -125,73 +95,6 @@ async def _discard(reply: Reply) -> None:
         if aclose is not None:
             await aclose()
     await reply.finish(False, reply.body or b"")
-
-
-class Identify:
-    """API key → user, tenant and their limits on the context; 401 without a valid key (unknown, revoked or
-    expired) unless in open mode."""
-
-    name = "identify"
-    needs: frozenset[str] = frozenset()
-    gives = frozenset({"tenant", "user", "api_key_id", "quota"})
-
-    def __init__(
-        self,
-        keys: KeyStore | None,
-        *,
-        open_mode: bool = False,
-        retry_after_s: int = 5,
-        known: KnownKeys | None = None,
-        wall_clock: Callable[[], float] = time.time,
-    ) -> None:
-        """``known``: the verified keys remembered (kept by the runtime, which follows the key store's change feed
-        into it, so a rebuilt stage keeps them); ``wall_clock``: what keys expire by (epoch seconds)."""
-        if keys is None and not open_mode:
-            raise ValueError("without a key store only open mode can identify anyone")
-        self.keys = keys
-        self.open_mode = open_mode
-        self.retry_after_s = retry_after_s
-        self.known = known if known is not None else KnownKeys()
-        self.wall_clock = wall_clock
-
-    async def __call__(self, ctx: RequestContext, call_next: Next) -> Reply:
-        presented = presented_key(ctx.request.headers)
-        known = await self._lookup(presented) if presented and self.keys is not None else None
-        if known is not None and known.key.usable(self.wall_clock()):
-            key = known.key
-            ctx.user, ctx.tenant, ctx.api_key_id, ctx.quota = key.user, key.tenant, key.key_id, known.quota
-        elif not self.open_mode:
-            if presented is None:
-                raise ProxyError(
-                    401,
-                    "You didn't provide an API key. Send it as 'Authorization: Bearer <key>'.",
-                    code="missing_api_key",
-                )
-            raise ProxyError(401, "Incorrect API key provided.", code="invalid_api_key")
-        return await call_next(ctx)
-
-    async def _lookup(self, presented: str) -> KnownKey | None:
-        """The key ``presented`` names as this replica knows it (revoked or expired ones too, when it knows them
-        so), or ``None``."""
-        assert self.keys is not None
-        digest = key_hash(presented)
-        known = self.known.fresh(digest)
-        if known is not None:
-            return known
-        try:
-            key = await self.keys.lookup(presented)
-            quota = await self.keys.quota(key) if key is not None else None
-        except CreditStoreUnavailable as exc:
-            known = self.known.trusted(digest)  # known a moment ago: ride out the outage
-            if known is None and not self.open_mode:
-                raise _unavailable("the API key store", self.retry_after_s) from exc
-            if known is None:
-                log.warning("key store unavailable, serving as anonymous: %s", exc)
-            return known
-        if key is None:
-            self.known.forget(digest)
-            return None
-        return self.known.remember(digest, key, quota)
 
 
 class Credits:
@@ -280,9 +183,9 @@ class Credits:
     async def _hold(self, ctx: RequestContext, amount: int) -> Reservation | None:
         try:  # the ledger key is the proxy's own id, never the client's (see the module docstring)
             reservation = await self.store.reserve(uuid.uuid4().hex, ctx.user, amount, self.reservation_ttl_s)
-        except CreditStoreUnavailable as exc:
+        except StoreUnavailable as exc:
             if not self.fail_open:
-                raise _unavailable("the credit store", self.retry_after_s) from exc
+                raise store_unavailable("the credit store", self.retry_after_s) from exc
             self._count_unbilled(exc)
             return None
         if isinstance(reservation, InsufficientCredit):
@@ -397,7 +300,7 @@ class Credits:
             ctx.metering.settled(details.prompt_tokens + details.completion_tokens if upstream else 0, actual)
         try:
             return await self.store.settle(reservation.request_id, reservation.user, actual, details)
-        except CreditStoreUnavailable as exc:
+        except StoreUnavailable as exc:
             log.warning("settling %s failed, retrying in memory: %s", reservation.request_id, exc)
             task = asyncio.create_task(self._settle_later(reservation, actual, details))
             self._retries.add(task)
@@ -412,7 +315,7 @@ class Credits:
             try:
                 await self.store.settle(reservation.request_id, reservation.user, actual, details)
                 return
-            except CreditStoreUnavailable as exc:
+            except StoreUnavailable as exc:
                 if time.monotonic() + pause > deadline:
                     log.error(
                         "could not settle %s for %s (%d µcr, %s): %s",
@@ -432,7 +335,7 @@ class Credits:
         """
         try:
             await asyncio.shield(self.store.release(reservation.request_id, reservation.user))
-        except CreditStoreUnavailable as exc:
+        except StoreUnavailable as exc:
             log.warning("releasing %s failed (reaped after its TTL): %s", reservation.request_id, exc)
 
     def _count_unbilled(self, exc: Exception) -> None:

@@ -45,10 +45,6 @@ from proxy.core.handoffs import Reservation
 from proxy.credits.pricing import format_credits
 
 
-class CreditStoreUnavailable(Exception):
-    """The store could not be reached or did not answer in time (fail closed: 503)."""
-
-
 class RequestClosed(Exception):
     """A reservation was asked for a request id that was already settled or released."""
 

@@ -6,6 +6,6 @@ wheel; the tests use them too. Never imported by the data plane or the admin API
 - :mod:`proxy.doubles.kv_cache`: ``KVCacheModel`` and ``SlotSchedule``, a pure model of a prefix KV cache;
 - :mod:`proxy.doubles.qdrant_shim`: ``QdrantShim``, a TEST-ONLY Qdrant REST shim over qdrant-client local mode;
 - :mod:`proxy.doubles.rerankers`: reranker servers (vLLM, TEI, Cohere shapes);
-- ``ragproxy demo`` serves ``FakeLLM`` (with its own canned answers) and ``QdrantShim`` (:mod:`proxy.commands.demo`);
+- ``ragproxy demo`` serves ``FakeLLM`` (with its own canned answers) and ``QdrantShim`` (:mod:`commands.demo`);
 - pytest fixtures over them (``fake_llm``, ``fake_llm_thread``, ``qdrant_shim``): ``tests/support/doubles_fixtures.py``.
 """

@@ -33,6 +33,8 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 _ROOT = b"\x00" * 16
+LLAMA_SERVER_SLOTS = 1
+"""Parallel slots of a llama-server started without ``--parallel``: the doubles' default."""
 
 
 def tokenize(text: str) -> list[int]:
@@ -129,7 +131,7 @@ class Admission(NamedTuple):
 class SlotSchedule:
     """``slots`` parallel servers with a FIFO queue, in simulated time (admit requests in arrival order)."""
 
-    slots: int = 1
+    slots: int = LLAMA_SERVER_SLOTS
     _free_at: list[float] = field(default_factory=list, init=False, repr=False)
 
     def __post_init__(self) -> None:

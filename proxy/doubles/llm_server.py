@@ -45,9 +45,10 @@ from typing import Any
 import orjson
 from aiohttp import web
 
+from proxy.core.loopback import LOOPBACK
 from proxy.doubles import openai_responses as responses
 from proxy.doubles import openai_shapes as shapes
-from proxy.doubles.kv_cache import KVCacheModel, tokenize
+from proxy.doubles.kv_cache import LLAMA_SERVER_SLOTS, KVCacheModel, tokenize
 from proxy.doubles.llm_faults import Fault, FaultPlan
 from proxy.doubles.served_app import ServedApp
 
@@ -143,9 +144,9 @@ class FakeLLM(ServedApp):
         chunk_latency_s: float = 0.0,
         end_latency_s: float = 0.0,
         kv: KVCacheModel | None = None,
-        slots: int = 1,
+        slots: int = LLAMA_SERVER_SLOTS,
         flavor: str = "openai",
-        host: str = "127.0.0.1",
+        host: str = LOOPBACK,
         port: int = 0,
         sock: socket.socket | None = None,
     ) -> None:
@@ -543,7 +544,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m proxy.doubles.llm_server", description=__doc__.split("\n")[0]
     )
-    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--host", default=LOOPBACK)
     parser.add_argument("--port", type=int, default=0)
     parser.add_argument("--model", default="fake-model")
     parser.add_argument("--embedding-dim", type=int, default=16)

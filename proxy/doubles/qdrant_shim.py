@@ -37,6 +37,7 @@ from pydantic import BaseModel, TypeAdapter, ValidationError
 from qdrant_client import QdrantClient
 from qdrant_client.http import models
 
+from proxy.core.loopback import LOOPBACK
 from proxy.doubles.served_app import ServedApp
 
 VERSION = importlib.metadata.version("qdrant-client")  # what the installed client expects of a server
@@ -86,7 +87,7 @@ def _selector(body: dict[str, Any]) -> models.PointsSelector:
 class QdrantShim(ServedApp):
     """TEST-ONLY Qdrant REST shim. ``client`` defaults to a fresh ``QdrantClient(":memory:")``."""
 
-    def __init__(self, client: QdrantClient | None = None, *, host: str = "127.0.0.1", port: int = 0,
+    def __init__(self, client: QdrantClient | None = None, *, host: str = LOOPBACK, port: int = 0,
                  sock: socket.socket | None = None) -> None:
         super().__init__(host=host, port=port, sock=sock)
         self.client = client if client is not None else QdrantClient(":memory:")
@@ -429,7 +430,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         prog="python -m proxy.doubles.qdrant_shim",
         description="TEST-ONLY Qdrant REST shim over qdrant-client local mode",
     )
-    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--host", default=LOOPBACK)
     parser.add_argument("--port", type=int, default=0)
     args = parser.parse_args(argv)
     QdrantShim(host=args.host, port=args.port).serve_forever()

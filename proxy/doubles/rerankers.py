@@ -30,6 +30,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
+from proxy.core.loopback import LOOPBACK
 from proxy.doubles.served_app import ServedApp
 
 
@@ -57,7 +58,7 @@ def _error(message: str, status: int = 400) -> web.Response:
 class FakeReranker(ServedApp):
     """A reranker server of one ``flavor`` (see the module docstring)."""
 
-    def __init__(self, flavor: str = "vllm", *, model: str = "fake-reranker", host: str = "127.0.0.1",
+    def __init__(self, flavor: str = "vllm", *, model: str = "fake-reranker", host: str = LOOPBACK,
                  port: int = 0) -> None:
         super().__init__(host=host, port=port)
         self.flavor = flavor

@@ -25,6 +25,7 @@ from typing import Self
 
 from aiohttp import web
 
+from proxy.core.loopback import LOOPBACK
 from proxy.doubles.request_log import LoggedRequest, RequestLog, frozen_headers
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -33,7 +34,7 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 class ServedApp:
     """Base class: subclasses add routes in :meth:`add_routes`."""
 
-    def __init__(self, *, host: str = "127.0.0.1", port: int = 0, sock: socket.socket | None = None) -> None:
+    def __init__(self, *, host: str = LOOPBACK, port: int = 0, sock: socket.socket | None = None) -> None:
         if sock is not None:
             host, port = sock.getsockname()[:2]
         self.host = host

@@ -15,7 +15,7 @@ Stores (one contract, :class:`ResponseOwners`):
   tenant's access to its responses (the cold tier keeps their cached copies across restarts too);
 - :class:`RedisResponseOwners` in shared mode: ``<prefix>:resp:<id>`` strings with the retention as their TTL on the
   shared Redis, so every proxy replica knows every response. A Redis that lost its data (keys or credits in Redis
-  watch for it: :mod:`proxy.credits.redis_wipe`) is not believed: while it is known, every operation is refused,
+  watch for it: :mod:`proxy.stores.redis_wipe`) is not believed: while it is known, every operation is refused,
   and a record is confirmed by reading the sentinel again once written — so an owner recorded in the moment before
   the watch noticed is not taken as kept, but kept in memory and recorded again once the data is back
   (:mod:`proxy.stored.stages`). Without this, a response made during a wipe was recorded only in the empty Redis,
@@ -40,9 +40,9 @@ import orjson
 import redis.exceptions
 
 from proxy.core.redis_settings import RedisSettings
-from proxy.credits.redis_wipe import WipeWatch
-from proxy.credits.sqlite_worker import SqliteWorker
-from proxy.credits.store import CreditStoreUnavailable
+from proxy.stores.redis_wipe import WipeWatch
+from proxy.stores.sqlite_worker import SqliteWorker
+from proxy.stores.unavailable import StoreUnavailable
 from tiers.redis_connect import RedisClient
 
 _REDIS = RedisSettings()  # the defaults, defined once there
@@ -97,7 +97,7 @@ class SqliteResponseOwners:
     async def _run(self, work: Callable[[sqlite3.Connection], object], *, write: bool = True) -> object:
         try:
             return await self._db.transaction(work, write=write)
-        except CreditStoreUnavailable as exc:  # the worker's name for any database failure
+        except StoreUnavailable as exc:  # the worker's name for any database failure
             raise OwnersUnavailable(str(exc)) from exc
 
     async def record(self, response_id: str, owner: ResponseOwner) -> None:
@@ -150,7 +150,7 @@ class RedisResponseOwners:
             if self.wipe is not None:
                 self.wipe.refuse()
             yield
-        except (redis.exceptions.RedisError, OSError, CreditStoreUnavailable) as exc:
+        except (redis.exceptions.RedisError, OSError, StoreUnavailable) as exc:
             raise OwnersUnavailable(f"response owners (Redis): {exc}") from exc
 
     async def record(self, response_id: str, owner: ResponseOwner) -> None:

@@ -90,7 +90,7 @@ def test_refuses_to_start_public_admin_without_token() -> None:
     env = {**os.environ, "RAGPROXY_ADMIN__HOST": "0.0.0.0", "RAGPROXY_SERVER__PORT": str(free_port()),
            "RAGPROXY_ADMIN__PORT": str(free_port()), "RAGPROXY_LOGGING__FORMAT": "text"}
     env.pop("RAGPROXY_ADMIN__TOKEN", None)
-    done = subprocess.run([sys.executable, "-m", "proxy.commands.cli", "serve"], env=env,
+    done = subprocess.run([sys.executable, "-m", "commands.cli", "serve"], env=env,
                            capture_output=True, timeout=60)
     assert done.returncode == 2
     lines = done.stderr.decode().strip().splitlines()

@@ -41,7 +41,7 @@ def check_config(
     config = tmp_path / "config.yaml"
     config.write_text(config_text, encoding="utf-8")
     script = shutil.which("ragproxy", path=str(Path(sys.executable).parent))
-    command = [script] if script else [sys.executable, "-m", "proxy.commands.cli"]
+    command = [script] if script else [sys.executable, "-m", "commands.cli"]
     clean = {key: value for key, value in os.environ.items() if not key.startswith("RAGPROXY_")}
     return subprocess.run([*command, "check-config", "--config", str(config)], env={**clean, **(env or {})},
                           capture_output=True, text=True, timeout=60, cwd=tmp_path)

@@ -1,10 +1,11 @@
-"""The kv benchmark's perfect-prefix-cache ceiling (:func:`loadtest.bench.kv.prefix_reuse_ceiling`)."""
+"""The kv benchmark's perfect-prefix-cache ceiling (:func:`loadtest.bench._kv_reuse.prefix_reuse_ceiling`)."""
 
 from __future__ import annotations
 
 import math
 
-from loadtest.bench.kv import Routed, Workload, make_workload, prefix_reuse_ceiling, reuse_losses
+from loadtest.bench._kv_reuse import Routed, prefix_reuse_ceiling, reuse_losses
+from loadtest.bench._kv_workload import Workload, make_workload
 from normalizer.documents import Document, render_document
 from normalizer.prompt_plan import Segment
 

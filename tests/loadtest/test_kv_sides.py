@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from loadtest.bench.kv import SIDES, chosen_sides, find_smg
+from loadtest.bench._kv_servers import find_smg
+from loadtest.bench._kv_sides import SIDES, chosen_sides
 
 
 def test_a_missing_smg_is_said_in_one_line_and_the_other_sides_run(

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from proxy.commands.calibrate import choose, prior_curve, write_thresholds
-from proxy.commands.cli import main
+from commands.calibrate import choose, prior_curve, write_thresholds
+from commands.cli import main
 from tiers.calibration import GRID
 from tiers.labelled_pairs import LabelledPair, PairsError, half_of, read_pairs
 

@@ -10,8 +10,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from proxy.commands.calibrate_warm import LogError, read_log
-from proxy.commands.cli import main
+from commands.calibrate_warm import LogError, read_log
+from commands.cli import main
 from proxy.doubles.llm_server import FakeLLM
 from tests.support.proxy_server import ProxyServer, proxy_settings
 from tests.support.semantic import model_loaded

@@ -17,7 +17,7 @@ from tests.support.processes import free_port, wait_for_port
 
 
 def _cli(*args: str, cwd: Path | None = None, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "proxy.commands.cli", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "commands.cli", *args], capture_output=True, text=True,
                           env={"PATH": "/usr/bin:/bin", **(env or {})}, cwd=cwd, timeout=90)
 
 
@@ -137,7 +137,7 @@ def test_a_second_serve_on_one_data_dir_is_one_line_and_exit_1(fake_llm_thread: 
                 "--data-dir", str(tmp_path), "--set", "cache.l2.enabled=false", "--set", "logging.format=text"]
 
     first_flags = flags()
-    first = subprocess.Popen([sys.executable, "-m", "proxy.commands.cli", "serve", *first_flags],
+    first = subprocess.Popen([sys.executable, "-m", "commands.cli", "serve", *first_flags],
                              env={"PATH": "/usr/bin:/bin"},
                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:

@@ -13,7 +13,7 @@ from proxy.assembly.config import ConfigError, load_settings
 
 
 def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "proxy.commands.cli", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "commands.cli", *args], capture_output=True, text=True,
                           env={"PATH": "/usr/bin:/bin", **(env or {})}, timeout=60)
 
 

@@ -26,7 +26,7 @@ def test_recorded_trace_replays_through_the_simulator(fake_llm_thread: FakeLLM, 
     assert len(records) == 6
     assert len({r["key"] for r in records}) == 3
     assert all(r["size"] > 0 and r["cost"] >= 0 for r in records)
-    result = subprocess.run([sys.executable, "-m", "proxy.commands.cli", "simulate", str(trace), "--policy", "lru",
+    result = subprocess.run([sys.executable, "-m", "commands.cli", "simulate", str(trace), "--policy", "lru",
                              "--capacity", "100000", "--json"], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
     [replayed] = json.loads(result.stdout.strip().splitlines()[-1])["results"]

@@ -111,7 +111,7 @@ def _serve(redis: RedisServer, tmp_path: Path, **env: str) -> tuple[bool, int | 
     environ = {**os.environ, "RAGPROXY_REDIS__URL": redis.url, "RAGPROXY_CREDITS__ENABLED": "true",
                "RAGPROXY_SERVER__PORT": str(port), "RAGPROXY_ADMIN__PORT": str(free_port()),
                "RAGPROXY_DATA_DIR": str(tmp_path), "RAGPROXY_LOGGING__FORMAT": "text", **env}
-    process = subprocess.Popen([sys.executable, "-m", "proxy.commands.cli", "serve"], env=environ, text=True,
+    process = subprocess.Popen([sys.executable, "-m", "commands.cli", "serve"], env=environ, text=True,
                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 30
     while process.poll() is None and time.monotonic() < deadline:

@@ -58,7 +58,7 @@ def wait_stored(server: ProxyServer, key: str, timeout_s: float = 10.0) -> None:
 
 def provision_user(url: str, credit: int, *, cluster: bool = False) -> str:
     """An API key for user ``ann`` of tenant ``acme`` with ``credit`` micro-credits, made straight in Redis."""
-    from proxy.credits.redis_keys import RedisKeyStore
+    from proxy.auth.redis_keys import RedisKeyStore
     from proxy.credits.redis_store import RedisCreditStore
 
     async def provision() -> str:

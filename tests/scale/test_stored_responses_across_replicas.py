@@ -8,7 +8,7 @@ import asyncio
 import openai
 import pytest
 
-from proxy.credits.redis_keys import RedisKeyStore
+from proxy.auth.redis_keys import RedisKeyStore
 from proxy.doubles.llm_server import FakeLLM
 from tests.scale.replicas import shared_replicas, wait_stored
 

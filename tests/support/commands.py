@@ -28,8 +28,8 @@ def site_without_model(directory: Path) -> Path:
 def ragproxy(*args: str, site: Path | None = None) -> list[str]:
     """The command line of ``ragproxy ARGS``; with ``site``, run with only that site directory (no other site)."""
     if site is None:
-        return [sys.executable, "-m", "proxy.commands.cli", *args]
-    boot = f"import site, sys; site.addsitedir({str(site)!r}); from proxy.commands.cli import main; sys.exit(main())"
+        return [sys.executable, "-m", "commands.cli", *args]
+    boot = f"import site, sys; site.addsitedir({str(site)!r}); from commands.cli import main; sys.exit(main())"
     return [sys.executable, "-S", "-c", boot, *args]
 
 

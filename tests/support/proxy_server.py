@@ -171,7 +171,7 @@ class ProxyProcess:
                 resource.setrlimit(resource.RLIMIT_NOFILE, limits)
 
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "proxy.commands.cli", "serve"], env=self.env, cwd=self.cwd,
+            [sys.executable, "-m", "commands.cli", "serve"], env=self.env, cwd=self.cwd,
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, preexec_fn=limit_open_files,
         )
         wait_for_port(self.port, timeout=30)

@@ -25,8 +25,11 @@ from tiers.fetch import Fetcher
 DEFAULT_UPSTREAM_MODEL = "text-embedding-3-small"
 DEFAULT_UPSTREAM_DIM = 1536
 """The upstream embedder's model and vector size unless configured (``cache.l2.upstream_model``, ``upstream_dim``)."""
+DEFAULT_RUNTIME: Literal["auto", "onnx", "numpy"] = "auto"
+"""The local model's runtime by default (``cache.l2.embedder_runtime``): onnx when installed, else numpy."""
 
 __all__ = [
+    "DEFAULT_RUNTIME",
     "CachedEmbedder",
     "Embedder",
     "FloatArray",
@@ -50,7 +53,7 @@ def build_embedder(
     upstream_client: Fetcher | None = None,
     max_batch: int = 32,
     max_wait_s: float = 0.0,
-    runtime: Literal["auto", "onnx", "numpy"] = "auto",
+    runtime: Literal["auto", "onnx", "numpy"] = DEFAULT_RUNTIME,
     model_cache_dir: Path | None = None,
 ) -> CachedEmbedder:
     """The configured backend behind an LRU cache of ``cache_capacity`` texts (0 disables caching). ``runtime``: of
@@ -75,7 +78,7 @@ def build_embedder(
 
 
 
-def local_embedder(runtime: Literal["auto", "onnx", "numpy"] = "auto", model_cache_dir: Path | None = None, *,
+def local_embedder(runtime: Literal["auto", "onnx", "numpy"] = DEFAULT_RUNTIME, model_cache_dir: Path | None = None, *,
                    max_batch: int = 32, max_wait_s: float = 0.0) -> LocalEmbedder:
     """all-MiniLM-L6-v2 on onnxruntime (int8, cached in ``model_cache_dir``) or numpy; ``auto``: onnx when
     installed."""

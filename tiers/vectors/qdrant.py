@@ -31,6 +31,8 @@ from tiers.fetch import Fetcher
 from tiers.vectors.base import Payload, VectorHit, check_batch
 
 NAMESPACE = uuid.UUID("6f1d3c52-9a43-4c1e-8f5e-2b7a1c0d9e11")
+QDRANT_CALL_S = 5.0
+"""Bound on one call to Qdrant, by default."""
 """uuid5 namespace of point ids; fixed forever (changing it orphans every stored point)."""
 
 
@@ -53,7 +55,7 @@ class QdrantVectorStore:
     name = "qdrant"
 
     def __init__(self, client: Fetcher, url: str, dim: int, *, collection: str = "ragproxy_semantic",
-                 api_key: str | None = None, timeout_s: float = 5.0) -> None:
+                 api_key: str | None = None, timeout_s: float = QDRANT_CALL_S) -> None:
         """``client``: the HTTP client (not closed here); ``url``: Qdrant's base URL; ``dim``: vector length;
         ``collection``: the collection to use, created on demand; ``timeout_s``: bound on one call."""
         self.client = client

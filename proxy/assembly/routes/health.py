@@ -2,7 +2,7 @@
 
 ``/readyz`` answers 503 when the proxy is draining, when no LLM replica can take a call (each is down or its circuit
 breaker is open), when the configured Qdrant does not answer or when the shared Redis lost its credits and keys
-while the proxy ran (:mod:`proxy.credits.redis_wipe`). Every open breaker is listed under ``degraded``: a replica's
+while the proxy ran (:mod:`proxy.stores.redis_wipe`). Every open breaker is listed under ``degraded``: a replica's
 (unready only when no replica is left) and a cache tier's (never unready: requests go upstream around it).
 """
 

@@ -1,4 +1,4 @@
-"""Credit stores and key stores under test: every backend, through one parameter list."""
+"""Credit stores under test: every backend, through one parameter list."""
 
 from __future__ import annotations
 
@@ -7,10 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from proxy.credits.keys import KeyStore
-from proxy.credits.redis_keys import RedisKeyStore
 from proxy.credits.redis_store import RedisCreditStore
-from proxy.credits.sqlite_keys import SqliteKeyStore
 from proxy.credits.sqlite_store import SqliteCreditStore
 from proxy.credits.store import CreditStore
 
@@ -31,14 +28,5 @@ def backend(request: pytest.FixtureRequest) -> str:
 @pytest.fixture
 async def credit_store(backend: str, tmp_path: Path, redis_url: str) -> AsyncIterator[CreditStore]:
     store = make_credit_store(backend, tmp_path, redis_url)
-    yield store
-    await store.close()
-
-
-@pytest.fixture
-async def key_store(backend: str, tmp_path: Path, redis_url: str) -> AsyncIterator[KeyStore]:
-    store: KeyStore = (
-        SqliteKeyStore(tmp_path / "credits.sqlite3") if backend == "sqlite" else RedisKeyStore.from_url(redis_url)
-    )
     yield store
     await store.close()

@@ -18,7 +18,8 @@ from proxy.credits.outage import OutageAllowance
 from proxy.credits.redis_store import RedisCreditStore
 from proxy.credits.replayer import JournalReplayer
 from proxy.credits.sqlite_store import SqliteCreditStore
-from proxy.credits.store import ChargeDetails, CreditStoreUnavailable, LedgerFilter, ledger_entries
+from proxy.credits.store import ChargeDetails, LedgerFilter, ledger_entries
+from proxy.stores.unavailable import StoreUnavailable
 from tests.support.processes import refused_port
 
 CREDIT = 1_000_000
@@ -131,7 +132,7 @@ async def test_concurrent_appends_are_all_durable_and_a_request_id_is_kept_once(
 async def test_a_journal_that_cannot_be_written_says_the_store_is_unavailable(tmp_path: Path) -> None:
     unwritable = SettlementJournal(tmp_path)  # a directory, not a database file
     store = JournaledCreditStore(dead_store(), unwritable, OutageAllowance(CREDIT))
-    with pytest.raises(CreditStoreUnavailable):
+    with pytest.raises(StoreUnavailable):
         await store.settle("r1", "ann", CREDIT, ChargeDetails())
     await store.close()
 
@@ -193,7 +194,7 @@ async def test_replay_against_a_store_that_is_still_down_keeps_every_row(tmp_pat
     store = JournaledCreditStore(dead_store(), SettlementJournal(tmp_path / "journal.sqlite3"), OutageAllowance(0))
     for i in range(5):
         await store.settle(f"r{i}", "ann", CREDIT, ChargeDetails())
-    with pytest.raises(CreditStoreUnavailable):
+    with pytest.raises(StoreUnavailable):
         await store.replay_once()
     assert await JournalReplayer(store).drain() == 0
     assert len(await store.journal.oldest()) == 5

@@ -17,11 +17,11 @@ import pytest
 from multidict import CIMultiDict
 
 from proxy.assembly.config import Settings
+from proxy.assembly.credit_components import build_credits
 from proxy.core.context import Reply, RequestContext
 from proxy.core.errors import ProxyError
 from proxy.core.pipeline import Pipeline
 from proxy.core.usage import Usage
-from proxy.credits.factory import build_credits
 from proxy.credits.journal import JournaledSettlement, SettlementJournal
 from proxy.credits.journaled_store import JournaledCreditStore
 from proxy.credits.outage import OutageAllowance

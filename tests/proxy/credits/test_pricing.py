@@ -160,7 +160,7 @@ def test_a_price_book_without_overrides_charges_the_settings_defaults() -> None:
     """Every default price is defined once, in the settings: the engine built from unconfigured settings and the
     price book built with no arguments are the same."""
     from proxy.assembly.config import Settings
-    from proxy.credits.factory import price_book
+    from proxy.assembly.credit_components import price_book
 
     assert price_book(Settings()) == PriceBook()
     assert PriceBook().hit_multiplier("coalesced") == Settings().credits.hit_multipliers["coalesced"]

@@ -7,12 +7,12 @@ from collections.abc import AsyncIterator, Iterator
 
 import pytest
 
+from proxy.auth.redis_keys import RedisKeyStore
 from proxy.core.handoffs import Reservation
-from proxy.credits.idempotency import Claimed, Kept
-from proxy.credits.redis_idempotency import RedisIdempotencyStore
-from proxy.credits.redis_keys import RedisKeyStore
 from proxy.credits.redis_store import RedisCreditStore
 from proxy.credits.store import ChargeDetails, InsufficientCredit, LedgerFilter, ledger_entries
+from proxy.idempotency.records import Claimed, Kept
+from proxy.idempotency.redis_store import RedisIdempotencyStore
 from tests.support.redis_cluster import RedisClusterProcesses, cluster_available
 
 CREDIT = 1_000_000

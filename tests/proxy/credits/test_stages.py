@@ -20,20 +20,21 @@ from multidict import CIMultiDict
 
 from normalizer.paths import Target
 from proxy.assembly.routes.handler import make_handler
+from proxy.auth.identify import Identify
+from proxy.auth.keys import KeyStore
+from proxy.auth.known_keys import KnownKeys
+from proxy.auth.redis_keys import RedisKeyStore
+from proxy.auth.sqlite_keys import SqliteKeyStore
 from proxy.core.context import Reply, RequestContext
 from proxy.core.errors import Dialect, ProxyError
 from proxy.core.outcome import CacheStatus, Matched, Outcome
 from proxy.core.pipeline import Pipeline, Stage
 from proxy.core.stream_usage import StreamUsage
 from proxy.core.usage import Usage
-from proxy.credits.keys import KeyStore
-from proxy.credits.known_keys import KnownKeys
 from proxy.credits.pricing import ModelPrice, PriceBook, format_credits
-from proxy.credits.redis_keys import RedisKeyStore
 from proxy.credits.redis_store import RedisCreditStore
-from proxy.credits.sqlite_keys import SqliteKeyStore
 from proxy.credits.sqlite_store import SqliteCreditStore
-from proxy.credits.stages import Credits, Identify
+from proxy.credits.stages import Credits
 from proxy.credits.store import CreditStore, LedgerFilter, ledger_entries
 from proxy.server.connection import HttpServer
 from proxy.server.request import Request

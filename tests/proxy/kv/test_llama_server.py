@@ -14,7 +14,8 @@ import httpx
 import orjson
 import pytest
 
-from loadtest.bench.kv import Servers, make_workload
+from loadtest.bench._kv_servers import Servers
+from loadtest.bench._kv_workload import make_workload
 from proxy.core.context import Reply, RequestContext
 from proxy.core.pipeline import Pipeline
 from proxy.core.prompt import ReadPrompt
