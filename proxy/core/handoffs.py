@@ -45,10 +45,13 @@ class SemanticQuery:
     once computed (stored entries carry the question, the cold tier the vector)."""
 
     question: str
+    """As compared (the template's lines left out)."""
     where: SemanticScope
     digest: str
     tag: str
     vector: FloatArray | None = None
+    asked: str | None = None
+    """As asked, when that differs from ``question``."""
 
 
 @dataclass(frozen=True, slots=True)
