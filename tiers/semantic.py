@@ -73,6 +73,8 @@ from tiers.latency import LatencyHistogram
 from tiers.question_lines import LineDiff, diff_lines, lines_similarity
 from tiers.question_templates import DEFAULT_MAX_BYTES as DEFAULT_TEMPLATES_BYTES
 from tiers.question_templates import QuestionTemplates
+from tiers.repeated_answers import DEFAULT_MAX_BYTES as DEFAULT_REPLIES_BYTES
+from tiers.repeated_answers import RepeatedAnswers
 from tiers.vectors.base import VectorHit, VectorStore
 
 log = logging.getLogger(__name__)
@@ -135,6 +137,8 @@ class SemanticMatch:
     source: str = "l2"
     evidence: JSONValue = None
     """What its answer rests on (:func:`normalizer.evidence.evidence`), when asked with documents."""
+    asked: str = ""
+    """Its question as asked, when the comparison left template lines out of ``question``."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -171,7 +175,8 @@ class SemanticStats:
     unjudged_dropped: int = 0
     """Of those, the oldest dropped unjudged because :data:`MAX_UNJUDGED` were already held: evidence lost."""
     uninformative: int = 0
-    """Comparisons not counted as evidence: equal answers given by instruction (:func:`uninformative`)."""
+    """Agreements not counted as evidence: answers their requests dictated (:func:`uninformative`), or given word for
+    word to several questions (:class:`~tiers.repeated_answers.RepeatedAnswers`)."""
     comparisons_dropped: int = 0
     """Comparisons skipped because :data:`MAX_COMPARISONS` were running."""
     index_errors: int = 0
@@ -293,7 +298,8 @@ def choose_match(
             reason = "documents"
         if reason is None:
             return SemanticMatch(hit.id, similarity, str(hit.payload.get("question", "")),
-                                 str(hit.payload.get("source", "l2")), hit.payload.get("evidence"))
+                                 str(hit.payload.get("source", "l2")), hit.payload.get("evidence"),
+                                 str(hit.payload.get("asked") or ""))
         if on_veto is not None:
             on_veto(reason)
     return None
@@ -332,6 +338,7 @@ class SemanticTier:
         veto: Veto = guard_veto,
         calibration_max_bytes: int = DEFAULT_CALIBRATION_BYTES,
         templates_max_bytes: int = DEFAULT_TEMPLATES_BYTES,
+        replies_max_bytes: int = DEFAULT_REPLIES_BYTES,
     ) -> None:
         """``threshold``/``namespace_thresholds``: fixed cosine thresholds (overrides of the calibrated ones);
         ``max_wrong_hit_rate``: the error bound calibrated thresholds meet (:mod:`tiers.calibration`);
@@ -339,8 +346,8 @@ class SemanticTier:
         two answers (:class:`~tiers.answer_check.AnswerAgreement`) from which they agree; ``guards``: names of the
         enabled guards
         (see :mod:`normalizer.guards`); ``candidates``: neighbours examined per lookup; ``veto``: the guard function
-        (injectable for experiments); ``calibration_max_bytes``/``templates_max_bytes``: the budgets of the
-        calibration evidence and of the question templates."""
+        (injectable for experiments); ``calibration_max_bytes``/``templates_max_bytes``/``replies_max_bytes``: the
+        budgets of the calibration evidence, the question templates and the answers given to several questions."""
         if embedder.dim != store.dim:
             raise ValueError(f"embedder dim {embedder.dim} != vector store dim {store.dim}")
         self.embedder = embedder
@@ -349,6 +356,7 @@ class SemanticTier:
                                      namespace_fixed=dict(namespace_thresholds or {}), verify_fraction=verify_fraction,
                                      max_bytes=calibration_max_bytes)
         self.templates = QuestionTemplates(templates_max_bytes)
+        self.replies = RepeatedAnswers(replies_max_bytes)
         self.progress = ProgressBoard(self.calibrator)
         """How far each namespace's calibration has come (``/admin/stats``, the logs, the start-up summary)."""
         self.answers = AnswerAgreement(answer_agreement)
@@ -358,13 +366,15 @@ class SemanticTier:
         self.veto = veto
         self.stats = SemanticStats()
         self._comparing: set[asyncio.Task[None]] = set()
-        self._unjudged: deque[tuple[SemanticScope, SemanticMatch, str, str, str]] = deque(maxlen=MAX_UNJUDGED)
-        """Comparisons waiting for the answer check to be ready: (scope, probe, cached, fresh, question)."""
+        self._unjudged: deque[tuple[SemanticScope, SemanticMatch, str, str, str, tuple[str, ...]]] = \
+            deque(maxlen=MAX_UNJUDGED)
+        """Comparisons waiting for the answer check to be ready: (scope, probe, cached, fresh, question, prompt)."""
 
     def memory(self) -> list[MemoryAccount]:
-        """The ledger's lines of the index (an embedded one), the question templates and the calibration evidence."""
+        """The ledger's lines of the index (an embedded one), the question templates, the calibration evidence and the
+        answers given to several questions."""
         index = self.store.memory() if isinstance(self.store, Accounted) else []
-        return [*index, *self.templates.memory(), *self.calibrator.memory()]
+        return [*index, *self.templates.memory(), *self.calibrator.memory(), *self.replies.memory()]
 
     def question(self, scope: SemanticScope, text: str) -> str:
         """The question compared: ``text`` without the lines the scope's template repeats
@@ -442,35 +452,47 @@ class SemanticTier:
         """Count one semantic hit served (from whichever tier held the matched answer)."""
         self.stats.hits += 1
 
-    def learn_answer(self, answer: str) -> None:
-        """An answer the upstream gave (word weights of the answer check); once the check is ready, the comparisons
-        held until then are judged."""
-        self.answers.learn(without_citations(answer))
+    def learn_answer(self, answer: str, scope: SemanticScope | None = None, question: str = "") -> None:
+        """An answer the upstream gave (word weights of the answer check; with ``scope``, the answers given to
+        several questions, :class:`~tiers.repeated_answers.RepeatedAnswers`); once the check is ready, the
+        comparisons held until then are judged."""
+        answer = without_citations(answer)
+        self.answers.learn(answer)
+        if scope is not None:
+            self.replies.learn(templates_key(scope), question, answer)
         if self._unjudged and self.answers.ready:
             while self._unjudged:
                 self._judge(*self._unjudged.popleft())
 
     def compare(self, scope: SemanticScope, probe: SemanticMatch, cached_answer: str, fresh_answer: str,
-                      question: str = "") -> bool | None:
-        """Record whether the answer cached for ``probe`` agrees with the fresh answer to ``question``
-        (:class:`~tiers.answer_check.AnswerAgreement`); the verdict, or ``None`` while the check cannot judge yet
+                question: str = "", prompt: Sequence[str] = ()) -> bool | None:
+        """Record whether the answer cached for ``probe`` agrees with the fresh answer to ``question`` (as asked;
+        ``prompt``: what else the request told the model, its system prompt and earlier turns)
+        (:class:`~tiers.answer_check.AnswerAgreement`); an agreement the request dictated, or of an answer given to
+        several questions, is not evidence (:func:`~tiers.answer_check.uninformative`,
+        :class:`~tiers.repeated_answers.RepeatedAnswers`). The verdict, or ``None`` while the check cannot judge yet
         (the comparison is then held, :data:`MAX_UNJUDGED`, and judged once it can)."""
         self.stats.compared += 1
         if not self.answers.ready:
             self.stats.unjudged += 1
             self.stats.unjudged_dropped += len(self._unjudged) == MAX_UNJUDGED
-            self._unjudged.append((scope, probe, cached_answer, fresh_answer, question))
+            self._unjudged.append((scope, probe, cached_answer, fresh_answer, question, tuple(prompt)))
             return None
-        return self._judge(scope, probe, cached_answer, fresh_answer, question)
+        return self._judge(scope, probe, cached_answer, fresh_answer, question, tuple(prompt))
 
     def _judge(self, scope: SemanticScope, probe: SemanticMatch, cached_answer: str, fresh_answer: str,
-               question: str) -> bool:
-        questions = (probe.question, question)
+               question: str, prompt: tuple[str, ...]) -> bool:
+        cached_question = probe.asked or probe.question
+        prompts = (cached_question, question, *prompt)
         cached_answer, fresh_answer = without_citations(cached_answer), without_citations(fresh_answer)
-        if uninformative(cached_answer, fresh_answer, questions):
+        namespace = templates_key(scope)
+        self.replies.learn(namespace, cached_question, cached_answer)
+        self.replies.learn(namespace, question, fresh_answer)
+        agreed = self.answers.agree(cached_answer, fresh_answer, prompts)
+        fixed = any(self.replies.repeated(namespace, answer) for answer in (cached_answer, fresh_answer))
+        if agreed and (fixed or uninformative(cached_answer, fresh_answer, prompts)):
             self.stats.uninformative += 1
             return True
-        agreed = self.answers.agree(cached_answer, fresh_answer, questions)
         self.stats.disagreed += not agreed
         self.calibrator.observe(scope.namespace, probe.similarity, agreed, scope.tenant)
         if (news := self.progress.news(scope.namespace, scope.tenant)) is not None:

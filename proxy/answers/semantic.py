@@ -140,7 +140,7 @@ class SemanticLookup:
         where = SemanticScope(scope.tenant, scope.namespace, scope.user)
         asked, question = question, self.semantic.question(where, question)
         query = ctx.semantic = SemanticQuery(question, where, signature.digest, signature_tag(where, signature.digest),
-                                             asked=asked)
+                                             asked=asked, instructions=self.reading.instructions(body, prompt))
         probe: SemanticMatch | None = None
         if policy.may_read:
             reply, probe = await self._lookup(ctx, query, key)
@@ -148,14 +148,14 @@ class SemanticLookup:
                 return reply
         reply = await call_next(ctx)
         if probe is not None:
-            reply.on_finish(self._comparison(where, probe, question))
+            reply.on_finish(self._comparison(where, probe, asked, query.instructions))
         if policy.may_store and not ctx.follower:
             async def learn(done: Reply, ok: bool, body_bytes: bytes) -> None:
                 if ok and done.status == 200 and (ctx.outcome is None or ctx.outcome.status in MISS_STATUSES):
                     complete = complete_body(done, body_bytes, self.endpoint)
                     answer = answer_text(complete.body) if complete is not None else None
                     if answer is not None:
-                        self.semantic.learn_answer(answer)
+                        self.semantic.learn_answer(answer, where, asked)
                     try:
                         await self.semantic.add(where, query.digest, question, key, asked)
                     except Exception as exc:  # fail open: the index is an optimisation
@@ -220,9 +220,11 @@ class SemanticLookup:
                 return entry
         return None
 
-    def _comparison(self, where: SemanticScope, probe: SemanticMatch, question: str) -> FinishCallback:
-        """After forwarding: compare the fresh answer with the one cached for ``probe`` (calibration evidence), in
-        the background (:meth:`SemanticTier.compare_later`)."""
+    def _comparison(self, where: SemanticScope, probe: SemanticMatch, question: str,
+                    instructions: str) -> FinishCallback:
+        """After forwarding: compare the fresh answer to ``question`` (as asked; ``instructions``: what else the
+        request told the model) with the one cached for ``probe`` (calibration evidence), in the background
+        (:meth:`SemanticTier.compare_later`)."""
         async def compare(done: Reply, ok: bool, body_bytes: bytes) -> None:
             complete = complete_body(done, body_bytes, self.endpoint) if ok and done.status == 200 else None
             fresh = answer_text(complete.body) if complete is not None else None
@@ -234,7 +236,7 @@ class SemanticLookup:
                     entry = await tier.get(probe.key)
                     cached = answer_text(entry.body) if entry is not None else None
                     if cached is not None:
-                        self.semantic.compare(where, probe, cached, fresh, question)
+                        self.semantic.compare(where, probe, cached, fresh, question, (instructions,))
                         return
 
             self.semantic.compare_later(comparison)

@@ -52,6 +52,8 @@ class SemanticQuery:
     vector: FloatArray | None = None
     asked: str | None = None
     """As asked, when that differs from ``question``."""
+    instructions: str = ""
+    """What else the request tells the model (system prompt, earlier turns; documents cut out)."""
 
 
 @dataclass(frozen=True, slots=True)
