@@ -57,6 +57,8 @@ def _fold(line: str) -> str:
 def diff_lines(asked: str, compared: str, other_asked: str, other_compared: str) -> LineDiff:
     """How a question (``asked``, embedded as ``compared``) and a candidate (``other_asked``, embedded as
     ``other_compared``) differ, line by line (module docstring)."""
+    if "\n" not in asked and "\n" not in other_asked:  # single lines, compared as asked: the usual case
+        return LineDiff(None, (compared, other_compared))
     mine, theirs = folded_lines(asked), folded_lines(other_asked)
     common = set(mine) & set(theirs)
     differ_mine = tuple(dict.fromkeys(line for line in mine if line not in common))
