@@ -64,11 +64,16 @@ def diff_lines(asked: str, compared: str, other_asked: str, other_compared: str)
     differ_mine = tuple(dict.fromkeys(line for line in mine if line not in common))
     differ_theirs = tuple(dict.fromkeys(line for line in theirs if line not in common))
     kept_mine, kept_theirs = set(folded_lines(compared)), set(folded_lines(other_compared))
-    if len(differ_mine) == len(differ_theirs) == 1 and kept_mine == set(differ_mine) \
-            and kept_theirs == set(differ_theirs):
+    if (
+        len(differ_mine) == len(differ_theirs) == 1
+        and kept_mine == set(differ_mine)
+        and kept_theirs == set(differ_theirs)
+    ):
         return LineDiff(None, (compared, other_compared))
-    texts = (_with_lines(asked, kept_mine | set(differ_mine)),
-             _with_lines(other_asked, kept_theirs | set(differ_theirs)))
+    texts = (
+        _with_lines(asked, kept_mine | set(differ_mine)),
+        _with_lines(other_asked, kept_theirs | set(differ_theirs)),
+    )
     if not differ_mine and not differ_theirs:
         return LineDiff(None, texts)
     if not differ_mine or not differ_theirs:
@@ -82,8 +87,9 @@ def diff_lines(asked: str, compared: str, other_asked: str, other_compared: str)
     return LineDiff(None, texts, (differ_mine, differ_theirs))
 
 
-def lines_similarity(weigh: tuple[tuple[str, ...], tuple[str, ...]],
-                     vectors: Mapping[str, npt.NDArray[np.float32]]) -> float | None:
+def lines_similarity(
+    weigh: tuple[tuple[str, ...], tuple[str, ...]], vectors: Mapping[str, npt.NDArray[np.float32]]
+) -> float | None:
     """The least, over every line to weigh, of its cosine with its closest counterpart on the other side (``None``
     when a line's embedding is missing from ``vectors``; 1 when there is nothing to weigh)."""
     mine, theirs = weigh

@@ -54,8 +54,9 @@ class RepeatedAnswers:
         self._kept: OwnedLRU[str] = OwnedLRU()
 
     def memory(self) -> list[MemoryAccount]:
-        return [MemoryAccount("l2_replies", self._kept.bytes, self.max_bytes, len(self._kept),
-                              "cache.l2.replies_max_bytes")]
+        return [
+            MemoryAccount("l2_replies", self._kept.bytes, self.max_bytes, len(self._kept), "cache.l2.replies_max_bytes")
+        ]
 
     def learn(self, namespace: str, question: str, answer: str) -> None:
         """``answer`` was given to ``question`` in ``namespace`` (``<tenant>\\x1f<namespace>``)."""
@@ -67,8 +68,9 @@ class RepeatedAnswers:
         answers[key] = questions if asked in questions or len(questions) >= REPEATED else (*questions, asked)
         while len(answers) > ANSWERS:
             answers.popitem(last=False)
-        self._kept.set(namespace, namespace.split("\x1f", 1)[0],
-                       NAMESPACE_BYTES + len(namespace) + ANSWER_BYTES * len(answers))
+        self._kept.set(
+            namespace, namespace.split("\x1f", 1)[0], NAMESPACE_BYTES + len(namespace) + ANSWER_BYTES * len(answers)
+        )
         while self._kept.bytes > self.max_bytes:
             victim = self._kept.victim(keep=namespace)
             victim = namespace if victim is None else victim

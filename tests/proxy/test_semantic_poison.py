@@ -23,8 +23,9 @@ FLOOD = 160
 """Look-alike pairs, 20 in each of the eight styles (seven in the question, one in the system prompt)."""
 
 
-def test_a_flood_of_instructed_agreements_in_several_styles_serves_no_wrong_hit(fake_llm_thread: FakeLLM,
-                                                                                tmp_path: Path) -> None:
+def test_a_flood_of_instructed_agreements_in_several_styles_serves_no_wrong_hit(
+    fake_llm_thread: FakeLLM, tmp_path: Path
+) -> None:
     fake_llm_thread.answer = acknowledging
     overrides: dict[str, Any] = {"cache.l2.enabled": True, "data_dir": str(tmp_path)}
     with ProxyServer(proxy_settings(fake_llm_thread.url, **overrides), admin=True) as server:
@@ -33,9 +34,13 @@ def test_a_flood_of_instructed_agreements_in_several_styles_serves_no_wrong_hit(
 
         def ask(question: str, system: str | None = None) -> str:
             nonlocal asked
-            body = {"model": "fake-model", "messages": [
-                {"role": "system", "content": system or "You are a helpful assistant."},
-                {"role": "user", "content": question}]}
+            body = {
+                "model": "fake-model",
+                "messages": [
+                    {"role": "system", "content": system or "You are a helpful assistant."},
+                    {"role": "user", "content": question},
+                ],
+            }
             status = str(httpx.post(server.url + CHAT, json=body, timeout=60).headers["X-Cache-Status"])
             asked += status == "MISS"
             return status

