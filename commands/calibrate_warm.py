@@ -99,11 +99,11 @@ async def gather(records: Sequence[Logged], embedder: Embedder, settings: L2Sett
             for index, record in enumerate(records):
                 scope = SemanticScope(tenant, record.namespace)
                 context = hashlib.blake2b(record.system.encode(), digest_size=8).hexdigest()
-                tier.learn_answer(record.answer)
+                tier.learn_answer(record.answer, scope, record.question)
                 decision = await tier.decide(scope, context, record.question)
                 best = decision.match or decision.probe
                 if best is not None:
-                    tier.compare(scope, best, answers[best.key], record.answer, record.question)
+                    tier.compare(scope, best, answers[best.key], record.answer, record.question, (record.system,))
                 key = str(index)
                 answers[key] = record.answer
                 await tier.add(scope, context, record.question, key)

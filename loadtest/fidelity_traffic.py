@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterable, Sequence
 
 import numpy as np
 
+from normalizer.text import technical
 from tiers.calibration import GRID
 from tiers.labelled_pairs import LabelledPair
 
@@ -137,14 +138,15 @@ def best_at(curve: Sequence[dict[str, float]], bound: float) -> dict[str, float]
 
 def _spaces(question: str, rng: random.Random) -> str:
     words = question.split(" ")
-    at = rng.randrange(len(words))
-    words[at] = words[at] + rng.choice(("  ", "\t", " "))
+    if not technical(question):  # technical text keeps its inner whitespace: only the ends are retyped there
+        at = rng.randrange(len(words))
+        words[at] = words[at] + rng.choice(("  ", "\t", " "))
     return rng.choice(("", " ", "  ", "\t")) + " ".join(words) + rng.choice(("", " ", "\n"))
 
 
 def _question_marks(question: str, rng: random.Random) -> str:
-    bare = question.rstrip(" ?")
-    return bare + rng.choice(("", "??", "?", " ?")) if bare else question
+    bare = question[:-1] if question.endswith("?") and question[-2:-1].isalnum() else question
+    return bare + rng.choice(("", "?")) if bare[-1:].isalnum() else question
 
 
 def _unicode(question: str, rng: random.Random) -> str:
@@ -160,7 +162,7 @@ retypings but other questions, left to the semantic tier."""
 
 
 def trivial_variants(question: str, count: int, rng: random.Random) -> list[str]:
-    """``count`` retypings of ``question``, each changing one to three of: whitespace, trailing question marks,
+    """``count`` retypings of ``question``, each changing one to three of: whitespace, a final question mark,
     Unicode forms (decomposed accents, a non-breaking space, a typographic apostrophe); none equal to the question
     itself."""
     found: list[str] = []

@@ -49,22 +49,23 @@ a key from the first repeat. Earlier messages, system prompts and multi-part con
 
 Key format (module :func:`cache_key`)::
 
-    rp4:<tenant>:<namespace>:<knowledge_version>:<kind>:<hex BLAKE2b-256 of the canonical JSON bytes>
+    rp5:<tenant>:<namespace>:<knowledge_version>:<kind>:<hex BLAKE2b-256 of the canonical JSON bytes>
 
-``rp4`` is the key-format version (bump it whenever canonicalization changes so old entries are never
-misread; ``rp3`` keys also folded letter case, compatibility forms and trailing ``! .``, ``rp2`` keys did not
-fold the final question's trivial variants, ``rp1`` keys did not cover the query string, the keyed headers or
-beyond-64-bit integers). Each scope
+``rp5`` is the key-format version (bump it whenever canonicalization changes so old entries are never
+misread; ``rp4`` keys also folded a run of trailing question marks, one after a space, and whitespace inside
+unquoted technical text, ``rp3`` keys also folded letter case, compatibility forms and trailing ``! .``, ``rp2``
+keys did not fold the final question's trivial variants, ``rp1`` keys did not cover the query string, the keyed
+headers or beyond-64-bit integers). Each scope
 component is percent-encoded (RFC 3986, nothing kept safe but ``A-Z a-z 0-9 _ . - ~``, and in the tenant
 component not ``~`` either), so a ``:`` in a tenant id cannot forge another scope, and a
-prefix such as ``rp4:acme:docs:`` selects exactly one tenant's namespace. ``kind`` is ``chat``,
+prefix such as ``rp5:acme:docs:`` selects exactly one tenant's namespace. ``kind`` is ``chat``,
 ``completion``, ``embedding`` (one key per embedding input item), ``response`` or ``rerank`` (one key per
 scored document). The scope is a readable prefix rather
 than hashed so stores can scan and drop a tenant, namespace or knowledge version by prefix. Namespaces shared
 across tenants use :data:`SHARED_TENANT` as the tenant (the identity layer must never issue it).
 
 User-scoped keys (private namespaces, ``cache.private_namespaces``, or a request's ``Cache-Control:
-private``): the tenant component becomes ``<tenant>~<user digest>``, e.g. ``rp4:acme~3f…9a:docs:4:chat:…``,
+private``): the tenant component becomes ``<tenant>~<user digest>``, e.g. ``rp5:acme~3f…9a:docs:4:chat:…``,
 where the digest is :func:`user_digest` (32 hex digits of BLAKE2b of the tenant and user id; user ids never
 appear in keys, and equal ids in two tenants get different digests). A ``~`` in the tenant id itself is
 written ``%7E``, so the first raw ``~`` always separates the digest and no tenant name can forge another
@@ -97,7 +98,7 @@ RequestKind = str
 """The cache layer's name of the endpoint a body was sent to, hashed into its keys (``chat``, ``completion``,
 ``embedding``, ``response``, ``rerank``...: :attr:`proxy.core.endpoints.Endpoint.kind`)."""
 
-KEY_FORMAT_VERSION = "rp4"
+KEY_FORMAT_VERSION = "rp5"
 SHARED_TENANT = "*"
 """Tenant component for namespaces configured as shared across tenants (percent-encoded as ``%2A``)."""
 
@@ -458,7 +459,7 @@ class KeyScope:
         return f"{tenant}{USER_SEPARATOR}{self.user}" if self.user else tenant
 
     def prefix(self) -> str:
-        """``rp4:<tenant>:<namespace>:<knowledge_version>:`` with each component percent-encoded."""
+        """``rp5:<tenant>:<namespace>:<knowledge_version>:`` with each component percent-encoded."""
         return _prefix(self)
 
 

@@ -63,7 +63,13 @@ from normalizer.documents import (
     content_id,
     message_text,
 )
-from normalizer.responses import canonical_response, final_input_question, semantic_question, split_prompt
+from normalizer.responses import (
+    canonical_response,
+    final_input_question,
+    prompt_messages,
+    semantic_question,
+    split_prompt,
+)
 
 SIGNATURE_FORMAT = "sig4"
 RESPONSE_SIGNATURE_FORMAT = "rsig2"
@@ -205,18 +211,43 @@ def _signed(signature_format: str, canonical: Mapping[str, JSONValue], consumed:
     )
 
 
+def _told(messages: list[Any], prompt: PromptDocuments) -> str:
+    """The text of every message but the final one, recognised documents cut out of the message holding them."""
+    detected = prompt.detected
+    texts = [detected.without_documents() if detected is not None and detected.message == i else message_text(m)
+             for i, m in enumerate(messages[:-1]) if isinstance(m, Mapping)]
+    return "\n".join(text for text in texts if text)
+
+
+def chat_instructions(body: Mapping[str, Any], prompt: PromptDocuments = NO_DOCUMENTS) -> str:
+    """What a chat request tells the model besides its final question: the system prompt and the earlier turns
+    (documents cut out: they are material, not instructions)."""
+    messages = body.get("messages")
+    return _told(messages if isinstance(messages, list) else [], prompt)
+
+
+def response_instructions(body: Mapping[str, Any], prompt: PromptDocuments = NO_DOCUMENTS) -> str:
+    """What a Responses request tells the model besides its final input item: its ``instructions`` and earlier
+    items (documents cut out)."""
+    return _told(prompt_messages(body), prompt)
+
+
 @dataclass(frozen=True, slots=True)
 class PromptReading:
-    """How the semantic stage reads one endpoint's body: its final question and its context signature."""
+    """How the semantic stage reads one endpoint's body: its final question, its context signature, and what else it
+    tells the model."""
 
     question: Callable[[Mapping[str, Any], PromptDocuments], str | None]
     signature: Callable[[Mapping[str, Any], PromptDocuments, str, JSONValue], ContextSignature | None]
     """``(body, prompt, knowledge version, variant)`` → the signature."""
+    instructions: Callable[[Mapping[str, Any], PromptDocuments], str]
+    """The prompt's text but its final question (an answer's words found there were dictated, not found:
+    :func:`tiers.answer_check.informative_words`)."""
 
 
 CHAT_READING = PromptReading(
     final_question, lambda body, prompt, version, variant: context_signature(
-        body, prompt=prompt, knowledge_version=version, variant=variant))
+        body, prompt=prompt, knowledge_version=version, variant=variant), chat_instructions)
 RESPONSE_READING = PromptReading(
     semantic_question, lambda body, prompt, version, variant: response_signature(
-        body, prompt=prompt, knowledge_version=version, variant=variant))
+        body, prompt=prompt, knowledge_version=version, variant=variant), response_instructions)

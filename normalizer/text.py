@@ -188,7 +188,13 @@ _QUOTED = re.compile(
 )
 """Spans kept as written: anything quoted or in backticks."""
 _SPACES = re.compile(r"\s+")
-_TRAILING = " ?"
+_TECHNICAL = re.compile(r"[/\\|$*%#@&+^~_\[\]]|(?<!\S)--?\w")
+
+
+def technical(text: str) -> bool:
+    """Whether ``text`` reads as technical (a path, an operator, a shell flag, a placeholder): its inner whitespace
+    is then kept as written by :func:`fold_question`."""
+    return _TECHNICAL.search(text) is not None
 
 
 def _fold_prose(text: str) -> str:
@@ -196,34 +202,49 @@ def _fold_prose(text: str) -> str:
     return _SPACES.sub(" ", text).replace("\u2019", "'")
 
 
+def _fold_technical(text: str) -> str:
+    """Each non-breaking space as a space (runs kept as long as they are), typographic apostrophes as apostrophes."""
+    return text.replace("\u00a0", " ").replace("\u2019", "'")
+
+
+def _without_end_mark(text: str) -> str:
+    """``text`` without its final question mark when it is a single one right after a word ("What is RAG?"); a run
+    of them, or one after a space, stays ("the C# operator ??", "operator ?")."""
+    return text[:-1] if len(text) >= 2 and text[-1] == "?" and text[-2].isalnum() else text
+
+
 def fold_question(text: str) -> str:
     """The final question as the exact key holds it: spellings that cannot change the answer folded into one.
 
     Folded: canonically equivalent Unicode (NFC: a precomposed ``\u00e9`` and ``e`` + combining accent), leading and
     trailing whitespace, runs of whitespace between words outside quoted and backticked spans, typographic
-    apostrophes there, and trailing question marks. Kept as written: letter case (``CO`` carbon monoxide, ``Co``
-    cobalt; ``tar -C`` and ``tar -c``; ``MB`` and ``Mb``), every other punctuation (``5!`` is a factorial),
-    compatibility forms (NFKC would turn ``2\u00b3`` into ``23``), and everything inside quotes or backticks. A
-    question that looks like code or spans lines (a code fence, any of ``{ } ; = < > \\``, a line break) only loses
-    its outer whitespace. What the rule is unsure of stays apart: a miss, never a wrong answer
-    (``tests/normalizer/test_text.py`` holds the pairs that must not fold). A question of plain ASCII letters,
-    digits, spaces and common punctuation takes a short path of string methods (the exact key is on every
-    request's path).
+    apostrophes there, and a single final question mark right after a word. Kept as written: letter case (``CO``
+    carbon monoxide, ``Co`` cobalt; ``tar -C`` and ``tar -c``; ``MB`` and ``Mb``), every other punctuation (``5!`` is
+    a factorial, ``??`` an operator), compatibility forms (NFKC would turn ``2\u00b3`` into ``23``), and everything
+    inside quotes or backticks. A question that looks like code or spans lines (a code fence, any of
+    ``{ } ; = < > \\``, a line break) only loses its outer whitespace; unquoted technical text (a path, an operator,
+    a shell flag: :func:`technical`) keeps its runs of whitespace as written (``sed s/a  b/c/``). What the rule is
+    unsure of stays apart: a miss, never a wrong answer (``tests/normalizer/test_text.py`` holds the pairs that must
+    not fold). A question of plain ASCII letters, digits, spaces and common punctuation takes a short path of string
+    methods (the exact key is on every request's path).
     """
     if text.isascii() and not text.encode().translate(None, _PLAIN):
-        plain = text.strip() if "  " not in text and "\t" not in text else " ".join(text.split())
-        return plain.rstrip(_TRAILING)
+        plain = text.strip()
+        if ("  " in plain or "\t" in plain) and not technical(plain):
+            plain = " ".join(plain.split())
+        return _without_end_mark(plain)
     stripped = text.strip()
     if not stripped.isascii():
         stripped = unicodedata.normalize("NFC", stripped)
     if "```" in stripped or not _CODE.isdisjoint(stripped) or "\n" in stripped or "\r" in stripped:
         return stripped
     if _QUOTES.isdisjoint(stripped):
-        return _fold_prose(stripped).rstrip(_TRAILING)
+        return _without_end_mark(_fold_technical(stripped) if technical(stripped) else _fold_prose(stripped))
+    fold = _fold_technical if technical(_QUOTED.sub(" ", stripped)) else _fold_prose
     parts: list[str] = []
     last = 0
     for match in _QUOTED.finditer(stripped):
-        parts += (_fold_prose(stripped[last:match.start()]), match.group(0))
+        parts += (fold(stripped[last:match.start()]), match.group(0))
         last = match.end()
-    parts.append(_fold_prose(stripped[last:]))
-    return "".join(parts).rstrip(_TRAILING)
+    parts.append(fold(stripped[last:]))
+    return _without_end_mark("".join(parts))

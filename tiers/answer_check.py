@@ -30,8 +30,11 @@ MAX_DOCUMENTS = 20_000
 MIN_ANSWERS = 20
 """Answers :class:`AnswerAgreement` must have seen before its verdicts count as evidence."""
 SHORT_ANSWER_WORDS = 3
-"""Two equal answers of at most this many distinct words tell nothing about whether their questions need one answer
-(:func:`uninformative`)."""
+"""An answer of at most this many distinct words tells nothing about whether its question and a look-alike need one
+answer ("ACK", "Yes.", "OK, done": :func:`uninformative`)."""
+MIN_INFORMATIVE_WORDS = 1
+"""Distinct words an answer must carry that its request did not (:func:`informative_words`) for an agreement to be
+evidence (:func:`uninformative`); more would drop honest short answers ("Paris is the capital of France.")."""
 
 
 def _stem(word: str) -> str:
@@ -100,14 +103,22 @@ def answers_agree_exactly(cached: str, fresh: str) -> bool:
     return " ".join(cached.split()).casefold() == " ".join(fresh.split()).casefold()
 
 
-def uninformative(cached: str, fresh: str, questions: Sequence[str] = ()) -> bool:
-    """Whether two equal answers agree by instruction rather than by meaning: very short (at most
-    :data:`SHORT_ANSWER_WORDS` distinct words: "ACK", "Yes.", "OK, done", "ACK ACK ACK"), or a verbatim echo of text
-    in one of the ``questions`` ("Reply with just: ACK", "Repeat after me: ..."). Such a pair agrees whatever its
-    questions ask, so counting it would let anyone who can send look-alike questions lower a namespace's threshold
-    for everyone (docs/semantic.md, "What one user of a tenant can do")."""
-    if not answers_agree_exactly(cached, fresh):
-        return False
-    answer = " ".join(fresh.split()).casefold()
-    return (len(set(_TOKEN.findall(answer))) <= SHORT_ANSWER_WORDS
-            or any(answer in " ".join(q.split()).casefold() for q in questions))
+def informative_words(answer: str, prompts: Iterable[str] = ()) -> set[str]:
+    """The words of ``answer`` its request did not dictate: content words with a letter in them (a number alone can
+    be dictated in words: "the digits one to five") that no text of ``prompts`` (the two questions, the system
+    prompt, the instructions, the earlier turns) carries."""
+    asked = {_stem(word) for prompt in prompts for word in _TOKEN.findall(prompt.casefold())}
+    return {word for word in content_words(answer, asked) if not word.isdigit() and any(c.isalpha() for c in word)}
+
+
+def uninformative(cached: str, fresh: str, prompts: Sequence[str] = ()) -> bool:
+    """Whether two answers tell nothing about whether their questions need one answer: either is very short (at most
+    :data:`SHORT_ANSWER_WORDS` distinct words: "ACK", "Yes.", "OK, done"), or carries fewer than
+    :data:`MIN_INFORMATIVE_WORDS` word its request did not dictate (:func:`informative_words`: "1 2 3 4 5" for "the
+    digits one to five", the fixed JSON or the phrase the prompt spells out, "Understood." where it says to reply
+    so). Two such answers agree or not as the instruction says, whatever the questions ask: counting their agreement
+    would let anyone who can send look-alike questions lower a namespace's threshold for everyone (docs/semantic.md,
+    "What one user of a tenant can do"). Answers the upstream gave word for word to several distinct questions are
+    the other case (:class:`tiers.repeated_answers.RepeatedAnswers`)."""
+    return any(len(set(_TOKEN.findall(answer.casefold()))) <= SHORT_ANSWER_WORDS
+               or len(informative_words(answer, prompts)) < MIN_INFORMATIVE_WORDS for answer in (cached, fresh))

@@ -7,12 +7,15 @@ the same words in every request: embedded whole, every two questions look alike,
 what the calibration prior says, and the namespace stays calibrating. So the lines a partition's recent questions
 repeat are taken for template and dropped from the question that is embedded.
 
-Per namespace (a tenant's, or a user's in a private one: an app's template spans its contexts), the line hashes of
+Per namespace (a tenant's, or a user's in a private one: an app's template spans its contexts), the hashes of the
+lines (spacing collapsed, case folded) of
 the last :data:`WINDOW` distinct question texts are kept (a text repeated counts once); a line is template when at
 least a quarter of them, and at least two, carry it, so two templates in turn are both learnt, and a question's own
-line counts only when it comes back around other lines. What remains, joined, is the question; a text that would be
-left empty (a single-line question is never split) stays whole. The first question of a namespace is compared whole:
-nothing is known to repeat yet. What the namespaces hold is kept within a byte budget
+line counts only when it comes back around other lines. What remains, its lines as they were, is the question; a
+text that would be left empty (a single-line question is never split) stays whole. A line is left out of the
+question compared, not of the comparison: where two questions differ in a line, template or not, the semantic tier
+compares that line too before serving (:mod:`tiers.question_lines`). The first question of a namespace is compared
+whole: nothing is known to repeat yet. What the namespaces hold is kept within a byte budget
 (``cache.l2.templates_max_bytes``; each namespace's own size, :meth:`_Recent.nbytes`): beyond it, the least recently
 used namespace of the tenant holding the most is forgotten (:class:`~tiers.budgets.OwnedLRU`). Learnt per process:
 replicas learn the same templates from their own traffic.
@@ -80,7 +83,7 @@ class QuestionTemplates:
         lines = text.split("\n")
         if len(lines) < 2:
             return text
-        hashes = [hash(line) for line in lines[:MAX_LINES]]
+        hashes = [hash(" ".join(line.split()).casefold()) for line in lines[:MAX_LINES]]
         recent = self._recent.get(namespace)
         if recent is None:
             recent = self._recent[namespace] = _Recent()
@@ -93,4 +96,4 @@ class QuestionTemplates:
             del self._recent[victim]
         need = max(2, len(recent.texts) // 4)
         kept = [line for i, line in enumerate(lines) if i >= MAX_LINES or recent.counts[hashes[i]] < need]
-        return " ".join(kept) if kept else " ".join(lines)
+        return "\n".join(kept) if kept else text

@@ -8,7 +8,9 @@ A match needs all of:
 2. cosine similarity of the final user questions' embeddings ≥ the namespace's threshold: by default the lowest one
    whose wrong share of served hits is, with 95% confidence, within ``max_wrong_hit_rate`` (:mod:`tiers.calibration`,
    docs/semantic.md), learned from comparisons of cached and fresh answers; or a fixed one set by the operator;
-3. no guard veto (:func:`normalizer.guards.veto`: numbers, dates, negations, quoted strings... that differ);
+3. no guard veto (:func:`normalizer.guards.veto`: numbers, dates, negations, quoted strings... that differ), and no
+   line one question carries that the comparison did not weigh (:func:`tiers.question_lines.compare_lines`: the
+   compared questions leave out template lines, but never a line where the two differ);
 4. the new prompt still carries the documents the cached answer rests on (:func:`normalizer.evidence.supports`:
    the documents it cites, or all it was given when it cites none; the same texts, cited positions unchanged).
 
@@ -19,7 +21,7 @@ text so that guards can compare it with the new one::
     partition  "<tenant>\\x1f<namespace>\\x1f<signature digest>"
                "<tenant>\\x1f<namespace>~<user digest>\\x1f<signature digest>"   (user-scoped: private namespaces)
     id         entry key (L1 key of the response)
-    payload    {"question": <original final user question>}
+    payload    {"question": <final user question as compared>, "asked": <as asked, when template lines were left out>}
 
 What an answer rests on (:func:`normalizer.evidence.evidence`) is kept once, in its entry's meta, where the answer is
 (L1, L3): it is counted in that tier's bytes and goes with the entry. When the new prompt carries documents, the
@@ -68,8 +70,11 @@ from tiers.calibration import GRID, Calibrator
 from tiers.calibration_progress import ProgressBoard
 from tiers.embedders.base import Embedder, FloatArray
 from tiers.latency import LatencyHistogram
+from tiers.question_lines import LineDiff, diff_lines, lines_similarity
 from tiers.question_templates import DEFAULT_MAX_BYTES as DEFAULT_TEMPLATES_BYTES
 from tiers.question_templates import QuestionTemplates
+from tiers.repeated_answers import DEFAULT_MAX_BYTES as DEFAULT_REPLIES_BYTES
+from tiers.repeated_answers import RepeatedAnswers
 from tiers.vectors.base import VectorHit, VectorStore
 
 log = logging.getLogger(__name__)
@@ -132,6 +137,8 @@ class SemanticMatch:
     source: str = "l2"
     evidence: JSONValue = None
     """What its answer rests on (:func:`normalizer.evidence.evidence`), when asked with documents."""
+    asked: str = ""
+    """Its question as asked, when the comparison left template lines out of ``question``."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,7 +175,8 @@ class SemanticStats:
     unjudged_dropped: int = 0
     """Of those, the oldest dropped unjudged because :data:`MAX_UNJUDGED` were already held: evidence lost."""
     uninformative: int = 0
-    """Comparisons not counted as evidence: equal answers given by instruction (:func:`uninformative`)."""
+    """Agreements not counted as evidence: answers their requests dictated (:func:`uninformative`), or given word for
+    word to several questions (:class:`~tiers.repeated_answers.RepeatedAnswers`)."""
     comparisons_dropped: int = 0
     """Comparisons skipped because :data:`MAX_COMPARISONS` were running."""
     index_errors: int = 0
@@ -242,6 +250,11 @@ def templates_key(scope: SemanticScope) -> str:
     return f"{scope.tenant}{_SEPARATOR}{scope.label}"
 
 
+def asked_payload(question: str, asked: str | None) -> dict[str, str]:
+    """A question's record: ``question`` as compared, and ``asked`` only when the comparison left lines out of it."""
+    return {"question": question, **({"asked": asked} if asked is not None and asked != question else {})}
+
+
 def choose_match(
     question: str,
     candidates: Sequence[VectorHit],
@@ -250,26 +263,61 @@ def choose_match(
     veto: Veto = guard_veto,
     on_veto: Callable[[str], None] | None = None,
     documents: Sequence[Document] = (),
+    asked: str | None = None,
+    line_vectors: Mapping[str, FloatArray] | None = None,
 ) -> SemanticMatch | None:
-    """The most similar candidate at or above ``threshold`` that no enabled guard vetoes and whose answer's
-    evidence a prompt carrying ``documents`` supports, else ``None``.
+    """The most similar candidate at or above ``threshold`` whose lines differ from ``asked``'s only in what was
+    weighed (:mod:`tiers.question_lines`; its similarity is then the least of its question's and its differing
+    lines', embedded in ``line_vectors``: :func:`lines_to_weigh`), that no enabled guard vetoes and whose answer's
+    evidence a prompt carrying ``documents`` supports, else ``None``; ``question``: ``asked`` as compared (its
+    template lines left out), ``asked`` defaulting to it.
 
-    ``on_veto`` is called with each veto reason (for metrics; ``documents`` when the evidence is not carried).
+    ``on_veto`` is called with each veto reason (for metrics; ``lines`` when a differing line tells them apart,
+    ``documents`` when the evidence is not carried).
     """
     enabled = tuple(guards)
-    for hit in sorted(candidates, key=lambda c: c.similarity, reverse=True):
+    weighed: list[tuple[float, VectorHit, LineDiff]] = []
+    for hit in candidates:
         if hit.similarity < threshold:
-            return None
-        original = str(hit.payload.get("question", ""))
-        reason = veto(question, original, enabled) if enabled else None
+            continue
+        diff = _diff(question, asked, hit)
+        similarity = hit.similarity
+        if diff.veto is None:
+            lines = lines_similarity(diff.weigh, line_vectors or {})
+            if lines is None or lines < threshold:
+                diff = LineDiff("lines: a differing line is not alike" if lines is not None
+                                else "lines: not weighed", diff.texts)
+            else:
+                similarity = min(similarity, lines)
+        weighed.append((similarity, hit, diff))
+    for similarity, hit, diff in sorted(weighed, key=lambda w: w[0], reverse=True):
+        reason = diff.veto
+        if reason is None and enabled:
+            reason = veto(*diff.texts, enabled)
         if reason is None and not supports(hit.payload.get("evidence"), documents):
             reason = "documents"
         if reason is None:
-            return SemanticMatch(hit.id, hit.similarity, original, str(hit.payload.get("source", "l2")),
-                                 hit.payload.get("evidence"))
+            return SemanticMatch(hit.id, similarity, str(hit.payload.get("question", "")),
+                                 str(hit.payload.get("source", "l2")), hit.payload.get("evidence"),
+                                 str(hit.payload.get("asked") or ""))
         if on_veto is not None:
             on_veto(reason)
     return None
+
+
+def _diff(question: str, asked: str | None, hit: VectorHit) -> LineDiff:
+    original = str(hit.payload.get("question", ""))
+    return diff_lines(asked or question, question, str(hit.payload.get("asked") or original), original)
+
+
+def lines_to_weigh(question: str, candidates: Sequence[VectorHit], threshold: float,
+                   asked: str | None = None) -> list[str]:
+    """The differing lines :func:`choose_match` weighs by their own embeddings for these candidates."""
+    lines: dict[str, None] = {}
+    for hit in candidates:
+        if hit.similarity >= threshold and (diff := _diff(question, asked, hit)).veto is None:
+            lines.update(dict.fromkeys((*diff.weigh[0], *diff.weigh[1])))
+    return list(lines)
 
 
 class SemanticTier:
@@ -290,6 +338,7 @@ class SemanticTier:
         veto: Veto = guard_veto,
         calibration_max_bytes: int = DEFAULT_CALIBRATION_BYTES,
         templates_max_bytes: int = DEFAULT_TEMPLATES_BYTES,
+        replies_max_bytes: int = DEFAULT_REPLIES_BYTES,
     ) -> None:
         """``threshold``/``namespace_thresholds``: fixed cosine thresholds (overrides of the calibrated ones);
         ``max_wrong_hit_rate``: the error bound calibrated thresholds meet (:mod:`tiers.calibration`);
@@ -297,8 +346,8 @@ class SemanticTier:
         two answers (:class:`~tiers.answer_check.AnswerAgreement`) from which they agree; ``guards``: names of the
         enabled guards
         (see :mod:`normalizer.guards`); ``candidates``: neighbours examined per lookup; ``veto``: the guard function
-        (injectable for experiments); ``calibration_max_bytes``/``templates_max_bytes``: the budgets of the
-        calibration evidence and of the question templates."""
+        (injectable for experiments); ``calibration_max_bytes``/``templates_max_bytes``/``replies_max_bytes``: the
+        budgets of the calibration evidence, the question templates and the answers given to several questions."""
         if embedder.dim != store.dim:
             raise ValueError(f"embedder dim {embedder.dim} != vector store dim {store.dim}")
         self.embedder = embedder
@@ -307,6 +356,7 @@ class SemanticTier:
                                      namespace_fixed=dict(namespace_thresholds or {}), verify_fraction=verify_fraction,
                                      max_bytes=calibration_max_bytes)
         self.templates = QuestionTemplates(templates_max_bytes)
+        self.replies = RepeatedAnswers(replies_max_bytes)
         self.progress = ProgressBoard(self.calibrator)
         """How far each namespace's calibration has come (``/admin/stats``, the logs, the start-up summary)."""
         self.answers = AnswerAgreement(answer_agreement)
@@ -316,13 +366,15 @@ class SemanticTier:
         self.veto = veto
         self.stats = SemanticStats()
         self._comparing: set[asyncio.Task[None]] = set()
-        self._unjudged: deque[tuple[SemanticScope, SemanticMatch, str, str, str]] = deque(maxlen=MAX_UNJUDGED)
-        """Comparisons waiting for the answer check to be ready: (scope, probe, cached, fresh, question)."""
+        self._unjudged: deque[tuple[SemanticScope, SemanticMatch, str, str, str, tuple[str, ...]]] = \
+            deque(maxlen=MAX_UNJUDGED)
+        """Comparisons waiting for the answer check to be ready: (scope, probe, cached, fresh, question, prompt)."""
 
     def memory(self) -> list[MemoryAccount]:
-        """The ledger's lines of the index (an embedded one), the question templates and the calibration evidence."""
+        """The ledger's lines of the index (an embedded one), the question templates, the calibration evidence and the
+        answers given to several questions."""
         index = self.store.memory() if isinstance(self.store, Accounted) else []
-        return [*index, *self.templates.memory(), *self.calibrator.memory()]
+        return [*index, *self.templates.memory(), *self.calibrator.memory(), *self.replies.memory()]
 
     def question(self, scope: SemanticScope, text: str) -> str:
         """The question compared: ``text`` without the lines the scope's template repeats
@@ -333,21 +385,23 @@ class SemanticTier:
         """The cosine threshold ``scope``'s namespace runs at now, for its tenant."""
         return self.calibrator.threshold(scope.namespace, scope.tenant)
 
-    async def lookup(self, scope: SemanticScope, signature_digest: str, question: str) -> SemanticMatch | None:
+    async def lookup(self, scope: SemanticScope, signature_digest: str, question: str,
+                     asked: str | None = None) -> SemanticMatch | None:
         """An equivalent cached question under the same context, or ``None``."""
-        return (await self.decide(scope, signature_digest, question)).match
+        return (await self.decide(scope, signature_digest, question, asked=asked)).match
 
     async def decide(self, scope: SemanticScope, signature_digest: str, question: str,
                      more: CandidateSource | None = None, documents: Sequence[Document] = (),
-                     evidence: EvidenceReader | None = None) -> SemanticDecision:
-        """Serve a match, or forward (and maybe compare answers with a probe afterwards); ``more``: a second source
+                     evidence: EvidenceReader | None = None, asked: str | None = None) -> SemanticDecision:
+        """Serve a match, or forward (and maybe compare answers with a probe afterwards); ``question``: as compared
+        (:meth:`question`), ``asked``: as asked when that differs; ``more``: a second source
         of candidates, searched when this tier's own cannot serve; ``documents``: those the new prompt carries;
         ``evidence``: how this index's candidates' evidence is read (with ``documents`` and without it, this index's
         candidates are not used: nothing says what their answers rest on)."""
         self.stats.lookups += 1
         started = time.perf_counter()
         try:
-            return await self._decide(scope, signature_digest, question, more, documents, evidence)
+            return await self._decide(scope, signature_digest, question, more, documents, evidence, asked)
         except Exception:
             self.stats.errors += 1
             raise
@@ -356,7 +410,7 @@ class SemanticTier:
 
     async def _decide(self, scope: SemanticScope, signature_digest: str, question: str,
                       more: CandidateSource | None, documents: Sequence[Document],
-                      evidence: EvidenceReader | None) -> SemanticDecision:
+                      evidence: EvidenceReader | None, asked: str | None) -> SemanticDecision:
         partition = partition_of(scope, signature_digest)
         indexed = await self.store.count(partition) > 0
         if not indexed and more is None:
@@ -367,11 +421,13 @@ class SemanticTier:
         floor = min(threshold, GRID[0])
         if hits and documents:  # what the answers rest on is in their entries: unread, they cannot serve
             hits = await evidence([hit for hit in hits if hit.similarity >= floor]) if evidence is not None else []
-        best = choose_match(question, hits, floor, self.guards, self.veto, self._count_veto, documents)
+        best = choose_match(question, hits, floor, self.guards, self.veto, self._count_veto, documents, asked,
+                            await self._line_vectors(question, hits, floor, asked))
         if (best is None or best.similarity < threshold) and more is not None:
             known = {hit.id for hit in hits}  # an answer both know is this index's (its own float32 score)
             extra = [hit for hit in await more(vector) if hit.id not in known]
-            other = choose_match(question, extra, floor, self.guards, self.veto, self._count_veto, documents)
+            other = choose_match(question, extra, floor, self.guards, self.veto, self._count_veto, documents, asked,
+                                 await self._line_vectors(question, extra, floor, asked))
             if other is not None and (best is None or other.similarity > best.similarity):
                 best = other
         if best is None:
@@ -386,39 +442,57 @@ class SemanticTier:
             return SemanticDecision(probe=best, vector=vector)
         return SemanticDecision(match=best, vector=vector)
 
+    async def _line_vectors(self, question: str, hits: Sequence[VectorHit], floor: float,
+                            asked: str | None) -> dict[str, FloatArray]:
+        """The embeddings of the lines to weigh for ``hits`` (one batch; none asked for in the usual case)."""
+        lines = lines_to_weigh(question, hits, floor, asked)
+        return dict(zip(lines, await self.embedder.embed(lines), strict=True)) if lines else {}
+
     def served(self) -> None:
         """Count one semantic hit served (from whichever tier held the matched answer)."""
         self.stats.hits += 1
 
-    def learn_answer(self, answer: str) -> None:
-        """An answer the upstream gave (word weights of the answer check); once the check is ready, the comparisons
-        held until then are judged."""
-        self.answers.learn(without_citations(answer))
+    def learn_answer(self, answer: str, scope: SemanticScope | None = None, question: str = "") -> None:
+        """An answer the upstream gave (word weights of the answer check; with ``scope``, the answers given to
+        several questions, :class:`~tiers.repeated_answers.RepeatedAnswers`); once the check is ready, the
+        comparisons held until then are judged."""
+        answer = without_citations(answer)
+        self.answers.learn(answer)
+        if scope is not None:
+            self.replies.learn(templates_key(scope), question, answer)
         if self._unjudged and self.answers.ready:
             while self._unjudged:
                 self._judge(*self._unjudged.popleft())
 
     def compare(self, scope: SemanticScope, probe: SemanticMatch, cached_answer: str, fresh_answer: str,
-                      question: str = "") -> bool | None:
-        """Record whether the answer cached for ``probe`` agrees with the fresh answer to ``question``
-        (:class:`~tiers.answer_check.AnswerAgreement`); the verdict, or ``None`` while the check cannot judge yet
+                question: str = "", prompt: Sequence[str] = ()) -> bool | None:
+        """Record whether the answer cached for ``probe`` agrees with the fresh answer to ``question`` (as asked;
+        ``prompt``: what else the request told the model, its system prompt and earlier turns)
+        (:class:`~tiers.answer_check.AnswerAgreement`); an agreement the request dictated, or of an answer given to
+        several questions, is not evidence (:func:`~tiers.answer_check.uninformative`,
+        :class:`~tiers.repeated_answers.RepeatedAnswers`). The verdict, or ``None`` while the check cannot judge yet
         (the comparison is then held, :data:`MAX_UNJUDGED`, and judged once it can)."""
         self.stats.compared += 1
         if not self.answers.ready:
             self.stats.unjudged += 1
             self.stats.unjudged_dropped += len(self._unjudged) == MAX_UNJUDGED
-            self._unjudged.append((scope, probe, cached_answer, fresh_answer, question))
+            self._unjudged.append((scope, probe, cached_answer, fresh_answer, question, tuple(prompt)))
             return None
-        return self._judge(scope, probe, cached_answer, fresh_answer, question)
+        return self._judge(scope, probe, cached_answer, fresh_answer, question, tuple(prompt))
 
     def _judge(self, scope: SemanticScope, probe: SemanticMatch, cached_answer: str, fresh_answer: str,
-               question: str) -> bool:
-        questions = (probe.question, question)
+               question: str, prompt: tuple[str, ...]) -> bool:
+        cached_question = probe.asked or probe.question
+        prompts = (cached_question, question, *prompt)
         cached_answer, fresh_answer = without_citations(cached_answer), without_citations(fresh_answer)
-        if uninformative(cached_answer, fresh_answer, questions):
+        namespace = templates_key(scope)
+        self.replies.learn(namespace, cached_question, cached_answer)
+        self.replies.learn(namespace, question, fresh_answer)
+        agreed = self.answers.agree(cached_answer, fresh_answer, prompts)
+        fixed = any(self.replies.repeated(namespace, answer) for answer in (cached_answer, fresh_answer))
+        if agreed and (fixed or uninformative(cached_answer, fresh_answer, prompts)):
             self.stats.uninformative += 1
             return True
-        agreed = self.answers.agree(cached_answer, fresh_answer, questions)
         self.stats.disagreed += not agreed
         self.calibrator.observe(scope.namespace, probe.similarity, agreed, scope.tenant)
         if (news := self.progress.news(scope.namespace, scope.tenant)) is not None:
@@ -451,12 +525,13 @@ class SemanticTier:
         guard = reason.split(":", 1)[0]
         self.stats.vetoes[guard] = self.stats.vetoes.get(guard, 0) + 1
 
-    async def add(self, scope: SemanticScope, signature_digest: str, question: str, entry_key: str) -> None:
-        """Record that ``entry_key`` answers ``question`` under this scope and context (what the answer rests on is
-        kept with the entry: module docstring)."""
+    async def add(self, scope: SemanticScope, signature_digest: str, question: str, entry_key: str,
+                  asked: str | None = None) -> None:
+        """Record that ``entry_key`` answers ``question`` (as compared; ``asked``: as asked, kept when it differs)
+        under this scope and context (what the answer rests on is kept with the entry: module docstring)."""
         [vector] = await self.embedder.embed([question])
         await self.store.add(partition_of(scope, signature_digest), [entry_key], vector[None, :].astype(np.float32),
-                             [{"question": question}])
+                             [asked_payload(question, asked)])
 
     async def delete(self, entry_keys: Sequence[str]) -> int:
         """Forget entries (their responses were evicted or invalidated); the number that existed."""

@@ -53,7 +53,8 @@ Scenarios, in order:
     a probe (``GET /healthz`` and one small chat call) runs every 0.5 s against A. The probe's latency before the
     attack is the baseline of its latency during the attack.
 12. **calibration poisoning** (:mod:`loadtest.bench._abuse_poison`, a replica of its own with L2 on): one user's 200
-    agreeing look-alike pairs ("Reply with just: ACK"), then another user's 30 look-alikes needing other answers;
+    agreeing look-alike pairs in eight instruction styles ("Reply with just: ACK", the digits one to five, a fixed
+    JSON, a system prompt's fixed reply...), then another user's 30 look-alikes needing other answers;
 13. **folding** (:mod:`loadtest.bench._abuse_fold`, a replica of its own, exact cache only): pairs whose answers can
     differ asked by two users of a tenant (``fold_wrong_hits``: exact hits among them) and pairs that keep the
     meaning (``fold_kept_hit_share``);

@@ -225,6 +225,8 @@ class StoreResponse:
                 cost=ctx.upstream_seconds if ctx.upstream_seconds is not None else 1.0,
                 meta={"tenant": ctx.tenant, "namespace": ctx.namespace, "route": ctx.route,
                       **({"question": question} if question else {}),
+                      **({"asked": semantic.asked} if semantic is not None and semantic.asked
+                         and semantic.asked != question else {}),
                       **({"documents": documents} if documents else {}),
                       **({"evidence": rests_on} if rests_on is not None else {}),
                       **({"response_id": response_id} if response_id else {}), **stored.meta},

@@ -20,7 +20,8 @@ upstream answer has been stored, and the answer's words teach the answer check
 
 The lines an app's prompt template repeats around its questions are left out of the question compared
 (:class:`~tiers.question_templates.QuestionTemplates`, learnt per namespace, one for every endpoint:
-:meth:`SemanticTier.question`).
+:meth:`SemanticTier.question`); the question as asked goes along (``asked``, kept with the entry when it differs), so
+that a line where two questions differ is weighed before a hit serves (:mod:`tiers.question_lines`).
 
 In a user-scoped (private) request the index partition and the cold tier's signature tag carry the key scope's
 user digest too, so a paraphrase never reaches another user's answer.
@@ -56,6 +57,7 @@ from tiers.semantic import (
     SemanticScope,
     SemanticTier,
     answer_text,
+    asked_payload,
     edit_answer_text,
 )
 from tiers.vectors.base import VectorHit
@@ -85,6 +87,10 @@ def question_vectors(tiers: Sequence[ResponseTier]) -> QuestionVectors | None:
         if isinstance(tier.store, QuestionVectorStore):
             return QuestionVectors(tier, tier.store)
     return None
+
+
+def _text(value: object) -> str | None:
+    return value if isinstance(value, str) else None
 
 
 def signature_tag(where: SemanticScope, digest: str) -> str:
@@ -132,8 +138,9 @@ class SemanticLookup:
         if signature is None:
             return await call_next(ctx)
         where = SemanticScope(scope.tenant, scope.namespace, scope.user)
-        question = self.semantic.question(where, question)
-        query = ctx.semantic = SemanticQuery(question, where, signature.digest, signature_tag(where, signature.digest))
+        asked, question = question, self.semantic.question(where, question)
+        query = ctx.semantic = SemanticQuery(question, where, signature.digest, signature_tag(where, signature.digest),
+                                             asked=asked, instructions=self.reading.instructions(body, prompt))
         probe: SemanticMatch | None = None
         if policy.may_read:
             reply, probe = await self._lookup(ctx, query, key)
@@ -141,16 +148,16 @@ class SemanticLookup:
                 return reply
         reply = await call_next(ctx)
         if probe is not None:
-            reply.on_finish(self._comparison(where, probe, question))
+            reply.on_finish(self._comparison(where, probe, asked, query.instructions))
         if policy.may_store and not ctx.follower:
             async def learn(done: Reply, ok: bool, body_bytes: bytes) -> None:
                 if ok and done.status == 200 and (ctx.outcome is None or ctx.outcome.status in MISS_STATUSES):
                     complete = complete_body(done, body_bytes, self.endpoint)
                     answer = answer_text(complete.body) if complete is not None else None
                     if answer is not None:
-                        self.semantic.learn_answer(answer)
+                        self.semantic.learn_answer(answer, where, asked)
                     try:
-                        await self.semantic.add(where, query.digest, question, key)
+                        await self.semantic.add(where, query.digest, question, key, asked)
                     except Exception as exc:  # fail open: the index is an optimisation
                         self.semantic.stats.index_errors += 1
                         log.warning("semantic index add failed: %s", exc)
@@ -176,9 +183,9 @@ class SemanticLookup:
                     entry = await cold.tier.get(candidate)
                     if entry is not None:
                         found[candidate] = entry
-                        hits.append(VectorHit(candidate, similarity, {"question": str(entry.meta.get("question", "")),
-                                                                       "source": cold.tier.name,
-                                                                       "evidence": entry.meta.get("evidence")}))
+                        hits.append(VectorHit(candidate, similarity, {
+                            **asked_payload(str(entry.meta.get("question", "")), _text(entry.meta.get("asked"))),
+                            "source": cold.tier.name, "evidence": entry.meta.get("evidence")}))
                 return hits
             except Exception as exc:  # fail open
                 self.semantic.stats.index_errors += 1
@@ -213,9 +220,11 @@ class SemanticLookup:
                 return entry
         return None
 
-    def _comparison(self, where: SemanticScope, probe: SemanticMatch, question: str) -> FinishCallback:
-        """After forwarding: compare the fresh answer with the one cached for ``probe`` (calibration evidence), in
-        the background (:meth:`SemanticTier.compare_later`)."""
+    def _comparison(self, where: SemanticScope, probe: SemanticMatch, question: str,
+                    instructions: str) -> FinishCallback:
+        """After forwarding: compare the fresh answer to ``question`` (as asked; ``instructions``: what else the
+        request told the model) with the one cached for ``probe`` (calibration evidence), in the background
+        (:meth:`SemanticTier.compare_later`)."""
         async def compare(done: Reply, ok: bool, body_bytes: bytes) -> None:
             complete = complete_body(done, body_bytes, self.endpoint) if ok and done.status == 200 else None
             fresh = answer_text(complete.body) if complete is not None else None
@@ -227,7 +236,7 @@ class SemanticLookup:
                     entry = await tier.get(probe.key)
                     cached = answer_text(entry.body) if entry is not None else None
                     if cached is not None:
-                        self.semantic.compare(where, probe, cached, fresh, question)
+                        self.semantic.compare(where, probe, cached, fresh, question, (instructions,))
                         return
 
             self.semantic.compare_later(comparison)
@@ -252,7 +261,8 @@ class SemanticLookup:
         try:
             decision = await self.semantic.decide(query.where, query.digest, query.question,
                                                   self._cold_candidates(query, key, found), ctx.prompt.documents
-                                                  if ctx.prompt is not None else (), self._evidence(found))
+                                                  if ctx.prompt is not None else (), self._evidence(found),
+                                                  query.asked)
         except Exception as exc:  # embedding model or vector store down: fail open (counted by the tier)
             log.warning("semantic lookup failed: %s", exc)
             return None, None

@@ -61,7 +61,8 @@ def build_semantic(settings: L2Settings, data_dir: Path, client: UpstreamClient)
                         max_wrong_hit_rate=settings.max_wrong_hit_rate, verify_fraction=settings.verify_fraction,
                         answer_agreement=settings.answer_agreement, guards=settings.guards,
                         candidates=settings.candidates, calibration_max_bytes=settings.calibration_max_bytes,
-                        templates_max_bytes=settings.templates_max_bytes)
+                        templates_max_bytes=settings.templates_max_bytes,
+                        replies_max_bytes=settings.replies_max_bytes)
     warm(tier, data_dir / WARM_FILE)
     return tier
 

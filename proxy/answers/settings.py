@@ -14,6 +14,7 @@ from tiers.calibration import DEFAULT_MAX_BYTES as DEFAULT_CALIBRATION_BYTES
 from tiers.embedders import DEFAULT_UPSTREAM_DIM, DEFAULT_UPSTREAM_MODEL
 from tiers.policies import POLICY_NAMES
 from tiers.question_templates import DEFAULT_MAX_BYTES as DEFAULT_TEMPLATES_BYTES
+from tiers.repeated_answers import DEFAULT_MAX_BYTES as DEFAULT_REPLIES_BYTES
 from tiers.semantic import DEFAULT_ANSWER_AGREEMENT, DEFAULT_CANDIDATES, DEFAULT_MAX_WRONG_HIT_RATE
 from tiers.vectors.hnsw import DEFAULT_MAX_BYTES as DEFAULT_INDEX_BYTES
 
@@ -92,6 +93,10 @@ class L2Settings(Section):
         default=DEFAULT_TEMPLATES_BYTES, ge=64 * 1024, description="Memory of the question templates learnt per "
         "tenant and namespace; beyond it the least recently used namespace of the tenant holding the most is "
         "forgotten")
+    replies_max_bytes: int = Field(
+        default=DEFAULT_REPLIES_BYTES, ge=64 * 1024, description="Memory of the answers kept per tenant and namespace "
+        "to tell fixed replies (one answer to several questions: not calibration evidence); beyond it the least "
+        "recently used namespace of the tenant holding the most is forgotten")
 
     @model_validator(mode="after")
     def _complete(self) -> L2Settings:

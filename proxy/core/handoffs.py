@@ -45,10 +45,15 @@ class SemanticQuery:
     once computed (stored entries carry the question, the cold tier the vector)."""
 
     question: str
+    """As compared (the template's lines left out)."""
     where: SemanticScope
     digest: str
     tag: str
     vector: FloatArray | None = None
+    asked: str | None = None
+    """As asked, when that differs from ``question``."""
+    instructions: str = ""
+    """What else the request tells the model (system prompt, earlier turns; documents cut out)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -65,7 +65,7 @@ def test_a_colon_in_a_scope_component_cannot_forge_another_scope() -> None:
 def test_key_format() -> None:
     body = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
     key = chat_key(body, KeyScope("tenant one", "docs", "3"))
-    assert re.fullmatch(r"rp4:tenant%20one:docs:3:chat:[0-9a-f]{64}", key)
+    assert re.fullmatch(r"rp5:tenant%20one:docs:3:chat:[0-9a-f]{64}", key)
 
 
 @PROPERTY_SETTINGS

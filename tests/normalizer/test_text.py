@@ -79,8 +79,8 @@ def test_default_normalization_is_idempotent(text: str) -> None:
 # -- the question as the exact key holds it -------------------------------------------------------------------------
 
 @pytest.mark.parametrize("variant", [
-    "What is the capital of France?", "What is the capital of France", "  What is the capital of France??  ",
-    "What  is the\tcapital of France", "What is the capital of France ?", "What is the capital\u00a0of France?",
+    "What is the capital of France?", "What is the capital of France", "  What is the capital of France?  ",
+    "What  is the\tcapital of France", "What is the capital\u00a0of France?",
 ])
 def test_variants_that_keep_the_meaning_fold_into_one_question(variant: str) -> None:
     assert fold_question(variant) == "What is the capital of France"
@@ -100,6 +100,12 @@ def test_typographic_apostrophes_are_apostrophes() -> None:
 @pytest.mark.parametrize(("one", "other"), MEANING_CHANGES)
 def test_what_can_change_the_answer_stays_apart(one: str, other: str) -> None:
     assert fold_question(one) != fold_question(other)
+
+
+@pytest.mark.parametrize("marks", ["What is the capital of France??", "What is the capital of France ?",
+                                   "What is the capital of France?!"])
+def test_only_a_single_question_mark_after_a_word_is_folded(marks: str) -> None:
+    assert fold_question(marks) == marks, "a run of marks, or one apart, may be an operator: kept as written"
 
 
 def test_code_keeps_its_inner_whitespace_and_case() -> None:

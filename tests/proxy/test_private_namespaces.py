@@ -91,7 +91,7 @@ def test_exact_answers_stay_with_their_user(fake_llm_thread: FakeLLM,
     assert _status(_post(server, alice, TEAM)) == "MISS"
     assert _status(_post(server, bob, TEAM)) == "HIT", "an ordinary namespace is shared inside the tenant"
     key = first.headers["X-Cache-Key"]
-    assert re.fullmatch(r"rp4:acme~[0-9a-f]{32}:mine:0:chat:[0-9a-f]{64}", key), key
+    assert re.fullmatch(r"rp5:acme~[0-9a-f]{32}:mine:0:chat:[0-9a-f]{64}", key), key
     assert "alice" not in key, "user ids stay out of keys"
 
 
@@ -255,7 +255,7 @@ def test_user_scope_is_recorded_even_when_the_request_bypasses_the_cache() -> No
 def test_user_scoped_keys_cannot_be_forged_by_a_tenant_name() -> None:
     digest = user_digest("acme", "alice")
     assert KeyScope("acme~" + digest).prefix() != KeyScope("acme", user=digest).prefix()
-    assert KeyScope("acme~" + digest).prefix().startswith("rp4:acme%7E")
+    assert KeyScope("acme~" + digest).prefix().startswith("rp5:acme%7E")
     assert user_digest("acme", "alice") != user_digest("globex", "alice"), "one id in two tenants: two users"
     assert KeyScope("acme", "docs", "3", digest).prefix().split(":")[1].split("~") == ["acme", digest]
 

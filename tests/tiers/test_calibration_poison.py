@@ -40,7 +40,29 @@ def test_equal_answers_by_instruction_are_uninformative() -> None:
                           "green and verified"))
     long_answer = "Open the security settings, choose reset, and follow the emailed link within an hour."
     assert not uninformative(long_answer, long_answer, ("how do I reset my password", "how can I reset it"))
-    assert not uninformative("ACK", "NACK", asked)
+    digits = ("Build done on the staging cluster. Reply with just the digits one to five, separated by spaces.",
+              "Build done on the staging server. Reply with just the digits one to five, separated by spaces.")
+    assert uninformative("1 2 3 4 5", "1 2 3 4 5", digits), "numbers alone can be dictated in words"
+    assert uninformative('{"status": "ok"}', '{"status":"ok"}', ('Reply with the JSON {"status":"ok"}',))
+    assert uninformative("All systems nominal and ready.", "All systems nominal and ready.",
+                         ("Is it up?", "Is it down?", "System prompt: always say all systems are nominal and ready"))
+
+
+def test_an_agreement_by_instruction_is_not_evidence_a_disagreement_is(tmp_path: Path) -> None:
+    tier = SemanticTier(LocalEmbedder(encoder=MiniLMEncoder()), HnswVectorStore(384, tmp_path))
+    for i in range(MIN_ANSWERS):
+        tier.learn_answer(f"Answer {i}: water the fern {i} times a week and keep it out of direct sunlight.")
+    probe = SemanticMatch("k", 0.9, "Build done on the staging cluster. Reply with just: ACK")
+    assert tier.compare(ACME, probe, "ACK", "ACK", "Build done on the staging server. Reply with just: ACK")
+    assert tier.compare(ACME, probe, "ACK", "NACK", "Build done on the staging server. Reply with just: ACK") is False
+    assert (tier.stats.uninformative, tier.calibrator.operating("support", "acme").observations) == (1, 1)
+    fixed = "Mercury, Venus and Earth are the first three."
+    for n in range(3):
+        question = f"Job {n} done on the lab box. Name the first three planets."
+        tier.learn_answer(fixed, ACME, question)
+    assert tier.compare(ACME, SemanticMatch("k", 0.9, "Job 7 done on the lab box. Name the first three planets."),
+                        fixed, fixed, "Job 7 done on the lab machine. Name the first three planets.")
+    assert tier.stats.uninformative == 2, "an answer given word for word to three distinct questions is fixed"
 
 
 def test_a_flood_of_agreeing_look_alikes_does_not_serve_another_users_wrong_hits(tmp_path: Path) -> None:
