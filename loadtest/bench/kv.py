@@ -74,6 +74,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from loadtest.bench._kv_rag import chosen_workload
 from loadtest.bench._kv_reuse import Phase, prefill_bound_speedup, prefix_reuse_ceiling
 from loadtest.bench._kv_servers import Servers, ensure_binaries, exit_on_sigterm
 from loadtest.bench._kv_sides import (
@@ -86,7 +87,6 @@ from loadtest.bench._kv_sides import (
     open_loop_client,
     run_interleaved,
 )
-from loadtest.bench._kv_workload import make_workload
 
 
 @dataclass(slots=True)
@@ -133,8 +133,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--json", action="store_true", help="print one JSON object as the last line")
     parser.add_argument("--requests", type=int, help="measured requests (quick 16, else 40)")
     parser.add_argument("--warmup", type=int, help="requests sent before, not counted (default: --requests)")
-    parser.add_argument("--docs", type=int)
-    parser.add_argument("--doc-words", type=int, default=200)
+    parser.add_argument("--docs", type=int, help="corpus size (synthetic: quick 10, else 24; zipf-rag 40)")
+    parser.add_argument("--doc-words", type=int, help="words per document (synthetic 200, zipf-rag 150)")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--order", choices=["reuse", "shift"], default="reuse",
                         help="the proxy's order policy (shift: approximate reuse outside the prefix, see "
@@ -146,10 +146,10 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     requests = args.requests or (16 if args.quick else 40)
     warmup = requests if args.warmup is None else args.warmup
-    docs = args.docs or (10 if args.quick else 24)
+    docs = args.docs or (None if args.workload == "zipf-rag" else 10 if args.quick else 24)
     server, model = ensure_binaries(args.shape, args.weight_type, args.model)
     exit_on_sigterm()
-    work = make_workload(docs=docs, requests=warmup + requests, doc_words=args.doc_words, seed=args.seed)
+    work = chosen_workload(args, docs=docs, requests=warmup + requests)
     started = time.perf_counter()
     names = chosen_sides(args.sides)
     fleet = Fleet(args, server, model, names)

@@ -15,7 +15,7 @@ def test_a_missing_smg_is_said_in_one_line_and_the_other_sides_run(
 ) -> None:
     monkeypatch.setenv("RAGPROXY_SMG", str(tmp_path / "no-smg"))
     assert find_smg() is None
-    assert chosen_sides(",".join(SIDES)) == ["direct", "proxy", "preserve"]
+    assert chosen_sides(",".join(SIDES)) == ["direct", "serve", "proxy", "preserve"]
     out = capsys.readouterr().out
     assert out.count("\n") == 1 and "smg not found" in out
 
