@@ -15,6 +15,7 @@ from typing import Any, Protocol
 import httpx
 import orjson
 
+from loadtest.bench._kv_contextpilot import ContextPilotSide, contextpilot_installed
 from loadtest.bench._kv_reuse import Routed
 from loadtest.bench._kv_serve import Serve
 from loadtest.bench._kv_servers import MODEL_ID, Servers, Smg, find_smg
@@ -54,10 +55,11 @@ def add_server_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-trace", action="store_true",
                         help="run the replicas at the default log verbosity (no prompt-cache update times)")
     parser.add_argument("--sides", default=",".join(SIDES),
-                        help="comma-separated, of: direct (round-robin), smg (SGLang's gateway, cache_aware; skipped, "
-                             "and said so, when smg is not installed), serve (a real ragproxy serve over HTTP, end "
-                             "to end), proxy (ragproxy's KV stages in this process: a diagnostic), preserve (the "
-                             "same with routing.order=preserve); direct and proxy are always run")
+                        help="comma-separated, of: direct (round-robin), smg (SGLang's gateway, cache_aware), "
+                             "contextpilot (ContextPilot's library mode in the client, the replicas in round-robin), "
+                             "serve (a real ragproxy serve over HTTP, end to end), proxy (ragproxy's KV stages in "
+                             "this process: a diagnostic), preserve (the same with routing.order=preserve); smg and "
+                             "contextpilot are skipped, and said so, when not installed; direct and proxy always run")
     parser.add_argument("--serve-set", action="append", default=[], metavar="KEY=VALUE",
                         help="a setting of the serve side's ragproxy serve (repeatable; after the bench's own: "
                              "routing.order from --order, cache.enabled=false)")
@@ -73,16 +75,18 @@ def add_server_options(parser: argparse.ArgumentParser) -> None:
                              "questions made from other docstring passages)")
 
 
-SIDES = ("direct", "smg", "serve", "proxy", "preserve")
+SIDES = ("direct", "smg", "contextpilot", "serve", "proxy", "preserve")
 """The sides a benchmark can run, each on its own fresh replicas with the same flags: round-robin direct, SGLang's
-gateway with its cache-aware policy, a real ``ragproxy serve`` (end to end, over HTTP), and ragproxy's KV stages
-in-process, reordering and keeping the documents in retrieval order (routing, hints and admission without
-reordering: what order adds over routing is ``proxy`` against ``preserve``). The in-process sides are a
-diagnostic: they show what the KV layer decides without the server around it."""
+gateway with its cache-aware policy, ContextPilot's library mode in the client in front of the replicas in
+round-robin (:mod:`loadtest.bench._kv_contextpilot`), a real ``ragproxy serve`` (end to end, over HTTP), and
+ragproxy's KV stages in-process, reordering and keeping the documents in retrieval order (routing, hints and
+admission without reordering: what order adds over routing is ``proxy`` against ``preserve``). The in-process
+sides are a diagnostic: they show what the KV layer decides without the server around it."""
 
 SIDE_KINDS = {
     "direct": "the replicas in round-robin, no proxy",
     "smg": "SGLang's gateway (cache_aware) over HTTP",
+    "contextpilot": "ContextPilot's library mode in the client, the replicas in round-robin",
     "serve": "end to end: a ragproxy serve process over HTTP",
     "proxy": "diagnostic: ragproxy's Shape and Route stages in the bench's process",
     "preserve": "diagnostic: the in-process stages with routing.order=preserve",
@@ -99,6 +103,10 @@ def chosen_sides(spec: str) -> list[str]:
     if "smg" in asked and find_smg() is None:
         print("smg not found (pip install smg, or RAGPROXY_SMG=PATH): running without the smg side", flush=True)
         asked.discard("smg")
+    if "contextpilot" in asked and not contextpilot_installed():
+        print("contextpilot not importable (pip install contextpilot): running without the contextpilot side",
+              flush=True)
+        asked.discard("contextpilot")
     return [name for name in SIDES if name in asked]
 
 
@@ -143,6 +151,8 @@ class Fleet:
             elif name == "smg":
                 assert self.gateway is not None
                 sides[name] = DirectSide([self.gateway.url], work, client)
+            elif name == "contextpilot":
+                sides[name] = ContextPilotSide(servers.urls, work, client)
             elif name == "serve":
                 assert self.serve is not None
                 sides[name] = ServeSide(self.serve.url, work, client)

@@ -56,6 +56,7 @@ import time
 from dataclasses import asdict
 from typing import Any
 
+from loadtest.bench._kv_contextpilot import ContextPilotSide
 from loadtest.bench._kv_rag import chosen_workload
 from loadtest.bench._kv_reuse import ceiling_tokens, prefix_reuse_ceiling, reuse_losses, reuse_share
 from loadtest.bench._kv_servers import ensure_binaries, exit_on_sigterm
@@ -465,6 +466,9 @@ def _by_side(args: argparse.Namespace, sides: dict[str, Side], summary: dict[str
         "http_errors_by_side": statuses,
         "reuse_vs_ceiling_by_side": {name: round(r / ceiling, 3) if ceiling else None for name, r in reuse.items()},
     }
+    pilot = sides.get("contextpilot")
+    if isinstance(pilot, ContextPilotSide):
+        out["contextpilot_reorder_ms"] = pilot.reorder_ms
     for base in ("smg", "direct"):
         entry = ratios.get(base, {}).get("serve")
         if entry:
