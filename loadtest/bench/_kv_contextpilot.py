@@ -9,7 +9,9 @@ request (``reorder_ms``)."""
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
+import io
 import time
 from collections import Counter
 from typing import Any
@@ -42,9 +44,10 @@ class ContextPilotSide:
 
         indices, question = self.work.requests[index]
         started = time.perf_counter()
-        messages = self.pilot.optimize(
-            [self.work.documents[j].text for j in indices], question, system_instruction=self.work.system
-        )
+        with contextlib.redirect_stdout(io.StringIO()):  # it prints a banner per call
+            messages = self.pilot.optimize(
+                [self.work.documents[j].text for j in indices], question, system_instruction=self.work.system
+            )
         self.reorder_s.append(time.perf_counter() - started)
         return await post_chat(
             self.client,

@@ -29,9 +29,16 @@ The proxy's sides run with the objective as their ``ttft_slo_s``: requests no re
 refused with 429 (:data:`~loadtest.goodput.REJECTED`), never goodput, reported apart. Direct and smg send
 everything; what is late is late.
 
-Workload: the sequential bench's (Zipf-popular documents shared by all users, top-k 3-5 in a retrieval order
-drawn at random per request, a fresh question each), continued from where the calibration stopped: each run
-gets the next requests.
+The product runs as users run it on the ``serve`` side: a ``ragproxy serve`` process (:mod:`loadtest.bench._kv_serve`)
+over HTTP, with ``routing.ttft_slo_s`` only when ``--slo-ms`` is given (the objective is otherwise known only after
+the calibration, and the process lives as long as its replicas). The ``proxy`` and ``preserve`` sides run the KV
+stages in this process: a diagnostic of what the layer decides, with its trees' predictions checked against the
+servers' reports.
+
+Workload (``--workload``, ``--present``; :mod:`loadtest.bench._kv_workload`): the sequential bench's
+(``synthetic``: Zipf-popular documents shared by all users, top-k 3-5 in a retrieval order drawn at random per
+request, a fresh question each) or ``zipf-rag`` (real prose, top 5, streamed), structured or pasted, continued
+from where the calibration stopped: each run gets the next requests.
 
 Headline: **capacity** per side (:mod:`loadtest.capacity`): the highest rate at which ``--target`` (0.9) of the
 requests are answered within the objective, fitted across the sweep's rates and repeats, with a paired bootstrap

@@ -1,0 +1,42 @@
+"""The kv benchmarks' end-to-end side against a real ``ragproxy serve`` in front of llama.cpp-flavoured doubles:
+requests go through the product over HTTP, streamed, and the outcome is read from the servers' own timings."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from loadtest.bench._kv_rag import rag_workload
+from loadtest.bench._kv_serve import Serve
+from loadtest.bench._kv_sides import ServeSide, open_loop_client
+from loadtest.goodput import OK, Outcome
+from proxy.doubles.kv_cache import KVCacheModel
+from proxy.doubles.llm_server import FakeLLM
+from tests.loadtest.test_kv_rag import PROSE, QUESTIONS
+
+
+@pytest.mark.parametrize("pasted", [True, False], ids=["pasted", "structured"])
+def test_the_serve_side_streams_through_ragproxy_and_reads_the_servers_timings(pasted: bool) -> None:
+    work = rag_workload(PROSE, QUESTIONS, requests=6, seed=2, pasted=pasted)
+    with (
+        FakeLLM(kv=KVCacheModel(), slots=2, flavor="llamacpp") as a,
+        FakeLLM(kv=KVCacheModel(), slots=2, flavor="llamacpp") as b,
+    ):
+        serve = Serve([a.url, b.url], slots=2, order="reuse")
+        try:
+            serve.wait_ready()
+
+            async def run() -> tuple[list[Outcome], ServeSide]:
+                async with open_loop_client() as client:
+                    side = ServeSide(serve.url, work, client)
+                    return [await side.send(i) for i in range(len(work.requests))], side
+
+            outcomes, side = asyncio.run(run())
+        finally:
+            serve.stop()
+        requests = a.log.entries + b.log.entries
+    assert side.statuses == {} and all(o.status == OK and o.prompt_n > 0 for o in outcomes)
+    assert sum(o.cache_n for o in outcomes) > 0  # the popular documents' prefix was reused, as the servers said
+    chats = [r for r in requests if r.path.endswith("/chat/completions")]
+    assert len(chats) == 6 and all(r.json()["stream"] for r in chats)
