@@ -12,7 +12,8 @@ from pathlib import Path
 import yaml
 
 from loadtest.bench._kv_rag import rag_workload, read_questions
-from loadtest.bench._kv_serve import ROOT, serve_command
+from loadtest.bench._kv_serve import serve_command
+from loadtest.bench._kv_servers import ROOT
 from loadtest.bench._kv_workload import app_messages
 from normalizer.prompt_blocks import recognise
 
