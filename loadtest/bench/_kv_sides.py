@@ -21,6 +21,7 @@ from loadtest.bench._kv_serve import Serve
 from loadtest.bench._kv_servers import MODEL_ID, Servers, Smg, find_smg
 from loadtest.bench._kv_workload import Workload, app_messages, structured_parts
 from loadtest.goodput import ERROR, OK, REJECTED, Outcome
+from normalizer.documents import DocumentRegistry
 from proxy.core.context import Reply, RequestContext
 from proxy.core.errors import ProxyError
 from proxy.core.pipeline import Pipeline
@@ -331,7 +332,9 @@ class ProxySide:
             for i in range(len(urls))
         ]
         shape = Shape(self.replicas, default_policy=policy)
-        self.pipeline = Pipeline([ReadPrompt(None), shape, Route(self.replicas, self.router)], self._forward)
+        # a registry, as the product has with routing on: without one, pasted passages are not recognised
+        read = ReadPrompt(DocumentRegistry())
+        self.pipeline = Pipeline([read, shape, Route(self.replicas, self.router)], self._forward)
 
     def set_objective(self, slo_s: float) -> None:
         """From now on, refuse (429) what no replica can answer within ``slo_s`` seconds."""
