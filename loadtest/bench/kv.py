@@ -1,5 +1,5 @@
 """``python -m loadtest.bench kv [--quick] [--json]``: KV reuse on real llama-server replicas, direct, SGLang's
-gateway and the proxy.
+gateway, ContextPilot and the proxy (a real ``ragproxy serve``, and its KV stages in-process).
 
 The load benchmark (goodput at a TTFT objective under open-loop arrivals) is
 :mod:`loadtest.bench.kv_load`; this is the sequential one, whose figures the load benchmark also prints as its
@@ -9,8 +9,10 @@ Needs ``llama-server`` and a model: runs ``scripts/build_llama_server.sh`` (idem
 minutes) and ``scripts/make_tiny_gguf.py --shape SHAPE`` when they are missing (override with
 ``RAGPROXY_LLAMA_SERVER``, ``--model``; ``RAGPROXY_LLAMA_CACHE`` moves the cache folder).
 
-Workload: a corpus of documents with Zipf-distributed popularity; each request has one system prompt, the
-top-k (3-5) documents in a varying retrieval order, and a fresh question. Every side sends the same requests,
+Workload (``--workload``, ``--present``, :mod:`loadtest.bench._kv_workload`): a corpus of documents with
+Zipf-distributed popularity; each request has one system prompt, the top-k (3-5) documents in a varying retrieval
+order, and a fresh question (``synthetic``), or the top 5 of 40 passages of real prose with a unique question,
+streamed (``zipf-rag``); documents structured or pasted as numbered passages. Every side sends the same requests,
 one at a time, each to every side in turn (interleaved, so all see the same load on this shared machine), each
 side to its own set of 2 fresh llama-server replicas with the same flags (each with ``--slots`` slots;
 ``--server-arg`` adds flags to every replica of every side). The sides (``--sides``, ``SIDES``):
@@ -29,7 +31,13 @@ side to its own set of 2 fresh llama-server replicas with the same flags (each w
   router a team would otherwise run. Found by ``find_smg`` (``pip install smg``; no dependency of this
   project); when missing the bench says so in one line and runs without it;
 * preserve — the proxy with ``routing.order=preserve``: routing, hints and admission, documents in retrieval
-  order. Against ``proxy`` it shows what the order adds to the routing.
+  order. Against ``proxy`` it shows what the order adds to the routing;
+* serve (``ServeSide``) — the product end to end: a ``ragproxy serve`` process started with the command line of
+  the operations guide (:mod:`loadtest.bench._kv_serve`), the requests sent to it over HTTP as an app sends them.
+  ``proxy`` and ``preserve`` are then the diagnostic: the same decisions without the server around them;
+* contextpilot (``ContextPilotSide``) — ContextPilot's library mode reorders each request's documents in the
+  client, the requests go to the replicas in round-robin (:mod:`loadtest.bench._kv_contextpilot`; skipped, and
+  said so, when ``contextpilot`` is not importable).
 
 Two phases, both sent to both sides: ``--warmup`` requests (default: as many as are measured), then the measured
 requests. The headline ``ttft_speedup`` is the measured phase — steady state, what an app that keeps the proxy in
