@@ -34,7 +34,8 @@ class ContextPilotSide:
         from contextpilot.server.live_index import ContextPilot  # imported only when the side runs
 
         self.urls, self.work, self.client = urls, work, client
-        self.pilot: Any = ContextPilot(use_gpu=False)
+        with contextlib.redirect_stdout(io.StringIO()):  # it says it runs on the CPU
+            self.pilot: Any = ContextPilot(use_gpu=False)
         self.statuses: Counter[int] = Counter()
         """Replies other than 200, by status."""
         self.reorder_s: list[float] = []
