@@ -411,7 +411,7 @@ def _summary(
 
 def _capacity(args: argparse.Namespace, trials: dict[str, dict[float, list[tuple[int, int]]]],
               repeats: int) -> dict[str, object]:
-    """Per side, the fitted capacity and its bootstrap interval; the ratios to smg (and to direct)."""
+    """Per side, the fitted capacity and its bootstrap interval; the ratios to smg, ContextPilot and direct."""
     sweeps: dict[str, Sweep] = dict(trials)
     fitted = {name: fit_capacity(sweep, args.target) for name, sweep in sweeps.items()}
     samples = bootstrap(sweeps, random.Random(args.seed), args.resamples, args.target)
@@ -422,7 +422,7 @@ def _capacity(args: argparse.Namespace, trials: dict[str, dict[float, list[tuple
         per_side[name] = {"rps": _r(capacity.rps), "censored": capacity.censored,
                           "ci": [_r(v) for v in interval] if interval else None}
     ratios: dict[str, dict[str, dict[str, Any]]] = {}
-    for base in ("smg", "direct"):
+    for base in ("smg", "contextpilot", "direct"):
         if base not in sweeps:
             continue
         for name in sweeps:
@@ -476,7 +476,7 @@ def _by_side(args: argparse.Namespace, sides: dict[str, Side], summary: dict[str
     pilot = sides.get("contextpilot")
     if isinstance(pilot, ContextPilotSide):
         out["contextpilot_reorder_ms"] = pilot.reorder_ms
-    for base in ("smg", "direct"):
+    for base in ("smg", "contextpilot", "direct"):
         entry = ratios.get(base, {}).get("serve")
         if entry:
             out[f"capacity_ratio_serve_vs_{base}"] = entry["ratio"]
