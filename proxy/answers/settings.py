@@ -9,10 +9,12 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, Field, SecretStr, field_validator, model_validator
 
 from normalizer.bypass import BypassSettings
+from normalizer.cache_control import DEFAULT_TTL_S
 from proxy.core.settings_section import Section
 from tiers.calibration import DEFAULT_MAX_BYTES as DEFAULT_CALIBRATION_BYTES
-from tiers.embedders import DEFAULT_UPSTREAM_DIM, DEFAULT_UPSTREAM_MODEL
-from tiers.policies import POLICY_NAMES
+from tiers.cold.store import DEFAULT_MAX_BYTES as DEFAULT_COLD_BYTES
+from tiers.embedders import DEFAULT_RUNTIME, DEFAULT_UPSTREAM_DIM, DEFAULT_UPSTREAM_MODEL
+from tiers.policies import DEFAULT_POLICY, POLICY_NAMES
 from tiers.question_templates import DEFAULT_MAX_BYTES as DEFAULT_TEMPLATES_BYTES
 from tiers.repeated_answers import DEFAULT_MAX_BYTES as DEFAULT_REPLIES_BYTES
 from tiers.semantic import DEFAULT_ANSWER_AGREEMENT, DEFAULT_CANDIDATES, DEFAULT_MAX_WRONG_HIT_RATE
@@ -34,9 +36,9 @@ class L1Settings(Section):
     enabled: bool = Field(default=True, description="In-process exact cache")
     max_bytes: int = Field(default=256 * 1024 * 1024, ge=0, description="Bytes of cached responses in memory")
     max_entries: int = Field(default=200_000, ge=1, description="Entries in memory")
-    ttl_s: float = Field(default=3600.0, gt=0, description="Default entry lifetime (every tier)")
+    ttl_s: float = Field(default=DEFAULT_TTL_S, gt=0, description="Default entry lifetime (every tier)")
     policy: PolicyName = Field(
-        default="bpcache", description="Eviction policy: lru, fifo, s3fifo, gdsf, landlord, bpcache"
+        default=DEFAULT_POLICY, description="Eviction policy: lru, fifo, s3fifo, gdsf, landlord, bpcache"
     )
 
 
@@ -50,8 +52,8 @@ class L2Settings(Section):
     upstream_dim: int = Field(default=DEFAULT_UPSTREAM_DIM, ge=1, description="Vector size of the upstream embedder")
     upstream_api_key: SecretStr | None = Field(default=None, description="Key for the upstream embedder")
     embedder_runtime: Literal["auto", "onnx", "numpy"] = Field(
-        default="auto", description="local embedder: onnx (int8 graph on onnxruntime, a few ms), numpy (no onnxruntime "
-        "needed, 10-30 ms); auto: onnx when onnxruntime and onnx are installed")
+        default=DEFAULT_RUNTIME, description="local embedder: onnx (int8 graph on onnxruntime, a few ms), numpy (no "
+        "onnxruntime needed, 10-30 ms); auto: onnx when onnxruntime and onnx are installed")
     max_wrong_hit_rate: float = Field(
         default=DEFAULT_MAX_WRONG_HIT_RATE, gt=0, lt=1,
         description="Error bound: per tenant and namespace, the lowest threshold where the "
@@ -109,8 +111,8 @@ class L2Settings(Section):
 
 class L3Settings(Section):
     enabled: bool = Field(default=True, description="Persistent lz4-compressed cold tier under data_dir/cold")
-    max_bytes: int = Field(default=8 * 1024**3, ge=1024 * 1024, description="Disk bytes the cold tier may use")
-    policy: PolicyName = Field(default="bpcache", description="Eviction policy of the cold tier")
+    max_bytes: int = Field(default=DEFAULT_COLD_BYTES, ge=1024 * 1024, description="Disk bytes the cold tier may use")
+    policy: PolicyName = Field(default=DEFAULT_POLICY, description="Eviction policy of the cold tier")
     write_queue: int = Field(default=1024, ge=1, description="Pending cold writes; beyond it writes are dropped")
     warmup_entries: int = Field(default=0, ge=0, description="Hottest cold entries copied into L1 at start")
 

@@ -21,7 +21,7 @@ class ColdTier(ExactTier):
     """Answers exact repeats from disk; takes copies of new answers behind the faster tiers; survives restarts."""
 
     def __init__(self, store: ColdStore, *, write_queue: int, shared: SharedMode | None = None,
-                 warm: MemoryStore | None = None, warmup_entries: int = 0,
+                 warm: MemoryStore | None = None, warmup_entries: int,
                  still_stored: StillStored | None = None) -> None:
         super().__init__(ResponseTier("l3", store, op_timeout=2.0), still_stored)
         self.store = store
