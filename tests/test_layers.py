@@ -2,7 +2,8 @@
 entry points (``commands``) < the load tests and benchmarks, and no module imports itself back through others.
 
 Inside ``proxy/`` the folders are layers too: the HTTP server < the core (context, reply, pipeline, outcome, wire
-helpers) < the upstream transport < the stores' shared plumbing < the features (one package each) < assembly. No
+helpers, the cache tier's contract) < the upstream transport < the stores' shared plumbing < the features (one package
+each) < the cache-tier registry and shared mode < assembly. No
 folder imports one above it, save the named exceptions of :data:`EXCEPTIONS`, and the folders import each other in
 no circle.
 
@@ -34,6 +35,7 @@ PROXY_LAYERS = (
     ("proxy.stores",),
     ("proxy.observability", "proxy.auth", "proxy.idempotency", "proxy.credits", "proxy.rate_limits", "proxy.search",
      "proxy.answers", "proxy.items", "proxy.kv", "proxy.stored"),
+    ("proxy.cache_tiers",),
     ("proxy.assembly",),
 )
 """The layers inside ``proxy/``, lowest first; the features (one rank) may import each other, in no circle."""

@@ -22,9 +22,9 @@ from typing import Any
 
 from commands.demo.tour import MODEL, DemoAnswers, Tour, curl_lines
 from commands.serve import running, stop_signal
-from proxy.answers.cache_tiers.semantic import SemanticCacheTier
 from proxy.assembly.config import Settings
 from proxy.assembly.startup_report import gather, http_url, render
+from proxy.cache_tiers.semantic import SemanticCacheTier
 from proxy.doubles.llm_server import FakeLLM
 from proxy.doubles.qdrant_shim import QdrantShim
 

@@ -12,8 +12,8 @@ from typing import Any
 import httpx
 import pytest
 
-from proxy.answers.cache_tiers.search import SearchTier
 from proxy.doubles.qdrant_shim import QdrantShim
+from proxy.search.tier import SearchTier
 from tests.support.proxy_server import ProxyServer, proxy_settings
 
 SEARCH = "/collections/docs/points/search"

@@ -134,8 +134,8 @@ def test_the_l2_line_says_in_short_whether_it_serves_and_what_it_waits_for() -> 
 
 
 async def test_the_semantic_tier_is_warming_until_its_model_has_loaded() -> None:
-    from proxy.answers.cache_tiers.semantic import SemanticCacheTier
     from proxy.answers.settings import L2Settings
+    from proxy.cache_tiers.semantic import SemanticCacheTier
     from tiers.semantic import SemanticTier
 
     loaded = asyncio.Event()
