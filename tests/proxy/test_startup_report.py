@@ -19,10 +19,10 @@ import orjson
 import pytest
 
 from proxy.assembly.startup_report import StartupReport, announce
-from proxy.doubles.llm_server import FakeLLM
-from proxy.doubles.qdrant_shim import VERSION, QdrantShim
 from tests.support.commands import ragproxy, site_without_model, start
 from tests.support.processes import free_port, refused_port
+from upstream_doubles.llm_server import FakeLLM
+from upstream_doubles.qdrant_shim import VERSION, QdrantShim
 
 
 def _serve_flags(tmp_path: Path, *extra: str) -> tuple[list[str], int, int]:
