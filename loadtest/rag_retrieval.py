@@ -3,7 +3,7 @@ route, and asked with the top-k it retrieved, in the order returned.
 
 The corpus is the questions of a development-split CSV (``question1,question2,...``; read at run time, never
 shipped) that are not in the traffic, so no pair's own question is ever retrieved. It is loaded, with the proxy's
-own embedder's vectors, into the TEST-ONLY Qdrant shim (:mod:`proxy.doubles.qdrant_shim`, qdrant-client's local
+own embedder's vectors, into the TEST-ONLY Qdrant shim (:mod:`upstream_doubles.qdrant_shim`, qdrant-client's local
 mode) behind the proxy; the searches go through the proxy, so its search cache and its document registry see them
 as they see an app's.
 

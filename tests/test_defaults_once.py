@@ -31,7 +31,7 @@ from pydantic_core import PydanticUndefined
 from proxy.assembly.config import Settings
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("proxy", "tiers", "normalizer", "admin", "commands")
+PACKAGES = ("proxy", "tiers", "normalizer", "admin", "upstream_doubles", "commands")
 
 _OPERATORS: dict[type[ast.AST], Callable[[Any, Any], Any]] = {
     ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,

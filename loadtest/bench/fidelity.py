@@ -416,7 +416,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         vectors: dict[str, np.ndarray] = {}
         if args.rag:
             qdrant_port = free_port()
-            stack.enter_context(child(["-m", "proxy.doubles.qdrant_shim", "--port", str(qdrant_port)], qdrant_port))
+            stack.enter_context(child(["-m", "upstream_doubles.qdrant_shim", "--port", str(qdrant_port)], qdrant_port))
             env["RAGPROXY_UPSTREAMS__QDRANT__URL"] = f"http://127.0.0.1:{qdrant_port}"
             vectors = asyncio.run(_load_corpus(args, pairs, f"http://127.0.0.1:{qdrant_port}"))
         stack.enter_context(child(upstream, upstream_port))

@@ -35,6 +35,7 @@ from normalizer.canonical_json import JSONValue
 from normalizer.documents import Document
 from normalizer.evidence import evidence
 from normalizer.responses import continued_response
+from proxy.core.cache_tier import WriteBehind
 from proxy.core.context import Reply, RequestContext
 from proxy.core.endpoints import Endpoint, for_entry, for_kind
 from proxy.core.outcome import HIT_STATUSES, CacheStatus, Outcome, exact_hit
@@ -52,8 +53,6 @@ log = logging.getLogger("ragproxy.cache")
 
 StillStored = Callable[[str], Awaitable[bool]]
 """Whether the stored Responses API object of this id is still kept upstream."""
-WriteBehind = Callable[[str, CachedResponse, "float | None", list[str], Any], None]
-"""Takes a copy of a new answer (key, entry, TTL, tags, the question's embedding or ``None``) without waiting."""
 ALL_ENTRIES = "all"  # the tag every entry carries: listing and flushing without knowing keys
 JSON = "application/json"
 SSE = "text/event-stream"

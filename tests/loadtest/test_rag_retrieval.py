@@ -13,9 +13,9 @@ from aiohttp.test_utils import TestClient, TestServer
 from loadtest.bench.fidelity import ClusterAnswerUpstream, RagLoop
 from loadtest.rag_retrieval import Retriever, asked, corpus, first_source, inline_message, load
 from normalizer.documents import Document, render_system
-from proxy.doubles.llm_server import FakeLLM
-from proxy.doubles.qdrant_shim import QdrantShim
 from tests.support.proxy_server import ProxyServer, proxy_settings
+from upstream_doubles.llm_server import FakeLLM
+from upstream_doubles.qdrant_shim import QdrantShim
 
 
 def test_corpus_never_holds_a_traffic_question(tmp_path: Path) -> None:

