@@ -9,8 +9,9 @@ A match needs all of:
    whose wrong share of served hits is, with 95% confidence, within ``max_wrong_hit_rate`` (:mod:`tiers.calibration`,
    docs/semantic.md), learned from comparisons of cached and fresh answers; or a fixed one set by the operator;
 3. no guard veto (:func:`normalizer.guards.veto`: numbers, dates, negations, quoted strings... that differ);
-4. the new prompt still carries the documents the cached answer rests on (:func:`normalizer.evidence.supports`:
-   the documents it cites, or all it was given when it cites none; the same texts, cited positions unchanged).
+4. the new prompt still carries the documents the cached answer rests on, and adds none that holds its content
+   (:func:`normalizer.evidence.unsupported`: the documents it cites in any form or whose distinctive content it
+   uses; the same texts).
 
 The tier stores no response bytes. Each vector's id is the **entry key** (the L1 key under which the
 response is kept in a :class:`~tiers.storage.KeyValueStore`), and its payload holds the original question
@@ -58,7 +59,7 @@ import orjson
 
 from normalizer.canonical_json import JSONValue
 from normalizer.documents import Document
-from normalizer.evidence import supports, without_citations
+from normalizer.evidence import Carried, unsupported, without_citations
 from normalizer.guards import veto as guard_veto
 from tiers.answer_check import AnswerAgreement, uninformative
 from tiers.background import stop_task
@@ -249,21 +250,24 @@ def choose_match(
     guards: Iterable[str],
     veto: Veto = guard_veto,
     on_veto: Callable[[str], None] | None = None,
-    documents: Sequence[Document] = (),
+    documents: Sequence[Document] | Carried = (),
 ) -> SemanticMatch | None:
     """The most similar candidate at or above ``threshold`` that no enabled guard vetoes and whose answer's
     evidence a prompt carrying ``documents`` supports, else ``None``.
 
-    ``on_veto`` is called with each veto reason (for metrics; ``documents`` when the evidence is not carried).
+    ``on_veto`` is called with each veto reason (for metrics; ``documents`` when what the answer rests on is not
+    carried, ``added_document`` when a document it was not given holds its content: :func:`normalizer.evidence.
+    unsupported`).
     """
     enabled = tuple(guards)
+    carried = documents if isinstance(documents, Carried) else Carried(documents)
     for hit in sorted(candidates, key=lambda c: c.similarity, reverse=True):
         if hit.similarity < threshold:
             return None
         original = str(hit.payload.get("question", ""))
         reason = veto(question, original, enabled) if enabled else None
-        if reason is None and not supports(hit.payload.get("evidence"), documents):
-            reason = "documents"
+        if reason is None:
+            reason = unsupported(hit.payload.get("evidence"), carried)
         if reason is None:
             return SemanticMatch(hit.id, hit.similarity, original, str(hit.payload.get("source", "l2")),
                                  hit.payload.get("evidence"))
@@ -365,13 +369,14 @@ class SemanticTier:
         hits = await self.store.search(partition, vector, k=self.candidates) if indexed else []
         threshold = self.threshold_for(scope)
         floor = min(threshold, GRID[0])
+        carried = Carried(documents)
         if hits and documents:  # what the answers rest on is in their entries: unread, they cannot serve
             hits = await evidence([hit for hit in hits if hit.similarity >= floor]) if evidence is not None else []
-        best = choose_match(question, hits, floor, self.guards, self.veto, self._count_veto, documents)
+        best = choose_match(question, hits, floor, self.guards, self.veto, self._count_veto, carried)
         if (best is None or best.similarity < threshold) and more is not None:
             known = {hit.id for hit in hits}  # an answer both know is this index's (its own float32 score)
             extra = [hit for hit in await more(vector) if hit.id not in known]
-            other = choose_match(question, extra, floor, self.guards, self.veto, self._count_veto, documents)
+            other = choose_match(question, extra, floor, self.guards, self.veto, self._count_veto, carried)
             if other is not None and (best is None or other.similarity > best.similarity):
                 best = other
         if best is None:

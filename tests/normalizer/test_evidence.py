@@ -6,9 +6,13 @@ import orjson
 import pytest
 
 from normalizer.documents import Document
-from normalizer.evidence import MAX_DOCUMENTS, evidence, renumbered, supports, without_citations
+from normalizer.evidence import MAX_DOCUMENTS, evidence, renumbered, unsupported, without_citations
 
 A, B, C = Document("a", "Alpha text."), Document("b", "Beta text.", "Beta handbook"), Document("c", "Gamma text.")
+
+
+def supports(kept: object, documents: tuple[Document, ...]) -> bool:
+    return unsupported(kept, documents) is None
 
 
 def cited(answer: str, documents: tuple[Document, ...] = (A, B, C)) -> object:
@@ -36,10 +40,42 @@ def test_no_documents_no_evidence() -> None:
     assert supports(None, (A,)), "an answer given without documents needs none"
 
 
-def test_an_uncited_answer_rests_on_every_document_in_any_order() -> None:
-    kept = evidence("An answer.", (A, B))
-    assert supports(kept, (B, A)) and supports(kept, (C, A, B))
-    assert not supports(kept, (A,)) and not supports(kept, (A, C))
+def test_an_uncited_answer_rests_on_the_documents_whose_content_it_uses() -> None:
+    dose = Document("kb-1", "Paracetamol for adults: 500 mg every four to six hours, at most 4 g a day.")
+    storage = Document("kb-2", "Keep paracetamol below 25 degrees, away from children and damp.")
+    question = "How much paracetamol can an adult take?"
+    kept = evidence("Take 500 mg every four to six hours, never more than 4 g a day.", (dose, storage), question)
+    assert kept is not None and kept["rests_on"] == ["kb-1"]
+    assert supports(kept, (Document("kb-9", "Unrelated."), dose)), "the document it uses is carried: any order"
+    assert not supports(kept, (storage,)), "the document it uses is missing"
+    assert evidence("It depends on the patient.", (dose, storage), question)["rests_on"] == [], \
+        "content from none of its documents: rests on none"  # type: ignore[index]
+    assert supports(evidence("It depends on the patient.", (dose, storage), question), (storage,))
+    shared = evidence("Paracetamol, as in every leaflet.", (dose, storage), question)
+    assert shared is not None and shared["rests_on"] == [], "words every document holds tell none apart"
+
+
+def test_words_the_question_carries_are_not_the_answers_content() -> None:
+    doc = Document("kb-1", "Sourdough bread needs a starter and a long proof.")
+    assert evidence("Sourdough bread is easy.", (doc, A), "How do I make sourdough bread?")["rests_on"] == []  # type: ignore[index]
+    assert evidence("Sourdough bread is easy.", (doc, A), "How do I bake?")["rests_on"] == ["kb-1"]  # type: ignore[index]
+
+
+@pytest.mark.parametrize("answer", [
+    "It is 42 [2].", "It is 42 [doc-2].", "It is 42 [source: doc-2].", "It is 42 [Source: doc-2].", "It is 42 (doc-2).",
+    "It is 42, see doc-2.", "It is 42 [ref #2].", "It is 42 (from the Second handbook).", "It is 42 【2:0†source】.",
+    "It is 42 [cite: doc-2].",
+])
+def test_a_citation_in_any_form_is_a_signal(answer: str) -> None:
+    documents = (Document("doc-1", "One."), Document("doc-2", "Two.", "Second handbook"), Document("doc-3", "Three."))
+    kept = evidence(answer, documents)
+    assert kept is not None and kept["rests_on"] == ["doc-2"], answer
+    assert supports(kept, documents[1:]) and not supports(kept, (documents[0], documents[2]))
+
+
+def test_evidence_written_before_rests_on_keeps_its_meaning() -> None:
+    old = {"documents": [["a", evidence("x", (A,))["documents"][0][1]]], "cited": None}  # type: ignore[index]
+    assert supports(old, (A, B)) and not supports(old, (B,)), "no rests_on: an uncited answer rests on all"
 
 
 def test_a_cited_answer_rests_on_what_it_cites() -> None:
@@ -86,6 +122,8 @@ def test_evidence_is_bounded_whatever_the_client_sends() -> None:
     kept = evidence("Cites nothing.", many)
     assert kept == {"too_many": MAX_DOCUMENTS + 1} and not supports(kept, many), "exact repeats only"
     long_id = Document("x" * 10_000, "Long id text.")
-    kept = evidence("Cites nothing.", (long_id, A))
-    assert len(orjson.dumps(kept)) < 200
+    kept = evidence("Cites nothing [1].", (long_id, A))
+    assert len(orjson.dumps(kept)) < 300
     assert supports(kept, (A, long_id)) and not supports(kept, (A,))
+    wordy = evidence(" ".join(f"word{i:03d}xyz" * 3 for i in range(500)), (A, B))
+    assert wordy is not None and len(wordy["content"]) <= 24 and len(orjson.dumps(wordy)) < 1200  # type: ignore[arg-type]
