@@ -69,7 +69,7 @@ MIN_WORD_CHARS = 4
 MAX_CONTENT_WORDS = 24
 MAX_WORD_CHARS = 32
 
-_STOP = frozenset("""
+_STOP_WORDS = """
 about above across after again against almost along already also although always among another answer answers
 anyone anything around because been before behind being below between both cannot could does doing done down during
 each either else enough even ever every everyone everything fact from further given have having here however into
@@ -79,7 +79,8 @@ should show shows since some something such sure than that their theirs them the
 they thing things this those though through thus under until upon used uses using usually very want well were what
 whatever when where whether which while whom whose will with within without would your yours yourself according
 source sources document documents passage passages context cited cite note notes
-""".split())
+"""
+_STOP = frozenset(_STOP_WORDS.split())
 """Words that say nothing about which document an answer comes from."""
 
 _TOKEN = re.compile(r"\d+(?:[.,]\d+)*|[^\W\d_]+")
@@ -189,14 +190,16 @@ def evidence(answer: str, documents: Sequence[Document], question: str = "") -> 
     ids = {document.id: i for i, document in enumerate(documents)}
     cited: dict[tuple[int, str], None] = {}
     for _, pieces in citations(answer):
-        group = [_cite(token, ids, len(documents)) for token in pieces[::2]]
-        for position, doc_id in group if all(group) else ():  # a list or an interval is no citation
-            cited[(position, doc_id or documents[position - 1].id)] = None  # type: ignore[misc]
+        group = [cite for token in pieces[::2] if (cite := _cite(token, ids, len(documents))) is not None]
+        if len(group) < len(pieces[::2]):
+            continue  # a list or an interval is no citation
+        for position, doc_id in group:
+            cited[(position, doc_id or documents[position - 1].id)] = None
     for document in documents:
-        if document.title and len(document.title) >= MIN_TITLE_CHARS and document.title in answer:
-            cited[(0, document.id)] = None
-        elif _ID_LIKE.search(document.id) and len(document.id) >= MIN_BARE_ID_CHARS and document.id in answer \
-                and re.search(rf"(?<![\w-]){re.escape(document.id)}(?![\w-])", answer):
+        title = document.title or ""
+        titled = len(title) >= MIN_TITLE_CHARS and title in answer
+        if titled or (_ID_LIKE.search(document.id) and len(document.id) >= MIN_BARE_ID_CHARS and document.id in answer
+                      and re.search(rf"(?<![\w-]){re.escape(document.id)}(?![\w-])", answer)):
             cited[(0, document.id)] = None
     rests_on = {doc_id: None for _, doc_id in cited}
     own = content_words(without_citations(answer)) - content_words(question)
@@ -237,7 +240,7 @@ def without_citations(answer: str) -> str:
 class Carried:
     """The documents a new prompt carries, read once per lookup for every candidate's :func:`unsupported`."""
 
-    __slots__ = ("digests", "documents", "_words")
+    __slots__ = ("_words", "digests", "documents")
 
     def __init__(self, documents: Sequence[Document]) -> None:
         self.documents = tuple(documents)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from normalizer.documents import Document
+from normalizer.documents import Document, content_id
 from normalizer.evidence import MAX_DOCUMENTS, evidence, renumbered, unsupported, without_citations
 
 A, B, C = Document("a", "Alpha text."), Document("b", "Beta text.", "Beta handbook"), Document("c", "Gamma text.")
@@ -18,7 +18,13 @@ def supports(kept: object, documents: tuple[Document, ...]) -> bool:
 def cited(answer: str, documents: tuple[Document, ...] = (A, B, C)) -> object:
     kept = evidence(answer, documents)
     assert kept is not None
-    return kept["cited"]  # type: ignore[call-overload]
+    return kept["cited"]
+
+
+def rests_on(answer: str, documents: tuple[Document, ...], question: str = "") -> object:
+    kept = evidence(answer, documents, question)
+    assert kept is not None
+    return kept["rests_on"]
 
 
 @pytest.mark.parametrize(("answer", "expected"), [
@@ -48,8 +54,8 @@ def test_an_uncited_answer_rests_on_the_documents_whose_content_it_uses() -> Non
     assert kept is not None and kept["rests_on"] == ["kb-1"]
     assert supports(kept, (Document("kb-9", "Unrelated."), dose)), "the document it uses is carried: any order"
     assert not supports(kept, (storage,)), "the document it uses is missing"
-    assert evidence("It depends on the patient.", (dose, storage), question)["rests_on"] == [], \
-        "content from none of its documents: rests on none"  # type: ignore[index]
+    assert rests_on("It depends on the patient.", (dose, storage), question) == [], \
+        "content from none of its documents: rests on none"
     assert supports(evidence("It depends on the patient.", (dose, storage), question), (storage,))
     shared = evidence("Paracetamol, as in every leaflet.", (dose, storage), question)
     assert shared is not None and shared["rests_on"] == [], "words every document holds tell none apart"
@@ -57,8 +63,8 @@ def test_an_uncited_answer_rests_on_the_documents_whose_content_it_uses() -> Non
 
 def test_words_the_question_carries_are_not_the_answers_content() -> None:
     doc = Document("kb-1", "Sourdough bread needs a starter and a long proof.")
-    assert evidence("Sourdough bread is easy.", (doc, A), "How do I make sourdough bread?")["rests_on"] == []  # type: ignore[index]
-    assert evidence("Sourdough bread is easy.", (doc, A), "How do I bake?")["rests_on"] == ["kb-1"]  # type: ignore[index]
+    assert rests_on("Sourdough bread is easy.", (doc, A), "How do I make sourdough bread?") == []
+    assert rests_on("Sourdough bread is easy.", (doc, A), "How do I bake?") == ["kb-1"]
 
 
 @pytest.mark.parametrize("answer", [
@@ -74,7 +80,7 @@ def test_a_citation_in_any_form_is_a_signal(answer: str) -> None:
 
 
 def test_evidence_written_before_rests_on_keeps_its_meaning() -> None:
-    old = {"documents": [["a", evidence("x", (A,))["documents"][0][1]]], "cited": None}  # type: ignore[index]
+    old = {"documents": [["a", content_id(A.text)]], "cited": None}
     assert supports(old, (A, B)) and not supports(old, (B,)), "no rests_on: an uncited answer rests on all"
 
 
@@ -126,4 +132,5 @@ def test_evidence_is_bounded_whatever_the_client_sends() -> None:
     assert len(orjson.dumps(kept)) < 300
     assert supports(kept, (A, long_id)) and not supports(kept, (A,))
     wordy = evidence(" ".join(f"word{i:03d}xyz" * 3 for i in range(500)), (A, B))
-    assert wordy is not None and len(wordy["content"]) <= 24 and len(orjson.dumps(wordy)) < 1200  # type: ignore[arg-type]
+    assert wordy is not None and len(orjson.loads(orjson.dumps(wordy))["content"]) <= 24
+    assert len(orjson.dumps(wordy)) < 1200

@@ -162,7 +162,7 @@ def test_a_document_the_new_prompt_adds_is_weighed(fake_llm_thread: FakeLLM, sem
     corrected = _ask_with(semantic_proxy, [leaflet, erratum], "Tell me the adult dose of paracetamol")
     assert corrected.headers["X-Cache-Status"] == "MISS", "the erratum could change the answer"
     assert corrected.json()["choices"][0]["message"]["content"] == "The adult dose is 1000 mg [2]."
-    assert semantic_proxy.semantic.semantic.stats.vetoes.get("added_document") == 1  # type: ignore[union-attr]
+    assert semantic_proxy.semantic.semantic.stats.vetoes.get("added_document") == 1
     learned(semantic_proxy, 2)
     unrelated = _ask_with(semantic_proxy, [tower, leaflet], "Tell me the adult dose of paracetamol, please")
     assert unrelated.headers["X-Cache-Status"] == "SEMANTIC_HIT", "a document on another subject"
