@@ -165,15 +165,15 @@ def _cite(token: str, ids: Mapping[str, int], count: int) -> tuple[int, str | No
 
 
 def content_words(text: str) -> set[str]:
-    """``text``'s content: numbers (``1,000`` read as ``1000``) and words of :data:`MIN_WORD_CHARS` letters or more
-    that are not :data:`_STOP` words, lower-cased."""
-    words = set()
-    for token in _TOKEN.findall(text.lower()):
-        if token[0].isdigit():
-            words.add(token.replace(",", ""))
-        elif len(token) >= MIN_WORD_CHARS and token not in _STOP:
-            words.add(token[:MAX_WORD_CHARS])
-    return words
+    """``text``'s content: numbers and words of :data:`MIN_WORD_CHARS` to :data:`MAX_WORD_CHARS` letters that are not
+    :data:`_STOP` words, lower-cased."""
+    return {token for token in _TOKEN.findall(text.lower()) if token[0].isdigit()
+            or (MIN_WORD_CHARS <= len(token) <= MAX_WORD_CHARS and token not in _STOP)}
+
+
+def _tokens(text: str) -> frozenset[str]:
+    """Every number and word of ``text``, lower-cased: what an answer's :func:`content_words` are looked up in."""
+    return frozenset(_TOKEN.findall(text.lower()))
 
 
 def _weight(words: set[str] | frozenset[str]) -> int:
@@ -203,7 +203,7 @@ def evidence(answer: str, documents: Sequence[Document], question: str = "") -> 
             cited[(0, document.id)] = None
     rests_on = {doc_id: None for _, doc_id in cited}
     own = content_words(without_citations(answer)) - content_words(question)
-    held = [content_words(document.text) & own for document in documents]
+    held = [own & _tokens(document.text) for document in documents]
     if len(documents) > 1:  # what every document holds tells none of them apart
         everywhere = set.intersection(*held)
         held = [words - everywhere for words in held]
@@ -248,10 +248,10 @@ class Carried:
         self._words: dict[str, frozenset[str]] = {}
 
     def words(self, document: Document) -> frozenset[str]:
-        """A carried document's :func:`content_words`, read once."""
+        """A carried document's words (:func:`_tokens`), read once."""
         words = self._words.get(document.id)
         if words is None:
-            words = self._words[document.id] = frozenset(content_words(document.text))
+            words = self._words[document.id] = _tokens(document.text)
         return words
 
 
