@@ -94,8 +94,9 @@ _PROTECTED = re.compile(
     re.MULTILINE | re.DOTALL)
 """What is not prose: a bracket inside is never a citation."""
 _NESTING = re.compile(r"[\[\]{}]")
-_OPERATOR = re.compile(r"[=+*/<>%|&^]\s*\Z")
-"""A bracket after an operator (``x = [1, 2]``, ``a + [3]``) is a value, not a citation."""
+_OPERATOR = re.compile(r"[=+%&^]\s*\Z")
+"""A bracket after an operator (``x = [1, 2]``, ``a + [3]``) is a value, not a citation (not after ``|``, ``*``,
+``>`` or ``-``: a table cell, bold, a quote or a list item of Markdown may hold a citation)."""
 _LABEL = re.compile(r"(?:doc(?:ument)?|source|ref(?:erence)?|passage|context|chunk|id|cite|citation|see)s?"
                     r"(?:\s*[:#]\s*|\s+)", re.IGNORECASE)
 _POSITION = re.compile(r"(?:(?:doc(?:ument)?|source|ref(?:erence)?|passage|context|chunk)\s*#?\s*|#)?(\d{1,3})"

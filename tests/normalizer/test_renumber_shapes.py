@@ -29,6 +29,7 @@ SHAPES = [
     ("LaTeX display", "$$A = [1, 2]$$ per [1].", "$$A = [1, 2]$$ per [2]."),
     ("TeX delimiters", r"\(v_{[1]}\) and \[w = [3]\] from [2].", r"\(v_{[1]}\) and \[w = [3]\] from [3]."),
     ("JSON in prose", 'It returns {"scores": [1, 2]} [1].', 'It returns {"scores": [1, 2]} [2].'),
+    ("Markdown around citations", "| dose | [1] |\n> **[2]**\n- [3] item", "| dose | [2] |\n> **[3]**\n- [1] item"),
     ("prices are not maths", "It costs $5 [1] and $10 [2].", "It costs $5 [2] and $10 [3]."),
     ("citations", "Beta [2][3], gamma [Source 3; doc 1], 【1】 and [b].",
      "Beta [3][1], gamma [Source 1; doc 2], 【2】 and [b]."),
