@@ -9,8 +9,10 @@ prompt still carries **the documents the cached answer rests on**, and adds none
 What an answer rests on does not depend on how it cites. Two signals, either enough:
 
 - **its content**: a document holds the answer's distinctive content, the words and numbers the answer writes that
-  its question does not and that not every given document holds (:func:`content_words`; a number weighs
-  :data:`NUMBER_WEIGHT`, a word 1), to a weight of :data:`MIN_SHARED_WEIGHT` at least;
+  its question does not and that not every given document holds (:func:`content_words`): one of its figures (two
+  digits or more: a dose, a year, a price), or words weighing :data:`MIN_SHARED_WEIGHT` at least and half as much as
+  the document holding most of them (a number weighs :data:`NUMBER_WEIGHT`, a word 1: an answer written from one
+  document shares a few topic words with the others too);
 - **its citations**, in whatever form: by position (``[2]``, ``[Source 2]``, ``[doc 2, doc 3]``, ``【2】``; 1-based,
   in the order the model saw them), by id in a bracket, with or without a label (``[doc-12]``, ``[source: faq-12]``),
   by a distinctive id written anywhere (``faq-12``, ``(doc-12)``: an id of :data:`MIN_BARE_ID_CHARS` characters at
@@ -20,13 +22,13 @@ An answer whose content comes from none of its documents and that cites none res
 
 A new prompt supports the answer when it carries every document the answer rests on with the same text (content
 hash), no document of both prompts changed its text under the same id, and no document it **adds** (one the answer
-was not given) holds the answer's content (:data:`MIN_SHARED_WEIGHT`; an erratum restating the figure the answer
-gives, say): the answer was never written with that document in view. A client reads ``[2]`` as its own second
-document, so an answer that cites by position is served :func:`renumbered`: each position rewritten to where the new
-prompt holds that document. Only citations are rewritten (:func:`citations`): never code, maths, JSON, lists,
-intervals or ratios. Whether the answer also serves the new question is the threshold's business: the comparisons
-that calibrate it come from the candidates this rule lets through, so its bound covers what the documents change too
-(docs/semantic.md).
+was not given) restates the answer's content, one of its figures or a third of its words (an erratum restating the
+dose the answer gives, say): the answer was never written with that document in view. A client reads ``[2]`` as
+its own second document, so an answer that cites by position is served :func:`renumbered`: each position rewritten
+to where the new prompt holds that document. Only citations are rewritten (:func:`citations`): never code, maths,
+JSON, lists, intervals or ratios. Whether the answer also serves the new question is the threshold's business: the
+comparisons that calibrate it come from the candidates this rule lets through, so its bound covers what the documents
+change too (docs/semantic.md).
 
 Wire shape (JSON, kept in the vector payload and in the cold tier's entry meta)::
 
@@ -177,8 +179,20 @@ def _tokens(text: str) -> frozenset[str]:
     return frozenset(_TOKEN.findall(text.lower()))
 
 
+def _figure(word: str) -> bool:
+    """Whether a content word is a figure (a dose, a year, a price: two digits or more), a fact by itself."""
+    return word[0].isdigit() and len(word) > 1
+
+
 def _weight(words: set[str] | frozenset[str]) -> int:
-    return sum(NUMBER_WEIGHT if word[0].isdigit() and len(word) > 1 else 1 for word in words)
+    return sum(NUMBER_WEIGHT if _figure(word) else 1 for word in words)
+
+
+def _restates(words: frozenset[str], content: frozenset[str]) -> bool:
+    """Whether a document holding ``words`` restates an answer's ``content``: one of its figures, or a third of its
+    words (two at least)."""
+    shared = words & content
+    return any(map(_figure, shared)) or len(shared) >= max(MIN_SHARED_WEIGHT, len(content) / 3)
 
 
 def evidence(answer: str, documents: Sequence[Document], question: str = "") -> dict[str, JSONValue] | None:
@@ -203,17 +217,23 @@ def evidence(answer: str, documents: Sequence[Document], question: str = "") -> 
                       and re.search(rf"(?<![\w-]){re.escape(document.id)}(?![\w-])", answer)):
             cited[(0, document.id)] = None
     rests_on = {doc_id: None for _, doc_id in cited}
-    own = content_words(without_citations(answer)) - content_words(question)
+    prose = without_citations(answer)
+    for document in documents:  # an id or a title it writes is no content
+        for name in (document.id, document.title):
+            if name and len(name) >= MIN_BARE_ID_CHARS:
+                prose = prose.replace(name, " ")
+    own = content_words(prose) - content_words(question)
     held = [own & _tokens(document.text) for document in documents]
     if len(documents) > 1:  # what every document holds tells none of them apart
         everywhere = set.intersection(*held)
         held = [words - everywhere for words in held]
+    best = max(map(_weight, held))
     grounded: set[str] = set()
     for document, words in zip(documents, held, strict=True):
-        if _weight(words) >= MIN_SHARED_WEIGHT:
+        if any(map(_figure, words)) or MIN_SHARED_WEIGHT <= _weight(words) >= best / 2:
             rests_on[document.id] = None
             grounded |= words
-    content = sorted(grounded or own, key=lambda w: (not w[0].isdigit(), -len(w), w))[:MAX_CONTENT_WORDS]
+    content = sorted(grounded or own, key=lambda w: (not _figure(w), -len(w), w))[:MAX_CONTENT_WORDS]
     return {"documents": [[_ref(document.id), content_id(document.text)] for document in documents],
             "cited": [[position, _ref(doc_id)] for position, doc_id in cited] if cited else None,
             "rests_on": [_ref(doc_id) for doc_id in rests_on], "content": list(content)}
@@ -279,8 +299,8 @@ def unsupported(kept: Any, documents: Sequence[Document] | Carried) -> str | Non
     if any(given[doc_id] != digest for doc_id, digest in carried.digests.items() if doc_id in given) \
             or not all(doc_id in carried.digests for doc_id in needed):
         return "documents"
-    if content and any(_ref(document.id) not in given and _weight(carried.words(document) & content)
-                       >= MIN_SHARED_WEIGHT for document in carried.documents):
+    if content and any(_ref(document.id) not in given and _restates(carried.words(document), content)
+                       for document in carried.documents):
         return "added_document"
     return None
 

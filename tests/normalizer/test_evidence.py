@@ -61,6 +61,31 @@ def test_an_uncited_answer_rests_on_the_documents_whose_content_it_uses() -> Non
     assert shared is not None and shared["rests_on"] == [], "words every document holds tell none apart"
 
 
+def test_a_few_topic_words_shared_with_another_document_do_not_make_it_a_source() -> None:
+    leaflet = Document("kb-1", "Ibuprofen tablets: adults take one tablet with food, three times daily, "
+                               "swallowed whole with water; stop if stomach pain appears.")
+    other = Document("kb-2", "Store tablets with food products away? Never: keep tablets dry, below 25 degrees.")
+    third = Document("kb-3", "Aspirin is not for children under 16.")
+    answer = "Adults take one tablet with food three times daily, swallowed whole with water; stop on stomach pain."
+    assert rests_on(answer, (leaflet, other, third), "How should I take ibuprofen?") == ["kb-1"]
+    assert rests_on(answer + " Not for children under 16.", (leaflet, other, third), "How should I take ibuprofen?") \
+        == ["kb-1", "kb-3"], "a figure only one document holds makes it a source"
+
+
+def test_an_added_document_vetoes_when_it_restates_a_figure_or_a_third_of_the_words() -> None:
+    leaflet = Document("kb-1", "Paracetamol for adults: 500 mg every four to six hours, with water, not alcohol.")
+    question = "What is the adult dose of paracetamol?"
+    kept = evidence("Take 500 mg every four to six hours, with water, never with alcohol [1].", (leaflet,), question)
+    erratum = Document("kb-7", "Erratum: the dose is now 1000 mg; 500 mg is outdated.")
+    same_words = Document("kb-8", "Never mix alcohol with medicines; take them with water every morning.")
+    topical = Document("kb-9", "Paracetamol comes as tablets and syrup; keep it away from water.")
+    assert unsupported(kept, (erratum, leaflet)) == "added_document", "it restates the answer's figure"
+    assert unsupported(kept, (leaflet, same_words)) == "added_document", "a third of the answer's words"
+    assert unsupported(kept, (topical, leaflet)) is None, "one word of the answer's, on the same subject"
+    assert unsupported(evidence("Take 500 mg [1].", (leaflet, erratum), question), (erratum, leaflet)) is None, \
+        "a document the answer was given is no addition"
+
+
 def test_words_the_question_carries_are_not_the_answers_content() -> None:
     doc = Document("kb-1", "Sourdough bread needs a starter and a long proof.")
     assert rests_on("Sourdough bread is easy.", (doc, A), "How do I make sourdough bread?") == []
