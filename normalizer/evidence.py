@@ -34,7 +34,7 @@ Wire shape (JSON, kept in the vector payload and in the cold tier's entry meta):
 
     {"documents": [[id, content hash], ...],     # in the order the model saw them
      "cited": [[position or 0, id], ...] | null,  # its citations (renumbering reads the positions)
-     "rests_on": [id, ...],                       # what it rests on: cited or holding its content
+     "rests_on": [index, ...],                    # what it rests on (0-based, in "documents"): cited or used
      "content": [word, ...]}                      # its distinctive content, numbers first (added documents)
     {"too_many": n}                               # more than MAX_DOCUMENTS documents: supports nothing
 
@@ -236,7 +236,7 @@ def evidence(answer: str, documents: Sequence[Document], question: str = "") -> 
     content = sorted(grounded or own, key=lambda w: (not _figure(w), -len(w), w))[:MAX_CONTENT_WORDS]
     return {"documents": [[_ref(document.id), content_id(document.text)] for document in documents],
             "cited": [[position, _ref(doc_id)] for position, doc_id in cited] if cited else None,
-            "rests_on": [_ref(doc_id) for doc_id in rests_on], "content": list(content)}
+            "rests_on": [ids[doc_id] for doc_id in rests_on], "content": list(content)}
 
 
 def _ref(doc_id: str) -> str:
@@ -289,12 +289,13 @@ def unsupported(kept: Any, documents: Sequence[Document] | Carried) -> str | Non
     try:
         given = {str(doc_id): str(digest) for doc_id, digest in kept["documents"]}
         if "rests_on" in kept:
-            needed = [str(doc_id) for doc_id in kept["rests_on"]]
+            order = list(given)
+            needed = [order[int(index)] for index in kept["rests_on"]]
         else:
             cited = kept.get("cited")
             needed = list(given) if cited is None else [str(doc_id) for _, doc_id in cited]
         content = frozenset(str(word) for word in kept.get("content") or ())
-    except (KeyError, TypeError, ValueError):  # not evidence this module wrote: supports nothing
+    except (KeyError, IndexError, TypeError, ValueError):  # not evidence this module wrote: supports nothing
         return "documents"
     if any(given[doc_id] != digest for doc_id, digest in carried.digests.items() if doc_id in given) \
             or not all(doc_id in carried.digests for doc_id in needed):

@@ -22,9 +22,8 @@ def cited(answer: str, documents: tuple[Document, ...] = (A, B, C)) -> object:
 
 
 def rests_on(answer: str, documents: tuple[Document, ...], question: str = "") -> object:
-    kept = evidence(answer, documents, question)
-    assert kept is not None
-    return kept["rests_on"]
+    kept = orjson.loads(orjson.dumps(evidence(answer, documents, question)))
+    return [kept["documents"][index][0] for index in kept["rests_on"]]
 
 
 @pytest.mark.parametrize(("answer", "expected"), [
@@ -51,14 +50,15 @@ def test_an_uncited_answer_rests_on_the_documents_whose_content_it_uses() -> Non
     storage = Document("kb-2", "Keep paracetamol below 25 degrees, away from children and damp.")
     question = "How much paracetamol can an adult take?"
     kept = evidence("Take 500 mg every four to six hours, never more than 4 g a day.", (dose, storage), question)
-    assert kept is not None and kept["rests_on"] == ["kb-1"]
+    assert rests_on("Take 500 mg every four to six hours, never more than 4 g a day.", (dose, storage), question) \
+        == ["kb-1"]
     assert supports(kept, (Document("kb-9", "Unrelated."), dose)), "the document it uses is carried: any order"
     assert not supports(kept, (storage,)), "the document it uses is missing"
     assert rests_on("It depends on the patient.", (dose, storage), question) == [], \
         "content from none of its documents: rests on none"
     assert supports(evidence("It depends on the patient.", (dose, storage), question), (storage,))
-    shared = evidence("Paracetamol, as in every leaflet.", (dose, storage), question)
-    assert shared is not None and shared["rests_on"] == [], "words every document holds tell none apart"
+    assert rests_on("Paracetamol, as in every leaflet.", (dose, storage), question) == [], \
+        "words every document holds tell none apart"
 
 
 def test_a_few_topic_words_shared_with_another_document_do_not_make_it_a_source() -> None:
@@ -99,8 +99,8 @@ def test_words_the_question_carries_are_not_the_answers_content() -> None:
 ])
 def test_a_citation_in_any_form_is_a_signal(answer: str) -> None:
     documents = (Document("doc-1", "One."), Document("doc-2", "Two.", "Second handbook"), Document("doc-3", "Three."))
+    assert rests_on(answer, documents) == ["doc-2"], answer
     kept = evidence(answer, documents)
-    assert kept is not None and kept["rests_on"] == ["doc-2"], answer
     assert supports(kept, documents[1:]) and not supports(kept, (documents[0], documents[2]))
 
 
@@ -141,6 +141,7 @@ def test_malformed_evidence_supports_nothing() -> None:
     assert not supports("evidence", (A,))
     assert not supports({"documents": [["a"]], "cited": None}, (A,))
     assert not supports({"documents": [["a", "x"]], "cited": [["one", "a"]]}, (A,))
+    assert not supports({"documents": [["a", content_id(A.text)]], "rests_on": [3]}, (A,))
 
 
 def test_answers_are_compared_without_their_citations() -> None:
