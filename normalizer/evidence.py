@@ -96,9 +96,11 @@ _PROTECTED = re.compile(
     re.MULTILINE | re.DOTALL)
 """What is not prose: a bracket inside is never a citation."""
 _NESTING = re.compile(r"[\[\]{}]")
-_OPERATOR = re.compile(r"[=+%&^]\s*\Z")
-"""A bracket after an operator (``x = [1, 2]``, ``a + [3]``) is a value, not a citation (not after ``|``, ``*``,
-``>`` or ``-``: a table cell, bold, a quote or a list item of Markdown may hold a citation)."""
+_OPERATOR = re.compile(r"(?:[=+%&^]|\b(?:lists?|arrays?|vectors?|tuples?|matri(?:x|ces)|returns?|gives|yields|"
+                       r"outputs?|prints|equals|becomes)\b)\s*\Z", re.IGNORECASE)
+"""A bracket after an operator or a word that announces a value (``x = [1, 2]``, ``returns [1, 2, 3]``, ``the list
+[1, 2]``) is a value, not a citation (not after ``|``, ``*``, ``>`` or ``-``: a table cell, bold, a quote or a list
+item of Markdown may hold a citation)."""
 _LABEL = re.compile(r"(?:doc(?:ument)?|source|ref(?:erence)?|passage|context|chunk|id|cite|citation|see)s?"
                     r"(?:\s*[:#]\s*|\s+)", re.IGNORECASE)
 _POSITION = re.compile(r"(?:(?:doc(?:ument)?|source|ref(?:erence)?|passage|context|chunk)\s*#?\s*|#)?(\d{1,3})"
@@ -129,7 +131,7 @@ def citations(answer: str) -> Iterator[tuple[re.Match[str], list[str]]]:
     cited_end = -1
     for match in _BRACKETED.finditer(masked):
         start = match.start()
-        if start in nested or _OPERATOR.search(masked, max(0, start - 4), start) \
+        if start in nested or _OPERATOR.search(masked, max(0, start - 12), start) \
                 or (start and masked[start - 1] == "]" and cited_end != start):
             continue
         cited_end = match.end()

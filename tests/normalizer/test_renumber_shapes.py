@@ -20,6 +20,8 @@ SHAPES = [
     ("Python in a fenced block", "```python\nv = [1, 2, 3]\nprint(v[2])\n```\nSee [1].",
      "```python\nv = [1, 2, 3]\nprint(v[2])\n```\nSee [2]."),
     ("Python list in prose", "With x = [1, 2, 3] the sum is 6 [3].", "With x = [1, 2, 3] the sum is 6 [1]."),
+    ("a value announced", "sorted() returns [1, 2, 3] and the list [2, 3] stays [1].",
+     "sorted() returns [1, 2, 3] and the list [2, 3] stays [2]."),
     ("matrix in prose", "The identity [[1, 0], [0, 1]] is standard [3].",
      "The identity [[1, 0], [0, 1]] is standard [1]."),
     ("interval", "p lies in [0, 1] [2].", "p lies in [0, 1] [3]."),
