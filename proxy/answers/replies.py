@@ -97,11 +97,11 @@ def sent_documents(ctx: RequestContext) -> tuple[Document, ...]:
     return tuple(by_id[doc_id] for doc_id in order)
 
 
-def answer_evidence(ctx: RequestContext, answer: str | None) -> JSONValue:
-    """What ``answer`` (the text of the answer to ``ctx``'s prompt, :func:`tiers.semantic.answer_text`) rests on
-    (:func:`normalizer.evidence.evidence`); ``None`` when the prompt carried no documents."""
+def answer_evidence(ctx: RequestContext, answer: str | None, question: str | None) -> JSONValue:
+    """What ``answer`` (the text of the answer to ``ctx``'s prompt, :func:`tiers.semantic.answer_text`) to
+    ``question`` rests on (:func:`normalizer.evidence.evidence`); ``None`` when the prompt carried no documents."""
     documents = sent_documents(ctx)
-    return evidence(answer or "", documents) if documents else None
+    return evidence(answer or "", documents, question or "") if documents else None
 
 
 def hit_reply(ctx: RequestContext, entry: CachedResponse, outcome: Outcome,
@@ -218,7 +218,7 @@ class StoreResponse:
             semantic, documents = ctx.semantic, document_ids(ctx)
             question = semantic.question if semantic is not None else \
                 endpoint.read_question(request, ctx.prompt) if ctx.prompt is not None else None
-            rests_on = answer_evidence(ctx, answer_text(stored.body)) if documents else None
+            rests_on = answer_evidence(ctx, answer_text(stored.body), question) if documents else None
             entry = CachedResponse(
                 body=stored.body, kind=endpoint.kind, model=model if isinstance(model, str) else None,
                 cost=ctx.upstream_seconds if ctx.upstream_seconds is not None else 1.0,
