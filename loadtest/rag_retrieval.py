@@ -3,7 +3,7 @@ route, and asked with the top-k it retrieved, in the order returned.
 
 The corpus is the questions of a development-split CSV (``question1,question2,...``; read at run time, never
 shipped) that are not in the traffic, so no pair's own question is ever retrieved. It is loaded, with the proxy's
-own embedder's vectors, into the TEST-ONLY Qdrant shim (:mod:`proxy.doubles.qdrant_shim`, qdrant-client's local
+own embedder's vectors, into the TEST-ONLY Qdrant shim (:mod:`upstream_doubles.qdrant_shim`, qdrant-client's local
 mode) behind the proxy; the searches go through the proxy, so its search cache and its document registry see them
 as they see an app's.
 
@@ -28,7 +28,12 @@ import numpy as np
 
 COLLECTION = "rag-corpus"
 FORMS = ("structured", "inline")
-CITATION = re.compile(r'<document id="([^"]+)"')
+CITES = ("auto", "position", "id", "source-id", "title", "none")
+"""How the bench's upstream cites its first document (:func:`first_source`); ``auto``: by id when the documents came
+structured, by position when pasted."""
+BY_ID = ("id", "source-id", "title")
+"""Citation forms that need the document's id or title: structured documents only."""
+RENDERED = re.compile(r'<document id="([^"]+)"(?: title="([^"]*)")?')
 _INLINE_QUESTION = re.compile(r"\n\nQuestion: (.*)\Z", re.DOTALL)
 
 
@@ -74,6 +79,9 @@ class Retriever:
     searches: int = 0
     cached: int = 0
 
+    titled: bool = False
+    """Each document sent with a title (:func:`title_of`)."""
+
     async def top_k(self, session: aiohttp.ClientSession, question: str) -> list[dict[str, str]]:
         """``question``'s ``k`` nearest documents as returned, best first, as ``ragproxy.documents`` entries."""
         body = {"vector": [float(x) for x in self.vectors[question]], "limit": self.k, "with_payload": True}
@@ -83,7 +91,14 @@ class Retriever:
                 raise RuntimeError(f"search answered {response.status}: {payload}")
             self.searches += 1
             self.cached += response.headers.get("X-Cache-Status", "MISS") != "MISS"
-        return [{"id": point["payload"]["doc_id"], "text": point["payload"]["text"]} for point in payload["result"]]
+        return [{"id": point["payload"]["doc_id"], "text": point["payload"]["text"],
+                 **({"title": title_of(point["payload"]["doc_id"])} if self.titled else {})}
+                for point in payload["result"]]
+
+
+def title_of(doc_id: str) -> str:
+    """A document's title in the bench's corpus: its number spelled as an entry of a knowledge base."""
+    return f"Knowledge base entry {doc_id.removeprefix('doc-')}"
 
 
 def inline_message(question: str, documents: Sequence[Mapping[str, str]]) -> str:
@@ -98,10 +113,25 @@ def asked(user_message: str) -> str:
     return match.group(1) if match else user_message
 
 
-def first_source(system: str, user_message: str) -> str | None:
-    """How the bench's upstream cites the first document it was given: ``[id]`` of the first document rendered into
-    the system message, else ``[1]`` for numbered sources in the user message, else nothing."""
-    match = CITATION.search(system)
-    if match:
-        return f"[{match.group(1)}]"
-    return "[1]" if user_message.startswith("Sources:") else None
+def first_source(system: str, user_message: str, cite: str = "auto") -> str | None:
+    """How the bench's upstream cites the first document it was given (``cite``, one of :data:`CITES`): for a
+    document rendered into the system message ``[id]`` (``auto``, ``id``), ``[1]`` (``position``), ``[source: id]``
+    (``source-id``) or ``(from "title")`` (``title``); for numbered sources in the user message ``[1]``; nothing
+    with ``none`` or without documents."""
+    match = RENDERED.search(system)
+    if cite == "none" or (match is None and not user_message.startswith("Sources:")):
+        return None
+    if match is None or cite == "position":
+        return "[1]"
+    doc_id, title = match.group(1), match.group(2)
+    if cite == "title":
+        return f'(from "{title}")' if title else None
+    return f"[source: {doc_id}]" if cite == "source-id" else f"[{doc_id}]"
+
+
+def first_words(system: str, user_message: str, n: int) -> str | None:
+    """The first ``n`` words of the first document the upstream was given (rendered or pasted), or ``None``."""
+    rendered = re.search(r'<document id="[^"]*"[^>]*>\n(.*?)\n</document>', system, re.DOTALL)
+    pasted = re.search(r"^\[1\] (.*?)(?:\n\n|\Z)", user_message, re.MULTILINE | re.DOTALL)
+    text = rendered.group(1) if rendered else pasted.group(1) if pasted else None
+    return " ".join(text.split()[:n]) if text and n > 0 else None

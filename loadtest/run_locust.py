@@ -1,16 +1,16 @@
 """``python -m loadtest.run_locust --duration 20 [--json]``: the Locust RAG scenario against ragproxy and test doubles.
 
-Starts, each on a free 127.0.0.1 port: the fake LLM with a KV-cache model (``proxy.doubles.llm_server``), the
-TEST-ONLY Qdrant REST shim (``proxy.doubles.qdrant_shim``) seeded with a collection of passages (payload ``text``)
+Starts, each on a free 127.0.0.1 port: the fake LLM with a KV-cache model (``upstream_doubles.llm_server``), the
+TEST-ONLY Qdrant REST shim (``upstream_doubles.qdrant_shim``) seeded with a collection of passages (payload ``text``)
 about the first ``--topics`` NQ-open questions, and ``ragproxy serve`` pointed at both. Then runs
 ``loadtest/locustfile.py`` headless for ``--duration`` seconds against the proxy, stops everything, and prints
 requests/s, p50/p95/p99 per request kind, the hit ratio per tier and the errors; ``--json`` adds the summary as
 one JSON line at the end. Exit code 0 when the run had no failures, 1 otherwise.
 
-Passage vectors are the fake LLM's deterministic embeddings (:func:`proxy.doubles.openai_shapes.embedding_vector`)
+Passage vectors are the fake LLM's deterministic embeddings (:func:`upstream_doubles.openai_shapes.embedding_vector`)
 of each topic's question, nudged per passage, so a search with the usual phrasing of a question finds that
 topic's passages. Everything runs on loopback and stops by itself: Locust gets ``-t``, and the runner kills it
-``--duration`` + 90 s after start at the latest. The doubles ship with ragproxy (``proxy.doubles``), so it also runs
+``--duration`` + 90 s after start at the latest. The doubles ship with ragproxy (``upstream_doubles``), so it also runs
 from an installed wheel.
 """
 
@@ -67,7 +67,7 @@ def seed_collection(qdrant_url: str, collection: str, topics: int, per_topic: in
     """Create ``collection`` and upsert the passages; returns how many."""
     from qdrant_client import QdrantClient, models
 
-    from proxy.doubles.openai_shapes import embedding_vector
+    from upstream_doubles.openai_shapes import embedding_vector
 
     client = QdrantClient(url=qdrant_url, timeout=30)
     client.create_collection(collection, vectors_config=models.VectorParams(size=EMBEDDING_DIM,
@@ -150,7 +150,7 @@ def scrape_metrics(admin_url: str) -> str:
 def run(args: argparse.Namespace, logs: Path) -> dict[str, Any]:
     """Start the doubles and the proxy, run Locust, return its report with the hit ratios added."""
     llm_port, qdrant_port, proxy_port, admin_port = (free_port() for _ in range(4))
-    llm_args = ["-m", "proxy.doubles.llm_server", "--port", str(llm_port), "--kv-blocks", str(args.kv_blocks),
+    llm_args = ["-m", "upstream_doubles.llm_server", "--port", str(llm_port), "--kv-blocks", str(args.kv_blocks),
                 "--slots", str(args.slots), "--embedding-dim", str(EMBEDDING_DIM),
                 "--latency-ms", str(args.llm_latency_ms), "--chunk-latency-ms", str(args.chunk_latency_ms)]
     proxy_env = {
@@ -169,7 +169,7 @@ def run(args: argparse.Namespace, logs: Path) -> dict[str, Any]:
     with ExitStack() as stack:
         # The three start side by side (start-up dominates a short run); the proxy needs neither to start.
         stack.enter_context(service("llm", llm_args, logs))
-        stack.enter_context(service("qdrant", ["-m", "proxy.doubles.qdrant_shim", "--port", str(qdrant_port)], logs))
+        stack.enter_context(service("qdrant", ["-m", "upstream_doubles.qdrant_shim", "--port", str(qdrant_port)], logs))
         proxy = stack.enter_context(service("proxy", ["-m", "commands.cli", "serve"], logs, proxy_env, cwd=logs))
         for port in (llm_port, qdrant_port, proxy_port):
             wait_for_port(port, timeout=60)

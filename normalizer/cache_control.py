@@ -51,6 +51,8 @@ _DELTA_SECONDS = re.compile(r"[0-9]+")
 _DECIMAL_SECONDS = re.compile(r"[0-9]+(\.[0-9]+)?")
 _TRUE = frozenset({"true", "1", "yes"})
 _FALSE = frozenset({"false", "0", "no"})
+DEFAULT_TTL_S = 3600.0
+"""``cache.l1.ttl_s``: seconds an entry lives when neither the request nor the settings say otherwise."""
 _RAGPROXY_KEYS = frozenset({"ttl", "max_age", "no_cache", "no_store", "namespace"})
 
 
@@ -67,7 +69,7 @@ class CacheDefaults:
     """
 
     enabled: bool = True
-    ttl: float | None = 3600.0
+    ttl: float | None = DEFAULT_TTL_S
     max_ttl: float | None = None
     namespace: str = "default"
 

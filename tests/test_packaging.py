@@ -7,7 +7,7 @@ import re
 import tomllib
 from pathlib import Path
 
-PRODUCT = ("proxy", "tiers", "normalizer", "admin", "commands")
+PRODUCT = ("proxy", "tiers", "normalizer", "admin", "upstream_doubles", "commands")
 ROOT = Path(__file__).resolve().parents[1]
 
 

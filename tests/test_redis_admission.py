@@ -13,8 +13,8 @@ import redis.asyncio as aioredis
 from redis.crc import key_slot
 
 from loadtest.responses import ResponseGenerator
-from proxy.answers.shared_mode import SharedMode, build_shared
 from proxy.assembly.config import ConfigError, load_settings
+from proxy.cache_tiers.shared_mode import SharedMode, build_shared
 from tests.tiers.test_redis_store import cluster_url  # noqa: F401  (the 3-master cluster fixture)
 from tiers.entry import CachedResponse
 from tiers.invalidation import Invalidator, Selector

@@ -19,12 +19,12 @@ from proxy.assembly.config import ConfigError, load_settings
 from proxy.core.handoffs import Reservation
 from proxy.credits.redis_store import RedisCreditStore
 from proxy.credits.store import LedgerFilter, ledger_entries
-from proxy.doubles.llm_server import FakeLLM
 from tests.scale.replicas import provision_user, shared_replicas
 from tests.scale.test_replicas import CREDIT, ask, sdk
 from tests.support.processes import RedisServer, free_port, wait_for_port
 from tiers.redis_connect import connect, parse_sentinel_url
 from tiers.redis_store import RedisStore
+from upstream_doubles.llm_server import FakeLLM
 
 SERVICE = "mymaster"
 

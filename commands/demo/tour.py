@@ -15,12 +15,12 @@ from typing import Any
 
 import orjson
 
-from proxy.answers.cache_tiers.semantic import SemanticCacheTier
 from proxy.assembly.config import Settings
 from proxy.assembly.startup_report import http_url
+from proxy.cache_tiers.semantic import SemanticCacheTier
 from proxy.core.outcome import CacheStatus
-from proxy.doubles.request_log import RequestLog
 from proxy.upstream.client import UpstreamClient
+from upstream_doubles.request_log import RequestLog
 
 MODEL = "demo-model"
 COLLECTION = "demo"

@@ -17,7 +17,7 @@ import httpx
 from loadtest.bench._tally import CHAT, Tally, chat, send
 from loadtest.fold_pairs import KEEPS_MEANING, MEANING_CHANGES
 from loadtest.harness import keyed_replica, new_key
-from proxy.doubles.llm_server import FakeLLM
+from upstream_doubles.llm_server import FakeLLM
 
 TENANT = "fold-tenant"
 

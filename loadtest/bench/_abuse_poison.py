@@ -22,8 +22,8 @@ import httpx
 
 from loadtest.bench._tally import CHAT, Tally, chat, send
 from loadtest.harness import keyed_replica, new_key
-from proxy.doubles.llm_server import FakeLLM
-from proxy.doubles.openai_shapes import default_answer
+from upstream_doubles.llm_server import FakeLLM
+from upstream_doubles.openai_shapes import default_answer
 
 TENANT = "poison-tenant"
 INSTRUCTION = "Reply with just: ACK"

@@ -6,7 +6,7 @@ A row's example request is derived from what it declares: its method, its path t
 filled with the one the attack needs), and a body of the shape its kind of API takes (:func:`example_body`). The
 attacks (:mod:`._abuse_paths`, :mod:`._abuse_headers`, :mod:`._abuse_bodies`) each send their requests with an
 ``X-Request-ID`` of their own, and then read the upstream's log for that id: the upstream is a
-:class:`~proxy.doubles.lenient_llm.LenientFakeLLM`, which reads a request the way common stacks do, so its log says
+:class:`~upstream_doubles.lenient_llm.LenientFakeLLM`, which reads a request the way common stacks do, so its log says
 what a real upstream behind such a stack would have acted on. :func:`judge` turns that into findings:
 
 * ``free_paths``: a request of the user without credits that reached the upstream, or was answered 2xx;
@@ -34,8 +34,8 @@ import orjson
 from normalizer.json_body import BodyProblem, read_body
 from normalizer.paths import PathAllowList, PathTemplate
 from proxy.core.endpoints import ROWS, Endpoint, RerankEndpoint, Resource
-from proxy.doubles.lenient_llm import lenient_json
-from proxy.doubles.request_log import LoggedRequest
+from upstream_doubles.lenient_llm import lenient_json
+from upstream_doubles.request_log import LoggedRequest
 
 MODEL = "fake-model"
 OVERRIDE_HEADERS = ("X-Original-URL", "X-Rewrite-URL", "X-HTTP-Method-Override", "X-HTTP-Method",
@@ -210,7 +210,7 @@ def judge(findings: Findings, attack: Attack, status: int | None, entries: list[
 async def run(url: str, attacks: list[Attack], auth: dict[str, dict[str, str]], log: Any, victim: Victim,
               findings: Findings, tally: Any, concurrency: int = 8) -> list[tuple[Attack, int | None]]:
     """Send every attack (``auth``: headers per user), ``concurrency`` at a time, and judge each by the upstream's
-    ``log`` (a :class:`~proxy.doubles.request_log.RequestLog`); each attack with its status."""
+    ``log`` (a :class:`~upstream_doubles.request_log.RequestLog`); each attack with its status."""
     gate = asyncio.Semaphore(concurrency)
     sent: list[tuple[Attack, int | None]] = []
 

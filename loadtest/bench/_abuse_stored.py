@@ -22,7 +22,7 @@ import httpx
 
 from loadtest.bench._tally import CHAT, RESPONSES, Tally, chat, send
 from loadtest.harness import keyed_replica, new_key
-from proxy.doubles.llm_server import FakeLLM
+from upstream_doubles.llm_server import FakeLLM
 
 TENANT = "stored-tenant"
 

@@ -1,13 +1,13 @@
 """Abuse: what an outsider can get for free, leave unanswered or knock over, against real ``ragproxy serve`` replicas.
 
 ``python -m loadtest.bench abuse [--quick] [--json] [--slow-connections N] [--fd-limit N] [--attack-s S]
-[--rerank-documents N] [--proxy-tree DIR]`` (the upstream doubles come from ``proxy.doubles``; ``--proxy-tree``:
+[--rerank-documents N] [--proxy-tree DIR]`` (the upstream doubles come from ``upstream_doubles``; ``--proxy-tree``:
 run the ``ragproxy serve`` processes from another checkout, e.g. main's, with this tree's attacks).
 
 Set-up, all on loopback: a redis-server this run owns (append-only file, fsync always: it is restarted mid-run);
-the fake LLM reading requests as common stacks do (:class:`~proxy.doubles.lenient_llm.LenientFakeLLM`: the path
+the fake LLM reading requests as common stacks do (:class:`~upstream_doubles.lenient_llm.LenientFakeLLM`: the path
 decoded twice, ``;`` parameters dropped, ``X-Original-URL`` and method overrides honoured, JSON read leniently), the
-TEST-ONLY Qdrant shim and a fake vLLM reranker (``proxy.doubles``, in this process, so every upstream call is
+TEST-ONLY Qdrant shim and a fake vLLM reranker (``upstream_doubles``, in this process, so every upstream call is
 counted); four ``ragproxy serve`` processes with API keys and credits:
 
 * **A** and **B** share the Redis (shared mode), response caching off (every call goes upstream, so each must be
@@ -298,9 +298,9 @@ async def slow_connections(port: int, count: int, duration_s: float) -> dict[str
 def upstreams() -> Iterator[tuple[Any, Any, Any]]:
     """The lenient fake LLM, the Qdrant shim and a fake vLLM reranker on this process's threads, with one small
     collection."""
-    from proxy.doubles.lenient_llm import LenientFakeLLM
-    from proxy.doubles.qdrant_shim import QdrantShim
-    from proxy.doubles.rerankers import FakeReranker
+    from upstream_doubles.lenient_llm import LenientFakeLLM
+    from upstream_doubles.qdrant_shim import QdrantShim
+    from upstream_doubles.rerankers import FakeReranker
 
     with LenientFakeLLM(chunk_latency_s=0.01) as llm, QdrantShim() as shim, FakeReranker("vllm") as reranker:
         with httpx.Client(base_url=shim.url, timeout=30) as http:

@@ -155,7 +155,7 @@ def flood(llm_url: str, redis_url: str, quick: bool) -> dict[str, Any]:
 @contextmanager
 def _upstream_and_redis() -> Iterator[tuple[str, str]]:
     from loadtest.bench.chaos import Redis
-    from proxy.doubles.llm_server import FakeLLM
+    from upstream_doubles.llm_server import FakeLLM
 
     if shutil.which("redis-server") is None:
         raise SystemExit("redis-server is not installed")

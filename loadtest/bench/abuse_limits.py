@@ -113,7 +113,7 @@ def _without_headers(replies: list[httpx.Response | None]) -> int:
 
 async def rate_limits(work: Path, redis_url: str, tally: Tally) -> dict[str, Any]:
     """The scenario (see the module docstring)."""
-    from proxy.doubles.llm_server import FakeLLM
+    from upstream_doubles.llm_server import FakeLLM
 
     admin_port = free_port()
     with FakeLLM() as llm, proxy_child(_env(llm.url, redis_url, work / "a", admin_port)) as (url_a, _), \

@@ -5,7 +5,7 @@ Part of ``python -m loadtest.bench abuse``; alone: ``python -m loadtest.bench ab
 
 Each dimension runs against a ``ragproxy serve`` of its own (embedded, API keys, credits off, every cache tier on
 with its defaults: the local embedder, the hnsw index under ``data_dir``) in front of a fake LLM and the TEST-ONLY
-Qdrant shim (``proxy.doubles``, in this process). One key sends ``--count`` requests, 8 at a time, each naming or
+Qdrant shim (``upstream_doubles``, in this process). One key sends ``--count`` requests, 8 at a time, each naming or
 filling something new:
 
 * ``namespaces``: one question in each of ``count`` namespaces (``X-Ragproxy-Namespace``);
@@ -229,8 +229,8 @@ def dimension(name: str, count: int, llm_url: str, qdrant_url: str, work: Path,
 @contextmanager
 def upstreams() -> Iterator[tuple[str, str]]:
     """The fake LLM (citing where asked) and the Qdrant shim with :data:`COLLECTIONS` collections."""
-    from proxy.doubles.llm_server import FakeLLM
-    from proxy.doubles.qdrant_shim import QdrantShim
+    from upstream_doubles.llm_server import FakeLLM
+    from upstream_doubles.qdrant_shim import QdrantShim
 
     with FakeLLM(answer=answer) as llm, QdrantShim() as shim:
         with httpx.Client(base_url=shim.url, timeout=60) as http:

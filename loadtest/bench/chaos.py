@@ -4,7 +4,7 @@
 
 Set-up, all real processes on loopback: a redis-server this run owns (AOF on, ``appendfsync always``, so a killed
 and restarted Redis comes back with every acknowledged write: the ledger's durability promise depends on it), two
-fake LLM replicas (``python -m proxy.doubles.llm_server``), and ``ragproxy serve`` in front of them with
+fake LLM replicas (``python -m upstream_doubles.llm_server``), and ``ragproxy serve`` in front of them with
 ``redis.url`` set (credits and API keys on Redis), ``auth.mode=keys`` and credits on. One API key with a large
 balance is created through the admin API.
 
@@ -132,7 +132,7 @@ class Replica:
 
     def start(self) -> None:
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "proxy.doubles.llm_server", "--port", str(self.port),
+            [sys.executable, "-m", "upstream_doubles.llm_server", "--port", str(self.port),
              "--latency-ms", str(self.latency_ms)], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         wait_for_port(self.port, timeout=15)
 

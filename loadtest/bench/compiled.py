@@ -31,7 +31,7 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = ("proxy", "tiers", "normalizer", "admin", "commands", "loadtest")
+PACKAGES = ("proxy", "tiers", "normalizer", "admin", "upstream_doubles", "commands", "loadtest")
 NOT_COMPILED = (
     "proxy/upstream/client.py", "proxy/upstream/http1.py", "proxy/answers/coalesce.py", "proxy/answers/replies.py",
     "proxy/kv/admission_queue.py", "proxy/kv/stages.py", "proxy/assembly/config.py",

@@ -1,7 +1,7 @@
 """``python -m loadtest.bench fidelity --pairs PATH [--labels same_answer|is_duplicate] [--mode shared|pairwise|
 population|variants] [--mix S] [--count N] [--answers fixed|varied] [--half H] [--seed N] [--quick] [--rag K]
-[--rag-form structured|inline] [--rag-prompt pair|one] [--json]``: L2 on real labelled question pairs, through a
-real ``ragproxy serve`` at its defaults, as users meet it.
+[--rag-form structured|inline] [--rag-prompt pair|one] [--rag-cite FORM] [--rag-quote N] [--json]``: L2 on real
+labelled question pairs, through a real ``ragproxy serve`` at its defaults, as users meet it.
 
 Input: a CSV of ``question1,question2,is_duplicate[,same_answer]`` (``../shared/data/qqp_dev_relabelled.csv``; read
 from the path given, never shipped). ``--labels same_answer`` (the default) reads whether one answer serves both
@@ -36,10 +36,11 @@ top-K it retrieved, in the order returned (each pair under its own system prompt
 runs differ by the documents alone; ``--rag-prompt one``: all under one, as an app sends them, where every question
 meets every other as in ``population``): as ``ragproxy.documents`` (``--rag-form structured``) or pasted into
 the user message as numbered sources (``--rag-form inline``). The upstream cites the first document it was given
-(``[doc-N]``, or ``[1]`` inline), so a hit whose answer's source the new request does not carry where the answer
-cites it is counted (``miscited_hits``); the report adds the shares of pairs whose two questions retrieved identical
-documents (in order, and as sets) and how many searches the proxy's search cache answered. Run the same arguments
-without ``--rag`` for the same pairs with one context each.
+(``[doc-N]``, or ``[1]`` inline; ``--rag-cite position|id|source-id|title|none`` chooses another form, and
+``--rag-quote N`` makes its answer quote the first N words of that document), so a hit whose answer's source the new
+request does not carry where the answer cites it is counted (``miscited_hits``); the report adds the shares of pairs
+whose two questions retrieved identical documents (in order, and as sets) and how many searches the proxy's search
+cache answered. Run the same arguments without ``--rag`` for the same pairs with one context each.
 
 Figures, over second questions: **recall** = second questions of same-answer pairs answered with their cluster's
 answer / all such; **wrong-hit share** = answers of another cluster / hits; the **hindsight oracle**: the best fixed
@@ -83,7 +84,18 @@ from loadtest.fidelity_traffic import (
     trivial_variants,
 )
 from loadtest.harness import child, free_port, percentiles, proxy_process
-from loadtest.rag_retrieval import FORMS, Retriever, asked, corpus, first_source, inline_message, load
+from loadtest.rag_retrieval import (
+    BY_ID,
+    CITES,
+    FORMS,
+    Retriever,
+    asked,
+    corpus,
+    first_source,
+    first_words,
+    inline_message,
+    load,
+)
 from loadtest.sampled_answers import SampledAnswers
 from normalizer.evidence import without_citations
 from normalizer.guards import veto
@@ -106,11 +118,16 @@ def cluster_answer(cluster: int) -> str:
 
 class ClusterAnswerUpstream:
     """Test double of an OpenAI-compatible backend: answers a question with its cluster's text, the same every time
-    (``varied`` unset) or worded anew every time (:class:`~loadtest.sampled_answers.SampledAnswers`)."""
+    (``varied`` unset) or worded anew every time (:class:`~loadtest.sampled_answers.SampledAnswers`); given
+    documents, it quotes the first ``quote`` words of the first one and cites it as ``cite`` says
+    (:func:`~loadtest.rag_retrieval.first_source`)."""
 
-    def __init__(self, by_question: dict[str, int], varied: SampledAnswers | None = None) -> None:
+    def __init__(self, by_question: dict[str, int], varied: SampledAnswers | None = None, cite: str = "auto",
+                 quote: int = 0) -> None:
         self.by_question = by_question
         self.varied = varied
+        self.cite = cite
+        self.quote = quote
 
     def answer(self, question: str) -> str:
         cluster = self.by_question.get(question)
@@ -123,8 +140,10 @@ class ClusterAnswerUpstream:
             body = await request.json()
             user = next((m["content"] for m in reversed(body["messages"]) if m["role"] == "user"), "")
             system = next((m["content"] for m in body["messages"] if m["role"] == "system"), "")
-            source = first_source(system, user)  # a RAG answer cites its first source
-            answer = self.answer(asked(user)) + (f" {source}" if source else "")
+            source = first_source(system, user, self.cite)  # a RAG answer cites its first source
+            quoted = first_words(system, user, self.quote)
+            answer = self.answer(asked(user)) + (f' As one source puts it: "{quoted}".' if quoted else "") \
+                + (f" {source}" if source else "")
             return web.json_response({
                 "id": "chatcmpl-fidelity", "object": "chat.completion", "created": 1700000000,
                 "model": body.get("model", "fidelity"),
@@ -139,7 +158,7 @@ class ClusterAnswerUpstream:
 
 def _uncited(answer: str) -> str:
     """An answer of the bench's upstream without its trailing citation (which a hit may have had renumbered)."""
-    return re.sub(r" \[[^\[\]]+\]$", "", answer)
+    return re.sub(r' (?:\[[^\[\]]+\]|\(from "[^"]*"\))$', "", answer)
 
 
 @dataclass(slots=True)
@@ -411,18 +430,19 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
            "RAGPROXY_ADMIN__PORT": str(admin_port)}
     tally = Tally(dict(by_question))
     upstream = ["-m", "loadtest.bench.fidelity", "--serve-upstream", str(upstream_port), str(args.pairs), args.labels,
-                args.answers, str(args.seed)]
+                args.answers, str(args.seed), args.rag_cite, str(args.rag_quote)]
     with contextlib.ExitStack() as stack:
         vectors: dict[str, np.ndarray] = {}
         if args.rag:
             qdrant_port = free_port()
-            stack.enter_context(child(["-m", "proxy.doubles.qdrant_shim", "--port", str(qdrant_port)], qdrant_port))
+            stack.enter_context(child(["-m", "upstream_doubles.qdrant_shim", "--port", str(qdrant_port)], qdrant_port))
             env["RAGPROXY_UPSTREAMS__QDRANT__URL"] = f"http://127.0.0.1:{qdrant_port}"
             vectors = asyncio.run(_load_corpus(args, pairs, f"http://127.0.0.1:{qdrant_port}"))
         stack.enter_context(child(upstream, upstream_port))
         url = stack.enter_context(proxy_process(env))
         if args.rag:
-            tally.rag = RagLoop(Retriever(url, args.rag, vectors), args.rag_form, args.rag_prompt == "one")
+            tally.rag = RagLoop(Retriever(url, args.rag, vectors, titled=args.rag_cite == "title"), args.rag_form,
+                                args.rag_prompt == "one")
         asyncio.run(_warm(url))
         if args.mode == "variants":
             asyncio.run(run_variants(url, pairs, tally, args.seed))
@@ -451,6 +471,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     if tally.rag is not None:
         rag = tally.rag
         report.update({"rag_k": args.rag, "rag_form": rag.form, "rag_prompt": args.rag_prompt,
+                       "rag_cite": args.rag_cite, "rag_quote": args.rag_quote,
                        "identical_documents_share": _share(rag.identical_documents, len(pairs)),
                        "same_document_set_share": _share(rag.same_document_set, len(pairs)),
                        "miscited_hits": rag.miscited, "searches": rag.retriever.searches,
@@ -510,7 +531,7 @@ def print_report(report: dict[str, Any]) -> None:
               f"{report['first_semantic_hit_at']}")
         if "rag_k" in report:
             print(f"RAG loop, top-{report['rag_k']} own documents, {report['rag_form']}, {report['rag_prompt']} system "
-                  f"prompt: pairs with identical "
+                  f"prompt, citing {report['rag_cite']}, quoting {report['rag_quote']} words: pairs with identical "
                   f"documents {report['identical_documents_share']} (same set {report['same_document_set_share']}); "
                   f"hits citing a source the request lacks where cited {report['miscited_hits']}; "
                   f"{report['searches_answered_by_search_cache']}/{report['searches']} searches from the search "
@@ -549,6 +570,13 @@ def main(argv: list[str]) -> int:
                         help="how documents are sent: ragproxy.documents, or pasted into the user message")
     parser.add_argument("--rag-prompt", choices=("pair", "one"), default="pair",
                         help="each pair under its own system prompt (as without --rag), or all under one")
+    parser.add_argument("--rag-cite", choices=CITES, default="auto",
+                        help="how the upstream's answer cites its first document: auto (by id when structured, by "
+                        "position when inline), position [1], id [doc-N], source-id [source: doc-N], title "
+                        '(from "Knowledge base entry N"; documents sent with titles), none')
+    parser.add_argument("--rag-quote", type=int, default=0, metavar="N",
+                        help="the upstream's answer also quotes the first N words of its first document (its content "
+                        "comes from it)")
     parser.add_argument("--rag-corpus", type=Path, help="CSV whose questions not in the traffic are the documents "
                         "(default: the pairs file)")
     parser.add_argument("--rag-corpus-size", type=int, default=5000, help="documents in the corpus")
@@ -556,6 +584,8 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     if args.mix is not None and not 0 <= args.mix <= 1:
         parser.error("--mix must be between 0 and 1")
+    if args.rag_cite in BY_ID and args.rag_form != "structured":
+        parser.error(f"--rag-cite {args.rag_cite} needs --rag-form structured (pasted sources carry no id or title)")
     report = run(args)
     print_report(report)
     if args.json:
@@ -564,14 +594,15 @@ def main(argv: list[str]) -> int:
     return 0
 
 
-def _serve_upstream(port: int, pairs_path: str, labels: str, answers: str, seed: int) -> None:
+def _serve_upstream(port: int, pairs_path: str, labels: str, answers: str, seed: int, cite: str, quote: int) -> None:
     by_question = clusters(read_pairs(Path(pairs_path), labels=labels))
-    upstream = ClusterAnswerUpstream(by_question, SampledAnswers(seed) if answers == "varied" else None)
+    upstream = ClusterAnswerUpstream(by_question, SampledAnswers(seed) if answers == "varied" else None, cite, quote)
     web.run_app(upstream.app(), host="127.0.0.1", port=port, access_log=None, print=None)
 
 
 if __name__ == "__main__":
-    if len(sys.argv) == 7 and sys.argv[1] == "--serve-upstream":
-        _serve_upstream(int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5], int(sys.argv[6]))
+    if len(sys.argv) == 9 and sys.argv[1] == "--serve-upstream":
+        _serve_upstream(int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5], int(sys.argv[6]), sys.argv[7],
+                        int(sys.argv[8]))
     else:
         raise SystemExit(main(sys.argv[1:]))

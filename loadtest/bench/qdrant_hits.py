@@ -3,7 +3,7 @@ from the search cache, this tree against another checkout of ragproxy (``DIR``: 
 <commit>``), measured in one run.
 
 Both ``ragproxy serve`` processes run in keys mode with the search cache on, in front of one TEST-ONLY Qdrant shim
-(:mod:`proxy.doubles.qdrant_shim`); each gets a tenant's key, a collection made through it and one warm-up search.
+(:mod:`upstream_doubles.qdrant_shim`); each gets a tenant's key, a collection made through it and one warm-up search.
 Then rounds of identical searches (every one a ``HIT``: the upstream is not involved) alternate between the two, the
 order swapped every round so that drift on a shared machine hits both alike, and each process's CPU time (user +
 system, ``/proc``) is read around its rounds. The figure is CPU microseconds per search hit and the ratio of this tree
@@ -61,7 +61,7 @@ def _serve(tree: Path, qdrant_url: str, tenant: str) -> tuple[subprocess.Popen[b
 
 
 def run(before: Path, rounds: int, per_round: int) -> dict[str, Any]:
-    from proxy.doubles.qdrant_shim import QdrantShim
+    from upstream_doubles.qdrant_shim import QdrantShim
 
     sides = {"before": before, "this_tree": ROOT}
     with QdrantShim() as shim:

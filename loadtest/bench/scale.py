@@ -8,9 +8,9 @@ realistic ``chat.completion`` body with the proxy's tags), as the proxy does aft
 
 - isolated (baseline, embedded mode): each replica has its own in-process L1 (``MemoryStore``, policy
   ``cache.l1.policy``) of ``B`` bytes;
-- shared (shared mode): :func:`proxy.answers.shared_mode.build_shared`'s L1 per replica — a near cache of ``B/8`` (same
-  policy) in front of one Redis — on a redis-server this benchmark starts on a free loopback port. The three
-  near caches plus Redis's value budget add up to ``3B``. Three variants, each a set of JSON keys
+- shared (shared mode): :func:`proxy.cache_tiers.shared_mode.build_shared`'s L1 per replica — a near cache of
+  ``B/8`` (same policy) in front of one Redis — on a redis-server this benchmark starts on a free loopback port. The
+  three near caches plus Redis's value budget add up to ``3B``. Three variants, each a set of JSON keys
   ``<variant>_...``:
 
   - ``shared`` (the product's defaults): the store's own budget, ``redis.l1_max_bytes`` = the value budget,
@@ -60,8 +60,8 @@ import redis.asyncio as aioredis
 
 from loadtest.harness import free_port, wait_for_port
 from loadtest.scale_workload import HEAD_HEAVY, Shape, Workload, build, zipf_trace
-from proxy.answers.shared_mode import SharedMode, build_shared
 from proxy.assembly.config import load_settings
+from proxy.cache_tiers.shared_mode import SharedMode, build_shared
 from proxy.kv.hints import prefix_hashes as path_hashes
 from proxy.kv.prefix_board import PrefixSummaryBoard
 from tiers.entry import CachedResponse

@@ -35,6 +35,7 @@ from normalizer.canonical_json import JSONValue
 from normalizer.documents import Document
 from normalizer.evidence import evidence
 from normalizer.responses import continued_response
+from proxy.core.cache_tier import WriteBehind
 from proxy.core.context import Reply, RequestContext
 from proxy.core.endpoints import Endpoint, for_entry, for_kind
 from proxy.core.outcome import HIT_STATUSES, CacheStatus, Outcome, exact_hit
@@ -52,8 +53,6 @@ log = logging.getLogger("ragproxy.cache")
 
 StillStored = Callable[[str], Awaitable[bool]]
 """Whether the stored Responses API object of this id is still kept upstream."""
-WriteBehind = Callable[[str, CachedResponse, "float | None", list[str], Any], None]
-"""Takes a copy of a new answer (key, entry, TTL, tags, the question's embedding or ``None``) without waiting."""
 ALL_ENTRIES = "all"  # the tag every entry carries: listing and flushing without knowing keys
 JSON = "application/json"
 SSE = "text/event-stream"
@@ -98,11 +97,11 @@ def sent_documents(ctx: RequestContext) -> tuple[Document, ...]:
     return tuple(by_id[doc_id] for doc_id in order)
 
 
-def answer_evidence(ctx: RequestContext, answer: str | None) -> JSONValue:
-    """What ``answer`` (the text of the answer to ``ctx``'s prompt, :func:`tiers.semantic.answer_text`) rests on
-    (:func:`normalizer.evidence.evidence`); ``None`` when the prompt carried no documents."""
+def answer_evidence(ctx: RequestContext, answer: str | None, question: str | None) -> JSONValue:
+    """What ``answer`` (the text of the answer to ``ctx``'s prompt, :func:`tiers.semantic.answer_text`) to
+    ``question`` rests on (:func:`normalizer.evidence.evidence`); ``None`` when the prompt carried no documents."""
     documents = sent_documents(ctx)
-    return evidence(answer or "", documents) if documents else None
+    return evidence(answer or "", documents, question or "") if documents else None
 
 
 def hit_reply(ctx: RequestContext, entry: CachedResponse, outcome: Outcome,
@@ -219,7 +218,7 @@ class StoreResponse:
             semantic, documents = ctx.semantic, document_ids(ctx)
             question = semantic.question if semantic is not None else \
                 endpoint.read_question(request, ctx.prompt) if ctx.prompt is not None else None
-            rests_on = answer_evidence(ctx, answer_text(stored.body)) if documents else None
+            rests_on = answer_evidence(ctx, answer_text(stored.body), question) if documents else None
             entry = CachedResponse(
                 body=stored.body, kind=endpoint.kind, model=model if isinstance(model, str) else None,
                 cost=ctx.upstream_seconds if ctx.upstream_seconds is not None else 1.0,

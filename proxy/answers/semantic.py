@@ -244,14 +244,16 @@ class SemanticLookup:
         return compare
 
     @staticmethod
-    def _renumbered(ctx: RequestContext, entry: CachedResponse, match: SemanticMatch) -> CachedResponse:
+    def _renumbered(ctx: RequestContext, entry: CachedResponse, match: SemanticMatch,
+                    question: str) -> CachedResponse:
         """``entry`` with its answer's positional citations pointing where the new prompt holds the documents
-        (:func:`normalizer.evidence.renumbered`), and the evidence that answer now has."""
+        (:func:`normalizer.evidence.renumbered`), and the evidence that answer to ``question`` now has."""
         documents = ctx.prompt.documents if ctx.prompt is not None else ()
         body = edit_answer_text(entry.body, lambda text: renumbered(text, match.evidence, documents))
         if body is entry.body:
             return entry
-        return replace(entry, body=body, meta={**entry.meta, "evidence": answer_evidence(ctx, answer_text(body))})
+        rests_on = answer_evidence(ctx, answer_text(body), question)
+        return replace(entry, body=body, meta={**entry.meta, "evidence": rests_on})
 
     async def _lookup(self, ctx: RequestContext, query: SemanticQuery,
                       key: str) -> tuple[Reply | None, SemanticMatch | None]:
@@ -278,7 +280,7 @@ class SemanticLookup:
         if (policy.max_age is not None and entry.age() > policy.max_age) \
                 or not self.endpoint.carries(entry, ctx.body or {}, ctx.stream):
             return None, None
-        entry = self._renumbered(ctx, entry, match)
+        entry = self._renumbered(ctx, entry, match, query.question)
         await self.promote_into.put(key, entry, ttl=policy.ttl, tags=entry_tags(ctx, entry.model))
         self.semantic.served()
         extra = {"X-Cache-Similarity": f"{match.similarity:.4f}"} if self.expose_similarity else None

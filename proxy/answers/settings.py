@@ -1,18 +1,22 @@
-"""The ``cache`` settings section: the answer tiers (L1 exact, L2 semantic, L3 cold), the search cache,
-stale-if-error and what every tier shares. Composed into :class:`proxy.assembly.config.Settings`."""
+"""The ``cache`` settings section: the answer tiers (L1 exact, L2 semantic, L3 cold), stale-if-error and what every
+tier shares; the search cache's own part, ``cache.retrieval``, is :class:`proxy.search.settings.RetrievalSettings`.
+Composed into :class:`proxy.assembly.config.Settings`."""
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
-from pydantic import AfterValidator, Field, SecretStr, field_validator, model_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 
 from normalizer.bypass import BypassSettings
-from proxy.core.settings_section import Section
+from normalizer.cache_control import DEFAULT_TTL_S
+from proxy.core.settings_section import PolicyName, Section
+from proxy.search.settings import RetrievalSettings
 from tiers.calibration import DEFAULT_MAX_BYTES as DEFAULT_CALIBRATION_BYTES
-from tiers.embedders import DEFAULT_UPSTREAM_DIM, DEFAULT_UPSTREAM_MODEL
-from tiers.policies import POLICY_NAMES
+from tiers.cold.store import DEFAULT_MAX_BYTES as DEFAULT_COLD_BYTES
+from tiers.embedders import DEFAULT_RUNTIME, DEFAULT_UPSTREAM_DIM, DEFAULT_UPSTREAM_MODEL
+from tiers.policies import DEFAULT_POLICY
 from tiers.question_templates import DEFAULT_MAX_BYTES as DEFAULT_TEMPLATES_BYTES
 from tiers.repeated_answers import DEFAULT_MAX_BYTES as DEFAULT_REPLIES_BYTES
 from tiers.semantic import DEFAULT_ANSWER_AGREEMENT, DEFAULT_CANDIDATES, DEFAULT_MAX_WRONG_HIT_RATE
@@ -21,22 +25,13 @@ from tiers.vectors.hnsw import DEFAULT_MAX_BYTES as DEFAULT_INDEX_BYTES
 _BYPASS = BypassSettings()  # the bypass rules' defaults, defined once there
 
 
-def _known_policy(name: str) -> str:
-    if name not in POLICY_NAMES:
-        raise ValueError(f"unknown eviction policy; allowed: {', '.join(POLICY_NAMES)}")
-    return name
-
-
-PolicyName = Annotated[str, AfterValidator(_known_policy)]
-
-
 class L1Settings(Section):
     enabled: bool = Field(default=True, description="In-process exact cache")
     max_bytes: int = Field(default=256 * 1024 * 1024, ge=0, description="Bytes of cached responses in memory")
     max_entries: int = Field(default=200_000, ge=1, description="Entries in memory")
-    ttl_s: float = Field(default=3600.0, gt=0, description="Default entry lifetime (every tier)")
+    ttl_s: float = Field(default=DEFAULT_TTL_S, gt=0, description="Default entry lifetime (every tier)")
     policy: PolicyName = Field(
-        default="bpcache", description="Eviction policy: lru, fifo, s3fifo, gdsf, landlord, bpcache"
+        default=DEFAULT_POLICY, description="Eviction policy: lru, fifo, s3fifo, gdsf, landlord, bpcache"
     )
 
 
@@ -50,8 +45,8 @@ class L2Settings(Section):
     upstream_dim: int = Field(default=DEFAULT_UPSTREAM_DIM, ge=1, description="Vector size of the upstream embedder")
     upstream_api_key: SecretStr | None = Field(default=None, description="Key for the upstream embedder")
     embedder_runtime: Literal["auto", "onnx", "numpy"] = Field(
-        default="auto", description="local embedder: onnx (int8 graph on onnxruntime, a few ms), numpy (no onnxruntime "
-        "needed, 10-30 ms); auto: onnx when onnxruntime and onnx are installed")
+        default=DEFAULT_RUNTIME, description="local embedder: onnx (int8 graph on onnxruntime, a few ms), numpy (no "
+        "onnxruntime needed, 10-30 ms); auto: onnx when onnxruntime and onnx are installed")
     max_wrong_hit_rate: float = Field(
         default=DEFAULT_MAX_WRONG_HIT_RATE, gt=0, lt=1,
         description="Error bound: per tenant and namespace, the lowest threshold where the "
@@ -109,24 +104,10 @@ class L2Settings(Section):
 
 class L3Settings(Section):
     enabled: bool = Field(default=True, description="Persistent lz4-compressed cold tier under data_dir/cold")
-    max_bytes: int = Field(default=8 * 1024**3, ge=1024 * 1024, description="Disk bytes the cold tier may use")
-    policy: PolicyName = Field(default="bpcache", description="Eviction policy of the cold tier")
+    max_bytes: int = Field(default=DEFAULT_COLD_BYTES, ge=1024 * 1024, description="Disk bytes the cold tier may use")
+    policy: PolicyName = Field(default=DEFAULT_POLICY, description="Eviction policy of the cold tier")
     write_queue: int = Field(default=1024, ge=1, description="Pending cold writes; beyond it writes are dropped")
     warmup_entries: int = Field(default=0, ge=0, description="Hottest cold entries copied into L1 at start")
-
-
-class RetrievalSettings(Section):
-    enabled: bool = Field(default=True, description="Reuse Qdrant search results for equal or nearby query vectors")
-    tolerance: float = Field(default=0.015, ge=0, description="Default cosine distance (1 - cos) for a reuse")
-    collection_tolerances: dict[str, float] = Field(
-        default_factory=dict, description="Per collection, in the collection's own metric"
-    )
-    max_bytes: int = Field(default=64 * 1024 * 1024, ge=1024, description="Memory for cached search results")
-    policy: PolicyName = Field(default="lru", description="Eviction policy of the search cache")
-    ttl_s: float | None = Field(
-        default=300.0, gt=0, description="Lifetime of a cached search: bounds how long a change made directly in "
-        "Qdrant (not through the proxy) can go unseen (none: until a write through the proxy; see operations.md)"
-    )
 
 
 class StaleSettings(Section):

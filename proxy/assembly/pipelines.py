@@ -12,7 +12,7 @@ its tier's price, held before the answer is sent), and only one that goes upstre
 reserve stage just before it does; a balance that cannot cover it is answered 429 ``insufficient_quota``
 (:func:`proxy.credits.stages.out_of_credit`).
 
-The tiers' lookups come from the registered cache tiers in order (:mod:`proxy.answers.cache_tiers`): L1 exact → L3
+The tiers' lookups come from the registered cache tiers in order (:mod:`proxy.cache_tiers`): L1 exact → L3
 exact → L2 semantic, so an exact repeat is answered before any embedding is computed (L2 also searches the cold
 tier's question vectors). Legacy completions: the same without prompt, L2, shape and route. Responses API
 (``POST /v1/responses``): the same as chat (L2, shape and route included) after a stored_responses stage that

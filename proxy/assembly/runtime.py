@@ -22,13 +22,13 @@ from dataclasses import dataclass, field
 from opentelemetry.trace import Tracer
 
 from normalizer.documents import DocumentRegistry
-from proxy.answers.cache_tiers import REGISTERED
-from proxy.answers.cache_tiers.base import TierSet, build_tiers
-from proxy.answers.cache_tiers.invalidation import TierInvalidation
-from proxy.answers.shared_mode import SharedMode, build_shared
 from proxy.assembly.config import Settings
 from proxy.assembly.credit_components import CreditComponents, build_credits
 from proxy.assembly.live_settings import LiveSettings
+from proxy.cache_tiers import REGISTERED
+from proxy.cache_tiers.base import TierSet, build_tiers
+from proxy.cache_tiers.invalidation import TierInvalidation
+from proxy.cache_tiers.shared_mode import SharedMode, build_shared
 from proxy.core.reply import drain_finishers
 from proxy.idempotency.memory_store import MemoryIdempotencyStore
 from proxy.kv.factory import KVLayer, build_kv
@@ -61,7 +61,7 @@ class Runtime:
     """Shared mode (``redis.url``): several replicas act as one cache."""
     versions: VersionSource = field(init=False)
     tiers: TierSet = field(init=False)
-    """The cache tiers, in lookup order (:mod:`proxy.answers.cache_tiers`)."""
+    """The cache tiers, in lookup order (:mod:`proxy.cache_tiers`)."""
     documents: DocumentRegistry | None = field(init=False)
     """Documents from search results, recognised in later prompts (when caching or routing is on)."""
     kv: KVLayer | None = field(init=False)

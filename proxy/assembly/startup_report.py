@@ -18,9 +18,9 @@ import sys
 from dataclasses import asdict, dataclass
 from typing import Any, TextIO
 
-from proxy.answers.cache_tiers.semantic import SemanticCacheTier
 from proxy.assembly.config import Settings
 from proxy.assembly.runtime import Runtime
+from proxy.cache_tiers.semantic import SemanticCacheTier
 from proxy.observability.logs import plain
 from proxy.upstream.backends import HEALTH_PATH, Backend
 from proxy.upstream.client import UpstreamClient

@@ -6,10 +6,24 @@ where it uses them) and :mod:`proxy.assembly.config` composes the sections witho
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict
+from typing import Annotated
+
+from pydantic import AfterValidator, BaseModel, ConfigDict
+
+from tiers.policies import POLICY_NAMES
 
 
 class Section(BaseModel):
     """A settings section (``credits``, ``idempotency``, ...)."""
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+def _known_policy(name: str) -> str:
+    if name not in POLICY_NAMES:
+        raise ValueError(f"unknown eviction policy; allowed: {', '.join(POLICY_NAMES)}")
+    return name
+
+
+PolicyName = Annotated[str, AfterValidator(_known_policy)]
+"""An eviction policy's name (:data:`tiers.policies.POLICY_NAMES`), as every tier's section takes it."""

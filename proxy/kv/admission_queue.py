@@ -119,7 +119,7 @@ class AdmissionQueue:
         limit: int = 4,
         *,
         starvation_window_s: float = _ROUTING.starvation_window_s,
-        max_wait_s: float = 30.0,
+        max_wait_s: float = _ROUTING.queue_max_wait_s,
         clock: Callable[[], float] = time.monotonic,
         backlog: Callable[[float], float] | None = None,
     ) -> None:

@@ -1,5 +1,5 @@
 """Prompt prefixes each backend probably holds, shared between proxy replicas through Redis (shared mode's
-``board``, :mod:`proxy.answers.shared_mode`), so that every replica's KV-aware routing sees what the others sent."""
+``board``, :mod:`proxy.cache_tiers.shared_mode`), so that every replica's KV-aware routing sees what the others sent."""
 
 from __future__ import annotations
 

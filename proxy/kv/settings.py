@@ -7,6 +7,7 @@ from typing import Literal
 
 from pydantic import Field, SecretStr
 
+from normalizer.documents import DEFAULT_MAX_BYTES as DEFAULT_DOCUMENTS_BYTES
 from proxy.core.settings_section import Section
 
 
@@ -34,7 +35,8 @@ class RoutingSettings(Section):
     )
     documents: int = Field(default=10_000, ge=1, description="Documents remembered from search results")
     documents_max_bytes: int = Field(
-        default=128 * 1024 * 1024, ge=1024, description="Memory for those documents (estimated; oldest leave first)"
+        default=DEFAULT_DOCUMENTS_BYTES, ge=1024,
+        description="Memory for those documents (estimated; oldest leave first)",
     )
     salt_secret: SecretStr | None = Field(default=None, description="Secret mixed into per-tenant cache_salt hints")
     expose_headers: bool = Field(

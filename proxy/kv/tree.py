@@ -67,7 +67,7 @@ class KnowledgeTree:
 
     def __init__(
         self,
-        capacity_tokens: int = 200_000,
+        capacity_tokens: int,
         *,
         prefill: PrefillModel | None = None,
         clock: Callable[[], float] = time.monotonic,

@@ -16,9 +16,9 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
+from proxy.core.cache_tier import GaugeReader
 from tiers.latency import LatencyHistogram
 
-GaugeReader = Callable[[], Iterable[tuple[dict[str, str], float]]]
 M = TypeVar("M", Counter, Histogram)
 
 

@@ -9,9 +9,9 @@ from typing import Any
 import httpx
 import pytest
 
-from proxy.doubles.llm_server import FakeLLM
-from proxy.doubles.qdrant_shim import QdrantShim
 from tests.support.proxy_server import ProxyServer, proxy_settings
+from upstream_doubles.llm_server import FakeLLM
+from upstream_doubles.qdrant_shim import QdrantShim
 
 TOKEN = "test-admin-token"
 CHAT = "/v1/chat/completions"

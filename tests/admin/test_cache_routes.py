@@ -8,9 +8,9 @@ import time
 import httpx
 import pytest
 
-from proxy.doubles.llm_server import FakeLLM
 from tests.admin.conftest import Admin, ask, only_key
 from tests.support.proxy_server import ProxyServer
+from upstream_doubles.llm_server import FakeLLM
 
 
 def status(response: object) -> str:

@@ -13,11 +13,11 @@ import httpx
 import pytest
 
 from proxy.assembly.config import load_settings
-from proxy.doubles.llm_server import FakeLLM
-from proxy.doubles.qdrant_shim import QdrantShim
 from tests.admin.conftest import CHAT, TOKEN, Admin, ask, reached_upstream
 from tests.support.processes import free_port
 from tests.support.proxy_server import ProxyServer, proxy_settings
+from upstream_doubles.llm_server import FakeLLM
+from upstream_doubles.qdrant_shim import QdrantShim
 
 SECURED = ["/admin/stats", "/admin/entries", "/admin/config", "/admin/backends", "/metrics", "/cache/ping",
            "/admin/openapi.json"]

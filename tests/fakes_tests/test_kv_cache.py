@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from proxy.doubles.kv_cache import KVCacheModel, SlotSchedule, block_keys, tokenize
+from upstream_doubles.kv_cache import KVCacheModel, SlotSchedule, block_keys, tokenize
 
 
 def words(prefix: str, n: int) -> list[int]:

@@ -14,10 +14,10 @@ import openai
 import pytest
 from openai.types.chat import ChatCompletionMessageParam
 
-from proxy.doubles.kv_cache import KVCacheModel
-from proxy.doubles.llm_server import FakeLLM
-from proxy.doubles.openai_shapes import default_answer, embedding_vector, prompt_of_messages
 from tests.support.processes import free_port, wait_for_port
+from upstream_doubles.kv_cache import KVCacheModel
+from upstream_doubles.llm_server import FakeLLM
+from upstream_doubles.openai_shapes import default_answer, embedding_vector, prompt_of_messages
 
 MESSAGES: list[ChatCompletionMessageParam] = [
     {"role": "system", "content": "You answer from the documents."},
@@ -239,7 +239,7 @@ async def test_one_slot_queues_the_second_request() -> None:
 def test_runs_as_a_process() -> None:
     port = free_port()
     process = subprocess.Popen(
-        [sys.executable, "-m", "proxy.doubles.llm_server", "--port", str(port), "--kv-blocks", "64"],
+        [sys.executable, "-m", "upstream_doubles.llm_server", "--port", str(port), "--kv-blocks", "64"],
         cwd=ROOT,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,

@@ -15,8 +15,8 @@ from qdrant_client import AsyncQdrantClient, QdrantClient, models
 from qdrant_client.common.version_check import get_server_version
 from qdrant_client.http.exceptions import UnexpectedResponse
 
-from proxy.doubles.qdrant_shim import QdrantShim
 from tests.support.processes import free_port, wait_for_port
+from upstream_doubles.qdrant_shim import QdrantShim
 
 ROOT = Path(__file__).resolve().parents[2]
 DIM = 4
@@ -227,7 +227,7 @@ def test_values_json_cannot_hold_go_out_as_text() -> None:
     """A payload value orjson has no encoding for (a set, an object) is sent as its text, not an encoder error."""
     from uuid import UUID
 
-    from proxy.doubles.qdrant_shim import _ok
+    from upstream_doubles.qdrant_shim import _ok
 
     class Tag:
         def __str__(self) -> str:
@@ -251,7 +251,7 @@ async def test_serves_on_a_socket_bound_beforehand() -> None:
 def test_runs_as_a_process() -> None:
     port = free_port()
     process = subprocess.Popen(
-        [sys.executable, "-m", "proxy.doubles.qdrant_shim", "--port", str(port)],
+        [sys.executable, "-m", "upstream_doubles.qdrant_shim", "--port", str(port)],
         cwd=ROOT,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,

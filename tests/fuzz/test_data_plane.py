@@ -22,10 +22,10 @@ from aiohttp import web
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from proxy.doubles.llm_server import FakeLLM
-from proxy.doubles.qdrant_shim import QdrantShim
-from proxy.doubles.served_app import ServedApp
 from tests.support.proxy_server import ProxyServer, proxy_settings
+from upstream_doubles.llm_server import FakeLLM
+from upstream_doubles.qdrant_shim import QdrantShim
+from upstream_doubles.served_app import ServedApp
 
 FUZZ = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 OPENAI_ROUTES = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/responses", "/v1/rerank",

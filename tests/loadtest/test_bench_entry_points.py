@@ -58,7 +58,7 @@ def test_each_scenario_runs_or_parses_its_arguments(name: str) -> None:
 
 RESOLVE = """
 import ast, importlib, importlib.util, pathlib, sys
-FIRST_PARTY = {"proxy", "tiers", "normalizer", "admin", "commands", "loadtest", "tests"}
+FIRST_PARTY = {"proxy", "tiers", "normalizer", "admin", "upstream_doubles", "commands", "loadtest", "tests"}
 missing = []
 for path in sorted(pathlib.Path("loadtest").rglob("*.py")):
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):

@@ -8,14 +8,15 @@ from pathlib import Path
 
 import aiohttp
 import numpy as np
+import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
 from loadtest.bench.fidelity import ClusterAnswerUpstream, RagLoop
-from loadtest.rag_retrieval import Retriever, asked, corpus, first_source, inline_message, load
+from loadtest.rag_retrieval import Retriever, asked, corpus, first_source, first_words, inline_message, load
 from normalizer.documents import Document, render_system
-from proxy.doubles.llm_server import FakeLLM
-from proxy.doubles.qdrant_shim import QdrantShim
 from tests.support.proxy_server import ProxyServer, proxy_settings
+from upstream_doubles.llm_server import FakeLLM
+from upstream_doubles.qdrant_shim import QdrantShim
 
 
 def test_corpus_never_holds_a_traffic_question(tmp_path: Path) -> None:
@@ -60,6 +61,18 @@ def test_the_upstream_cites_the_first_document_it_was_given() -> None:
     assert inline.endswith(" [1]") and inline.startswith("Answer 4:"), "the question read out of the sources"
     assert first_source("Answer.", "q?") is None
     assert asked("q?") == "q?"
+
+
+@pytest.mark.parametrize(("cite", "structured", "inline"), [
+    ("auto", "[doc-7]", "[1]"), ("position", "[1]", "[1]"), ("id", "[doc-7]", None),
+    ("source-id", "[source: doc-7]", None), ("title", '(from "Seven things")', None), ("none", None, None)])
+def test_the_upstream_cites_in_the_form_asked(cite: str, structured: str | None, inline: str | None) -> None:
+    system = render_system("Answer.", [Document("doc-7", "seven words here", "Seven things"), Document("doc-3", "x")])
+    assert first_source(system, "q?", cite) == structured
+    if inline is not None:
+        assert first_source("Answer.", inline_message("q?", [{"id": "doc-3", "text": "three"}]), cite) == inline
+    assert first_words(system, "q?", 2) == "seven words"
+    assert first_words("Answer.", inline_message("q?", [{"id": "d", "text": "three words here"}]), 2) == "three words"
 
 
 def test_a_hit_is_miscited_where_its_source_is_not_where_it_cites_it() -> None:

@@ -5,16 +5,25 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from normalizer.documents import Document
-from normalizer.evidence import MAX_DOCUMENTS, evidence, renumbered, supports, without_citations
+from normalizer.documents import Document, content_id
+from normalizer.evidence import MAX_DOCUMENTS, evidence, renumbered, unsupported, without_citations
 
 A, B, C = Document("a", "Alpha text."), Document("b", "Beta text.", "Beta handbook"), Document("c", "Gamma text.")
+
+
+def supports(kept: object, documents: tuple[Document, ...]) -> bool:
+    return unsupported(kept, documents) is None
 
 
 def cited(answer: str, documents: tuple[Document, ...] = (A, B, C)) -> object:
     kept = evidence(answer, documents)
     assert kept is not None
-    return kept["cited"]  # type: ignore[call-overload]
+    return kept["cited"]
+
+
+def rests_on(answer: str, documents: tuple[Document, ...], question: str = "") -> object:
+    kept = orjson.loads(orjson.dumps(evidence(answer, documents, question)))
+    return [kept["documents"][index][0] for index in kept["rests_on"]]
 
 
 @pytest.mark.parametrize(("answer", "expected"), [
@@ -36,10 +45,68 @@ def test_no_documents_no_evidence() -> None:
     assert supports(None, (A,)), "an answer given without documents needs none"
 
 
-def test_an_uncited_answer_rests_on_every_document_in_any_order() -> None:
-    kept = evidence("An answer.", (A, B))
-    assert supports(kept, (B, A)) and supports(kept, (C, A, B))
-    assert not supports(kept, (A,)) and not supports(kept, (A, C))
+def test_an_uncited_answer_rests_on_the_documents_whose_content_it_uses() -> None:
+    dose = Document("kb-1", "Paracetamol for adults: 500 mg every four to six hours, at most 4 g a day.")
+    storage = Document("kb-2", "Keep paracetamol below 25 degrees, away from children and damp.")
+    question = "How much paracetamol can an adult take?"
+    kept = evidence("Take 500 mg every four to six hours, never more than 4 g a day.", (dose, storage), question)
+    assert rests_on("Take 500 mg every four to six hours, never more than 4 g a day.", (dose, storage), question) \
+        == ["kb-1"]
+    assert supports(kept, (Document("kb-9", "Unrelated."), dose)), "the document it uses is carried: any order"
+    assert not supports(kept, (storage,)), "the document it uses is missing"
+    assert rests_on("It depends on the patient.", (dose, storage), question) == [], \
+        "content from none of its documents: rests on none"
+    assert supports(evidence("It depends on the patient.", (dose, storage), question), (storage,))
+    assert rests_on("Paracetamol, as in every leaflet.", (dose, storage), question) == [], \
+        "words every document holds tell none apart"
+
+
+def test_a_few_topic_words_shared_with_another_document_do_not_make_it_a_source() -> None:
+    leaflet = Document("kb-1", "Ibuprofen tablets: adults take one tablet with food, three times daily, "
+                               "swallowed whole with water; stop if stomach pain appears.")
+    other = Document("kb-2", "Store tablets with food products away? Never: keep tablets dry, below 25 degrees.")
+    third = Document("kb-3", "Aspirin is not for children under 16.")
+    answer = "Adults take one tablet with food three times daily, swallowed whole with water; stop on stomach pain."
+    assert rests_on(answer, (leaflet, other, third), "How should I take ibuprofen?") == ["kb-1"]
+    assert rests_on(answer + " Not for children under 16.", (leaflet, other, third), "How should I take ibuprofen?") \
+        == ["kb-1", "kb-3"], "a figure only one document holds makes it a source"
+
+
+def test_an_added_document_vetoes_when_it_restates_a_figure_or_a_third_of_the_words() -> None:
+    leaflet = Document("kb-1", "Paracetamol for adults: 500 mg every four to six hours, with water, not alcohol.")
+    question = "What is the adult dose of paracetamol?"
+    kept = evidence("Take 500 mg every four to six hours, with water, never with alcohol [1].", (leaflet,), question)
+    erratum = Document("kb-7", "Erratum: the dose is now 1000 mg; 500 mg is outdated.")
+    same_words = Document("kb-8", "Never mix alcohol with medicines; take them with water every morning.")
+    topical = Document("kb-9", "Paracetamol comes as tablets and syrup; keep it away from water.")
+    assert unsupported(kept, (erratum, leaflet)) == "added_document", "it restates the answer's figure"
+    assert unsupported(kept, (leaflet, same_words)) == "added_document", "a third of the answer's words"
+    assert unsupported(kept, (topical, leaflet)) is None, "one word of the answer's, on the same subject"
+    assert unsupported(evidence("Take 500 mg [1].", (leaflet, erratum), question), (erratum, leaflet)) is None, \
+        "a document the answer was given is no addition"
+
+
+def test_words_the_question_carries_are_not_the_answers_content() -> None:
+    doc = Document("kb-1", "Sourdough bread needs a starter and a long proof.")
+    assert rests_on("Sourdough bread is easy.", (doc, A), "How do I make sourdough bread?") == []
+    assert rests_on("Sourdough bread is easy.", (doc, A), "How do I bake?") == ["kb-1"]
+
+
+@pytest.mark.parametrize("answer", [
+    "It is 42 [2].", "It is 42 [doc-2].", "It is 42 [source: doc-2].", "It is 42 [Source: doc-2].", "It is 42 (doc-2).",
+    "It is 42, see doc-2.", "It is 42 [ref #2].", "It is 42 (from the Second handbook).", "It is 42 【2:0†source】.",
+    "It is 42 [cite: doc-2].",
+])
+def test_a_citation_in_any_form_is_a_signal(answer: str) -> None:
+    documents = (Document("doc-1", "One."), Document("doc-2", "Two.", "Second handbook"), Document("doc-3", "Three."))
+    assert rests_on(answer, documents) == ["doc-2"], answer
+    kept = evidence(answer, documents)
+    assert supports(kept, documents[1:]) and not supports(kept, (documents[0], documents[2]))
+
+
+def test_evidence_written_before_rests_on_keeps_its_meaning() -> None:
+    old = {"documents": [["a", content_id(A.text)]], "cited": None}
+    assert supports(old, (A, B)) and not supports(old, (B,)), "no rests_on: an uncited answer rests on all"
 
 
 def test_a_cited_answer_rests_on_what_it_cites() -> None:
@@ -74,6 +141,7 @@ def test_malformed_evidence_supports_nothing() -> None:
     assert not supports("evidence", (A,))
     assert not supports({"documents": [["a"]], "cited": None}, (A,))
     assert not supports({"documents": [["a", "x"]], "cited": [["one", "a"]]}, (A,))
+    assert not supports({"documents": [["a", content_id(A.text)]], "rests_on": [3]}, (A,))
 
 
 def test_answers_are_compared_without_their_citations() -> None:
@@ -86,6 +154,9 @@ def test_evidence_is_bounded_whatever_the_client_sends() -> None:
     kept = evidence("Cites nothing.", many)
     assert kept == {"too_many": MAX_DOCUMENTS + 1} and not supports(kept, many), "exact repeats only"
     long_id = Document("x" * 10_000, "Long id text.")
-    kept = evidence("Cites nothing.", (long_id, A))
-    assert len(orjson.dumps(kept)) < 200
+    kept = evidence("Cites nothing [1].", (long_id, A))
+    assert len(orjson.dumps(kept)) < 300
     assert supports(kept, (A, long_id)) and not supports(kept, (A,))
+    wordy = evidence(" ".join(f"word{i:03d}xyz" * 3 for i in range(500)), (A, B))
+    assert wordy is not None and len(orjson.loads(orjson.dumps(wordy))["content"]) <= 24
+    assert len(orjson.dumps(wordy)) < 1200

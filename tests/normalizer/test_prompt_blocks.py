@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from normalizer.documents import DocumentRegistry, content_id, read_prompt
-from normalizer.evidence import evidence, supports
+from normalizer.evidence import evidence, unsupported
 from normalizer.prompt_blocks import recognise
 from normalizer.prompt_plan import plan_request
 from normalizer.signature import context_signature, final_question
@@ -144,4 +144,4 @@ def test_the_semantic_context_of_pasted_passages_leaves_out_their_order_and_keep
     assert signatures[0] is not None and signatures[1] is not None
     assert signatures[0].digest == signatures[1].digest
     assert {d.id for d in prompts[1].documents} == {content_id(A), content_id(B)}
-    assert supports(evidence("Built in 1889 [1].", prompts[0].documents), prompts[1].documents)
+    assert unsupported(evidence("Built in 1889 [1].", prompts[0].documents), prompts[1].documents) is None

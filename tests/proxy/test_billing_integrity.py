@@ -16,8 +16,8 @@ import pytest
 
 from proxy.core.outcome import MICRO
 from proxy.credits.store import LedgerEntry, LedgerFilter, ledger_entries
-from proxy.doubles.llm_server import FakeLLM
 from tests.support.proxy_server import ProxyServer, proxy_settings
+from upstream_doubles.llm_server import FakeLLM
 
 CHAT = "/v1/chat/completions"
 PRICES = {"fake-model": {"prompt_per_1k": 1, "completion_per_1k": 2, "context_tokens": 4096}}

@@ -1,5 +1,5 @@
 """Requests are built, not relayed: each finding of issue 47 through HTTP against a real proxy, in front of an
-upstream that reads requests the way common stacks do (:class:`~proxy.doubles.lenient_llm.LenientFakeLLM`: the
+upstream that reads requests the way common stacks do (:class:`~upstream_doubles.lenient_llm.LenientFakeLLM`: the
 path decoded twice, ``;`` parameters dropped, ``X-Original-URL`` and ``X-HTTP-Method-Override`` honoured, JSON
 read leniently), with the official openai SDK or httpx (raw sockets for paths httpx would clean up).
 
@@ -24,8 +24,8 @@ import pytest
 from normalizer.json_body import read_body
 from proxy.core.outcome import MICRO
 from proxy.credits.store import ledger_entries
-from proxy.doubles.lenient_llm import LenientFakeLLM
 from tests.support.proxy_server import ProxyServer, proxy_settings
+from upstream_doubles.lenient_llm import LenientFakeLLM
 
 MODEL = "fake-model"
 CHAT = "/v1/chat/completions"

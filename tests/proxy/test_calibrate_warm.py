@@ -12,10 +12,10 @@ import pytest
 
 from commands.calibrate_warm import LogError, read_log
 from commands.cli import main
-from proxy.doubles.llm_server import FakeLLM
 from tests.support.proxy_server import ProxyServer, proxy_settings
 from tests.support.semantic import model_loaded
 from tiers.calibration_file import WARM_FILE, load
+from upstream_doubles.llm_server import FakeLLM
 
 TOPICS = [
     ("What is the capital of France?",

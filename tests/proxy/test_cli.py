@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from proxy.doubles.llm_server import FakeLLM
 from tests.support.processes import free_port, wait_for_port
+from upstream_doubles.llm_server import FakeLLM
 
 
 def _cli(*args: str, cwd: Path | None = None, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:

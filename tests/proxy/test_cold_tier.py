@@ -7,8 +7,8 @@ from pathlib import Path
 
 import httpx
 
-from proxy.doubles.llm_server import FakeLLM
 from tests.support.proxy_server import ProxyServer, proxy_settings
+from upstream_doubles.llm_server import FakeLLM
 
 CHAT = "/v1/chat/completions"
 BODY = {"model": "fake-model", "messages": [{"role": "user", "content": "What survives a restart?"}]}

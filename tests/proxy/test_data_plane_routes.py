@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import httpx
 
-from proxy.doubles.llm_server import FakeLLM
-from proxy.doubles.qdrant_shim import QdrantShim
 from tests.support.proxy_server import ProxyServer, proxy_settings
+from upstream_doubles.llm_server import FakeLLM
+from upstream_doubles.qdrant_shim import QdrantShim
 
 
 def test_unknown_paths_are_404_in_each_dialect(proxy: ProxyServer) -> None:

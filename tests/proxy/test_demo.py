@@ -123,7 +123,7 @@ def test_demo_serve_handles_a_signal_sent_as_soon_as_it_prints() -> None:
 
 def test_the_demo_llm_answers_the_last_user_message_and_counts_its_answers() -> None:
     from commands.demo.tour import DemoAnswers
-    from proxy.doubles.openai_shapes import prompt_of_messages
+    from upstream_doubles.openai_shapes import prompt_of_messages
 
     answer = DemoAnswers()
     chat = prompt_of_messages([{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Why?"}])

@@ -6,8 +6,8 @@ from typing import Any
 
 import httpx
 
-from proxy.doubles.llm_server import FakeLLM
 from tests.support.proxy_server import ProxyServer, proxy_settings
+from upstream_doubles.llm_server import FakeLLM
 
 CHAT = "/v1/chat/completions"
 

@@ -17,8 +17,8 @@ from proxy.assembly.app import DataPlane
 from proxy.assembly.config import load_settings
 from proxy.core.endpoints import CHAT, COMPLETIONS, ENDPOINTS, RESPONSES, Endpoint, for_entry
 from proxy.core.reply import Reply
-from proxy.doubles.openai_responses import response_object
 from tiers.entry import CachedResponse
+from upstream_doubles.openai_responses import response_object
 
 QUESTION = "How tall is the tower?"
 DOCUMENTS = {name: " ".join(f"{name}{i}" for i in range(100)) for name in ("alpha", "beta")}

@@ -9,10 +9,10 @@ import httpx
 import openai
 import pytest
 
-from proxy.doubles.llm_server import FakeLLM
-from proxy.doubles.qdrant_shim import QdrantShim
 from tests.support.processes import refused_port
 from tests.support.proxy_server import ProxyServer, proxy_settings
+from upstream_doubles.llm_server import FakeLLM
+from upstream_doubles.qdrant_shim import QdrantShim
 
 BODY = {"model": "fake-model", "messages": [{"role": "user", "content": "hi"}]}
 

@@ -12,8 +12,8 @@ import openai
 import pytest
 
 from loadtest.fold_pairs import MEANING_CHANGES
-from proxy.doubles.llm_server import FakeLLM
 from tests.support.proxy_server import ProxyServer
+from upstream_doubles.llm_server import FakeLLM
 
 CHAT = "/v1/chat/completions"
 

@@ -14,8 +14,8 @@ import pytest
 
 from proxy.core.outcome import MICRO
 from proxy.credits.store import ledger_entries
-from proxy.doubles.llm_server import FakeLLM
 from tests.support.proxy_server import ProxyServer, proxy_settings
+from upstream_doubles.llm_server import FakeLLM
 
 CHAT = "/v1/chat/completions"
 

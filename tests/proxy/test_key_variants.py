@@ -14,8 +14,8 @@ import httpx
 import openai
 import pytest
 
-from proxy.doubles.llm_server import FakeLLM
 from tests.support.proxy_server import ProxyServer, proxy_settings
+from upstream_doubles.llm_server import FakeLLM
 
 CHAT = "/v1/chat/completions"
 BODY = {"model": "fake-model", "temperature": 0, "messages": [{"role": "user", "content": "What is our policy?"}]}

@@ -8,10 +8,10 @@ from typing import Any
 import httpx
 import pytest
 
-from proxy.doubles.kv_cache import KVCacheModel
-from proxy.doubles.llm_server import FakeLLM
-from proxy.doubles.qdrant_shim import QdrantShim
 from tests.support.proxy_server import ProxyServer, proxy_settings
+from upstream_doubles.kv_cache import KVCacheModel
+from upstream_doubles.llm_server import FakeLLM
+from upstream_doubles.qdrant_shim import QdrantShim
 
 CHAT = "/v1/chat/completions"
 DOCS = [{"id": f"d{i}", "text": f"Passage {i}: " + " ".join(f"word{i}_{j}" for j in range(120))} for i in range(4)]

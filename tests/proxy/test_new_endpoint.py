@@ -4,7 +4,7 @@ other answer — an exact repeat is a HIT that never reaches the upstream.
 
 What a real one touches (issue #41's bar, at most four files): ``proxy/core/endpoints.py`` (the row, one line in
 ``ENDPOINTS``), its canonicaliser in ``normalizer/`` when no existing one fits, its upstream double in
-``proxy/doubles/`` and its tests. Nothing else names it: no pipeline field, no route table, no branch in the
+``upstream_doubles/`` and its tests. Nothing else names it: no pipeline field, no route table, no branch in the
 normalizer."""
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ from normalizer.bypass import BypassRules
 from normalizer.canonical import EXCLUDED_FIELDS
 from normalizer.canonical_json import CanonicalizationError, JSONValue
 from proxy.core.endpoints import ENDPOINTS, Endpoint
-from proxy.doubles.llm_server import FakeLLM
 from tests.support.proxy_server import ProxyServer, proxy_settings
+from upstream_doubles.llm_server import FakeLLM
 
 
 def canonical_echo(body: Mapping[str, Any]) -> dict[str, JSONValue]:

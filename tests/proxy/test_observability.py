@@ -11,8 +11,8 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from proxy.assembly.runtime import Runtime
 from proxy.core.tracing import make_tracer
-from proxy.doubles.llm_server import FakeLLM
 from tests.support.proxy_server import ProxyServer, proxy_settings
+from upstream_doubles.llm_server import FakeLLM
 
 
 def _eventually(check: Callable[[], bool], timeout: float = 3.0) -> None:

@@ -17,9 +17,9 @@ import pytest
 from normalizer.paths import PathAllowList, path_problem
 from proxy.assembly.app import DataPlane
 from proxy.assembly.config import Settings
-from proxy.doubles.llm_server import FakeLLM
-from proxy.doubles.qdrant_shim import QdrantShim
 from tests.support.proxy_server import ProxyServer
+from upstream_doubles.llm_server import FakeLLM
+from upstream_doubles.qdrant_shim import QdrantShim
 
 
 def tricks(path: str) -> list[str]:

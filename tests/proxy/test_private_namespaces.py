@@ -26,10 +26,10 @@ from proxy.answers.stale import StaleIfError
 from proxy.assembly.config import ConfigError, Settings
 from proxy.core import endpoints
 from proxy.core.context import Reply, RequestContext
-from proxy.doubles.llm_server import FakeLLM
 from proxy.server.request import Request
 from tests.support.proxy_server import ProxyServer, proxy_settings
 from tiers.versions import KnowledgeVersions
+from upstream_doubles.llm_server import FakeLLM
 
 CHAT = "/v1/chat/completions"
 EMBEDDINGS = "/v1/embeddings"

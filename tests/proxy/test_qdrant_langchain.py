@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from proxy.doubles.qdrant_shim import QdrantShim
 from proxy.search.tenancy import namespace_of
 from tests.support.proxy_server import ProxyServer, proxy_settings
+from upstream_doubles.qdrant_shim import QdrantShim
 
 langchain_qdrant = pytest.importorskip("langchain_qdrant")
 fake = pytest.importorskip("langchain_core.embeddings.fake")

@@ -19,9 +19,9 @@ import pytest
 from qdrant_client import QdrantClient, models
 from qdrant_client.http.exceptions import UnexpectedResponse
 
-from proxy.doubles.qdrant_shim import QdrantShim
 from proxy.search.tenancy import namespace_of
 from tests.support.proxy_server import ProxyServer, proxy_settings
+from upstream_doubles.qdrant_shim import QdrantShim
 
 DIM = 4
 A_TEXT, B_TEXT = "A's confidential passage", "B wrote this"

@@ -19,8 +19,8 @@ import openai
 import pytest
 
 from proxy.core.outcome import MICRO
-from proxy.doubles.llm_server import FakeLLM
 from tests.support.proxy_server import ProxyServer, proxy_settings
+from upstream_doubles.llm_server import FakeLLM
 
 PLAIN, STREAM, STREAM_USAGE = "json", "stream", "stream+usage"
 """How a request asks: a JSON answer; a stream without ``include_usage``; a stream with it."""

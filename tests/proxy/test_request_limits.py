@@ -12,9 +12,9 @@ import httpx
 import orjson
 import pytest
 
-from proxy.doubles.llm_server import FakeLLM
-from proxy.doubles.qdrant_shim import QdrantShim
 from tests.support.proxy_server import ProxyServer, proxy_settings
+from upstream_doubles.llm_server import FakeLLM
+from upstream_doubles.qdrant_shim import QdrantShim
 
 CHAT = "/v1/chat/completions"
 SEARCH = "/collections/docs/points/search"

@@ -16,9 +16,9 @@ import pytest
 from loadtest.bench._surfaces import HealthProbe
 from proxy.core.outcome import MICRO
 from proxy.credits.store import CreditStore, LedgerEntry, ledger_entries
-from proxy.doubles.rerankers import FakeReranker
 from tests.support.objects import without
 from tests.support.proxy_server import ProxyProcess, ProxyServer, proxy_settings
+from upstream_doubles.rerankers import FakeReranker
 
 QUERY = "how tall is the eiffel tower"
 DOCS = ["The Eiffel Tower is 330 metres tall.", "Paris is the capital of France.",

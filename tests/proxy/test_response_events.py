@@ -11,8 +11,8 @@ from hypothesis import strategies as st
 
 from proxy.core.response_events import assemble_response, replay_response
 from proxy.core.sse import iter_events
-from proxy.doubles import openai_responses as wire
-from proxy.doubles.openai_shapes import default_answer
+from upstream_doubles import openai_responses as wire
+from upstream_doubles.openai_shapes import default_answer
 
 text = st.text(max_size=200)
 

@@ -17,10 +17,10 @@ from normalizer.documents import content_id
 from proxy.core.outcome import MICRO
 from proxy.credits.pricing import format_credits, to_micro
 from proxy.credits.store import ledger_entries
-from proxy.doubles.llm_server import FakeLLM
-from proxy.doubles.qdrant_shim import QdrantShim
 from tests.support.objects import without
 from tests.support.proxy_server import ProxyServer, proxy_settings
+from upstream_doubles.llm_server import FakeLLM
+from upstream_doubles.qdrant_shim import QdrantShim
 
 VOLATILE = {"id", "created_at", "call_id"}
 MODEL = "fake-model"

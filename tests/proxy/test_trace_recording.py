@@ -10,8 +10,8 @@ from pathlib import Path
 
 import httpx
 
-from proxy.doubles.llm_server import FakeLLM
 from tests.support.proxy_server import ProxyServer, proxy_settings
+from upstream_doubles.llm_server import FakeLLM
 
 
 def test_recorded_trace_replays_through_the_simulator(fake_llm_thread: FakeLLM, tmp_path: Path) -> None:

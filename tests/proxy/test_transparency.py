@@ -7,10 +7,10 @@ from typing import Any
 import openai
 from qdrant_client import QdrantClient, models
 
-from proxy.doubles.llm_server import FakeLLM
-from proxy.doubles.qdrant_shim import QdrantShim
 from tests.support.objects import without
 from tests.support.proxy_server import ProxyServer
+from upstream_doubles.llm_server import FakeLLM
+from upstream_doubles.qdrant_shim import QdrantShim
 
 VOLATILE = {"id", "created", "system_fingerprint"}
 MESSAGES: Any = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "What is a proxy?"}]

@@ -11,8 +11,8 @@ import openai
 import pytest
 from openai.types.chat import ChatCompletionMessageParam
 
-from proxy.doubles.idle_closing_llm import IdleClosingLLM
 from tests.support.proxy_server import ProxyServer, proxy_settings
+from upstream_doubles.idle_closing_llm import IdleClosingLLM
 
 PAUSES_S = (0.05, 0.15, 0.19, 0.21, 0.25, 0.35)
 """Around the double's 0.2 s idle limit: the pool's own expiry (4 s) lets every one reuse the connection."""

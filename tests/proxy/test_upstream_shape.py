@@ -12,9 +12,9 @@ import orjson
 import pytest
 
 from proxy.core.sse import iter_events
-from proxy.doubles.llm_server import FakeLLM
 from tests.support.objects import without
 from tests.support.proxy_server import ProxyServer, proxy_settings
+from upstream_doubles.llm_server import FakeLLM
 
 MESSAGES: Any = [{"role": "user", "content": "What keeps its shape?"}]
 VOLATILE = {"id", "created", "timings"}

@@ -23,7 +23,6 @@ from normalizer.search_request import SearchItem
 from proxy.answers.coalesce import Coalesce, Flights
 from proxy.core.context import Reply, RequestContext
 from proxy.core.endpoints import CHAT as CHAT_API
-from proxy.doubles.llm_server import FakeLLM
 from proxy.observability.stats import COST_MEMORY, RequestStats
 from proxy.server.request import Request
 from tests.support.proxy_server import ProxyServer, proxy_settings
@@ -32,6 +31,7 @@ from tiers.memory import MemoryStore
 from tiers.policies import make_policy
 from tiers.retrieval.index import ProximityIndex
 from tiers.retrieval.writes import WriteEffect, WriteScope
+from upstream_doubles.llm_server import FakeLLM
 
 CHAT = "/v1/chat/completions"
 

@@ -16,8 +16,8 @@ from typing import Any
 import httpx
 import pytest
 
-from proxy.doubles.llm_server import FakeLLM
 from tests.support.proxy_server import ProxyProcess
+from upstream_doubles.llm_server import FakeLLM
 
 pytestmark = pytest.mark.skipif(not hasattr(resource, "prlimit"), reason="needs prlimit (Linux)")
 CHAT = "/v1/chat/completions"

@@ -10,8 +10,8 @@ import time
 
 import httpx
 
-from proxy.doubles.llm_server import FakeLLM
 from tests.support.proxy_server import ProxyProcess
+from upstream_doubles.llm_server import FakeLLM
 
 BODY = {"model": "fake-model", "stream": True, "messages": [{"role": "user", "content": "a long streamed answer"}]}
 

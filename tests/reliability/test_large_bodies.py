@@ -27,8 +27,8 @@ MB = 1024 * 1024
 @pytest.fixture(scope="module")
 def proxy() -> Iterator[ProxyProcess]:
     llm_port, qdrant_port = free_port(), free_port()
-    with child(["-m", "proxy.doubles.llm_server", "--port", str(llm_port)], llm_port), \
-            child(["-m", "proxy.doubles.qdrant_shim", "--port", str(qdrant_port)], qdrant_port):
+    with child(["-m", "upstream_doubles.llm_server", "--port", str(llm_port)], llm_port), \
+            child(["-m", "upstream_doubles.qdrant_shim", "--port", str(qdrant_port)], qdrant_port):
         env = {"RAGPROXY_UPSTREAMS__LLM": json.dumps([{"url": f"http://127.0.0.1:{llm_port}"}]),
                "RAGPROXY_UPSTREAMS__QDRANT__URL": f"http://127.0.0.1:{qdrant_port}",
                "RAGPROXY_UPSTREAMS__READ_TIMEOUT_S": str(READ_TIMEOUT_S),

@@ -17,9 +17,9 @@ import httpx
 import pytest
 import redis
 
-from proxy.doubles.llm_server import FakeLLM
 from tests.support.processes import VOLATILE, RedisServer
 from tests.support.proxy_server import ProxyServer, proxy_settings
+from upstream_doubles.llm_server import FakeLLM
 
 CHAT = "/v1/chat/completions"
 BODY = {"model": "fake-model", "max_tokens": 8, "messages": [{"role": "user", "content": "hello"}]}

@@ -20,9 +20,9 @@ import httpx
 import pytest
 
 from proxy.credits.persistence import Persistence, persistence
-from proxy.doubles.llm_server import FakeLLM
 from tests.support.processes import VOLATILE, RedisServer, free_port
 from tests.support.proxy_server import ProxyServer, proxy_settings
+from upstream_doubles.llm_server import FakeLLM
 
 CHAT = "/v1/chat/completions"
 CONCURRENT = 12

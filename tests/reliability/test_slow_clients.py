@@ -18,9 +18,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from proxy.doubles.llm_server import FakeLLM
 from tests.support.processes import refused_port
 from tests.support.proxy_server import ProxyProcess
+from upstream_doubles.llm_server import FakeLLM
 
 HEAD_TIMEOUT_S = 10.0  # the default of server.head_timeout_s
 ENV = {"RAGPROXY_ADMIN__ENABLED": "false", "RAGPROXY_CACHE__ENABLED": "false"}

@@ -16,9 +16,9 @@ import openai
 import pytest
 
 from proxy.answers.stale import StaleIfError, StaleStore
-from proxy.doubles.llm_server import FakeLLM
 from tests.support.proxy_server import ProxyServer, proxy_settings
 from tiers.entry import CachedResponse
+from upstream_doubles.llm_server import FakeLLM
 
 CHAT = "/v1/chat/completions"
 BODY = {"model": "fake-model", "messages": [{"role": "user", "content": "what is stale?"}]}

@@ -16,9 +16,9 @@ import openai
 import pytest
 
 from loadtest.harness import child
-from proxy.doubles.llm_server import FakeLLM
 from tests.support.processes import free_port, refused_port
 from tests.support.proxy_server import ProxyServer, proxy_settings
+from upstream_doubles.llm_server import FakeLLM
 
 CHAT = "/v1/chat/completions"
 BODY = {"model": "fake-model", "messages": [{"role": "user", "content": "hello there"}]}
@@ -212,7 +212,7 @@ def test_a_restarted_replica_serves_as_soon_as_it_is_back() -> None:
     """The only replica is killed, its breaker opens, and it comes back: the first health check that succeeds
     half-opens the breaker, so requests succeed within a probe period, not a breaker period (5 s by default)."""
     port = free_port()
-    command = ["-m", "proxy.doubles.llm_server", "--port", str(port)]
+    command = ["-m", "upstream_doubles.llm_server", "--port", str(port)]
     overrides = {"upstreams.health_interval_s": 5.0}  # the defaults: 5 s health checks, breaker open for 5 s
     with child(command, port) as first, _proxy([f"http://127.0.0.1:{port}"], **overrides) as server:
         assert _post(server).status_code == 200

@@ -2,8 +2,8 @@
 
 ``shared_replica`` runs one replica in-thread (:class:`~tests.support.proxy_server.ProxyServer`, with its admin
 app). When the runtime wires shared mode itself (``Runtime.shared``), the replica is used as built; until then the
-helper applies :func:`proxy.answers.shared_mode.build_shared` exactly as the runtime is to do (``l1`` and ``versions``
-replaced, the shared components started and stopped with the server).
+helper applies :func:`proxy.cache_tiers.shared_mode.build_shared` exactly as the runtime is to do (``l1`` and
+``versions`` replaced, the shared components started and stopped with the server).
 """
 
 from __future__ import annotations

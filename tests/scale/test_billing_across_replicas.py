@@ -12,8 +12,8 @@ import openai
 
 from proxy.credits.redis_store import RedisCreditStore
 from proxy.credits.store import LedgerEntry, LedgerFilter, ledger_entries
-from proxy.doubles.llm_server import FakeLLM
 from tests.scale.replicas import provision_user, shared_replicas
+from upstream_doubles.llm_server import FakeLLM
 
 CHAT = "/v1/chat/completions"
 CREDIT = 1_000_000

@@ -8,10 +8,10 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from proxy.doubles.llm_server import FakeLLM
 from tests.scale.replicas import shared_replicas
 from tests.scale.test_replicas import CHAT, ask, sdk
 from tests.support.redis_cluster import RedisClusterProcesses, cluster_available
+from upstream_doubles.llm_server import FakeLLM
 
 
 @pytest.fixture(scope="module")

@@ -12,10 +12,10 @@ from collections.abc import Iterator
 import openai
 import pytest
 
-from proxy.doubles.llm_server import FakeLLM
 from tests.scale.replicas import provision_user, shared_replicas
 from tests.scale.test_replicas import CREDIT, sdk
 from tests.support.redis_cluster import RedisClusterProcesses, cluster_available
+from upstream_doubles.llm_server import FakeLLM
 
 pytestmark = pytest.mark.slow
 

@@ -10,9 +10,9 @@ from urllib.parse import quote
 import httpx
 import pytest
 
-from proxy.doubles.llm_server import FakeLLM
 from tests.scale.test_replicas import CHAT, ask
 from tests.support.proxy_server import ProxyProcess
+from upstream_doubles.llm_server import FakeLLM
 
 
 @pytest.fixture

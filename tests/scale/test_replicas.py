@@ -14,9 +14,9 @@ import openai
 
 from proxy.credits.redis_store import RedisCreditStore
 from proxy.credits.store import LedgerFilter, ledger_entries
-from proxy.doubles.llm_server import FakeLLM
 from tests.scale.replicas import provision_user, shared_replicas, wait_stored
 from tests.support.proxy_server import ProxyServer
+from upstream_doubles.llm_server import FakeLLM
 
 CHAT = "/v1/chat/completions"
 CREDIT = 1_000_000

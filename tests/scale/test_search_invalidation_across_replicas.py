@@ -9,11 +9,11 @@ from collections.abc import Callable
 import httpx
 import pytest
 
-from proxy.doubles.llm_server import FakeLLM
-from proxy.doubles.qdrant_shim import QdrantShim
 from tests.proxy.test_search_staleness import QUERY, SEARCH, delete_directly, seed
 from tests.scale.replicas import shared_replicas
 from tests.support.proxy_server import ProxyServer
+from upstream_doubles.llm_server import FakeLLM
+from upstream_doubles.qdrant_shim import QdrantShim
 
 
 def statuses(servers: list[ProxyServer]) -> list[tuple[str, list[int]]]:

@@ -12,8 +12,8 @@ from collections.abc import AsyncIterator
 import pytest
 import redis.asyncio as aioredis
 
-from proxy.answers.shared_mode import SharedMode, SharedOptions, build_shared
 from proxy.assembly.config import load_settings
+from proxy.cache_tiers.shared_mode import SharedMode, SharedOptions, build_shared
 from proxy.kv.hints import prefix_hashes as path_hashes
 from proxy.kv.prefix_board import PrefixSummaryBoard
 from tiers.entry import CachedResponse

@@ -6,9 +6,9 @@ from typing import Any
 
 import httpx
 
-from proxy.doubles.kv_cache import KVCacheModel
-from proxy.doubles.llm_server import FakeLLM
 from tests.support.proxy_server import ProxyServer, proxy_settings
+from upstream_doubles.kv_cache import KVCacheModel
+from upstream_doubles.llm_server import FakeLLM
 
 DOCS = [{"id": f"doc{i}", "text": f"Passage {i}: " + " ".join(f"w{i}_{j}" for j in range(150))} for i in range(3)]
 

@@ -9,8 +9,8 @@ import openai
 import pytest
 
 from proxy.auth.redis_keys import RedisKeyStore
-from proxy.doubles.llm_server import FakeLLM
 from tests.scale.replicas import shared_replicas, wait_stored
+from upstream_doubles.llm_server import FakeLLM
 
 MODEL = "fake-model"
 

@@ -15,8 +15,8 @@ from collections.abc import AsyncIterator, Iterator
 
 import pytest
 
-from proxy.doubles.llm_server import FakeLLM
-from proxy.doubles.qdrant_shim import QdrantShim
+from upstream_doubles.llm_server import FakeLLM
+from upstream_doubles.qdrant_shim import QdrantShim
 
 
 @pytest.fixture

@@ -18,11 +18,11 @@ from typing import Any, Self, TypeVar
 
 from aiohttp import web
 
-from proxy.answers.cache_tiers.cold import ColdTier
-from proxy.answers.cache_tiers.semantic import SemanticCacheTier
 from proxy.assembly.app import DataPlane, create_server
 from proxy.assembly.config import Settings, load_settings
 from proxy.assembly.runtime import Runtime
+from proxy.cache_tiers.cold import ColdTier
+from proxy.cache_tiers.semantic import SemanticCacheTier
 from proxy.core.endpoints import ENDPOINTS, Endpoint
 from proxy.server.connection import HttpServer
 from tests.support.processes import free_port, wait_for_port

@@ -12,7 +12,6 @@ from hypothesis import strategies as st
 from normalizer.documents import Document
 from normalizer.evidence import evidence
 from normalizer.signature import context_signature
-from proxy.doubles.qdrant_shim import QdrantShim
 from proxy.upstream.client import UpstreamClient
 from tiers.answer_check import MIN_ANSWERS
 from tiers.embedders.cached import CachedEmbedder
@@ -29,6 +28,7 @@ from tiers.semantic import (
 from tiers.vectors.base import VectorHit, VectorStore
 from tiers.vectors.hnsw import HnswVectorStore
 from tiers.vectors.qdrant import QdrantVectorStore
+from upstream_doubles.qdrant_shim import QdrantShim
 
 ACME = SemanticScope("acme", "docs")
 

@@ -13,9 +13,9 @@ import pytest
 
 from proxy.core.outcome import MICRO
 from proxy.credits.store import ledger_entries
-from proxy.doubles.llm_server import FakeLLM
-from proxy.doubles.qdrant_shim import QdrantShim
 from tests.support.proxy_server import ProxyServer, proxy_settings
+from upstream_doubles.llm_server import FakeLLM
+from upstream_doubles.qdrant_shim import QdrantShim
 
 
 @pytest.fixture

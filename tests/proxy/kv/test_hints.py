@@ -9,7 +9,6 @@ import pytest
 
 from normalizer.prompt_plan import Segment
 from proxy.assembly.config import ConfigError, load_settings
-from proxy.doubles.openai_responses import encode, response_object, stream_events
 from proxy.kv.hints import (
     SlotTable,
     capacity_from_slots,
@@ -19,6 +18,7 @@ from proxy.kv.hints import (
     reported_prompt_tokens,
 )
 from proxy.kv.kinds import GENERIC, KINDS, LLAMACPP, OPENAI, SGLANG, VLLM, build_hints
+from upstream_doubles.openai_responses import encode, response_object, stream_events
 
 PATH = [Segment("p:s", 10), Segment("d1", 100), Segment("d2", 100)]
 

@@ -16,7 +16,6 @@ from proxy.core.endpoints import RESPONSES
 from proxy.core.errors import ProxyError
 from proxy.core.pipeline import Pipeline
 from proxy.core.prompt import ReadPrompt
-from proxy.doubles.openai_responses import encode, response_object, stream_events
 from proxy.kv.admission_queue import AdmissionQueue
 from proxy.kv.kinds import GENERIC, LLAMACPP, OPENAI, SGLANG, VLLM, BackendKind
 from proxy.kv.order import OrderPolicy
@@ -26,6 +25,7 @@ from proxy.kv.stages import Replica, Route, Shape
 from proxy.kv.tree import KnowledgeTree
 from tests.proxy.kv.clocks import Clock
 from tests.proxy.kv.test_stages import DOCS, ctx_for, replicas
+from upstream_doubles.openai_responses import encode, response_object, stream_events
 
 
 def registry() -> DocumentRegistry:

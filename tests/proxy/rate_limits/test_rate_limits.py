@@ -13,9 +13,9 @@ import httpx
 import openai
 import pytest
 
-from proxy.doubles.llm_server import FakeLLM
 from tests.support.processes import RedisServer
 from tests.support.proxy_server import ProxyServer, proxy_settings
+from upstream_doubles.llm_server import FakeLLM
 
 CHAT = "/v1/chat/completions"
 

@@ -13,12 +13,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from proxy.doubles.qdrant_shim import QdrantShim
 from proxy.upstream.client import UpstreamClient
 from tiers.embedders.base import normalize_rows
 from tiers.vectors.base import VectorStore
 from tiers.vectors.hnsw import HnswVectorStore
 from tiers.vectors.qdrant import QdrantVectorStore
+from upstream_doubles.qdrant_shim import QdrantShim
 
 DIM = 16
 StoreFactory = Callable[[Path], AbstractAsyncContextManager[VectorStore]]

@@ -1,17 +1,20 @@
 """The search cache: Qdrant searches whose query vector is within a tolerance of a cached one reuse its results;
-writes through the proxy drop the searches they could change (on every replica in shared mode)."""
+writes through the proxy drop the searches they could change (on every replica in shared mode). The tier the
+registry (:mod:`proxy.cache_tiers`) runs, over :class:`tiers.retrieval.RetrievalCache`; its stages are
+:mod:`proxy.search.stages`, its settings :mod:`proxy.search.settings`."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from typing import Any
 
-from proxy.answers.cache_tiers.base import Build, CacheTier, Gauge, LookupStats, Off, StageKind
-from proxy.answers.replies import WriteBehind
+from proxy.core.cache_tier import CacheTier, Gauge, LookupStats, Off, StageKind, WriteBehind
 from proxy.core.pipeline import Stage
+from proxy.search.settings import RetrievalSettings
 from proxy.search.stages import CollectionFetcher, InvalidateSearches, RetrievalLookup
 from tiers.budgets import MemoryAccount
 from tiers.invalidation import Embedding, Invalidator, Removal, Selector
+from tiers.invalidation_bus import InvalidationBus
 from tiers.policies import make_policy
 from tiers.response_tier import ResponseTier
 from tiers.retrieval import RetrievalCache
@@ -67,15 +70,17 @@ class SearchTier:
         return self.cache.memory()
 
 
-def build(b: Build) -> CacheTier | Off:
-    cache = b.settings.cache
-    search = cache.retrieval
-    if not cache.enabled or not search.enabled:
-        return Off("retrieval", "cache.enabled is off" if not cache.enabled else "cache.retrieval.enabled is off")
-    results = RetrievalCache(policy=make_policy(search.policy, search.max_bytes), capacity_bytes=search.max_bytes,
-                             default_tolerance=search.tolerance, ttl=search.ttl_s)
-    for collection, tolerance in search.collection_tolerances.items():
+def build(settings: RetrievalSettings, *, cache_enabled: bool, bus: InvalidationBus | None,
+          fetch_collection: CollectionFetcher) -> SearchTier | Off:
+    """The search cache of ``settings`` (``cache_enabled``: the master switch of every tier; ``bus``: shared mode's
+    invalidation bus, when on), or why it is off."""
+    if not cache_enabled or not settings.enabled:
+        return Off("retrieval", "cache.enabled is off" if not cache_enabled else "cache.retrieval.enabled is off")
+    results = RetrievalCache(policy=make_policy(settings.policy, settings.max_bytes),
+                             capacity_bytes=settings.max_bytes, default_tolerance=settings.tolerance,
+                             ttl=settings.ttl_s)
+    for collection, tolerance in settings.collection_tolerances.items():
         results.set_tolerance(collection, tolerance)
-    if b.shared is not None:  # each replica caches its own searches: invalidations reach them all
-        share_invalidations(results, b.shared.bus)
-    return SearchTier(results, b.fetch_collection)
+    if bus is not None:  # each replica caches its own searches: invalidations reach them all
+        share_invalidations(results, bus)
+    return SearchTier(results, fetch_collection)

@@ -3,7 +3,7 @@
 - in-process, on the test's event loop: ``async with FakeLLM() as llm: ...``;
 - in a background thread with its own loop, for sync tests and sync SDK clients: ``with FakeLLM() as llm:
   ...``;
-- as a process: each double's ``main()`` (``python -m proxy.doubles.llm_server --port P``).
+- as a process: each double's ``main()`` (``python -m upstream_doubles.llm_server --port P``).
 
 Port 0 (the default) binds a free port; ``url`` reports the real one. A listening socket bound beforehand
 (``sock``) is served instead, for a caller that needs the address before the server starts (``ragproxy demo``
@@ -26,7 +26,7 @@ from typing import Self
 from aiohttp import web
 
 from proxy.core.loopback import LOOPBACK
-from proxy.doubles.request_log import LoggedRequest, RequestLog, frozen_headers
+from upstream_doubles.request_log import LoggedRequest, RequestLog, frozen_headers
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 

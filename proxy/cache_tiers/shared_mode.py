@@ -12,9 +12,9 @@ Switched on by ``redis.url``. :func:`build_shared` gives the runtime:
 - ``board``: a :class:`~proxy.kv.prefix_board.PrefixSummaryBoard` sharing per-backend prefix summaries for KV-aware
   routing.
 
-Credits and API keys already switch to Redis on ``redis.url`` (``proxy.assembly.credit_components``). Tiers that stay local
-to a replica (the cold tier on local disk) can :meth:`SharedMode.follow` the bus so that key removals broadcast
-by another replica reach them too.
+Credits and API keys already switch to Redis on ``redis.url`` (``proxy.assembly.credit_components``). Tiers that
+stay local to a replica (the cold tier on local disk) can :meth:`SharedMode.follow` the bus so that key removals
+broadcast by another replica reach them too.
 
 Settings read: ``redis.url``, ``redis.cluster``, ``redis.timeout_s`` (the bound on one cache read/write), and
 the :class:`SharedOptions` fields under ``redis.``.

@@ -31,7 +31,7 @@ import orjson
 from aiohttp import web
 
 from proxy.core.loopback import LOOPBACK
-from proxy.doubles.served_app import ServedApp
+from upstream_doubles.served_app import ServedApp
 
 
 def score(query: str, document: str) -> float:

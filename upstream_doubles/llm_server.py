@@ -6,18 +6,18 @@ with ``previous_response_id``, and are read back with ``GET /v1/responses/{id}``
 /v1/responses/{id}``, their input listed by ``GET /v1/responses/{id}/input_items``, ``POST
 /v1/responses/{id}/cancel`` answered; input counted by ``POST /v1/responses/input_tokens`` and compacted by ``POST
 /v1/responses/compact``; ``item_reference`` input items read from the stored items; ``background`` answered with
-the queued object, the finished one kept for a later ``GET``: see :mod:`proxy.doubles.openai_responses`), ``POST
+the queued object, the finished one kept for a later ``GET``: see :mod:`upstream_doubles.openai_responses`), ``POST
 /v1/embeddings`` (float or base64), ``GET /v1/models``, ``GET /v1/models/{id}``, ``GET /health``, ``GET /slots``
 (llama.cpp-style, with a KV model); other ``/v1/*`` answer an OpenAI-shaped 404. One choice per request (``n`` is
-ignored); no tool calls in chat. Bodies follow :mod:`proxy.doubles.openai_shapes`.
+ignored); no tool calls in chat. Bodies follow :mod:`upstream_doubles.openai_shapes`.
 
-Per request: faults armed in ``faults`` (:mod:`proxy.doubles.llm_faults`), then ``latency_s`` before the
+Per request: faults armed in ``faults`` (:mod:`upstream_doubles.llm_faults`), then ``latency_s`` before the
 response headers, then (when ``kv`` is set) a slot from ``slots`` parallel slots and the prefill time the
-:class:`~proxy.doubles.kv_cache.KVCacheModel` reports, then ``chunk_latency_s`` per generated piece. With ``kv``
+:class:`~upstream_doubles.kv_cache.KVCacheModel` reports, then ``chunk_latency_s`` per generated piece. With ``kv``
 set the usage reports ``prompt_tokens_details.cached_tokens`` and the body (the final chunk when streaming)
 carries llama.cpp-style ``timings`` (``cache_n``, ``prompt_n``, ``prompt_ms``, ``predicted_n``,
 ``predicted_ms``, ``queue_ms``). ``cache_prompt``/``id_slot`` hints are honoured as documented in
-:mod:`proxy.doubles.kv_cache`.
+:mod:`upstream_doubles.kv_cache`.
 
 ``flavor`` shapes answers like one real server: ``"openai"`` (default), ``"llamacpp"`` (first stream delta
 ``content: null``, ``timings`` on every answer and on the finishing chunk, ``Content-Type: application/json;
@@ -27,7 +27,7 @@ choices, embeddings answers with ``id``, ``created`` and vLLM's longer ``usage``
 Everything is an attribute a test may change while the server runs: ``latency_s``, ``chunk_latency_s``,
 ``answer`` (a ``prompt -> text`` callable), ``kv``, ``faults``, ``flavor``; ``log`` records every request.
 
-Process: ``python -m proxy.doubles.llm_server --port 8001 --kv-blocks 4096 --slots 2``.
+Process: ``python -m upstream_doubles.llm_server --port 8001 --kv-blocks 4096 --slots 2``.
 """
 
 from __future__ import annotations
@@ -46,11 +46,11 @@ import orjson
 from aiohttp import web
 
 from proxy.core.loopback import LOOPBACK
-from proxy.doubles import openai_responses as responses
-from proxy.doubles import openai_shapes as shapes
-from proxy.doubles.kv_cache import LLAMA_SERVER_SLOTS, KVCacheModel, tokenize
-from proxy.doubles.llm_faults import Fault, FaultPlan
-from proxy.doubles.served_app import ServedApp
+from upstream_doubles import openai_responses as responses
+from upstream_doubles import openai_shapes as shapes
+from upstream_doubles.kv_cache import LLAMA_SERVER_SLOTS, KVCacheModel, tokenize
+from upstream_doubles.llm_faults import Fault, FaultPlan
+from upstream_doubles.served_app import ServedApp
 
 AnswerFn = Callable[[str], str]
 
@@ -542,7 +542,7 @@ def _dumps(value: Any) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m proxy.doubles.llm_server", description=__doc__.split("\n")[0]
+        prog="python -m upstream_doubles.llm_server", description=__doc__.split("\n")[0]
     )
     parser.add_argument("--host", default=LOOPBACK)
     parser.add_argument("--port", type=int, default=0)

@@ -1,4 +1,4 @@
-"""Faults a test arms on :class:`proxy.doubles.llm_server.FakeLLM` for its next requests (pure, thread-safe).
+"""Faults a test arms on :class:`upstream_doubles.llm_server.FakeLLM` for its next requests (pure, thread-safe).
 
 Each armed fault applies to the next ``times`` model requests (``/v1/*`` except ``GET /v1/models``), in the
 order armed; a request consumes at most one fault. Kinds:

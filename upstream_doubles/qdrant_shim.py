@@ -17,7 +17,7 @@ Routes: ``GET /``, ``/healthz``, ``/readyz``, ``/livez``, ``/cluster``, ``/telem
 qdrant-client 1.x's own API but still served by Qdrant and sent by older clients) are translated to
 ``query_points``.
 
-Process: ``python -m proxy.doubles.qdrant_shim --port 6333``. Every request is logged in ``log``.
+Process: ``python -m upstream_doubles.qdrant_shim --port 6333``. Every request is logged in ``log``.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ from qdrant_client import QdrantClient
 from qdrant_client.http import models
 
 from proxy.core.loopback import LOOPBACK
-from proxy.doubles.served_app import ServedApp
+from upstream_doubles.served_app import ServedApp
 
 VERSION = importlib.metadata.version("qdrant-client")  # what the installed client expects of a server
 
@@ -427,7 +427,7 @@ def _error(status: int, message: str, started: float) -> web.Response:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m proxy.doubles.qdrant_shim",
+        prog="python -m upstream_doubles.qdrant_shim",
         description="TEST-ONLY Qdrant REST shim over qdrant-client local mode",
     )
     parser.add_argument("--host", default=LOOPBACK)

@@ -33,7 +33,7 @@ from typing import Any
 
 import orjson
 
-from proxy.doubles import openai_shapes as shapes
+from upstream_doubles import openai_shapes as shapes
 
 Event = tuple[str, dict[str, Any]]
 

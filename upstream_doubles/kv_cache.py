@@ -1,6 +1,6 @@
 """A model of an inference engine's prefix KV cache and its parallel slots (pure: no I/O, no clock).
 
-Used by :class:`proxy.doubles.llm_server.FakeLLM` when enabled, and on its own by simulations (routing
+Used by :class:`upstream_doubles.llm_server.FakeLLM` when enabled, and on its own by simulations (routing
 benchmark).
 
 Design, and why it is hand-written (no library models an engine's cache):

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from proxy.answers.cache_tiers.base import Build, CacheTier, Off
-from proxy.answers.cache_tiers.exact import ExactTier
 from proxy.answers.replies import StillStored
-from proxy.answers.shared_mode import SharedMode
+from proxy.cache_tiers.base import Build
+from proxy.cache_tiers.exact import ExactTier
+from proxy.cache_tiers.shared_mode import SharedMode
+from proxy.core.cache_tier import CacheTier, Off
 from tiers.cold import ColdStore
 from tiers.demotion import Demoter
 from tiers.entry import CachedResponse
@@ -21,7 +22,7 @@ class ColdTier(ExactTier):
     """Answers exact repeats from disk; takes copies of new answers behind the faster tiers; survives restarts."""
 
     def __init__(self, store: ColdStore, *, write_queue: int, shared: SharedMode | None = None,
-                 warm: MemoryStore | None = None, warmup_entries: int = 0,
+                 warm: MemoryStore | None = None, warmup_entries: int,
                  still_stored: StillStored | None = None) -> None:
         super().__init__(ResponseTier("l3", store, op_timeout=2.0), still_stored)
         self.store = store

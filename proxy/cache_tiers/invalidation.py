@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from proxy.answers.cache_tiers.base import TierSet
+from proxy.cache_tiers.base import TierSet
 from tiers.invalidation import InvalidSelector, Removal, Selector
 
 
 class TierInvalidation:
     """Invalidations and flushes over every registered tier, in registration order (each tier drops its own part:
-    :meth:`proxy.answers.cache_tiers.base.CacheTier.invalidate`, ``flush``); ``on_removed`` is told every answer key
+    :meth:`proxy.core.cache_tier.CacheTier.invalidate`, ``flush``); ``on_removed`` is told every answer key
     that
     went."""
 

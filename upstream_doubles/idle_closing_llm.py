@@ -14,7 +14,7 @@ Two ways to close an idle connection:
 
 Routes: ``POST /v1/chat/completions`` (streamed with chunked SSE when ``stream`` is true, the usage chunk when
 ``stream_options.include_usage``), ``GET /v1/models`` (the health probe's path); anything else answers 404. Bodies
-follow :mod:`proxy.doubles.openai_shapes`; answers come after ``latency_s``.
+follow :mod:`upstream_doubles.openai_shapes`; answers come after ``latency_s``.
 
 On the caller's event loop (``async with IdleClosingLLM(idle_s=0.2) as llm: ...``) or on a thread of its own
 (``with IdleClosingLLM(idle_s=0.2) as llm: ...``, for a proxy started from the same loop).
@@ -31,7 +31,7 @@ from typing import Any, Self
 import httptools
 import orjson
 
-from proxy.doubles import openai_shapes as shapes
+from upstream_doubles import openai_shapes as shapes
 
 
 class IdleClosingLLM:

@@ -1,4 +1,4 @@
-"""LenientFakeLLM: the :class:`~proxy.doubles.llm_server.FakeLLM` reading requests the way common server stacks do,
+"""LenientFakeLLM: the :class:`~upstream_doubles.llm_server.FakeLLM` reading requests the way common server stacks do,
 so that a proxy relaying what it did not check shows it (``bench abuse``, the front-door tests).
 
 Before routing, each request is read again, as gateways and frameworks in front of a real inference server read
@@ -29,8 +29,8 @@ from urllib.parse import unquote_to_bytes
 from aiohttp import web
 from yarl import URL
 
-from proxy.doubles.llm_server import FakeLLM
-from proxy.doubles.served_app import Handler
+from upstream_doubles.llm_server import FakeLLM
+from upstream_doubles.served_app import Handler
 
 OVERRIDE_PATH = ("X-Original-URL", "X-Rewrite-URL")
 OVERRIDE_METHOD = ("X-HTTP-Method-Override", "X-HTTP-Method", "X-Method-Override")

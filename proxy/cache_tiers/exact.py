@@ -5,8 +5,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from proxy.answers.cache_tiers.base import Build, CacheTier, Gauge, LookupStats, Off, StageKind, answers_report
-from proxy.answers.replies import ExactLookup, StillStored, WriteBehind
+from proxy.answers.replies import ExactLookup, StillStored
+from proxy.cache_tiers.base import Build, answers_report
+from proxy.core.cache_tier import CacheTier, Gauge, LookupStats, Off, StageKind, WriteBehind
 from proxy.core.endpoints import Endpoint
 from proxy.core.pipeline import Stage
 from tiers.budgets import MemoryAccount

@@ -1,77 +1,24 @@
-"""The contract of a cache tier and the set of tiers one configuration builds (see :mod:`proxy.answers.cache_tiers`)."""
+"""What a cache tier is built from and the set of tiers one configuration builds (see :mod:`proxy.cache_tiers`; the
+contract a tier satisfies is :class:`proxy.core.cache_tier.CacheTier`)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
-from proxy.answers.replies import StillStored, WriteBehind
+from proxy.answers.replies import StillStored
 from proxy.answers.settings import CacheSettings
-from proxy.answers.shared_mode import SharedMode
-from proxy.core.endpoints import Endpoint
+from proxy.cache_tiers.shared_mode import SharedMode
+from proxy.core.cache_tier import CacheTier, Off, StageKind, WriteBehind
 from proxy.core.pipeline import Stage
-from proxy.observability.metrics import GaugeReader
 from proxy.search.stages import CollectionFetcher
 from proxy.upstream.client import UpstreamClient
-from tiers.budgets import MemoryAccount
-from tiers.invalidation import Embedding, Removal, Selector
-from tiers.latency import LatencyHistogram
 from tiers.memory import MemoryStore
 from tiers.response_tier import ResponseTier
 
 T = TypeVar("T")
-StageKind = Endpoint | Literal["search", "write"]
-"""The requests a tier may add stages to: an LLM API's answers (its :class:`~proxy.core.endpoints.Endpoint`), Qdrant
-searches, Qdrant writes."""
-class CacheTier(Protocol):
-    """What the assembly, the lifecycle and the admin plane need of a tier."""
-
-    name: str
-    answers: ResponseTier | None
-    """Whole answers under their exact keys, when the tier holds them."""
-    write_behind: WriteBehind | None
-    """How the tier takes copies of new answers stored in a faster tier, when it does."""
-    embedder: Embedding | None
-    """The tier's embedding model, when it has one (a selector by meaning, ``near``, needs it)."""
-    flushable: bool
-    """Whether a flush may name the tier (L2 may not: its vectors point at L1/L3 answers and go with them)."""
-
-    def stages(self, kind: StageKind, faster: Sequence[CacheTier]) -> list[Stage]:
-        """This tier's stages for requests of ``kind`` (``faster``: the tiers registered before it)."""
-        ...
-
-    async def start(self) -> None: ...
-
-    async def stop(self) -> None: ...
-
-    async def report(self) -> dict[str, Any]:
-        """Sizes and counters for ``/admin/stats`` and the gauges."""
-        ...
-
-    def lookup_stats(self) -> LookupStats:
-        """Lookups per result and their durations (``ragproxy_cache_lookups_total`` and ``_duration_seconds``)."""
-        ...
-
-    async def invalidate(self, selector: Selector, embedder: Embedding | None, removed: Removal) -> None:
-        """Drop what ``selector`` names (``embedder``: for ``near``), adding it to ``removed``. Tiers are called in
-        registration order, so a tier pointing at other tiers' answers sees the keys they removed."""
-        ...
-
-    async def flush(self, removed: Removal) -> None:
-        """Drop everything the tier holds (a tier that is not :attr:`flushable`: what points at ``removed.keys``),
-        adding it to ``removed``."""
-        ...
-
-    def gauges(self) -> Sequence[Gauge]:
-        """The tier's own gauges, read at every scrape."""
-        ...
-
-    def memory(self) -> list[MemoryAccount]:
-        """Its lines of the memory ledger (:mod:`tiers.budgets`): what it holds in process memory, against budgets."""
-        ...
-
 
 
 class TiersConfig(Protocol):
@@ -82,31 +29,6 @@ class TiersConfig(Protocol):
 
     @property
     def data_dir(self) -> Path: ...
-
-@dataclass(frozen=True, slots=True)
-class Gauge:
-    """A gauge of ``/metrics``: its name, help text, label names and reader."""
-
-    name: str
-    text: str
-    labels: list[str]
-    read: GaugeReader
-
-
-@dataclass(frozen=True, slots=True)
-class LookupStats:
-    """A tier's lookups so far: per result (``hit``, ``miss``, ``error``...), and how long they took."""
-
-    results: Mapping[str, int]
-    seconds: LatencyHistogram
-
-
-@dataclass(frozen=True, slots=True)
-class Off:
-    """A registered tier that this configuration leaves out, and why (for the start-up summary and the admin)."""
-
-    name: str
-    reason: str
 
 
 @dataclass(frozen=True, slots=True)

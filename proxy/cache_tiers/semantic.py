@@ -9,11 +9,11 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from proxy.answers.cache_tiers.base import Build, CacheTier, Gauge, LookupStats, Off, StageKind
-from proxy.answers.replies import WriteBehind
 from proxy.answers.semantic import SemanticLookup, question_vectors
 from proxy.answers.semantic_factory import build_semantic
 from proxy.answers.settings import L2Settings
+from proxy.cache_tiers.base import Build
+from proxy.core.cache_tier import CacheTier, Gauge, LookupStats, Off, StageKind, WriteBehind
 from proxy.core.endpoints import Endpoint
 from proxy.core.pipeline import Stage
 from tiers.background import stop_task
