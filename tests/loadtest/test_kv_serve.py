@@ -11,9 +11,9 @@ from loadtest.bench._kv_rag import rag_workload
 from loadtest.bench._kv_serve import Serve
 from loadtest.bench._kv_sides import ProxySide, ServeSide, open_loop_client
 from loadtest.goodput import OK, Outcome
-from proxy.doubles.kv_cache import KVCacheModel
-from proxy.doubles.llm_server import FakeLLM
 from tests.loadtest.test_kv_rag import PROSE, QUESTIONS
+from upstream_doubles.kv_cache import KVCacheModel
+from upstream_doubles.llm_server import FakeLLM
 
 
 @pytest.mark.parametrize("pasted", [True, False], ids=["pasted", "structured"])
