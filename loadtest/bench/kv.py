@@ -186,7 +186,7 @@ def main(argv: list[str]) -> int:
         "bench": "kv",
         "requests": requests,
         "warmup_requests": warmup,
-        "documents": docs,
+        "documents": len(work.documents),
         "replicas": args.replicas,
         "slots_per_replica": args.slots,
         "shape": args.model.name if args.model else f"{args.shape}-{args.weight_type}",
@@ -208,8 +208,8 @@ def main(argv: list[str]) -> int:
                         for k, v in cold.summary().items()})
     summary["elapsed_s"] = round(time.perf_counter() - started, 1)
     print(
-        f"{warmup} warm-up + {requests} measured requests, {docs} documents, {args.replicas} llama-server "
-        f"replicas x {args.slots} slots, ~{summary['mean_prompt_tokens']} prompt tokens, "
+        f"{warmup} warm-up + {requests} measured requests, {summary['documents']} documents, "
+        f"{args.replicas} llama-server replicas x {args.slots} slots, ~{summary['mean_prompt_tokens']} prompt tokens, "
         f"fixed cost {summary['fixed_cost_ms']} ms, model {summary['shape']}"
     )
     print_phases(cold, steady)
