@@ -1,11 +1,13 @@
 """The sides of the kv benchmarks, each on its own replicas with the same flags: direct (round-robin), smg
-(SGLang's gateway), proxy and preserve (the proxy's KV layer in-process; see :mod:`loadtest.bench.kv`)."""
+(SGLang's gateway), serve (a real ``ragproxy serve`` over HTTP, :mod:`loadtest.bench._kv_serve`: the product as
+users run it), proxy and preserve (the proxy's KV layer in-process, a diagnostic; see :mod:`loadtest.bench.kv`)."""
 
 from __future__ import annotations
 
 import argparse
 import statistics
 import time
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
@@ -13,11 +15,13 @@ from typing import Any, Protocol
 import httpx
 import orjson
 
+from loadtest.bench._kv_contextpilot import ContextPilotSide, contextpilot_installed
 from loadtest.bench._kv_reuse import Routed
+from loadtest.bench._kv_serve import Serve
 from loadtest.bench._kv_servers import MODEL_ID, Servers, Smg, find_smg
-from loadtest.bench._kv_workload import Workload
+from loadtest.bench._kv_workload import Workload, app_messages, structured_parts
 from loadtest.goodput import ERROR, OK, REJECTED, Outcome
-from normalizer.documents import render
+from normalizer.documents import DocumentRegistry
 from proxy.core.context import Reply, RequestContext
 from proxy.core.errors import ProxyError
 from proxy.core.pipeline import Pipeline
@@ -52,15 +56,43 @@ def add_server_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-trace", action="store_true",
                         help="run the replicas at the default log verbosity (no prompt-cache update times)")
     parser.add_argument("--sides", default=",".join(SIDES),
-                        help="comma-separated, of: direct (round-robin), smg (SGLang's gateway, cache_aware; skipped, "
-                             "and said so, when smg is not installed), proxy (ragproxy), preserve (ragproxy with "
-                             "routing.order=preserve); direct and proxy are always run")
+                        help="comma-separated, of: direct (round-robin), smg (SGLang's gateway, cache_aware), "
+                             "contextpilot (ContextPilot's library mode in the client, the replicas in round-robin), "
+                             "serve (a real ragproxy serve over HTTP, end to end), proxy (ragproxy's KV stages in "
+                             "this process: a diagnostic), preserve (the same with routing.order=preserve); smg and "
+                             "contextpilot are skipped, and said so, when not installed; direct and proxy always run")
+    parser.add_argument("--serve-set", action="append", default=[], metavar="KEY=VALUE",
+                        help="a setting of the serve side's ragproxy serve (repeatable; after the bench's own: "
+                             "routing.order from --order, cache.enabled=false)")
+    parser.add_argument("--workload", choices=["synthetic", "zipf-rag"], default="synthetic",
+                        help="synthetic: syllable documents, top-k 3-5 in shuffled order; zipf-rag: 40 stdlib "
+                             "docstring passages of ~150 words, the top 5 of a Zipf(1.1) popularity in the order "
+                             "drawn, unique questions, streamed (loadtest.bench._kv_rag)")
+    parser.add_argument("--present", choices=["structured", "pasted"], default="structured",
+                        help="how the documents are sent: structured (ragproxy.documents to the proxy's sides) or "
+                             "pasted as numbered passages in the user message (the same prompt to every side)")
+    parser.add_argument("--questions", type=Path,
+                        help="zipf-rag: a JSON-lines file whose 'question' fields are the questions (default: "
+                             "questions made from other docstring passages)")
 
 
-SIDES = ("direct", "smg", "proxy", "preserve")
+SIDES = ("direct", "smg", "contextpilot", "serve", "proxy", "preserve")
 """The sides a benchmark can run, each on its own fresh replicas with the same flags: round-robin direct, SGLang's
-gateway with its cache-aware policy, ragproxy, and ragproxy keeping the documents in retrieval order (routing,
-hints and admission without reordering: what order adds over routing is ``proxy`` against ``preserve``)."""
+gateway with its cache-aware policy, ContextPilot's library mode in the client in front of the replicas in
+round-robin (:mod:`loadtest.bench._kv_contextpilot`), a real ``ragproxy serve`` (end to end, over HTTP), and
+ragproxy's KV stages in-process, reordering and keeping the documents in retrieval order (routing, hints and
+admission without reordering: what order adds over routing is ``proxy`` against ``preserve``). The in-process
+sides are a diagnostic: they show what the KV layer decides without the server around it."""
+
+SIDE_KINDS = {
+    "direct": "the replicas in round-robin, no proxy",
+    "smg": "SGLang's gateway (cache_aware) over HTTP",
+    "contextpilot": "ContextPilot's library mode in the client, the replicas in round-robin",
+    "serve": "end to end: a ragproxy serve process over HTTP",
+    "proxy": "diagnostic: ragproxy's Shape and Route stages in the bench's process",
+    "preserve": "diagnostic: the in-process stages with routing.order=preserve",
+}
+"""What each side is, for the JSON."""
 
 
 def chosen_sides(spec: str) -> list[str]:
@@ -72,6 +104,10 @@ def chosen_sides(spec: str) -> list[str]:
     if "smg" in asked and find_smg() is None:
         print("smg not found (pip install smg, or RAGPROXY_SMG=PATH): running without the smg side", flush=True)
         asked.discard("smg")
+    if "contextpilot" in asked and not contextpilot_installed():
+        print("contextpilot not importable (pip install contextpilot): running without the contextpilot side",
+              flush=True)
+        asked.discard("contextpilot")
     return [name for name in SIDES if name in asked]
 
 
@@ -88,6 +124,7 @@ class Fleet:
         self.args = args
         self.servers: dict[str, Servers] = {}
         self.gateway: Smg | None = None
+        self.serve: Serve | None = None
         for name in names:
             self.servers[name] = start_servers(args, binary, model)
 
@@ -99,6 +136,12 @@ class Fleet:
             assert smg is not None
             self.gateway = Smg(smg, self.servers["smg"].urls)
             self.gateway.wait_ready()
+        if "serve" in self.servers:
+            slo_ms = getattr(self.args, "slo_ms", None)
+            self.serve = Serve(self.servers["serve"].urls, slots=self.args.slots, order=self.args.order,
+                               slo_s=slo_ms / 1000 if slo_ms else None, settings=self.args.serve_set)
+            self.serve.wait_ready()
+            print("serve side: " + " ".join(self.serve.command[1:]), flush=True)
 
     def sides(self, work: Workload, client: httpx.AsyncClient, direct_shift: int = 0) -> dict[str, Side]:
         args = self.args
@@ -109,6 +152,11 @@ class Fleet:
             elif name == "smg":
                 assert self.gateway is not None
                 sides[name] = DirectSide([self.gateway.url], work, client)
+            elif name == "contextpilot":
+                sides[name] = ContextPilotSide(servers.urls, work, client)
+            elif name == "serve":
+                assert self.serve is not None
+                sides[name] = ServeSide(self.serve.url, work, client)
             else:
                 policy = OrderPolicy(args.order) if name == "proxy" else OrderPolicy.PRESERVE
                 sides[name] = ProxySide(servers.urls, work, client, slots=args.slots, ctx_per_slot=args.ctx_per_slot,
@@ -118,6 +166,8 @@ class Fleet:
     def stop(self) -> None:
         if self.gateway is not None:
             self.gateway.stop()
+        if self.serve is not None:
+            self.serve.stop()
         for servers in self.servers.values():
             servers.stop()
 
@@ -127,8 +177,11 @@ def start_servers(args: argparse.Namespace, binary: Path, model: Path) -> Server
                    args.server_arg, None if args.no_trace else 4)
 
 
-def chat_body(messages: list[dict[str, Any]]) -> dict[str, Any]:
-    return {"model": MODEL_ID, "messages": messages, "max_tokens": 1, "temperature": 0}
+def chat_body(messages: list[dict[str, Any]], stream: bool = False) -> dict[str, Any]:
+    body: dict[str, Any] = {"model": MODEL_ID, "messages": messages, "max_tokens": 1, "temperature": 0}
+    if stream:
+        body["stream"] = True
+    return body
 
 
 def outcome_of(started: float, status: int, content: bytes) -> Outcome:
@@ -136,9 +189,46 @@ def outcome_of(started: float, status: int, content: bytes) -> Outcome:
     elapsed = time.perf_counter() - started
     if status != 200:
         return Outcome(ERROR, elapsed)
-    timings = orjson.loads(content or b"{}").get("timings", {})
-    return Outcome(OK, elapsed, int(timings.get("cache_n", 0)), int(timings.get("prompt_n", 0)),
+    return _answered(elapsed, orjson.loads(content or b"{}").get("timings", {}))
+
+
+def _answered(ttft_s: float, timings: Mapping[str, Any]) -> Outcome:
+    return Outcome(OK, ttft_s, int(timings.get("cache_n", 0)), int(timings.get("prompt_n", 0)),
                    float(timings.get("prompt_ms", 0.0)))
+
+
+async def post_chat(client: httpx.AsyncClient, url: str, body: dict[str, Any], statuses: Counter[int],
+                    headers: Mapping[str, str] | None = None) -> Outcome:
+    """POST a chat request; a streamed one's TTFT is the arrival of its first chunk with content (or its end),
+    its timings those of the chunk that carries them. A 429 is :data:`~loadtest.goodput.REJECTED`; every other
+    status but 200 an error, counted in ``statuses``."""
+    started = time.perf_counter()
+    if not body.get("stream"):
+        response = await client.post(url, json=body, headers=headers)
+        if response.status_code != 200:
+            statuses[response.status_code] += 1
+        if response.status_code == 429:
+            return Outcome(REJECTED, time.perf_counter() - started)
+        return outcome_of(started, response.status_code, response.content)
+    async with client.stream("POST", url, json=body, headers=headers) as response:
+        if response.status_code != 200:
+            await response.aread()
+            statuses[response.status_code] += 1
+            return Outcome(REJECTED if response.status_code == 429 else ERROR, time.perf_counter() - started)
+        first: float | None = None
+        timings: Mapping[str, Any] = {}
+        async for line in response.aiter_lines():
+            if not line.startswith("data:") or line[5:].strip() == "[DONE]":
+                continue
+            chunk = orjson.loads(line[5:])
+            if first is None and any(c.get("delta", {}).get("content") or c.get("finish_reason")
+                                     for c in chunk.get("choices") or ()):
+                first = time.perf_counter() - started
+            timings = chunk.get("timings") or timings
+    if not timings:
+        statuses[-1] += 1  # a stream that ended without the server's timings: cut short
+        return Outcome(ERROR, time.perf_counter() - started)
+    return _answered(first if first is not None else time.perf_counter() - started, timings)
 
 
 async def fixed_cost_ms(url: str, repeats: int = 5) -> float:
@@ -167,16 +257,34 @@ class DirectSide:
 
     def __init__(self, urls: list[str], work: Workload, client: httpx.AsyncClient, shift: int = 0) -> None:
         self.urls, self.work, self.client, self.shift = urls, work, client, shift
+        self.statuses: Counter[int] = Counter()
+        """Replies other than 200, by status."""
 
     async def send(self, index: int) -> Outcome:
         """Request ``index`` of the workload (round-robin by index, which is arrival order)."""
-        indices, question = self.work.requests[index]
-        body = chat_body(render(self.work.system, [self.work.documents[j] for j in indices], question))
+        body = chat_body(app_messages(self.work, index), self.work.stream)
         if self.shift:
             body["n_cache_reuse"] = self.shift
-        started = time.perf_counter()
-        response = await self.client.post(self.urls[index % len(self.urls)] + "/v1/chat/completions", json=body)
-        return outcome_of(started, response.status_code, response.content)
+        return await post_chat(self.client, self.urls[index % len(self.urls)] + "/v1/chat/completions", body,
+                               self.statuses)
+
+
+class ServeSide:
+    """Requests to a ``ragproxy serve`` over HTTP, as an app sends them: pasted documents in the prompt, or
+    structured ones in ``ragproxy.documents``; its 429 is a refusal."""
+
+    def __init__(self, url: str, work: Workload, client: httpx.AsyncClient) -> None:
+        self.url, self.work, self.client = url, work, client
+        self.statuses: Counter[int] = Counter()
+        """Replies other than 200, by status (502s among them)."""
+
+    async def send(self, index: int) -> Outcome:
+        if self.work.pasted:
+            body = chat_body(app_messages(self.work, index), self.work.stream)
+        else:
+            messages, documents = structured_parts(self.work, index)
+            body = {**chat_body(messages, self.work.stream), "ragproxy": {"documents": documents}}
+        return await post_chat(self.client, self.url + "/v1/chat/completions", body, self.statuses)
 
 
 class ProxySide:
@@ -224,7 +332,9 @@ class ProxySide:
             for i in range(len(urls))
         ]
         shape = Shape(self.replicas, default_policy=policy)
-        self.pipeline = Pipeline([ReadPrompt(None), shape, Route(self.replicas, self.router)], self._forward)
+        # a registry, as the product has with routing on: without one, pasted passages are not recognised
+        read = ReadPrompt(DocumentRegistry())
+        self.pipeline = Pipeline([read, shape, Route(self.replicas, self.router)], self._forward)
 
     def set_objective(self, slo_s: float) -> None:
         """From now on, refuse (429) what no replica can answer within ``slo_s`` seconds."""
@@ -253,17 +363,20 @@ class ProxySide:
         return Reply(response.status_code, body=response.content)
 
     async def send(self, index: int) -> Outcome:
-        """Request ``index`` of the workload; a 429 of the proxy is :data:`~loadtest.goodput.REJECTED`."""
-        indices, question = self.work.requests[index]
-        body = chat_body([{"role": "system", "content": self.work.system}, {"role": "user", "content": question}])
-        documents = [{"id": d.id, "text": d.text, "title": d.title} for d in (self.work.documents[j] for j in indices)]
+        """Request ``index`` of the workload; a 429 of the proxy is :data:`~loadtest.goodput.REJECTED`. Never
+        streamed (a one-token answer: its TTFT is its latency), so that the stages read the server's report."""
+        if self.work.pasted:
+            body, fields = chat_body(app_messages(self.work, index)), {}
+        else:
+            messages, documents = structured_parts(self.work, index)
+            body, fields = chat_body(messages), {"ragproxy": {"documents": documents}}
         ctx = RequestContext(
             request=Request("POST", "/v1/chat/completions"),
             route="chat",
             request_id=f"kv-{index}",
             raw_body=orjson.dumps(body),
             body=body,
-            proxy_fields={"ragproxy": {"documents": documents}},
+            proxy_fields=fields,
         )
         started = time.perf_counter()
         try:

@@ -1,12 +1,26 @@
-"""The kv benchmarks' workload: a corpus of documents with Zipf-distributed popularity; each request has one system
-prompt, the top-k (3-5) documents in a varying retrieval order, and a fresh question (see :mod:`loadtest.bench.kv`)."""
+"""The kv benchmarks' workloads and how a request of one is sent: a corpus of documents with Zipf-distributed
+popularity; each request has one system prompt, its documents in retrieval order, and a fresh question.
+
+Two workloads (``--workload``):
+
+- ``synthetic`` (:func:`make_workload`): syllable words, top-k 3-5 in a retrieval order drawn at random per request
+  (see :mod:`loadtest.bench.kv`);
+- ``zipf-rag`` (:mod:`loadtest.bench._kv_rag`): 40 documents of ~150 words of real prose, the top 5 of a Zipf(1.1)
+  popularity in the order drawn, a unique question, streamed.
+
+Two presentations (``--present``), how an app puts the documents in its prompt: ``structured`` (the proxy's sides
+send them apart, ``ragproxy.documents``; the sides without the proxy send the proxy's own rendering in retrieval
+order, :func:`normalizer.documents.render`) and ``pasted`` (every side sends the same prompt: the documents as
+numbered passages ``[1] ...`` in the user message, before the question, which is how most apps send them).
+"""
 
 from __future__ import annotations
 
 import random
 from dataclasses import dataclass
+from typing import Any
 
-from normalizer.documents import Document
+from normalizer.documents import Document, render
 
 SYLLABLES = ["ka", "lo", "mi", "ne", "su", "ta", "ri", "po", "ve", "da", "gu", "he", "zo", "fi", "ba", "ly"]
 
@@ -17,9 +31,14 @@ class Workload:
     documents: list[Document]
     requests: list[tuple[list[int], str]]
     """Per request: indices of its documents in retrieval order, and its question."""
+    pasted: bool = False
+    """The documents go into the user message as numbered passages (else: structured, see the module)."""
+    stream: bool = False
+    """Requests ask for a streamed answer (TTFT is then the first chunk's arrival)."""
 
 
-def make_workload(*, docs: int, requests: int, doc_words: int, seed: int, zipf_s: float = 1.1) -> Workload:
+def make_workload(*, docs: int, requests: int, doc_words: int, seed: int, zipf_s: float = 1.1,
+                  pasted: bool = False) -> Workload:
     rnd = random.Random(seed)
     words = ["".join(rnd.choice(SYLLABLES) for _ in range(rnd.randint(1, 3))) for _ in range(600)]
 
@@ -46,4 +65,28 @@ def make_workload(*, docs: int, requests: int, doc_words: int, seed: int, zipf_s
                 chosen.append(pick)
         rnd.shuffle(chosen)
         reqs.append((chosen, f"Question {i}: " + sentence(10)))
-    return Workload(system, corpus, reqs)
+    return Workload(system, corpus, reqs, pasted=pasted)
+
+
+def pasted_passages(documents: list[Document], question: str) -> str:
+    """The user message of an app that pastes its documents: ``[n] text`` one per line, a blank line, the
+    question."""
+    passages = "\n".join(f"[{n}] {' '.join(d.text.split())}" for n, d in enumerate(documents, 1))
+    return f"{passages}\n\nQuestion: {question}"
+
+
+def app_messages(work: Workload, index: int) -> list[dict[str, Any]]:
+    """Request ``index``'s messages as an app sends them without the proxy (documents in retrieval order)."""
+    indices, question = work.requests[index]
+    documents = [work.documents[j] for j in indices]
+    if work.pasted:
+        return [{"role": "system", "content": work.system},
+                {"role": "user", "content": pasted_passages(documents, question)}]
+    return render(work.system, documents, question)
+
+
+def structured_parts(work: Workload, index: int) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Request ``index`` with its documents sent apart: ``(messages without them, ragproxy.documents)``."""
+    indices, question = work.requests[index]
+    documents = [{"id": d.id, "text": d.text, "title": d.title} for d in (work.documents[j] for j in indices)]
+    return [{"role": "system", "content": work.system}, {"role": "user", "content": question}], documents

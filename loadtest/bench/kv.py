@@ -1,5 +1,5 @@
 """``python -m loadtest.bench kv [--quick] [--json]``: KV reuse on real llama-server replicas, direct, SGLang's
-gateway and the proxy.
+gateway, ContextPilot and the proxy (a real ``ragproxy serve``, and its KV stages in-process).
 
 The load benchmark (goodput at a TTFT objective under open-loop arrivals) is
 :mod:`loadtest.bench.kv_load`; this is the sequential one, whose figures the load benchmark also prints as its
@@ -9,8 +9,10 @@ Needs ``llama-server`` and a model: runs ``scripts/build_llama_server.sh`` (idem
 minutes) and ``scripts/make_tiny_gguf.py --shape SHAPE`` when they are missing (override with
 ``RAGPROXY_LLAMA_SERVER``, ``--model``; ``RAGPROXY_LLAMA_CACHE`` moves the cache folder).
 
-Workload: a corpus of documents with Zipf-distributed popularity; each request has one system prompt, the
-top-k (3-5) documents in a varying retrieval order, and a fresh question. Every side sends the same requests,
+Workload (``--workload``, ``--present``, :mod:`loadtest.bench._kv_workload`): a corpus of documents with
+Zipf-distributed popularity; each request has one system prompt, the top-k (3-5) documents in a varying retrieval
+order, and a fresh question (``synthetic``), or the top 5 of 40 passages of real prose with a unique question,
+streamed (``zipf-rag``); documents structured or pasted as numbered passages. Every side sends the same requests,
 one at a time, each to every side in turn (interleaved, so all see the same load on this shared machine), each
 side to its own set of 2 fresh llama-server replicas with the same flags (each with ``--slots`` slots;
 ``--server-arg`` adds flags to every replica of every side). The sides (``--sides``, ``SIDES``):
@@ -29,7 +31,13 @@ side to its own set of 2 fresh llama-server replicas with the same flags (each w
   router a team would otherwise run. Found by ``find_smg`` (``pip install smg``; no dependency of this
   project); when missing the bench says so in one line and runs without it;
 * preserve — the proxy with ``routing.order=preserve``: routing, hints and admission, documents in retrieval
-  order. Against ``proxy`` it shows what the order adds to the routing.
+  order. Against ``proxy`` it shows what the order adds to the routing;
+* serve (``ServeSide``) — the product end to end: a ``ragproxy serve`` process started with the command line of
+  the operations guide (:mod:`loadtest.bench._kv_serve`), the requests sent to it over HTTP as an app sends them.
+  ``proxy`` and ``preserve`` are then the diagnostic: the same decisions without the server around them;
+* contextpilot (``ContextPilotSide``) — ContextPilot's library mode reorders each request's documents in the
+  client, the requests go to the replicas in round-robin (:mod:`loadtest.bench._kv_contextpilot`; skipped, and
+  said so, when ``contextpilot`` is not importable).
 
 Two phases, both sent to both sides: ``--warmup`` requests (default: as many as are measured), then the measured
 requests. The headline ``ttft_speedup`` is the measured phase — steady state, what an app that keeps the proxy in
@@ -74,6 +82,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from loadtest.bench._kv_rag import chosen_workload
 from loadtest.bench._kv_reuse import Phase, prefill_bound_speedup, prefix_reuse_ceiling
 from loadtest.bench._kv_servers import Servers, ensure_binaries, exit_on_sigterm
 from loadtest.bench._kv_sides import (
@@ -86,7 +95,6 @@ from loadtest.bench._kv_sides import (
     open_loop_client,
     run_interleaved,
 )
-from loadtest.bench._kv_workload import make_workload
 
 
 @dataclass(slots=True)
@@ -133,8 +141,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--json", action="store_true", help="print one JSON object as the last line")
     parser.add_argument("--requests", type=int, help="measured requests (quick 16, else 40)")
     parser.add_argument("--warmup", type=int, help="requests sent before, not counted (default: --requests)")
-    parser.add_argument("--docs", type=int)
-    parser.add_argument("--doc-words", type=int, default=200)
+    parser.add_argument("--docs", type=int, help="corpus size (synthetic: quick 10, else 24; zipf-rag 40)")
+    parser.add_argument("--doc-words", type=int, help="words per document (synthetic 200, zipf-rag 150)")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--order", choices=["reuse", "shift"], default="reuse",
                         help="the proxy's order policy (shift: approximate reuse outside the prefix, see "
@@ -146,10 +154,10 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     requests = args.requests or (16 if args.quick else 40)
     warmup = requests if args.warmup is None else args.warmup
-    docs = args.docs or (10 if args.quick else 24)
+    docs = args.docs or (None if args.workload == "zipf-rag" else 10 if args.quick else 24)
     server, model = ensure_binaries(args.shape, args.weight_type, args.model)
     exit_on_sigterm()
-    work = make_workload(docs=docs, requests=warmup + requests, doc_words=args.doc_words, seed=args.seed)
+    work = chosen_workload(args, docs=docs, requests=warmup + requests)
     started = time.perf_counter()
     names = chosen_sides(args.sides)
     fleet = Fleet(args, server, model, names)
@@ -178,7 +186,7 @@ def main(argv: list[str]) -> int:
         "bench": "kv",
         "requests": requests,
         "warmup_requests": warmup,
-        "documents": docs,
+        "documents": len(work.documents),
         "replicas": args.replicas,
         "slots_per_replica": args.slots,
         "shape": args.model.name if args.model else f"{args.shape}-{args.weight_type}",
@@ -200,8 +208,8 @@ def main(argv: list[str]) -> int:
                         for k, v in cold.summary().items()})
     summary["elapsed_s"] = round(time.perf_counter() - started, 1)
     print(
-        f"{warmup} warm-up + {requests} measured requests, {docs} documents, {args.replicas} llama-server "
-        f"replicas x {args.slots} slots, ~{summary['mean_prompt_tokens']} prompt tokens, "
+        f"{warmup} warm-up + {requests} measured requests, {summary['documents']} documents, "
+        f"{args.replicas} llama-server replicas x {args.slots} slots, ~{summary['mean_prompt_tokens']} prompt tokens, "
         f"fixed cost {summary['fixed_cost_ms']} ms, model {summary['shape']}"
     )
     print_phases(cold, steady)

@@ -29,9 +29,16 @@ The proxy's sides run with the objective as their ``ttft_slo_s``: requests no re
 refused with 429 (:data:`~loadtest.goodput.REJECTED`), never goodput, reported apart. Direct and smg send
 everything; what is late is late.
 
-Workload: the sequential bench's (Zipf-popular documents shared by all users, top-k 3-5 in a retrieval order
-drawn at random per request, a fresh question each), continued from where the calibration stopped: each run
-gets the next requests.
+The product runs as users run it on the ``serve`` side: a ``ragproxy serve`` process (:mod:`loadtest.bench._kv_serve`)
+over HTTP, with ``routing.ttft_slo_s`` only when ``--slo-ms`` is given (the objective is otherwise known only after
+the calibration, and the process lives as long as its replicas). The ``proxy`` and ``preserve`` sides run the KV
+stages in this process: a diagnostic of what the layer decides, with its trees' predictions checked against the
+servers' reports.
+
+Workload (``--workload``, ``--present``; :mod:`loadtest.bench._kv_workload`): the sequential bench's
+(``synthetic``: Zipf-popular documents shared by all users, top-k 3-5 in a retrieval order drawn at random per
+request, a fresh question each) or ``zipf-rag`` (real prose, top 5, streamed), structured or pasted, continued
+from where the calibration stopped: each run gets the next requests.
 
 Headline: **capacity** per side (:mod:`loadtest.capacity`): the highest rate at which ``--target`` (0.9) of the
 requests are answered within the objective, fitted across the sweep's rates and repeats, with a paired bootstrap
@@ -56,10 +63,20 @@ import time
 from dataclasses import asdict
 from typing import Any
 
+from loadtest.bench._kv_contextpilot import ContextPilotSide
+from loadtest.bench._kv_rag import chosen_workload
 from loadtest.bench._kv_reuse import ceiling_tokens, prefix_reuse_ceiling, reuse_losses, reuse_share
 from loadtest.bench._kv_servers import ensure_binaries, exit_on_sigterm
-from loadtest.bench._kv_sides import Fleet, ProxySide, Side, add_server_options, chosen_sides, open_loop_client
-from loadtest.bench._kv_workload import Workload, make_workload
+from loadtest.bench._kv_sides import (
+    SIDE_KINDS,
+    Fleet,
+    ProxySide,
+    Side,
+    add_server_options,
+    chosen_sides,
+    open_loop_client,
+)
+from loadtest.bench._kv_workload import Workload
 from loadtest.bench.kv import Sequential, print_phases, sequential
 from loadtest.capacity import Sweep, bootstrap, capacity_ratio, fit_capacity, percentile_interval
 from loadtest.goodput import (
@@ -127,8 +144,8 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m loadtest.bench kv_load")
     parser.add_argument("--quick", action="store_true", help="fewer documents, rates and seconds")
     parser.add_argument("--json", action="store_true", help="print one JSON object as the last line")
-    parser.add_argument("--docs", type=int, help="corpus size (quick 10, else 24)")
-    parser.add_argument("--doc-words", type=int, default=200)
+    parser.add_argument("--docs", type=int, help="corpus size (synthetic: quick 10, else 24; zipf-rag 40)")
+    parser.add_argument("--doc-words", type=int, help="words per document (synthetic 200, zipf-rag 150)")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--calibration", type=int, help="sequential warm-up and measured requests each (quick 8, "
                                                          "else 16)")
@@ -158,7 +175,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--order", choices=["reuse", "shift"], default="reuse")
     add_server_options(parser)
     args = parser.parse_args(argv)
-    docs = args.docs or (10 if args.quick else 24)
+    docs = args.docs or (None if args.workload == "zipf-rag" else 10 if args.quick else 24)
     calibration = args.calibration or (8 if args.quick else 16)
     duration = args.duration or (18.0 if args.quick else 36.0)
     chunks = max(1, args.chunks or (3 if args.quick else 4))
@@ -179,9 +196,10 @@ def main(argv: list[str]) -> int:
 
 
 async def _run(
-    args: argparse.Namespace, docs: int, calibration: int, duration: float, chunks: int, probes: int, fleet: Fleet
+    args: argparse.Namespace, docs: int | None, calibration: int, duration: float, chunks: int, probes: int,
+    fleet: Fleet,
 ) -> dict[str, object]:
-    work = make_workload(docs=docs, requests=2 * calibration, doc_words=args.doc_words, seed=args.seed)
+    work = chosen_workload(args, docs=docs, requests=2 * calibration)
     async with open_loop_client() as client:
         sides = fleet.sides(work, client)
         proxy = sides["proxy"]
@@ -201,11 +219,11 @@ async def _run(
             if isinstance(side, ProxySide):
                 side.set_objective(slo_s)
         _print_calibration(args, calib, unloaded_ms, slo_s, service)
-        # the workload, long enough for every run (make_workload extends the same sequence)
+        # the workload, long enough for every run (a longer one extends the same sequence)
         highest = max([*fixed, args.start * service * 1.6 ** probes])
         needed = 2 * calibration + (len(fixed) or probes + 2) * math.ceil(highest * duration * 1.5 + 20 * chunks)
         needed += math.ceil(min(fixed, default=0.0) * duration * args.low_load_seconds * 1.5)
-        work = make_workload(docs=docs, requests=needed, doc_words=args.doc_words, seed=args.seed)
+        work = chosen_workload(args, docs=docs, requests=needed)
         for side in sides.values():
             side.work = work
         first = 2 * calibration
@@ -286,6 +304,7 @@ async def _run(
     summary = _summary(args, calib, unloaded_ms, slo_s, service, duration, figures, load_outcomes, work, ranges,
                        fleet)
     summary.update(_capacity(args, trials, chunks))
+    summary.update(_by_side(args, sides, summary))
     losses = reuse_losses(proxy.routed, ranges[0][0] if ranges else len(work.requests), ceiling_tokens(work))
     print("proxy's reuse over the load runs, estimated tokens (ceiling / one cache, its order / same replica / "
           "predicted / reported): " + " / ".join(f"{value:.3f}" for value in losses.values()))
@@ -392,7 +411,7 @@ def _summary(
 
 def _capacity(args: argparse.Namespace, trials: dict[str, dict[float, list[tuple[int, int]]]],
               repeats: int) -> dict[str, object]:
-    """Per side, the fitted capacity and its bootstrap interval; the ratios to smg (and to direct)."""
+    """Per side, the fitted capacity and its bootstrap interval; the ratios to smg, ContextPilot and direct."""
     sweeps: dict[str, Sweep] = dict(trials)
     fitted = {name: fit_capacity(sweep, args.target) for name, sweep in sweeps.items()}
     samples = bootstrap(sweeps, random.Random(args.seed), args.resamples, args.target)
@@ -403,7 +422,7 @@ def _capacity(args: argparse.Namespace, trials: dict[str, dict[float, list[tuple
         per_side[name] = {"rps": _r(capacity.rps), "censored": capacity.censored,
                           "ci": [_r(v) for v in interval] if interval else None}
     ratios: dict[str, dict[str, dict[str, Any]]] = {}
-    for base in ("smg", "direct"):
+    for base in ("smg", "contextpilot", "direct"):
         if base not in sweeps:
             continue
         for name in sweeps:
@@ -435,6 +454,34 @@ def _capacity(args: argparse.Namespace, trials: dict[str, dict[float, list[tuple
         "capacity_ratio_vs_smg_censored": vs_smg.get("censored"),
         "capacity_ratios": ratios,
     }
+
+
+def _by_side(args: argparse.Namespace, sides: dict[str, Side], summary: dict[str, Any]) -> dict[str, object]:
+    """What each side is, its replies other than 200 by status (``-1``: a stream cut short), its reuse against
+    the ceiling, and the end-to-end side's headline ratios."""
+    statuses = {name: {str(k): v for k, v in sorted(side.statuses.items())}
+                for name, side in sides.items() if hasattr(side, "statuses")}
+    ceiling = summary["prefix_token_reuse_ceiling_load"]
+    reuse = summary["prefix_token_reuse_load_by_side"]
+    print("replies other than 200 per side (status: count; 429 is a refusal): "
+          + ", ".join(f"{name} {counts or 'none'}" for name, counts in statuses.items()))
+    ratios = summary["capacity_ratios"]
+    out: dict[str, object] = {
+        "workload": args.workload,
+        "present": args.present,
+        "side_kinds": {name: SIDE_KINDS[name] for name in sides},
+        "http_errors_by_side": statuses,
+        "reuse_vs_ceiling_by_side": {name: round(r / ceiling, 3) if ceiling else None for name, r in reuse.items()},
+    }
+    pilot = sides.get("contextpilot")
+    if isinstance(pilot, ContextPilotSide):
+        out["contextpilot_reorder_ms"] = pilot.reorder_ms
+    for base in ("smg", "contextpilot", "direct"):
+        entry = ratios.get(base, {}).get("serve")
+        if entry:
+            out[f"capacity_ratio_serve_vs_{base}"] = entry["ratio"]
+            out[f"capacity_ratio_serve_vs_{base}_ci"] = entry["ci"]
+    return out
 
 
 def _r(value: float | None) -> float | None:

@@ -35,5 +35,21 @@ def test_both_sides_answer_and_the_figures_come_from_the_servers_timings(capsys:
         assert low[side]["sent"] == low["direct"]["sent"] and low[side]["goodput_rps"] > 0
         assert result["capacity_rps"][side] is not None
     assert high["preserve"]["rejected"] > 0  # the proxy keeping retrieval order refuses at the objective too
+    assert result["side_kinds"]["serve"].startswith("end to end")  # a real ragproxy serve, over HTTP
+    assert high["serve"]["rejected"] == 0  # started without an objective (no --slo-ms): it sends everything
+    assert result["http_errors_by_side"]["direct"] == {}
     if "smg" in result["sides"]:
         assert high["smg"]["rejected"] == 0 and result["capacity_ratio_vs_smg"] is not None
+
+
+def test_the_zipf_rag_workload_pasted_reaches_every_side_streamed(capsys: pytest.CaptureFixture[str]) -> None:
+    if not (CACHE / "llama-server").exists() or not (CACHE / "tiny-llama.gguf").exists():
+        pytest.skip("run scripts/build_llama_server.sh and scripts/make_tiny_gguf.py first")
+    assert kv_load.main(["--json", "--workload", "zipf-rag", "--present", "pasted", "--docs", "8", "--calibration",
+                         "3", "--duration", "4", "--rates", "0.5", "--sides", "direct,serve,proxy"]) == 0
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert result["workload"] == "zipf-rag" and result["present"] == "pasted"
+    (low,) = result["rates"]
+    for side in ("direct", "serve", "proxy"):
+        assert low[side]["sent"] == low["direct"]["sent"] > 0 and low[side]["goodput_rps"] > 0
+    assert result["calibration"]["prefix_token_reuse_serve"] > 0  # streamed replies carried the servers' timings

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from loadtest.bench._kv_contextpilot import contextpilot_installed
 from loadtest.bench._kv_servers import find_smg
 from loadtest.bench._kv_sides import SIDES, chosen_sides
 
@@ -15,9 +16,11 @@ def test_a_missing_smg_is_said_in_one_line_and_the_other_sides_run(
 ) -> None:
     monkeypatch.setenv("RAGPROXY_SMG", str(tmp_path / "no-smg"))
     assert find_smg() is None
-    assert chosen_sides(",".join(SIDES)) == ["direct", "proxy", "preserve"]
-    out = capsys.readouterr().out
-    assert out.count("\n") == 1 and "smg not found" in out
+    pilot = ["contextpilot"] if contextpilot_installed() else []
+    assert chosen_sides(",".join(SIDES)) == ["direct", *pilot, "serve", "proxy", "preserve"]
+    lines = capsys.readouterr().out.splitlines()
+    assert [line for line in lines if "smg" in line] == [lines[0]] and "smg not found" in lines[0]
+    assert len(lines) == (1 if pilot else 2)  # a missing ContextPilot costs one line too
 
 
 def test_smg_is_taken_where_it_is_installed(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

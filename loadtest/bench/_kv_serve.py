@@ -1,0 +1,113 @@
+"""The end-to-end side of the kv benchmarks: a real ``ragproxy serve`` process in front of its own llama-server
+replicas, driven over HTTP as an app drives it (see :mod:`loadtest.bench.kv_load`).
+
+It is started the way the operations guide says, with the command line a user types: one
+``--llm-upstream URL,kind=llamacpp,slots=N`` per replica and ``--set routing.order=...``, plus
+:data:`SERVE_SETTINGS` (the answer cache off: every question of the workloads is new, so the cache could only
+miss, and its embedding work would compete with the replicas for the machine's cores) and the ``--serve-set``
+settings given to the bench.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import httpx
+
+from loadtest.bench._kv_servers import ROOT, wait_until
+from loadtest.harness import free_port
+
+SERVE_SETTINGS = ("cache.enabled=false", "logging.level=warning")
+"""What the bench sets beyond the replicas and the order (see the module)."""
+
+
+def serve_command(
+    urls: Sequence[str],
+    *,
+    slots: int,
+    order: str,
+    port: int,
+    admin_port: int,
+    data_dir: Path,
+    slo_s: float | None = None,
+    settings: Sequence[str] = (),
+) -> list[str]:
+    """The ``ragproxy serve`` command line (as ``python -m commands.cli``) for ``urls``, each a llama.cpp replica of
+    ``slots`` slots; ``slo_s`` sets ``routing.ttft_slo_s``; ``settings`` (``KEY=VALUE``) come last and win."""
+    command = [
+        sys.executable,
+        "-m",
+        "commands.cli",
+        "serve",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--admin-port",
+        str(admin_port),
+        "--data-dir",
+        str(data_dir),
+    ]
+    for url in urls:
+        command += ["--llm-upstream", f"{url},kind=llamacpp,slots={slots}"]
+    command += ["--set", f"routing.order={order}"]
+    if slo_s is not None:
+        command += ["--set", f"routing.ttft_slo_s={slo_s:g}"]
+    for setting in (*SERVE_SETTINGS, *settings):
+        command += ["--set", setting]
+    return command
+
+
+class Serve:
+    """``ragproxy serve`` in front of ``urls`` (started and stopped by this process), its output in a log file."""
+
+    def __init__(
+        self, urls: Sequence[str], *, slots: int, order: str, slo_s: float | None = None, settings: Sequence[str] = ()
+    ) -> None:
+        port = free_port()
+        self.url = f"http://127.0.0.1:{port}"
+        self._dir = tempfile.TemporaryDirectory(prefix="ragproxy-serve-")
+        self.log_path = Path(self._dir.name) / "serve.log"
+        self.command = serve_command(
+            urls,
+            slots=slots,
+            order=order,
+            port=port,
+            admin_port=free_port(),
+            data_dir=Path(self._dir.name) / "data",
+            slo_s=slo_s,
+            settings=settings,
+        )
+        self._log = open(self.log_path, "wb")  # noqa: SIM115
+        self._proc = subprocess.Popen(self.command, cwd=ROOT, stdout=self._log, stderr=subprocess.STDOUT)
+
+    def wait_ready(self, timeout_s: float = 120) -> None:
+        """Until the proxy answers ``/readyz``."""
+        wait_until(
+            self._proc,
+            lambda: httpx.get(self.url + "/readyz", timeout=2).status_code == 200,
+            time.monotonic() + timeout_s,
+            f"ragproxy serve at {self.url}",
+            self.log_tail,
+        )
+
+    def log_tail(self, chars: int = 3000) -> str:
+        return self.log_path.read_bytes()[-chars:].decode(errors="replace")
+
+    @property
+    def pid(self) -> int:
+        return self._proc.pid
+
+    def stop(self) -> None:
+        self._proc.terminate()
+        try:
+            self._proc.wait(15)
+        except subprocess.TimeoutExpired:
+            self._proc.kill()
+        self._log.close()
+        self._dir.cleanup()

@@ -1,0 +1,58 @@
+"""The kv benchmarks' end-to-end side against a real ``ragproxy serve`` in front of llama.cpp-flavoured doubles:
+requests go through the product over HTTP, streamed, and the outcome is read from the servers' own timings."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from loadtest.bench._kv_rag import rag_workload
+from loadtest.bench._kv_serve import Serve
+from loadtest.bench._kv_sides import ProxySide, ServeSide, open_loop_client
+from loadtest.goodput import OK, Outcome
+from tests.loadtest.test_kv_rag import PROSE, QUESTIONS
+from upstream_doubles.kv_cache import KVCacheModel
+from upstream_doubles.llm_server import FakeLLM
+
+
+@pytest.mark.parametrize("pasted", [True, False], ids=["pasted", "structured"])
+def test_the_serve_side_streams_through_ragproxy_and_reads_the_servers_timings(pasted: bool) -> None:
+    work = rag_workload(PROSE, QUESTIONS, requests=6, seed=2, pasted=pasted)
+    with (
+        FakeLLM(kv=KVCacheModel(), slots=2, flavor="llamacpp") as a,
+        FakeLLM(kv=KVCacheModel(), slots=2, flavor="llamacpp") as b,
+    ):
+        serve = Serve([a.url, b.url], slots=2, order="reuse")
+        try:
+            serve.wait_ready()
+
+            async def run() -> tuple[list[Outcome], ServeSide]:
+                async with open_loop_client() as client:
+                    side = ServeSide(serve.url, work, client)
+                    return [await side.send(i) for i in range(len(work.requests))], side
+
+            outcomes, side = asyncio.run(run())
+        finally:
+            serve.stop()
+        requests = a.log.entries + b.log.entries
+    assert side.statuses == {} and all(o.status == OK and o.prompt_n > 0 for o in outcomes)
+    assert sum(o.cache_n for o in outcomes) > 0  # the popular documents' prefix was reused, as the servers said
+    chats = [r for r in requests if r.path.endswith("/chat/completions")]
+    assert len(chats) == 6 and all(r.json()["stream"] for r in chats)
+
+
+def test_the_in_process_side_recognises_pasted_passages_as_the_product_does() -> None:
+    work = rag_workload(PROSE, QUESTIONS, requests=4, seed=2, pasted=True)
+    with FakeLLM(kv=KVCacheModel(), slots=2, flavor="llamacpp") as llm:
+
+        async def run() -> ProxySide:
+            async with open_loop_client() as client:
+                side = ProxySide([llm.url], work, client, slots=2, ctx_per_slot=8192)
+                for i in range(len(work.requests)):
+                    assert (await side.send(i)).status == OK
+                return side
+
+        side = asyncio.run(run())
+    # every request was routed by its prefix and its five recognised documents, not as one prompt without any
+    assert len(side.routed) == 4 and all(len(r.path) == 1 + 5 for r in side.routed)
