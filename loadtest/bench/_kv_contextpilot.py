@@ -18,6 +18,7 @@ from typing import Any
 
 import httpx
 
+from loadtest.bench._kv_requests import chat_body, post_chat
 from loadtest.bench._kv_workload import Workload
 from loadtest.goodput import Outcome
 
@@ -41,8 +42,6 @@ class ContextPilotSide:
         self.reorder_s: list[float] = []
 
     async def send(self, index: int) -> Outcome:
-        from loadtest.bench._kv_sides import chat_body, post_chat
-
         indices, question = self.work.requests[index]
         started = time.perf_counter()
         with contextlib.redirect_stdout(io.StringIO()):  # it prints a banner per call

@@ -10,17 +10,18 @@ import time
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
 import httpx
 import orjson
 
 from loadtest.bench._kv_contextpilot import ContextPilotSide, contextpilot_installed
+from loadtest.bench._kv_requests import chat_body, outcome_of, post_chat
 from loadtest.bench._kv_reuse import Routed
 from loadtest.bench._kv_serve import Serve
-from loadtest.bench._kv_servers import MODEL_ID, Servers, Smg, find_smg
+from loadtest.bench._kv_servers import Servers, Smg, find_smg
 from loadtest.bench._kv_workload import Workload, app_messages, structured_parts
-from loadtest.goodput import ERROR, OK, REJECTED, Outcome
+from loadtest.goodput import OK, REJECTED, Outcome
 from normalizer.documents import DocumentRegistry
 from proxy.core.context import Reply, RequestContext
 from proxy.core.errors import ProxyError
@@ -175,60 +176,6 @@ class Fleet:
 def start_servers(args: argparse.Namespace, binary: Path, model: Path) -> Servers:
     return Servers(binary, model, args.replicas, args.slots, args.ctx_per_slot, args.threads, args.cache_ram,
                    args.server_arg, None if args.no_trace else 4)
-
-
-def chat_body(messages: list[dict[str, Any]], stream: bool = False) -> dict[str, Any]:
-    body: dict[str, Any] = {"model": MODEL_ID, "messages": messages, "max_tokens": 1, "temperature": 0}
-    if stream:
-        body["stream"] = True
-    return body
-
-
-def outcome_of(started: float, status: int, content: bytes) -> Outcome:
-    """An answered request's outcome from its reply (the server's ``timings``), or an error."""
-    elapsed = time.perf_counter() - started
-    if status != 200:
-        return Outcome(ERROR, elapsed)
-    return _answered(elapsed, orjson.loads(content or b"{}").get("timings", {}))
-
-
-def _answered(ttft_s: float, timings: Mapping[str, Any]) -> Outcome:
-    return Outcome(OK, ttft_s, int(timings.get("cache_n", 0)), int(timings.get("prompt_n", 0)),
-                   float(timings.get("prompt_ms", 0.0)))
-
-
-async def post_chat(client: httpx.AsyncClient, url: str, body: dict[str, Any], statuses: Counter[int],
-                    headers: Mapping[str, str] | None = None) -> Outcome:
-    """POST a chat request; a streamed one's TTFT is the arrival of its first chunk with content (or its end),
-    its timings those of the chunk that carries them. A 429 is :data:`~loadtest.goodput.REJECTED`; every other
-    status but 200 an error, counted in ``statuses``."""
-    started = time.perf_counter()
-    if not body.get("stream"):
-        response = await client.post(url, json=body, headers=headers)
-        if response.status_code != 200:
-            statuses[response.status_code] += 1
-        if response.status_code == 429:
-            return Outcome(REJECTED, time.perf_counter() - started)
-        return outcome_of(started, response.status_code, response.content)
-    async with client.stream("POST", url, json=body, headers=headers) as response:
-        if response.status_code != 200:
-            await response.aread()
-            statuses[response.status_code] += 1
-            return Outcome(REJECTED if response.status_code == 429 else ERROR, time.perf_counter() - started)
-        first: float | None = None
-        timings: Mapping[str, Any] = {}
-        async for line in response.aiter_lines():
-            if not line.startswith("data:") or line[5:].strip() == "[DONE]":
-                continue
-            chunk = orjson.loads(line[5:])
-            if first is None and any(c.get("delta", {}).get("content") or c.get("finish_reason")
-                                     for c in chunk.get("choices") or ()):
-                first = time.perf_counter() - started
-            timings = chunk.get("timings") or timings
-    if not timings:
-        statuses[-1] += 1  # a stream that ended without the server's timings: cut short
-        return Outcome(ERROR, time.perf_counter() - started)
-    return _answered(first if first is not None else time.perf_counter() - started, timings)
 
 
 async def fixed_cost_ms(url: str, repeats: int = 5) -> float:

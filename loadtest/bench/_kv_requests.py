@@ -1,0 +1,69 @@
+"""How a side of the kv benchmarks sends one chat request and reads its outcome (TTFT, the server's ``timings``),
+plain or streamed: shared by every side (:mod:`loadtest.bench._kv_sides`, :mod:`loadtest.bench._kv_contextpilot`)."""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Mapping
+from typing import Any
+
+import httpx
+import orjson
+
+from loadtest.bench._kv_servers import MODEL_ID
+from loadtest.goodput import ERROR, OK, REJECTED, Outcome
+
+
+def chat_body(messages: list[dict[str, Any]], stream: bool = False) -> dict[str, Any]:
+    body: dict[str, Any] = {"model": MODEL_ID, "messages": messages, "max_tokens": 1, "temperature": 0}
+    if stream:
+        body["stream"] = True
+    return body
+
+
+def outcome_of(started: float, status: int, content: bytes) -> Outcome:
+    """An answered request's outcome from its reply (the server's ``timings``), or an error."""
+    elapsed = time.perf_counter() - started
+    if status != 200:
+        return Outcome(ERROR, elapsed)
+    return _answered(elapsed, orjson.loads(content or b"{}").get("timings", {}))
+
+
+def _answered(ttft_s: float, timings: Mapping[str, Any]) -> Outcome:
+    return Outcome(OK, ttft_s, int(timings.get("cache_n", 0)), int(timings.get("prompt_n", 0)),
+                   float(timings.get("prompt_ms", 0.0)))
+
+
+async def post_chat(client: httpx.AsyncClient, url: str, body: dict[str, Any], statuses: Counter[int],
+                    headers: Mapping[str, str] | None = None) -> Outcome:
+    """POST a chat request; a streamed one's TTFT is the arrival of its first chunk with content (or its end),
+    its timings those of the chunk that carries them. A 429 is :data:`~loadtest.goodput.REJECTED`; every other
+    status but 200 an error, counted in ``statuses``."""
+    started = time.perf_counter()
+    if not body.get("stream"):
+        response = await client.post(url, json=body, headers=headers)
+        if response.status_code != 200:
+            statuses[response.status_code] += 1
+        if response.status_code == 429:
+            return Outcome(REJECTED, time.perf_counter() - started)
+        return outcome_of(started, response.status_code, response.content)
+    async with client.stream("POST", url, json=body, headers=headers) as response:
+        if response.status_code != 200:
+            await response.aread()
+            statuses[response.status_code] += 1
+            return Outcome(REJECTED if response.status_code == 429 else ERROR, time.perf_counter() - started)
+        first: float | None = None
+        timings: Mapping[str, Any] = {}
+        async for line in response.aiter_lines():
+            if not line.startswith("data:") or line[5:].strip() == "[DONE]":
+                continue
+            chunk = orjson.loads(line[5:])
+            if first is None and any(c.get("delta", {}).get("content") or c.get("finish_reason")
+                                     for c in chunk.get("choices") or ()):
+                first = time.perf_counter() - started
+            timings = chunk.get("timings") or timings
+    if not timings:
+        statuses[-1] += 1  # a stream that ended without the server's timings: cut short
+        return Outcome(ERROR, time.perf_counter() - started)
+    return _answered(first if first is not None else time.perf_counter() - started, timings)
