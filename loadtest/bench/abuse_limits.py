@@ -36,9 +36,11 @@ import httpx
 
 from loadtest.bench._tally import CHAT, Tally, chat, send
 from loadtest.bench.chaos import Redis
-from loadtest.harness import free_port, proxy_child
+from loadtest.harness import free_port, ledger_charges, proxy_child
 
 SCENARIO = "rate_limits"
+USERS = ("limit-flooder", "limit-victim", "limit-user", "limit-tokens", "limit-budget", "limit-short")
+"""The users the scenario makes keys for (their charges are in its own replicas' ledger)."""
 LIMIT = 20
 """Requests per minute of the flooding key, the victim and the flooding user."""
 
@@ -157,7 +159,9 @@ async def rate_limits(work: Path, redis_url: str, tally: Tally) -> dict[str, Any
             short = (await key("limit-short", duration="1s"))["key"]
             await asyncio.sleep(1.5)
             expired = await send(a, tally, SCENARIO, "POST", CHAT, headers=_headers(short), json=chat("late"))
+            charges = await asyncio.to_thread(_charges, admin_port)
     return {
+        "charges": charges,
         "admin_inputs_sent": attack["sent"], "admin_inputs_accepted": attack["accepted"],
         "flood": {"sent": len(flood), "admitted": sum(1 for r in flood if r is not None and r.is_success),
                   "seconds": round(flood_s, 2), "limit_per_minute": LIMIT},
@@ -174,6 +178,13 @@ async def rate_limits(work: Path, redis_url: str, tally: Tally) -> dict[str, Any
         "budget_overshoot": sum(1 for status in budget_answers[refused_at:] if status == 200),
         "expired_key_status": expired.status_code if expired is not None else None,
     }
+
+
+def _charges(admin_port: int) -> list[dict[str, Any]]:
+    """Every charge of the scenario's users, from its own replicas' ledger, once the last answers have settled."""
+    time.sleep(1.0)
+    with httpx.Client(base_url=f"http://127.0.0.1:{admin_port}", timeout=60) as admin:
+        return [charge for user in USERS for charge in ledger_charges(admin, user)]
 
 
 def figures(result: dict[str, Any]) -> dict[str, Any]:
@@ -201,7 +212,9 @@ def main(argv: list[str]) -> int:
     finally:
         redis.kill()
         shutil.rmtree(work, ignore_errors=True)
-    summary = {**figures(result), "server_errors": tally.server_errors, "unanswered_requests": tally.unanswered,
+    charged = {str(charge["request_id"]) for charge in result.pop("charges")}
+    summary = {**figures(result), "answers_without_charge": len(set(tally.ledger_ids) - charged),
+               "server_errors": tally.server_errors, "unanswered_requests": tally.unanswered,
                "requests": tally.requests, "statuses": dict(tally.statuses[SCENARIO]), **result}
     for name, value in summary.items():
         print(f"{name:>36}: {json.dumps(value) if isinstance(value, dict | list) else value}")
