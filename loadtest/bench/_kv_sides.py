@@ -29,6 +29,7 @@ from proxy.core.pipeline import Pipeline
 from proxy.core.prompt import ReadPrompt
 from proxy.kv.admission_queue import AdmissionQueue
 from proxy.kv.discovery import apply_slots, read_slots
+from proxy.kv.handoffs import REPORTED_CACHED_TOKENS, ROUTED
 from proxy.kv.hints import SlotTable, reported_prompt_tokens
 from proxy.kv.kinds import LLAMACPP
 from proxy.kv.order import OrderPolicy
@@ -300,7 +301,7 @@ class ProxySide:
             await client.close()
 
     async def _forward(self, ctx: RequestContext) -> Reply:
-        routed = ctx.routed
+        routed = ctx.get(ROUTED)
         assert routed is not None
         response = await self.client.post(
             self.urls[routed.replica] + "/v1/chat/completions",
@@ -333,8 +334,9 @@ class ProxySide:
                 return Outcome(REJECTED, time.perf_counter() - started)
             raise
         outcome = outcome_of(started, reply.status, reply.body or b"")
-        if ctx.routed is not None and outcome.status == OK:
-            self.estimates.append((ctx.routed.estimated_ttft_s, outcome.ttft_s))
+        routed = ctx.get(ROUTED)
+        if routed is not None and outcome.status == OK:
+            self.estimates.append((routed.estimated_ttft_s, outcome.ttft_s))
             self._check_prediction(ctx, reply.body or b"")
         return outcome
 
@@ -342,7 +344,7 @@ class ProxySide:
         """Count whether the expectation as the request started, and the tree's prediction it was routed on, exceeded
         what the backend reported it reused (the tree counts estimated tokens: the report is scaled by the prompt's
         estimated / reported length)."""
-        routed, cached = ctx.routed, ctx.reported_cached_tokens
+        routed, cached = ctx.get(ROUTED), ctx.get(REPORTED_CACHED_TOKENS)
         if routed is None or cached is None:
             return
         prompt = reported_prompt_tokens(body)

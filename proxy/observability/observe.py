@@ -13,8 +13,10 @@ from typing import Protocol
 
 from opentelemetry.trace import Tracer
 
+from proxy.answers.replies import SEMANTIC
 from proxy.core.context import RequestContext
 from proxy.core.outcome import COALESCED, HIT_STATUSES, MICRO, CacheStatus
+from proxy.kv.handoffs import REPORTED_CACHED_TOKENS
 from proxy.observability.metrics import Metrics
 from proxy.observability.settings import LoggingSettings
 from proxy.observability.stats import RequestStats
@@ -43,8 +45,9 @@ def record_metrics(metrics: Metrics) -> Observer:
         label = ctx.replica or ("qdrant" if "qdrant" in ctx.route else "llm")
         if ctx.upstream_seconds is not None:
             metrics.per_request.upstream(label, ctx.upstream_seconds)
-        if ctx.reported_cached_tokens:
-            metrics.child(metrics.prefix_tokens, label).inc(ctx.reported_cached_tokens)
+        reported = ctx.get(REPORTED_CACHED_TOKENS)
+        if reported:
+            metrics.child(metrics.prefix_tokens, label).inc(reported)
         if ctx.charged is not None:
             held = outcome is not None and outcome.tier is not None
             metrics.child(metrics.credits_charged, "hit" if held else "upstream").inc(ctx.charged / MICRO)
@@ -61,7 +64,7 @@ def record_stats(stats: RequestStats, metrics: Metrics) -> Observer:
         cache_status, tier = (outcome.status, outcome.tier) if outcome is not None else (None, None)
         entry = ctx.entry
         if cache_status in HIT_STATUSES:  # the top-entries list says who asked, and what
-            semantic = ctx.semantic
+            semantic = ctx.get(SEMANTIC)
             question = semantic.question if semantic is not None else \
                 entry.meta.get("question") if entry is not None else None  # an exact hit: the entry's question
             asked = {"tenant": ctx.tenant, "namespace": ctx.namespace,
