@@ -105,7 +105,7 @@ class Coalesce:
 
     async def __call__(self, ctx: RequestContext, call_next: Next) -> Reply:
         key = ctx.cache_key
-        if key is None or ctx.get(FOLLOWER):
+        if key is None or ctx.handoffs.get(FOLLOWER):
             return await call_next(ctx)
         flight = self.flights.table.get(key)
         if flight is not None:
@@ -178,7 +178,7 @@ class Coalesce:
 
     async def _follow(self, ctx: RequestContext, flight: Flight) -> Reply | None:
         """The follower's reply, or ``None`` to go upstream on its own."""
-        ctx.give(FOLLOWER, True)
+        ctx.handoffs[FOLLOWER] = True
         flight.followers += 1
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.wait_s
@@ -194,7 +194,7 @@ class Coalesce:
             self.flights.timeouts += 1
             return None
         if flight.failed or flight.answer is None:
-            ctx.give(FOLLOWER, False)
+            ctx.handoffs[FOLLOWER] = False
             return None
         entry = CachedResponse(body=flight.answer.body, kind=self.endpoint.kind, meta=flight.answer.meta)
         return hit_reply(ctx, entry, Outcome(CacheStatus.MISS, COALESCED), extra={"X-Cache-Coalesced": "true"})

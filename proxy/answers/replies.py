@@ -43,7 +43,8 @@ from proxy.core.outcome import HIT_STATUSES, CacheStatus, Outcome, exact_hit
 from proxy.core.pipeline import Named, Next
 from proxy.core.reply import Complete
 from proxy.core.sse import with_withheld
-from proxy.kv.handoffs import ROUTED, SHAPED
+from proxy.kv.handoffs import SHAPED
+from proxy.upstream.forward import DESTINATION
 from tiers.embedders.base import FloatArray
 from tiers.entry import CachedResponse
 from tiers.response_tier import ResponseTier
@@ -101,7 +102,7 @@ def entry_tags(ctx: RequestContext, model: str | None, response_id: str | None =
         tags.append(f"model:{model}")
     tags.extend(f"doc:{doc}" for doc in document_ids(ctx))
     tags.extend(f"response:{rid}" for rid in (response_id, continued_response(ctx.body or {})) if rid is not None)
-    semantic = ctx.get(SEMANTIC)
+    semantic = ctx.handoffs.get(SEMANTIC)
     if semantic is not None:  # lets the cold tier's vector search stay inside one context
         tags.append(semantic.tag)
     return tags
@@ -116,7 +117,7 @@ def sent_documents(ctx: RequestContext) -> tuple[Document, ...]:
     """The prompt's documents in the order the upstream saw them: the routed replica's order when the KV layer
     reordered them, else the client's."""
     documents = ctx.prompt.documents if ctx.prompt is not None else ()
-    shape, routed = ctx.get(SHAPED), ctx.get(ROUTED)
+    shape, routed = ctx.handoffs.get(SHAPED), ctx.handoffs.get(DESTINATION)
     if not documents or shape is None or routed is None or routed.replica >= len(shape.orders):
         return documents
     order = [segment.key for segment in shape.orders[routed.replica].order]
@@ -196,7 +197,7 @@ class StoreResponse:
     name = "store"
     needs = frozenset({"cache_key", "cache_policy"})
     gives = frozenset({"entry", "outcome"})
-    reads_if_given: frozenset[Named] = frozenset({"outcome", FOLLOWER, SEMANTIC, SHAPED, ROUTED})
+    reads_if_given: frozenset[Named] = frozenset({"outcome", FOLLOWER, SEMANTIC, SHAPED, DESTINATION})
     live_keys = frozenset({"cache.expose_key"})
 
     def __init__(self, into: ResponseTier | None, *, endpoint: Endpoint, write_behind: Sequence[WriteBehind] = (),
@@ -223,7 +224,7 @@ class StoreResponse:
         if outcome is None:
             ctx.outcome = Outcome(CacheStatus.REFRESH if policy.force_refresh else CacheStatus.MISS)
         self._headers(ctx, reply, key)
-        if self.into is not None and policy.may_store and policy.ttl != 0 and not ctx.get(FOLLOWER):
+        if self.into is not None and policy.may_store and policy.ttl != 0 and not ctx.handoffs.get(FOLLOWER):
             reply.on_finish(self._store(ctx, key, policy, self.into))
         return reply
 
@@ -244,7 +245,7 @@ class StoreResponse:
             request = ctx.body or {}
             model = request.get("model")
             response_id = endpoint.stored_id(request, stored.body)
-            semantic, documents = ctx.get(SEMANTIC), document_ids(ctx)
+            semantic, documents = ctx.handoffs.get(SEMANTIC), document_ids(ctx)
             question = semantic.question if semantic is not None else \
                 endpoint.read_question(request, ctx.prompt) if ctx.prompt is not None else None
             rests_on = answer_evidence(ctx, answer_text(stored.body), question) if documents else None

@@ -148,7 +148,7 @@ class SemanticLookup:
         asked, question = question, self.semantic.question(where, question)
         query = SemanticQuery(question, where, signature.digest, signature_tag(where, signature.digest),
                               asked=asked, instructions=self.reading.instructions(body, prompt))
-        ctx.give(SEMANTIC, query)
+        ctx.handoffs[SEMANTIC] = query
         probe: SemanticMatch | None = None
         if policy.may_read:
             reply, probe = await self._lookup(ctx, query, key)
@@ -157,7 +157,7 @@ class SemanticLookup:
         reply = await call_next(ctx)
         if probe is not None:
             reply.on_finish(self._comparison(where, probe, asked, query.instructions))
-        if policy.may_store and not ctx.get(FOLLOWER):
+        if policy.may_store and not ctx.handoffs.get(FOLLOWER):
             async def learn(done: Reply, ok: bool, body_bytes: bytes) -> None:
                 if ok and done.status == 200 and (ctx.outcome is None or ctx.outcome.status in MISS_STATUSES):
                     complete = complete_body(done, body_bytes, self.endpoint)

@@ -76,7 +76,7 @@ class Identify:
             key = known.key
             ctx.user, ctx.tenant, ctx.api_key_id = key.user, key.tenant, key.key_id
             if known.quota is not None:
-                ctx.give(QUOTA, known.quota)
+                ctx.handoffs[QUOTA] = known.quota
         elif not self.open_mode:
             if presented is None:
                 raise ProxyError(

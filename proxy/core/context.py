@@ -5,7 +5,8 @@ from
 here; the values the stages hand on through the context's slots are defined in :mod:`proxy.core.handoffs`.
 
 What one feature hands to later stages is not a slot: it is a :class:`Handoff`, a typed key declared in the module of
-the stage that gives it (``ctx.give(KEY, value)``, ``ctx.get(KEY)``), so a feature adds one without editing the core.
+the stage that gives it (``ctx.handoffs[KEY] = value``, ``ctx.handoffs.get(KEY)``), so a feature adds one without
+editing the core.
 
 The way in and the way up are kept apart. ``ctx.body`` is the client's JSON body as the route handler parsed it
 (less the proxy's own fields, ``ctx.proxy_fields``) and stays so for the whole request: it is ``Final`` (never
@@ -25,7 +26,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
-from typing import TYPE_CHECKING, Any, Final, Generic, NamedTuple, TypeVar
+from typing import TYPE_CHECKING, Any, Final, Generic, NamedTuple, Protocol, TypeVar, cast
 
 import orjson
 
@@ -63,9 +64,9 @@ class Handoff(Generic[T]):
 
     Declared once, in the module of the stage that gives it (``SHAPED: Handoff[ShapedRequest] = Handoff("shape")``),
     or, when a reader cannot import that module (a lower layer, or a folder that the giver's folder imports), in
-    the reader's. The giver names the key in ``gives`` and sets it with :meth:`RequestContext.give`; readers name it
-    in ``needs`` (or ``reads`` / ``reads_if_given``) and read it with :meth:`RequestContext.get`, ``None`` when not
-    given. Keys are compared by identity: two keys never clash, whatever their names (``name`` is for messages).
+    the reader's. The giver names the key in ``gives`` and sets ``ctx.handoffs[KEY] = value``; readers name it in
+    ``needs`` (or ``reads`` / ``reads_if_given``) and read ``ctx.handoffs.get(KEY)``, ``None`` when not given. Keys
+    are compared by identity: two keys never clash, whatever their names (``name`` is for messages).
     """
 
     __slots__ = ("name",)
@@ -75,6 +76,21 @@ class Handoff(Generic[T]):
 
     def __repr__(self) -> str:
         return f"Handoff({self.name!r})"
+
+
+class Handoffs(Protocol):
+    """The features' handoffs of one request, by key: a plain ``dict`` (its own ``get`` and item assignment, so a
+    handoff costs a dict operation and no call of ours), typed by key."""
+
+    def get(self, key: Handoff[T], /) -> T | None: ...
+
+    def __setitem__(self, key: Handoff[T], value: T, /) -> None: ...
+
+    def __contains__(self, key: object, /) -> bool: ...
+
+
+_new_handoffs = cast("Callable[[], Handoffs]", dict)
+"""A request's handoffs start as an empty plain dict (mypy cannot match ``dict``'s overloads to the keyed ones)."""
 
 
 @dataclass(slots=True)
@@ -145,16 +161,8 @@ class RequestContext:
     # tracing (proxy.core.tracing), when on
     trace: RequestTrace | None = None
     # the features' handoffs (:class:`Handoff`), each given by one stage
-    handoffs: dict[Handoff[Any], Any] = field(default_factory=dict)
-    """What features hand to later stages, by key: read with :meth:`get`, set with :meth:`give`."""
-
-    def get(self, key: Handoff[T]) -> T | None:
-        """The value given for ``key``, ``None`` when no stage gave it for this request."""
-        return self.handoffs.get(key)
-
-    def give(self, key: Handoff[T], value: T) -> None:
-        """Hand ``value`` on under ``key`` (the stage that does names ``key`` in its ``gives``)."""
-        self.handoffs[key] = value
+    handoffs: Handoffs = field(default_factory=_new_handoffs)
+    """What features hand to later stages: ``handoffs[KEY] = value``, ``handoffs.get(KEY)`` (``None``: not given)."""
 
     def patch(self, name: str, apply: Rewrite) -> None:
         """Change the body sent upstream with ``apply``, after the patches already made; ``ctx.body`` stays the

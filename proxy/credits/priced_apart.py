@@ -45,13 +45,13 @@ class RerankCredits(Credits):
         return self.prices.rerank_cost(document_count(ctx.body or {}))
 
     def reported(self, ctx: RequestContext, body: bytes) -> Usage | None:
-        counted = ctx.get(RERANK)
+        counted = ctx.handoffs.get(RERANK)
         return None if counted is None else Usage(counted.tokens, 0)
 
     def cost(self, ctx: RequestContext, usage: Usage, source: str = "reported") -> tuple[int, ChargeDetails]:
         model = (ctx.body or {}).get("model")
         tier = ctx.outcome.priced_as if ctx.outcome is not None else None
-        counted = ctx.get(RERANK)  # None when the request bypassed the cache: every document went upstream
+        counted = ctx.handoffs.get(RERANK)  # None when the request bypassed the cache: every document went upstream
         scored, cached = (counted.scored, counted.cached) if counted else (document_count(ctx.body or {}), 0)
         details = ChargeDetails(tenant=ctx.tenant, model=model if isinstance(model, str) else "",
                                 tier=tier or "upstream", usage_source="documents",

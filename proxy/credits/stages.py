@@ -204,7 +204,7 @@ class Credits:
             return None
         if isinstance(reservation, InsufficientCredit):
             raise out_of_credit(reservation)
-        ctx.give(RESERVATION, reservation)
+        ctx.handoffs[RESERVATION] = reservation
         ctx.response_headers[LEDGER_ID] = reservation.request_id
         return reservation
 
@@ -213,12 +213,12 @@ class Credits:
             return await call_next(ctx)
         if not self.reserves_at_miss:
             await self.reserve(ctx)
-            if ctx.get(RESERVATION) is None:  # unbilled (fail_open)
+            if ctx.handoffs.get(RESERVATION) is None:  # unbilled (fail_open)
                 return await call_next(ctx)
         try:
             reply = await call_next(ctx)
         except asyncio.CancelledError:  # the client hung up before the answer started
-            held = ctx.get(RESERVATION)
+            held = ctx.handoffs.get(RESERVATION)
             if held is not None:
                 if ctx.upstream_called:  # the upstream has the prompt: that much it did
                     await asyncio.shield(self._settle(ctx, held, self.estimated(ctx, 0), "relayed"))
@@ -226,11 +226,11 @@ class Credits:
                     await self._release(held)
             raise
         except BaseException:
-            held = ctx.get(RESERVATION)
+            held = ctx.handoffs.get(RESERVATION)
             if held is not None:
                 await self._release(held)
             raise
-        reservation = ctx.get(RESERVATION)
+        reservation = ctx.handoffs.get(RESERVATION)
         if reservation is None:
             if not 200 <= reply.status < 300 or ctx.upstream_called:
                 return reply  # refused before the upstream, or the upstream answered unbilled (fail_open)
@@ -311,7 +311,7 @@ class Credits:
     async def _settle(self, ctx: RequestContext, reservation: Reservation, usage: Usage,
                       source: str = "reported") -> Settlement | None:
         actual, details = self.cost(ctx, usage, source)
-        metering = ctx.get(METERING)
+        metering = ctx.handoffs.get(METERING)
         if metering is not None:  # rate limits: the tokens the upstream processed (none for a hit), the charge
             upstream = details.tier == "upstream"
             metering.settled(details.prompt_tokens + details.completion_tokens if upstream else 0, actual)
@@ -378,7 +378,7 @@ class ReserveMiss:
         self.credits = credits
 
     async def __call__(self, ctx: RequestContext, call_next: Next) -> Reply:
-        if ctx.get(RESERVATION) is None and (ctx.body is not None or not self.credits.priced_by_body):
+        if ctx.handoffs.get(RESERVATION) is None and (ctx.body is not None or not self.credits.priced_by_body):
             await self.credits.reserve(ctx)
         return await call_next(ctx)
 

@@ -103,7 +103,8 @@ class RerankItemsCache(ItemsCache):
                 first.setdefault(key, position)
                 await pacer.turn()
         missing = list(first)
-        ctx.give(RERANK, RerankCount(scored=len(missing), cached=len(cached)))  # priced if the client hangs up early
+        # priced if the client hangs up early
+        ctx.handoffs[RERANK] = RerankCount(scored=len(missing), cached=len(cached))
         upstream: Reply | None = None
         fresh: dict[str, Scored] = {}
         shaped_by = found[0].meta if found[0] is not None else {}  # the stored envelope and content type
@@ -120,8 +121,8 @@ class RerankItemsCache(ItemsCache):
             await pacer.turn()
         answer = await finish(render(request, scored, shaped_by.get("envelope") or {}, forwarded=bool(missing),
                                      cached_tokens=sum(int(e.meta.get("tokens", 0)) for e in cached)), pacer)
-        ctx.give(RERANK, RerankCount(scored=len(missing), cached=len(cached),
-                                     tokens=reported_tokens(answer) if isinstance(answer, dict) else 0))
+        ctx.handoffs[RERANK] = RerankCount(scored=len(missing), cached=len(cached),
+                                     tokens=reported_tokens(answer) if isinstance(answer, dict) else 0)
         status = CacheStatus.MISS if missing else CacheStatus.HIT
         ctx.outcome = Outcome(status, self.tier.name, Matched.EXACT) if cached else Outcome(status)
         headers: CIMultiDict[str] = CIMultiDict({

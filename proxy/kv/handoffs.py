@@ -1,9 +1,9 @@
 """What the KV stages decide for a request and hand on to later stages: their :class:`~proxy.core.context.Handoff`
-keys (:data:`SHAPED`, :data:`ROUTED`, :data:`REPORTED_CACHED_TOKENS`) and the values' types.
+keys (:data:`SHAPED`, :data:`REPORTED_CACHED_TOKENS`) and the values' types.
 
-The route's replica and hint headers also go to the forward stage, under its own key
-(:data:`proxy.upstream.forward.DESTINATION`): the upstream transport ranks below the features and cannot import
-this module.
+What route decides (:class:`RoutedRequest`) is given under the forward stage's key,
+:data:`proxy.upstream.forward.DESTINATION`: forward reads it (the replica, the hint headers) and ranks below the
+features, so it declares the key; the store and the KV benches read it too, the benches as a ``RoutedRequest``.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ class ShapedRequest:
 
 @dataclass(slots=True)  # not frozen: built per request, and frozen fields cost about 5 times more to set
 class RoutedRequest:
-    """What :meth:`proxy.kv.stages.Route.route` decided (:data:`ROUTED`)."""
+    """What :meth:`proxy.kv.stages.Route.route` decided (:data:`~proxy.upstream.forward.DESTINATION`)."""
 
     replica: int
     path: tuple[Segment, ...]
@@ -68,8 +68,6 @@ class RoutedRequest:
 
 SHAPED: Handoff[ShapedRequest] = Handoff("shape")
 """Given by :class:`~proxy.kv.stages.Shape`; read by route and by the store (the documents in the order sent)."""
-ROUTED: Handoff[RoutedRequest] = Handoff("routed")
-"""Given by :class:`~proxy.kv.stages.Route`; read by the store (the replica's document order)."""
 REPORTED_CACHED_TOKENS: Handoff[int] = Handoff("reported_cached_tokens")
 """Prompt tokens the backend reported as reused from its KV cache (given by route on the way back; read by the
 observers)."""

@@ -11,9 +11,8 @@ work is split this way:
   It also counts document popularity (the canonical order of ``reuse``).
 * :class:`Route` asks the :class:`~proxy.kv.router.Router` for a replica (429 with ``Retry-After`` when no
   replica can meet the TTFT SLO), patches the body with that replica's order and hints (``ctx.patch``),
-  gives :data:`~proxy.kv.handoffs.ROUTED` (:class:`RoutedRequest`: the replica's index, which the forward stage
-  sends to, and the hint headers for the upstream request; forward reads them as its
-  :data:`~proxy.upstream.forward.DESTINATION`), records the path in
+  gives :data:`~proxy.upstream.forward.DESTINATION` (:class:`RoutedRequest`: the replica's index, which the forward
+  stage sends to, and the hint headers for the upstream request), records the path in
   the replica's knowledge tree, waits for a concurrency slot (cache-aware order; 429 when the wait exceeds the
   queue's bound, or — with a TTFT SLO — once the request can no longer start in time); as the request starts
   (:meth:`Route.start`), a llama.cpp replica's slot is chosen (pinned with ``id_slot`` where the table says so),
@@ -71,7 +70,7 @@ from proxy.core.errors import ProxyError
 from proxy.core.pipeline import Named, Next
 from proxy.kv.admission_queue import AdmissionQueue, DeadlineExceeded
 from proxy.kv.discovery import apply_slots, read_slots
-from proxy.kv.handoffs import REPORTED_CACHED_TOKENS, ROUTED, SHAPED, ReplicaOrder, RoutedRequest, ShapedRequest
+from proxy.kv.handoffs import REPORTED_CACHED_TOKENS, SHAPED, ReplicaOrder, RoutedRequest, ShapedRequest
 from proxy.kv.hints import SlotTable, prefix_hashes, reply_objects, reports_cache
 from proxy.kv.kinds import BackendKind, build_hints
 from proxy.kv.order import OrderPolicy, Popularity, order_documents, shift_reusable_tokens
@@ -192,7 +191,7 @@ class Shape:
             orders.append(ReplicaOrder(replica.index, tuple(order), cached))
         if plan.documents:
             self.popularity.observe([d.key for d in plan.documents])
-        ctx.give(SHAPED, ShapedRequest(plan, policy, orders))
+        ctx.handoffs[SHAPED] = ShapedRequest(plan, policy, orders)
 
     def __call__(self, ctx: RequestContext, call_next: Next) -> Coroutine[Any, Any, Reply]:
         return self.run(CHAT, ctx, call_next)
@@ -208,7 +207,7 @@ class Route:
 
     name = "route"
     needs = frozenset({SHAPED})
-    gives: frozenset[Named] = frozenset({ROUTED, DESTINATION, REPORTED_CACHED_TOKENS})
+    gives: frozenset[Named] = frozenset({DESTINATION, REPORTED_CACHED_TOKENS})
 
     def __init__(
         self,
@@ -250,7 +249,7 @@ class Route:
 
     def route(self, ctx: RequestContext, endpoint: Endpoint = CHAT) -> RoutedRequest | None:
         """The pure part: choose the replica, patch the body sent upstream, attach hints. ``None`` without a plan."""
-        shaped = ctx.get(SHAPED)
+        shaped = ctx.handoffs.get(SHAPED)
         if shaped is None or not shaped.orders:
             return None
         plan, orders = shaped.plan, shaped.orders
@@ -298,8 +297,7 @@ class Route:
             decision.replica, path, predicted, None, decision.estimated_ttft_s, decision.start_deadline, total,
             None, shifted, hints.headers or None, ticket=str(next(self._tickets)),
         )
-        ctx.give(ROUTED, routed)
-        ctx.give(DESTINATION, routed)
+        ctx.handoffs[DESTINATION] = routed
         self.router.admitted(routed.ticket, decision)
         return routed
 
@@ -330,8 +328,7 @@ class Route:
         (which the tests check), without the router's and the hints' work on the hot path."""
         routed = RoutedRequest(0, (), Match(0, 0), None, self.replicas[0].prefill.seconds(total), None, total,
                                ticket=str(next(self._tickets)))
-        ctx.give(ROUTED, routed)
-        ctx.give(DESTINATION, routed)
+        ctx.handoffs[DESTINATION] = routed
         return routed
 
     def settle(self, ctx: RequestContext, routed: RoutedRequest, body: bytes | None, whole: bool = False) -> None:
@@ -353,7 +350,7 @@ class Route:
             if routed.shifted:  # shifted chunks are not prefix: no evidence of a larger cache
                 prefix_cached = min(prefix_cached, expected.tokens)
             replica.tree.correct(routed.path, prefix_cached, expected)
-            ctx.give(REPORTED_CACHED_TOKENS, cached)
+            ctx.handoffs[REPORTED_CACHED_TOKENS] = cached
         first = routed.first_token
         if report.prefill is not None and (first is None or first.alone):
             prompt_n, cache_n, prompt_ms = report.prefill

@@ -45,7 +45,7 @@ def record_metrics(metrics: Metrics) -> Observer:
         label = ctx.replica or ("qdrant" if "qdrant" in ctx.route else "llm")
         if ctx.upstream_seconds is not None:
             metrics.per_request.upstream(label, ctx.upstream_seconds)
-        reported = ctx.get(REPORTED_CACHED_TOKENS)
+        reported = ctx.handoffs.get(REPORTED_CACHED_TOKENS)
         if reported:
             metrics.child(metrics.prefix_tokens, label).inc(reported)
         if ctx.charged is not None:
@@ -64,7 +64,7 @@ def record_stats(stats: RequestStats, metrics: Metrics) -> Observer:
         cache_status, tier = (outcome.status, outcome.tier) if outcome is not None else (None, None)
         entry = ctx.entry
         if cache_status in HIT_STATUSES:  # the top-entries list says who asked, and what
-            semantic = ctx.get(SEMANTIC)
+            semantic = ctx.handoffs.get(SEMANTIC)
             question = semantic.question if semantic is not None else \
                 entry.meta.get("question") if entry is not None else None  # an exact hit: the entry's question
             asked = {"tenant": ctx.tenant, "namespace": ctx.namespace,

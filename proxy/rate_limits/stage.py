@@ -72,7 +72,7 @@ class RateLimits:
         self._background: set[asyncio.Task[None]] = set()
 
     async def __call__(self, ctx: RequestContext, call_next: Next) -> Reply:
-        quota = ctx.get(QUOTA)
+        quota = ctx.handoffs.get(QUOTA)
         if quota is None:
             return await call_next(ctx)
         now = self.clock()
@@ -82,7 +82,7 @@ class RateLimits:
         counted = await self._take(quota, tokens, now)
         ctx.response_headers.update(rate_headers(counted))
         meter = _Meter(self, quota, tokens)
-        ctx.give(METERING, meter)
+        ctx.handoffs[METERING] = meter
         try:
             reply = await call_next(ctx)
         except BaseException:

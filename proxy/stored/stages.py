@@ -140,9 +140,9 @@ class StoredResponses:
             raise ProxyError(503, "the store of response owners is unavailable; retry shortly",
                              code="owners_unavailable", headers={"Retry-After": "2"}) from None
         replica = self.replicas.get(owner.replica) if owner is not None and _may_use(ctx, owner.tenant) else None
-        if replica is None or ctx.get(PINNED) not in (None, replica):
+        if replica is None or ctx.handoffs.get(PINNED) not in (None, replica):
             raise refusal
-        ctx.give(PINNED, replica)
+        ctx.handoffs[PINNED] = replica
 
     async def check_body(self, ctx: RequestContext, body: Mapping[str, Any]) -> str | None:
         """Every stored object a Responses body names, checked as the caller's and pinned (see the module

@@ -30,7 +30,8 @@ PINNED: Handoff[int] = Handoff("pinned")
 """The LLM replica (index) that keeps the stored response a request names: forward sends it there only (given by
 stored_responses)."""
 DESTINATION: Handoff[Destination] = Handoff("destination")
-"""The replica routing chose and its hint headers (given by route, whose ``RoutedRequest`` is one)."""
+"""The replica routing chose and its hint headers (given by route: a ``proxy.kv.handoffs.RoutedRequest``, which the
+store reads too)."""
 
 
 def _headers_for(ctx: RequestContext, auth: dict[str, str], trust_forwarded: bool, allowed: frozenset[str],
@@ -82,7 +83,7 @@ class ForwardToLLM:
 
     async def __call__(self, ctx: RequestContext) -> Reply:
         body = ctx.outgoing_body() if ctx.method not in ("GET", "HEAD") else None
-        routed, pinned = ctx.get(DESTINATION), ctx.get(PINNED)
+        routed, pinned = ctx.handoffs.get(DESTINATION), ctx.handoffs.get(PINNED)
         if pinned is not None:  # a stored response lives on this replica only: no other may answer
             keeper = self.pool.backends[pinned]
             if not keeper.breaker.allow():

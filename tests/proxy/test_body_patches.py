@@ -107,7 +107,7 @@ async def test_stages_after_a_patch_read_the_clients_body() -> None:
     client = {"model": "m", "stream": True,
               "messages": [{"role": "system", "content": "Use them."}, {"role": "user", "content": "q?"}]}
     ctx = context(orjson.dumps({**client, "ragproxy": {"documents": documents}}))
-    ctx.give(RESERVATION, Reservation("r1", "u", amount=1, expires_at=0.0, available_after=0))
+    ctx.handoffs[RESERVATION] = Reservation("r1", "u", amount=1, expires_at=0.0, available_after=0)
     parsed = ctx.body
     await pipeline(ctx)
     assert [patch.name for patch in ctx.patches] == ["route.order", "stream_usage.include_usage"]

@@ -114,7 +114,7 @@ class _Giver:
     name, needs, gives = "giver", frozenset[str](), frozenset({ANSWER})
 
     async def __call__(self, ctx: RequestContext, call_next: Any) -> Reply:
-        ctx.give(ANSWER, 42)
+        ctx.handoffs[ANSWER] = 42
         return await call_next(ctx)
 
 
@@ -123,7 +123,7 @@ class _Reader:
     seen: int | None = None
 
     async def __call__(self, ctx: RequestContext, call_next: Any) -> Reply:
-        self.seen = ctx.get(ANSWER)
+        self.seen = ctx.handoffs.get(ANSWER)
         return await call_next(ctx)
 
 
@@ -137,7 +137,7 @@ def test_a_reader_of_a_feature_handoff_placed_before_its_giver_is_refused() -> N
 async def test_a_feature_handoff_reaches_its_reader_through_the_context() -> None:
     reader = _Reader()
     ctx = RequestContext(request=Request("POST", "/v1/chat/completions"), route="chat", request_id="r")
-    assert ctx.get(ANSWER) is None, "not given: None"
+    assert ctx.handoffs.get(ANSWER) is None, "not given: None"
     await Pipeline([_Giver(), reader], _terminal)(ctx)
     assert reader.seen == 42
 

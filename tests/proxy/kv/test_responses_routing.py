@@ -17,22 +17,23 @@ from proxy.core.errors import ProxyError
 from proxy.core.pipeline import Pipeline
 from proxy.core.prompt import ReadPrompt
 from proxy.kv.admission_queue import AdmissionQueue
-from proxy.kv.handoffs import REPORTED_CACHED_TOKENS, ROUTED, RoutedRequest
+from proxy.kv.handoffs import REPORTED_CACHED_TOKENS, RoutedRequest
 from proxy.kv.kinds import GENERIC, LLAMACPP, OPENAI, SGLANG, VLLM, BackendKind
 from proxy.kv.order import OrderPolicy
 from proxy.kv.prefill import PrefillCoefficients, PrefillModel
 from proxy.kv.router import Router
 from proxy.kv.stages import Replica, Route, Shape
 from proxy.kv.tree import KnowledgeTree
+from proxy.upstream.forward import DESTINATION
 from tests.proxy.kv.clocks import Clock
 from tests.proxy.kv.test_stages import DOCS, ctx_for, replicas
 from upstream_doubles.openai_responses import encode, response_object, stream_events
 
 
 def routed_of(ctx: RequestContext) -> RoutedRequest:
-    """What route gave for ``ctx`` (it must have routed it)."""
-    routed = ctx.get(ROUTED)
-    assert routed is not None
+    """What route gave for ``ctx`` (it must have routed it): forward's destination, a ``RoutedRequest``."""
+    routed = ctx.handoffs.get(DESTINATION)
+    assert isinstance(routed, RoutedRequest)
     return routed
 
 
@@ -126,8 +127,8 @@ async def test_a_responses_body_is_forwarded_as_sent_with_its_documents_in_their
     await run(ctx)
     assert backend.bodies[1] == {**client, "cache_prompt": True}, "the client's body, plus the kind's hint"
     assert "messages" not in backend.bodies[1] and sent_order(backend.bodies[1]) == ["c", "a", "b"]
-    routed = ctx.get(ROUTED)
-    assert routed is not None and [s.key for s in routed.path[1:]] == ["c", "a", "b"]
+    routed = routed_of(ctx)
+    assert [s.key for s in routed.path[1:]] == ["c", "a", "b"]
     assert routed.predicted.tokens == routed.path[0].tokens, "only the instructions match a, b, c"
 
 
@@ -145,8 +146,8 @@ async def test_a_responses_body_gets_the_kinds_body_hints_but_no_prompt_cache_ke
         assert added == {"vllm": {"cache_salt"}, "sglang": {"cache_salt"}, "llamacpp": {"cache_prompt"}}.get(
             kind.name, set())
         assert {key: backend.bodies[n][key] for key in client} == client
-        routed = ctx.get(ROUTED)
-        assert routed is not None and routed.headers is not None
+        routed = routed_of(ctx)
+        assert routed.headers is not None
         assert routed.headers["X-Prefix-Docs"] == "a,b"
         if not added:
             assert not ctx.patches and ctx.outgoing_body() == ctx.raw_body
@@ -165,7 +166,7 @@ async def test_a_streamed_responses_reply_corrects_the_tree_from_its_completed_e
     received = b"".join([chunk async for chunk in reply.chunks])
     assert b"event: response.completed" in received
     await reply.finish(True, received)
-    assert ctx.get(REPORTED_CACHED_TOKENS) == 0
+    assert ctx.handoffs.get(REPORTED_CACHED_TOKENS) == 0
     assert reps[0].tree.capacity_tokens < capacity
     assert reps[0].queue.active == 0 and router.loads[0].active == 0
 
@@ -180,9 +181,9 @@ async def test_only_responses_whose_state_needs_no_particular_replica_are_routed
     continued = ctx_for(response_body("a", previous_response_id="resp_1"), 3, "responses")
     for ctx in (stateless, stored, continued):
         await run(ctx)
-    assert stateless.get(ROUTED) is not None
-    assert stored.get(ROUTED) is not None
-    assert continued.get(ROUTED) is None and continued.outgoing_body() == continued.raw_body
+    assert stateless.handoffs.get(DESTINATION) is not None
+    assert stored.handoffs.get(DESTINATION) is not None
+    assert continued.handoffs.get(DESTINATION) is None and continued.outgoing_body() == continued.raw_body
 
 
 async def test_a_responses_request_no_replica_can_start_in_time_is_a_429() -> None:

@@ -17,7 +17,7 @@ from proxy.core.errors import ProxyError
 from proxy.core.pipeline import Pipeline
 from proxy.core.prompt import ReadPrompt
 from proxy.kv.admission_queue import AdmissionQueue
-from proxy.kv.handoffs import REPORTED_CACHED_TOKENS, ROUTED, SHAPED, RoutedRequest
+from proxy.kv.handoffs import REPORTED_CACHED_TOKENS, SHAPED, RoutedRequest
 from proxy.kv.hints import SlotTable
 from proxy.kv.kinds import GENERIC, LLAMACPP, OPENAI, SGLANG, VLLM, BackendKind
 from proxy.kv.order import OrderPolicy
@@ -26,13 +26,14 @@ from proxy.kv.router import Router
 from proxy.kv.stages import Replica, Route, Shape
 from proxy.kv.tree import KnowledgeTree
 from proxy.server.request import Request
+from proxy.upstream.forward import DESTINATION
 
 DOCS = {name: " ".join(f"{name}{i}" for i in range(200)) for name in "abcd"}
 
 def routed_of(ctx: RequestContext) -> RoutedRequest:
-    """What route gave for ``ctx`` (it must have routed it)."""
-    routed = ctx.get(ROUTED)
-    assert routed is not None
+    """What route gave for ``ctx`` (it must have routed it): forward's destination, a ``RoutedRequest``."""
+    routed = ctx.handoffs.get(DESTINATION)
+    assert isinstance(routed, RoutedRequest)
     return routed
 
 
@@ -99,7 +100,6 @@ async def test_same_documents_in_another_order_go_to_the_warm_replica_in_its_ord
     pipeline = Pipeline([ReadPrompt(None), shape, Route(reps, router, expose_headers=True)], backend)
     first = ctx_for(structured("a", "b", "c"), 1)
     await pipeline(first)
-    assert first.get(ROUTED) is not None
     warm = routed_of(first).replica
     second = ctx_for(structured("c", "a", "b"), 2)  # top-ranked is c
     await pipeline(second)
@@ -170,7 +170,7 @@ async def test_reported_cache_shortfall_corrects_the_tree_and_feeds_the_prefill_
     reps[0].tree.min_capacity_tokens = 1
     ctx = ctx_for(structured("a", "b"), 2)
     await pipeline(ctx)
-    assert ctx.get(REPORTED_CACHED_TOKENS) == 0
+    assert ctx.handoffs.get(REPORTED_CACHED_TOKENS) == 0
     assert reps[0].tree.capacity_tokens < capacity
 
 
@@ -182,7 +182,6 @@ async def test_the_tree_forgets_what_a_reused_slot_truncates_without_saving() ->
                         LlamaDouble(cache_n=10_000))
     first = ctx_for(structured("a", "b", "c"), 1)
     await pipeline(first)
-    assert first.get(ROUTED) is not None
     held = routed_of(first).path
     assert reps[0].tree.match(held).tokens == sum(segment.tokens for segment in held)
     await pipeline(ctx_for(structured("a", "b", "d"), 2))
@@ -286,7 +285,7 @@ async def test_a_one_message_prompt_to_the_only_replica_routes_as_the_full_decis
         ctx.prompt = read_prompt(body)
         shape.shape(ctx)
         routed = route.route(ctx)
-        assert routed is not None and routed is ctx.get(ROUTED)
+        assert routed is not None and routed is ctx.handoffs.get(DESTINATION)
         patched = [patch.name for patch in ctx.patches]
         decided.append((replace(routed, ticket=""), patched, replica.tree.match([]).tokens))
     assert route._fixed is False and decided[0] == decided[1]
