@@ -425,12 +425,6 @@ _PASTED_INTO = frozenset({"system", "developer", "user"})
 """The roles whose messages an app pastes documents into (an assistant's own numbered list is never one)."""
 
 
-def recognised_spans(text: str) -> list[Span]:
-    """The documents ``text`` carries by its own structure (:func:`normalizer.prompt_blocks.recognise`), as spans
-    whose id is :func:`content_id` of the block's exact text."""
-    return [Span(content_id(text[b.start : b.end]), b.start, b.end) for b in recognise(text)]
-
-
 def read_prompt(body: Mapping[str, Any], documents_field: Any = None,
                 registry: DocumentRegistry | None = None) -> PromptDocuments:
     """The documents of a chat body: sent apart (``ragproxy.documents``, ``document`` parts), else documents
@@ -453,9 +447,9 @@ def read_prompt(body: Mapping[str, Any], documents_field: Any = None,
         text = message["content"]
         spans = registry.spans(text)
         if message.get("role") in _PASTED_INTO:
-            blocks = recognised_spans(text)
-            if len(blocks) > len(spans):
-                spans = blocks
+            blocks = recognise(text)
+            if len(blocks) > len(spans):  # each block's id is content_id of its exact text
+                spans = [Span(content_id(text[b.start : b.end]), b.start, b.end) for b in blocks]
         if len(spans) > (len(best.spans) if best else 0):
             best = DetectedDocuments(index, text, tuple(spans))
     if best is None or len({s.doc_id for s in best.spans}) != len(best.spans):
