@@ -29,7 +29,7 @@ from proxy.core.pipeline import Pipeline
 from proxy.core.prompt import ReadPrompt
 from proxy.kv.admission_queue import AdmissionQueue
 from proxy.kv.discovery import apply_slots, read_slots
-from proxy.kv.handoffs import REPORTED_CACHED_TOKENS, RoutedRequest
+from proxy.kv.handoffs import RoutedRequest
 from proxy.kv.hints import SlotTable, reported_prompt_tokens
 from proxy.kv.kinds import LLAMACPP
 from proxy.kv.order import OrderPolicy
@@ -345,7 +345,7 @@ class ProxySide:
         """Count whether the expectation as the request started, and the tree's prediction it was routed on, exceeded
         what the backend reported it reused (the tree counts estimated tokens: the report is scaled by the prompt's
         estimated / reported length)."""
-        routed, cached = ctx.handoffs.get(DESTINATION), ctx.handoffs.get(REPORTED_CACHED_TOKENS)
+        routed, cached = ctx.handoffs.get(DESTINATION), ctx.reported_cached_tokens
         if not isinstance(routed, RoutedRequest) or cached is None:
             return
         prompt = reported_prompt_tokens(body)

@@ -98,7 +98,7 @@ class RequestContext:
     """Everything the stages know about one data-plane request.
 
     The slots hold what every request carries: what the route handler parsed, who is asking, the cache key and
-    scope, what the forward stage did and the outcome; each is set by the stage named next to it (a stage declares
+    scope, what the forward stage did and the upstream reported, and the outcome; each is set by the stage named next to it (a stage declares
     the slots it reads and sets in ``needs``/``gives``; :class:`~proxy.core.pipeline.Pipeline` checks at assembly that
     every slot a stage needs is set by an earlier one). ``None`` means "not decided for this request" (the stage is
     not in the pipeline, or did not apply). What one feature hands to others is a :class:`Handoff` in ``handoffs``,
@@ -151,6 +151,9 @@ class RequestContext:
     replica: str | None = None
     """The label of the LLM replica that answered (what metrics, logs and stored-response owners name it by)."""
     upstream_seconds: float | None = None
+    reported_cached_tokens: int | None = None
+    """Prompt tokens the upstream reported as reused from its KV cache (read by route on the way back, which sets
+    it; the observers count it for every request)."""
     # the outcome (proxy.core.outcome): set by the stage that decided it, read on the way back
     outcome: Outcome | None = None
     """What the cache did: status, tier and how it matched (``None``: no cache stage decided anything)."""

@@ -1,5 +1,5 @@
 """What the KV stages decide for a request and hand on to later stages: their :class:`~proxy.core.context.Handoff`
-keys (:data:`SHAPED`, :data:`REPORTED_CACHED_TOKENS`) and the values' types.
+key (:data:`SHAPED`) and the values' types.
 
 What route decides (:class:`RoutedRequest`) is given under the forward stage's key,
 :data:`proxy.upstream.forward.DESTINATION`: forward reads it (the replica, the hint headers) and ranks below the
@@ -68,6 +68,3 @@ class RoutedRequest:
 
 SHAPED: Handoff[ShapedRequest] = Handoff("shape")
 """Given by :class:`~proxy.kv.stages.Shape`; read by route and by the store (the documents in the order sent)."""
-REPORTED_CACHED_TOKENS: Handoff[int] = Handoff("reported_cached_tokens")
-"""Prompt tokens the backend reported as reused from its KV cache (given by route on the way back; read by the
-observers)."""

@@ -70,7 +70,7 @@ from proxy.core.errors import ProxyError
 from proxy.core.pipeline import Named, Next
 from proxy.kv.admission_queue import AdmissionQueue, DeadlineExceeded
 from proxy.kv.discovery import apply_slots, read_slots
-from proxy.kv.handoffs import REPORTED_CACHED_TOKENS, SHAPED, ReplicaOrder, RoutedRequest, ShapedRequest
+from proxy.kv.handoffs import SHAPED, ReplicaOrder, RoutedRequest, ShapedRequest
 from proxy.kv.hints import SlotTable, prefix_hashes, reply_objects, reports_cache
 from proxy.kv.kinds import BackendKind, build_hints
 from proxy.kv.order import OrderPolicy, Popularity, order_documents, shift_reusable_tokens
@@ -207,7 +207,7 @@ class Route:
 
     name = "route"
     needs = frozenset({SHAPED})
-    gives: frozenset[Named] = frozenset({DESTINATION, REPORTED_CACHED_TOKENS})
+    gives: frozenset[Named] = frozenset({DESTINATION, "reported_cached_tokens"})
 
     def __init__(
         self,
@@ -350,7 +350,7 @@ class Route:
             if routed.shifted:  # shifted chunks are not prefix: no evidence of a larger cache
                 prefix_cached = min(prefix_cached, expected.tokens)
             replica.tree.correct(routed.path, prefix_cached, expected)
-            ctx.handoffs[REPORTED_CACHED_TOKENS] = cached
+            ctx.reported_cached_tokens = cached
         first = routed.first_token
         if report.prefill is not None and (first is None or first.alone):
             prompt_n, cache_n, prompt_ms = report.prefill

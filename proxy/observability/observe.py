@@ -16,7 +16,6 @@ from opentelemetry.trace import Tracer
 from proxy.answers.replies import SEMANTIC
 from proxy.core.context import RequestContext
 from proxy.core.outcome import COALESCED, HIT_STATUSES, MICRO, CacheStatus
-from proxy.kv.handoffs import REPORTED_CACHED_TOKENS
 from proxy.observability.metrics import Metrics
 from proxy.observability.settings import LoggingSettings
 from proxy.observability.stats import RequestStats
@@ -45,9 +44,8 @@ def record_metrics(metrics: Metrics) -> Observer:
         label = ctx.replica or ("qdrant" if "qdrant" in ctx.route else "llm")
         if ctx.upstream_seconds is not None:
             metrics.per_request.upstream(label, ctx.upstream_seconds)
-        reported = ctx.handoffs.get(REPORTED_CACHED_TOKENS)
-        if reported:
-            metrics.child(metrics.prefix_tokens, label).inc(reported)
+        if ctx.reported_cached_tokens:
+            metrics.child(metrics.prefix_tokens, label).inc(ctx.reported_cached_tokens)
         if ctx.charged is not None:
             held = outcome is not None and outcome.tier is not None
             metrics.child(metrics.credits_charged, "hit" if held else "upstream").inc(ctx.charged / MICRO)

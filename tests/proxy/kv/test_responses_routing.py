@@ -17,7 +17,7 @@ from proxy.core.errors import ProxyError
 from proxy.core.pipeline import Pipeline
 from proxy.core.prompt import ReadPrompt
 from proxy.kv.admission_queue import AdmissionQueue
-from proxy.kv.handoffs import REPORTED_CACHED_TOKENS, RoutedRequest
+from proxy.kv.handoffs import RoutedRequest
 from proxy.kv.kinds import GENERIC, LLAMACPP, OPENAI, SGLANG, VLLM, BackendKind
 from proxy.kv.order import OrderPolicy
 from proxy.kv.prefill import PrefillCoefficients, PrefillModel
@@ -166,7 +166,7 @@ async def test_a_streamed_responses_reply_corrects_the_tree_from_its_completed_e
     received = b"".join([chunk async for chunk in reply.chunks])
     assert b"event: response.completed" in received
     await reply.finish(True, received)
-    assert ctx.handoffs.get(REPORTED_CACHED_TOKENS) == 0
+    assert ctx.reported_cached_tokens == 0
     assert reps[0].tree.capacity_tokens < capacity
     assert reps[0].queue.active == 0 and router.loads[0].active == 0
 

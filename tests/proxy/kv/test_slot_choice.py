@@ -17,7 +17,7 @@ from proxy.core.pipeline import Pipeline
 from proxy.core.prompt import ReadPrompt
 from proxy.kv.admission_queue import AdmissionQueue
 from proxy.kv.discovery import apply_slots, read_slots
-from proxy.kv.handoffs import REPORTED_CACHED_TOKENS, RoutedRequest
+from proxy.kv.handoffs import RoutedRequest
 from proxy.kv.hints import Lost, SlotChoice, SlotTable
 from proxy.kv.kinds import LLAMACPP
 from proxy.kv.order import OrderPolicy
@@ -226,7 +226,7 @@ async def test_reports_in_backend_tokens_are_converted_before_correcting_the_tre
         ctx = RequestContext(request=Request("POST", "/v1/chat/completions"), route="chat", request_id=f"r{n}",
                              raw_body=orjson.dumps(body), body=body, proxy_fields={"ragproxy": {"documents": docs}})
         assert (await pipeline(ctx)).status == 200
-    reported = ctx.handoffs.get(REPORTED_CACHED_TOKENS)
+    reported = ctx.reported_cached_tokens
     assert reported is not None and reported > 0
     assert tree.capacity_tokens == 100_000  # neither a surplus nor a shortfall once converted
 

@@ -17,7 +17,7 @@ from proxy.core.errors import ProxyError
 from proxy.core.pipeline import Pipeline
 from proxy.core.prompt import ReadPrompt
 from proxy.kv.admission_queue import AdmissionQueue
-from proxy.kv.handoffs import REPORTED_CACHED_TOKENS, SHAPED, RoutedRequest
+from proxy.kv.handoffs import SHAPED, RoutedRequest
 from proxy.kv.hints import SlotTable
 from proxy.kv.kinds import GENERIC, LLAMACPP, OPENAI, SGLANG, VLLM, BackendKind
 from proxy.kv.order import OrderPolicy
@@ -170,7 +170,7 @@ async def test_reported_cache_shortfall_corrects_the_tree_and_feeds_the_prefill_
     reps[0].tree.min_capacity_tokens = 1
     ctx = ctx_for(structured("a", "b"), 2)
     await pipeline(ctx)
-    assert ctx.handoffs.get(REPORTED_CACHED_TOKENS) == 0
+    assert ctx.reported_cached_tokens == 0
     assert reps[0].tree.capacity_tokens < capacity
 
 
