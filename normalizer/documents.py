@@ -53,7 +53,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from normalizer.prompt_blocks import recognise
+from normalizer.prompt_blocks import FEWEST_WORDS, recognise
 
 DOCUMENT_PART_TYPE = "document"
 
@@ -446,7 +446,8 @@ def read_prompt(body: Mapping[str, Any], documents_field: Any = None,
             continue
         text = message["content"]
         spans = registry.spans(text)
-        if message.get("role") in _PASTED_INTO:
+        # too few words to hold the blocks (most messages): no shape is looked for (positional split: no keyword parse)
+        if message.get("role") in _PASTED_INTO and len(text.split(None, FEWEST_WORDS - 1)) >= FEWEST_WORDS:
             blocks = recognise(text)
             if len(blocks) > len(spans):  # each block's id is content_id of its exact text
                 spans = [Span(content_id(text[b.start : b.end]), b.start, b.end) for b in blocks]
