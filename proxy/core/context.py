@@ -98,11 +98,11 @@ class RequestContext:
     """Everything the stages know about one data-plane request.
 
     The slots hold what every request carries: what the route handler parsed, who is asking, the cache key and
-    scope, what the forward stage did and the upstream reported, and the outcome; each is set by the stage named next to it (a stage declares
-    the slots it reads and sets in ``needs``/``gives``; :class:`~proxy.core.pipeline.Pipeline` checks at assembly that
-    every slot a stage needs is set by an earlier one). ``None`` means "not decided for this request" (the stage is
-    not in the pipeline, or did not apply). What one feature hands to others is a :class:`Handoff` in ``handoffs``,
-    declared and checked the same way.
+    scope, what the forward stage did and the upstream reported, and the outcome; each is set by the stage named
+    next to it (a stage declares the slots it reads and sets in ``needs``/``gives``;
+    :class:`~proxy.core.pipeline.Pipeline` checks at assembly that every slot a stage needs is set by an earlier one).
+    ``None`` means "not decided for this request" (the stage is not in the pipeline, or did not apply). What one
+    feature hands to others is a :class:`Handoff` in ``handoffs``, declared and checked the same way.
     """
 
     # the route handler (proxy.assembly.routes.handler): the parsed request
