@@ -53,7 +53,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from normalizer.prompt_blocks import recognise
+from normalizer.prompt_blocks import FEWEST_WORDS, recognise
 
 DOCUMENT_PART_TYPE = "document"
 
@@ -425,12 +425,6 @@ _PASTED_INTO = frozenset({"system", "developer", "user"})
 """The roles whose messages an app pastes documents into (an assistant's own numbered list is never one)."""
 
 
-def recognised_spans(text: str) -> list[Span]:
-    """The documents ``text`` carries by its own structure (:func:`normalizer.prompt_blocks.recognise`), as spans
-    whose id is :func:`content_id` of the block's exact text."""
-    return [Span(content_id(text[b.start : b.end]), b.start, b.end) for b in recognise(text)]
-
-
 def read_prompt(body: Mapping[str, Any], documents_field: Any = None,
                 registry: DocumentRegistry | None = None) -> PromptDocuments:
     """The documents of a chat body: sent apart (``ragproxy.documents``, ``document`` parts), else documents
@@ -452,10 +446,11 @@ def read_prompt(body: Mapping[str, Any], documents_field: Any = None,
             continue
         text = message["content"]
         spans = registry.spans(text)
-        if message.get("role") in _PASTED_INTO:
-            blocks = recognised_spans(text)
-            if len(blocks) > len(spans):
-                spans = blocks
+        # too few words to hold the blocks (most messages): no shape is looked for (positional split: no keyword parse)
+        if message.get("role") in _PASTED_INTO and len(text.split(None, FEWEST_WORDS - 1)) >= FEWEST_WORDS:
+            blocks = recognise(text)
+            if len(blocks) > len(spans):  # each block's id is content_id of its exact text
+                spans = [Span(content_id(text[b.start : b.end]), b.start, b.end) for b in blocks]
         if len(spans) > (len(best.spans) if best else 0):
             best = DetectedDocuments(index, text, tuple(spans))
     if best is None or len({s.doc_id for s in best.spans}) != len(best.spans):

@@ -42,8 +42,9 @@ from itertools import pairwise
 MIN_BLOCKS = 2
 MIN_WORDS = 8
 MAX_BLOCKS = 64
-_FEWEST_WORDS = MIN_BLOCKS * (MIN_WORDS - 2)
-"""Words a text holding :data:`MIN_BLOCKS` blocks has at least (a block's edge may split one of its words)."""
+FEWEST_WORDS = MIN_BLOCKS * (MIN_WORDS - 2)
+"""Words a text holding :data:`MIN_BLOCKS` blocks has at least (a block's edge may split one of its words): a caller
+passes :func:`recognise` no text with fewer (most chat messages), which it would search for nothing."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,8 +108,6 @@ def recognise(text: str) -> tuple[Block, ...]:
     fence or rule comes first (a ``Document 1:`` label inside each ``<document>`` element leaves the elements the
     blocks). A block that holds part of another shape (an opening tag without its close, one fence of a pair) is a
     doubt."""
-    if len(text.split(maxsplit=_FEWEST_WORDS - 1)) < _FEWEST_WORDS:
-        return ()  # most messages: too short to hold the blocks, so no shape is looked for
     found = [(start, blocks) for start, blocks in (find(text) for find in _FINDERS) if blocks]
     if not found:
         return ()

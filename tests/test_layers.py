@@ -5,18 +5,18 @@ the tests do.
 
 Inside ``proxy/`` the folders are layers too: the HTTP server < the core (context, reply, pipeline, outcome, wire
 helpers, the cache tier's contract) < the upstream transport < the stores' shared plumbing < the features (one package
-each) < the cache-tier registry and shared mode < assembly. No folder imports one above it, save the named exceptions
-of :data:`EXCEPTIONS`, and the folders import each other in no circle.
+each) < the cache-tier registry and shared mode < assembly. No folder imports one above it, none excepted (what a
+feature hands to later stages is a key the feature declares, not a slot the core must name), and the folders import
+each other in no circle.
 
 Every import counts: at module level, inside functions and under ``TYPE_CHECKING``. The graph comes from grimp
 (import-linter's engine); import-linter's own contracts check cycles between sibling packages only, not between
-modules, and cannot name the one annotation-only exception.
+modules.
 """
 
 from __future__ import annotations
 
 import graphlib
-import importlib
 from pathlib import Path
 
 import grimp
@@ -38,13 +38,6 @@ PROXY_LAYERS = (
     ("proxy.assembly",),
 )
 """The layers inside ``proxy/``, lowest first; the features (one rank) may import each other, in no circle."""
-EXCEPTIONS = {
-    ("proxy.core.context", "proxy.kv.handoffs"):
-        "the context names the KV layer's two decisions (ctx.shape, ctx.routed) in annotations only",
-}
-"""Imports from a lower folder of ``proxy/`` up to a higher one, each with its reason (at most 3)."""
-
-
 def layer(module: str) -> int:
     """The module's rank in :data:`LAYERS`: it may import its own rank and below."""
     return LAYERS.index(module.split(".")[0])
@@ -101,26 +94,14 @@ def test_every_proxy_folder_has_a_layer() -> None:
 
 def test_proxy_folders_import_only_down(graph: grimp.ImportGraph) -> None:
     upward = sorted(f"{importer} imports {imported}" for importer, imported in _proxy_imports(graph)
-                    if proxy_rank(proxy_folder(imported) or "") > proxy_rank(proxy_folder(importer) or "")
-                    and (importer, imported) not in EXCEPTIONS)
+                    if proxy_rank(proxy_folder(imported) or "") > proxy_rank(proxy_folder(importer) or ""))
     assert not upward, "\n".join(upward)
-
-
-def test_the_exceptions_are_few_real_and_annotations_only(graph: grimp.ImportGraph) -> None:
-    assert len(EXCEPTIONS) <= 3
-    for importer, imported in EXCEPTIONS:
-        assert imported in graph.find_modules_directly_imported_by(importer), f"stale exception: {importer}"
-        defined = {name for name, value in vars(importlib.import_module(imported)).items()
-                   if getattr(value, "__module__", None) == imported}
-        assert not defined & set(vars(importlib.import_module(importer))), \
-            f"{importer} binds names of {imported} at run time"
 
 
 def test_no_circle_between_proxy_folders(graph: grimp.ImportGraph) -> None:
     folders: dict[str, set[str]] = {}
     for importer, imported in _proxy_imports(graph):
-        if (importer, imported) not in EXCEPTIONS:
-            folders.setdefault(proxy_folder(importer) or "", set()).add(proxy_folder(imported) or "")
+        folders.setdefault(proxy_folder(importer) or "", set()).add(proxy_folder(imported) or "")
     try:
         graphlib.TopologicalSorter(folders).prepare()
     except graphlib.CycleError as error:

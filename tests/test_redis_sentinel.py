@@ -16,9 +16,8 @@ import pytest
 import redis
 
 from proxy.assembly.config import ConfigError, load_settings
-from proxy.core.handoffs import Reservation
 from proxy.credits.redis_store import RedisCreditStore
-from proxy.credits.store import LedgerFilter, ledger_entries
+from proxy.credits.store import LedgerFilter, Reservation, ledger_entries
 from tests.scale.replicas import provision_user, shared_replicas
 from tests.scale.test_replicas import CREDIT, ask, sdk
 from tests.support.processes import RedisServer, free_port, wait_for_port

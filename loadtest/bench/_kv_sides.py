@@ -29,6 +29,7 @@ from proxy.core.pipeline import Pipeline
 from proxy.core.prompt import ReadPrompt
 from proxy.kv.admission_queue import AdmissionQueue
 from proxy.kv.discovery import apply_slots, read_slots
+from proxy.kv.handoffs import RoutedRequest
 from proxy.kv.hints import SlotTable, reported_prompt_tokens
 from proxy.kv.kinds import LLAMACPP
 from proxy.kv.order import OrderPolicy
@@ -38,6 +39,7 @@ from proxy.kv.stages import Replica, Route, Shape
 from proxy.kv.tree import KnowledgeTree
 from proxy.server.request import Request
 from proxy.upstream.client import UpstreamClient
+from proxy.upstream.forward import DESTINATION
 
 
 def add_server_options(parser: argparse.ArgumentParser) -> None:
@@ -300,7 +302,7 @@ class ProxySide:
             await client.close()
 
     async def _forward(self, ctx: RequestContext) -> Reply:
-        routed = ctx.routed
+        routed = ctx.handoffs.get(DESTINATION)
         assert routed is not None
         response = await self.client.post(
             self.urls[routed.replica] + "/v1/chat/completions",
@@ -333,8 +335,9 @@ class ProxySide:
                 return Outcome(REJECTED, time.perf_counter() - started)
             raise
         outcome = outcome_of(started, reply.status, reply.body or b"")
-        if ctx.routed is not None and outcome.status == OK:
-            self.estimates.append((ctx.routed.estimated_ttft_s, outcome.ttft_s))
+        routed = ctx.handoffs.get(DESTINATION)
+        if isinstance(routed, RoutedRequest) and outcome.status == OK:
+            self.estimates.append((routed.estimated_ttft_s, outcome.ttft_s))
             self._check_prediction(ctx, reply.body or b"")
         return outcome
 
@@ -342,8 +345,8 @@ class ProxySide:
         """Count whether the expectation as the request started, and the tree's prediction it was routed on, exceeded
         what the backend reported it reused (the tree counts estimated tokens: the report is scaled by the prompt's
         estimated / reported length)."""
-        routed, cached = ctx.routed, ctx.reported_cached_tokens
-        if routed is None or cached is None:
+        routed, cached = ctx.handoffs.get(DESTINATION), ctx.reported_cached_tokens
+        if not isinstance(routed, RoutedRequest) or cached is None:
             return
         prompt = reported_prompt_tokens(body)
         scale = routed.total_tokens / prompt if prompt and routed.total_tokens else 1.0

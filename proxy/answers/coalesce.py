@@ -31,11 +31,11 @@ from typing import TYPE_CHECKING
 
 from multidict import CIMultiDict
 
-from proxy.answers.replies import StillStored, complete_body, hit_reply, servable
+from proxy.answers.replies import FOLLOWER, StillStored, complete_body, hit_reply, servable
 from proxy.core.context import Reply, RequestContext
 from proxy.core.endpoints import Endpoint
 from proxy.core.outcome import COALESCED, CacheStatus, Outcome, exact_hit
-from proxy.core.pipeline import Next
+from proxy.core.pipeline import Named, Next
 from proxy.core.reply import Complete
 from proxy.upstream.client import UpstreamStreamError
 from tiers.entry import CachedResponse
@@ -87,7 +87,7 @@ class Coalesce:
 
     name = "coalesce"
     needs = frozenset({"cache_key", "cache_policy"})
-    gives = frozenset({"follower", "entry", "outcome"})
+    gives: frozenset[Named] = frozenset({FOLLOWER, "entry", "outcome"})
     live_keys = frozenset({"cache.coalesce_wait_s"})
 
     def __init__(self, *, endpoint: Endpoint, wait_s: float, flights: Flights,
@@ -105,7 +105,7 @@ class Coalesce:
 
     async def __call__(self, ctx: RequestContext, call_next: Next) -> Reply:
         key = ctx.cache_key
-        if key is None or ctx.follower:
+        if key is None or ctx.handoffs.get(FOLLOWER):
             return await call_next(ctx)
         flight = self.flights.table.get(key)
         if flight is not None:
@@ -178,7 +178,7 @@ class Coalesce:
 
     async def _follow(self, ctx: RequestContext, flight: Flight) -> Reply | None:
         """The follower's reply, or ``None`` to go upstream on its own."""
-        ctx.follower = True
+        ctx.handoffs[FOLLOWER] = True
         flight.followers += 1
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.wait_s
@@ -194,7 +194,7 @@ class Coalesce:
             self.flights.timeouts += 1
             return None
         if flight.failed or flight.answer is None:
-            ctx.follower = False
+            ctx.handoffs[FOLLOWER] = False
             return None
         entry = CachedResponse(body=flight.answer.body, kind=self.endpoint.kind, meta=flight.answer.meta)
         return hit_reply(ctx, entry, Outcome(CacheStatus.MISS, COALESCED), extra={"X-Cache-Coalesced": "true"})

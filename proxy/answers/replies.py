@@ -24,6 +24,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import orjson
@@ -36,15 +37,18 @@ from normalizer.documents import Document
 from normalizer.evidence import evidence
 from normalizer.responses import continued_response
 from proxy.core.cache_tier import WriteBehind
-from proxy.core.context import Reply, RequestContext
+from proxy.core.context import Handoff, Reply, RequestContext
 from proxy.core.endpoints import Endpoint, for_entry, for_kind
 from proxy.core.outcome import HIT_STATUSES, CacheStatus, Outcome, exact_hit
-from proxy.core.pipeline import Next
+from proxy.core.pipeline import Named, Next
 from proxy.core.reply import Complete
 from proxy.core.sse import with_withheld
+from proxy.kv.handoffs import SHAPED
+from proxy.upstream.forward import DESTINATION
+from tiers.embedders.base import FloatArray
 from tiers.entry import CachedResponse
 from tiers.response_tier import ResponseTier
-from tiers.semantic import answer_text
+from tiers.semantic import SemanticScope, answer_text
 
 if TYPE_CHECKING:
     from proxy.answers.settings import CacheSettings
@@ -56,6 +60,31 @@ StillStored = Callable[[str], Awaitable[bool]]
 ALL_ENTRIES = "all"  # the tag every entry carries: listing and flushing without knowing keys
 JSON = "application/json"
 SSE = "text/event-stream"
+
+@dataclass(slots=True)
+class SemanticQuery:
+    """A question the L2 stage looked up (:data:`SEMANTIC`): where, under which context signature, and its embedding
+    once computed (stored entries carry the question, the cold tier the vector)."""
+
+    question: str
+    """As compared (the template's lines left out)."""
+    where: SemanticScope
+    digest: str
+    tag: str
+    vector: FloatArray | None = None
+    asked: str | None = None
+    """As asked, when that differs from ``question``."""
+    instructions: str = ""
+    """What else the request tells the model (system prompt, earlier turns; documents cut out)."""
+
+
+SEMANTIC: Handoff[SemanticQuery] = Handoff("semantic")
+"""The question L2 looked up (given by :class:`~proxy.answers.semantic.SemanticLookup`; read by the store and the
+statistics). Declared here, by its reader: the semantic tier imports this module."""
+FOLLOWER: Handoff[bool] = Handoff("follower")
+"""The request waited on another's identical upstream call: its answer is not stored a second time (given by
+:class:`~proxy.answers.coalesce.Coalesce`; read by the store and L2). Declared here, by its reader: coalescing
+imports this module."""
 
 
 def entry_tags(ctx: RequestContext, model: str | None, response_id: str | None = None) -> list[str]:
@@ -73,8 +102,9 @@ def entry_tags(ctx: RequestContext, model: str | None, response_id: str | None =
         tags.append(f"model:{model}")
     tags.extend(f"doc:{doc}" for doc in document_ids(ctx))
     tags.extend(f"response:{rid}" for rid in (response_id, continued_response(ctx.body or {})) if rid is not None)
-    if ctx.semantic is not None:  # lets the cold tier's vector search stay inside one context
-        tags.append(ctx.semantic.tag)
+    semantic = ctx.handoffs.get(SEMANTIC)
+    if semantic is not None:  # lets the cold tier's vector search stay inside one context
+        tags.append(semantic.tag)
     return tags
 
 
@@ -87,7 +117,7 @@ def sent_documents(ctx: RequestContext) -> tuple[Document, ...]:
     """The prompt's documents in the order the upstream saw them: the routed replica's order when the KV layer
     reordered them, else the client's."""
     documents = ctx.prompt.documents if ctx.prompt is not None else ()
-    shape, routed = ctx.shape, ctx.routed
+    shape, routed = ctx.handoffs.get(SHAPED), ctx.handoffs.get(DESTINATION)
     if not documents or shape is None or routed is None or routed.replica >= len(shape.orders):
         return documents
     order = [segment.key for segment in shape.orders[routed.replica].order]
@@ -167,7 +197,7 @@ class StoreResponse:
     name = "store"
     needs = frozenset({"cache_key", "cache_policy"})
     gives = frozenset({"entry", "outcome"})
-    reads_if_given = frozenset({"outcome"})
+    reads_if_given: frozenset[Named] = frozenset({"outcome", FOLLOWER, SEMANTIC, SHAPED, DESTINATION})
     live_keys = frozenset({"cache.expose_key"})
 
     def __init__(self, into: ResponseTier | None, *, endpoint: Endpoint, write_behind: Sequence[WriteBehind] = (),
@@ -194,7 +224,7 @@ class StoreResponse:
         if outcome is None:
             ctx.outcome = Outcome(CacheStatus.REFRESH if policy.force_refresh else CacheStatus.MISS)
         self._headers(ctx, reply, key)
-        if self.into is not None and policy.may_store and policy.ttl != 0 and not ctx.follower:
+        if self.into is not None and policy.may_store and policy.ttl != 0 and not ctx.handoffs.get(FOLLOWER):
             reply.on_finish(self._store(ctx, key, policy, self.into))
         return reply
 
@@ -215,7 +245,7 @@ class StoreResponse:
             request = ctx.body or {}
             model = request.get("model")
             response_id = endpoint.stored_id(request, stored.body)
-            semantic, documents = ctx.semantic, document_ids(ctx)
+            semantic, documents = ctx.handoffs.get(SEMANTIC), document_ids(ctx)
             question = semantic.question if semantic is not None else \
                 endpoint.read_question(request, ctx.prompt) if ctx.prompt is not None else None
             rests_on = answer_evidence(ctx, answer_text(stored.body), question) if documents else None

@@ -40,12 +40,19 @@ from typing import Protocol, runtime_checkable
 from normalizer.canonical_json import CanonicalizationError
 from normalizer.evidence import renumbered
 from normalizer.signature import PromptReading
-from proxy.answers.replies import answer_evidence, complete_body, entry_tags, hit_reply
+from proxy.answers.replies import (
+    FOLLOWER,
+    SEMANTIC,
+    SemanticQuery,
+    answer_evidence,
+    complete_body,
+    entry_tags,
+    hit_reply,
+)
 from proxy.core.context import FinishCallback, Reply, RequestContext
 from proxy.core.endpoints import Endpoint
-from proxy.core.handoffs import SemanticQuery
 from proxy.core.outcome import MISS_STATUSES, SEMANTIC_TIER, CacheStatus, Matched, Outcome
-from proxy.core.pipeline import Next
+from proxy.core.pipeline import Named, Next
 from tiers.calibration import GRID
 from tiers.embedders.base import FloatArray
 from tiers.entry import CachedResponse
@@ -103,8 +110,8 @@ class SemanticLookup:
 
     name = SEMANTIC_TIER
     needs = frozenset({"cache_key", "key_scope", "key_variant", "cache_policy", "prompt"})
-    gives = frozenset({"semantic", "entry", "outcome"})
-    reads_if_given = frozenset({"outcome"})
+    gives: frozenset[Named] = frozenset({SEMANTIC, "entry", "outcome"})
+    reads_if_given: frozenset[Named] = frozenset({"outcome", FOLLOWER})
 
     def __init__(self, semantic: SemanticTier, sources: Sequence[ResponseTier], promote_into: ResponseTier,
                  *, expose_similarity: bool = False, cold: QuestionVectors | None = None,
@@ -139,8 +146,9 @@ class SemanticLookup:
             return await call_next(ctx)
         where = SemanticScope(scope.tenant, scope.namespace, scope.user)
         asked, question = question, self.semantic.question(where, question)
-        query = ctx.semantic = SemanticQuery(question, where, signature.digest, signature_tag(where, signature.digest),
-                                             asked=asked, instructions=self.reading.instructions(body, prompt))
+        query = SemanticQuery(question, where, signature.digest, signature_tag(where, signature.digest),
+                              asked=asked, instructions=self.reading.instructions(body, prompt))
+        ctx.handoffs[SEMANTIC] = query
         probe: SemanticMatch | None = None
         if policy.may_read:
             reply, probe = await self._lookup(ctx, query, key)
@@ -149,7 +157,7 @@ class SemanticLookup:
         reply = await call_next(ctx)
         if probe is not None:
             reply.on_finish(self._comparison(where, probe, asked, query.instructions))
-        if policy.may_store and not ctx.follower:
+        if policy.may_store and not ctx.handoffs.get(FOLLOWER):
             async def learn(done: Reply, ok: bool, body_bytes: bytes) -> None:
                 if ok and done.status == 200 and (ctx.outcome is None or ctx.outcome.status in MISS_STATUSES):
                     complete = complete_body(done, body_bytes, self.endpoint)

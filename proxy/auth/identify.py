@@ -19,9 +19,10 @@ from multidict import CIMultiDictProxy
 
 from proxy.auth.keys import KeyStore, key_hash
 from proxy.auth.known_keys import KnownKey, KnownKeys
-from proxy.core.context import Reply, RequestContext
+from proxy.core.context import Handoff, Reply, RequestContext
 from proxy.core.errors import ProxyError
-from proxy.core.pipeline import Next
+from proxy.core.handoffs import Quota
+from proxy.core.pipeline import Named, Next
 from proxy.stores.unavailable import StoreUnavailable, store_unavailable
 
 log = logging.getLogger("ragproxy.credits")
@@ -37,13 +38,17 @@ def presented_key(headers: CIMultiDictProxy[str]) -> str | None:
     return api_key or None
 
 
+QUOTA: Handoff[Quota] = Handoff("quota")
+"""The limits of the request's key, user and tenant (``None``: none apply); read by rate_limits."""
+
+
 class Identify:
     """API key → user, tenant and their limits on the context; 401 without a valid key (unknown, revoked or
     expired) unless in open mode."""
 
     name = "identify"
     needs: frozenset[str] = frozenset()
-    gives = frozenset({"tenant", "user", "api_key_id", "quota"})
+    gives: frozenset[Named] = frozenset({"tenant", "user", "api_key_id", QUOTA})
 
     def __init__(
         self,
@@ -69,7 +74,9 @@ class Identify:
         known = await self._lookup(presented) if presented and self.keys is not None else None
         if known is not None and known.key.usable(self.wall_clock()):
             key = known.key
-            ctx.user, ctx.tenant, ctx.api_key_id, ctx.quota = key.user, key.tenant, key.key_id, known.quota
+            ctx.user, ctx.tenant, ctx.api_key_id = key.user, key.tenant, key.key_id
+            if known.quota is not None:
+                ctx.handoffs[QUOTA] = known.quota
         elif not self.open_mode:
             if presented is None:
                 raise ProxyError(

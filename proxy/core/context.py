@@ -4,6 +4,10 @@
 from
 here; the values the stages hand on through the context's slots are defined in :mod:`proxy.core.handoffs`.
 
+What one feature hands to later stages is not a slot: it is a :class:`Handoff`, a typed key declared in the module of
+the stage that gives it (``ctx.handoffs[KEY] = value``, ``ctx.handoffs.get(KEY)``), so a feature adds one without
+editing the core.
+
 The way in and the way up are kept apart. ``ctx.body`` is the client's JSON body as the route handler parsed it
 (less the proxy's own fields, ``ctx.proxy_fields``) and stays so for the whole request: it is ``Final`` (never
 reassigned) and a ``Mapping`` (never changed in place), so every stage — cache keys, limits, credits, the tiers on
@@ -22,7 +26,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
-from typing import TYPE_CHECKING, Any, Final, NamedTuple
+from typing import TYPE_CHECKING, Any, Final, Generic, NamedTuple, Protocol, TypeVar, cast
 
 import orjson
 
@@ -35,11 +39,12 @@ if TYPE_CHECKING:
     from normalizer.cache_control import CachePolicy
     from normalizer.canonical import KeyScope
     from normalizer.documents import PromptDocuments
-    from proxy.core.handoffs import Metering, Quota, RequestTrace, RerankCount, Reservation, SemanticQuery
-    from proxy.kv.handoffs import RoutedRequest, ShapedRequest
+    from proxy.core.handoffs import RequestTrace
     from tiers.entry import CachedResponse
 
-__all__ = ["SLOTS", "EndCallback", "FinishCallback", "Patch", "Reply", "RequestContext"]
+__all__ = ["SLOTS", "EndCallback", "FinishCallback", "Handoff", "Patch", "Reply", "RequestContext"]
+
+T = TypeVar("T")
 
 Rewrite = Callable[[Mapping[str, Any]], dict[str, Any]]
 """The body as patched so far in, the next one out: a new dict (the argument is never changed) that keeps every
@@ -54,14 +59,50 @@ class Patch(NamedTuple):
     apply: Rewrite
 
 
+class Handoff(Generic[T]):
+    """A typed key for a value one stage hands to later ones, kept apart from the context's slots.
+
+    Declared once, in the module of the stage that gives it (``SHAPED: Handoff[ShapedRequest] = Handoff("shape")``),
+    or, when a reader cannot import that module (a lower layer, or a folder that the giver's folder imports), in
+    the reader's. The giver names the key in ``gives`` and sets ``ctx.handoffs[KEY] = value``; readers name it in
+    ``needs`` (or ``reads`` / ``reads_if_given``) and read ``ctx.handoffs.get(KEY)``, ``None`` when not given. Keys
+    are compared by identity: two keys never clash, whatever their names (``name`` is for messages).
+    """
+
+    __slots__ = ("name",)
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __repr__(self) -> str:
+        return f"Handoff({self.name!r})"
+
+
+class Handoffs(Protocol):
+    """The features' handoffs of one request, by key: a plain ``dict`` (its own ``get`` and item assignment, so a
+    handoff costs a dict operation and no call of ours), typed by key."""
+
+    def get(self, key: Handoff[T], /) -> T | None: ...
+
+    def __setitem__(self, key: Handoff[T], value: T, /) -> None: ...
+
+    def __contains__(self, key: object, /) -> bool: ...
+
+
+_new_handoffs = cast("Callable[[], Handoffs]", dict)
+"""A request's handoffs start as an empty plain dict (mypy cannot match ``dict``'s overloads to the keyed ones)."""
+
+
 @dataclass(slots=True)
 class RequestContext:
     """Everything the stages know about one data-plane request.
 
-    Stages hand results to later stages through these typed slots, each set by the one stage named next to it
-    (a stage declares the slots it reads and sets in ``needs``/``gives``; :class:`~proxy.core.pipeline.Pipeline` checks
-    at assembly that every slot a stage needs is set by an earlier one). ``None`` means "not decided for this
-    request" (the stage is not in the pipeline, or did not apply).
+    The slots hold what every request carries: what the route handler parsed, who is asking, the cache key and
+    scope, what the forward stage did and the upstream reported, and the outcome; each is set by the stage named
+    next to it (a stage declares the slots it reads and sets in ``needs``/``gives``;
+    :class:`~proxy.core.pipeline.Pipeline` checks at assembly that every slot a stage needs is set by an earlier one).
+    ``None`` means "not decided for this request" (the stage is not in the pipeline, or did not apply). What one
+    feature hands to others is a :class:`Handoff` in ``handoffs``, declared and checked the same way.
     """
 
     # the route handler (proxy.assembly.routes.handler): the parsed request
@@ -90,17 +131,6 @@ class RequestContext:
     tenant: str = "anonymous"
     user: str = "anonymous"
     api_key_id: str | None = None
-    quota: Quota | None = None
-    """The limits of the request's key, user and tenant (``None``: none apply)."""
-    # rate_limits
-    metering: Metering | None = None
-    """Told the tokens and credits the request used once it is settled (credits), to settle its limits."""
-    # stored_responses
-    pinned: int | None = None
-    """The LLM replica (index) that keeps the stored response this request names: forward sends it there only."""
-    # credits
-    reservation: Reservation | None = None
-    """The billing reservation held for this request (the upstream is then asked to report its usage)."""
     # cache_control
     cache_policy: CachePolicy | None = None
     namespace: str = "default"
@@ -115,26 +145,15 @@ class RequestContext:
     """What besides the body the upstream may answer by (query string, keyed headers): in the key and signature."""
     cache_key: str | None = None
     bypass_reason: str | None = None
-    # l2
-    semantic: SemanticQuery | None = None
-    # rerank_items
-    rerank: RerankCount | None = None
-    """How many of a reranker request's documents the upstream scored and how many came from the cache."""
-    # coalesce
-    follower: bool = False
-    """The request waited on another's identical upstream call: its answer is not stored a second time."""
-    # shape
-    shape: ShapedRequest | None = None
-    # route
-    routed: RoutedRequest | None = None
-    reported_cached_tokens: int | None = None
-    """Prompt tokens the backend reported as reused from its KV cache (read on the way back)."""
     # forward
     upstream_called: bool = False
     """The request was sent to an upstream, which may have started working on it."""
     replica: str | None = None
     """The label of the LLM replica that answered (what metrics, logs and stored-response owners name it by)."""
     upstream_seconds: float | None = None
+    reported_cached_tokens: int | None = None
+    """Prompt tokens the upstream reported as reused from its KV cache (read by route on the way back, which sets
+    it; the observers count it for every request)."""
     # the outcome (proxy.core.outcome): set by the stage that decided it, read on the way back
     outcome: Outcome | None = None
     """What the cache did: status, tier and how it matched (``None``: no cache stage decided anything)."""
@@ -144,6 +163,9 @@ class RequestContext:
     response_headers: dict[str, str] = field(default_factory=dict)
     # tracing (proxy.core.tracing), when on
     trace: RequestTrace | None = None
+    # the features' handoffs (:class:`Handoff`), each given by one stage
+    handoffs: Handoffs = field(default_factory=_new_handoffs)
+    """What features hand to later stages: ``handoffs[KEY] = value``, ``handoffs.get(KEY)`` (``None``: not given)."""
 
     def patch(self, name: str, apply: Rewrite) -> None:
         """Change the body sent upstream with ``apply``, after the patches already made; ``ctx.body`` stays the
@@ -174,5 +196,5 @@ class RequestContext:
             raise ProxyError(400, message, code="invalid_json") from None
 
 
-SLOTS = frozenset(f.name for f in fields(RequestContext))
-"""The names of the context's slots (what stages may declare in ``needs``/``gives``)."""
+SLOTS = frozenset(f.name for f in fields(RequestContext)) - {"handoffs"}
+"""The names of the context's slots (what stages may declare in ``needs``/``gives``, besides :class:`Handoff` keys)."""

@@ -4,9 +4,10 @@ A stage is any object with a ``name`` and ``async __call__(ctx, call_next) -> Re
 (a cache hit, an error), or call ``call_next(ctx)`` and work on the reply on its way back (store it, settle credits).
 Work that needs the complete body of a streamed reply is registered with ``Reply.on_finish``.
 
-Stages talk through the typed slots of :class:`~proxy.core.context.RequestContext`. Each declares ``needs`` (slots it
-reads before calling the rest) and ``gives`` (slots it sets); building a :class:`Pipeline` fails when a stage
-needs a slot that no earlier stage gives, so a consumer placed before its producer is caught at assembly.
+Stages talk through the typed slots of :class:`~proxy.core.context.RequestContext` and the features' typed keys
+(:class:`~proxy.core.context.Handoff`). Each declares ``needs`` (slots, by name, and keys it reads before calling
+the rest) and ``gives`` (those it sets); building a :class:`Pipeline` fails when a stage needs a slot or key that no
+earlier stage gives, so a consumer placed before its producer is caught at assembly.
 
 The way back is declared the same way. A stage that reads a slot once the rest has answered (the outcome,
 :mod:`proxy.core.outcome`: ``outcome``, ``charged``) declares it in ``reads`` when it cannot do its
@@ -23,14 +24,16 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from functools import partial
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
-from proxy.core.context import SLOTS, Reply, RequestContext
+from proxy.core.context import SLOTS, Handoff, Reply, RequestContext
 
 if TYPE_CHECKING:
     from opentelemetry.trace import Tracer
 
 Next = Callable[[RequestContext], Awaitable[Reply]]
+Named = str | Handoff[Any]
+"""What ``needs``, ``gives``, ``reads`` and ``reads_if_given`` hold: a slot's name, or a feature's key."""
 
 
 HANDLER_GIVES = frozenset({"request", "route", "request_id", "raw_body", "body", "proxy_fields", "written_body",
@@ -43,34 +46,43 @@ class Stage(Protocol):
     see the module docstring)."""
 
     name: str
-    needs: frozenset[str]
-    gives: frozenset[str]
+
+    @property
+    def needs(self) -> frozenset[Named]: ...
+
+    @property
+    def gives(self) -> frozenset[Named]: ...
 
     async def __call__(self, ctx: RequestContext, call_next: Next) -> Reply: ...
 
 
-NO_SLOTS: frozenset[str] = frozenset()
+NO_SLOTS: frozenset[Named] = frozenset()
+
+
+def _names(named: Iterable[Named]) -> list[str]:
+    return sorted(item if isinstance(item, str) else item.name for item in named)
 
 
 def check_slots(stages: Iterable[Stage]) -> None:
-    """``ValueError`` when a stage needs a slot no earlier stage gives, reads on the way back a slot no later stage
-    gives, or names a slot the context lacks."""
+    """``ValueError`` when a stage needs a slot or key no earlier stage gives, reads on the way back one no later
+    stage gives, or names a slot the context lacks."""
     ordered = tuple(stages)
-    given = set(HANDLER_GIVES)
+    given: set[Named] = set(HANDLER_GIVES)
     for index, stage in enumerate(ordered):
-        reads: frozenset[str] = getattr(stage, "reads", NO_SLOTS)
-        reads_if_given: frozenset[str] = getattr(stage, "reads_if_given", NO_SLOTS)
-        unknown = (stage.needs | stage.gives | reads | reads_if_given) - SLOTS
+        reads: frozenset[Named] = getattr(stage, "reads", NO_SLOTS)
+        reads_if_given: frozenset[Named] = getattr(stage, "reads_if_given", NO_SLOTS)
+        unknown = {item for item in stage.needs | stage.gives | reads | reads_if_given
+                   if isinstance(item, str)} - SLOTS
         if unknown:
             raise ValueError(f"stage {stage.name!r} names unknown context slots {sorted(unknown)}")
         missing = stage.needs - given
         if missing:
-            raise ValueError(f"stage {stage.name!r} needs {sorted(missing)}, which no earlier stage gives")
+            raise ValueError(f"stage {stage.name!r} needs {_names(missing)}, which no earlier stage gives")
         given |= stage.gives
         if reads:
             unanswered = reads.difference(*(later.gives for later in ordered[index + 1:]))
             if unanswered:
-                raise ValueError(f"stage {stage.name!r} reads {sorted(unanswered)} on the way back, which no later "
+                raise ValueError(f"stage {stage.name!r} reads {_names(unanswered)} on the way back, which no later "
                                  "stage gives")
 
 

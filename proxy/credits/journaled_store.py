@@ -38,7 +38,6 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
-from proxy.core.handoffs import Reservation
 from proxy.credits.journal import JournaledSettlement, SettlementJournal
 from proxy.credits.outage import OutageAllowance
 from proxy.credits.store import (
@@ -49,6 +48,7 @@ from proxy.credits.store import (
     InsufficientCredit,
     LedgerFilter,
     LedgerPage,
+    Reservation,
     Settlement,
 )
 from proxy.stores.unavailable import StoreUnavailable

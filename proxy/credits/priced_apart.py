@@ -10,6 +10,7 @@ from proxy.core.errors import ProxyError
 from proxy.core.usage import Usage
 from proxy.credits.stages import Credits
 from proxy.credits.store import ChargeDetails
+from proxy.items.rerank import RERANK
 
 
 class ResponseCredits(Credits):
@@ -34,19 +35,23 @@ class ResponseCredits(Credits):
 class RerankCredits(Credits):
     """Credits for rerankers: every document reserved; settled per document scored upstream, and per document
     answered from the cache at that tier's hit multiplier. Usage reported in tokens is recorded, not priced, and
-    only where the per-document cache read the answer (``ctx.rerank``): the answer is never parsed for it alone, as
-    parsing an answer of 100,000 documents (about 14 MB) would hold the event loop for 100-250 ms."""
+    only where the per-document cache read the answer (:data:`~proxy.items.rerank.RERANK`): the answer is never
+    parsed for it alone, as parsing an answer of 100,000 documents (about 14 MB) would hold the event loop for
+    100-250 ms."""
+
+    reads_if_given = Credits.reads_if_given | {RERANK}
 
     def estimate(self, ctx: RequestContext) -> int:
         return self.prices.rerank_cost(document_count(ctx.body or {}))
 
     def reported(self, ctx: RequestContext, body: bytes) -> Usage | None:
-        return None if ctx.rerank is None else Usage(ctx.rerank.tokens, 0)
+        counted = ctx.handoffs.get(RERANK)
+        return None if counted is None else Usage(counted.tokens, 0)
 
     def cost(self, ctx: RequestContext, usage: Usage, source: str = "reported") -> tuple[int, ChargeDetails]:
         model = (ctx.body or {}).get("model")
         tier = ctx.outcome.priced_as if ctx.outcome is not None else None
-        counted = ctx.rerank  # None when the request bypassed the cache: every document went upstream
+        counted = ctx.handoffs.get(RERANK)  # None when the request bypassed the cache: every document went upstream
         scored, cached = (counted.scored, counted.cached) if counted else (document_count(ctx.body or {}), 0)
         details = ChargeDetails(tenant=ctx.tenant, model=model if isinstance(model, str) else "",
                                 tier=tier or "upstream", usage_source="documents",

@@ -38,7 +38,6 @@ from urllib.parse import quote, unquote
 
 import redis.asyncio as aioredis
 
-from proxy.core.handoffs import Reservation
 from proxy.core.redis_settings import RedisSettings
 from proxy.credits import redis_scripts
 from proxy.credits.store import (
@@ -50,6 +49,7 @@ from proxy.credits.store import (
     LedgerFilter,
     LedgerPage,
     RequestClosed,
+    Reservation,
     Settlement,
     decode_cursor,
     encode_cursor,

@@ -17,7 +17,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from proxy.core.handoffs import Reservation
 from proxy.credits.settings import CreditsSettings
 from proxy.credits.store import (
     ANY_ENTRY,
@@ -28,6 +27,7 @@ from proxy.credits.store import (
     LedgerFilter,
     LedgerPage,
     RequestClosed,
+    Reservation,
     Settlement,
     decode_cursor,
     encode_cursor,

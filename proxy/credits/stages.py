@@ -53,15 +53,15 @@ import asyncio
 import logging
 import time
 import uuid
+from typing import Protocol
 
-from proxy.core.context import FinishCallback, Reply, RequestContext
+from proxy.core.context import FinishCallback, Handoff, Reply, RequestContext
 from proxy.core.errors import ProxyError
-from proxy.core.handoffs import Reservation
-from proxy.core.pipeline import Next
+from proxy.core.pipeline import Named, Next
 from proxy.core.usage import Usage, usage_from_body
 from proxy.credits.pricing import CHARS_PER_TOKEN, PriceBook, format_credits
 from proxy.credits.settings import CreditsSettings
-from proxy.credits.store import ChargeDetails, CreditStore, InsufficientCredit, Settlement
+from proxy.credits.store import ChargeDetails, CreditStore, InsufficientCredit, Reservation, Settlement
 from proxy.credits.streaming import UsageMeter
 from proxy.stores.unavailable import StoreUnavailable, store_unavailable
 
@@ -97,13 +97,27 @@ async def _discard(reply: Reply) -> None:
     await reply.finish(False, reply.body or b"")
 
 
+class Metering(Protocol):
+    """What the rate-limit stage is told once a request is settled (:data:`METERING`, given by rate_limits; told by
+    credits): the tokens the upstream processed for it and the micro-credits it was charged."""
+
+    def settled(self, tokens: int, charged: int) -> None: ...
+
+
+RESERVATION: Handoff[Reservation] = Handoff("reservation")
+"""The billing reservation held for a request (the upstream is then asked to report its usage)."""
+METERING: Handoff[Metering] = Handoff("metering")
+"""Told what a request used once it is settled, to settle its limits (given by rate_limits, which imports this
+module: declared here, by its reader)."""
+
+
 class Credits:
     """Reserve the worst case of an LLM request, settle its actual usage (see the module docstring)."""
 
     name = "credits"
     needs: frozenset[str] = frozenset()
-    gives = frozenset({"reservation", "charged"})
-    reads_if_given = frozenset({"outcome", "metering"})
+    gives: frozenset[Named] = frozenset({RESERVATION, "charged"})
+    reads_if_given: frozenset[Named] = frozenset({"outcome", METERING})
     """A hit is charged at its tier's multiplier; without a tier (``None``) the upstream answered. The rate_limits
     stage's meter, when there is one, is told what a settled request used."""
     response = False
@@ -176,7 +190,7 @@ class Credits:
         return ReserveMiss(self)
 
     async def reserve(self, ctx: RequestContext) -> None:
-        """Hold the worst case of the upstream call ``ctx`` is about to make (``ctx.reservation``); refuse it when
+        """Hold the worst case of the upstream call ``ctx`` is about to make (:data:`RESERVATION`); refuse it when
         the balance cannot cover it; run it unbilled when the store is down and ``fail_open`` is set."""
         await self._hold(ctx, self.estimate(ctx))
 
@@ -190,7 +204,7 @@ class Credits:
             return None
         if isinstance(reservation, InsufficientCredit):
             raise out_of_credit(reservation)
-        ctx.reservation = reservation
+        ctx.handoffs[RESERVATION] = reservation
         ctx.response_headers[LEDGER_ID] = reservation.request_id
         return reservation
 
@@ -199,22 +213,24 @@ class Credits:
             return await call_next(ctx)
         if not self.reserves_at_miss:
             await self.reserve(ctx)
-            if ctx.reservation is None:  # unbilled (fail_open)
+            if ctx.handoffs.get(RESERVATION) is None:  # unbilled (fail_open)
                 return await call_next(ctx)
         try:
             reply = await call_next(ctx)
         except asyncio.CancelledError:  # the client hung up before the answer started
-            if ctx.reservation is not None:
+            held = ctx.handoffs.get(RESERVATION)
+            if held is not None:
                 if ctx.upstream_called:  # the upstream has the prompt: that much it did
-                    await asyncio.shield(self._settle(ctx, ctx.reservation, self.estimated(ctx, 0), "relayed"))
+                    await asyncio.shield(self._settle(ctx, held, self.estimated(ctx, 0), "relayed"))
                 else:
-                    await self._release(ctx.reservation)
+                    await self._release(held)
             raise
         except BaseException:
-            if ctx.reservation is not None:
-                await self._release(ctx.reservation)
+            held = ctx.handoffs.get(RESERVATION)
+            if held is not None:
+                await self._release(held)
             raise
-        reservation = ctx.reservation
+        reservation = ctx.handoffs.get(RESERVATION)
         if reservation is None:
             if not 200 <= reply.status < 300 or ctx.upstream_called:
                 return reply  # refused before the upstream, or the upstream answered unbilled (fail_open)
@@ -295,9 +311,10 @@ class Credits:
     async def _settle(self, ctx: RequestContext, reservation: Reservation, usage: Usage,
                       source: str = "reported") -> Settlement | None:
         actual, details = self.cost(ctx, usage, source)
-        if ctx.metering is not None:  # rate limits: the tokens the upstream processed (none for a hit), the charge
+        metering = ctx.handoffs.get(METERING)
+        if metering is not None:  # rate limits: the tokens the upstream processed (none for a hit), the charge
             upstream = details.tier == "upstream"
-            ctx.metering.settled(details.prompt_tokens + details.completion_tokens if upstream else 0, actual)
+            metering.settled(details.prompt_tokens + details.completion_tokens if upstream else 0, actual)
         try:
             return await self.store.settle(reservation.request_id, reservation.user, actual, details)
         except StoreUnavailable as exc:
@@ -355,13 +372,13 @@ class ReserveMiss:
 
     name = "reserve"
     needs: frozenset[str] = frozenset()
-    gives = frozenset({"reservation"})
+    gives = frozenset({RESERVATION})
 
     def __init__(self, credits: Credits) -> None:
         self.credits = credits
 
     async def __call__(self, ctx: RequestContext, call_next: Next) -> Reply:
-        if ctx.reservation is None and (ctx.body is not None or not self.credits.priced_by_body):
+        if ctx.handoffs.get(RESERVATION) is None and (ctx.body is not None or not self.credits.priced_by_body):
             await self.credits.reserve(ctx)
         return await call_next(ctx)
 

@@ -41,8 +41,20 @@ from typing import Protocol, runtime_checkable
 
 import orjson
 
-from proxy.core.handoffs import Reservation
 from proxy.credits.pricing import format_credits
+
+
+@dataclass(frozen=True, slots=True)
+class Reservation:
+    """The credits held for one request (:data:`proxy.credits.stages.RESERVATION`, given by
+    :class:`proxy.credits.stages.Credits`)."""
+
+    request_id: str
+    user: str
+    amount: int
+    expires_at: float
+    available_after: int
+    """What the account had left to reserve right after this hold."""
 
 
 class RequestClosed(Exception):

@@ -5,8 +5,8 @@ Each (query, document) pair has its own exact key (:mod:`normalizer.rerank`: the
 answers are reassembled) in the request's key scope (tenant, namespace, knowledge version, and the user when
 private), like the embeddings items cache (:mod:`proxy.items.embeddings`). Missing pairs go upstream in one call
 (duplicates once, without ``top_n``); the answer is rebuilt in the upstream's shape over the client's whole list.
-``ctx.rerank`` tells the credits stage how many documents were scored upstream and how many came from the cache,
-and the tokens the answer reports (the credits stage does not parse the answer again).
+The :data:`RERANK` handoff tells the credits stage how many documents were scored upstream and how many came from
+the cache, and the tokens the answer reports (the credits stage does not parse the answer again).
 
 Response headers: ``X-Cache-Status`` (HIT when every document was cached, MISS otherwise, BYPASS), ``X-Cache-Hits``
 (``cached/total``), ``X-Cache-Tier`` when any was cached. An upstream answer that is not one result per document
@@ -22,6 +22,7 @@ request of more than ``cache.rerank_max_documents`` (1,000) goes upstream and ba
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
@@ -42,24 +43,37 @@ from normalizer.rerank import (
 )
 from proxy.answers.cache_policy import Canonicalize
 from proxy.answers.replies import entry_tags
-from proxy.core.context import Reply, RequestContext
+from proxy.core.context import Handoff, Reply, RequestContext
 from proxy.core.errors import ProxyError
-from proxy.core.handoffs import RerankCount
 from proxy.core.outcome import CacheStatus, Matched, Outcome
 from proxy.core.pacing import Pacer, finish
-from proxy.core.pipeline import Next
+from proxy.core.pipeline import Named, Next
 from proxy.items.cache import ItemsCache
 from tiers.entry import CachedResponse
 from tiers.response_tier import ResponseTier
 
 JSON = "application/json"
 
+@dataclass(frozen=True, slots=True)
+class RerankCount:
+    """Documents of one reranker request: scored upstream, and answered from the cache (:data:`RERANK`); ``tokens``:
+    what the answer's usage reports (the credits stage records it without parsing the answer again)."""
+
+    scored: int
+    cached: int
+    tokens: int = 0
+
+
+RERANK: Handoff[RerankCount] = Handoff("rerank")
+"""How many of a reranker request's documents the upstream scored and how many came from the cache (read by the
+rerankers' credits)."""
+
 
 class RerankItemsCache(ItemsCache):
     """Serve cached pairs, score the missing ones in one upstream call, store them, answer the whole request."""
 
     name = "rerank_items"
-    gives = frozenset({"user_scope", "key_scope", "key_variant", "bypass_reason", "rerank", "outcome"})
+    gives: frozenset[Named] = frozenset({"user_scope", "key_scope", "key_variant", "bypass_reason", RERANK, "outcome"})
 
     def __init__(self, tier: ResponseTier, scope: Canonicalize, *, score: bool = False) -> None:
         """``score``: the bodies are vLLM's score API's (``text_1``/``text_2``)."""
@@ -89,7 +103,8 @@ class RerankItemsCache(ItemsCache):
                 first.setdefault(key, position)
                 await pacer.turn()
         missing = list(first)
-        ctx.rerank = RerankCount(scored=len(missing), cached=len(cached))  # priced if the client hangs up early
+        # priced if the client hangs up early
+        ctx.handoffs[RERANK] = RerankCount(scored=len(missing), cached=len(cached))
         upstream: Reply | None = None
         fresh: dict[str, Scored] = {}
         shaped_by = found[0].meta if found[0] is not None else {}  # the stored envelope and content type
@@ -106,8 +121,8 @@ class RerankItemsCache(ItemsCache):
             await pacer.turn()
         answer = await finish(render(request, scored, shaped_by.get("envelope") or {}, forwarded=bool(missing),
                                      cached_tokens=sum(int(e.meta.get("tokens", 0)) for e in cached)), pacer)
-        ctx.rerank = RerankCount(scored=len(missing), cached=len(cached),
-                                 tokens=reported_tokens(answer) if isinstance(answer, dict) else 0)
+        ctx.handoffs[RERANK] = RerankCount(scored=len(missing), cached=len(cached),
+                                     tokens=reported_tokens(answer) if isinstance(answer, dict) else 0)
         status = CacheStatus.MISS if missing else CacheStatus.HIT
         ctx.outcome = Outcome(status, self.tier.name, Matched.EXACT) if cached else Outcome(status)
         headers: CIMultiDict[str] = CIMultiDict({

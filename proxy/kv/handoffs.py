@@ -1,7 +1,9 @@
-"""What the KV stages decide for a request and hand on through the request context (``ctx.shape``, ``ctx.routed``).
+"""What the KV stages decide for a request and hand on to later stages: their :class:`~proxy.core.context.Handoff`
+key (:data:`SHAPED`) and the values' types.
 
-The context names these types in annotations only (:mod:`proxy.core.context`): the one import from the core up
-into a feature, listed as an exception in ``tests/test_layers.py``.
+What route decides (:class:`RoutedRequest`) is given under the forward stage's key,
+:data:`proxy.upstream.forward.DESTINATION`: forward reads it (the replica, the hint headers) and ranks below the
+features, so it declares the key; the store and the KV benches read it too, the benches as a ``RoutedRequest``.
 """
 
 from __future__ import annotations
@@ -9,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from normalizer.prompt_plan import PromptPlan, Segment
+from proxy.core.context import Handoff
 from proxy.kv.order import OrderPolicy
 from proxy.kv.router import FirstToken
 from proxy.kv.tree import Match
@@ -23,7 +26,7 @@ class ReplicaOrder:
 
 @dataclass(slots=True)  # not frozen: built per request, and frozen fields cost about 5 times more to set
 class ShapedRequest:
-    """What :class:`~proxy.kv.stages.Shape` decided (``ctx.shape``): the prompt's plan, the order policy, and each
+    """What :class:`~proxy.kv.stages.Shape` decided (:data:`SHAPED`): the prompt's plan, the order policy, and each
     replica's order."""
 
     plan: PromptPlan
@@ -34,7 +37,7 @@ class ShapedRequest:
 
 @dataclass(slots=True)  # not frozen: built per request, and frozen fields cost about 5 times more to set
 class RoutedRequest:
-    """What :meth:`proxy.kv.stages.Route.route` decided (``ctx.routed``)."""
+    """What :meth:`proxy.kv.stages.Route.route` decided (:data:`~proxy.upstream.forward.DESTINATION`)."""
 
     replica: int
     path: tuple[Segment, ...]
@@ -61,3 +64,7 @@ class RoutedRequest:
     """What the router knew of it at its first token (:meth:`~proxy.kv.router.Router.first_token`): whether its
     prefill ran alone on the replica (only then does the reported prefill time go to the prefill model), and the
     inputs of the slowdown (``None`` when the router tracks no load)."""
+
+
+SHAPED: Handoff[ShapedRequest] = Handoff("shape")
+"""Given by :class:`~proxy.kv.stages.Shape`; read by route and by the store (the documents in the order sent)."""

@@ -7,12 +7,12 @@ work is split this way:
 * :class:`Shape` builds the request's :class:`~normalizer.prompt_plan.PromptPlan` from the documents
   :class:`~proxy.core.prompt.ReadPrompt` read (``ctx.prompt``: structured documents to render, or registered
   documents recognised in the prompt) and, for every replica, the document order of the namespace's policy and
-  the tokens that replica probably has cached for it: ``ctx.shape`` (:class:`ShapedRequest`). It also counts
-  document popularity (the canonical order of ``reuse``).
+  the tokens that replica probably has cached for it: :data:`~proxy.kv.handoffs.SHAPED` (:class:`ShapedRequest`).
+  It also counts document popularity (the canonical order of ``reuse``).
 * :class:`Route` asks the :class:`~proxy.kv.router.Router` for a replica (429 with ``Retry-After`` when no
   replica can meet the TTFT SLO), patches the body with that replica's order and hints (``ctx.patch``),
-  sets ``ctx.routed`` (:class:`RoutedRequest`: the replica's index, which the forward stage sends to, and the
-  hint headers for the upstream request), records the path in
+  gives :data:`~proxy.upstream.forward.DESTINATION` (:class:`RoutedRequest`: the replica's index, which the forward
+  stage sends to, and the hint headers for the upstream request), records the path in
   the replica's knowledge tree, waits for a concurrency slot (cache-aware order; 429 when the wait exceeds the
   queue's bound, or — with a TTFT SLO — once the request can no longer start in time); as the request starts
   (:meth:`Route.start`), a llama.cpp replica's slot is chosen (pinned with ``id_slot`` where the table says so),
@@ -48,7 +48,7 @@ documents keep the order sent (the ``preserve`` policy whatever the namespace's)
 order the backend saw. The backend's report is read from the response object's ``usage``, or from the
 ``response.completed`` event's.
 A request building on state kept on one replica (:func:`normalizer.responses.one_replica_reason`) is not routed:
-one continuing a stored response is pinned to the replica that made it (``ctx.pinned``,
+one continuing a stored response is pinned to the replica that made it (:data:`~proxy.upstream.forward.PINNED`,
 :mod:`proxy.stored.stages`), the others go to the first healthy replica. New stored responses are routed
 like any request: the proxy records which replica made each.
 """
@@ -67,10 +67,10 @@ from normalizer.prompt_plan import Segment
 from proxy.core.context import Reply, RequestContext
 from proxy.core.endpoints import CHAT, Endpoint
 from proxy.core.errors import ProxyError
-from proxy.core.pipeline import Next
+from proxy.core.pipeline import Named, Next
 from proxy.kv.admission_queue import AdmissionQueue, DeadlineExceeded
 from proxy.kv.discovery import apply_slots, read_slots
-from proxy.kv.handoffs import ReplicaOrder, RoutedRequest, ShapedRequest
+from proxy.kv.handoffs import SHAPED, ReplicaOrder, RoutedRequest, ShapedRequest
 from proxy.kv.hints import SlotTable, prefix_hashes, reply_objects, reports_cache
 from proxy.kv.kinds import BackendKind, build_hints
 from proxy.kv.order import OrderPolicy, Popularity, order_documents, shift_reusable_tokens
@@ -79,6 +79,7 @@ from proxy.kv.router import Candidate, Reject, Router
 from proxy.kv.settings import RoutingSettings
 from proxy.kv.tree import KnowledgeTree, Match
 from proxy.upstream.client import UpstreamClient
+from proxy.upstream.forward import DESTINATION
 
 _ROUTING = RoutingSettings()  # the defaults, defined once there
 
@@ -88,8 +89,8 @@ class EndpointStage(partial[Coroutine[Any, Any, Reply]]):
     a request costs no wrapper frame), the stage's state shared by every endpoint."""
 
     name: str
-    needs: frozenset[str]
-    gives: frozenset[str]
+    needs: frozenset[Named]
+    gives: frozenset[Named]
     endpoint: Endpoint
 
     def __new__(cls, stage: Shape | Route, endpoint: Endpoint) -> EndpointStage:
@@ -137,7 +138,7 @@ class Shape:
 
     name = "shape"
     needs = frozenset({"prompt"})
-    gives = frozenset({"shape"})
+    gives = frozenset({SHAPED})
 
     def __init__(
         self,
@@ -160,7 +161,7 @@ class Shape:
         return EndpointStage(self, endpoint)
 
     def shape(self, ctx: RequestContext, endpoint: Endpoint = CHAT) -> None:
-        """The pure part: ``ctx.shape``, the plan and the per-replica orders."""
+        """The pure part: :data:`SHAPED`, the plan and the per-replica orders."""
         if ctx.body is None or ctx.prompt is None:
             return
         plan = endpoint.plan(ctx.body, ctx.prompt, chars_per_token=self.chars_per_token)
@@ -190,7 +191,7 @@ class Shape:
             orders.append(ReplicaOrder(replica.index, tuple(order), cached))
         if plan.documents:
             self.popularity.observe([d.key for d in plan.documents])
-        ctx.shape = ShapedRequest(plan, policy, orders)
+        ctx.handoffs[SHAPED] = ShapedRequest(plan, policy, orders)
 
     def __call__(self, ctx: RequestContext, call_next: Next) -> Coroutine[Any, Any, Reply]:
         return self.run(CHAT, ctx, call_next)
@@ -205,8 +206,8 @@ class Route:
     """Replica choice by estimated TTFT, hints, concurrency slot, and tree correction from the reply."""
 
     name = "route"
-    needs = frozenset({"shape"})
-    gives = frozenset({"routed", "reported_cached_tokens"})
+    needs = frozenset({SHAPED})
+    gives: frozenset[Named] = frozenset({DESTINATION, "reported_cached_tokens"})
 
     def __init__(
         self,
@@ -248,7 +249,7 @@ class Route:
 
     def route(self, ctx: RequestContext, endpoint: Endpoint = CHAT) -> RoutedRequest | None:
         """The pure part: choose the replica, patch the body sent upstream, attach hints. ``None`` without a plan."""
-        shaped = ctx.shape
+        shaped = ctx.handoffs.get(SHAPED)
         if shaped is None or not shaped.orders:
             return None
         plan, orders = shaped.plan, shaped.orders
@@ -292,10 +293,11 @@ class Route:
                 tokens += segment.tokens
                 prefixes.append((digest, tokens))
             self.shared.board.record(self.shared.labels[decision.replica], prefixes)
-        routed = ctx.routed = RoutedRequest(
+        routed = RoutedRequest(
             decision.replica, path, predicted, None, decision.estimated_ttft_s, decision.start_deadline, total,
             None, shifted, hints.headers or None, ticket=str(next(self._tickets)),
         )
+        ctx.handoffs[DESTINATION] = routed
         self.router.admitted(routed.ticket, decision)
         return routed
 
@@ -324,8 +326,9 @@ class Route:
         """The route when nothing is left to decide: one replica that is neither compared, refused nor given hints
         for a prompt without a prefix (a single message), and nothing for its tree. Same result as the full path
         (which the tests check), without the router's and the hints' work on the hot path."""
-        routed = ctx.routed = RoutedRequest(0, (), Match(0, 0), None, self.replicas[0].prefill.seconds(total), None,
-                                            total, ticket=str(next(self._tickets)))
+        routed = RoutedRequest(0, (), Match(0, 0), None, self.replicas[0].prefill.seconds(total), None, total,
+                               ticket=str(next(self._tickets)))
+        ctx.handoffs[DESTINATION] = routed
         return routed
 
     def settle(self, ctx: RequestContext, routed: RoutedRequest, body: bytes | None, whole: bool = False) -> None:

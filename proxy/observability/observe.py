@@ -13,6 +13,7 @@ from typing import Protocol
 
 from opentelemetry.trace import Tracer
 
+from proxy.answers.replies import SEMANTIC
 from proxy.core.context import RequestContext
 from proxy.core.outcome import COALESCED, HIT_STATUSES, MICRO, CacheStatus
 from proxy.observability.metrics import Metrics
@@ -61,7 +62,7 @@ def record_stats(stats: RequestStats, metrics: Metrics) -> Observer:
         cache_status, tier = (outcome.status, outcome.tier) if outcome is not None else (None, None)
         entry = ctx.entry
         if cache_status in HIT_STATUSES:  # the top-entries list says who asked, and what
-            semantic = ctx.semantic
+            semantic = ctx.handoffs.get(SEMANTIC)
             question = semantic.question if semantic is not None else \
                 entry.meta.get("question") if entry is not None else None  # an exact hit: the entry's question
             asked = {"tenant": ctx.tenant, "namespace": ctx.namespace,

@@ -14,10 +14,10 @@ asking for more tokens than a per-minute limit allows at all is refused with ``x
 cannot help). Every answer of a limited request carries OpenAI's ``x-ratelimit-limit/remaining/reset-requests``
 and ``-tokens`` headers, of the scope with the least room left.
 
-On the way back: the credits stage tells ``ctx.metering`` what the request used once it settles (the tokens the
-upstream processed, 0 for an answer from a cache tier; the micro-credits charged): the tokens' estimate is
-corrected by the difference and the charge added to every budget's window. A request that failed or was refused
-(an error status, an exception) and was never settled gives its tokens back.
+On the way back: the credits stage tells the meter (:data:`~proxy.credits.stages.METERING`) what the request used
+once it settles (the tokens the upstream processed, 0 for an answer from a cache tier; the micro-credits charged):
+the tokens' estimate is corrected by the difference and the charge added to every budget's window. A request that
+failed or was refused (an error status, an exception) and was never settled gives its tokens back.
 """
 
 from __future__ import annotations
@@ -30,11 +30,13 @@ from collections import Counter
 from collections.abc import Callable, Coroutine
 from typing import Any
 
+from proxy.auth.identify import QUOTA
 from proxy.core.context import Reply, RequestContext
 from proxy.core.errors import ProxyError
 from proxy.core.handoffs import Quota, Scope
 from proxy.core.pipeline import Next
 from proxy.credits.pricing import PriceBook, format_credits
+from proxy.credits.stages import METERING
 from proxy.rate_limits.counters import LimitCounters
 from proxy.rate_limits.decisions import (
     Counted,
@@ -56,8 +58,8 @@ class RateLimits:
     """Requests and tokens per minute and budgets, per key, user and tenant (see the module docstring)."""
 
     name = "rate_limits"
-    needs = frozenset({"quota"})
-    gives = frozenset({"metering"})
+    needs = frozenset({QUOTA})
+    gives = frozenset({METERING})
 
     def __init__(self, counters: LimitCounters, prices: PriceBook, *, refused: Counter[str] | None = None,
                  clock: Callable[[], float] = time.time) -> None:
@@ -70,7 +72,7 @@ class RateLimits:
         self._background: set[asyncio.Task[None]] = set()
 
     async def __call__(self, ctx: RequestContext, call_next: Next) -> Reply:
-        quota = ctx.quota
+        quota = ctx.handoffs.get(QUOTA)
         if quota is None:
             return await call_next(ctx)
         now = self.clock()
@@ -80,7 +82,7 @@ class RateLimits:
         counted = await self._take(quota, tokens, now)
         ctx.response_headers.update(rate_headers(counted))
         meter = _Meter(self, quota, tokens)
-        ctx.metering = meter
+        ctx.handoffs[METERING] = meter
         try:
             reply = await call_next(ctx)
         except BaseException:

@@ -7,9 +7,9 @@ Two stages over one :class:`StoredResponses` (the owners store of :mod:`proxy.st
   response it continues (``previous_response_id``; the upstream's own answer to an unknown id, a 400
   ``previous_response_not_found``) and the items it has the upstream read from its store (``item_reference`` input
   items, reasoning items given by id: a 404 ``Item with id '...' not found.``) — and the request is pinned
-  (``ctx.pinned``) to the replica that keeps them. On the way back, a response the upstream made and stores is
-  recorded as this tenant's, on the replica that answered (``ctx.replica``), with the id of each of its output
-  items: a complete reply before it is handed back, a stream as its ``response.created`` and
+  (:data:`~proxy.upstream.forward.PINNED`) to the replica that keeps them. On the way back, a response the upstream
+  made and stores is recorded as this tenant's, on the replica that answered (``ctx.replica``), with the id of
+  each of its output items: a complete reply before it is handed back, a stream as its ``response.created`` and
   ``response.output_item.added`` events pass, before the client sees the ids. Cache hits record nothing: a hit is
   the stored original, recorded when it was made, and exact keys of stored requests are never shared across
   tenants (:class:`~proxy.answers.cache_policy.Canonicalize`).
@@ -57,6 +57,7 @@ from proxy.core.errors import ProxyError
 from proxy.core.pipeline import Next
 from proxy.core.sse import EventSplitter, event_data
 from proxy.stored.owners import OwnersUnavailable, ResponseOwner, ResponseOwners
+from proxy.upstream.forward import PINNED
 from tiers.budgets import MemoryAccount
 from tiers.invalidation import Removal, Selector
 
@@ -139,9 +140,9 @@ class StoredResponses:
             raise ProxyError(503, "the store of response owners is unavailable; retry shortly",
                              code="owners_unavailable", headers={"Retry-After": "2"}) from None
         replica = self.replicas.get(owner.replica) if owner is not None and _may_use(ctx, owner.tenant) else None
-        if replica is None or ctx.pinned not in (None, replica):
+        if replica is None or ctx.handoffs.get(PINNED) not in (None, replica):
             raise refusal
-        ctx.pinned = replica
+        ctx.handoffs[PINNED] = replica
 
     async def check_body(self, ctx: RequestContext, body: Mapping[str, Any]) -> str | None:
         """Every stored object a Responses body names, checked as the caller's and pinned (see the module
@@ -240,7 +241,7 @@ def no_conversations() -> ProxyError:
 class _OwnersStage:
     name = "stored_responses"
     needs: frozenset[str] = frozenset()
-    gives = frozenset({"pinned"})
+    gives = frozenset({PINNED})
 
     def __init__(self, responses: StoredResponses) -> None:
         self.responses = responses

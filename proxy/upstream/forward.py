@@ -1,14 +1,37 @@
-"""The terminal stages: send the request to its upstream and hand back the reply."""
+"""The terminal stages: send the request to its upstream and hand back the reply.
+
+Which LLM replica to send to is decided by features above this layer, so the keys they give it are declared here
+(:class:`~proxy.core.context.Handoff`): :data:`PINNED` (stored responses) and :data:`DESTINATION` (KV routing).
+"""
 
 from __future__ import annotations
 
 import time
+from typing import Protocol
 
-from proxy.core.context import EndCallback, Reply, RequestContext
+from proxy.core.context import EndCallback, Handoff, Reply, RequestContext
 from proxy.core.errors import ProxyError
 from proxy.core.headers import FORWARDED_REQUEST_HEADERS, upstream_request_headers
 from proxy.upstream.backends import Backend, BackendPool
 from proxy.upstream.client import UpstreamClient, UpstreamError
+
+
+class Destination(Protocol):
+    """The replica routing chose for a request, and the hint headers the upstream request carries."""
+
+    @property
+    def replica(self) -> int: ...
+
+    @property
+    def headers(self) -> dict[str, str] | None: ...
+
+
+PINNED: Handoff[int] = Handoff("pinned")
+"""The LLM replica (index) that keeps the stored response a request names: forward sends it there only (given by
+stored_responses)."""
+DESTINATION: Handoff[Destination] = Handoff("destination")
+"""The replica routing chose and its hint headers (given by route: a ``proxy.kv.handoffs.RoutedRequest``, which the
+store reads too)."""
 
 
 def _headers_for(ctx: RequestContext, auth: dict[str, str], trust_forwarded: bool, allowed: frozenset[str],
@@ -43,8 +66,9 @@ _REPLICA_FAILING = frozenset({502, 503, 504})
 
 
 class ForwardToLLM:
-    """Send to the replica a stored response pins the request to (``ctx.pinned``), else the one routing chose (or
-    the first healthy one); retry only a refused connection, and never away from a pinned replica."""
+    """Send to the replica a stored response pins the request to (:data:`PINNED`), else the one routing chose
+    (:data:`DESTINATION`, or the first healthy one); retry only a refused connection, and never away from a pinned
+    replica."""
 
     name = "forward"
     gives = frozenset({"upstream_called", "replica", "upstream_seconds"})
@@ -59,9 +83,9 @@ class ForwardToLLM:
 
     async def __call__(self, ctx: RequestContext) -> Reply:
         body = ctx.outgoing_body() if ctx.method not in ("GET", "HEAD") else None
-        routed = ctx.routed
-        if ctx.pinned is not None:  # a stored response lives on this replica only: no other may answer
-            keeper = self.pool.backends[ctx.pinned]
+        routed, pinned = ctx.handoffs.get(DESTINATION), ctx.handoffs.get(PINNED)
+        if pinned is not None:  # a stored response lives on this replica only: no other may answer
+            keeper = self.pool.backends[pinned]
             if not keeper.breaker.allow():
                 raise ProxyError(503, f"{keeper.described}, which keeps this response, is failing; retrying shortly",
                                  code="upstream_circuit_open", headers={"Retry-After": "2"})
@@ -97,7 +121,7 @@ class ForwardToLLM:
                     raise
                 self.pool.mark_down(backend, exc.message)
                 tried.add(backend.index)
-                following = self.pool.healthy_after(tried) if ctx.pinned is None else None
+                following = self.pool.healthy_after(tried) if pinned is None else None
                 if following is None:
                     raise
                 backend = following

@@ -12,10 +12,11 @@ import proxy.core.context as context_module
 from normalizer.cache_control import split_proxy_fields
 from normalizer.json_body import read_body
 from proxy.core.context import Reply, RequestContext
-from proxy.core.handoffs import Reservation
 from proxy.core.pipeline import Next, Pipeline
 from proxy.core.prompt import ReadPrompt
 from proxy.core.stream_usage import ask_for_usage
+from proxy.credits.stages import RESERVATION
+from proxy.credits.store import Reservation
 from proxy.kv.admission_queue import AdmissionQueue
 from proxy.kv.hints import SlotTable
 from proxy.kv.kinds import LLAMACPP
@@ -105,8 +106,8 @@ async def test_stages_after_a_patch_read_the_clients_body() -> None:
     documents = [{"id": name, "text": f"document {name} " * 50} for name in ("b", "a")]
     client = {"model": "m", "stream": True,
               "messages": [{"role": "system", "content": "Use them."}, {"role": "user", "content": "q?"}]}
-    ctx = context(orjson.dumps({**client, "ragproxy": {"documents": documents}}),
-                  reservation=Reservation("r1", "u", amount=1, expires_at=0.0, available_after=0))
+    ctx = context(orjson.dumps({**client, "ragproxy": {"documents": documents}}))
+    ctx.handoffs[RESERVATION] = Reservation("r1", "u", amount=1, expires_at=0.0, available_after=0)
     parsed = ctx.body
     await pipeline(ctx)
     assert [patch.name for patch in ctx.patches] == ["route.order", "stream_usage.include_usage"]

@@ -1,5 +1,5 @@
 """Assembly: every pipeline the proxy builds passes the slot check, and a misordered one is refused (on the way in
-and on the way back)."""
+and on the way back), for the context's slots and the features' handoff keys alike."""
 
 from __future__ import annotations
 
@@ -13,11 +13,12 @@ from proxy.answers.stale import StaleIfError, StaleStore
 from proxy.assembly.config import load_settings
 from proxy.assembly.pipelines import build_pipelines
 from proxy.assembly.runtime import Runtime
-from proxy.core.context import Reply, RequestContext
+from proxy.core.context import Handoff, Reply, RequestContext
 from proxy.core.endpoints import CHAT, RESPONSES
 from proxy.core.pipeline import Pipeline
 from proxy.core.prompt import ReadPrompt
 from proxy.kv.stages import Shape
+from proxy.server.request import Request
 
 
 async def _terminal(ctx: RequestContext) -> Reply:
@@ -70,7 +71,7 @@ def test_a_stage_reading_an_outcome_a_later_stage_gives_is_assembled() -> None:
 
 def test_an_outcome_read_only_if_given_needs_no_writer() -> None:
     """The store reads the status only to leave a hit alone: with no lookup behind it, every answer is a miss."""
-    assert StoreResponse(None, endpoint=CHAT).reads_if_given == {"outcome"}
+    assert "outcome" in StoreResponse(None, endpoint=CHAT).reads_if_given
     Pipeline([_Keyed(), StoreResponse(None, endpoint=CHAT)], _terminal)
 
 
@@ -103,3 +104,59 @@ def test_responses_requests_take_the_kv_stages_where_chat_does(routing: bool, tm
     pipelines = build_pipelines(Runtime(settings))
     for pipeline in (pipelines.served[CHAT], pipelines.served[RESPONSES]):
         assert (pipeline.names[-2:] == ["shape", "route"]) is routing
+
+
+ANSWER: Handoff[int] = Handoff("answer")
+"""A handoff a feature would declare in its own module: nothing in the core names it."""
+
+
+class _Giver:
+    name, needs, gives = "giver", frozenset[str](), frozenset({ANSWER})
+
+    async def __call__(self, ctx: RequestContext, call_next: Any) -> Reply:
+        ctx.handoffs[ANSWER] = 42
+        return await call_next(ctx)
+
+
+class _Reader:
+    name, needs, gives = "reader", frozenset({ANSWER}), frozenset[str]()
+    seen: int | None = None
+
+    async def __call__(self, ctx: RequestContext, call_next: Any) -> Reply:
+        self.seen = ctx.handoffs.get(ANSWER)
+        return await call_next(ctx)
+
+
+def test_a_reader_of_a_feature_handoff_placed_before_its_giver_is_refused() -> None:
+    with pytest.raises(ValueError, match=r"'reader' needs \['answer'\], which no earlier stage gives"):
+        Pipeline([_Reader(), _Giver()], _terminal)
+    with pytest.raises(ValueError, match=r"'reader' needs \['answer'\]"):
+        Pipeline([_Reader()], _terminal)
+
+
+async def test_a_feature_handoff_reaches_its_reader_through_the_context() -> None:
+    reader = _Reader()
+    ctx = RequestContext(request=Request("POST", "/v1/chat/completions"), route="chat", request_id="r")
+    assert ctx.handoffs.get(ANSWER) is None, "not given: None"
+    await Pipeline([_Giver(), reader], _terminal)(ctx)
+    assert reader.seen == 42
+
+
+def test_keys_are_told_apart_by_identity_not_name() -> None:
+    """Two features choosing the same name do not satisfy each other's readers."""
+
+    class Other(_Giver):
+        gives = frozenset({Handoff[int]("answer")})
+
+    with pytest.raises(ValueError, match=r"'reader' needs \['answer'\]"):
+        Pipeline([Other(), _Reader()], _terminal)
+
+
+def test_a_way_back_read_of_a_feature_handoff_needs_a_later_giver() -> None:
+    class Back(_Keyed):
+        name, reads = "back", frozenset({ANSWER})
+
+    with pytest.raises(ValueError, match=r"'back' reads \['answer'\] on the way back"):
+        Pipeline([_Giver(), Back()], _terminal)
+    Pipeline([Back(), _Giver()], _terminal)
+

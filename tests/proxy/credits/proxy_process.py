@@ -12,10 +12,9 @@ import sys
 import time
 import uuid
 
-from proxy.core.handoffs import Reservation
 from proxy.credits.redis_store import RedisCreditStore
 from proxy.credits.sqlite_store import SqliteCreditStore
-from proxy.credits.store import ChargeDetails, CreditStore
+from proxy.credits.store import ChargeDetails, CreditStore, Reservation
 
 CREDIT = 1_000_000
 

@@ -11,14 +11,13 @@ from pathlib import Path
 
 import pytest
 
-from proxy.core.handoffs import Reservation
 from proxy.credits.journal import JournaledSettlement, SettlementJournal
 from proxy.credits.journaled_store import JOURNALED, JournaledCreditStore
 from proxy.credits.outage import OutageAllowance
 from proxy.credits.redis_store import RedisCreditStore
 from proxy.credits.replayer import JournalReplayer
 from proxy.credits.sqlite_store import SqliteCreditStore
-from proxy.credits.store import ChargeDetails, LedgerFilter, ledger_entries
+from proxy.credits.store import ChargeDetails, LedgerFilter, Reservation, ledger_entries
 from proxy.stores.unavailable import StoreUnavailable
 from tests.support.processes import refused_port
 

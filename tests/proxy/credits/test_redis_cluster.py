@@ -8,9 +8,8 @@ from collections.abc import AsyncIterator, Iterator
 import pytest
 
 from proxy.auth.redis_keys import RedisKeyStore
-from proxy.core.handoffs import Reservation
 from proxy.credits.redis_store import RedisCreditStore
-from proxy.credits.store import ChargeDetails, InsufficientCredit, LedgerFilter, ledger_entries
+from proxy.credits.store import ChargeDetails, InsufficientCredit, LedgerFilter, Reservation, ledger_entries
 from proxy.idempotency.records import Claimed, Kept
 from proxy.idempotency.redis_store import RedisIdempotencyStore
 from tests.support.redis_cluster import RedisClusterProcesses, cluster_available

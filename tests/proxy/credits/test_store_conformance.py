@@ -10,7 +10,6 @@ import random
 
 import pytest
 
-from proxy.core.handoffs import Reservation
 from proxy.credits.store import (
     ANY_ENTRY,
     ChargeDetails,
@@ -19,6 +18,7 @@ from proxy.credits.store import (
     LedgerEntry,
     LedgerFilter,
     RequestClosed,
+    Reservation,
     export_ledger_csv,
     ledger_entries,
 )

@@ -17,15 +17,25 @@ from proxy.core.errors import ProxyError
 from proxy.core.pipeline import Pipeline
 from proxy.core.prompt import ReadPrompt
 from proxy.kv.admission_queue import AdmissionQueue
+from proxy.kv.handoffs import RoutedRequest
 from proxy.kv.kinds import GENERIC, LLAMACPP, OPENAI, SGLANG, VLLM, BackendKind
 from proxy.kv.order import OrderPolicy
 from proxy.kv.prefill import PrefillCoefficients, PrefillModel
 from proxy.kv.router import Router
 from proxy.kv.stages import Replica, Route, Shape
 from proxy.kv.tree import KnowledgeTree
+from proxy.upstream.forward import DESTINATION
 from tests.proxy.kv.clocks import Clock
 from tests.proxy.kv.test_stages import DOCS, ctx_for, replicas
 from upstream_doubles.openai_responses import encode, response_object, stream_events
+
+
+def routed_of(ctx: RequestContext) -> RoutedRequest:
+    """What route gave for ``ctx`` (it must have routed it): forward's destination, a ``RoutedRequest``."""
+    routed = ctx.handoffs.get(DESTINATION)
+    assert isinstance(routed, RoutedRequest)
+    return routed
+
 
 
 def registry() -> DocumentRegistry:
@@ -99,12 +109,12 @@ async def test_a_responses_prefix_sent_before_goes_to_the_replica_that_holds_it(
     await run(first)
     gate.set()
     await busy
-    assert first.routed is not None and first.routed.replica == 1
+    assert routed_of(first).replica == 1
     again = ctx_for(response_body("a", "b", "c", question="and how?"), 3, "responses")
     await run(again)  # both idle now: only the cached prefix tells them apart
-    assert again.routed is not None and again.routed.replica == 1
-    assert again.routed.predicted.tokens > 0 and reps[0].tree.match(again.routed.path).tokens == 0
-    assert [s.key for s in again.routed.path[1:]] == ["a", "b", "c"]
+    assert routed_of(again).replica == 1
+    assert routed_of(again).predicted.tokens > 0 and reps[0].tree.match(routed_of(again).path).tokens == 0
+    assert [s.key for s in routed_of(again).path[1:]] == ["a", "b", "c"]
 
 
 async def test_a_responses_body_is_forwarded_as_sent_with_its_documents_in_their_order() -> None:
@@ -117,8 +127,9 @@ async def test_a_responses_body_is_forwarded_as_sent_with_its_documents_in_their
     await run(ctx)
     assert backend.bodies[1] == {**client, "cache_prompt": True}, "the client's body, plus the kind's hint"
     assert "messages" not in backend.bodies[1] and sent_order(backend.bodies[1]) == ["c", "a", "b"]
-    assert ctx.routed is not None and [s.key for s in ctx.routed.path[1:]] == ["c", "a", "b"]
-    assert ctx.routed.predicted.tokens == ctx.routed.path[0].tokens, "only the instructions match a, b, c"
+    routed = routed_of(ctx)
+    assert [s.key for s in routed.path[1:]] == ["c", "a", "b"]
+    assert routed.predicted.tokens == routed.path[0].tokens, "only the instructions match a, b, c"
 
 
 @pytest.mark.parametrize("kind", [GENERIC, OPENAI, VLLM, SGLANG, LLAMACPP], ids=lambda k: k.name)
@@ -135,8 +146,9 @@ async def test_a_responses_body_gets_the_kinds_body_hints_but_no_prompt_cache_ke
         assert added == {"vllm": {"cache_salt"}, "sglang": {"cache_salt"}, "llamacpp": {"cache_prompt"}}.get(
             kind.name, set())
         assert {key: backend.bodies[n][key] for key in client} == client
-        assert ctx.routed is not None and ctx.routed.headers is not None
-        assert ctx.routed.headers["X-Prefix-Docs"] == "a,b"
+        routed = routed_of(ctx)
+        assert routed.headers is not None
+        assert routed.headers["X-Prefix-Docs"] == "a,b"
         if not added:
             assert not ctx.patches and ctx.outgoing_body() == ctx.raw_body
 
@@ -169,9 +181,9 @@ async def test_only_responses_whose_state_needs_no_particular_replica_are_routed
     continued = ctx_for(response_body("a", previous_response_id="resp_1"), 3, "responses")
     for ctx in (stateless, stored, continued):
         await run(ctx)
-    assert stateless.routed is not None
-    assert stored.routed is not None
-    assert continued.routed is None and continued.outgoing_body() == continued.raw_body
+    assert stateless.handoffs.get(DESTINATION) is not None
+    assert stored.handoffs.get(DESTINATION) is not None
+    assert continued.handoffs.get(DESTINATION) is None and continued.outgoing_body() == continued.raw_body
 
 
 async def test_a_responses_request_no_replica_can_start_in_time_is_a_429() -> None:

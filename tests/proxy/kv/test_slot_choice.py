@@ -17,6 +17,7 @@ from proxy.core.pipeline import Pipeline
 from proxy.core.prompt import ReadPrompt
 from proxy.kv.admission_queue import AdmissionQueue
 from proxy.kv.discovery import apply_slots, read_slots
+from proxy.kv.handoffs import RoutedRequest
 from proxy.kv.hints import Lost, SlotChoice, SlotTable
 from proxy.kv.kinds import LLAMACPP
 from proxy.kv.order import OrderPolicy
@@ -26,6 +27,7 @@ from proxy.kv.stages import Replica, Route, Shape
 from proxy.kv.tree import KnowledgeTree
 from proxy.server.request import Request
 from proxy.upstream.client import UpstreamClient
+from proxy.upstream.forward import DESTINATION
 
 SYS = Segment("p:s", 20)
 HOT = [SYS, Segment("hot1", 400), Segment("hot2", 400)]
@@ -203,8 +205,8 @@ class TwiceAsManyTokens:
         self.route = route
 
     async def __call__(self, ctx: RequestContext) -> Reply:
-        routed = ctx.routed
-        assert routed is not None
+        routed = ctx.handoffs.get(DESTINATION)
+        assert isinstance(routed, RoutedRequest)
         cached = 2 * routed.predicted.tokens
         computed = 2 * routed.total_tokens - cached
         timings = {"cache_n": cached, "prompt_n": computed, "prompt_ms": 10.0}
@@ -224,7 +226,8 @@ async def test_reports_in_backend_tokens_are_converted_before_correcting_the_tre
         ctx = RequestContext(request=Request("POST", "/v1/chat/completions"), route="chat", request_id=f"r{n}",
                              raw_body=orjson.dumps(body), body=body, proxy_fields={"ragproxy": {"documents": docs}})
         assert (await pipeline(ctx)).status == 200
-    assert ctx.reported_cached_tokens is not None and ctx.reported_cached_tokens > 0
+    reported = ctx.reported_cached_tokens
+    assert reported is not None and reported > 0
     assert tree.capacity_tokens == 100_000  # neither a surplus nor a shortfall once converted
 
 

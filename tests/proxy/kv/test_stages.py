@@ -17,6 +17,7 @@ from proxy.core.errors import ProxyError
 from proxy.core.pipeline import Pipeline
 from proxy.core.prompt import ReadPrompt
 from proxy.kv.admission_queue import AdmissionQueue
+from proxy.kv.handoffs import SHAPED, RoutedRequest
 from proxy.kv.hints import SlotTable
 from proxy.kv.kinds import GENERIC, LLAMACPP, OPENAI, SGLANG, VLLM, BackendKind
 from proxy.kv.order import OrderPolicy
@@ -25,8 +26,16 @@ from proxy.kv.router import Router
 from proxy.kv.stages import Replica, Route, Shape
 from proxy.kv.tree import KnowledgeTree
 from proxy.server.request import Request
+from proxy.upstream.forward import DESTINATION
 
 DOCS = {name: " ".join(f"{name}{i}" for i in range(200)) for name in "abcd"}
+
+def routed_of(ctx: RequestContext) -> RoutedRequest:
+    """What route gave for ``ctx`` (it must have routed it): forward's destination, a ``RoutedRequest``."""
+    routed = ctx.handoffs.get(DESTINATION)
+    assert isinstance(routed, RoutedRequest)
+    return routed
+
 
 
 def replicas(n: int, slo: float | None = None) -> tuple[list[Replica], Router]:
@@ -91,16 +100,15 @@ async def test_same_documents_in_another_order_go_to_the_warm_replica_in_its_ord
     pipeline = Pipeline([ReadPrompt(None), shape, Route(reps, router, expose_headers=True)], backend)
     first = ctx_for(structured("a", "b", "c"), 1)
     await pipeline(first)
-    assert first.routed is not None
-    warm = first.routed.replica
+    warm = routed_of(first).replica
     second = ctx_for(structured("c", "a", "b"), 2)  # top-ranked is c
     await pipeline(second)
-    assert second.routed is not None and second.routed.replica == warm
+    assert routed_of(second).replica == warm
     assert doc_order(backend.bodies[1]) == ["a", "b", "c"]  # cached path a, b; top c at the end
     assert "ragproxy" not in backend.bodies[1]
     assert backend.bodies[1]["cache_prompt"] is True
-    assert backend.bodies[1]["id_slot"] == second.routed.slot  # the slot holding a, b, c
-    assert second.routed.headers is not None and second.routed.headers["X-Prefix-Docs"] == "a,b,c"
+    assert backend.bodies[1]["id_slot"] == routed_of(second).slot  # the slot holding a, b, c
+    assert routed_of(second).headers is not None and routed_of(second).headers["X-Prefix-Docs"] == "a,b,c"
     assert int(second.response_headers["X-RagProxy-Cached-Tokens-Estimate"]) > 0
     assert router.loads[warm].active == 0 and reps[warm].queue.active == 0
 
@@ -174,8 +182,7 @@ async def test_the_tree_forgets_what_a_reused_slot_truncates_without_saving() ->
                         LlamaDouble(cache_n=10_000))
     first = ctx_for(structured("a", "b", "c"), 1)
     await pipeline(first)
-    assert first.routed is not None
-    held = first.routed.path
+    held = routed_of(first).path
     assert reps[0].tree.match(held).tokens == sum(segment.tokens for segment in held)
     await pipeline(ctx_for(structured("a", "b", "d"), 2))
     assert reps[0].tree.match(held).segments == len(held) - 1
@@ -199,11 +206,11 @@ async def test_a_queued_request_takes_the_slot_that_frees_first_not_the_one_gues
     await asyncio.sleep(0.01)
     queued = asyncio.create_task(pipeline(c))  # both slots busy: c waits in the queue
     await asyncio.sleep(0.01)
-    assert a.routed is not None and b.routed is not None and a.routed.slot != b.routed.slot
+    assert routed_of(a).slot != routed_of(b).slot
     gates.setdefault("r2", asyncio.Event()).set()  # b finishes first: its slot is the one the server gives c
     await flights[1]
     await asyncio.sleep(0.01)
-    assert c.routed is not None and c.routed.slot == b.routed.slot
+    assert routed_of(c).slot == routed_of(b).slot
     for gate in ("r1", "r3"):
         gates.setdefault(gate, asyncio.Event()).set()
     await asyncio.gather(flights[0], queued)
@@ -250,8 +257,8 @@ async def test_a_one_message_prompt_keeps_its_bytes_and_a_system_prompt_names_it
     alone = {"model": "m", "messages": [{"role": "user", "content": "q?"}]}
     await pipeline(ctx_for(alone, 1))
     assert not sent[0].patches and sent[0].outgoing_body() == orjson.dumps(alone)
-    assert sent[0].body is not None and sent[0].routed is not None
-    assert "prompt_cache_key" not in orjson.loads(sent[0].outgoing_body()) and not sent[0].routed.headers
+    assert sent[0].body is not None
+    assert "prompt_cache_key" not in orjson.loads(sent[0].outgoing_body()) and not routed_of(sent[0]).headers
     assert replica.tree.node_count == 0, "nothing before the question: nothing to remember"
     for n, question in enumerate(("q?", "another q?"), start=2):
         body = {"model": "m", "messages": [{"role": "system", "content": "Be brief."},
@@ -259,8 +266,8 @@ async def test_a_one_message_prompt_keeps_its_bytes_and_a_system_prompt_names_it
         await pipeline(ctx_for(body, n))
     keys = [orjson.loads(ctx.outgoing_body())["prompt_cache_key"] for ctx in sent[1:]]
     assert keys[0] == keys[1], "the same system prompt, the same prefix key"
-    assert sent[1].routed is not None and sent[1].routed.headers is not None
-    assert sent[1].routed.headers["X-Prefix-Hash"] == keys[0]
+    hints = routed_of(sent[1]).headers
+    assert hints is not None and hints["X-Prefix-Hash"] == keys[0]
     assert replica.tree.node_count == 1
 
 
@@ -278,7 +285,7 @@ async def test_a_one_message_prompt_to_the_only_replica_routes_as_the_full_decis
         ctx.prompt = read_prompt(body)
         shape.shape(ctx)
         routed = route.route(ctx)
-        assert routed is not None and routed is ctx.routed
+        assert routed is not None and routed is ctx.handoffs.get(DESTINATION)
         patched = [patch.name for patch in ctx.patches]
         decided.append((replace(routed, ticket=""), patched, replica.tree.match([]).tokens))
     assert route._fixed is False and decided[0] == decided[1]
@@ -316,3 +323,12 @@ def test_the_fixed_route_is_only_taken_where_nothing_is_left_to_decide() -> None
     assert not fixed(OPENAI, n=2)
     assert not fixed(OPENAI, slo=1.0)
     assert not fixed(OPENAI, expose=True)
+
+
+def test_route_placed_before_shape_is_refused() -> None:
+    """The KV layer's handoffs are keys of its own (proxy.kv.handoffs), checked at assembly like the context's
+    slots."""
+    reps, router = replicas(2)
+    assert SHAPED in Shape.gives and SHAPED in Route.needs
+    with pytest.raises(ValueError, match=r"'route' needs \['shape'\], which no earlier stage gives"):
+        Pipeline([ReadPrompt(None), Route(reps, router), Shape(reps)], LlamaDouble())
