@@ -37,30 +37,34 @@ more than ``balance_abs_threshold`` requests above the idlest and more than ``ba
 many — cache affinity is ignored and the least-loaded replica (by outstanding requests, then estimate) is
 chosen, so a hot prefix cannot pile everything onto one replica.
 
-Refusal at arrival: with ``ttft_slo_s`` set, a replica is a candidate only where the request is expected to
-start its prefill by its start deadline (the SLO less its own prefill): the router foresees its waiting queue
+Refusal at arrival: with ``ttft_slo_s`` set, a replica is a candidate only where the request is expected to start
+its prefill by its start deadline (the SLO less its own prefill): the router foresees its waiting queue
 (:func:`~proxy.kv.expected_start.expected_start`) — the prefill in hand, then the cache-aware order of
-:class:`~proxy.kv.admission_queue.CacheAwareOrder` over the requests waiting there and the newcomer (better
-``cached / compute`` ratio first; an entry past ``starvation_window_s`` first of all), where those waiting whose own
-deadline passes before their turn are dropped and count for nothing, and where later arrivals with a better ratio
-go first until the newcomer has waited the window, at the rate such requests were admitted there over the last SLO
-(:meth:`ReplicaLoad.overtaking`). When no replica is expected to start it in time, the router answers
-:class:`Reject` with a ``retry_after_s`` (the best expected time to first token's excess over the SLO, rounded up
-to whole seconds, at least one); the Route stage turns that into 429 with ``Retry-After``. The queue still drops
-(429) a request whose deadline passes while it waits: the backstop for what the foresight missed (estimates off,
-arrivals above the recent rate).
+:class:`~proxy.kv.admission_queue.CacheAwareOrder` over the requests waiting there and the newcomer (better ``cached
+/ compute`` ratio first; an entry past ``starvation_window_s`` first of all), where those waiting whose own deadline
+passes before their turn are dropped and count for nothing, and where later arrivals with a better ratio go first
+until the newcomer has waited the window, at half the rate such requests were admitted there over the last SLO
+(:meth:`ReplicaLoad.overtaking`, :data:`OVERTAKING_SHARE`). When no replica is expected to start it in time, the
+router answers :class:`Reject` with a ``retry_after_s`` (the best expected time to first token's excess over the
+SLO, rounded up to whole seconds, at least one); the Route stage turns that into 429 with ``Retry-After``. The queue
+still drops (429) a request whose deadline passes while it waits: the backstop for what the foresight missed
+(estimates off, arrivals above the expected rate).
 
 Why this rule and not the two before it: the plain estimate (everything waiting ahead, then this request) counts
 work that will not run before it — requests with less cached go after it, doomed ones are dropped — and refused
 requests that would have made it: at the direct side's knee in ``kv_load``, 11% refused where the direct side
-answered 98% in time. Refusing only what could not start in time even at the head of its queue admitted what the
-queue then dropped after a wait: in the routing simulation at 2.5 times the cache-less capacity, all of its 29.5%
-refusals came after waiting; this rule makes most of them at arrival (18.8% of 26.0% with 4 replicas) and raised the
-share answered in time there from 0.70 to 0.74 (``python -m loadtest.bench routing --quick --overload 2.5``,
-``--arrival-rule head`` for the rule before; BENCHMARKS.md). Later arrivals are a rate, not known requests, so a
-burst beats the foresight and a lull makes it refuse what would have made it; the starvation window bounds how
-long overtaking lasts, and without a recent flow of better-placed requests the foresight is the queue's own replay.
-``starvation_window_s=None`` keeps the rule before (only what misses at the head of its queue is refused).
+answered 98% in time. Refusing only what could not start in time even at the head of its queue admitted everything
+the queue then dropped after a wait: in the routing simulation (``python -m loadtest.bench routing --quick
+--overload 2.5``; ``--arrival-rule head`` for the rule before; BENCHMARKS.md) at 2.5 times the cache-less capacity
+all of its 29.5% refusals (4 replicas) came after waiting. There the queue's replay alone refused nothing at
+arrival: what drops a request is the better-placed requests that arrive while it waits. Later arrivals are a rate,
+not known requests, and a wrong refusal costs an answer while a late drop costs the client a wait shorter than the
+SLO, so the foresight takes half the recent rate (:data:`OVERTAKING_SHARE`): with the whole rate, 72% of the
+refusals came at arrival and the share in time at 2.5 rose from 0.70 to 0.74, but at the 4-replica knee requests
+that would have made it were refused (the highest load with 90% in time 1.75 against 1.81 times the cache-less
+capacity); with half, that load is what it was (1.81 and 1.94 with 4 and 8 replicas), the share in time at 2.5 rose
+to 0.72 and 0.74 (from 0.70 and 0.71), and 8.2% and 3.6% are refused at arrival (of 27.8% and 25.5%), the rest after
+waiting. ``starvation_window_s=None`` keeps the rule before (only what misses at the head of its queue is refused).
 
 With an SLO, a first token sooner than the SLO earns nothing, while every token a replica computes is capacity
 taken from the requests behind it. So among the replicas whose estimate is within ``affinity_headroom`` times
@@ -92,6 +96,10 @@ from proxy.kv.prefill import PrefillModel
 from proxy.kv.settings import RoutingSettings
 
 _ROUTING = RoutingSettings()  # the defaults, defined once there
+
+OVERTAKING_SHARE = 0.5
+"""Share of the recent rate of better-placed admissions that the arrival test expects to overtake a newcomer
+(module docs: the whole rate refused requests that would have made it)."""
 
 
 @dataclass(slots=True)  # not frozen: built per request, and frozen fields cost about 5 times more to set
@@ -403,7 +411,7 @@ class Router:
             return free_at - now + prefill_s
         ratio = candidate.cached_tokens / max(1, candidate.total_tokens - candidate.cached_tokens)
         start = expected_start(load.waiting(), ratio, now, free_at, self.starvation_window_s, load.parallelism,
-                               load.overtaking(ratio, now))
+                               OVERTAKING_SHARE * load.overtaking(ratio, now))
         return start - now + prefill_s
 
     def _only(self, candidate: Candidate) -> RouteDecision:

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from proxy.kv.router import Candidate, Reject, ReplicaLoad, RouteDecision, Router
+from proxy.kv.router import OVERTAKING_SHARE, Candidate, Reject, ReplicaLoad, RouteDecision, Router
 from tests.proxy.kv.clocks import Clock, models
 
 
@@ -298,7 +298,8 @@ def test_a_flow_of_better_placed_arrivals_overtakes_a_newcomer_until_its_deadlin
             router.finished(f"served{i}", 0)
         return router.choose([Candidate(0, cached, cached + 400)])  # deadline 1.0 - 0.4 = 0.6
 
+    assert OVERTAKING_SHARE == 0.5  # half of the recent rate is expected to come while the newcomer waits:
     assert isinstance(newcomer(0), RouteDecision)  # starts at 0.2
-    assert isinstance(newcomer(6), RouteDecision)  # 0.6 s/s of them: starts at 0.2 / (1 - 0.6) = 0.5
-    assert isinstance(newcomer(8), Reject)  # 0.8 s/s: at 1.0
-    assert isinstance(newcomer(8, cached=1200), RouteDecision)  # as well placed as they are: not overtaken
+    assert isinstance(newcomer(12), RouteDecision)  # 1.2 s/s of them, 0.6 expected: starts at 0.2 / (1 - 0.6) = 0.5
+    assert isinstance(newcomer(16), Reject)  # 0.8 expected: at 1.0
+    assert isinstance(newcomer(16, cached=1200), RouteDecision)  # as well placed as they are: not overtaken
