@@ -378,7 +378,7 @@ class Router:
             ttft, prefill = self.estimate(c, now)
             scored.append((ttft, self.loads[c.replica].active, c.replica, c, prefill))
         if slo is not None:  # only the replicas where it is expected to start in time
-            expected = [(self._expected_ttft(s[3], s[4], now), s) for s in scored]
+            expected = [(self._expected_ttft(s[3], s[0], s[4], now, slo), s) for s in scored]
             scored = [s for ttft, s in expected if ttft <= slo]
             if not scored:
                 best_s = min(ttft for ttft, _ in expected)
@@ -403,15 +403,22 @@ class Router:
             start_deadline=None if slo is None else now + slo - prefill,
         )
 
-    def _expected_ttft(self, candidate: Candidate, prefill_s: float, now: float) -> float:
-        """Time to first token of ``candidate`` when its queue lets it start as its order foresees (module docs)."""
+    def _expected_ttft(self, candidate: Candidate, estimate_s: float, prefill_s: float, now: float,
+                       slo: float) -> float:
+        """Time to first token of ``candidate`` when its queue lets it start as its order foresees (module docs),
+        or a bound of it when the bound already says whether it is within ``slo``."""
         load = self.loads[candidate.replica]
-        free_at = now + load.running_s(now) / max(1, load.parallelism)
-        if self.starvation_window_s is None:
-            return free_at - now + prefill_s
+        head = load.running_s(now) / max(1, load.parallelism) + prefill_s
+        if self.starvation_window_s is None or head > slo:  # not even at the head of its queue
+            return head
         ratio = candidate.cached_tokens / max(1, candidate.total_tokens - candidate.cached_tokens)
-        start = expected_start(load.waiting(), ratio, now, free_at, self.starvation_window_s, load.parallelism,
-                               OVERTAKING_SHARE * load.overtaking(ratio, now))
+        flow = OVERTAKING_SHARE * load.overtaking(ratio, now)
+        if flow < 1.0:  # behind all that waits and the flow: within the SLO, the replay can only say so too
+            bound = (estimate_s - prefill_s) / (1.0 - flow) + prefill_s
+            if bound <= slo:
+                return bound
+        start = expected_start(load.waiting(), ratio, now, now + head - prefill_s, self.starvation_window_s,
+                               load.parallelism, flow)
         return start - now + prefill_s
 
     def _only(self, candidate: Candidate) -> RouteDecision:
