@@ -2,7 +2,7 @@
 
 * ``preserve`` — retrieval order, untouched; the proxy only routes and hints. Output quality is exactly the
 app's.
-* ``reuse`` — reorder the documents so the prompt follows the longest path the replica already has cached
+* ``reuse`` (the default) — reorder the documents so the prompt follows the longest path the replica already has cached
   (knowledge tree), so more of the prefill is skipped. The top-ranked document is always kept at an edge of
   the document block (first or last): models use the beginning and the end of a long context best and the
   middle worst ("lost in the middle", Liu et al. 2023), and the top-ranked document is the one most likely to
