@@ -68,6 +68,9 @@ class SimConfig:
     seed: int = 7
     warmup: int = 0
     """Requests sent before the measured ones and not counted."""
+    foresee_queue: bool = True
+    """``ragproxy`` refuses at arrival what its waiting queue's order says cannot start in time; ``False``: only what
+    could not at the head of the queue (the rule before, :mod:`proxy.kv.router`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,6 +171,9 @@ class SimResult:
     replicas: int
     completed: int
     rejected: int
+    """Refused, at arrival or after waiting (the two below)."""
+    refused_on_arrival: int
+    refused_waiting: int
     good: int
     duration_s: float
     ttft_p50_s: float
@@ -199,29 +205,31 @@ def simulate(config: SimConfig, router_name: str, requests: list[SimRequest] | N
     clock: Callable[[], float] = lambda: now  # noqa: E731
     truth = PrefillModel(PrefillCoefficients(config.fixed_s, config.per_token_s, 0.0))
     use_kv = router_name == "ragproxy"
+    window = config.ttft_slo_s  # the waiting queues' starvation window
     replicas = [
         _Replica(
             PrefixCache(config.kv_capacity_tokens),
-            ordered=CacheAwareOrder(starvation_window_s=config.ttft_slo_s) if use_kv else None,
+            ordered=CacheAwareOrder(starvation_window_s=window) if use_kv else None,
         )
         for _ in range(config.replicas)
     ]
     models = [PrefillModel(min_observations=16) for _ in range(config.replicas)]
     trees = [KnowledgeTree(config.kv_capacity_tokens, prefill=m, clock=clock) for m in models]
-    router = Router(models, ttft_slo_s=config.ttft_slo_s, clock=clock)
+    router = Router(models, ttft_slo_s=config.ttft_slo_s, starvation_window_s=window if config.foresee_queue else None,
+                    clock=clock)
     popularity = Popularity()
     events: list[tuple[float, int, int, object]] = []
     tie = itertools.count()
     for request in requests:
         heapq.heappush(events, (request.arrival, next(tie), 0, request))
     ttfts: list[float] = []
-    rejected = 0
+    rejected = waiting_refused = 0
     cached_total = 0
     prompt_total = 0
     rr = itertools.count()
 
     def start(index: int) -> None:
-        nonlocal rejected
+        nonlocal rejected, waiting_refused
         replica = replicas[index]
         if replica.busy:
             return
@@ -233,6 +241,7 @@ def simulate(config: SimConfig, router_name: str, requests: list[SimRequest] | N
         if replica.ordered is not None:
             for late in replica.ordered.expired:  # can no longer start in time: refused (429)
                 rejected += late.request.index >= config.warmup
+                waiting_refused += late.request.index >= config.warmup
                 router.finished(str(late.request.index), index)
                 assert late.predicted is not None
                 trees[index].retract(late.path[:-1], late.predicted)
@@ -317,6 +326,8 @@ def simulate(config: SimConfig, router_name: str, requests: list[SimRequest] | N
         replicas=config.replicas,
         completed=len(ttfts),
         rejected=rejected,
+        refused_on_arrival=rejected - waiting_refused,
+        refused_waiting=waiting_refused,
         good=good,
         duration_s=duration_s,
         ttft_p50_s=_percentile(ttfts, 0.5),

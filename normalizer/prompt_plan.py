@@ -16,6 +16,15 @@ before the cache tiers (:func:`normalizer.documents.read_prompt`):
 :func:`plan_response` plans a Responses body (``/v1/responses``) from its chat view, with the same segments, but
 never rewrites it: the body goes out in its own shape, documents in the order sent.
 
+Rank hint: when an order other than the retrieval order is rendered, the model would otherwise read the
+documents' relevance from their new positions. One line after the last document (:func:`rank_hint`) then states
+the retrieval order: by document id (structured mode: each block carries its ``id``) or by position (detection
+mode: the app's labels stay in place, so ``[2]`` heads the second block after a reorder and position is what the
+labels say). It goes *after* the documents so that everything before it — system prompt, documents and the
+separators between them, the prefix the backends cache — is byte for byte what the same order renders without
+it; the line is part of the tail, computed anew with the question, and depends only on the two orders, so the
+same reorder renders the same bytes. The retrieval order itself renders exactly as the client sent it (no line).
+
 Segment keys: ``"p:" + hash`` of the prefix text (with roles), documents by their doc id. Token sizes are
 estimated as UTF-8 bytes / ``chars_per_token`` (the tree only needs sizes that are consistent; the backend's
 reported counts correct the tree's capacity).
@@ -90,6 +99,22 @@ class PromptPlan:
         return self._render([s.key for s in order])
 
 
+def moved_positions(retrieval: Sequence[str], order: Sequence[str]) -> list[int] | None:
+    """For each retrieval rank (best first), the 1-based position its document takes in ``order`` (a permutation;
+    repeated keys keep their relative order); ``None`` when ``order`` is the retrieval order."""
+    if list(retrieval) == list(order):
+        return None
+    slots: dict[str, list[int]] = {}
+    for position, key in enumerate(order, 1):
+        slots.setdefault(key, []).append(position)
+    return [slots[key].pop(0) for key in retrieval]
+
+
+def rank_hint(noun: str, labels: Sequence[str]) -> str:
+    """The line stating the retrieval order, best first, of the ``noun`` above (module docs)."""
+    return f"Relevance order of the {noun} above, most relevant first: {', '.join(labels)}."
+
+
 def _conversation_text(messages: Sequence[Mapping[str, Any]]) -> str:
     return "".join(f"\x1e{m.get('role', '')}\x1f{message_text(m)}" for m in messages)
 
@@ -137,8 +162,15 @@ def _structured_plan(structured: StructuredPrompt, chars_per_token: float) -> Pr
         "p:" + content_id("\x1esystem\x1f" + system), estimate_tokens(system, chars_per_token) + 2
     )
     tail_tokens = estimate_tokens(_conversation_text(structured.messages), chars_per_token)
+    retrieval = [d.id for d in documents]
+
     def render(order: Sequence[str]) -> list[Any]:
-        return structured.render_messages([by_key[k] for k in order])
+        messages = structured.render_messages([by_key[k] for k in order])
+        moved = moved_positions(retrieval, order)
+        if moved is not None:  # after the last block: the system message ends with the documents' newline
+            hint = rank_hint("documents", [order[p - 1] for p in moved])
+            messages[0] = {**messages[0], "content": f"{messages[0]['content']}{hint}\n"}
+        return messages
 
     return PromptPlan(prefix, segments, tail_tokens, render)
 
@@ -160,10 +192,16 @@ def _detected_plan(
     separators = "".join(best_text[a.end : b.start] for a, b in itertools.pairwise(best_spans))
     tail_text = separators + best_text[best_spans[-1].end :] + _conversation_text(messages[best_index + 1 :])
     spans = list(best_spans)
+    retrieval = [span.doc_id for span in spans]
+    end = spans[-1].end
 
     def render(order: Sequence[str]) -> list[Any]:
+        content = reorder_spans(best_text, spans, order)
+        moved = moved_positions(retrieval, order)
+        if moved is not None:  # after the last document: the separators keep their places, so its end does too
+            content = f"{content[:end]}\n{rank_hint('passages', [str(p) for p in moved])}{content[end:]}"
         new_messages = list(messages)
-        new_messages[best_index] = {**doc_message, "content": reorder_spans(best_text, spans, order)}
+        new_messages[best_index] = {**doc_message, "content": content}
         return new_messages
 
     return PromptPlan(

@@ -40,6 +40,11 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--slo", type=float, default=1.5, help="TTFT SLO in seconds")
     parser.add_argument("--target", type=float, default=0.9, help="SLO attainment target")
     parser.add_argument("--overload", type=float, default=1.3, help="offered load of the overload comparison")
+    parser.add_argument(
+        "--arrival-rule", choices=("queue", "head"), default="queue",
+        help="ragproxy refuses at arrival what its queue's order says cannot start in time (queue), or only what "
+             "could not at the head of the queue (head: the rule before)",
+    )
     args = parser.parse_args(argv)
     counts = args.replicas or ([4, 8] if args.quick else [4, 16, 64])
     per_replica = args.per_replica or (100 if args.quick else 200)
@@ -51,7 +56,8 @@ def main(argv: list[str]) -> int:
     started = time.perf_counter()
     for count in counts:
         config = replace(
-            SimConfig(ttft_slo_s=args.slo), replicas=count, requests=count * per_replica, warmup=count * warmup
+            SimConfig(ttft_slo_s=args.slo, foresee_queue=args.arrival_rule == "queue"),
+            replicas=count, requests=count * per_replica, warmup=count * warmup
         )
         print(
             f"{count} replicas, {config.warmup} warm-up + {config.requests} measured requests, "
@@ -90,6 +96,8 @@ def main(argv: list[str]) -> int:
                 "goodput_rps": round(r.goodput, 2),
                 "attainment": round(r.attainment, 3),
                 "refused": r.rejected,
+                "refused_on_arrival": r.refused_on_arrival,
+                "refused_waiting": r.refused_waiting,
                 "cached_fraction": round(r.cached_fraction, 3),
             }
             for name, r in at_overload.items()
@@ -104,6 +112,12 @@ def main(argv: list[str]) -> int:
             )
         )
         print(f"  ragproxy / round_robin goodput at load {args.overload}: {overload_ratio:.2f}")
+        ours = at_overload["ragproxy"]
+        total = ours.completed + ours.rejected
+        print(
+            f"  ragproxy at load {args.overload} ({args.arrival_rule} rule): refused {ours.rejected / total:.1%} "
+            f"({ours.refused_on_arrival / total:.1%} at arrival, {ours.refused_waiting / total:.1%} after waiting)"
+        )
         results[str(count)] = row
     summary = {
         "bench": "routing",
@@ -117,6 +131,7 @@ def main(argv: list[str]) -> int:
         "goodput_ratio_vs_round_robin_cold": round(min(cold_ratios), 3),
         "goodput_ratio_cold_by_replicas": {str(c): round(r, 3) for c, r in zip(counts, cold_ratios, strict=True)},
         "overload": args.overload,
+        "arrival_rule": args.arrival_rule,
         "goodput_ratio_at_overload": round(min(overload_ratios), 3),
         "results": results,
         "elapsed_s": round(time.perf_counter() - started, 1),

@@ -2,12 +2,14 @@
 
 * ``preserve`` — retrieval order, untouched; the proxy only routes and hints. Output quality is exactly the
 app's.
-* ``reuse`` — reorder the documents so the prompt follows the longest path the replica already has cached
+* ``reuse`` (the default) — reorder the documents so the prompt follows the longest path the replica already has cached
   (knowledge tree), so more of the prefill is skipped. The top-ranked document is always kept at an edge of
   the document block (first or last): models use the beginning and the end of a long context best and the
   middle worst ("lost in the middle", Liu et al. 2023), and the top-ranked document is the one most likely to
   hold the answer. Trade-off: the other documents may move into the middle, where they are used less; for
-  top-k of 3-5 the effect is small next to a several-fold lower time to first token, but namespaces whose
+  top-k of 3-5 the effect is small next to a several-fold lower time to first token. The rendered prompt then
+  states the retrieval order in one line after the documents (:func:`normalizer.prompt_plan.rank_hint`), so the
+  rank stays visible to the model without changing the cached prefix. Namespaces whose
   prompts depend on a specific order (numbered citations that the app maps back by position, chronological
   context) should keep ``preserve``.
 * ``shift`` — ``reuse``'s order, and llama.cpp replicas are also asked to reuse cached chunks that are *not* part

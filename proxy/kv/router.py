@@ -37,14 +37,34 @@ more than ``balance_abs_threshold`` requests above the idlest and more than ``ba
 many — cache affinity is ignored and the least-loaded replica (by outstanding requests, then estimate) is
 chosen, so a hot prefix cannot pile everything onto one replica.
 
-Refusal: when no replica could meet ``ttft_slo_s`` even if the request went first in its waiting queue — the
-prefill already started there, then its own — the router answers :class:`Reject` with a ``retry_after_s`` (the
-excess of the best estimate, rounded up to whole seconds, at least one); the Route stage turns that into 429 with
-``Retry-After``. One that could is admitted, even when its estimate behind the requests already waiting exceeds
-the SLO: the waiting queue is cache-aware, not first-come, and drops what can no longer start in time, so
-requests ahead of it may never run; the queue then decides, with what it knows when a slot frees, and drops it
-(429) if it cannot start in time. Refusing on the estimate with the queue in it refused requests that would
-have made it: at the direct side's knee in ``kv_load``, 11% refused where the direct side answered 98% in time.
+Refusal at arrival: with ``ttft_slo_s`` set, a replica is a candidate only where the request is expected to start
+its prefill by its start deadline (the SLO less its own prefill): the router foresees its waiting queue
+(:func:`~proxy.kv.expected_start.expected_start`) — the prefill in hand, then the cache-aware order of
+:class:`~proxy.kv.admission_queue.CacheAwareOrder` over the requests waiting there and the newcomer (better ``cached
+/ compute`` ratio first; an entry past ``starvation_window_s`` first of all), where those waiting whose own deadline
+passes before their turn are dropped and count for nothing, and where later arrivals with a better ratio go first
+until the newcomer has waited the window, at half the rate such requests were admitted there over the last SLO
+(:meth:`ReplicaLoad.overtaking`, :data:`OVERTAKING_SHARE`). When no replica is expected to start it in time, the
+router answers :class:`Reject` with a ``retry_after_s`` (the best expected time to first token's excess over the
+SLO, rounded up to whole seconds, at least one); the Route stage turns that into 429 with ``Retry-After``. The queue
+still drops (429) a request whose deadline passes while it waits: the backstop for what the foresight missed
+(estimates off, arrivals above the expected rate).
+
+Why this rule and not the two before it: the plain estimate (everything waiting ahead, then this request) counts
+work that will not run before it — requests with less cached go after it, doomed ones are dropped — and refused
+requests that would have made it: at the direct side's knee in ``kv_load``, 11% refused where the direct side
+answered 98% in time. Refusing only what could not start in time even at the head of its queue admitted everything
+the queue then dropped after a wait: in the routing simulation (``python -m loadtest.bench routing --quick
+--overload 2.5``; ``--arrival-rule head`` for the rule before; BENCHMARKS.md) at 2.5 times the cache-less capacity
+all of its 29.5% refusals (4 replicas) came after waiting. There the queue's replay alone refused nothing at
+arrival: what drops a request is the better-placed requests that arrive while it waits. Later arrivals are a rate,
+not known requests, and a wrong refusal costs an answer while a late drop costs the client a wait shorter than the
+SLO, so the foresight takes half the recent rate (:data:`OVERTAKING_SHARE`): with the whole rate, 72% of the
+refusals came at arrival and the share in time at 2.5 rose from 0.70 to 0.74, but at the 4-replica knee requests
+that would have made it were refused (the highest load with 90% in time 1.75 against 1.81 times the cache-less
+capacity); with half, that load is what it was (1.81 and 1.94 with 4 and 8 replicas), the share in time at 2.5 rose
+to 0.72 and 0.74 (from 0.70 and 0.71), and 8.2% and 3.6% are refused at arrival (of 27.8% and 25.5%), the rest after
+waiting. ``starvation_window_s=None`` keeps the rule before (only what misses at the head of its queue is refused).
 
 With an SLO, a first token sooner than the SLO earns nothing, while every token a replica computes is capacity
 taken from the requests behind it. So among the replicas whose estimate is within ``affinity_headroom`` times
@@ -67,13 +87,19 @@ from __future__ import annotations
 import heapq
 import math
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
+from proxy.kv.expected_start import Waiting, expected_start
 from proxy.kv.prefill import PrefillModel
 from proxy.kv.settings import RoutingSettings
 
 _ROUTING = RoutingSettings()  # the defaults, defined once there
+
+OVERTAKING_SHARE = 0.5
+"""Share of the recent rate of better-placed admissions that the arrival test expects to overtake a newcomer
+(module docs: the whole rate refused requests that would have made it)."""
 
 
 @dataclass(slots=True)  # not frozen: built per request, and frozen fields cost about 5 times more to set
@@ -108,6 +134,8 @@ class Reject:
 @dataclass(slots=True)
 class _Outstanding:
     prefill_s: float
+    waiting: Waiting | None = None
+    """Its place in the waiting queue's order (ratio, admission time, deadline), for :func:`expected_start`."""
     end: float | None = None
     """Started: when its estimated prefill ends (router clock); counted in the running sums until then."""
     alone: bool = False
@@ -191,13 +219,39 @@ class ReplicaLoad:
     _running: int = 0
     """Started and not removed yet (prefill running, by the replica's own clock, whatever the estimate says)."""
     _starts: int = 0
+    _recent: deque[Waiting] = field(default_factory=deque)
+    """Admissions of the last :attr:`recent_s`, oldest first (:meth:`overtaking`)."""
+    recent_s: float = 1.0
+    """How far back admissions count (the router's SLO: later ones would start after a newcomer's deadline)."""
     slowdown: Slowdown = field(default_factory=Slowdown)
     """Shared by the replicas of a router."""
 
-    def add(self, request_id: str, prefill_s: float) -> None:
+    def add(self, request_id: str, prefill_s: float, waiting: Waiting | None = None) -> None:
         self.remove(request_id)
-        self.outstanding[request_id] = _Outstanding(prefill_s)
+        self.outstanding[request_id] = _Outstanding(prefill_s, waiting)
         self._unstarted_s += prefill_s
+        if waiting is not None:
+            self._recent.append(waiting)
+            self._forget(waiting.enqueued_at)
+
+    def overtaking(self, ratio: float, now: float) -> float:
+        """Prefill seconds per second lately admitted with a better ratio than ``ratio`` (they go first in the
+        waiting queue)."""
+        self._forget(now)
+        return sum(w.prefill_s for w in self._recent if w.ratio > ratio) / self.recent_s
+
+    def _forget(self, now: float) -> None:
+        recent = self._recent
+        while recent and recent[0].enqueued_at < now - self.recent_s:
+            recent.popleft()
+
+    def waiting(self) -> list[Waiting]:
+        """The requests not started, in admission order (one admitted without a place goes before any newcomer)."""
+        return [
+            item.waiting or Waiting(item.prefill_s, math.inf, -math.inf, None)
+            for item in self.outstanding.values()
+            if item.end is None
+        ]
 
     def start(self, request_id: str, now: float) -> None:
         item = self.outstanding.get(request_id)
@@ -275,6 +329,7 @@ class Router:
         balance_abs_threshold: int = 4,
         balance_rel_threshold: float = 2.0,
         affinity_headroom: float = _ROUTING.affinity_headroom,
+        starvation_window_s: float | None = _ROUTING.starvation_window_s,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if not prefill_models:
@@ -282,10 +337,17 @@ class Router:
         widths = [parallelism] * len(prefill_models) if isinstance(parallelism, int) else list(parallelism)
         self.slowdown = Slowdown()
         self.loads = [ReplicaLoad(m, p, slowdown=self.slowdown) for m, p in zip(prefill_models, widths, strict=True)]
+        if ttft_slo_s is not None:
+            for load in self.loads:
+                load.recent_s = ttft_slo_s  # arrivals within one SLO can overtake a newcomer before its deadline
         self.ttft_slo_s = ttft_slo_s
         self.balance_abs_threshold = balance_abs_threshold
         self.balance_rel_threshold = balance_rel_threshold
         self.affinity_headroom = affinity_headroom
+        self.starvation_window_s = starvation_window_s
+        """The waiting queues' window (:class:`~proxy.kv.admission_queue.AdmissionQueue`), to foresee their order;
+        ``None``: the order is not foreseen, and only what could not start in time at the head of its queue is
+        refused."""
         self._clock = clock
         self.tracks_load = len(self.loads) > 1 or ttft_slo_s is not None
         """Whether a decision can depend on load: several replicas to compare, or an SLO to refuse by."""
@@ -315,11 +377,12 @@ class Router:
         for c in candidates:
             ttft, prefill = self.estimate(c, now)
             scored.append((ttft, self.loads[c.replica].active, c.replica, c, prefill))
-        lowest = min(s[0] for s in scored)
-        if slo is not None and lowest > slo and all(
-            self.loads[s[2]].running_s(now) / max(1, self.loads[s[2]].parallelism) + s[4] > slo for s in scored
-        ):  # not even at the head of a waiting queue
-            return Reject(max(1, math.ceil(lowest - slo)), lowest)
+        if slo is not None:  # only the replicas where it is expected to start in time
+            expected = [(self._expected_ttft(s[3], s[0], s[4], now, slo), s) for s in scored]
+            scored = [s for ttft, s in expected if ttft <= slo]
+            if not scored:
+                best_s = min(ttft for ttft, _ in expected)
+                return Reject(max(1, math.ceil(best_s - slo)), best_s)
         comfortable = [s for s in scored if s[0] <= slo * self.affinity_headroom] if slo is not None else []
         if len(scored) == 1:  # nothing to compare
             best, reason = scored[0], "ttft"
@@ -340,6 +403,24 @@ class Router:
             start_deadline=None if slo is None else now + slo - prefill,
         )
 
+    def _expected_ttft(self, candidate: Candidate, estimate_s: float, prefill_s: float, now: float,
+                       slo: float) -> float:
+        """Time to first token of ``candidate`` when its queue lets it start as its order foresees (module docs),
+        or a bound of it when the bound already says whether it is within ``slo``."""
+        load = self.loads[candidate.replica]
+        head = load.running_s(now) / max(1, load.parallelism) + prefill_s
+        if self.starvation_window_s is None or head > slo:  # not even at the head of its queue
+            return head
+        ratio = candidate.cached_tokens / max(1, candidate.total_tokens - candidate.cached_tokens)
+        flow = OVERTAKING_SHARE * load.overtaking(ratio, now)
+        if flow < 1.0:  # behind all that waits and the flow: within the SLO, the replay can only say so too
+            bound = (estimate_s - prefill_s) / (1.0 - flow) + prefill_s
+            if bound <= slo:
+                return bound
+        start = expected_start(load.waiting(), ratio, now, now + head - prefill_s, self.starvation_window_s,
+                               load.parallelism, flow)
+        return start - now + prefill_s
+
     def _only(self, candidate: Candidate) -> RouteDecision:
         """The decision when nothing can be compared or refused (no load tracked: the estimate is the prefill)."""
         ttft, prefill = self.estimate(candidate)
@@ -354,7 +435,9 @@ class Router:
         if not self.tracks_load:
             return
         load = self.loads[decision.replica]
-        load.add(request_id, decision.prefill_s)
+        ratio = decision.cached_tokens / max(1, decision.uncached_tokens)
+        place = Waiting(decision.prefill_s, ratio, self._clock(), decision.start_deadline)
+        load.add(request_id, decision.prefill_s, place)
         load.active += 1
 
     def started(self, request_id: str, replica: int) -> None:

@@ -15,7 +15,7 @@ class RoutingSettings(Section):
     enabled: bool = Field(default=True, description="Knowledge tree, document order, prefix hints, TTFT routing")
     ttft_slo_s: float | None = Field(default=None, gt=0, description="Answer 429 when no replica can start sooner")
     order: Literal["preserve", "reuse", "shift"] = Field(
-        default="preserve",
+        default="reuse",
         description="preserve: retrieval order; reuse: follow the longest cached path; shift: reuse, and llama.cpp "
                     "may also reuse cached documents outside the prefix (approximate)",
     )

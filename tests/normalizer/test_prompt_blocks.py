@@ -111,7 +111,8 @@ def test_recognised_blocks_are_the_documents_kv_planning_and_the_semantic_tier_r
     plan = plan_request(chat, prompt)
     assert plan is not None and [s.key for s in plan.documents] == [content_id(t) for t in (A, B, C)]
     reordered = plan.render_messages([plan.documents[2], plan.documents[0], plan.documents[1]])
-    assert reordered[1]["content"] == f"[1] {C}\n[2] {A}\n[3] {B}\n\n{QUESTION}"  # labels stay in place
+    hint = "Relevance order of the passages above, most relevant first: 2, 3, 1."  # A went to [2], B to [3], C to [1]
+    assert reordered[1]["content"] == f"[1] {C}\n[2] {A}\n[3] {B}\n{hint}\n\n{QUESTION}"  # labels stay in place
 
 
 def test_without_a_registry_nothing_is_recognised_and_a_registered_find_wins_ties() -> None:

@@ -60,7 +60,7 @@ def test_same_documents_stick_to_one_replica_and_reuse_its_kv(replicas: list[Fak
 
 
 def test_preserve_keeps_the_retrieval_order(replicas: list[FakeLLM]) -> None:
-    with ProxyServer(_settings(replicas)) as server:
+    with ProxyServer(_settings(replicas, **{"routing.order": "preserve"})) as server:
         httpx.post(server.url + CHAT, json=_structured([DOCS[2], DOCS[0]], "q"))
     sent = next(r for r in replicas if r.log.count(CHAT)).log.for_path(CHAT)[-1].json()["messages"][0]["content"]
     assert sent.index(DOCS[2]["text"]) < sent.index(DOCS[0]["text"])
@@ -81,7 +81,9 @@ def test_documents_from_searches_are_detected_in_prompts(replicas: list[FakeLLM]
             httpx.post(server.url + CHAT, json={"model": "fake-model", "messages": [
                 {"role": "user", "content": f"Context:\n{context}\n\nQuestion: which passage?"}]})
     prompts = [r.json()["messages"][0]["content"] for replica in replicas for r in replica.log.for_path(CHAT)]
-    assert len(prompts) == 2 and prompts[0] == prompts[1], "detected documents are put in one stable order"
+    hint = "\nRelevance order of the passages above, most relevant first: 3, 2, 1."  # the second's retrieval order
+    assert len(prompts) == 2, "detected documents are put in one stable order, the retrieval rank after them"
+    assert prompts[1] == prompts[0].replace("\n\nQuestion:", hint + "\n\nQuestion:")
 
 
 def test_pasted_numbered_passages_are_recognised_without_a_search(replicas: list[FakeLLM]) -> None:
@@ -97,7 +99,8 @@ def test_pasted_numbered_passages_are_recognised_without_a_search(replicas: list
     assert {a.status_code for a in answers} == {200}
     assert answers[0].headers["X-RagProxy-Replica"] == answers[1].headers["X-RagProxy-Replica"]
     sent = [r.json()["messages"][1]["content"] for replica in replicas for r in replica.log.for_path(CHAT)]
-    assert [p.rpartition("\n\n")[0] for p in sent] == [sent[0].rpartition("\n\n")[0]] * 2
+    hint = "\nRelevance order of the passages above, most relevant first: 3, 1, 2."  # the best now third
+    assert sent[1].rpartition("\n\n")[0] == sent[0].rpartition("\n\n")[0] + hint
     assert _cached(answers[1]) > 300
 
 

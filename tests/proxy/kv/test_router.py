@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from proxy.kv.router import Candidate, Reject, ReplicaLoad, RouteDecision, Router
+from proxy.kv.router import OVERTAKING_SHARE, Candidate, Reject, ReplicaLoad, RouteDecision, Router
 from tests.proxy.kv.clocks import Clock, models
 
 
@@ -204,17 +204,102 @@ def test_one_replica_with_an_slo_keeps_load_and_refuses() -> None:
     assert refused is not None and router.loads[0].active == 2  # 0.4 s each: a third would see 1.2 s
 
 
-def test_a_request_that_could_meet_the_slo_at_the_head_of_the_queue_is_admitted_for_the_queue_to_decide() -> None:
+def queued(router: Router, name: str, prefill_s: float, cached: int = 0, deadline: float | None = None) -> None:
+    """Admit a request of ``prefill_s`` (1 ms per uncached token) that waits for a slot."""
+    uncached = round(prefill_s * 1000)
+    router.admitted(name, RouteDecision(0, prefill_s, cached, uncached, prefill_s, "ttft", deadline))
+
+
+def test_a_request_that_would_wait_past_its_start_deadline_in_the_queue_order_is_refused_at_arrival() -> None:
     clock = Clock()
     router = Router(models(1), ttft_slo_s=1.0, clock=clock)
-    router.admitted("running", RouteDecision(0, 0.4, 0, 400, 0.4, "ttft"))
+    queued(router, "running", 0.4)
     router.started("running", 0)
-    for i in range(3):  # 1.2 s of prefill waiting for a slot: the cache-aware queue may let a newcomer go first
-        router.admitted(f"waiting{i}", RouteDecision(0, 0.4, 0, 400, 0.4, "ttft"))
-    decision = router.choose([Candidate(0, 0, 400)])
+    for i in range(3):  # 1.2 s of prefill waiting, none cached: a newcomer with nothing cached goes after them
+        queued(router, f"waiting{i}", 0.4)
+    refused = router.choose([Candidate(0, 0, 400)])  # at the head it would have made it: 0.4 + 0.4 <= 1.0
+    assert isinstance(refused, Reject) and refused.best_estimate_s == pytest.approx(2.0)
+
+
+def test_a_request_the_cache_aware_order_lets_go_first_is_admitted_past_the_full_queue_estimate() -> None:
+    clock = Clock()
+    router = Router(models(1), ttft_slo_s=1.0, clock=clock)
+    queued(router, "running", 0.4)
+    router.started("running", 0)
+    for i in range(3):
+        queued(router, f"waiting{i}", 0.4)
+    decision = router.choose([Candidate(0, 300, 400)])  # 300 cached of 400: goes before those computing 400
     assert isinstance(decision, RouteDecision)
-    assert decision.estimated_ttft_s == pytest.approx(2.0)  # over the SLO behind everyone ...
-    assert decision.start_deadline == pytest.approx(0.6)  # ... so the queue drops it unless it can start by 0.6 s
-    router.admitted("late", RouteDecision(0, 0.5, 0, 500, 0.5, "ttft"))
+    assert decision.estimated_ttft_s == pytest.approx(1.7)  # over the SLO behind everyone ...
+    assert decision.start_deadline == pytest.approx(0.9)  # ... but expected to start at 0.4
+
+
+def test_requests_ahead_that_will_miss_their_own_deadline_do_not_count() -> None:
+    clock = Clock()
+    router = Router(models(1), ttft_slo_s=1.0, clock=clock)
+    queued(router, "running", 0.4)
+    router.started("running", 0)
+    for i in range(3):  # they cannot start before 0.4: the queue will drop them
+        queued(router, f"doomed{i}", 0.4, deadline=0.3)
+    assert isinstance(router.choose([Candidate(0, 0, 400)]), RouteDecision)
+
+
+def test_older_requests_that_starve_go_first_within_the_window() -> None:
+    def newcomer(window_s: float) -> RouteDecision | Reject:
+        clock = Clock()
+        router = Router(models(1), ttft_slo_s=1.0, starvation_window_s=window_s, clock=clock)
+        queued(router, "running", 0.4)
+        router.started("running", 0)
+        for i in range(2):
+            queued(router, f"old{i}", 0.4)
+        clock.t = 0.2
+        return router.choose([Candidate(0, 300, 400)])  # better ratio; deadline 0.2 + 1.0 - 0.1 = 1.1
+
+    assert isinstance(newcomer(2.0), RouteDecision)  # starts at 0.4, before the older ones
+    assert isinstance(newcomer(0.3), Reject)  # at 0.4 they have waited 0.4 s: they go first, it would start at 1.2
+
+
+def test_without_the_queue_order_only_what_misses_at_the_head_is_refused() -> None:
+    clock = Clock()
+    router = Router(models(1), ttft_slo_s=1.0, starvation_window_s=None, clock=clock)
+    queued(router, "running", 0.4)
+    router.started("running", 0)
+    for i in range(3):
+        queued(router, f"waiting{i}", 0.4)
+    assert isinstance(router.choose([Candidate(0, 0, 400)]), RouteDecision)
+    queued(router, "late", 0.5)
     router.started("late", 0)  # now 0.9 s in hand: 0.9 + 0.4 > 1.0 even at the head of the queue
     assert isinstance(router.choose([Candidate(0, 0, 400)]), Reject)
+
+
+def test_only_a_replica_that_can_start_it_in_time_is_chosen() -> None:
+    clock = Clock()
+    router = Router(models(2), ttft_slo_s=1.0, clock=clock)
+    for replica, names in ((0, ["r0", "w0", "w1"]), (1, ["r1", "w2", "w3", "w4"])):
+        for n in names:
+            router.admitted(n, RouteDecision(replica, 0.4, 0, 400, 0.4, "ttft"))
+        router.started(names[0], replica)
+    # replica 0 is estimated lower (1.6 s against 1.7 s) and the newcomer would wait behind both that wait there;
+    # on replica 1 its 300 cached tokens put it first: 0.4 + 0.1 s
+    decision = router.choose([Candidate(0, 0, 400), Candidate(1, 300, 400)])
+    assert isinstance(decision, RouteDecision) and decision.replica == 1
+
+
+def test_a_flow_of_better_placed_arrivals_overtakes_a_newcomer_until_its_deadline() -> None:
+    def newcomer(served: int, cached: int = 0) -> RouteDecision | Reject:
+        clock = Clock()
+        router = Router(models(1), ttft_slo_s=1.0, clock=clock)
+        queued(router, "running", 0.2)
+        router.started("running", 0)
+        for i in range(served):  # 0.1 s each, 3 cached tokens per computed one: they go first when they come
+            queued(router, f"served{i}", 0.1, cached=300)
+            router.started(f"served{i}", 0)
+            router.first_token(f"served{i}", 0)
+            router.finished(f"served{i}", 0)
+        return router.choose([Candidate(0, cached, cached + 400)])  # deadline 1.0 - 0.4 = 0.6
+
+    assert OVERTAKING_SHARE == 0.5  # half of the recent rate is expected to come while the newcomer waits:
+    assert isinstance(newcomer(0), RouteDecision)  # starts at 0.2
+    assert isinstance(newcomer(12), RouteDecision)  # 1.2 s/s of them, 0.6 expected: starts at 0.2 / (1 - 0.6) = 0.5
+    assert isinstance(newcomer(16), Reject)  # 0.8 expected: at 1.0
+    assert isinstance(newcomer(16, cached=1200), RouteDecision)  # as well placed as they are: not overtaken

@@ -141,7 +141,9 @@ async def test_detected_documents_are_reordered_in_place() -> None:
     await pipeline(ctx_for(body("a", "b", "c"), 1))
     await pipeline(ctx_for(body("b", "c", "a"), 2))  # top b; cached path a, b, c -> a, c, b
     sent = backend.bodies[1]["messages"][0]["content"]
-    assert sent == body("a", "c", "b")["messages"][0]["content"]
+    reordered = body("a", "c", "b")["messages"][0]["content"]  # the labels stay: [1] a, [2] c, [3] b ...
+    hint = "\nRelevance order of the passages above, most relevant first: 3, 2, 1."  # ... b was first, a last
+    assert sent == reordered.replace("\nQuestion:", hint + "\nQuestion:")
 
 
 async def test_no_replica_within_the_slo_is_a_429_with_retry_after() -> None:
