@@ -153,6 +153,8 @@ optional_sides() {  # the smg and contextpilot sides, from $BUNDLE/sides/<side>/
     echo "$side side: installed from $dir"
     EXTRA_SIDES+=",$side"
   done
+  # the fleet side (GPU_KV_SIDES=...,fleet: proxies in shared mode) starts a redis-server of its own
+  echo "fleet side: redis-server $(command -v redis-server || echo 'not found: the bench drops the side')"
 }
 
 build() {

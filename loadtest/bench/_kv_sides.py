@@ -6,6 +6,7 @@ proxy's KV layer in-process, a diagnostic; see :mod:`loadtest.bench.kv`)."""
 from __future__ import annotations
 
 import argparse
+import shutil
 import statistics
 import time
 from collections import Counter
@@ -111,8 +112,11 @@ SIDE_KINDS = {
 
 def chosen_sides(spec: str) -> list[str]:
     """The sides of ``--sides``, in :data:`SIDES` order; ``smg`` dropped, in one printed line, when not installed;
-    ``fleet`` brings ``serve``, the one proxy it is compared with."""
+    ``fleet`` brings ``serve``, the one proxy it is compared with, and is dropped the same way without redis-server."""
     asked = {name.strip() for name in spec.split(",") if name.strip()} | {"direct", "proxy"}
+    if "fleet" in asked and shutil.which("redis-server") is None:
+        print("redis-server not found on the PATH: running without the fleet side", flush=True)
+        asked.discard("fleet")
     if "fleet" in asked:
         asked.add("serve")
     unknown = asked - set(SIDES)

@@ -47,6 +47,14 @@ def test_the_fleet_brings_the_one_proxy_it_is_compared_with_and_runs_only_when_a
     assert parser.parse_args(["--sides", "fleet", "--proxies", "2"]).proxies == 2
 
 
+def test_a_fleet_without_redis_server_is_said_in_one_line_and_the_other_sides_run(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path))
+    assert chosen_sides("fleet") == ["direct", "proxy"]
+    assert capsys.readouterr().out == "redis-server not found on the PATH: running without the fleet side\n"
+
+
 def _trials(within: dict[float, int]) -> dict[float, list[tuple[int, int]]]:
     """Three repeats of 20 requests per rate, ``within[rate]`` of each answered within the objective."""
     return {rate: [(count, 20)] * 3 for rate, count in within.items()}
