@@ -270,6 +270,9 @@ if path.exists():
           f"/s; TTFT p99 ratio at low load {r['ttft_p99_ratio_low_load']}; reuse/ceiling {r['reuse_vs_ceiling']}")
     if r.get("capacity_ratio_vs_smg") is not None:
         print(f"  capacity proxy / smg {r['capacity_ratio_vs_smg']} CI {r.get('capacity_ratio_vs_smg_ci')}")
+    if r.get("capacity_ratio_vs_one_proxy") is not None:
+        print(f"  capacity {r['proxies']} proxies / one {r['capacity_ratio_vs_one_proxy']} CI "
+              f"{r['capacity_ratio_vs_one_proxy_ci']}")
     for row in r["rates"]:
         d, p = row["direct"], row["proxy"]
         print(f"  {row['rate']}/s: direct {d['goodput_rps']}/s ({d['attainment']:.0%}), proxy {p['goodput_rps']}/s "
