@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterator
@@ -47,6 +49,25 @@ def wait_for_port(port: int, timeout: float = 30.0, host: str = "127.0.0.1",
         except OSError:
             time.sleep(0.02)
     raise TimeoutError(f"nothing listens on {host}:{port} after {timeout}s")
+
+
+@contextmanager
+def redis_server() -> Iterator[str]:
+    """A redis-server of this process's own on a free loopback port (never the machine's 6379), no persistence, its
+    files in a temporary folder; yields its URL and stops it on exit."""
+    binary = shutil.which("redis-server")
+    if binary is None:
+        raise SystemExit("redis-server is not installed")
+    port = free_port()
+    with tempfile.TemporaryDirectory(prefix="ragproxy-bench-redis-") as directory:
+        process = subprocess.Popen([binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly",
+                                    "no", "--dir", directory], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            wait_for_port(port, process=process)
+            yield f"redis://127.0.0.1:{port}/0"
+        finally:
+            process.terminate()
+            process.wait(timeout=10)
 
 
 @contextmanager

@@ -30,6 +30,9 @@
 # GPU_KV_LOAD_MIN_S (200), GPU_KV_STOP_AFTER (preflight|configure: a dry run of the first steps; configure
 # needs no GPU with GPU_KV_ARCH set), GPU_KV_CUBLAS (a folder with cuBLAS's include/ and lib/), GPU_KV_CMAKE_ARGS
 # (more CMake arguments for the CUDA build), JOBS (nproc), PY (python3).
+# GPU_KV_SIDES (the load run's sides; default direct,proxy and each of smg, contextpilot whose wheels the bundle
+# carries in sides/<side>/, made by scripts/fetch_kv_wheels.sh and installed offline in the pre-flight; a side
+# without them is dropped, in one line).
 # GPU_KV_CPU=1: no GPU — the same steps with a CPU build (the cached one when RAGPROXY_LLAMA_SERVER names it) and
 # the tiny shape, to check the script where there is no GPU.
 set -uo pipefail
@@ -78,6 +81,7 @@ preflight() {
   export PYTHONPATH="$WORK/site:$ROOT${PYTHONPATH:+:$PYTHONPATH}"
   timeout 60 "$PY" -c "import loadtest.bench.kv_load, gguf, orjson, httptools, httpx, numpy; print('imports ok')" \
     || fail "the benchmark's imports (scripts/gpu_kv_wheels.txt lists what the bundle brings)"
+  optional_sides
   CMAKE_EXTRA=""
   if [ -z "$CPU" ]; then
     local nvcc cuda inc="" lib="" d
@@ -123,6 +127,34 @@ preflight() {
     export LD_LIBRARY_PATH="$lib:$cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
   fi
   mark preflight_s $((SECONDS - t))
+}
+
+optional_sides() {  # the smg and contextpilot sides, from $BUNDLE/sides/<side>/ (scripts/fetch_kv_wheels.sh)
+  local side dir
+  EXTRA_SIDES=""
+  for side in smg contextpilot; do
+    dir="$BUNDLE/sides/$side"
+    if [ ! -f "$dir/requirements.txt" ]; then
+      echo "$side side: no wheels in $dir (scripts/fetch_kv_wheels.sh $side): dropped"; continue
+    fi
+    # a folder per side: pip --target --upgrade replaces a folder (bin/) another install wrote
+    timeout 120 "$PY" -m pip install -q --no-index --find-links "$dir" --no-deps --no-compile --no-cache-dir \
+      --upgrade --target "$WORK/sides/$side" -r "$dir/requirements.txt" \
+      || { echo "$side side: installing the wheels of $dir failed: dropped"; continue; }
+    export PYTHONPATH="$PYTHONPATH:$WORK/sides/$side"
+    if [ "$side" = smg ]; then
+      export RAGPROXY_SMG="$WORK/sides/smg/bin/smg"
+      timeout 60 "$RAGPROXY_SMG" launch --help >/dev/null 2>&1 \
+        || { echo "smg side: $RAGPROXY_SMG launch --help failed: dropped"; unset RAGPROXY_SMG; continue; }
+    else
+      timeout 60 "$PY" -c "from contextpilot.server.live_index import ContextPilot" \
+        || { echo "contextpilot side: its library mode does not import: dropped"; continue; }
+    fi
+    echo "$side side: installed from $dir"
+    EXTRA_SIDES+=",$side"
+  done
+  # the fleet side (GPU_KV_SIDES=...,fleet: proxies in shared mode) starts a redis-server of its own
+  echo "fleet side: redis-server $(command -v redis-server || echo 'not found: the bench drops the side')"
 }
 
 build() {
@@ -203,7 +235,8 @@ main() {
   if [[ " $STEPS " == *" load "* ]]; then
     read -r -a extra <<< "${GPU_KV_LOAD_ARGS:-}"
     if [ "$(left)" -ge "$LOAD_MIN_S" ] || [ -n "$CPU" ]; then
-      bench load "$(budget 400 10)" kv_load --quick --search --sides direct,proxy --model "$MODEL_LOAD" "${gpu[@]}" \
+      bench load "$(budget 400 10)" kv_load --quick --search --sides "${GPU_KV_SIDES:-direct,proxy$EXTRA_SIDES}" \
+        --model "$MODEL_LOAD" "${gpu[@]}" \
         "${fair[@]}" "${extra[@]}"
     else
       echo "skipping the load run: $(left)s left (GPU_KV_STEPS=load on the same machine reuses the build)"
@@ -235,6 +268,11 @@ if path.exists():
     r = json.loads(path.read_text())
     print(f"load ({shape}): objective {r['slo_ms']} ms; goodput_ratio {r['goodput_ratio']} at {r['goodput_ratio_rate']}"
           f"/s; TTFT p99 ratio at low load {r['ttft_p99_ratio_low_load']}; reuse/ceiling {r['reuse_vs_ceiling']}")
+    if r.get("capacity_ratio_vs_smg") is not None:
+        print(f"  capacity proxy / smg {r['capacity_ratio_vs_smg']} CI {r.get('capacity_ratio_vs_smg_ci')}")
+    if r.get("capacity_ratio_vs_one_proxy") is not None:
+        print(f"  capacity {r['proxies']} proxies / one {r['capacity_ratio_vs_one_proxy']} CI "
+              f"{r['capacity_ratio_vs_one_proxy_ci']}")
     for row in r["rates"]:
         d, p = row["direct"], row["proxy"]
         print(f"  {row['rate']}/s: direct {d['goodput_rps']}/s ({d['attainment']:.0%}), proxy {p['goodput_rps']}/s "

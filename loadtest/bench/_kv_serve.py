@@ -6,10 +6,18 @@ It is started the way the operations guide says, with the command line a user ty
 :data:`SERVE_SETTINGS` (the answer cache off: every question of the workloads is new, so the cache could only
 miss, and its embedding work would compete with the replicas for the machine's cores) and the ``--serve-set``
 settings given to the bench.
+
+The ``fleet`` side (:class:`ServeFleet`) runs several of these processes in front of the same replicas, in shared
+mode (``redis.url``: one redis-server of the bench's own, on a free loopback port, no persistence), the way
+docs/scale-out.md says to run replicas of the proxy: each reads the others' prefix summaries through Redis
+(:class:`~proxy.kv.prefix_board.PrefixSummaryBoard`), so that a request routed by one proxy finds the prefixes the
+others sent. Nothing else is shared between them: each proxy's admission and its view of the replicas' load and
+slots are its own.
 """
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
 import sys
 import tempfile
@@ -20,7 +28,7 @@ from pathlib import Path
 import httpx
 
 from loadtest.bench._kv_servers import ROOT, wait_until
-from loadtest.harness import free_port
+from loadtest.harness import free_port, redis_server
 
 SERVE_SETTINGS = ("cache.enabled=false", "logging.level=warning")
 """What the bench sets beyond the replicas and the order (see the module)."""
@@ -69,8 +77,9 @@ class Serve:
     def __init__(
         self, urls: Sequence[str], *, slots: int, order: str, slo_s: float | None = None, settings: Sequence[str] = ()
     ) -> None:
-        port = free_port()
+        port, admin_port = free_port(), free_port()
         self.url = f"http://127.0.0.1:{port}"
+        self.admin_url = f"http://127.0.0.1:{admin_port}"
         self._dir = tempfile.TemporaryDirectory(prefix="ragproxy-serve-")
         self.log_path = Path(self._dir.name) / "serve.log"
         self.command = serve_command(
@@ -78,7 +87,7 @@ class Serve:
             slots=slots,
             order=order,
             port=port,
-            admin_port=free_port(),
+            admin_port=admin_port,
             data_dir=Path(self._dir.name) / "data",
             slo_s=slo_s,
             settings=settings,
@@ -111,3 +120,46 @@ class Serve:
             self._proc.kill()
         self._log.close()
         self._dir.cleanup()
+
+
+def shared_settings(redis_url: str) -> tuple[str, ...]:
+    """What makes a ``ragproxy serve`` one of a fleet: shared mode on ``redis_url`` (docs/scale-out.md)."""
+    return (f"redis.url={redis_url}",)
+
+
+class ServeFleet:
+    """``count`` ``ragproxy serve`` processes in shared mode, each in front of every one of ``urls`` (the same
+    command line as :class:`Serve`, plus :func:`shared_settings`), and the redis-server they share; all started and
+    stopped by this process."""
+
+    def __init__(
+        self, urls: Sequence[str], *, count: int, slots: int, order: str, slo_s: float | None = None,
+        settings: Sequence[str] = (),
+    ) -> None:
+        if count < 1:
+            raise ValueError("a fleet needs at least one proxy")
+        self._stack = contextlib.ExitStack()
+        self.redis_url = self._stack.enter_context(redis_server())
+        self.proxies: list[Serve] = []
+        try:
+            for _ in range(count):
+                proxy = Serve(urls, slots=slots, order=order, slo_s=slo_s,
+                              settings=(*shared_settings(self.redis_url), *settings))
+                self.proxies.append(proxy)
+                self._stack.callback(proxy.stop)
+        except BaseException:
+            self._stack.close()
+            raise
+
+    @property
+    def urls(self) -> list[str]:
+        """The proxies' URLs, in the order clients are dealt to them."""
+        return [proxy.url for proxy in self.proxies]
+
+    def wait_ready(self, timeout_s: float = 120) -> None:
+        for proxy in self.proxies:
+            proxy.wait_ready(timeout_s)
+
+    def stop(self) -> None:
+        """Every proxy (last started first), then the redis-server."""
+        self._stack.close()

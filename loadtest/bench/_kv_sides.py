@@ -1,10 +1,12 @@
 """The sides of the kv benchmarks, each on its own replicas with the same flags: direct (round-robin), smg
 (SGLang's gateway), serve (a real ``ragproxy serve`` over HTTP, :mod:`loadtest.bench._kv_serve`: the product as
-users run it), proxy and preserve (the proxy's KV layer in-process, a diagnostic; see :mod:`loadtest.bench.kv`)."""
+users run it), fleet (``--proxies`` of them in shared mode in front of the same replicas), proxy and preserve (the
+proxy's KV layer in-process, a diagnostic; see :mod:`loadtest.bench.kv`)."""
 
 from __future__ import annotations
 
 import argparse
+import shutil
 import statistics
 import time
 from collections import Counter
@@ -18,7 +20,7 @@ import orjson
 from loadtest.bench._kv_contextpilot import ContextPilotSide, contextpilot_installed
 from loadtest.bench._kv_requests import chat_body, outcome_of, post_chat
 from loadtest.bench._kv_reuse import Routed
-from loadtest.bench._kv_serve import Serve
+from loadtest.bench._kv_serve import Serve, ServeFleet
 from loadtest.bench._kv_servers import Servers, Smg, find_smg
 from loadtest.bench._kv_workload import Workload, app_messages, structured_parts
 from loadtest.goodput import OK, REJECTED, Outcome
@@ -58,15 +60,19 @@ def add_server_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", type=Path, help="a GGUF model to use instead of the shape's random one")
     parser.add_argument("--no-trace", action="store_true",
                         help="run the replicas at the default log verbosity (no prompt-cache update times)")
-    parser.add_argument("--sides", default=",".join(SIDES),
+    parser.add_argument("--sides", default=",".join(DEFAULT_SIDES),
                         help="comma-separated, of: direct (round-robin), smg (SGLang's gateway, cache_aware), "
                              "contextpilot (ContextPilot's library mode in the client, the replicas in round-robin), "
-                             "serve (a real ragproxy serve over HTTP, end to end), proxy (ragproxy's KV stages in "
+                             "serve (a real ragproxy serve over HTTP, end to end), fleet (--proxies ragproxy serve "
+                             "processes in shared mode, one Redis, in front of the same replicas, clients dealt "
+                             "round-robin over them; not in the default), proxy (ragproxy's KV stages in "
                              "this process: a diagnostic), preserve (the same with routing.order=preserve); smg and "
                              "contextpilot are skipped, and said so, when not installed; direct and proxy always run")
     parser.add_argument("--serve-set", action="append", default=[], metavar="KEY=VALUE",
-                        help="a setting of the serve side's ragproxy serve (repeatable; after the bench's own: "
-                             "routing.order from --order, cache.enabled=false)")
+                        help="a setting of the serve and fleet sides' ragproxy serve (repeatable; after the bench's "
+                             "own: routing.order from --order, cache.enabled=false, and the fleet's redis.url)")
+    parser.add_argument("--proxies", type=int, default=3,
+                        help="the fleet side's ragproxy serve processes in front of its replicas")
     parser.add_argument("--workload", choices=["synthetic", "zipf-rag"], default="synthetic",
                         help="synthetic: syllable documents, top-k 3-5 in shuffled order; zipf-rag: 40 stdlib "
                              "docstring passages of ~150 words, the top 5 of a Zipf(1.1) popularity in the order "
@@ -79,19 +85,27 @@ def add_server_options(parser: argparse.ArgumentParser) -> None:
                              "questions made from other docstring passages)")
 
 
-SIDES = ("direct", "smg", "contextpilot", "serve", "proxy", "preserve")
+SIDES = ("direct", "smg", "contextpilot", "serve", "fleet", "proxy", "preserve")
 """The sides a benchmark can run, each on its own fresh replicas with the same flags: round-robin direct, SGLang's
 gateway with its cache-aware policy, ContextPilot's library mode in the client in front of the replicas in
 round-robin (:mod:`loadtest.bench._kv_contextpilot`), a real ``ragproxy serve`` (end to end, over HTTP), and
 ragproxy's KV stages in-process, reordering and keeping the documents in retrieval order (routing, hints and
 admission without reordering: what order adds over routing is ``proxy`` against ``preserve``). The in-process
-sides are a diagnostic: they show what the KV layer decides without the server around it."""
+sides are a diagnostic: they show what the KV layer decides without the server around it. The fleet side is
+``--proxies`` real ``ragproxy serve`` processes in shared mode in front of one set of replicas
+(:class:`~loadtest.bench._kv_serve.ServeFleet`): what more than one proxy in front of the same fleet costs or
+gains against one (``serve``)."""
+
+DEFAULT_SIDES = tuple(name for name in SIDES if name != "fleet")
+"""``--sides`` when not given: the fleet side starts several proxies and a Redis, so it runs when asked for."""
 
 SIDE_KINDS = {
     "direct": "the replicas in round-robin, no proxy",
     "smg": "SGLang's gateway (cache_aware) over HTTP",
     "contextpilot": "ContextPilot's library mode in the client, the replicas in round-robin",
     "serve": "end to end: a ragproxy serve process over HTTP",
+    "fleet": "end to end: several ragproxy serve processes in shared mode (one Redis) in front of the same "
+             "replicas, clients round-robin over them",
     "proxy": "diagnostic: ragproxy's Shape and Route stages in the bench's process",
     "preserve": "diagnostic: the in-process stages with routing.order=preserve",
 }
@@ -99,8 +113,14 @@ SIDE_KINDS = {
 
 
 def chosen_sides(spec: str) -> list[str]:
-    """The sides of ``--sides``, in :data:`SIDES` order; ``smg`` dropped, in one printed line, when not installed."""
+    """The sides of ``--sides``, in :data:`SIDES` order; ``smg`` dropped, in one printed line, when not installed;
+    ``fleet`` brings ``serve``, the one proxy it is compared with, and is dropped the same way without redis-server."""
     asked = {name.strip() for name in spec.split(",") if name.strip()} | {"direct", "proxy"}
+    if "fleet" in asked and shutil.which("redis-server") is None:
+        print("redis-server not found on the PATH: running without the fleet side", flush=True)
+        asked.discard("fleet")
+    if "fleet" in asked:
+        asked.add("serve")
     unknown = asked - set(SIDES)
     if unknown:
         raise SystemExit(f"unknown sides: {', '.join(sorted(unknown))} (known: {', '.join(SIDES)})")
@@ -128,6 +148,7 @@ class Fleet:
         self.servers: dict[str, Servers] = {}
         self.gateway: Smg | None = None
         self.serve: Serve | None = None
+        self.fleet: ServeFleet | None = None
         for name in names:
             self.servers[name] = start_servers(args, binary, model)
 
@@ -139,12 +160,17 @@ class Fleet:
             assert smg is not None
             self.gateway = Smg(smg, self.servers["smg"].urls)
             self.gateway.wait_ready()
+        slo_ms = getattr(self.args, "slo_ms", None)
+        proxy_options = {"slots": self.args.slots, "order": self.args.order,
+                         "slo_s": slo_ms / 1000 if slo_ms else None, "settings": self.args.serve_set}
         if "serve" in self.servers:
-            slo_ms = getattr(self.args, "slo_ms", None)
-            self.serve = Serve(self.servers["serve"].urls, slots=self.args.slots, order=self.args.order,
-                               slo_s=slo_ms / 1000 if slo_ms else None, settings=self.args.serve_set)
+            self.serve = Serve(self.servers["serve"].urls, **proxy_options)
             self.serve.wait_ready()
             print("serve side: " + " ".join(self.serve.command[1:]), flush=True)
+        if "fleet" in self.servers:
+            self.fleet = ServeFleet(self.servers["fleet"].urls, count=self.args.proxies, **proxy_options)
+            self.fleet.wait_ready()
+            print(f"fleet side: {self.args.proxies} x " + " ".join(self.fleet.proxies[0].command[1:]), flush=True)
 
     def sides(self, work: Workload, client: httpx.AsyncClient, direct_shift: int = 0) -> dict[str, Side]:
         args = self.args
@@ -159,7 +185,10 @@ class Fleet:
                 sides[name] = ContextPilotSide(servers.urls, work, client)
             elif name == "serve":
                 assert self.serve is not None
-                sides[name] = ServeSide(self.serve.url, work, client)
+                sides[name] = ServeSide([self.serve.url], work, client)
+            elif name == "fleet":
+                assert self.fleet is not None
+                sides[name] = ServeSide(self.fleet.urls, work, client)
             else:
                 policy = OrderPolicy(args.order) if name == "proxy" else OrderPolicy.PRESERVE
                 sides[name] = ProxySide(servers.urls, work, client, slots=args.slots, ctx_per_slot=args.ctx_per_slot,
@@ -171,6 +200,8 @@ class Fleet:
             self.gateway.stop()
         if self.serve is not None:
             self.serve.stop()
+        if self.fleet is not None:
+            self.fleet.stop()
         for servers in self.servers.values():
             servers.stop()
 
@@ -219,11 +250,14 @@ class DirectSide:
 
 
 class ServeSide:
-    """Requests to a ``ragproxy serve`` over HTTP, as an app sends them: pasted documents in the prompt, or
-    structured ones in ``ragproxy.documents``; its 429 is a refusal."""
+    """Requests to ``ragproxy serve`` processes over HTTP, as an app sends them: pasted documents in the prompt, or
+    structured ones in ``ragproxy.documents``; its 429 is a refusal. With more than one proxy (the ``fleet``
+    side), request ``i`` goes to proxy ``i mod N``: clients dealt round-robin over the proxies."""
 
-    def __init__(self, url: str, work: Workload, client: httpx.AsyncClient) -> None:
-        self.url, self.work, self.client = url, work, client
+    def __init__(self, urls: Sequence[str], work: Workload, client: httpx.AsyncClient) -> None:
+        if not urls:
+            raise ValueError("no proxy to send to")
+        self.urls, self.work, self.client = list(urls), work, client
         self.statuses: Counter[int] = Counter()
         """Replies other than 200, by status (502s among them)."""
 
@@ -233,7 +267,8 @@ class ServeSide:
         else:
             messages, documents = structured_parts(self.work, index)
             body = {**chat_body(messages, self.work.stream), "ragproxy": {"documents": documents}}
-        return await post_chat(self.client, self.url + "/v1/chat/completions", body, self.statuses)
+        url = self.urls[index % len(self.urls)]
+        return await post_chat(self.client, url + "/v1/chat/completions", body, self.statuses)
 
 
 class ProxySide:

@@ -35,6 +35,10 @@ side to its own set of 2 fresh llama-server replicas with the same flags (each w
 * serve (``ServeSide``) — the product end to end: a ``ragproxy serve`` process started with the command line of
   the operations guide (:mod:`loadtest.bench._kv_serve`), the requests sent to it over HTTP as an app sends them.
   ``proxy`` and ``preserve`` are then the diagnostic: the same decisions without the server around them;
+* fleet (``ServeSide`` over :class:`~loadtest.bench._kv_serve.ServeFleet`; only when asked for) — ``--proxies``
+  (3) ``ragproxy serve`` processes in shared mode (a redis-server of the bench's own) in front of one set of
+  replicas, request ``i`` to proxy ``i mod N``: what more than one proxy in front of the same fleet does against
+  one (``serve``, which it brings along);
 * contextpilot (``ContextPilotSide``) — ContextPilot's library mode reorders each request's documents in the
   client, the requests go to the replicas in round-robin (:mod:`loadtest.bench._kv_contextpilot`; skipped, and
   said so, when ``contextpilot`` is not importable).

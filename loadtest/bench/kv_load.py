@@ -42,7 +42,9 @@ from where the calibration stopped: each run gets the next requests.
 
 Headline: **capacity** per side (:mod:`loadtest.capacity`): the highest rate at which ``--target`` (0.9) of the
 requests are answered within the objective, fitted across the sweep's rates and repeats, with a paired bootstrap
-interval over the repeats; ``capacity_ratio_vs_smg`` (proxy / smg) and its interval. Detail, per rate and side
+interval over the repeats; ``capacity_ratio_vs_smg`` (proxy / smg) and its interval; with the ``fleet`` side,
+``capacity_ratio_vs_one_proxy`` (``--proxies`` proxies in shared mode / one, ``serve``, in front of as many replicas)
+and its interval ``capacity_ratio_vs_one_proxy_ci``. Detail, per rate and side
 (:func:`loadtest.goodput.run_figures`): goodput, attainment, TTFT p50/p99 of the answered ones, refusals, late,
 prompt-token reuse; ``goodput_ratio`` (proxy / direct at the highest rate where direct answers half in time),
 ``ttft_p99_ratio_low_load`` (at the lowest rate, against direct and smg), and the reuse of every side over the
@@ -444,6 +446,13 @@ def _capacity(args: argparse.Namespace, trials: dict[str, dict[float, list[tuple
             f"{name} {r['ratio']} {r['ci']}{' (censored: a bound)' if r['censored'] else ''}"
             for name, r in by_side.items()))
     vs_smg = ratios.get("smg", {}).get("proxy", {})
+    vs_one: dict[str, Any] = {}
+    if "fleet" in sweeps and "serve" in sweeps:
+        ratio = capacity_ratio(sweeps, "fleet", "serve", target=args.target, resamples=args.resamples, seed=args.seed)
+        vs_one = {"ratio": _r(ratio.value), "ci": [_r(v) for v in ratio.interval] if ratio.interval else None,
+                  "censored": ratio.censored}
+        print(f"  fleet of {args.proxies} proxies / one proxy (serve): {vs_one['ratio']} {vs_one['ci']}"
+              f"{' (censored: a bound)' if ratio.censored else ''}")
     return {
         "capacity_target": args.target,
         "capacity_repeats": repeats,
@@ -453,6 +462,9 @@ def _capacity(args: argparse.Namespace, trials: dict[str, dict[float, list[tuple
         "capacity_ratio_vs_smg_ci": vs_smg.get("ci"),
         "capacity_ratio_vs_smg_censored": vs_smg.get("censored"),
         "capacity_ratios": ratios,
+        **({"proxies": args.proxies, "capacity_ratio_vs_one_proxy": vs_one["ratio"],
+            "capacity_ratio_vs_one_proxy_ci": vs_one["ci"],
+            "capacity_ratio_vs_one_proxy_censored": vs_one["censored"]} if vs_one else {}),
     }
 
 

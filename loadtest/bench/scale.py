@@ -48,17 +48,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import shutil
 import statistics
-import subprocess
-import tempfile
 import time
 from dataclasses import dataclass, replace
 from typing import Any
 
 import redis.asyncio as aioredis
 
-from loadtest.harness import free_port, wait_for_port
+from loadtest.harness import redis_server
 from loadtest.scale_workload import HEAD_HEAVY, Shape, Workload, build, zipf_trace
 from proxy.assembly.config import load_settings
 from proxy.cache_tiers.shared_mode import SharedMode, build_shared
@@ -279,18 +276,6 @@ async def routing_hit_ratio(url: str, contexts: list[int], *, shared: bool, capa
     return cached_tokens / total_tokens
 
 
-def _start_redis() -> tuple[subprocess.Popen[bytes], str, str]:
-    port = free_port()
-    directory = tempfile.mkdtemp(prefix="ragproxy-bench-redis-")
-    binary = shutil.which("redis-server")
-    if binary is None:
-        raise SystemExit("redis-server is not installed")
-    process = subprocess.Popen([binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly",
-                                "no", "--dir", directory], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    wait_for_port(port)
-    return process, f"redis://127.0.0.1:{port}/0", directory
-
-
 async def run(args: argparse.Namespace, url: str) -> dict[str, Any]:
     policy = load_settings(env={}).cache.l1.policy  # the isolated L1s and the near caches use the same one
     shape = Shape(zipf=args.zipf, distinct=args.distinct, requests=args.requests, l1_mb=args.l1_mb,
@@ -359,13 +344,8 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     args.invalidations = args.invalidations or (200 if args.quick else 1000)
     args.routing_requests = 2000 if args.quick else 10000
-    process, url, directory = _start_redis()
-    try:
+    with redis_server() as url:
         result = asyncio.run(run(args, url))
-    finally:
-        process.terminate()
-        process.wait(timeout=10)
-        shutil.rmtree(directory, ignore_errors=True)
     _describe(result, "", "long tail (default)")
     _describe(result, "head_heavy_", "head-heavy")
     print(f"invalidation until every replica acknowledged: p50 {result['invalidation_p50_ms']} ms, "

@@ -4,11 +4,15 @@ requests go through the product over HTTP, streamed, and the outcome is read fro
 from __future__ import annotations
 
 import asyncio
+import time
 
+import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
+from redis import Redis
 
 from loadtest.bench._kv_rag import rag_workload
-from loadtest.bench._kv_serve import Serve
+from loadtest.bench._kv_serve import Serve, ServeFleet
 from loadtest.bench._kv_sides import ProxySide, ServeSide, open_loop_client
 from loadtest.goodput import OK, Outcome
 from tests.loadtest.test_kv_rag import PROSE, QUESTIONS
@@ -29,7 +33,7 @@ def test_the_serve_side_streams_through_ragproxy_and_reads_the_servers_timings(p
 
             async def run() -> tuple[list[Outcome], ServeSide]:
                 async with open_loop_client() as client:
-                    side = ServeSide(serve.url, work, client)
+                    side = ServeSide([serve.url], work, client)
                     return [await side.send(i) for i in range(len(work.requests))], side
 
             outcomes, side = asyncio.run(run())
@@ -56,3 +60,51 @@ def test_the_in_process_side_recognises_pasted_passages_as_the_product_does() ->
         side = asyncio.run(run())
     # every request was routed by its prefix and its five recognised documents, not as one prompt without any
     assert len(side.routed) == 4 and all(len(r.path) == 1 + 5 for r in side.routed)
+
+
+def _answered(admin_url: str) -> int:
+    """Data-plane requests a proxy answered, from its own metrics."""
+    text = httpx.get(admin_url + "/metrics", timeout=5).text
+    return int(sum(sample.value for family in text_string_to_metric_families(text)
+                   for sample in family.samples if sample.name == "ragproxy_requests_total"))
+
+
+def test_the_fleet_side_deals_requests_round_robin_over_proxies_that_share_one_redis() -> None:
+    work = rag_workload(PROSE, QUESTIONS, requests=6, seed=2, pasted=False)
+    with (
+        FakeLLM(kv=KVCacheModel(), slots=2, flavor="llamacpp") as a,
+        FakeLLM(kv=KVCacheModel(), slots=2, flavor="llamacpp") as b,
+    ):
+        expected = [f"{a.url},kind=llamacpp,slots=2", f"{b.url},kind=llamacpp,slots=2"]
+        fleet = ServeFleet([a.url, b.url], count=2, slots=2, order="reuse")
+        try:
+            fleet.wait_ready()
+
+            async def run() -> list[Outcome]:
+                async with open_loop_client() as client:
+                    side = ServeSide(fleet.urls, work, client)
+                    return [await side.send(i) for i in range(len(work.requests))]
+
+            outcomes = asyncio.run(run())
+            answered = [_answered(proxy.admin_url) for proxy in fleet.proxies]
+            redis = Redis.from_url(fleet.redis_url)
+            members = redis.zcard("ragproxy:{bus}:members")
+            deadline = time.monotonic() + 10  # the prefix board publishes every second
+            while not (boards := redis.keys("ragproxy:kv:*:prefixes")) and time.monotonic() < deadline:
+                time.sleep(0.2)
+            redis.close()
+        finally:
+            fleet.stop()
+    assert all(o.status == OK for o in outcomes)
+    assert answered == [3, 3]  # dealt in turn: requests 0, 2, 4 to the first proxy, 1, 3, 5 to the second
+    assert members == 2  # both proxies joined the one Redis's bus: shared mode, not two embedded proxies
+    assert boards  # and published the prefixes they sent to the replicas, which the other one reads
+    for proxy in fleet.proxies:
+        assert f"redis.url={fleet.redis_url}" in proxy.command
+        upstreams = [proxy.command[i + 1] for i, arg in enumerate(proxy.command) if arg == "--llm-upstream"]
+        assert upstreams == expected  # the same replicas, in the same order: the same backend labels on the board
+
+
+def test_a_fleet_needs_a_proxy() -> None:
+    with pytest.raises(ValueError, match="at least one proxy"):
+        ServeFleet(["http://127.0.0.1:1"], count=0, slots=2, order="reuse")
