@@ -14,7 +14,13 @@ from typing import Any, Concatenate, ParamSpec, Protocol, TypeVar
 
 import redis.asyncio as aioredis
 from redis.asyncio.cluster import RedisCluster
-from redis.exceptions import ClusterDownError, MasterDownError, RedisClusterException, TryAgainError
+from redis.exceptions import (
+    ClusterDownError,
+    InvalidResponse,
+    MasterDownError,
+    RedisClusterException,
+    TryAgainError,
+)
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
@@ -24,8 +30,9 @@ from tiers import redis_connect
 
 RedisClient = aioredis.Redis | RedisCluster
 # ClusterDownError / MasterDownError: a Cluster mid-failover (no master for a slot yet) is unavailable too.
+# InvalidResponse: something that is not Redis answers on its port (a stopped Redis's port taken by another server).
 CONNECTION_FAILURES = (RedisConnectionError, RedisTimeoutError, RedisClusterException, TryAgainError, ClusterDownError,
-                MasterDownError, OSError)
+                MasterDownError, InvalidResponse, OSError)
 
 
 def as_text(value: Any) -> str:
