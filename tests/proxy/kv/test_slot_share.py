@@ -82,7 +82,7 @@ async def test_route_in_shared_mode_puts_no_more_than_its_share_on_a_replica() -
         return Reply(200, body=b'{"choices": []}')
 
     pipeline = Pipeline([ReadPrompt(None), Shape(reps, default_policy=OrderPolicy.PRESERVE), route], held)
-    flights = [asyncio.create_task(pipeline(ctx_for(structured(a, b), i))) for i, (a, b) in
+    flights = [asyncio.ensure_future(pipeline(ctx_for(structured(a, b), i))) for i, (a, b) in
                enumerate([("a", "b"), ("c", "d"), ("a", "c")])]
     await asyncio.sleep(0.05)
     assert most == 1 and reps[0].queue.waiting == 2
