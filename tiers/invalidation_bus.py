@@ -254,6 +254,8 @@ class InvalidationBus:
         self._tasks: list[asyncio.Task[None]] = []
         self._stopping = False
         self._subscribed = asyncio.Event()
+        self.members = 0
+        """Replicas with a live lease, this one included, as the last heartbeat read them (0 before the first)."""
         self.generation = 0  # bumped by every applied invalidation and every resync (near-cache fill guard)
 
     # -- wiring ----------------------------------------------------------------------------------------------
@@ -427,6 +429,7 @@ class InvalidationBus:
                 try:
                     await self._endpoint.register(self.replica_id, self._lease_ms)
                     await self._endpoint.publish(orjson.dumps({"t": "hb", "from": self.replica_id, "at": at}))
+                    self.members = len(await self._endpoint.live_members())
                 except Exception as exc:  # no heartbeat: this replica's trust runs out; the listener notices
                     log.debug("invalidation bus: heartbeat failed (%s)", exc.__class__.__name__)
             await asyncio.sleep(self.heartbeat_s)

@@ -3,6 +3,7 @@ plain or streamed: shared by every side (:mod:`loadtest.bench._kv_sides`, :mod:`
 
 from __future__ import annotations
 
+import sys
 import time
 from collections import Counter
 from collections.abc import Mapping
@@ -30,6 +31,14 @@ def outcome_of(started: float, status: int, content: bytes) -> Outcome:
     return _answered(elapsed, orjson.loads(content or b"{}").get("timings", {}))
 
 
+def _count_error(statuses: Counter[int], url: str, status: int, body: bytes) -> None:
+    """Count a reply other than 200; one other than a 429 (a refusal) is also written to stderr with the start of
+    its body (its ``code`` says which stage failed), so that a run's errors can be traced to their cause."""
+    statuses[status] += 1
+    if status != 429:
+        print(f"{url}: {status} {body[:400].decode(errors='replace')}", file=sys.stderr)
+
+
 def _answered(ttft_s: float, timings: Mapping[str, Any]) -> Outcome:
     return Outcome(OK, ttft_s, int(timings.get("cache_n", 0)), int(timings.get("prompt_n", 0)),
                    float(timings.get("prompt_ms", 0.0)))
@@ -44,14 +53,13 @@ async def post_chat(client: httpx.AsyncClient, url: str, body: dict[str, Any], s
     if not body.get("stream"):
         response = await client.post(url, json=body, headers=headers)
         if response.status_code != 200:
-            statuses[response.status_code] += 1
+            _count_error(statuses, url, response.status_code, response.content)
         if response.status_code == 429:
             return Outcome(REJECTED, time.perf_counter() - started)
         return outcome_of(started, response.status_code, response.content)
     async with client.stream("POST", url, json=body, headers=headers) as response:
         if response.status_code != 200:
-            await response.aread()
-            statuses[response.status_code] += 1
+            _count_error(statuses, url, response.status_code, await response.aread())
             return Outcome(REJECTED if response.status_code == 429 else ERROR, time.perf_counter() - started)
         first: float | None = None
         timings: Mapping[str, Any] = {}

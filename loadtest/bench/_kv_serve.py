@@ -18,6 +18,8 @@ slots are its own.
 from __future__ import annotations
 
 import contextlib
+import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -32,6 +34,9 @@ from loadtest.harness import free_port, redis_server
 
 SERVE_SETTINGS = ("cache.enabled=false", "logging.level=warning")
 """What the bench sets beyond the replicas and the order (see the module)."""
+
+KEEP_LOGS_ENV = "KV_BENCH_SERVE_LOGS"  # not RAGPROXY_*: the proxy reads those as settings
+"""When set, a folder each ``ragproxy serve`` process's log is copied into when it stops (``serve-<port>.log``)."""
 
 
 def serve_command(
@@ -119,6 +124,10 @@ class Serve:
         except subprocess.TimeoutExpired:
             self._proc.kill()
         self._log.close()
+        keep = os.environ.get(KEEP_LOGS_ENV)
+        if keep:
+            Path(keep).mkdir(parents=True, exist_ok=True)
+            shutil.copy(self.log_path, Path(keep) / f"serve-{self.url.rsplit(':', 1)[1]}.log")
         self._dir.cleanup()
 
 

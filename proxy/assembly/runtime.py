@@ -103,7 +103,9 @@ class Runtime:
             if settings.cache.enabled or routing.enabled else None
         self.kv = build_kv(settings, self.backends, self.client)
         if self.kv is not None and self.shared is not None:
-            self.kv.share(SharedPrefixes(self.shared.board, [b.label for b in upstreams.llm]))
+            bus = self.shared.bus
+            self.kv.share(SharedPrefixes(self.shared.board, [b.label for b in upstreams.llm],
+                                         lambda: max(1, bus.members)))
         self.credits = build_credits(settings)
         if isinstance(self.owners, RedisResponseOwners):
             self.owners.wipe = self.credits.wipe  # owners in a Redis that lost its data are not believed either

@@ -17,7 +17,8 @@ is dropped once ``now + backlog`` passes its deadline.
 
 :class:`AdmissionQueue` is the thin asyncio adapter: ``async with queue.slot(cached, compute):`` waits for one
 of ``limit`` slots (bounded by ``max_wait_s``; :class:`asyncio.TimeoutError` when exceeded) and frees it on
-exit.
+exit. ``limit`` is this proxy's share of the replica's ``slots`` (:func:`slot_share`): all of them for a proxy
+alone, a part of them when several proxies in shared mode send to the same replica (docs/scale-out.md).
 """
 
 from __future__ import annotations
@@ -37,6 +38,14 @@ from proxy.kv.settings import RoutingSettings
 _ROUTING = RoutingSettings()  # the defaults, defined once there
 
 T = TypeVar("T")
+
+
+def slot_share(slots: int, proxies: int) -> int:
+    """How many of a replica's ``slots`` one of ``proxies`` proxies in front of it lets in flight: an equal part,
+    rounded down so that together they do not put more on the replica than it has slots, and at least one so that
+    each proxy can still send (with more proxies than slots the replica is oversubscribed by ``proxies - slots``;
+    its server queues the excess first come, first served)."""
+    return max(1, slots // max(1, proxies))
 
 
 @dataclass(eq=False, slots=True)
@@ -127,7 +136,12 @@ class AdmissionQueue:
             raise ValueError("limit must be at least 1")
         self.backlog = backlog
         """Estimated prefill seconds the replica still has in hand at a given time (its own requests in flight)."""
+        self.slots = limit
+        """Requests the replica takes in flight at once (configured, lowered to its server's slots when known)."""
+        self.proxies = 1
+        """Proxies in front of the replica, this one included (live members of the shared-mode bus)."""
         self.limit = limit
+        """This proxy's share of :attr:`slots`: :func:`slot_share`."""
         self.max_wait_s = max_wait_s
         self.active = 0
         self._order: CacheAwareOrder[asyncio.Future[None]] = CacheAwareOrder(starvation_window_s)
@@ -175,10 +189,32 @@ class AdmissionQueue:
             future.cancel()
         self._order.remove(entry)
 
+    def share(self, *, slots: int | None = None, proxies: int | None = None) -> None:
+        """Follow a new number of the replica's ``slots`` or of ``proxies`` in front of it: :attr:`limit` becomes
+        :func:`slot_share` of them. A raised limit lets waiters in at once; a lowered one takes effect as requests
+        in flight finish."""
+        if slots is not None:
+            if slots < 1:
+                raise ValueError("slots must be at least 1")
+            self.slots = slots
+        if proxies is not None:
+            self.proxies = proxies
+        self.limit = slot_share(self.slots, self.proxies)
+        while self.active < self.limit and len(self._order):
+            self.active += 1
+            if not self._hand_over():
+                self.active -= 1
+                return
+
     def release(self) -> None:
-        if not len(self._order):  # nobody waits (the common case): the slot is simply free again
+        if not len(self._order) or self.active > self.limit:  # nobody waits (the common case), or over the limit
             self.active = max(0, self.active - 1)
             return
+        if not self._hand_over():
+            self.active = max(0, self.active - 1)
+
+    def _hand_over(self) -> bool:
+        """Pass a slot to the next waiter that can still start in time; ``False`` when none is left."""
         while True:
             now = self._clock()
             future = self._order.pop(now, self.backlog(now) if self.backlog is not None else 0.0)
@@ -187,11 +223,10 @@ class AdmissionQueue:
                     late.set_exception(DeadlineExceeded("the request could not start before its deadline"))
             self._order.expired.clear()
             if future is None:
-                self.active = max(0, self.active - 1)
-                return
+                return False
             if not future.done():
-                future.set_result(None)  # the slot passes to the waiter; active stays the same
-                return
+                future.set_result(None)  # the slot passes to the waiter
+                return True
 
     @asynccontextmanager
     async def slot(

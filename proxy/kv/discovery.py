@@ -1,7 +1,8 @@
 """What a llama.cpp server really has, read from its ``GET /slots``: how many slots, and the context of each.
 
 :func:`apply_slots` (pure) makes a replica follow the answer: its :class:`~proxy.kv.hints.SlotTable` takes the
-real number of slots, its admission queue lets at most that many requests in flight (a request beyond the slots
+real number of slots, its admission queue lets at most that many requests in flight (its share of them with
+several proxies in shared mode: :func:`~proxy.kv.admission_queue.slot_share`) (a request beyond the slots
 would wait in the server's own first-come queue, out of reach of the cache-aware order and of the deadline that
 drops what can no longer meet the TTFT objective; never more than the configured ``max_concurrency``), and its
 knowledge tree's capacity becomes at least ``slots * n_ctx`` — the KV cache the server allocated. The slots do not
@@ -60,7 +61,7 @@ def apply_slots(
     if slot_table is not None:
         slot_table.resize(count)
     if queue is not None:
-        queue.limit = min(queue.limit, count)
+        queue.share(slots=min(queue.slots, count))
     if capacity > tree.capacity_tokens:
         tree.capacity_tokens = capacity
         tree.max_capacity_tokens = max(tree.max_capacity_tokens, capacity * 4)

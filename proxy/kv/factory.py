@@ -34,10 +34,11 @@ class KVLayer:
         self.shape.shared = self.route.shared = shared
 
     def summary(self) -> list[dict[str, object]]:
-        """Per replica: knowledge-tree size and the queue, for /admin/backends."""
+        """Per replica: knowledge-tree size and the queue (with this proxy's share of the slots), for
+        /admin/backends."""
         return [{"replica": r.index, "kind": r.kind.name, "tree_tokens": r.tree.size_tokens,
                  "tree_capacity_tokens": r.tree.capacity_tokens, "queued": r.queue.waiting,
-                 "in_flight": r.queue.active} for r in self.replicas]
+                 "in_flight": r.queue.active, "in_flight_limit": r.queue.limit} for r in self.replicas]
 
 
 class KVConfig(Protocol):

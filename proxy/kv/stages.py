@@ -58,7 +58,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import time
-from collections.abc import Coroutine, Iterable, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
 from typing import Any, Protocol
@@ -107,12 +107,18 @@ class PrefixBoard(Protocol):
     def cached_tokens(self, backend: str, hashes: Sequence[str]) -> int: ...
 
 
+def _alone() -> int:
+    return 1
+
+
 @dataclass(frozen=True, slots=True)
 class SharedPrefixes:
-    """The board and the backend label of each replica (by index)."""
+    """The board, the backend label of each replica (by index), and how many proxies send to the replicas (the
+    live members of the shared-mode bus, this one included): each admits its share of a replica's slots."""
 
     board: PrefixBoard
     labels: Sequence[str]
+    proxies: Callable[[], int] = _alone
 
     @staticmethod
     def hashes(path: Sequence[Segment]) -> list[str]:
@@ -232,6 +238,7 @@ class Route:
         self.client = client  # reads /slots (discovery is off without one)
         self._discovery: asyncio.Task[None] | None = None
         self.shared: SharedPrefixes | None = None
+        self._proxies = 1
         self.replicas = list(replicas)
         self.router = router
         self._tickets = itertools.count()
@@ -246,6 +253,15 @@ class Route:
     def serving(self, endpoint: Endpoint) -> EndpointStage:
         """This stage in ``endpoint``'s pipeline."""
         return EndpointStage(self, endpoint)
+
+    def follow_proxies(self, proxies: int) -> None:
+        """With ``proxies`` proxies (at least one) sending to the same replicas, admit this one's share of each
+        replica's slots (:func:`~proxy.kv.admission_queue.slot_share`; docs/scale-out.md)."""
+        proxies = max(1, proxies)
+        if proxies != self._proxies:
+            self._proxies = proxies
+            for replica in self.replicas:
+                replica.queue.share(proxies=proxies)
 
     def route(self, ctx: RequestContext, endpoint: Endpoint = CHAT) -> RoutedRequest | None:
         """The pure part: choose the replica, patch the body sent upstream, attach hints. ``None`` without a plan."""
@@ -396,6 +412,8 @@ class Route:
         """The stage for ``endpoint``'s requests."""
         if self._undiscovered:
             self._maybe_discover()
+        if self.shared is not None:
+            self.follow_proxies(self.shared.proxies())
         routed = self.route(ctx, endpoint)
         if routed is None:
             return await call_next(ctx)

@@ -69,6 +69,12 @@ def _answered(admin_url: str) -> int:
                    for sample in family.samples if sample.name == "ragproxy_requests_total"))
 
 
+def _limits(admin_url: str) -> list[int]:
+    """The requests a proxy lets in flight on each replica at most, from ``/admin/backends``."""
+    report = httpx.get(admin_url + "/admin/backends", timeout=5).json()
+    return [replica["in_flight_limit"] for replica in report["knowledge_tree"]["summary"]]
+
+
 def test_the_fleet_side_deals_requests_round_robin_over_proxies_that_share_one_redis() -> None:
     work = rag_workload(PROSE, QUESTIONS, requests=6, seed=2, pasted=False)
     with (
@@ -87,6 +93,7 @@ def test_the_fleet_side_deals_requests_round_robin_over_proxies_that_share_one_r
 
             outcomes = asyncio.run(run())
             answered = [_answered(proxy.admin_url) for proxy in fleet.proxies]
+            limits = [_limits(proxy.admin_url) for proxy in fleet.proxies]
             redis = Redis.from_url(fleet.redis_url)
             members = redis.zcard("ragproxy:{bus}:members")
             deadline = time.monotonic() + 10  # the prefix board publishes every second
@@ -97,6 +104,7 @@ def test_the_fleet_side_deals_requests_round_robin_over_proxies_that_share_one_r
             fleet.stop()
     assert all(o.status == OK for o in outcomes)
     assert answered == [3, 3]  # dealt in turn: requests 0, 2, 4 to the first proxy, 1, 3, 5 to the second
+    assert limits == [[1, 1], [1, 1]]  # each proxy admits its share of each replica's 2 slots: one
     assert members == 2  # both proxies joined the one Redis's bus: shared mode, not two embedded proxies
     assert boards  # and published the prefixes they sent to the replicas, which the other one reads
     for proxy in fleet.proxies:
