@@ -34,9 +34,10 @@ searched through the proxy's own Qdrant route (the TEST-ONLY shim behind it hold
 ``--rag-corpus``, default the pairs file, that are not in the traffic), and asked under one system prompt with the
 top-K it retrieved, in the order returned (each pair under its own system prompt as without ``--rag``, so the two
 runs differ by the documents alone; ``--rag-prompt one``: all under one, as an app sends them, where every question
-meets every other as in ``population``): as ``ragproxy.documents`` (``--rag-form structured``) or pasted into
-the user message as numbered sources (``--rag-form inline``). The upstream cites the first document it was given
-(``[doc-N]``, or ``[1]`` inline; ``--rag-cite position|id|source-id|title|none`` chooses another form, and
+meets every other as in ``population``; without ``--rag``, the same shape without documents): as
+``ragproxy.documents`` (``--rag-form structured``) or pasted into the user message as numbered sources (``--rag-form
+inline``). The upstream cites the first document it was given (``[doc-N]``, or ``[1]`` inline; ``--rag-cite
+position|id|source-id|title|none`` chooses another form, and
 ``--rag-quote N`` makes its answer quote the first N words of that document), so a hit whose answer's source the new
 request does not carry where the answer cites it is counted (``miscited_hits``); the report adds the shares of pairs
 whose two questions retrieved identical documents (in order, and as sets) and how many searches the proxy's search
@@ -167,9 +168,6 @@ class RagLoop:
 
     retriever: Retriever
     form: str
-    one_prompt: bool = False
-    """All pairs under one system prompt (an app's shape: every question can meet every other), else each pair
-    under its own as in the run with one context per pair (so the two runs differ by the documents alone)."""
     grounded: dict[str, str] = field(default_factory=dict)
     """Answer text → id of the document the upstream cited in it."""
     identical_documents: int = 0
@@ -218,7 +216,10 @@ class Tally:
     context held a cached answer: what the proxy's answer check compared."""
 
     rag: RagLoop | None = None
-    """The RAG loop's retrieval and figures (``None``: each pair shares one context)."""
+    """The RAG loop's retrieval and figures (``None``: questions carry no documents)."""
+    one_prompt: bool = False
+    """``shared``: all pairs under one system prompt (an app's shape: every question can meet every other), else
+    each pair under its own."""
 
     def record(self, question: str, text: str, status: str, documents: list[dict[str, str]] | None = None) -> None:
         if status not in ("HIT", "SEMANTIC_HIT"):
@@ -276,7 +277,7 @@ async def _ask(session: aiohttp.ClientSession, url: str, question: str, context:
 async def _pair(session: aiohttp.ClientSession, url: str, tally: Tally, index: int, pair: LabelledPair,
                 first: tuple[str, str, float] | None = None) -> None:
     rag = tally.rag
-    context = RAG_SYSTEM if rag and rag.one_prompt else f"pair {index}"
+    context = RAG_SYSTEM if tally.one_prompt else f"pair {index}"
     form = rag.form if rag else "structured"
     docs1 = await rag.retriever.top_k(session, pair.question1) if rag else None
     status, cached, _ = first or await _ask(session, url, pair.question1, context, docs1, form)
@@ -296,7 +297,7 @@ async def _pair(session: aiohttp.ClientSession, url: str, tally: Tally, index: i
 async def _exact(session: aiohttp.ClientSession, url: str, tally: Tally, question: str, context: str | None) -> None:
     rag = tally.rag
     documents = await rag.retriever.top_k(session, question) if rag else None
-    system = RAG_SYSTEM if rag and rag.one_prompt else context
+    system = RAG_SYSTEM if tally.one_prompt else context
     status, _, elapsed = await _ask(session, url, question, system, documents, rag.form if rag else "structured")
     if status == "HIT":
         tally.exact_s.append(elapsed)
@@ -428,7 +429,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     env = {"RAGPROXY_UPSTREAMS__LLM": json.dumps([{"url": f"http://127.0.0.1:{upstream_port}"}]),
            "RAGPROXY_DATA_DIR": tempfile.mkdtemp(prefix="ragproxy-fidelity-"),
            "RAGPROXY_ADMIN__PORT": str(admin_port)}
-    tally = Tally(dict(by_question))
+    tally = Tally(dict(by_question), one_prompt=args.rag_prompt == "one")
     upstream = ["-m", "loadtest.bench.fidelity", "--serve-upstream", str(upstream_port), str(args.pairs), args.labels,
                 args.answers, str(args.seed), args.rag_cite, str(args.rag_quote)]
     with contextlib.ExitStack() as stack:
@@ -441,8 +442,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         stack.enter_context(child(upstream, upstream_port))
         url = stack.enter_context(proxy_process(env))
         if args.rag:
-            tally.rag = RagLoop(Retriever(url, args.rag, vectors, titled=args.rag_cite == "title"), args.rag_form,
-                                args.rag_prompt == "one")
+            tally.rag = RagLoop(Retriever(url, args.rag, vectors, titled=args.rag_cite == "title"), args.rag_form)
         asyncio.run(_warm(url))
         if args.mode == "variants":
             asyncio.run(run_variants(url, pairs, tally, args.seed))
@@ -454,7 +454,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         time.sleep(0.5)  # the last comparisons run in the background
         stats = asyncio.run(admin_stats(admin_port)).get("tiers", {}).get("l2", {})
     report: dict[str, Any] = {
-        "bench": "fidelity", "mode": args.mode, "labels": args.labels, "answers": args.answers, "half": args.half,
+        "bench": "fidelity", "mode": args.mode, "prompt": args.rag_prompt, "labels": args.labels,
+        "answers": args.answers, "half": args.half,
         "mix": args.mix, "seed": args.seed, "pairs": len(pairs), "bound": bound,
         "recall": round(tally.recall, 4), "wrong_hit_share": round(tally.wrong_share, 4), "hits": tally.hits,
         "wrong_hits": tally.wrong, "wrong_semantic_hits": tally.wrong_semantic,
@@ -514,8 +515,9 @@ async def _warm(url: str) -> None:
 
 
 def print_report(report: dict[str, Any]) -> None:
-    print(f"fidelity, {report['mode']}, {report['labels']} labels, {report['answers']} answers, half {report['half']}, "
-          f"mix {report['mix']}: {report['pairs']} pairs, {report['same_answer_questions']} needing a cached answer")
+    print(f"fidelity, {report['mode']}, {report['prompt']} system prompt, {report['labels']} labels, "
+          f"{report['answers']} answers, half {report['half']}, mix {report['mix']}: {report['pairs']} pairs, "
+          f"{report['same_answer_questions']} needing a cached answer")
     if report["mode"] == "variants":
         print(f"trivial variants: {report['first_repeat_hits']}/{report['first_repeats']} first repeats served as HIT "
               f"({report['first_repeat_hit_share']}); {report['exact_hits']} HIT and {report['hits']} hits in all, "
@@ -569,7 +571,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--rag-form", choices=FORMS, default="structured",
                         help="how documents are sent: ragproxy.documents, or pasted into the user message")
     parser.add_argument("--rag-prompt", choices=("pair", "one"), default="pair",
-                        help="each pair under its own system prompt (as without --rag), or all under one")
+                        help="each pair under its own system prompt, or all under one (--mode shared; with or "
+                        "without --rag)")
     parser.add_argument("--rag-cite", choices=CITES, default="auto",
                         help="how the upstream's answer cites its first document: auto (by id when structured, by "
                         "position when inline), position [1], id [doc-N], source-id [source: doc-N], title "
@@ -584,6 +587,8 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     if args.mix is not None and not 0 <= args.mix <= 1:
         parser.error("--mix must be between 0 and 1")
+    if args.rag_prompt == "one" and args.mode != "shared":
+        parser.error("--rag-prompt one runs in --mode shared only")
     if args.rag_cite in BY_ID and args.rag_form != "structured":
         parser.error(f"--rag-cite {args.rag_cite} needs --rag-form structured (pasted sources carry no id or title)")
     report = run(args)

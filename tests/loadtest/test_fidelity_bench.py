@@ -8,9 +8,10 @@ import random
 import numpy as np
 import openai
 import pytest
+from aiohttp import web
 from aiohttp.test_utils import TestServer
 
-from loadtest.bench.fidelity import ClusterAnswerUpstream, cluster_answer
+from loadtest.bench.fidelity import RAG_SYSTEM, ClusterAnswerUpstream, Tally, cluster_answer, run_shared
 from loadtest.fidelity_traffic import (
     best_at,
     clusters,
@@ -119,3 +120,29 @@ def test_the_offline_replay_serves_and_compares_as_the_proxy_does() -> None:
     nothing = replay(pairs * 6, found, vectors, calibrating, lambda a, b: False, 0.4, seed=1)
     assert nothing.hits == 0 and nothing.threshold > 1
     assert calibrating.operating("default").observations == 6 * 4, "held until 20 answers, then judged"
+
+
+async def test_one_system_prompt_applies_without_documents() -> None:
+    """``--rag-prompt one`` without ``--rag``: the app's shape without documents (the RAG loop's denominator)."""
+    systems: list[str] = []
+    double = ClusterAnswerUpstream(clusters(PAIRS))
+
+    async def chat(request: web.Request) -> web.Response:
+        body = await request.json()
+        systems.extend(m["content"] for m in body["messages"] if m["role"] == "system")
+        assert "ragproxy" not in body
+        answer = double.answer(body["messages"][-1]["content"])
+        return web.json_response({"choices": [{"message": {"role": "assistant", "content": answer}}]})
+
+    for one_prompt, expected in ((True, {RAG_SYSTEM}), (False, {"pair 0", "pair 1"})):
+        systems.clear()
+        app = web.Application()
+        app.router.add_post("/v1/chat/completions", chat)
+        server = TestServer(app)
+        await server.start_server()
+        try:
+            await run_shared(str(server.make_url("")).rstrip("/"), PAIRS[:2],
+                             Tally(clusters(PAIRS), one_prompt=one_prompt))
+        finally:
+            await server.close()
+        assert set(systems) == expected and len(systems) == 5
