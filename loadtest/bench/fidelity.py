@@ -65,6 +65,7 @@ import contextlib
 import json
 import random
 import re
+import shutil
 import sys
 import tempfile
 import time
@@ -445,10 +446,18 @@ def identity(pairs_path: Path, labels: str, extra: Path | None) -> tuple[dict[st
     return with_extra(pairs, read_extra(extra))
 
 
+def _snapshot(path: Path) -> Path:
+    """A private copy of ``path`` (a file edited during a run must not reach the upstream double changed)."""
+    copy = Path(tempfile.mkdtemp(prefix="ragproxy-fidelity-labels-")) / path.name
+    shutil.copyfile(path, copy)
+    return copy
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     started = time.perf_counter()
     pairs, _ = select(args)  # the draw by the file's own labels: the same pairs with or without extra labels
-    by_question, extra = identity(args.pairs, args.labels, args.extra_labels)
+    labels = _snapshot(args.extra_labels) if args.extra_labels else None  # the bench and its double read one copy
+    by_question, extra = identity(args.pairs, args.labels, labels)
     l2 = L2Settings()
     from proxy.assembly.config import load_settings
 
@@ -459,7 +468,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
            "RAGPROXY_ADMIN__PORT": str(admin_port)}
     tally = Tally(dict(by_question), one_prompt=args.rag_prompt == "one")
     upstream = ["-m", "loadtest.bench.fidelity", "--serve-upstream", str(upstream_port), str(args.pairs), args.labels,
-                args.answers, str(args.seed), args.rag_cite, str(args.rag_quote), str(args.extra_labels or "")]
+                args.answers, str(args.seed), args.rag_cite, str(args.rag_quote), str(labels or "")]
     with contextlib.ExitStack() as stack:
         vectors: dict[str, np.ndarray] = {}
         if args.rag:
