@@ -1,6 +1,7 @@
 """``python -m loadtest.bench fidelity --pairs PATH [--labels same_answer|is_duplicate] [--mode shared|pairwise|
 population|variants] [--mix S] [--count N] [--answers fixed|varied] [--half H] [--seed N] [--quick] [--rag K]
-[--rag-form structured|inline] [--rag-prompt pair|one] [--rag-cite FORM] [--rag-quote N] [--json]``: L2 on real
+[--rag-form structured|inline] [--rag-prompt pair|one] [--rag-cite FORM] [--rag-quote N] [--extra-labels PATH]
+[--dump-cross PATH] [--json]``: L2 on real
 labelled question pairs, through a real ``ragproxy serve`` at its defaults, as users meet it.
 
 Input: a CSV of ``question1,question2,is_duplicate[,same_answer]`` (``../shared/data/qqp_dev_relabelled.csv``; read
@@ -16,7 +17,11 @@ The upstream is a test double speaking the OpenAI chat wire format (a child proc
 every question of a cluster with one text (:func:`cluster_answer`); ``--answers varied`` words every answer anew
 like a sampling LLM, the same points for one cluster and look-alike wording for look-alike questions
 (:mod:`loadtest.sampled_answers`). The client tells which cluster a served answer came from by remembering every
-answer the upstream gave; an answer of another cluster is a wrong hit.
+answer the upstream gave; an answer of another cluster is a wrong hit. ``--extra-labels PATH`` adds labels
+(``question1,question2,same_answer``) for pairs the file does not hold, such as two questions of different pairs
+that meet in one context: 1 joins their clusters for the upstream's answers and for counting wrong hits
+(:mod:`loadtest.cross_pairs`). ``--dump-cross PATH`` lists such pairs of a run for labelling: every hit across
+clusters, and each question's nearest earlier question of another cluster by the bench's embedding.
 
 Modes (the proxy starts empty for each):
 
@@ -60,6 +65,7 @@ import contextlib
 import json
 import random
 import re
+import shutil
 import sys
 import tempfile
 import time
@@ -74,6 +80,7 @@ import numpy as np
 import orjson
 from aiohttp import web
 
+from loadtest.cross_pairs import NEAR, ExtraUse, nearest_cross, read_extra, with_extra, write_cross
 from loadtest.fidelity_traffic import (
     best_at,
     clusters,
@@ -193,6 +200,12 @@ class Tally:
 
     by_question: dict[str, int]
     origin: dict[str, int] = field(default_factory=dict)
+    asked_by: dict[str, str] = field(default_factory=dict)
+    """Answer text (without a trailing citation) → the question the upstream gave it for."""
+    order: list[str] = field(default_factory=list)
+    """Every question asked, in order."""
+    served_across: list[tuple[str, str]] = field(default_factory=list)
+    """(question whose answer was served, question it was served for) of each hit across clusters."""
     """Answer text (without a trailing citation: a hit may be renumbered) → cluster of the question the upstream gave
     it for."""
     answers: list[str] = field(default_factory=list)
@@ -222,8 +235,14 @@ class Tally:
     each pair under its own."""
 
     def record(self, question: str, text: str, status: str, documents: list[dict[str, str]] | None = None) -> None:
-        if status not in ("HIT", "SEMANTIC_HIT"):
+        self.order.append(question)
+        if status in ("HIT", "SEMANTIC_HIT"):
+            source = self.asked_by.get(_uncited(text))
+            if source is not None and self.by_question.get(source) != self.by_question[question]:
+                self.served_across.append((source, question))
+        else:
             self.origin.setdefault(_uncited(text), self.by_question[question])
+            self.asked_by.setdefault(_uncited(text), question)
             self.answers.append(text)
             if self.rag is not None and documents:
                 self.rag.grounded.setdefault(_uncited(text), documents[0]["id"])
@@ -418,9 +437,27 @@ def select(args: argparse.Namespace) -> tuple[list[LabelledPair], dict[str, int]
     return pairs[:count] if count else pairs, by_question
 
 
+def identity(pairs_path: Path, labels: str, extra: Path | None) -> tuple[dict[str, int], ExtraUse | None]:
+    """Every question's cluster (answer identity) from the pairs file, joined and kept apart by ``extra``'s labels
+    where given (:func:`loadtest.cross_pairs.with_extra`)."""
+    pairs = read_pairs(pairs_path, labels=labels)
+    if extra is None:
+        return clusters(pairs), None
+    return with_extra(pairs, read_extra(extra))
+
+
+def _snapshot(path: Path) -> Path:
+    """A private copy of ``path`` (a file edited during a run must not reach the upstream double changed)."""
+    copy = Path(tempfile.mkdtemp(prefix="ragproxy-fidelity-labels-")) / path.name
+    shutil.copyfile(path, copy)
+    return copy
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     started = time.perf_counter()
-    pairs, by_question = select(args)
+    pairs, _ = select(args)  # the draw by the file's own labels: the same pairs with or without extra labels
+    labels = _snapshot(args.extra_labels) if args.extra_labels else None  # the bench and its double read one copy
+    by_question, extra = identity(args.pairs, args.labels, labels)
     l2 = L2Settings()
     from proxy.assembly.config import load_settings
 
@@ -431,7 +468,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
            "RAGPROXY_ADMIN__PORT": str(admin_port)}
     tally = Tally(dict(by_question), one_prompt=args.rag_prompt == "one")
     upstream = ["-m", "loadtest.bench.fidelity", "--serve-upstream", str(upstream_port), str(args.pairs), args.labels,
-                args.answers, str(args.seed), args.rag_cite, str(args.rag_quote)]
+                args.answers, str(args.seed), args.rag_cite, str(args.rag_quote), str(labels or "")]
     with contextlib.ExitStack() as stack:
         vectors: dict[str, np.ndarray] = {}
         if args.rag:
@@ -492,6 +529,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "curve": [{k: round(v, 4) for k, v in row.items()} for row in curve]})
         if tally.compared:
             report["answer_check"] = answer_check_rates(tally, l2.answer_agreement)
+        if args.dump_cross is not None:
+            near = nearest_cross(tally.order, vectors, tally.by_question)
+            report.update({"served_across": len(tally.served_across),
+                           "cross_pairs": write_cross(args.dump_cross, [*tally.served_across, *near])})
+    if extra is not None:
+        report.update({"extra_labels_read": extra.read, "extra_labels_joined": extra.joined,
+                       "extra_labels_apart": extra.apart, "extra_labels_conflicting": extra.conflicting})
     report["elapsed_s"] = round(time.perf_counter() - started, 1)
     return report
 
@@ -545,6 +589,12 @@ def print_report(report: dict[str, Any]) -> None:
           f"{report['proxy_disagreed']} disagreed, {report['proxy_verified']} would-be hits verified, vetoes "
           f"{report['proxy_vetoes']}; its estimate: "
           f"{report['proxy_estimate']}")
+    if "extra_labels_read" in report:
+        print(f"extra labels: {report['extra_labels_read']} read, {report['extra_labels_joined']} joined two clusters, "
+              f"{report['extra_labels_apart']} kept two apart, {report['extra_labels_conflicting']} labelled different "
+              f"but joined by other labels")
+    if "cross_pairs" in report:
+        print(f"cross-question pairs written: {report['cross_pairs']} ({report['served_across']} hits across clusters)")
     print(f"elapsed {report['elapsed_s']} s")
 
 
@@ -583,6 +633,12 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--rag-corpus", type=Path, help="CSV whose questions not in the traffic are the documents "
                         "(default: the pairs file)")
     parser.add_argument("--rag-corpus-size", type=int, default=5000, help="documents in the corpus")
+    parser.add_argument("--extra-labels", type=Path, metavar="PATH", help="CSV question1,question2,same_answer for "
+                        "pairs the file does not hold: 1 joins the two questions' clusters (the upstream's answers and "
+                        "the count of wrong hits), 0 keeps them apart")
+    parser.add_argument("--dump-cross", type=Path, metavar="PATH", help="write CSV question1,question2: the hits "
+                        "across clusters and each question's nearest earlier question of another cluster (cosine "
+                        f">= {NEAR})")
     parser.add_argument("--json", action="store_true", help="end with one JSON line")
     args = parser.parse_args(argv)
     if args.mix is not None and not 0 <= args.mix <= 1:
@@ -599,15 +655,16 @@ def main(argv: list[str]) -> int:
     return 0
 
 
-def _serve_upstream(port: int, pairs_path: str, labels: str, answers: str, seed: int, cite: str, quote: int) -> None:
-    by_question = clusters(read_pairs(Path(pairs_path), labels=labels))
+def _serve_upstream(port: int, pairs_path: str, labels: str, answers: str, seed: int, cite: str, quote: int,
+                    extra: str) -> None:
+    by_question, _ = identity(Path(pairs_path), labels, Path(extra) if extra else None)
     upstream = ClusterAnswerUpstream(by_question, SampledAnswers(seed) if answers == "varied" else None, cite, quote)
     web.run_app(upstream.app(), host="127.0.0.1", port=port, access_log=None, print=None)
 
 
 if __name__ == "__main__":
-    if len(sys.argv) == 9 and sys.argv[1] == "--serve-upstream":
+    if len(sys.argv) == 10 and sys.argv[1] == "--serve-upstream":
         _serve_upstream(int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5], int(sys.argv[6]), sys.argv[7],
-                        int(sys.argv[8]))
+                        int(sys.argv[8]), sys.argv[9])
     else:
         raise SystemExit(main(sys.argv[1:]))

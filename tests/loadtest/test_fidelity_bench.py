@@ -4,6 +4,7 @@ oracle, trivial variants."""
 from __future__ import annotations
 
 import random
+from pathlib import Path
 
 import numpy as np
 import openai
@@ -146,3 +147,46 @@ async def test_one_system_prompt_applies_without_documents() -> None:
         finally:
             await server.close()
         assert set(systems) == expected and len(systems) == 5
+
+
+def test_extra_labels_join_clusters_for_the_answers_and_the_wrong_count(tmp_path: Path) -> None:
+    """``--extra-labels``: a cross-question pair labelled 1 joins two clusters (one answer from the double, a hit
+    across them is right), one labelled 0 keeps two apart; the use is counted."""
+    from loadtest.bench.fidelity import identity
+
+    pairs = tmp_path / "pairs.csv"
+    pairs.write_text("question1,question2,is_duplicate,same_answer\n"
+                     "How do I learn Go?,How can I learn Go?,1,1\n"
+                     "What is Go used for?,Why learn Go?,0,0\n"
+                     "How should I learn Go?,Where is Go taught?,0,0\n", encoding="utf-8")
+    extra = tmp_path / "extra.csv"
+    extra.write_text("question1,question2,same_answer\n"
+                     "How can I learn Go?,How should I learn Go?,1\n"
+                     "What is Go used for?,How do I learn Go?,0\n"
+                     "Why learn Go?,Where is Go taught?,0\n", encoding="utf-8")
+    plain, none = identity(pairs, "same_answer", None)
+    joined, use = identity(pairs, "same_answer", extra)
+    assert none is None and plain["How do I learn Go?"] != plain["How should I learn Go?"]
+    assert joined["How do I learn Go?"] == joined["How should I learn Go?"] != joined["What is Go used for?"]
+    assert use is not None and (use.read, use.joined, use.apart, use.conflicting) == (3, 1, 2, 0)
+    double = ClusterAnswerUpstream(joined)
+    assert double.answer("How do I learn Go?") == double.answer("How should I learn Go?")
+    for by_question, wrong in ((plain, 1), (joined, 0)):
+        tally = Tally(dict(by_question))
+        tally.record("How do I learn Go?", "answer one", "MISS")
+        tally.record("How should I learn Go?", "answer one", "SEMANTIC_HIT")
+        tally.judge("How should I learn Go?", "answer one", "SEMANTIC_HIT", 0.01, False, 1)
+        assert tally.wrong == wrong and len(tally.served_across) == wrong
+
+
+def test_cross_pairs_are_the_nearest_earlier_question_of_another_cluster(tmp_path: Path) -> None:
+    from loadtest.cross_pairs import nearest_cross, write_cross
+
+    vectors = {q: np.array(v, dtype=np.float32) for q, v in
+               {"a": [1, 0], "b": [0.99, 0.141], "c": [0.98, 0.199], "d": [0, 1]}.items()}
+    by_question = {"a": 0, "b": 0, "c": 1, "d": 2}
+    found = nearest_cross(["a", "b", "c", "d", "c"], vectors, by_question)
+    assert found == [("b", "c")], "c's nearest of another cluster; a-b share one; d is far from all"
+    out = tmp_path / "cross.csv"
+    assert write_cross(out, [*found, ("c", "b"), ("a", "a")]) == 1
+    assert out.read_text(encoding="utf-8").splitlines() == ["question1,question2", "b,c"]
