@@ -33,8 +33,10 @@ CACHE = Path.home() / ".cache" / "ragproxy"
 pytestmark = pytest.mark.llama
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def server_url() -> Any:
+    """A fresh server per test (it starts in about a second): what one test left in the server's slots and prompt
+    cache changes what the next one finds cached (the shift test failed after the reorder test, passed alone)."""
     binary, model = CACHE / "llama-server", CACHE / "tiny-llama.gguf"
     if not binary.exists() or not model.exists():
         pytest.skip("run scripts/build_llama_server.sh and scripts/make_tiny_gguf.py first")
