@@ -85,6 +85,12 @@ def test_the_fleet_side_deals_requests_round_robin_over_proxies_that_share_one_r
         fleet = ServeFleet([a.url, b.url], count=2, slots=2, order="reuse")
         try:
             fleet.wait_ready()
+            redis = Redis.from_url(fleet.redis_url)
+            deadline = time.monotonic() + 10  # both proxies on the bus, then two of its heartbeats (0.5 s) for each
+            while redis.zcard("ragproxy:{bus}:members") < 2 and time.monotonic() < deadline:  # to count the other
+                time.sleep(0.1)
+            redis.close()
+            time.sleep(1.0)
 
             async def run() -> list[Outcome]:
                 async with open_loop_client() as client:
