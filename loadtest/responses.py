@@ -2,7 +2,8 @@
 
 The message contents are built from real English text: the questions and answers of Natural Questions (open
 domain, dev split), read from a JSON-lines file (``{"question": ..., "answer": [...]}`` per line) at
-generation time only. The default path is ``loadtest/data/nq_open_dev.jsonl`` inside the project.
+generation time only. The default path is ``../shared/data/nq_open_dev.jsonl`` beside the checkout (not
+redistributed with the project).
 
 The mix (one ``ResponseGenerator`` per seed, fully deterministic):
 
@@ -27,7 +28,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-DEFAULT_QUESTIONS = Path(__file__).resolve().parent / "data" / "nq_open_dev.jsonl"
+DEFAULT_QUESTIONS = Path(__file__).resolve().parents[2] / "shared" / "data" / "nq_open_dev.jsonl"
+"""NQ-open's development questions, read where the development data lies beside the checkout (``../shared/data``;
+not redistributed with the project); ``--questions`` names another copy."""
 
 _MODELS = (
     ("gpt-4o-mini-2024-07-18", True),

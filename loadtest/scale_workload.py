@@ -8,7 +8,7 @@ Why these parameters (chosen before measuring, from what the comparison is about
   budgets hold three times as many distinct answers). The fair comparison therefore gives both setups the
   **same total memory** ``M``: three isolated replicas with ``M/3`` each, versus three replicas whose near caches
   (``near_share`` of their ``M/3``) and one Redis (the rest, ``M·(1 - near_share)``) add up to ``M``.
-- **Questions.** The 3,610 real questions of NQ-open (``loadtest/data``, with attribution), one cache entry each;
+- **Questions.** The 3,610 real questions of NQ-open (``../shared/data``, beside the checkout), one cache entry each;
   popularity rank is a seeded shuffle of the file (the file's order carries no popularity).
 - **Popularity: Zipf, exponent 0.7.** Request popularity seen by caches is Zipf-like with an exponent below 1:
   0.64-0.83 across web-proxy traces (Breslau et al., "Web caching and Zipf-like distributions", INFOCOM 1999);

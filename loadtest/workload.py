@@ -1,4 +1,4 @@
-"""Paraphrase workloads for the semantic tier, built from real questions (NQ-open, ``loadtest/data``).
+"""Paraphrase workloads for the semantic tier, built from real questions (NQ-open, ``../shared/data``).
 
 A workload is a set of **cached** questions (what earlier users asked and the cache stored) and a shuffled
 list of **probes** (what later users ask), each labelled with the cached question it is equivalent to, if
@@ -29,7 +29,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-DATA = Path(__file__).parent / "data" / "nq_open_dev.jsonl"
+from loadtest.responses import DEFAULT_QUESTIONS
+
+DATA = DEFAULT_QUESTIONS
 
 PREFIXES = ("Tell me ", "I want to know ", "Please tell me ", "I would like to know ")
 

@@ -15,6 +15,7 @@ from redis.crc import key_slot
 from loadtest.responses import ResponseGenerator
 from proxy.assembly.config import ConfigError, load_settings
 from proxy.cache_tiers.shared_mode import SharedMode, build_shared
+from tests.support.nq_open import needs_nq_open
 from tests.tiers.test_redis_store import cluster_url  # noqa: F401  (the 3-master cluster fixture)
 from tiers.entry import CachedResponse
 from tiers.invalidation import Invalidator, Selector
@@ -140,6 +141,7 @@ async def test_the_budget_holds_in_every_shard(redis_url: str) -> None:
         await store.close()
 
 
+@needs_nq_open
 async def test_answers_are_stored_compressed_with_the_builtin_dictionary(redis_url: str) -> None:
     store = RedisStore(redis_url, prefix="lz4", compress=True)
     try:

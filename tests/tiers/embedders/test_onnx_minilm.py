@@ -9,15 +9,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from loadtest.responses import DEFAULT_QUESTIONS
+from tests.support.nq_open import needs_nq_open
 from tiers.embedders import onnx_minilm
 from tiers.embedders.minilm import MiniLMEncoder
 from tiers.embedders.onnx_minilm import OnnxMiniLMEncoder, int8_model_path
 
-pytestmark = pytest.mark.skipif(not onnx_minilm.onnx_available(), reason="needs onnxruntime and onnx")
+pytestmark = [pytest.mark.skipif(not onnx_minilm.onnx_available(), reason="needs onnxruntime and onnx"), needs_nq_open]
 
 QUESTIONS = [json.loads(line)["question"] for line in
-             (Path(__file__).resolve().parents[3] / "loadtest" / "data" / "nq_open_dev.jsonl")
-             .read_text(encoding="utf-8").splitlines()[:200]]
+             DEFAULT_QUESTIONS.read_text(encoding="utf-8").splitlines()[:200]] if DEFAULT_QUESTIONS.exists() else []
 
 
 @pytest.fixture(scope="module")
