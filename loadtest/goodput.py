@@ -7,8 +7,9 @@ without a server.
   window of ``duration_s`` (each send time is fixed in advance; a slow answer never delays the next request).
 * :func:`run_figures` — what one run at one rate gave: goodput (requests answered with a time to first token
   within the objective, per second of the arrival window), the share of requests that did so (attainment), TTFT
-  p50/p99 of the answered ones, prompt-token reuse, and refusals apart. A refusal (429 at the objective) is not
-  goodput, nor is a late answer or an error: all three count in the denominator of attainment.
+  p50/p99 of the answered ones, prompt-token reuse, and refusals apart (those at arrival and those after waiting
+  counted apart too). A refusal (429 at the objective) is not goodput, nor is a late answer or an error: all three
+  count in the denominator of attainment.
 * :func:`ratio_rate` / :func:`goodput_ratio` — the figure a comparison reports: proxy goodput over direct goodput
   at the highest rate where the direct side still answers at least half the requests within the objective
   (beyond that rate the direct side is in overload, where any admission control wins by an arbitrary factor).
@@ -24,6 +25,10 @@ from dataclasses import dataclass
 OK, REJECTED, LATE, ERROR = "ok", "rejected", "late", "error"
 """Outcomes of one request: answered; refused by the proxy (429); given up on by the client; failed otherwise."""
 
+AT_ARRIVAL, AFTER_WAIT = "at_arrival", "after_wait"
+"""Why the proxy refused a request (:attr:`Outcome.refused`): no replica was expected to start it within the
+objective as it arrived; or it waited in a replica's queue until it could no longer start in time."""
+
 
 @dataclass(frozen=True, slots=True)
 class Outcome:
@@ -34,6 +39,8 @@ class Outcome:
     cache_n: int = 0
     prompt_n: int = 0
     prompt_ms: float = 0.0
+    refused: str | None = None
+    """A refusal's kind (:data:`AT_ARRIVAL`, :data:`AFTER_WAIT`), ``None`` when the 429 did not say."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,6 +52,10 @@ class RunFigures:
     attainment: float
     """Share of the sent requests answered within the objective."""
     rejected: int
+    rejected_at_arrival: int
+    rejected_after_wait: int
+    """Of ``rejected``: refused as they arrived; refused after waiting in a replica's queue (the rest, 429s that
+    said neither, are other refusals)."""
     late: int
     errors: int
     ttft_p50_ms: float | None
@@ -92,6 +103,8 @@ def run_figures(rate: float, duration_s: float, outcomes: Sequence[Outcome], slo
         goodput_rps=within / duration_s if duration_s > 0 else 0.0,
         attainment=within / len(outcomes) if outcomes else 0.0,
         rejected=sum(1 for o in outcomes if o.status == REJECTED),
+        rejected_at_arrival=sum(1 for o in outcomes if o.status == REJECTED and o.refused == AT_ARRIVAL),
+        rejected_after_wait=sum(1 for o in outcomes if o.status == REJECTED and o.refused == AFTER_WAIT),
         late=sum(1 for o in outcomes if o.status == LATE),
         errors=sum(1 for o in outcomes if o.status == ERROR),
         ttft_p50_ms=percentile(ttfts, 0.5) if ttfts else None,

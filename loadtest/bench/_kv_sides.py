@@ -18,12 +18,12 @@ import httpx
 import orjson
 
 from loadtest.bench._kv_contextpilot import ContextPilotSide, contextpilot_installed
-from loadtest.bench._kv_requests import chat_body, outcome_of, post_chat
+from loadtest.bench._kv_requests import chat_body, outcome_of, post_chat, refusal
 from loadtest.bench._kv_reuse import Routed
 from loadtest.bench._kv_serve import Serve, ServeFleet
 from loadtest.bench._kv_servers import Servers, Smg, find_smg
 from loadtest.bench._kv_workload import Workload, app_messages, structured_parts
-from loadtest.goodput import OK, REJECTED, Outcome
+from loadtest.goodput import OK, Outcome
 from normalizer.documents import DocumentRegistry
 from proxy.core.context import Reply, RequestContext
 from proxy.core.errors import ProxyError
@@ -347,8 +347,9 @@ class ProxySide:
         return Reply(response.status_code, body=response.content)
 
     async def send(self, index: int) -> Outcome:
-        """Request ``index`` of the workload; a 429 of the proxy is :data:`~loadtest.goodput.REJECTED`. Never
-        streamed (a one-token answer: its TTFT is its latency), so that the stages read the server's report."""
+        """Request ``index`` of the workload; a 429 of the proxy is :data:`~loadtest.goodput.REJECTED`
+        (:func:`~loadtest.bench._kv_requests.refusal`). Never streamed (a one-token answer: its TTFT is its
+        latency), so that the stages read the server's report."""
         if self.work.pasted:
             body, fields = chat_body(app_messages(self.work, index)), {}
         else:
@@ -367,7 +368,7 @@ class ProxySide:
             reply = await self.pipeline(ctx)
         except ProxyError as error:
             if error.status == 429:
-                return Outcome(REJECTED, time.perf_counter() - started)
+                return refusal(started, error.code)
             raise
         outcome = outcome_of(started, reply.status, reply.body or b"")
         routed = ctx.handoffs.get(DESTINATION)

@@ -26,8 +26,10 @@ its gateway.
    side's knee (:func:`next_rate`), which runs a rate's repeats one after the other.
 
 The proxy's sides run with the objective as their ``ttft_slo_s``: requests no replica can serve in time are
-refused with 429 (:data:`~loadtest.goodput.REJECTED`), never goodput, reported apart. Direct and smg send
-everything; what is late is late.
+refused with 429 (:data:`~loadtest.goodput.REJECTED`), never goodput, reported apart: in all, and split by the
+429's error code into those refused at arrival (``ttft_slo``: no replica expected to start them in time) and those
+refused after waiting (``ttft_slo_queued``: dropped from a replica's queue once they could no longer start in time).
+Direct and smg send everything; what is late is late.
 
 The product runs as users run it on the ``serve`` side: a ``ragproxy serve`` process (:mod:`loadtest.bench._kv_serve`)
 over HTTP, with ``routing.ttft_slo_s`` only when ``--slo-ms`` is given (the objective is otherwise known only after
@@ -45,10 +47,11 @@ requests are answered within the objective, fitted across the sweep's rates and 
 interval over the repeats; ``capacity_ratio_vs_smg`` (proxy / smg) and its interval; with the ``fleet`` side,
 ``capacity_ratio_vs_one_proxy`` (``--proxies`` proxies in shared mode / one, ``serve``, in front of as many replicas)
 and its interval ``capacity_ratio_vs_one_proxy_ci``. Detail, per rate and side
-(:func:`loadtest.goodput.run_figures`): goodput, attainment, TTFT p50/p99 of the answered ones, refusals, late,
-prompt-token reuse; ``goodput_ratio`` (proxy / direct at the highest rate where direct answers half in time),
-``ttft_p99_ratio_low_load`` (at the lowest rate, against direct and smg), and the reuse of every side over the
-load runs against :func:`loadtest.bench._kv_reuse.prefix_reuse_ceiling` of the same requests.
+(:func:`loadtest.goodput.run_figures`): goodput, attainment, TTFT p50/p99 of the answered ones, refusals (429: all,
+at arrival, after waiting), late, prompt-token reuse; ``goodput_ratio`` (proxy / direct at the highest rate where
+direct answers half in time), ``ttft_p99_ratio_low_load`` (at the lowest rate, against direct and smg), and the
+reuse of every side over the load runs against :func:`loadtest.bench._kv_reuse.prefix_reuse_ceiling` of the same
+requests.
 
 Decode is not part of it: every request asks for one token, so a slot is busy for the prefill only.
 """
@@ -268,8 +271,9 @@ async def _run(
 
         def finish(rate: float) -> None:
             if not figures["direct"]:
-                print(f"  {'rate/s':>7} {'side':<9} {'goodput':>7} {'in SLO':>6} {'429':>4} {'late':>4} "
-                      f"{'p50':>6} {'p99':>6} {'reuse':>5}")
+                print(f"  {'rate/s':>7} {'side':<9} {'goodput':>7} {'in SLO':>6} {'429':>4} {'arr.':>4} {'wait':>4} "
+                      f"{'late':>4} {'p50':>6} {'p99':>6} {'reuse':>5}  (429: refused in all, at arrival, after "
+                      "waiting)")
             for name in names:
                 figures[name][rate] = run_figures(rate, seconds(rate), outcomes[rate][name], slo_s)
                 load_outcomes[name] += outcomes[rate][name]
@@ -346,7 +350,8 @@ def _fmt(value: float | None) -> str:
 def _print_rate(figures: dict[str, RunFigures], estimate: float | None) -> None:
     for name, f in figures.items():
         est = f"  estimates {estimate:.2f}x short" if name == "proxy" and estimate is not None else ""
-        print(f"  {f.rate:7.2f} {name:<9} {f.goodput_rps:7.2f} {f.attainment:6.0%} {f.rejected:4} {f.late:4} "
+        print(f"  {f.rate:7.2f} {name:<9} {f.goodput_rps:7.2f} {f.attainment:6.0%} {f.rejected:4} "
+              f"{f.rejected_at_arrival:4} {f.rejected_after_wait:4} {f.late:4} "
               f"{_fmt(f.ttft_p50_ms)} {_fmt(f.ttft_p99_ms)} {f.reuse:5.2f}{est}"
               + (f"  (sent {f.sent}, errors {f.errors})" if name == "direct" or f.errors else ""), flush=True)
 

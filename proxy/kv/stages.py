@@ -9,12 +9,13 @@ work is split this way:
   documents recognised in the prompt) and, for every replica, the document order of the namespace's policy and
   the tokens that replica probably has cached for it: :data:`~proxy.kv.handoffs.SHAPED` (:class:`ShapedRequest`).
   It also counts document popularity (the canonical order of ``reuse``).
-* :class:`Route` asks the :class:`~proxy.kv.router.Router` for a replica (429 with ``Retry-After`` when no
-  replica can meet the TTFT SLO), patches the body with that replica's order and hints (``ctx.patch``),
-  gives :data:`~proxy.upstream.forward.DESTINATION` (:class:`RoutedRequest`: the replica's index, which the forward
-  stage sends to, and the hint headers for the upstream request), records the path in
+* :class:`Route` asks the :class:`~proxy.kv.router.Router` for a replica (429 with ``Retry-After`` and code
+  :data:`SLO_AT_ARRIVAL` when no replica can meet the TTFT SLO), patches the body with that replica's order and
+  hints (``ctx.patch``), gives :data:`~proxy.upstream.forward.DESTINATION` (:class:`RoutedRequest`: the replica's
+  index, which the forward stage sends to, and the hint headers for the upstream request), records the path in
   the replica's knowledge tree, waits for a concurrency slot (cache-aware order; 429 when the wait exceeds the
-  queue's bound, or — with a TTFT SLO — once the request can no longer start in time); as the request starts
+  queue's bound, or — with a TTFT SLO, code :data:`SLO_AFTER_WAIT` — once the request can no longer start in
+  time); as the request starts
   (:meth:`Route.start`), a llama.cpp replica's slot is chosen (pinned with ``id_slot`` where the table says so),
   its slot table follows the server's slot and prompt-cache moves, and the tree forgets what the server truncated
   without saving it (:meth:`~proxy.kv.hints.SlotTable.assign`); it calls the rest of the
@@ -82,6 +83,12 @@ from proxy.upstream.client import UpstreamClient
 from proxy.upstream.forward import DESTINATION
 
 _ROUTING = RoutingSettings()  # the defaults, defined once there
+
+SLO_AT_ARRIVAL = "ttft_slo"
+"""The error ``code`` of a 429 at arrival: no replica is expected to start the request within the TTFT SLO."""
+SLO_AFTER_WAIT = "ttft_slo_queued"
+"""The error ``code`` of a 429 after waiting: the request waited in a replica's queue until it could no longer
+start within the TTFT SLO."""
 
 
 class EndpointStage(partial[Coroutine[Any, Any, Reply]]):
@@ -278,7 +285,7 @@ class Route:
                 429,
                 f"no backend can meet the time-to-first-token objective (best estimate "
                 f"{decision.best_estimate_s:.1f}s)",
-                code="ttft_slo",
+                code=SLO_AT_ARRIVAL,
                 headers={"Retry-After": str(decision.retry_after_s)},
             )
         replica = self.replicas[decision.replica]
@@ -429,7 +436,7 @@ class Route:
             raise ProxyError(
                 429,
                 "the backend could not start this request within the time-to-first-token objective",
-                code="ttft_slo",
+                code=SLO_AFTER_WAIT,
                 headers={"Retry-After": "1"},
             ) from error
         except TimeoutError as error:

@@ -69,7 +69,7 @@ def test_percentile_is_nearest_rank() -> None:
 
 
 def _figures(rate: float, attainment: float, goodput: float) -> RunFigures:
-    return RunFigures(rate, 100, goodput, attainment, 0, 0, 0, None, None, 0.0, 0.0)
+    return RunFigures(rate, 100, goodput, attainment, 0, 0, 0, 0, 0, None, None, 0.0, 0.0)
 
 
 def test_the_ratio_is_read_at_the_highest_rate_where_direct_meets_the_objective_for_half() -> None:

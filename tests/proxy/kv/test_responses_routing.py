@@ -22,7 +22,7 @@ from proxy.kv.kinds import GENERIC, LLAMACPP, OPENAI, SGLANG, VLLM, BackendKind
 from proxy.kv.order import OrderPolicy
 from proxy.kv.prefill import PrefillCoefficients, PrefillModel
 from proxy.kv.router import Router
-from proxy.kv.stages import Replica, Route, Shape
+from proxy.kv.stages import SLO_AT_ARRIVAL, Replica, Route, Shape
 from proxy.kv.tree import KnowledgeTree
 from proxy.upstream.forward import DESTINATION
 from tests.proxy.kv.clocks import Clock
@@ -191,5 +191,5 @@ async def test_a_responses_request_no_replica_can_start_in_time_is_a_429() -> No
     backend = ResponsesDouble()
     with pytest.raises(ProxyError) as error:
         await pipeline(reps, router, backend)(ctx_for(response_body("a", "b", "c", "d"), 1, "responses"))
-    assert error.value.status == 429 and error.value.code == "ttft_slo"
+    assert error.value.status == 429 and error.value.code == SLO_AT_ARRIVAL == "ttft_slo"
     assert int(error.value.headers["Retry-After"]) >= 1 and not backend.bodies

@@ -19,7 +19,7 @@ from proxy.kv.kinds import LLAMACPP
 from proxy.kv.order import OrderPolicy
 from proxy.kv.prefill import PrefillCoefficients, PrefillModel
 from proxy.kv.router import Candidate, RouteDecision, Router
-from proxy.kv.stages import Replica, Route, Shape
+from proxy.kv.stages import SLO_AFTER_WAIT, Replica, Route, Shape
 from proxy.kv.tree import KnowledgeTree, Match
 from proxy.server.request import Request
 from tests.proxy.kv.clocks import Clock, models
@@ -197,7 +197,7 @@ async def test_a_request_that_cannot_start_in_time_is_a_429_and_leaves_no_trace(
     size = replica.tree.size_tokens
     with pytest.raises(ProxyError) as error:
         await pipeline(ctx(2, "cd"))  # waits behind the first for longer than its SLO allows
-    assert error.value.status == 429 and error.value.code == "ttft_slo"
+    assert error.value.status == 429 and error.value.code == SLO_AFTER_WAIT == "ttft_slo_queued"
     assert error.value.headers["Retry-After"] == "1"
     assert replica.tree.size_tokens == size  # its path was taken back out of the tree
     assert len(router.loads[0].outstanding) == 1 and replica.queue.waiting == 0
