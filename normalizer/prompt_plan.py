@@ -24,6 +24,7 @@ labels say). It goes *after* the documents so that everything before it — syst
 separators between them, the prefix the backends cache — is byte for byte what the same order renders without
 it; the line is part of the tail, computed anew with the question, and depends only on the two orders, so the
 same reorder renders the same bytes. The retrieval order itself renders exactly as the client sent it (no line).
+The line's tokens count in the estimated length of an order that adds it (:meth:`PromptPlan.tail_tokens_for`).
 
 Segment keys: ``"p:" + hash`` of the prefix text (with roles), documents by their doc id. Token sizes are
 estimated as UTF-8 bytes / ``chars_per_token`` (the tree only needs sizes that are consistent; the backend's
@@ -74,18 +75,29 @@ class PromptPlan:
     documents: tuple[Segment, ...]
     """Retrieval order, best first."""
     tail_tokens: int
+    """Estimated tokens after the documents in the retrieval order (the rank hint an other order adds excluded)."""
     _render: Callable[[Sequence[str]], list[Any]] | None = None
     """Renders the body's ``messages`` for an order of the documents; ``None`` when the body is forwarded as the
     client sent it (plus body hints), its documents in the order sent: a plain prompt, a Responses body."""
+    _hint: Callable[[Sequence[str]], str] | None = None
+    """The text :attr:`_render` adds for an order of the documents: its rank hint (``""`` for the retrieval
+    order); ``None`` when nothing is rendered."""
+    chars_per_token: float = 4.0
 
     @property
     def rewrites(self) -> bool:
         """Whether the body's messages are rendered anew (:meth:`render_messages`)."""
         return self._render is not None
 
-    @property
-    def total_tokens(self) -> int:
-        return self.prefix.tokens + sum(d.tokens for d in self.documents) + self.tail_tokens
+    def tail_tokens_for(self, order: Sequence[Segment]) -> int:
+        """Estimated tokens after the documents in ``order``: the tail, and the rank hint when ``order`` adds one."""
+        if self._hint is None or not order:
+            return self.tail_tokens
+        return self.tail_tokens + estimate_tokens(self._hint([s.key for s in order]), self.chars_per_token)
+
+    def total_tokens(self, order: Sequence[Segment]) -> int:
+        """The prompt's estimated length with its documents in ``order`` (the rank hint it adds included)."""
+        return self.prefix.tokens + sum(d.tokens for d in self.documents) + self.tail_tokens_for(order)
 
     def path(self, order: Sequence[Segment]) -> list[Segment]:
         """The tree path of ``order``: the prefix segment (left out when empty: a one-message plain prompt has
@@ -151,7 +163,7 @@ def plan_response(
     (:func:`normalizer.responses.read_response_prompt`): the chat view's segments, and no renderer: the body goes
     out as sent, its documents in the order sent."""
     plan = plan_request({"messages": prompt_messages(body)}, prompt, chars_per_token=chars_per_token)
-    return None if plan is None else replace(plan, _render=None)
+    return None if plan is None else replace(plan, _render=None, _hint=None)
 
 
 def _structured_plan(structured: StructuredPrompt, chars_per_token: float) -> PromptPlan:
@@ -164,15 +176,18 @@ def _structured_plan(structured: StructuredPrompt, chars_per_token: float) -> Pr
     tail_tokens = estimate_tokens(_conversation_text(structured.messages), chars_per_token)
     retrieval = [d.id for d in documents]
 
+    def hint(order: Sequence[str]) -> str:
+        moved = moved_positions(retrieval, order)
+        return "" if moved is None else rank_hint("documents", [order[p - 1] for p in moved]) + "\n"
+
     def render(order: Sequence[str]) -> list[Any]:
         messages = structured.render_messages([by_key[k] for k in order])
-        moved = moved_positions(retrieval, order)
-        if moved is not None:  # after the last block: the system message ends with the documents' newline
-            hint = rank_hint("documents", [order[p - 1] for p in moved])
-            messages[0] = {**messages[0], "content": f"{messages[0]['content']}{hint}\n"}
+        line = hint(order)
+        if line:  # after the last block: the system message ends with the documents' newline
+            messages[0] = {**messages[0], "content": f"{messages[0]['content']}{line}"}
         return messages
 
-    return PromptPlan(prefix, segments, tail_tokens, render)
+    return PromptPlan(prefix, segments, tail_tokens, render, hint, chars_per_token)
 
 
 def _detected_plan(
@@ -195,15 +210,19 @@ def _detected_plan(
     retrieval = [span.doc_id for span in spans]
     end = spans[-1].end
 
+    def hint(order: Sequence[str]) -> str:
+        moved = moved_positions(retrieval, order)
+        return "" if moved is None else "\n" + rank_hint("passages", [str(p) for p in moved])
+
     def render(order: Sequence[str]) -> list[Any]:
         content = reorder_spans(best_text, spans, order)
-        moved = moved_positions(retrieval, order)
-        if moved is not None:  # after the last document: the separators keep their places, so its end does too
-            content = f"{content[:end]}\n{rank_hint('passages', [str(p) for p in moved])}{content[end:]}"
+        line = hint(order)
+        if line:  # after the last document: the separators keep their places, so its end does too
+            content = f"{content[:end]}{line}{content[end:]}"
         new_messages = list(messages)
         new_messages[best_index] = {**doc_message, "content": content}
         return new_messages
 
     return PromptPlan(
-        prefix, tuple(segments), estimate_tokens(tail_text, chars_per_token), render
+        prefix, tuple(segments), estimate_tokens(tail_text, chars_per_token), render, hint, chars_per_token
     )

@@ -276,10 +276,11 @@ class Route:
         if shaped is None or not shaped.orders:
             return None
         plan, orders = shaped.plan, shaped.orders
-        total = plan.total_tokens
         if self._fixed and not plan.prefix.tokens and not plan.documents and self.shared is None:
-            return self._fixed_route(ctx, total)
-        decision = self.router.choose([Candidate(o.replica, o.cached_tokens, total) for o in orders])
+            return self._fixed_route(ctx, plan.total_tokens(()))
+        totals = [plan.total_tokens(o.order) for o in orders]  # an order's rank hint counts in its length
+        decision = self.router.choose(
+            [Candidate(o.replica, o.cached_tokens, total) for o, total in zip(orders, totals, strict=True)])
         if isinstance(decision, Reject):
             raise ProxyError(
                 429,
@@ -317,7 +318,8 @@ class Route:
                 prefixes.append((digest, tokens))
             self.shared.board.record(self.shared.labels[decision.replica], prefixes)
         routed = RoutedRequest(
-            decision.replica, path, predicted, None, decision.estimated_ttft_s, decision.start_deadline, total,
+            decision.replica, path, predicted, None, decision.estimated_ttft_s, decision.start_deadline,
+            totals[decision.replica],
             None, shifted, hints.headers or None, ticket=str(next(self._tickets)),
         )
         ctx.handoffs[DESTINATION] = routed

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from normalizer.documents import DocumentRegistry, read_prompt
-from normalizer.prompt_plan import PromptPlan, moved_positions, plan_request
+from normalizer.prompt_plan import PromptPlan, estimate_tokens, moved_positions, plan_request, plan_response
 
 TEXTS = {
     "a": "Alpine lakes freeze from the edges inward because shallow water loses heat first.",
@@ -77,3 +77,28 @@ def test_reordered_passages_keep_their_labels_and_the_hint_gives_the_positions_o
 def test_moved_positions_follow_repeated_keys_in_order() -> None:
     assert moved_positions(["x", "y"], ["x", "y"]) is None
     assert moved_positions(["x", "y", "x"], ["y", "x", "x"]) == [2, 1, 3]
+
+
+def test_an_orders_rank_hint_counts_in_its_estimated_tail_and_length() -> None:
+    body = structured("b", "c", "a")
+    planned = plan(body)
+    segments = {s.key: s for s in planned.documents}
+    reordered = [segments[k] for k in "abc"]
+    line = render(body, "abc")[len(structured_system("a", "b", "c")):]  # the hint, as rendered
+    assert line.startswith("Relevance order")
+    assert planned.tail_tokens_for(reordered) == planned.tail_tokens + estimate_tokens(line)
+    assert planned.total_tokens(reordered) == planned.total_tokens(planned.documents) + estimate_tokens(line)
+    assert planned.tail_tokens_for(planned.documents) == planned.tail_tokens  # the retrieval order adds none
+
+
+def test_passages_reordered_count_their_hint_and_a_body_forwarded_as_sent_counts_none() -> None:
+    body = numbered("b", "c", "a")
+    planned = plan(body)
+    order = [planned.documents[2], planned.documents[0], planned.documents[1]]
+    sent = str(planned.render_messages(order)[0]["content"])
+    line = sent[sent.index("\nRelevance order"):sent.index("\nQuestion:")]
+    assert planned.tail_tokens_for(order) == planned.tail_tokens + estimate_tokens(line)
+    responses = {"model": "m", "input": body["messages"][0]["content"]}
+    as_sent = plan_response(responses, read_prompt({"messages": body["messages"]}, None, DocumentRegistry()))
+    assert as_sent is not None and not as_sent.rewrites
+    assert as_sent.tail_tokens_for(list(reversed(as_sent.documents))) == as_sent.tail_tokens

@@ -12,6 +12,7 @@ import pytest
 
 from normalizer.cache_control import split_proxy_fields
 from normalizer.documents import DocumentRegistry, read_prompt
+from normalizer.prompt_plan import estimate_tokens
 from proxy.core.context import Reply, RequestContext
 from proxy.core.errors import ProxyError
 from proxy.core.pipeline import Pipeline
@@ -139,11 +140,16 @@ async def test_detected_documents_are_reordered_in_place() -> None:
         }
 
     await pipeline(ctx_for(body("a", "b", "c"), 1))
-    await pipeline(ctx_for(body("b", "c", "a"), 2))  # top b; cached path a, b, c -> a, c, b
+    second = ctx_for(body("b", "c", "a"), 2)
+    await pipeline(second)  # top b; cached path a, b, c -> a, c, b
     sent = backend.bodies[1]["messages"][0]["content"]
     reordered = body("a", "c", "b")["messages"][0]["content"]  # the labels stay: [1] a, [2] c, [3] b ...
     hint = "\nRelevance order of the passages above, most relevant first: 3, 2, 1."  # ... b was first, a last
     assert sent == reordered.replace("\nQuestion:", hint + "\nQuestion:")
+    # the hint is part of what the backend computes: its tokens count in the length the TTFT was estimated on
+    plan = second.handoffs[SHAPED].plan
+    sent_as_retrieved = plan.prefix.tokens + sum(d.tokens for d in plan.documents) + plan.tail_tokens
+    assert routed_of(second).total_tokens == sent_as_retrieved + estimate_tokens(hint) > sent_as_retrieved
 
 
 async def test_no_replica_within_the_slo_is_a_429_with_retry_after() -> None:
