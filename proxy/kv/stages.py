@@ -147,7 +147,10 @@ class Replica:
 
 
 class Shape:
-    """Documents of the prompt and, per replica, their order and probably-cached tokens."""
+    """Documents of the prompt and, per replica, their order and probably-cached tokens.
+
+    ``default_policy``: the order of a namespace without one in ``policies`` (``routing.order``, whose default the
+    settings hold); ``policies``: per namespace (``routing.namespace_orders``)."""
 
     name = "shape"
     needs = frozenset({"prompt"})
@@ -157,8 +160,8 @@ class Shape:
         self,
         replicas: Sequence[Replica],
         *,
+        default_policy: OrderPolicy,
         policies: Mapping[str, OrderPolicy] | None = None,
-        default_policy: OrderPolicy = OrderPolicy.PRESERVE,
         chars_per_token: float = 4.0,
         popularity: Popularity | None = None,
     ) -> None:

@@ -20,6 +20,7 @@ from proxy.credits.store import Reservation
 from proxy.kv.admission_queue import AdmissionQueue
 from proxy.kv.hints import SlotTable
 from proxy.kv.kinds import LLAMACPP
+from proxy.kv.order import OrderPolicy
 from proxy.kv.prefill import PrefillCoefficients, PrefillModel
 from proxy.kv.router import Router
 from proxy.kv.stages import Replica, Route, Shape
@@ -101,8 +102,8 @@ async def test_stages_after_a_patch_read_the_clients_body() -> None:
         sent.append(orjson.loads(ctx.outgoing_body()))
         return Reply(200, body=b'{"choices":[],"timings":{"cache_n":0,"prompt_n":10,"prompt_ms":5.0}}')
 
-    pipeline = Pipeline([ReadPrompt(None), Shape([replica]), Route([replica], Router([model], ttft_slo_s=None)),
-                         reader], forward)
+    pipeline = Pipeline([ReadPrompt(None), Shape([replica], default_policy=OrderPolicy.PRESERVE),
+                         Route([replica], Router([model], ttft_slo_s=None)), reader], forward)
     documents = [{"id": name, "text": f"document {name} " * 50} for name in ("b", "a")]
     client = {"model": "m", "stream": True,
               "messages": [{"role": "system", "content": "Use them."}, {"role": "user", "content": "q?"}]}

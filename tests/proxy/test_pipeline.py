@@ -17,6 +17,7 @@ from proxy.core.context import Handoff, Reply, RequestContext
 from proxy.core.endpoints import CHAT, RESPONSES
 from proxy.core.pipeline import Pipeline
 from proxy.core.prompt import ReadPrompt
+from proxy.kv.order import OrderPolicy
 from proxy.kv.stages import Shape
 from proxy.server.request import Request
 
@@ -27,8 +28,8 @@ async def _terminal(ctx: RequestContext) -> Reply:
 
 def test_a_stage_placed_before_the_producer_of_what_it_reads_is_refused() -> None:
     with pytest.raises(ValueError, match=r"'shape' needs \['prompt'\]"):
-        Pipeline([Shape([]), ReadPrompt(None)], _terminal)
-    Pipeline([ReadPrompt(None), Shape([])], _terminal)
+        Pipeline([Shape([], default_policy=OrderPolicy.PRESERVE), ReadPrompt(None)], _terminal)
+    Pipeline([ReadPrompt(None), Shape([], default_policy=OrderPolicy.PRESERVE)], _terminal)
 
 
 def test_a_stage_naming_a_slot_the_context_lacks_is_refused() -> None:

@@ -117,7 +117,8 @@ async def test_same_documents_in_another_order_go_to_the_warm_replica_in_its_ord
 async def test_preserve_keeps_the_client_order() -> None:
     reps, router = replicas(1)
     backend = LlamaDouble()
-    pipeline = Pipeline([ReadPrompt(None), Shape(reps), Route(reps, router)], backend)
+    pipeline = Pipeline([ReadPrompt(None), Shape(reps, default_policy=OrderPolicy.PRESERVE), Route(reps, router)],
+                        backend)
     await pipeline(ctx_for(structured("a", "b", "c"), 1))
     await pipeline(ctx_for(structured("c", "a", "b"), 2))
     assert doc_order(backend.bodies[1]) == ["c", "a", "b"]
@@ -154,7 +155,8 @@ async def test_detected_documents_are_reordered_in_place() -> None:
 
 async def test_no_replica_within_the_slo_is_a_429_with_retry_after() -> None:
     reps, router = replicas(2, slo=0.01)
-    pipeline = Pipeline([ReadPrompt(None), Shape(reps), Route(reps, router)], LlamaDouble())
+    pipeline = Pipeline([ReadPrompt(None), Shape(reps, default_policy=OrderPolicy.PRESERVE), Route(reps, router)],
+                        LlamaDouble())
     with pytest.raises(ProxyError) as error:
         await pipeline(ctx_for(structured("a", "b", "c", "d"), 1))
     assert error.value.status == 429 and int(error.value.headers["Retry-After"]) >= 1
@@ -162,7 +164,8 @@ async def test_no_replica_within_the_slo_is_a_429_with_retry_after() -> None:
 
 async def test_a_malformed_document_is_a_400() -> None:
     reps, router = replicas(1)
-    pipeline = Pipeline([ReadPrompt(None), Shape(reps), Route(reps, router)], LlamaDouble())
+    pipeline = Pipeline([ReadPrompt(None), Shape(reps, default_policy=OrderPolicy.PRESERVE), Route(reps, router)],
+                        LlamaDouble())
     body = {"messages": [{"role": "user", "content": "q"}], "ragproxy": {"documents": [{"id": "x"}]}}
     with pytest.raises(ProxyError) as error:
         await pipeline(ctx_for(body, 1))
@@ -261,7 +264,7 @@ async def test_a_one_message_prompt_keeps_its_bytes_and_a_system_prompt_names_it
         return Reply(200, body=b'{"choices":[],"usage":{"prompt_tokens":3}}')
 
     route = Route([replica], Router([model], ttft_slo_s=None))
-    pipeline = Pipeline([ReadPrompt(None), Shape([replica]), route], backend)
+    pipeline = Pipeline([ReadPrompt(None), Shape([replica], default_policy=OrderPolicy.PRESERVE), route], backend)
     alone = {"model": "m", "messages": [{"role": "user", "content": "q?"}]}
     await pipeline(ctx_for(alone, 1))
     assert not sent[0].patches and sent[0].outgoing_body() == orjson.dumps(alone)
@@ -284,7 +287,7 @@ async def test_a_one_message_prompt_to_the_only_replica_routes_as_the_full_decis
     model = PrefillModel(PrefillCoefficients(0.01, 0.0001, 0.0))
     replica = Replica(0, kind, KnowledgeTree(100_000, prefill=model), model, AdmissionQueue(2))
     route = Route([replica], Router([model], ttft_slo_s=None))
-    shape = Shape([replica])
+    shape = Shape([replica], default_policy=OrderPolicy.PRESERVE)
     body = {"model": "m", "messages": [{"role": "user", "content": "What does a proxy do?"}]}
     decided = []
     for fixed in (True, False):
@@ -309,7 +312,7 @@ async def test_requests_sharing_a_client_request_id_are_counted_apart() -> None:
         await release.wait()
         return Reply(200, body=b'{"choices": []}')
 
-    pipeline = Pipeline([ReadPrompt(None), Shape(reps), Route(reps, router)], slow)
+    pipeline = Pipeline([ReadPrompt(None), Shape(reps, default_policy=OrderPolicy.PRESERVE), Route(reps, router)], slow)
     same = [ctx_for(structured("a", "b"), 1) for _ in range(3)]  # three on two replicas: two share one
     assert len({ctx.request_id for ctx in same}) == 1
     flights = [asyncio.create_task(pipeline(ctx)) for ctx in same]
@@ -339,4 +342,12 @@ def test_route_placed_before_shape_is_refused() -> None:
     reps, router = replicas(2)
     assert SHAPED in Shape.gives and SHAPED in Route.needs
     with pytest.raises(ValueError, match=r"'route' needs \['shape'\], which no earlier stage gives"):
-        Pipeline([ReadPrompt(None), Route(reps, router), Shape(reps)], LlamaDouble())
+        Pipeline([ReadPrompt(None), Route(reps, router), Shape(reps, default_policy=OrderPolicy.PRESERVE)],
+                 LlamaDouble())
+
+
+def test_the_shape_stage_has_no_order_of_its_own() -> None:
+    """The order of a namespace without one is ``routing.order``, whose default the settings hold: the stage takes
+    it and has no second default to differ from it."""
+    with pytest.raises(TypeError, match="default_policy"):
+        Shape([])  # type: ignore[call-arg]
