@@ -22,7 +22,9 @@ A document without an ``id`` gets :func:`content_id` of its text.
 
 **Recognition from the prompt's structure.** Numbered passages, tagged and delimited blocks pasted into a message
 (:mod:`normalizer.prompt_blocks`, which says what is recognised and how a false recognition is kept harmless),
-with no search through the proxy: each block's id is :func:`content_id` of its text.
+with no search through the proxy: each block's id is :func:`content_id` of its text. Documents joined by blank lines
+only are recognised once they have moved between requests (:mod:`normalizer.repeated_blocks`, which adds them to the
+registry below).
 
 **Detection.** A :class:`DocumentRegistry` is fed with the payload texts that Qdrant searches returned through
 the proxy (doc id = :func:`content_id`), bounded to the most recent ``capacity`` documents and ``max_bytes``
@@ -54,6 +56,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from normalizer.prompt_blocks import FEWEST_WORDS, recognise
+from normalizer.repeated_blocks import RepeatedBlocks
 
 DOCUMENT_PART_TYPE = "document"
 
@@ -265,17 +268,18 @@ class DocumentRegistry:
         return doc_id in self._entries
 
     def add(self, text: str, doc_id: str | None = None) -> str | None:
-        """Register a document's text; returns its id (``None`` when too short to register)."""
+        """Register a document's text; returns its id (``None`` when too short to register). A document registered
+        already is only marked as recently added."""
+        doc_id = doc_id or content_id(text)
+        if doc_id in self._entries:
+            self._entries.move_to_end(doc_id)
+            return doc_id
         words = tuple(text.split())
         if len(words) < self.min_words:
             return None
         size = entry_bytes(text, len(words))
         if size > self.max_bytes:
             return None
-        doc_id = doc_id or content_id(text)
-        if doc_id in self._entries:
-            self._entries.move_to_end(doc_id)
-            return doc_id
         length = min(self.anchor_words, len(words))
         anchor = hash(words[:length])
         self._entries[doc_id] = _Entry(words, anchor, size)
@@ -425,15 +429,17 @@ _PASTED_INTO = frozenset({"system", "developer", "user"})
 """The roles whose messages an app pastes documents into (an assistant's own numbered list is never one)."""
 
 
-def read_prompt(body: Mapping[str, Any], documents_field: Any = None,
-                registry: DocumentRegistry | None = None) -> PromptDocuments:
+def read_prompt(body: Mapping[str, Any], documents_field: Any = None, registry: DocumentRegistry | None = None,
+                repeated: RepeatedBlocks | None = None) -> PromptDocuments:
     """The documents of a chat body: sent apart (``ragproxy.documents``, ``document`` parts), else documents
     recognised in a message's text, else none. :class:`ValueError` for a malformed document.
 
     Recognised documents come from the message holding the most, found either way: registered documents (earlier
-    Qdrant searches through the proxy) or, in a system, developer or user message, blocks of the text's own
-    structure (:mod:`normalizer.prompt_blocks`), whichever finds more there (registered ones on a tie). Without a
-    ``registry`` (nothing in the proxy reads documents) nothing is recognised."""
+    Qdrant searches through the proxy, and, with ``repeated``, the paragraphs that moved between requests:
+    :mod:`normalizer.repeated_blocks`, which observes each long system, developer or user message first) or, in
+    such a message, blocks of the text's own structure (:mod:`normalizer.prompt_blocks`), whichever finds more
+    there (registered ones on a tie). Without a ``registry`` (nothing in the proxy reads documents) nothing is
+    recognised."""
     structured = extract_structured(body, documents_field)
     if structured is not None:
         return PromptDocuments(structured.documents, structured=structured)
@@ -445,9 +451,12 @@ def read_prompt(body: Mapping[str, Any], documents_field: Any = None,
         if not isinstance(message, dict) or not isinstance(message.get("content"), str):
             continue
         text = message["content"]
+        # too few words to hold the blocks (most messages): nothing is looked for (positional split: no keyword parse)
+        pasted = message.get("role") in _PASTED_INTO and len(text.split(None, FEWEST_WORDS - 1)) >= FEWEST_WORDS
+        if pasted and repeated is not None:
+            registry.add_many(repeated.observe(text))
         spans = registry.spans(text)
-        # too few words to hold the blocks (most messages): no shape is looked for (positional split: no keyword parse)
-        if message.get("role") in _PASTED_INTO and len(text.split(None, FEWEST_WORDS - 1)) >= FEWEST_WORDS:
+        if pasted:
             blocks = recognise(text)
             if len(blocks) > len(spans):  # each block's id is content_id of its exact text
                 spans = [Span(content_id(text[b.start : b.end]), b.start, b.end) for b in blocks]

@@ -26,11 +26,12 @@ at least :data:`MIN_WORDS` words and no two alike, and at most :data:`MAX_BLOCKS
 ends where the others' shape says (the end of its line when the others are one line each, else the first blank
 line), and when the others hold blank lines its end is unknown and nothing is recognised. Any doubt leaves the
 message as sent. Recognised blocks are never edited: the most the proxy does with them is permute whole blocks
-(``routing.order`` ``reuse``/``shift``; ``preserve``, the default, never does) and route by them.
+(``routing.order`` ``reuse``, the default, or ``shift``; ``preserve`` never does) and route by them.
 
-Not recognised: documents joined by blank lines only (``"\\n\\n".join(texts)``: a paragraph of one document cannot
-be told from the next document); those are found when the app's searches go through the proxy
-(:class:`~normalizer.documents.DocumentRegistry`).
+Not recognised here: documents joined by blank lines only (``"\\n\\n".join(texts)``: in one prompt, a paragraph of
+one document cannot be told from the next document); those are found when the app's searches go through the proxy
+(:class:`~normalizer.documents.DocumentRegistry`), or once they have moved between requests
+(:mod:`normalizer.repeated_blocks`).
 """
 
 from __future__ import annotations
@@ -98,7 +99,8 @@ _TAG_EDGE = re.compile(r"<(/?)(" + "|".join(_TAGS) + r")(?=[\s>/])", re.IGNORECA
 _FENCE = re.compile(r"^[ \t]*```(?P<info>[^`\n]*)$", re.MULTILINE)
 _RULE = re.compile(r"[ \t]*(?P<rule>-{3,}|={3,}|\*{3,}|_{3,})[ \t]*$", re.MULTILINE)
 _RULE_FIRST = frozenset("-=*_")
-_BLANK_LINE = re.compile(r"\n[ \t]*\r?\n")
+BLANK_LINE = re.compile(r"\n[ \t]*\r?\n")
+"""A line break, a line of nothing but blanks, a line break: where a paragraph ends."""
 _CODE_CHARS = re.compile(r"[{}=;<>]|^(?: {4}|\t)\S", re.MULTILINE)
 
 
@@ -205,8 +207,8 @@ def _numbered(text: str) -> _Found:
     if all("\n" not in body for body in bodies):
         line_end = rest.find("\n", lead)
         last_end = len(text) if line_end < 0 else last_start + line_end
-    elif not any(_BLANK_LINE.search(body) for body in bodies):
-        blank = _BLANK_LINE.search(rest, lead)
+    elif not any(BLANK_LINE.search(body) for body in bodies):
+        blank = BLANK_LINE.search(rest, lead)
         last_end = len(text) if blank is None else last_start + blank.start()
     else:
         return _NONE  # multi-paragraph passages: where the last one ends is unknown

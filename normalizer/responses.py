@@ -54,6 +54,7 @@ from typing import Any
 from normalizer.canonical import EXCLUDED_FIELDS, _model, _number, _require_dict
 from normalizer.canonical_json import CanonicalizationError, JSONValue, canonical_schema, canonical_value
 from normalizer.documents import DocumentRegistry, PromptDocuments, content_text, read_prompt
+from normalizer.repeated_blocks import RepeatedBlocks
 
 RESPONSE_KEYED_FIELDS = frozenset(
     {
@@ -338,7 +339,8 @@ def prompt_messages(body: Mapping[str, Any]) -> list[dict[str, Any]]:
 
 
 def read_response_prompt(body: Mapping[str, Any], documents_field: Any = None,
-                         registry: DocumentRegistry | None = None) -> PromptDocuments:
+                         registry: DocumentRegistry | None = None,
+                         repeated: RepeatedBlocks | None = None) -> PromptDocuments:
     """The documents of a Responses body: registered documents recognised in its instructions or input text.
 
     Documents sent apart (``ragproxy.documents``) are refused with :class:`ValueError`: the proxy renders them into
@@ -346,7 +348,7 @@ def read_response_prompt(body: Mapping[str, Any], documents_field: Any = None,
     """
     if documents_field is not None:
         raise ValueError("ragproxy.documents is not supported on /v1/responses; put the documents in the input")
-    return read_prompt({"messages": prompt_messages(body)}, None, registry)
+    return read_prompt({"messages": prompt_messages(body)}, None, registry, repeated)
 
 
 def final_input_question(body: Mapping[str, Any], prompt: PromptDocuments) -> str | None:

@@ -232,7 +232,7 @@ def _prompt(rt: Runtime, read: PromptReader) -> list[Stage]:
     """prompt: the documents a prompt carries, read once for every cache tier and the KV stages."""
     if rt.documents is None:
         return []
-    return [ReadPrompt(rt.documents, read)]
+    return [ReadPrompt(rt.documents, read, rt.repeated)]
 
 
 def _documents(rt: Runtime) -> list[Stage]:

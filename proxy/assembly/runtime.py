@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from opentelemetry.trace import Tracer
 
 from normalizer.documents import DocumentRegistry
+from normalizer.repeated_blocks import RepeatedBlocks
 from proxy.assembly.config import Settings
 from proxy.assembly.credit_components import CreditComponents, build_credits
 from proxy.assembly.live_settings import LiveSettings
@@ -64,6 +65,8 @@ class Runtime:
     """The cache tiers, in lookup order (:mod:`proxy.cache_tiers`)."""
     documents: DocumentRegistry | None = field(init=False)
     """Documents from search results, recognised in later prompts (when caching or routing is on)."""
+    repeated: RepeatedBlocks | None = field(init=False)
+    """The paragraphs seen in prompts, those that move between requests fed to :attr:`documents`."""
     kv: KVLayer | None = field(init=False)
     credits: CreditComponents = field(init=False)
     owners: ResponseOwners = field(init=False)
@@ -101,6 +104,8 @@ class Runtime:
         routing = settings.routing
         self.documents = DocumentRegistry(routing.documents, max_bytes=routing.documents_max_bytes) \
             if settings.cache.enabled or routing.enabled else None
+        self.repeated = RepeatedBlocks(routing.repeated_blocks_max_bytes) \
+            if self.documents is not None and routing.repeated_blocks_max_bytes else None
         self.kv = build_kv(settings, self.backends, self.client)
         if self.kv is not None and self.shared is not None:
             bus = self.shared.bus
@@ -130,6 +135,10 @@ class Runtime:
         if documents is not None:
             self.ledger.register(Measured("documents", lambda: (documents.bytes, len(documents)),
                                           documents.max_bytes, "routing.documents_max_bytes"))
+        repeated = self.repeated
+        if repeated is not None:
+            self.ledger.register(Measured("repeated_blocks", lambda: (repeated.bytes, len(repeated)),
+                                          repeated.max_bytes, "routing.repeated_blocks_max_bytes"))
         idempotency = self.credits.idempotency
         if isinstance(idempotency, MemoryIdempotencyStore):
             self.ledger.register(Measured("idempotency", lambda: (idempotency.bytes, idempotency.entries),

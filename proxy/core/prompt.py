@@ -2,8 +2,9 @@
 
 ``ReadPrompt`` sets ``ctx.prompt`` (:func:`normalizer.documents.read_prompt`): documents sent apart from the prompt
 (``ragproxy.documents``, lifted out of the body by the route handler, or ``document`` content parts), else
-documents recognised in the prompt's text: pasted in a recognisable shape (numbered, tagged or delimited blocks) or
-returned by earlier Qdrant searches. The exact key, the semantic tier's
+documents recognised in the prompt's text: pasted in a recognisable shape (numbered, tagged or delimited blocks),
+returned by earlier Qdrant searches, or blank-line paragraphs that moved between requests (each long message is
+observed here first, :mod:`normalizer.repeated_blocks`). The exact key, the semantic tier's
 context signature and the KV stages all read this one result. A malformed document is a 400.
 """
 
@@ -13,11 +14,12 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from normalizer.documents import DocumentRegistry, PromptDocuments, read_prompt
+from normalizer.repeated_blocks import RepeatedBlocks
 from proxy.core.context import Reply, RequestContext
 from proxy.core.errors import ProxyError
 from proxy.core.pipeline import Next
 
-PromptReader = Callable[[Mapping[str, Any], Any, DocumentRegistry | None], PromptDocuments]
+PromptReader = Callable[[Mapping[str, Any], Any, DocumentRegistry | None, RepeatedBlocks | None], PromptDocuments]
 """Reads a body's documents (``read_prompt`` for chat, ``normalizer.responses.read_response_prompt``)."""
 
 
@@ -28,15 +30,17 @@ class ReadPrompt:
     needs: frozenset[str] = frozenset()
     gives = frozenset({"prompt"})
 
-    def __init__(self, registry: DocumentRegistry | None, read: PromptReader = read_prompt) -> None:
+    def __init__(self, registry: DocumentRegistry | None, read: PromptReader = read_prompt,
+                 repeated: RepeatedBlocks | None = None) -> None:
         self.registry = registry
         self.read = read
+        self.repeated = repeated
 
     async def __call__(self, ctx: RequestContext, call_next: Next) -> Reply:
         own = ctx.proxy_fields.get("ragproxy")
         documents = own.get("documents") if isinstance(own, Mapping) else None
         try:
-            ctx.prompt = self.read(ctx.body or {}, documents, self.registry)
+            ctx.prompt = self.read(ctx.body or {}, documents, self.registry, self.repeated)
         except ValueError as error:
             raise ProxyError(400, str(error), param="ragproxy.documents") from error
         return await call_next(ctx)

@@ -8,6 +8,7 @@ from typing import Literal
 from pydantic import Field, SecretStr
 
 from normalizer.documents import DEFAULT_MAX_BYTES as DEFAULT_DOCUMENTS_BYTES
+from normalizer.repeated_blocks import DEFAULT_MAX_BYTES as DEFAULT_REPEATED_BYTES
 from proxy.core.settings_section import Section
 
 
@@ -37,6 +38,11 @@ class RoutingSettings(Section):
     documents_max_bytes: int = Field(
         default=DEFAULT_DOCUMENTS_BYTES, ge=1024,
         description="Memory for those documents (estimated; oldest leave first)",
+    )
+    repeated_blocks_max_bytes: int = Field(
+        default=DEFAULT_REPEATED_BYTES, ge=0,
+        description="Memory for recognising blank-line-joined documents that move between requests (hashes of "
+                    "paragraphs seen; least recently seen leave first; 0: off)",
     )
     salt_secret: SecretStr | None = Field(default=None, description="Secret mixed into per-tenant cache_salt hints")
     expose_headers: bool = Field(

@@ -104,6 +104,29 @@ def test_pasted_numbered_passages_are_recognised_without_a_search(replicas: list
     assert _cached(answers[1]) > 300
 
 
+def test_blank_line_joined_chunks_are_recognised_once_they_moved_between_requests(replicas: list[FakeLLM]) -> None:
+    """No search, no shape: chunks joined by blank lines count as documents once they met other neighbours in
+    earlier requests; from then on they are reordered whole onto the path the replica has cached, and routed to it.
+    The app's own paragraphs stay where they are."""
+    header = "Use the following pieces of context to answer the question at the end."
+    with ProxyServer(_settings(replicas, **{"routing.order": "reuse"})) as server:
+        answers = []
+        for order, question in (([0, 1, 2], "first"), ([2, 0, 1], "second"), ([1, 2, 0], "third"),
+                                ([0, 1, 2], "fourth")):
+            context = "\n\n".join(DOCS[i]["text"] for i in order)
+            answers.append(httpx.post(server.url + CHAT, json={"model": "fake-model", "messages": [
+                {"role": "user", "content": f"{header}\n\n{context}\n\nQuestion: which is the {question} passage?"}]}))
+        assert len(server.runtime.documents) == 3  # type: ignore[arg-type]
+    assert {a.status_code for a in answers} == {200}
+    prompts = [r.json()["messages"][0]["content"] for replica in replicas for r in replica.log.for_path(CHAT)]
+    sent = [next(p for p in prompts if f"the {q} passage" in p) for q in ("first", "second", "third", "fourth")]
+    assert len(prompts) == 4 and "Relevance order" not in "".join(sent[:3]), "sent as written until recognised"
+    hint = "\nRelevance order of the passages above, most relevant first: 3, 1, 2."  # [0, 1, 2] on the path [1, 2, 0]
+    assert sent[3] == sent[2].replace("third", "fourth").replace("\n\nQuestion:", hint + "\n\nQuestion:")
+    assert answers[3].headers["X-RagProxy-Replica"] == answers[2].headers["X-RagProxy-Replica"]
+    assert _cached(answers[3]) > 300
+
+
 def test_slo_that_cannot_be_met_is_429(replicas: list[FakeLLM]) -> None:
     with ProxyServer(_settings(replicas, **{"routing.ttft_slo_s": 1e-9})) as server:
         response = httpx.post(server.url + CHAT, json=_structured(DOCS, "q"))
