@@ -8,6 +8,7 @@ from typing import Any
 import httpx
 import pytest
 
+from normalizer.repeated_blocks import ENTRY_BYTES
 from tests.support.proxy_server import ProxyServer, proxy_settings
 from upstream_doubles.kv_cache import KVCacheModel
 from upstream_doubles.llm_server import FakeLLM
@@ -117,6 +118,9 @@ def test_blank_line_joined_chunks_are_recognised_once_they_moved_between_request
             answers.append(httpx.post(server.url + CHAT, json={"model": "fake-model", "messages": [
                 {"role": "user", "content": f"{header}\n\n{context}\n\nQuestion: which is the {question} passage?"}]}))
         assert len(server.runtime.documents) == 3  # type: ignore[arg-type]
+        ledger = {line.name: line for line in server.runtime.ledger.accounts()}
+    seen = ledger["repeated_blocks"]  # the header and the 3 chunks (a question of 6 words is too short to keep)
+    assert (seen.entries, seen.bytes, seen.setting) == (4, 4 * ENTRY_BYTES, "routing.repeated_blocks_max_bytes")
     assert {a.status_code for a in answers} == {200}
     prompts = [r.json()["messages"][0]["content"] for replica in replicas for r in replica.log.for_path(CHAT)]
     sent = [next(p for p in prompts if f"the {q} passage" in p) for q in ("first", "second", "third", "fourth")]

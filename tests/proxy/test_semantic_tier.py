@@ -256,6 +256,30 @@ def test_documents_recognised_from_a_search_scope_paraphrases(fake_llm_thread: F
         assert ask(PASSAGES[::-1], PARAPHRASE) == "SEMANTIC_HIT", "the same documents in another order"
 
 
+def test_blank_line_joined_documents_that_moved_between_requests_are_evidence(fake_llm_thread: FakeLLM,
+                                                                              semantic_proxy: ProxyServer) -> None:
+    """No search, no shape: chunks joined by blank lines count as documents once they moved between requests, and are
+    then evidence like documents sent apart (and cut out of the question that is compared)."""
+    fake_llm_thread.answer = _from_documents
+    tower = "The Eiffel Tower was completed in 1889 as the entrance arch of the World's Fair in Paris."
+    novel, film = PASSAGES
+
+    def ask(context: list[str], question: str) -> str:
+        content = "Context:\n\n" + "\n\n".join(context) + f"\n\nQuestion: {question}"
+        body = {"model": "fake-model", "temperature": 0, "messages": [{"role": "user", "content": content}]}
+        return str(httpx.post(semantic_proxy.url + CHAT, json=body, timeout=60).headers["X-Cache-Status"])
+
+    for context, question in (([novel, film, tower], "how tall is the tower in paris"),
+                              ([tower, novel, film], "when did the world's fair open"),
+                              ([film, tower, novel], "what is the tower painted with")):
+        assert ask(context, question) == "MISS"
+    assert len(semantic_proxy.runtime.documents) == 3  # type: ignore[arg-type]
+    assert ask([novel, film], QUESTION) == "MISS"
+    learned(semantic_proxy, 4)
+    assert ask([novel], PARAPHRASE) == "MISS", "a document its answer rests on is missing"
+    assert ask([film, novel], PARAPHRASE) == "SEMANTIC_HIT", "the same documents in another order"
+
+
 TEMPLATE = ("You are a careful assistant for our product documentation and you answer in the user's language.\n"
             "Use only the sources below, cite them by number, and say so when they do not hold the answer.\n"
             "Keep answers short, friendly and factual; never invent product names, prices or dates.\n"
