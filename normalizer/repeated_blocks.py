@@ -38,8 +38,8 @@ candidate the evidence lets through is one the calibration's comparisons judge, 
 against the fresh answer the upstream gives to the new prompt, with its own text, so what a misread paragraph
 changes counts against the namespace's wrong-share bound like a question needing another answer (docs/semantic.md,
 "Why the bound still holds"). Recognition changes over time as the registry's does: a paragraph counts from the
-request that completes its evidence, and stops when the registry or this learner forgets it, so the same prompt may
-be read as plain one day and with documents another, as with searches through the proxy.
+request that completes its evidence, and stops once the registry has dropped its text and this learner its count, so
+the same prompt may be read as plain one day and with documents another, as with searches through the proxy.
 
 Cost: a message under :data:`~normalizer.prompt_blocks.FEWEST_WORDS` words is never split (the caller's guard). A
 user message of a header, 5 chunks of 150 words, rules and a question, its chunks counting:

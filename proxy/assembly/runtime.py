@@ -64,7 +64,8 @@ class Runtime:
     tiers: TierSet = field(init=False)
     """The cache tiers, in lookup order (:mod:`proxy.cache_tiers`)."""
     documents: DocumentRegistry | None = field(init=False)
-    """Documents from search results, recognised in later prompts (when caching or routing is on)."""
+    """Documents from search results and paragraphs that moved between prompts (:attr:`repeated`), recognised in later
+    prompts (when caching or routing is on)."""
     repeated: RepeatedBlocks | None = field(init=False)
     """The paragraphs seen in prompts, those that move between requests fed to :attr:`documents`."""
     kv: KVLayer | None = field(init=False)

@@ -34,7 +34,9 @@ class RoutingSettings(Section):
     llama_prompt_cache: bool = Field(
         default=True, description="llama.cpp keeps prompts in host memory (--cache-ram): id_slot on shared prefixes"
     )
-    documents: int = Field(default=10_000, ge=1, description="Documents remembered from search results")
+    documents: int = Field(
+        default=10_000, ge=1, description="Documents remembered from search results and moving paragraphs"
+    )
     documents_max_bytes: int = Field(
         default=DEFAULT_DOCUMENTS_BYTES, ge=1024,
         description="Memory for those documents (estimated; oldest leave first)",
