@@ -90,8 +90,9 @@ def test_read_prompt_recognises_moved_chunks_for_kv_order_and_evidence() -> None
     """The chunks that counted are registered: the planner reorders them whole, the evidence rests on them."""
     registry, repeated = DocumentRegistry(), RepeatedBlocks(1024 * 1024)
     plain = read_prompt(body(prompt([A, B, C], "when was it built?")), None, registry, repeated)
-    assert plain.mode == "plain"
-    read_prompt(body(prompt([C, A, B], "who designed it?")), None, registry, repeated)
+    assert plain.mode == "plain" and len(registry) == 0, "no text is held before a paragraph counts"
+    second = read_prompt(body(prompt([C, A, B], "who designed it?")), None, registry, repeated)
+    assert [d.text for d in second.documents] == [C] and len(registry) == 1, "the request that makes C count uses it"
     chat = body(prompt([B, C, A], "when was the tower built?"))
     found = read_prompt(chat, None, registry, repeated)
     assert found.mode == "detected"
