@@ -20,7 +20,7 @@ from pathlib import Path
 
 import orjson
 
-from loadtest.bench._kv_workload import Workload, make_workload
+from loadtest.bench._kv_workload import Present, Workload, make_workload
 from loadtest.corpus import sample, stdlib_passages
 from normalizer.documents import Document
 
@@ -39,7 +39,7 @@ def rag_workload(
     seed: int,
     top_k: int = 5,
     zipf_s: float = 1.1,
-    pasted: bool = True,
+    present: Present = "pasted",
 ) -> Workload:
     """``len(texts)`` documents; ``requests`` requests, request ``i`` asking ``questions[i]`` (made unique with its
     number when the questions run out) about the top ``top_k`` of a Zipf(``zipf_s``) draw, in the order drawn.
@@ -62,7 +62,7 @@ def rag_workload(
         if i >= len(questions):
             question = f"{question} (case {i // len(questions) + 1})"
         reqs.append((chosen, question))
-    return Workload(SYSTEM, documents, reqs, pasted=pasted, stream=True)
+    return Workload(SYSTEM, documents, reqs, present=present, stream=True)
 
 
 def _question_from(text: str) -> str:
@@ -84,7 +84,7 @@ def read_questions(path: Path) -> list[str]:
 
 
 def load_rag_workload(
-    *, docs: int, doc_words: int, requests: int, seed: int, pasted: bool, questions_path: Path | None = None
+    *, docs: int, doc_words: int, requests: int, seed: int, present: Present, questions_path: Path | None = None
 ) -> Workload:
     """:func:`rag_workload` on ``docs`` stdlib docstring passages of ``doc_words`` +-20% words, and the questions
     of ``questions_path`` or of other passages."""
@@ -99,21 +99,21 @@ def load_rag_workload(
             dict.fromkeys(_question_from(p.text) for p in sample(stdlib_passages(), None) if p.text not in chosen)
         )
         random.Random(seed).shuffle(questions)
-    return rag_workload(texts, questions, requests=requests, seed=seed, pasted=pasted)
+    return rag_workload(texts, questions, requests=requests, seed=seed, present=present)
 
 
 def chosen_workload(args: argparse.Namespace, *, docs: int | None, requests: int) -> Workload:
     """The workload of ``--workload`` and ``--present`` with ``requests`` requests (``docs`` and ``--doc-words``
     default to the workload's own: synthetic 200 words, zipf-rag 40 documents of 150 words)."""
-    pasted = args.present == "pasted"
+    present: Present = args.present
     if args.workload == "zipf-rag":
         return load_rag_workload(
             docs=docs or 40,
             doc_words=args.doc_words or 150,
             requests=requests,
             seed=args.seed,
-            pasted=pasted,
+            present=present,
             questions_path=args.questions,
         )
     assert docs is not None
-    return make_workload(docs=docs, requests=requests, doc_words=args.doc_words or 200, seed=args.seed, pasted=pasted)
+    return make_workload(docs=docs, requests=requests, doc_words=args.doc_words or 200, seed=args.seed, present=present)

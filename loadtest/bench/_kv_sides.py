@@ -22,9 +22,11 @@ from loadtest.bench._kv_requests import chat_body, outcome_of, post_chat, refusa
 from loadtest.bench._kv_reuse import Routed
 from loadtest.bench._kv_serve import Serve, ServeFleet
 from loadtest.bench._kv_servers import Servers, Smg, find_smg
-from loadtest.bench._kv_workload import Workload, app_messages, structured_parts
+from loadtest.bench._kv_workload import PRESENTS, Workload, app_messages, structured_parts
 from loadtest.goodput import OK, Outcome
 from normalizer.documents import DocumentRegistry
+from normalizer.repeated_blocks import DEFAULT_MAX_BYTES as REPEATED_BYTES
+from normalizer.repeated_blocks import RepeatedBlocks
 from proxy.core.context import Reply, RequestContext
 from proxy.core.errors import ProxyError
 from proxy.core.pipeline import Pipeline
@@ -77,9 +79,10 @@ def add_server_options(parser: argparse.ArgumentParser) -> None:
                         help="synthetic: syllable documents, top-k 3-5 in shuffled order; zipf-rag: 40 stdlib "
                              "docstring passages of ~150 words, the top 5 of a Zipf(1.1) popularity in the order "
                              "drawn, unique questions, streamed (loadtest.bench._kv_rag)")
-    parser.add_argument("--present", choices=["structured", "pasted"], default="structured",
-                        help="how the documents are sent: structured (ragproxy.documents to the proxy's sides) or "
-                             "pasted as numbered passages in the user message (the same prompt to every side)")
+    parser.add_argument("--present", choices=PRESENTS, default="structured",
+                        help="how the documents are sent: structured (ragproxy.documents to the proxy's sides), "
+                             "pasted as numbered passages in the user message, or joined by blank lines only there "
+                             "(both: the same prompt to every side)")
     parser.add_argument("--questions", type=Path,
                         help="zipf-rag: a JSON-lines file whose 'question' fields are the questions (default: "
                              "questions made from other docstring passages)")
@@ -262,7 +265,7 @@ class ServeSide:
         """Replies other than 200, by status (502s among them)."""
 
     async def send(self, index: int) -> Outcome:
-        if self.work.pasted:
+        if self.work.in_prompt:
             body = chat_body(app_messages(self.work, index), self.work.stream)
         else:
             messages, documents = structured_parts(self.work, index)
@@ -316,8 +319,9 @@ class ProxySide:
             for i in range(len(urls))
         ]
         shape = Shape(self.replicas, default_policy=policy)
-        # a registry, as the product has with routing on: without one, pasted passages are not recognised
-        read = ReadPrompt(DocumentRegistry())
+        # a registry and a learner of moving paragraphs, as the product has with routing on: without the registry,
+        # pasted passages are not recognised, without the learner, joined ones
+        read = ReadPrompt(DocumentRegistry(), repeated=RepeatedBlocks(REPEATED_BYTES))
         self.pipeline = Pipeline([read, shape, Route(self.replicas, self.router)], self._forward)
 
     def set_objective(self, slo_s: float) -> None:
@@ -350,7 +354,7 @@ class ProxySide:
         """Request ``index`` of the workload; a 429 of the proxy is :data:`~loadtest.goodput.REJECTED`
         (:func:`~loadtest.bench._kv_requests.refusal`). Never streamed (a one-token answer: its TTFT is its
         latency), so that the stages read the server's report."""
-        if self.work.pasted:
+        if self.work.in_prompt:
             body, fields = chat_body(app_messages(self.work, index)), {}
         else:
             messages, documents = structured_parts(self.work, index)

@@ -8,19 +8,24 @@ Two workloads (``--workload``):
 - ``zipf-rag`` (:mod:`loadtest.bench._kv_rag`): 40 documents of ~150 words of real prose, the top 5 of a Zipf(1.1)
   popularity in the order drawn, a unique question, streamed.
 
-Two presentations (``--present``), how an app puts the documents in its prompt: ``structured`` (the proxy's sides
+Three presentations (``--present``), how an app puts the documents in its prompt: ``structured`` (the proxy's sides
 send them apart, ``ragproxy.documents``; the sides without the proxy send the proxy's own rendering in retrieval
-order, :func:`normalizer.documents.render`) and ``pasted`` (every side sends the same prompt: the documents as
-numbered passages ``[1] ...`` in the user message, before the question, which is how most apps send them).
+order, :func:`normalizer.documents.render`), ``pasted`` (every side sends the same prompt: the documents as
+numbered passages ``[1] ...`` in the user message, before the question, which is how most apps send them) and
+``joined`` (the same, but the documents joined by blank lines only, ``"\n\n".join(texts)``: no shape to read, so
+the proxy recognises them only as they move between requests, :mod:`normalizer.repeated_blocks`).
 """
 
 from __future__ import annotations
 
 import random
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from normalizer.documents import Document, render
+
+Present = Literal["structured", "pasted", "joined"]
+PRESENTS: tuple[Present, ...] = ("structured", "pasted", "joined")
 
 SYLLABLES = ["ka", "lo", "mi", "ne", "su", "ta", "ri", "po", "ve", "da", "gu", "he", "zo", "fi", "ba", "ly"]
 
@@ -31,14 +36,19 @@ class Workload:
     documents: list[Document]
     requests: list[tuple[list[int], str]]
     """Per request: indices of its documents in retrieval order, and its question."""
-    pasted: bool = False
-    """The documents go into the user message as numbered passages (else: structured, see the module)."""
+    present: Present = "structured"
+    """How the documents are sent (see the module)."""
     stream: bool = False
     """Requests ask for a streamed answer (TTFT is then the first chunk's arrival)."""
 
+    @property
+    def in_prompt(self) -> bool:
+        """The documents are in the prompt's text (``pasted`` or ``joined``): every side sends the same prompt."""
+        return self.present != "structured"
+
 
 def make_workload(*, docs: int, requests: int, doc_words: int, seed: int, zipf_s: float = 1.1,
-                  pasted: bool = False) -> Workload:
+                  present: Present = "structured") -> Workload:
     rnd = random.Random(seed)
     words = ["".join(rnd.choice(SYLLABLES) for _ in range(rnd.randint(1, 3))) for _ in range(600)]
 
@@ -65,13 +75,16 @@ def make_workload(*, docs: int, requests: int, doc_words: int, seed: int, zipf_s
                 chosen.append(pick)
         rnd.shuffle(chosen)
         reqs.append((chosen, f"Question {i}: " + sentence(10)))
-    return Workload(system, corpus, reqs, pasted=pasted)
+    return Workload(system, corpus, reqs, present=present)
 
 
-def pasted_passages(documents: list[Document], question: str) -> str:
-    """The user message of an app that pastes its documents: ``[n] text`` one per line, a blank line, the
-    question."""
-    passages = "\n".join(f"[{n}] {' '.join(d.text.split())}" for n, d in enumerate(documents, 1))
+def pasted_passages(documents: list[Document], question: str, *, joined: bool = False) -> str:
+    """The user message of an app that pastes its documents: ``[n] text`` one per line (``joined``: each text as
+    one paragraph, blank lines between them), a blank line, the question."""
+    if joined:
+        passages = "\n\n".join(" ".join(d.text.split()) for d in documents)
+    else:
+        passages = "\n".join(f"[{n}] {' '.join(d.text.split())}" for n, d in enumerate(documents, 1))
     return f"{passages}\n\nQuestion: {question}"
 
 
@@ -79,9 +92,9 @@ def app_messages(work: Workload, index: int) -> list[dict[str, Any]]:
     """Request ``index``'s messages as an app sends them without the proxy (documents in retrieval order)."""
     indices, question = work.requests[index]
     documents = [work.documents[j] for j in indices]
-    if work.pasted:
+    if work.in_prompt:
         return [{"role": "system", "content": work.system},
-                {"role": "user", "content": pasted_passages(documents, question)}]
+                {"role": "user", "content": pasted_passages(documents, question, joined=work.present == "joined")}]
     return render(work.system, documents, question)
 
 

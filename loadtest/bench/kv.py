@@ -12,10 +12,10 @@ minutes) and ``scripts/make_tiny_gguf.py --shape SHAPE`` when they are missing (
 Workload (``--workload``, ``--present``, :mod:`loadtest.bench._kv_workload`): a corpus of documents with
 Zipf-distributed popularity; each request has one system prompt, the top-k (3-5) documents in a varying retrieval
 order, and a fresh question (``synthetic``), or the top 5 of 40 passages of real prose with a unique question,
-streamed (``zipf-rag``); documents structured or pasted as numbered passages. Every side sends the same requests,
-one at a time, each to every side in turn (interleaved, so all see the same load on this shared machine), each
-side to its own set of 2 fresh llama-server replicas with the same flags (each with ``--slots`` slots;
-``--server-arg`` adds flags to every replica of every side). The sides (``--sides``, ``SIDES``):
+streamed (``zipf-rag``); documents structured, pasted as numbered passages or joined by blank lines only. Every side
+sends the same requests, one at a time, each to every side in turn (interleaved, so all see the same load on this
+shared machine), each side to its own set of 2 fresh llama-server replicas with the same flags (each with
+``--slots`` slots; ``--server-arg`` adds flags to every replica of every side). The sides (``--sides``, ``SIDES``):
 
 * direct (``DirectSide``) — what an app does without ragproxy: documents rendered in retrieval order (the
   same byte-stable template as the proxy's, so only order, routing and hints differ), replicas taken in

@@ -39,7 +39,7 @@ servers' reports.
 
 Workload (``--workload``, ``--present``; :mod:`loadtest.bench._kv_workload`): the sequential bench's
 (``synthetic``: Zipf-popular documents shared by all users, top-k 3-5 in a retrieval order drawn at random per
-request, a fresh question each) or ``zipf-rag`` (real prose, top 5, streamed), structured or pasted, continued
+request, a fresh question each) or ``zipf-rag`` (real prose, top 5, streamed), structured, pasted or joined, continued
 from where the calibration stopped: each run gets the next requests.
 
 Headline: **capacity** per side (:mod:`loadtest.capacity`): the highest rate at which ``--target`` (0.9) of the

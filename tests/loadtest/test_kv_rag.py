@@ -16,6 +16,8 @@ from loadtest.bench._kv_serve import serve_command
 from loadtest.bench._kv_servers import ROOT
 from loadtest.bench._kv_workload import app_messages
 from normalizer.prompt_blocks import recognise
+from normalizer.repeated_blocks import DEFAULT_MAX_BYTES as REPEATED_BYTES
+from normalizer.repeated_blocks import RepeatedBlocks
 
 PROSE = [
     f"Passage {i} of the manual explains how module number {i} opens its files, reads each record in turn, and "
@@ -31,7 +33,7 @@ def test_each_request_is_a_top_5_of_distinct_documents_and_popular_ones_come_oft
     counts = Counter(j for docs, _ in work.requests for j in docs)
     assert counts[0] > counts[10] > counts[39]  # Zipf(1.1): rank 1 far more often than the tail
     assert len({q for _, q in work.requests}) == 400  # unique even past the 25 questions given
-    assert work.stream and work.pasted
+    assert work.stream and work.present == "pasted"
 
 
 def test_a_longer_run_extends_the_same_requests() -> None:
@@ -42,7 +44,7 @@ def test_a_longer_run_extends_the_same_requests() -> None:
 
 
 def test_pasted_passages_are_what_the_proxy_recognises_in_retrieval_order() -> None:
-    work = rag_workload(PROSE, QUESTIONS, requests=20, seed=1, pasted=True)
+    work = rag_workload(PROSE, QUESTIONS, requests=20, seed=1, present="pasted")
     for index, (docs, question) in enumerate(work.requests):
         system, user = app_messages(work, index)
         assert system["content"] == work.system and user["content"].endswith(question)
@@ -51,8 +53,22 @@ def test_pasted_passages_are_what_the_proxy_recognises_in_retrieval_order() -> N
         assert texts == [work.documents[j].text for j in docs]
 
 
+def test_joined_documents_have_no_shape_to_read_and_come_back_as_they_move() -> None:
+    work = rag_workload(PROSE, QUESTIONS, requests=30, seed=1, present="joined")
+    learner = RepeatedBlocks(REPEATED_BYTES)
+    counted: set[str] = set()
+    for index, (docs, question) in enumerate(work.requests):
+        _, user = app_messages(work, index)
+        texts = [work.documents[j].text for j in docs]
+        assert user["content"] == "\n\n".join(texts) + f"\n\nQuestion: {question}"
+        assert recognise(user["content"]) == ()  # blank lines only: nothing in the text says where a document ends
+        counted.update(learner.observe(user["content"]))
+    # the popular documents count once they met other neighbours; the question never does
+    assert counted and counted <= {d.text for d in work.documents}
+
+
 def test_structured_presentation_keeps_the_documents_out_of_the_user_message() -> None:
-    work = rag_workload(PROSE, QUESTIONS, requests=3, seed=1, pasted=False)
+    work = rag_workload(PROSE, QUESTIONS, requests=3, seed=1, present="structured")
     docs, question = work.requests[0]
     system, user = app_messages(work, 0)  # what the sides without the proxy send: the proxy's own rendering
     assert user["content"] == question and all(work.documents[j].text in system["content"] for j in docs)

@@ -48,7 +48,7 @@ async def test_a_429_is_a_refusal_at_arrival_or_after_waiting_as_its_code_says(s
 
 
 def test_the_in_process_side_counts_a_refusal_at_arrival() -> None:
-    work = rag_workload(PROSE, QUESTIONS, requests=2, seed=2, pasted=False)
+    work = rag_workload(PROSE, QUESTIONS, requests=2, seed=2, present="structured")
     with FakeLLM(kv=KVCacheModel(), slots=2, flavor="llamacpp") as llm:
 
         async def run() -> list[Outcome]:

@@ -4,6 +4,7 @@ requests go through the product over HTTP, streamed, and the outcome is read fro
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 
 import httpx
@@ -14,15 +15,16 @@ from redis import Redis
 from loadtest.bench._kv_rag import rag_workload
 from loadtest.bench._kv_serve import Serve, ServeFleet
 from loadtest.bench._kv_sides import ProxySide, ServeSide, open_loop_client
+from loadtest.bench._kv_workload import PRESENTS, Present, app_messages
 from loadtest.goodput import OK, Outcome
 from tests.loadtest.test_kv_rag import PROSE, QUESTIONS
 from upstream_doubles.kv_cache import KVCacheModel
 from upstream_doubles.llm_server import FakeLLM
 
 
-@pytest.mark.parametrize("pasted", [True, False], ids=["pasted", "structured"])
-def test_the_serve_side_streams_through_ragproxy_and_reads_the_servers_timings(pasted: bool) -> None:
-    work = rag_workload(PROSE, QUESTIONS, requests=6, seed=2, pasted=pasted)
+@pytest.mark.parametrize("present", PRESENTS)
+def test_the_serve_side_streams_through_ragproxy_and_reads_the_servers_timings(present: Present) -> None:
+    work = rag_workload(PROSE, QUESTIONS, requests=6, seed=2, present=present)
     with (
         FakeLLM(kv=KVCacheModel(), slots=2, flavor="llamacpp") as a,
         FakeLLM(kv=KVCacheModel(), slots=2, flavor="llamacpp") as b,
@@ -47,7 +49,7 @@ def test_the_serve_side_streams_through_ragproxy_and_reads_the_servers_timings(p
 
 
 def test_the_in_process_side_recognises_pasted_passages_as_the_product_does() -> None:
-    work = rag_workload(PROSE, QUESTIONS, requests=4, seed=2, pasted=True)
+    work = rag_workload(PROSE, QUESTIONS, requests=4, seed=2, present="pasted")
     with FakeLLM(kv=KVCacheModel(), slots=2, flavor="llamacpp") as llm:
 
         async def run() -> ProxySide:
@@ -60,6 +62,35 @@ def test_the_in_process_side_recognises_pasted_passages_as_the_product_does() ->
         side = asyncio.run(run())
     # every request was routed by its prefix and its five recognised documents, not as one prompt without any
     assert len(side.routed) == 4 and all(len(r.path) == 1 + 5 for r in side.routed)
+
+
+def test_documents_joined_by_blank_lines_are_reordered_by_ragproxy_serve_once_they_moved() -> None:
+    work = rag_workload(PROSE, QUESTIONS, requests=16, seed=2, present="joined")
+    with FakeLLM(kv=KVCacheModel(), slots=2, flavor="llamacpp") as llm:
+        serve = Serve([llm.url], slots=2, order="reuse")
+        try:
+            serve.wait_ready()
+
+            async def run() -> list[Outcome]:
+                async with open_loop_client() as client:
+                    side = ServeSide([serve.url], work, client)
+                    return [await side.send(i) for i in range(len(work.requests))]
+
+            outcomes = asyncio.run(run())
+        finally:
+            serve.stop()
+        sent = [r.json()["messages"][-1]["content"] for r in llm.log.entries if r.path.endswith("/chat/completions")]
+    assert all(o.status == OK for o in outcomes) and len(sent) == len(work.requests)
+    written = [app_messages(work, i)[-1]["content"] for i in range(len(work.requests))]
+    assert sent[0] == written[0]  # nothing known yet: forwarded as the app wrote it
+    # later, the chunks that moved are documents: put in the order that reuses the cache, the rank stated after them
+    reordered = [i for i, (s, w) in enumerate(zip(sent, written, strict=True)) if s != w]
+    assert reordered and all("Relevance order of the passages above" in sent[i] for i in reordered)
+    for i in reordered:  # the same paragraphs, whole, once the line is taken out
+        hint = re.search(r"\nRelevance order of the passages above[^\n]*", sent[i])
+        assert hint is not None
+        unhinted = sent[i][: hint.start()] + sent[i][hint.end() :]
+        assert sorted(unhinted.split("\n\n")) == sorted(written[i].split("\n\n"))
 
 
 def _answered(admin_url: str) -> int:
@@ -76,7 +107,7 @@ def _limits(admin_url: str) -> list[int]:
 
 
 def test_the_fleet_side_deals_requests_round_robin_over_proxies_that_share_one_redis() -> None:
-    work = rag_workload(PROSE, QUESTIONS, requests=6, seed=2, pasted=False)
+    work = rag_workload(PROSE, QUESTIONS, requests=6, seed=2, present="structured")
     with (
         FakeLLM(kv=KVCacheModel(), slots=2, flavor="llamacpp") as a,
         FakeLLM(kv=KVCacheModel(), slots=2, flavor="llamacpp") as b,
