@@ -261,13 +261,17 @@ for name in ("seq_fair", "seq_fa_off"):
     print(f"{name} ({r['shape']}): TTFT p50 direct {r['ttft_p50_direct_ms']} ms -> proxy {r['ttft_p50_proxy_ms']} ms "
           f"(x{r['ttft_speedup']}; the prefill saved allows x{r['prefill_bound_speedup']}); reuse "
           f"{r['prefix_token_reuse_direct']} -> {r['prefix_token_reuse']} (ceiling {r['prefix_token_reuse_ceiling']}); "
+          f"prefill bound vs {r.get('prefill_bound_peer')}: time {r.get('prefill_bound_time')}, tokens "
+          f"{r.get('prefill_bound_tokens')}; "
           f"prefill share of TTFT direct {r['prefill_share_direct']}, proxy {r['prefill_share']}; host prompt-cache "
           f"ms per request direct {r['prompt_cache_ms_per_request_direct']}, proxy {r['prompt_cache_ms_per_request']}")
 path = out / "load.json"
 if path.exists():
     r = json.loads(path.read_text())
     print(f"load ({shape}): objective {r['slo_ms']} ms; goodput_ratio {r['goodput_ratio']} at {r['goodput_ratio_rate']}"
-          f"/s; TTFT p99 ratio at low load {r['ttft_p99_ratio_low_load']}; reuse/ceiling {r['reuse_vs_ceiling']}")
+          f"/s; TTFT p99 ratio at low load {r['ttft_p99_ratio_low_load']}; reuse/ceiling {r['reuse_vs_ceiling']}; "
+          f"prefill bound vs {r.get('prefill_bound_peer')}: time {r.get('prefill_bound_time')}, tokens "
+          f"{r.get('prefill_bound_tokens')}")
     if r.get("capacity_ratio_vs_smg") is not None:
         print(f"  capacity proxy / smg {r['capacity_ratio_vs_smg']} CI {r.get('capacity_ratio_vs_smg_ci')}")
     if r.get("capacity_ratio_vs_one_proxy") is not None:

@@ -128,6 +128,10 @@ class Phase:
     others: dict[str, list[Outcome]] = field(default_factory=dict)
     """The further sides (``smg``, ``preserve``), by name."""
 
+    def sides(self) -> dict[str, list[Outcome]]:
+        """Every side's outcomes, by name (``direct``, ``proxy``, then the others)."""
+        return {"direct": self.direct, "proxy": self.proxy, **self.others}
+
     def summary(self) -> dict[str, float]:
         p50_direct = statistics.median(s.ttft_s for s in self.direct) * 1000
         p50_proxy = statistics.median(s.ttft_s for s in self.proxy) * 1000

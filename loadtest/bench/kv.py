@@ -69,6 +69,15 @@ their total per request (``prompt_cache_ms``). On a GPU build without FlashAtten
 that copy is one device-host transfer per layer and V row (16 x 512 for the ``1b`` shape), which is what a
 ~90 ms TTFT with 97% of the prompt cached pointed to (see BENCHMARKS.md).
 
+What reuse can buy: ``prefix_token_reuse_ceiling`` is the token reuse of a perfect prefix cache on the measured
+requests (any order the ``reuse`` policy allows; :func:`loadtest.bench._kv_reuse.ceiling_tokens`).
+``prefill_bound_time`` (:mod:`loadtest.bench._kv_bound`) is the peer's prefill time over the prefill time of the
+same requests with the ceiling's reuse — the peer is smg where it ran, else direct (``prefill_bound_peer``) —
+both priced by the proxy's prefill model (fixed + per token + attention over the context) fitted to every side's
+``timings`` of the run (``prefill_bound_fit``: rows and coefficients; ``null`` with fewer than 8 rows).
+``prefill_bound_tokens`` is the same ratio in tokens computed: reused early tokens are the cheap ones, so it is
+the larger of the two where the model has a fixed part or a context term.
+
 The parts, one module each: the workload (:mod:`loadtest.bench._kv_workload`), the llama-server build, model and
 processes and SGLang's gateway (:mod:`loadtest.bench._kv_servers`), the sides (:mod:`loadtest.bench._kv_sides`), the
 reuse analysis and a phase's figures (:mod:`loadtest.bench._kv_reuse`); this module runs the sequential phases and is
@@ -83,11 +92,12 @@ import itertools
 import json
 import statistics
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from loadtest.bench._kv_bound import PrefillBound, peer_side, prefill_bound
 from loadtest.bench._kv_rag import chosen_workload
-from loadtest.bench._kv_reuse import Phase, prefill_bound_speedup, prefix_reuse_ceiling
+from loadtest.bench._kv_reuse import Phase, ceiling_tokens, prefill_bound_speedup, prefix_reuse_ceiling
 from loadtest.bench._kv_servers import Servers, ensure_binaries, exit_on_sigterm
 from loadtest.bench._kv_sides import (
     Fleet,
@@ -99,6 +109,7 @@ from loadtest.bench._kv_sides import (
     open_loop_client,
     run_interleaved,
 )
+from loadtest.goodput import Outcome
 
 
 @dataclass(slots=True)
@@ -113,6 +124,20 @@ class Sequential:
     (verbosity 4)."""
     over_predicted: dict[str, float | None] = field(default_factory=dict)
     """Per proxy side, the share of requests whose predicted reuse exceeded the backend's report."""
+
+    def timing_rows(self) -> list[Outcome]:
+        """Every side's outcomes of both phases: the servers' timings a prefill model is fitted to."""
+        phases = [self.steady] if self.cold is None else [self.cold, self.steady]
+        return [o for phase in phases for got in phase.sides().values() for o in got]
+
+
+def measured_bound(result: Sequential, ceiling: Sequence[tuple[int, int]], first: int) -> PrefillBound:
+    """The prefill bound (:func:`~loadtest.bench._kv_bound.prefill_bound`) of the measured phase, whose requests
+    are the workload's from index ``first`` on: smg's (else direct's) requests, the model fitted to every side's
+    rows of both phases."""
+    sides = result.steady.sides()
+    peer = peer_side(sides)
+    return prefill_bound(result.timing_rows(), peer, enumerate(sides[peer], start=first), ceiling)
 
 
 async def sequential(
@@ -186,6 +211,7 @@ def main(argv: list[str]) -> int:
                     f"{d.cache_n:5} computed {d.prompt_n:5} | proxy {p.ttft_s * 1000:7.0f} ms (prefill "
                     f"{p.prompt_ms:6.0f}) cached {p.cache_n:5} computed {p.prompt_n:5}"
                 )
+    bound = measured_bound(result, ceiling_tokens(work), warmup)
     summary: dict[str, object] = {
         "bench": "kv",
         "requests": requests,
@@ -202,6 +228,7 @@ def main(argv: list[str]) -> int:
         **steady.summary(),
         "prefill_bound_speedup": round(prefill_bound_speedup(steady), 2),
         "prefix_token_reuse_ceiling": round(prefix_reuse_ceiling(work, warmup), 3),
+        **bound.fields(),
         "prompt_cache_ms_per_request": round(result.prompt_cache_ms["proxy"], 1),
         "prompt_cache_ms_per_request_direct": round(result.prompt_cache_ms["direct"], 1),
         "sides": names,
@@ -222,6 +249,7 @@ def main(argv: list[str]) -> int:
           f"{summary['prompt_cache_ms_per_request']} ms")
     print(f"  a perfect prefix cache with the same order rule would reuse {summary['prefix_token_reuse_ceiling']}"
           " of the measured requests' prompt tokens (estimated tokens)")
+    print(f"  prefill bound: {bound.describe()}")
     print(f"  requests whose predicted reuse exceeded the backend's report: {result.over_predicted}")
     if args.json:
         print(json.dumps(summary))

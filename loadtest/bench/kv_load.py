@@ -51,7 +51,10 @@ and its interval ``capacity_ratio_vs_one_proxy_ci``. Detail, per rate and side
 at arrival, after waiting), late, prompt-token reuse; ``goodput_ratio`` (proxy / direct at the highest rate where
 direct answers half in time), ``ttft_p99_ratio_low_load`` (at the lowest rate, against direct and smg), and the
 reuse of every side over the load runs against :func:`loadtest.bench._kv_reuse.prefix_reuse_ceiling` of the same
-requests.
+requests, and the prefill bound of those requests in time (``prefill_bound_time``, :mod:`loadtest.bench._kv_bound`:
+smg's prefill, else direct's, over the prefill with the ceiling's reuse, priced by the proxy's prefill model fitted
+to the calibration's sequential timings — under load a request's ``prompt_ms`` also holds the other slots' prompts
+batched with it) beside the same ratio in tokens computed (``prefill_bound_tokens``).
 
 Decode is not part of it: every request asks for one token, so a slot is busy for the prefill only.
 """
@@ -68,6 +71,7 @@ import time
 from dataclasses import asdict
 from typing import Any
 
+from loadtest.bench._kv_bound import PrefillBound, peer_side, prefill_bound
 from loadtest.bench._kv_contextpilot import ContextPilotSide
 from loadtest.bench._kv_rag import chosen_workload
 from loadtest.bench._kv_reuse import ceiling_tokens, prefix_reuse_ceiling, reuse_losses, reuse_share
@@ -236,6 +240,8 @@ async def _run(
         trials: dict[str, dict[float, list[tuple[int, int]]]] = {name: {} for name in sides}
         """Per side and rate, ``(answered within the objective, sent)`` of each repeat (chunk)."""
         load_outcomes: dict[str, list[Outcome]] = {name: [] for name in sides}
+        indexed: dict[str, list[tuple[int, Outcome]]] = {name: [] for name in sides}
+        """Per side, every load-run outcome with its workload index."""
         ranges: list[tuple[int, int]] = []
         give_up_s = args.give_up * slo_s
         client_cpu = dict.fromkeys(sides, 0.0)
@@ -260,6 +266,7 @@ async def _run(
                 cpu = time.process_time()
                 got = await open_loop(sides[name], first, arrivals, give_up_s)
                 client_cpu[name] += time.process_time() - cpu
+                indexed[name] += enumerate(got, start=first)
                 got_by_side[name] += got
                 within = sum(1 for o in got if o.status == OK and o.ttft_s <= slo_s)
                 trials[name].setdefault(rate, []).append((within, len(got)))
@@ -307,11 +314,16 @@ async def _run(
     sent = sum(f.sent for f in figures["direct"].values()) or 1
     print("this process's CPU per request sent (load generator; the proxy's stages too on its sides): "
           + ", ".join(f"{name} {cpu / sent * 1000:.1f} ms" for name, cpu in client_cpu.items()))
+    ceiling = ceiling_tokens(work)
+    # the model is fitted to the calibration's sequential timings: under load a request's prompt_ms also holds the
+    # other slots' prompts computed in the same batches
+    peer = peer_side(sides)
+    bound = prefill_bound(calib.timing_rows(), peer, indexed[peer], ceiling)
     summary = _summary(args, calib, unloaded_ms, slo_s, service, duration, figures, load_outcomes, work, ranges,
-                       fleet)
+                       fleet, bound)
     summary.update(_capacity(args, trials, chunks))
     summary.update(_by_side(args, sides, summary))
-    losses = reuse_losses(proxy.routed, ranges[0][0] if ranges else len(work.requests), ceiling_tokens(work))
+    losses = reuse_losses(proxy.routed, ranges[0][0] if ranges else len(work.requests), ceiling)
     print("proxy's reuse over the load runs, estimated tokens (ceiling / one cache, its order / same replica / "
           "predicted / reported): " + " / ".join(f"{value:.3f}" for value in losses.values()))
     summary["reuse_losses"] = losses
@@ -359,7 +371,7 @@ def _print_rate(figures: dict[str, RunFigures], estimate: float | None) -> None:
 def _summary(
     args: argparse.Namespace, calib: Sequential, unloaded_ms: float, slo_s: float, service: float, duration: float,
     figures: dict[str, dict[float, RunFigures]], outcomes: dict[str, list[Outcome]], work: Workload,
-    ranges: list[tuple[int, int]], fleet: Fleet,
+    ranges: list[tuple[int, int]], fleet: Fleet, bound: PrefillBound,
 ) -> dict[str, object]:
     direct, proxy = figures["direct"], figures["proxy"]
     rate, ratio = goodput_ratio(direct, proxy)
@@ -383,6 +395,7 @@ def _summary(
           + (f"; rates where the proxy's goodput is below smg's: {below_smg}" if smg else ""))
     print("reuse over the load runs: " + ", ".join(f"{name} {value:.3f}" for name, value in reuse.items())
           + f" against a ceiling of {ceiling:.3f}")
+    print(f"prefill bound over the load runs: {bound.describe()}")
     calibration = {**calib.steady.summary(), "fixed_cost_ms": round(calib.fixed_ms, 1),
                    "prompt_cache_ms_per_request": round(calib.prompt_cache_ms["proxy"], 1),
                    "prompt_cache_ms_per_request_direct": round(calib.prompt_cache_ms["direct"], 1)}
@@ -411,6 +424,7 @@ def _summary(
         "prefix_token_reuse_load_by_side": reuse,
         "prefix_token_reuse_ceiling_load": round(ceiling, 3),
         "reuse_vs_ceiling": round(reuse["proxy"] / ceiling, 3) if ceiling else None,
+        **bound.fields(),
         "prompt_cache_ms_total_direct": round(sum(fleet.servers["direct"].prompt_cache_updates_ms())),
         "prompt_cache_ms_total_proxy": round(sum(fleet.servers["proxy"].prompt_cache_updates_ms())),
     }

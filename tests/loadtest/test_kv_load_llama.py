@@ -40,6 +40,9 @@ def test_both_sides_answer_and_the_figures_come_from_the_servers_timings(capsys:
     assert result["http_errors_by_side"]["direct"] == {}
     if "smg" in result["sides"]:
         assert high["smg"]["rejected"] == 0 and result["capacity_ratio_vs_smg"] is not None
+    # the prefill bound over the load runs, priced by a fit to the calibration's timings (4 requests x every side)
+    assert result["prefill_bound_peer"] == ("smg" if "smg" in result["sides"] else "direct")
+    assert result["prefill_bound_fit"]["rows"] >= 8 and result["prefill_bound_time"] is not None
 
 
 def test_the_zipf_rag_workload_pasted_reaches_every_side_streamed(capsys: pytest.CaptureFixture[str]) -> None:
