@@ -6,7 +6,8 @@ same ones in the same order. So the semantic tier does not ask for identical doc
 prompt still carries **the documents the cached answer rests on**, and adds none that could change it, as
 :func:`unsupported` decides from the :func:`evidence` kept with each cached question.
 
-What an answer rests on does not depend on how it cites. Two signals, either enough:
+What an answer rests on does not depend on how it cites. Its content decides; its citations are one signal among
+others:
 
 - **its content**: a document holds the answer's distinctive content, the words and numbers the answer writes that
   its question does not and that not every given document holds (:func:`content_words`): one of its figures (two
@@ -18,7 +19,11 @@ What an answer rests on does not depend on how it cites. Two signals, either eno
   by a distinctive id written anywhere (``faq-12``, ``(doc-12)``: an id of :data:`MIN_BARE_ID_CHARS` characters at
   least with a digit or a punctuation mark in it), or by title (at least :data:`MIN_TITLE_CHARS` characters).
 
-An answer whose content comes from none of its documents and that cites none rests on none.
+A citation counts where the cited document holds some of the answer's distinctive content (one word is enough: it
+tells which of the documents holding that word is the source), or where the answer has no content of its own
+(``Yes [2].``); one its document does not bear out says nothing. An answer whose content comes from none of its
+documents rests on none, whatever it cites; served, its citations of documents the new prompt lacks are taken out
+(:func:`renumbered`).
 
 A new prompt supports the answer when it carries every document the answer rests on with the same text (content
 hash), no document of both prompts changed its text under the same id, and no document it **adds** (one the answer
@@ -218,7 +223,6 @@ def evidence(answer: str, documents: Sequence[Document], question: str = "") -> 
         if titled or (_ID_LIKE.search(document.id) and len(document.id) >= MIN_BARE_ID_CHARS and document.id in answer
                       and re.search(rf"(?<![\w-]){re.escape(document.id)}(?![\w-])", answer)):
             cited[(0, document.id)] = None
-    rests_on = {doc_id: None for _, doc_id in cited}
     prose = without_citations(answer)
     for document in documents:  # an id or a title it writes is no content
         for name in (document.id, document.title):
@@ -226,6 +230,10 @@ def evidence(answer: str, documents: Sequence[Document], question: str = "") -> 
                 prose = prose.replace(name, " ")
     own = content_words(prose) - content_words(question)
     held = [own & _tokens(document.text) for document in documents]
+    # a citation is one signal: it counts where the cited document holds some of the answer's content, or where the
+    # answer has none of its own to judge by ("Yes [2]"); an answer whose content comes from elsewhere does not rest
+    # on what it cites (a citation its document does not bear out)
+    rests_on = {doc_id: None for _, doc_id in cited if not own or held[ids[doc_id]]}
     if len(documents) > 1:  # what every document holds tells none of them apart
         everywhere = set.intersection(*held)
         held = [words - everywhere for words in held]
@@ -309,11 +317,13 @@ def unsupported(kept: Any, documents: Sequence[Document] | Carried) -> str | Non
 
 
 def renumbered(answer: str, kept: Any, documents: Sequence[Document]) -> str:
-    """``answer`` (whose :func:`evidence` is ``kept``, which a prompt carrying ``documents`` supports) with each
-    positional citation rewritten to the position ``documents`` hold its document at (1-based). A bracketed group is
-    rewritten only when it is a citation (:func:`citations`) and every token in it is a position or a document's id;
-    nothing else changes."""
-    if not isinstance(kept, Mapping) or not kept.get("cited") or not any(p for p, _ in kept["cited"]):
+    """``answer`` (whose :func:`evidence` is ``kept``, which a prompt carrying ``documents`` supports) as the client of
+    that prompt reads it: each positional citation rewritten to the position ``documents`` hold its document at
+    (1-based), and each citation of a document ``documents`` lack taken out (one the answer does not rest on, or the
+    prompt would not support it: left in, it would name another document or none). A bracketed group is edited only
+    when it is a citation (:func:`citations`) and every token in it is a position or a document's id; nothing else
+    changes (an id or a title written outside brackets stays)."""
+    if not isinstance(kept, Mapping) or not kept.get("cited"):
         return answer
     given = [str(doc_id) for doc_id, _ in kept["documents"]]
     now = {_ref(document.id): position for position, document in enumerate(documents, 1)}
@@ -322,15 +332,27 @@ def renumbered(answer: str, kept: Any, documents: Sequence[Document]) -> str:
     for match, pieces in citations(answer):
         if not all(_cite(token, ids, len(given)) for token in pieces[::2]):
             continue  # not a citation throughout: a list, an interval, a note
-        changed = False
+        left: list[tuple[str, str]] = []  # (separator before it, token) of the tokens that stay
         for i in range(0, len(pieces), 2):
-            old = _position(pieces[i], len(given)) if _cited_id(pieces[i], ids) is None else None
-            if old is not None and given[old - 1] in now and now[given[old - 1]] != old:
-                pieces[i] = re.sub(r"\d{1,3}", str(now[given[old - 1]]), pieces[i], count=1)
-                changed = True
-        if changed:
-            text = match.group(0)
-            edits.append((match.start(), match.end(), text[0] + "".join(pieces) + text[-1]))
+            token, named = pieces[i], _cited_id(pieces[i], ids)
+            old = _position(token, len(given)) if named is None else None
+            document = named if named is not None else given[old - 1] if old is not None else None
+            if document is not None and document not in now:
+                continue  # the new prompt lacks it
+            if old is not None and document is not None and now[document] != old:
+                token = re.sub(r"\d{1,3}", str(now[document]), token, count=1)
+            left.append((pieces[i - 1] if i else "", token))
+        text = match.group(0)
+        if not left:  # nothing of it is in the new prompt: the citation goes, with the space before it
+            start = match.start()
+            while start and answer[start - 1] in " \t":
+                start -= 1
+            edits.append((start, match.end(), ""))
+            continue
+        rebuilt = left[0][1].lstrip() if len(left) < len(pieces[::2]) else left[0][1]
+        rebuilt += "".join(separator + token for separator, token in left[1:])
+        if rebuilt != text[1:-1]:
+            edits.append((match.start(), match.end(), text[0] + rebuilt + text[-1]))
     for start, end, text in reversed(edits):
         answer = answer[:start] + text + answer[end:]
     return answer

@@ -92,16 +92,37 @@ def test_words_the_question_carries_are_not_the_answers_content() -> None:
     assert rests_on("Sourdough bread is easy.", (doc, A), "How do I bake?") == ["kb-1"]
 
 
-@pytest.mark.parametrize("answer", [
-    "It is 42 [2].", "It is 42 [doc-2].", "It is 42 [source: doc-2].", "It is 42 [Source: doc-2].", "It is 42 (doc-2).",
-    "It is 42, see doc-2.", "It is 42 [ref #2].", "It is 42 (from the Second handbook).", "It is 42 【2:0†source】.",
-    "It is 42 [cite: doc-2].",
-])
-def test_a_citation_in_any_form_is_a_signal(answer: str) -> None:
-    documents = (Document("doc-1", "One."), Document("doc-2", "Two.", "Second handbook"), Document("doc-3", "Three."))
+CITING = ["[2]", "[doc-2]", "[source: doc-2]", "[Source: doc-2]", "(doc-2)", ", see doc-2", "[ref #2]",
+          "(from the Second handbook)", "【2:0†source】", "[cite: doc-2]"]
+
+
+@pytest.mark.parametrize("citation", CITING)
+def test_a_citation_in_any_form_is_a_signal(citation: str) -> None:
+    # one word of the answer's own is too little to tell its source by content, and two documents hold it: the
+    # citation tells which
+    documents = (Document("doc-1", "One."), Document("doc-2", "Two harbours.", "Second handbook"),
+                 Document("doc-3", "Three harbours."))
+    answer = f"It is about harbours {citation}."
     assert rests_on(answer, documents) == ["doc-2"], answer
     kept = evidence(answer, documents)
     assert supports(kept, documents[1:]) and not supports(kept, (documents[0], documents[2]))
+
+
+@pytest.mark.parametrize("citation", CITING)
+def test_a_citation_its_document_does_not_bear_out_is_not_what_the_answer_rests_on(citation: str) -> None:
+    documents = (Document("doc-1", "One."), Document("doc-2", "Two.", "Second handbook"), Document("doc-3", "Three."))
+    assert rests_on(f"The ferry leaves at 42 past {citation}.", documents) == [], "its content comes from none"
+    assert rests_on(f"Yes {citation}.", documents) == ["doc-2"], "no content of its own: the citation is all there is"
+
+
+def test_a_served_answer_loses_the_citations_of_documents_the_new_prompt_lacks() -> None:
+    given = (Document("doc-1", "One."), Document("doc-2", "Two."), Document("doc-3", "Three."))
+    answer = "The ferry leaves at 42 past [2], from pier 7 [1, 3] [doc-2]."
+    kept = evidence(answer, given)
+    now = (Document("doc-3", "Three."), Document("doc-9", "Nine."))
+    assert supports(kept, now), "it rests on none of them"
+    assert renumbered(answer, kept, now) == "The ferry leaves at 42 past, from pier 7 [1]."
+    assert renumbered(answer, kept, given) == answer
 
 
 def test_evidence_written_before_rests_on_keeps_its_meaning() -> None:
@@ -154,7 +175,7 @@ def test_evidence_is_bounded_whatever_the_client_sends() -> None:
     kept = evidence("Cites nothing.", many)
     assert kept == {"too_many": MAX_DOCUMENTS + 1} and not supports(kept, many), "exact repeats only"
     long_id = Document("x" * 10_000, "Long id text.")
-    kept = evidence("Cites nothing [1].", (long_id, A))
+    kept = evidence("Yes [1].", (long_id, A))
     assert len(orjson.dumps(kept)) < 300
     assert supports(kept, (A, long_id)) and not supports(kept, (A,))
     wordy = evidence(" ".join(f"word{i:03d}xyz" * 3 for i in range(500)), (A, B))
