@@ -21,9 +21,10 @@ others:
 
 A citation counts where the cited document holds some of the answer's distinctive content (one word is enough: it
 tells which of the documents holding that word is the source), or where the answer has no content of its own
-(``Yes [2].``); one its document does not bear out says nothing. An answer whose content comes from none of its
-documents rests on none, whatever it cites; served, its citations of documents the new prompt lacks are taken out
-(:func:`renumbered`).
+(``Yes [2].``); one in brackets that its document does not bear out says nothing, and served, a bracketed citation
+of a document the new prompt lacks is taken out (:func:`renumbered`). A document named in the prose (a title, an id
+outside brackets) stays named in every copy served, so the answer rests on it whatever its content. An answer
+whose content comes from none of its documents and that names none in its prose rests on none.
 
 A new prompt supports the answer when it carries every document the answer rests on with the same text (content
 hash), no document of both prompts changed its text under the same id, and no document it **adds** (one the answer
@@ -217,13 +218,15 @@ def evidence(answer: str, documents: Sequence[Document], question: str = "") -> 
             continue  # a list or an interval is no citation
         for position, doc_id in group:
             cited[(position, doc_id or documents[position - 1].id)] = None
+    prose = without_citations(answer)
+    written: dict[str, None] = {}  # named in the prose (a title, an id outside brackets): no served answer loses it
     for document in documents:
         title = document.title or ""
-        titled = len(title) >= MIN_TITLE_CHARS and title in answer
-        if titled or (_ID_LIKE.search(document.id) and len(document.id) >= MIN_BARE_ID_CHARS and document.id in answer
-                      and re.search(rf"(?<![\w-]){re.escape(document.id)}(?![\w-])", answer)):
+        titled = len(title) >= MIN_TITLE_CHARS and title in prose
+        if titled or (_ID_LIKE.search(document.id) and len(document.id) >= MIN_BARE_ID_CHARS and document.id in prose
+                      and re.search(rf"(?<![\w-]){re.escape(document.id)}(?![\w-])", prose)):
             cited[(0, document.id)] = None
-    prose = without_citations(answer)
+            written[document.id] = None
     for document in documents:  # an id or a title it writes is no content
         for name in (document.id, document.title):
             if name and len(name) >= MIN_BARE_ID_CHARS:
@@ -232,8 +235,9 @@ def evidence(answer: str, documents: Sequence[Document], question: str = "") -> 
     held = [own & _tokens(document.text) for document in documents]
     # a citation is one signal: it counts where the cited document holds some of the answer's content, or where the
     # answer has none of its own to judge by ("Yes [2]"); an answer whose content comes from elsewhere does not rest
-    # on what it cites (a citation its document does not bear out)
-    rests_on = {doc_id: None for _, doc_id in cited if not own or held[ids[doc_id]]}
+    # on what it cites in brackets (served, such a citation is taken out), but one it names in its prose stays in
+    # every copy served, so the answer needs that document
+    rests_on = {doc_id: None for _, doc_id in cited if not own or held[ids[doc_id]] or doc_id in written}
     if len(documents) > 1:  # what every document holds tells none of them apart
         everywhere = set.intersection(*held)
         held = [words - everywhere for words in held]

@@ -180,8 +180,9 @@ class RagLoop:
     identical_documents: int = 0
     same_document_set: int = 0
     miscited: int = 0
-    """Semantic hits whose answer's source is not where the answer cites it in the new request (by id: anywhere in
-    it; by position: at that position)."""
+    """Semantic hits whose served answer cites its source where the new request does not hold it (by id or title:
+    anywhere in it; by position: at that position). An answer served without its citation (taken out, the new
+    request lacking the document) or citing nothing is not counted."""
 
     def judge(self, text: str, status: str, first: list[dict[str, str]], second: list[dict[str, str]]) -> None:
         self.identical_documents += first == second
@@ -190,8 +191,10 @@ class RagLoop:
         if status == "SEMANTIC_HIT" and source is not None:
             ids = [d["id"] for d in second]
             position = re.search(r"\[(\d+)\]$", text)
-            cites = ids[int(position.group(1)) - 1:int(position.group(1))] if position else []
-            self.miscited += source not in ids if self.form == "structured" else cites != [source]
+            if position:  # by position: the new request's document there must be the source
+                self.miscited += ids[int(position.group(1)) - 1:int(position.group(1))] != [source]
+            elif _uncited(text) != text:  # by id or title: the new request must carry it
+                self.miscited += source not in ids
 
 
 @dataclass(slots=True)

@@ -79,7 +79,10 @@ def test_a_hit_is_miscited_where_its_source_is_not_where_it_cites_it() -> None:
     d1, d2, d3 = ({"id": f"doc-{i}", "text": str(i)} for i in range(1, 4))
     cases = [("structured", "answer [doc-1]", [d2, d1], 0), ("structured", "answer [doc-1]", [d2, d3], 1),
              ("inline", "answer [1]", [d2, d1], 1), ("inline", "answer [2]", [d2, d1], 0),
-             ("inline", "answer [1]", [d1, d3], 0)]
+             ("inline", "answer [1]", [d1, d3], 0),
+             # served without its citation (the new request lacks the document), or citing nothing: no citation is
+             # wrong
+             ("structured", "answer", [d2, d3], 0), ("inline", "answer", [d2, d3], 0)]
     for form, served, served_with, miscited in cases:
         rag = RagLoop(Retriever("http://unused", 2, {}), form, grounded={"answer": "doc-1"})
         rag.judge(served, "SEMANTIC_HIT", [d1, d2], served_with)

@@ -108,10 +108,15 @@ def test_a_citation_in_any_form_is_a_signal(citation: str) -> None:
     assert supports(kept, documents[1:]) and not supports(kept, (documents[0], documents[2]))
 
 
+IN_PROSE = ["(doc-2)", ", see doc-2", "(from the Second handbook)"]
+
+
 @pytest.mark.parametrize("citation", CITING)
 def test_a_citation_its_document_does_not_bear_out_is_not_what_the_answer_rests_on(citation: str) -> None:
     documents = (Document("doc-1", "One."), Document("doc-2", "Two.", "Second handbook"), Document("doc-3", "Three."))
-    assert rests_on(f"The ferry leaves at 42 past {citation}.", documents) == [], "its content comes from none"
+    # a bracketed citation can be taken out of a copy served where its document is missing; a name in the prose cannot
+    expected = ["doc-2"] if citation in IN_PROSE else []
+    assert rests_on(f"The ferry leaves at 42 past {citation}.", documents) == expected, "its content comes from none"
     assert rests_on(f"Yes {citation}.", documents) == ["doc-2"], "no content of its own: the citation is all there is"
 
 

@@ -169,6 +169,23 @@ def test_a_document_the_new_prompt_adds_is_weighed(fake_llm_thread: FakeLLM, sem
     assert unrelated.json()["choices"][0]["message"]["content"] == "The adult dose is 500 mg [2]."
 
 
+def test_a_citation_the_document_does_not_bear_out_is_taken_out_where_the_document_is_missing(
+        fake_llm_thread: FakeLLM, semantic_proxy: ProxyServer) -> None:
+    """An answer whose content comes from none of its documents rests on none, whatever it cites in brackets: it is
+    served to a prompt without the document it cites, and that citation is taken out of the copy served (left in,
+    it would name the new prompt's own first document)."""
+    fake_llm_thread.answer = lambda prompt: "It came out in three volumes, sold by subscription [1]."
+    assert _ask_with(semantic_proxy, [NOVEL, FILM], QUESTION).headers["X-Cache-Status"] == "MISS"
+    learned(semantic_proxy, 1)
+    served = _ask_with(semantic_proxy, [FILM])
+    assert served.headers["X-Cache-Status"] == "SEMANTIC_HIT"
+    assert served.json()["choices"][0]["message"]["content"] == "It came out in three volumes, sold by subscription."
+    again = _ask_with(semantic_proxy, [FILM, NOVEL], "Who wrote the novel Pride and Prejudice, tell me")
+    assert again.headers["X-Cache-Status"] == "SEMANTIC_HIT"
+    assert again.json()["choices"][0]["message"]["content"] == \
+        "It came out in three volumes, sold by subscription [2].", "where it is carried, it is renumbered"
+
+
 def test_an_answer_that_cites_its_sources_needs_only_those_and_is_renumbered(
         fake_llm_thread: FakeLLM, semantic_proxy: ProxyServer) -> None:
     """A RAG answer rests on what it cites, wherever the new prompt holds it; cited by position, it is served with
