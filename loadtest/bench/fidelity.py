@@ -43,8 +43,9 @@ meets every other as in ``population``; without ``--rag``, the same shape withou
 ``ragproxy.documents`` (``--rag-form structured``) or pasted into the user message as numbered sources (``--rag-form
 inline``). The upstream cites the first document it was given (``[doc-N]``, or ``[1]`` inline; ``--rag-cite
 position|id|source-id|title|none`` chooses another form, and
-``--rag-quote N`` makes its answer quote the first N words of that document), so a hit whose answer's source the new
-request does not carry where the answer cites it is counted (``miscited_hits``); the report adds the shares of pairs
+``--rag-quote N`` makes its answer quote the first N words of that document), so a hit whose answer names (by id or
+title) a document the new request does not carry is counted (``miscited_hits``; positions are not judged, see
+:class:`RagLoop`); the report adds the shares of pairs
 whose two questions retrieved identical documents (in order, and as sets) and how many searches the proxy's search
 cache answered. Run the same arguments without ``--rag`` for the same pairs with one context each.
 
@@ -169,32 +170,30 @@ def _uncited(answer: str) -> str:
     return re.sub(r' (?:\[[^\[\]]+\]|\(from "[^"]*"\))$', "", answer)
 
 
+_NAMED = re.compile(r'\[(?:source: )?(doc-\d+)\]$|\(from "Knowledge base entry (\d+)"\)$')
+"""The document a bench answer names at its end, by id (``[doc-N]``, ``[source: doc-N]``) or by title."""
+
+
 @dataclass(slots=True)
 class RagLoop:
     """The RAG loop: how questions retrieve and send documents, and what its hits cite."""
 
     retriever: Retriever
     form: str
-    grounded: dict[str, str] = field(default_factory=dict)
-    """Answer text → id of the document the upstream cited in it."""
     identical_documents: int = 0
     same_document_set: int = 0
     miscited: int = 0
-    """Semantic hits whose served answer cites its source where the new request does not hold it (by id or title:
-    anywhere in it; by position: at that position). An answer served without its citation (taken out, the new
-    request lacking the document) or citing nothing is not counted."""
+    """Semantic hits whose served answer names a document (by id or title) the new request does not carry. A
+    citation by position is not judged: with documents reordered for KV reuse (the default), the model's ``[1]`` is
+    the first document the proxy sent, which the client does not see; an answer served without its citation (taken
+    out, the new request lacking the document) or citing nothing is not counted."""
 
     def judge(self, text: str, status: str, first: list[dict[str, str]], second: list[dict[str, str]]) -> None:
         self.identical_documents += first == second
         self.same_document_set += {d["id"] for d in first} == {d["id"] for d in second}
-        source = self.grounded.get(_uncited(text))
-        if status == "SEMANTIC_HIT" and source is not None:
-            ids = [d["id"] for d in second]
-            position = re.search(r"\[(\d+)\]$", text)
-            if position:  # by position: the new request's document there must be the source
-                self.miscited += ids[int(position.group(1)) - 1:int(position.group(1))] != [source]
-            elif _uncited(text) != text:  # by id or title: the new request must carry it
-                self.miscited += source not in ids
+        named = _NAMED.search(text)
+        if status == "SEMANTIC_HIT" and named is not None:
+            self.miscited += (named.group(1) or f"doc-{named.group(2)}") not in {d["id"] for d in second}
 
 
 @dataclass(slots=True)
@@ -247,8 +246,6 @@ class Tally:
             self.origin.setdefault(_uncited(text), self.by_question[question])
             self.asked_by.setdefault(_uncited(text), question)
             self.answers.append(text)
-            if self.rag is not None and documents:
-                self.rag.grounded.setdefault(_uncited(text), documents[0]["id"])
 
     def judge(self, question: str, text: str, status: str, elapsed: float, wanted: bool, at: int) -> None:
         hit = status in ("HIT", "SEMANTIC_HIT")
