@@ -38,7 +38,7 @@ class ReadPrompt:
 
     async def __call__(self, ctx: RequestContext, call_next: Next) -> Reply:
         own = ctx.proxy_fields.get("ragproxy")
-        documents = own.get("documents") if isinstance(own, Mapping) else None
+        documents = own.get("documents") if isinstance(own, dict) else None  # parsed JSON: an object is a dict
         try:
             ctx.prompt = self.read(ctx.body or {}, documents, self.registry, self.repeated)
         except ValueError as error:
